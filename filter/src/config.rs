@@ -1,0 +1,404 @@
+//! The plugin configuration: the JSON object Envoy hands the filter in
+//! `configuration`, parsed once per (re)configure and validated before any of it is
+//! used.
+//!
+//! Defaults follow SGLang model gateway's command line (the values deployments
+//! actually run with): `cache_threshold 0.3`, `balance_abs_threshold 64`,
+//! `balance_rel_threshold 1.5`, `max_tree_size 2^26` chars per tenant, eviction every
+//! 120 s. Validation reports the first broken rule and names the field, so an
+//! operator reading Envoy's log knows what to change.
+
+use serde::Deserialize;
+use std::fmt;
+
+pub const DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
+pub const DEFAULT_BALANCE_ABS_THRESHOLD: u64 = 64;
+pub const DEFAULT_BALANCE_REL_THRESHOLD: f64 = 1.5;
+pub const DEFAULT_MAX_TREE_SIZE_CHARS: usize = 1 << 26;
+/// Per-VM budget for all trees together. Every Envoy worker thread holds a copy and
+/// a VM's linear memory is capped at 1 GiB; 2^25 chars leaves ample headroom for
+/// node overhead.
+pub const DEFAULT_MAX_TOTAL_TREE_CHARS: usize = 1 << 25;
+pub const DEFAULT_EVICTION_INTERVAL_MS: u64 = 120_000;
+/// Distinct models that get a tree of their own; the least recently used tree is
+/// dropped beyond it, so client-chosen model names cannot grow memory without bound.
+pub const DEFAULT_MAX_MODELS: usize = 64;
+pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-router-cluster";
+/// The Gateway API Inference Extension's header, read by Envoy's `override_host`
+/// load balancing policy.
+pub const DEFAULT_ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    #[default]
+    CacheAware,
+    RoundRobin,
+    Random,
+    PowerOfTwo,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::CacheAware => "cache_aware",
+            Policy::RoundRobin => "round_robin",
+            Policy::Random => "random",
+            Policy::PowerOfTwo => "power_of_two",
+        }
+    }
+}
+
+/// How the chosen worker reaches Envoy's router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// One Envoy cluster per worker; the route reads `cluster_header`.
+    #[default]
+    Cluster,
+    /// One cluster for the pool with the `override_host` policy reading
+    /// `endpoint_header: ip:port`.
+    Endpoint,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    #[default]
+    Regular,
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The worker's name: a tenant in the tree, a label in metrics and headers.
+    pub name: String,
+    /// Envoy cluster for `target: cluster`; defaults to `name`.
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// `ip:port`, required for `target: endpoint`.
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default)]
+    pub pool: Pool,
+    /// Models served; empty serves any model (a single-model fleet).
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+impl WorkerConfig {
+    pub fn cluster(&self) -> &str {
+        self.cluster.as_deref().unwrap_or(&self.name)
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+}
+
+fn default_cache_threshold() -> f64 {
+    DEFAULT_CACHE_THRESHOLD
+}
+fn default_balance_abs() -> u64 {
+    DEFAULT_BALANCE_ABS_THRESHOLD
+}
+fn default_balance_rel() -> f64 {
+    DEFAULT_BALANCE_REL_THRESHOLD
+}
+fn default_max_tree_size() -> usize {
+    DEFAULT_MAX_TREE_SIZE_CHARS
+}
+fn default_max_total() -> usize {
+    DEFAULT_MAX_TOTAL_TREE_CHARS
+}
+fn default_eviction_interval() -> u64 {
+    DEFAULT_EVICTION_INTERVAL_MS
+}
+fn default_max_models() -> usize {
+    DEFAULT_MAX_MODELS
+}
+fn default_cluster_header() -> String {
+    DEFAULT_CLUSTER_HEADER.to_string()
+}
+fn default_endpoint_header() -> String {
+    DEFAULT_ENDPOINT_HEADER.to_string()
+}
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub policy: Policy,
+    #[serde(default)]
+    pub target: Target,
+    pub workers: Vec<WorkerConfig>,
+    /// A prefix hit must cover strictly more than this share of the input's chars.
+    #[serde(default = "default_cache_threshold")]
+    pub cache_threshold: f64,
+    /// Imbalance needs `max - min > abs` AND `max > rel * min` (in-flight requests).
+    #[serde(default = "default_balance_abs")]
+    pub balance_abs_threshold: u64,
+    #[serde(default = "default_balance_rel")]
+    pub balance_rel_threshold: f64,
+    /// SMG's per-tenant limit, in chars.
+    #[serde(default = "default_max_tree_size")]
+    pub max_tree_size: usize,
+    /// All trees of one VM together, in chars held.
+    #[serde(default = "default_max_total")]
+    pub max_total_tree_chars: usize,
+    #[serde(default = "default_eviction_interval")]
+    pub eviction_interval_ms: u64,
+    #[serde(default = "default_max_models")]
+    pub max_models: usize,
+    #[serde(default = "default_cluster_header")]
+    pub cluster_header: String,
+    #[serde(default = "default_endpoint_header")]
+    pub endpoint_header: String,
+    /// Adds `x-llm-router-worker`, `-decision` and `-reason` to responses.
+    #[serde(default = "default_true")]
+    pub decision_headers: bool,
+}
+
+/// A configuration rule that does not hold, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub rule: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid plugin config: `{}` {}", self.field, self.rule)
+    }
+}
+
+fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        rule: rule.into(),
+    }
+}
+
+fn is_header_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn is_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+impl Config {
+    /// Parses and validates plugin configuration bytes.
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let cfg: Config = serde_json::from_slice(bytes).map_err(|e| {
+            let msg = e.to_string();
+            // serde names the offending field in its message; keep it whole.
+            err("configuration", format!("is not valid: {msg}"))
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Value rules first (each field on its own), then rules across fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.cache_threshold) {
+            return Err(err("cache_threshold", "must be between 0 and 1"));
+        }
+        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
+            return Err(err("balance_rel_threshold", "must be a finite number >= 1"));
+        }
+        if self.max_tree_size == 0 {
+            return Err(err("max_tree_size", "must be >= 1"));
+        }
+        if self.max_total_tree_chars == 0 {
+            return Err(err("max_total_tree_chars", "must be >= 1"));
+        }
+        if self.eviction_interval_ms == 0 {
+            return Err(err("eviction_interval_ms", "must be >= 1"));
+        }
+        if self.max_models == 0 {
+            return Err(err("max_models", "must be >= 1"));
+        }
+        if !is_header_name(&self.cluster_header) {
+            return Err(err(
+                "cluster_header",
+                "must be a lowercase HTTP header name",
+            ));
+        }
+        if !is_header_name(&self.endpoint_header) {
+            return Err(err(
+                "endpoint_header",
+                "must be a lowercase HTTP header name",
+            ));
+        }
+        if self.workers.is_empty() {
+            return Err(err("workers", "must list at least one worker"));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            if w.name.is_empty() || w.name.len() > 128 {
+                return Err(err(format!("workers[{i}].name"), "must be 1 to 128 bytes"));
+            }
+            if self.workers[..i].iter().any(|o| o.name == w.name) {
+                return Err(err(
+                    format!("workers[{i}].name"),
+                    format!("must be unique (`{}` repeats)", w.name),
+                ));
+            }
+            if w.cluster().is_empty() {
+                return Err(err(format!("workers[{i}].cluster"), "must not be empty"));
+            }
+            if let Some(addr) = &w.address {
+                if !is_host_port(addr) {
+                    return Err(err(
+                        format!("workers[{i}].address"),
+                        "must be host:port with a port in 1..=65535",
+                    ));
+                }
+            }
+            if self.target == Target::Endpoint && w.address.is_none() {
+                return Err(err(
+                    format!("workers[{i}].address"),
+                    "is required with `target: endpoint`",
+                ));
+            }
+        }
+        if !self.workers.iter().any(|w| w.pool == Pool::Regular) {
+            return Err(err(
+                "workers",
+                "must include a worker of `pool: regular` (prefill/decode pools are not routed yet)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO_WORKERS: &str = r#"{"workers":[{"name":"w0"},{"name":"w1"}]}"#;
+
+    fn with(extra: &str) -> Result<Config, ConfigError> {
+        let json = format!(r#"{{"workers":[{{"name":"w0"}},{{"name":"w1"}}]{extra}}}"#);
+        Config::from_json(json.as_bytes())
+    }
+
+    fn field_of(r: Result<Config, ConfigError>) -> String {
+        r.expect_err("must be rejected").field
+    }
+
+    #[test]
+    fn defaults_follow_smg_command_line() {
+        let c = Config::from_json(TWO_WORKERS.as_bytes()).unwrap();
+        assert_eq!(c.policy, Policy::CacheAware);
+        assert_eq!(c.target, Target::Cluster);
+        assert_eq!(c.cache_threshold, 0.3);
+        assert_eq!(c.balance_abs_threshold, 64);
+        assert_eq!(c.balance_rel_threshold, 1.5);
+        assert_eq!(c.max_tree_size, 67_108_864);
+        assert_eq!(c.eviction_interval_ms, 120_000);
+        assert_eq!(c.cluster_header, "x-llm-router-cluster");
+        assert_eq!(c.endpoint_header, "x-gateway-destination-endpoint");
+        assert_eq!(c.workers[0].cluster(), "w0", "cluster defaults to the name");
+        assert!(c.workers[0].serves("any-model"));
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = with(r#","cache_treshold":0.5"#).unwrap_err();
+        assert!(e.rule.contains("cache_treshold"), "{e}");
+    }
+
+    #[test]
+    fn not_json_is_an_error_not_a_panic() {
+        assert_eq!(field_of(Config::from_json(b"not json")), "configuration");
+        assert_eq!(field_of(Config::from_json(b"")), "configuration");
+        assert_eq!(
+            field_of(Config::from_json(br#"{"policy":"cache_aware"}"#)),
+            "configuration"
+        );
+    }
+
+    #[test]
+    fn threshold_ranges() {
+        assert!(with(r#","cache_threshold":0.0"#).is_ok());
+        assert!(with(r#","cache_threshold":1.0"#).is_ok());
+        assert_eq!(
+            field_of(with(r#","cache_threshold":1.01"#)),
+            "cache_threshold"
+        );
+        assert_eq!(
+            field_of(with(r#","cache_threshold":-0.1"#)),
+            "cache_threshold"
+        );
+        assert!(with(r#","balance_rel_threshold":1.0"#).is_ok());
+        assert_eq!(
+            field_of(with(r#","balance_rel_threshold":0.99"#)),
+            "balance_rel_threshold"
+        );
+        assert_eq!(field_of(with(r#","max_tree_size":0"#)), "max_tree_size");
+        assert_eq!(
+            field_of(with(r#","max_total_tree_chars":0"#)),
+            "max_total_tree_chars"
+        );
+        assert_eq!(
+            field_of(with(r#","eviction_interval_ms":0"#)),
+            "eviction_interval_ms"
+        );
+        assert_eq!(field_of(with(r#","max_models":0"#)), "max_models");
+        assert_eq!(
+            field_of(with(r#","cluster_header":"X-Bad Header""#)),
+            "cluster_header"
+        );
+    }
+
+    #[test]
+    fn policies_parse_by_name() {
+        for p in ["cache_aware", "round_robin", "random", "power_of_two"] {
+            let c = with(&format!(r#","policy":"{p}""#)).unwrap();
+            assert_eq!(c.policy.as_str(), p);
+        }
+        assert_eq!(
+            field_of(with(r#","policy":"prefix_hash""#)),
+            "configuration"
+        );
+    }
+
+    #[test]
+    fn workers_rules() {
+        assert_eq!(field_of(Config::from_json(br#"{"workers":[]}"#)), "workers");
+        let dup = br#"{"workers":[{"name":"a"},{"name":"a"}]}"#;
+        assert_eq!(field_of(Config::from_json(dup)), "workers[1].name");
+        let empty = br#"{"workers":[{"name":""}]}"#;
+        assert_eq!(field_of(Config::from_json(empty)), "workers[0].name");
+        let bad_addr = br#"{"workers":[{"name":"a","address":"127.0.0.1"}]}"#;
+        assert_eq!(field_of(Config::from_json(bad_addr)), "workers[0].address");
+        let port0 = br#"{"workers":[{"name":"a","address":"127.0.0.1:0"}]}"#;
+        assert_eq!(field_of(Config::from_json(port0)), "workers[0].address");
+        let no_addr = br#"{"target":"endpoint","workers":[{"name":"a"}]}"#;
+        let e = Config::from_json(no_addr).unwrap_err();
+        assert_eq!(e.field, "workers[0].address");
+        assert!(e.to_string().contains("target: endpoint"), "{e}");
+        let ok = br#"{"target":"endpoint","workers":[{"name":"a","address":"10.0.0.1:8000"}]}"#;
+        assert!(Config::from_json(ok).is_ok());
+        let only_prefill = br#"{"workers":[{"name":"p","pool":"prefill"}]}"#;
+        assert_eq!(field_of(Config::from_json(only_prefill)), "workers");
+    }
+
+    #[test]
+    fn models_restrict_serving() {
+        let c = Config::from_json(br#"{"workers":[{"name":"a","models":["m1"]}]}"#).unwrap();
+        assert!(c.workers[0].serves("m1"));
+        assert!(!c.workers[0].serves("m2"));
+    }
+}

@@ -1,0 +1,14 @@
+//! The proxy-wasm layer. Every hostcall goes through `proxy_wasm::hostcalls`, whose
+//! functions return `Result`: the SDK's trait helpers panic on an unexpected status,
+//! and a panic kills this Envoy thread's VM.
+
+mod host;
+mod http;
+mod root;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::Root::new())
+    });
+}}

@@ -1,0 +1,686 @@
+//! An approximate prefix cache index: a compressed character radix tree with many
+//! tenants (workers) per node, as SGLang's model gateway (`cache_aware`) keeps it.
+//!
+//! The tree does not know what an engine really caches; it remembers which texts
+//! were sent to which worker. A tenant on a node holds the whole path from the root
+//! to that node, because `insert` marks every node it walks through. Eviction keeps
+//! that invariant by removing a tenant only from its own leaves (nodes where no child
+//! holds the tenant), oldest first.
+//!
+//! Parameters and units:
+//! - text is compared by `char` and edges never split a UTF-8 sequence;
+//! - sizes are counted in chars: a tenant's size is the sum of the edge lengths of
+//!   the nodes it holds (SMG's `max_tree_size` is per tenant), and `stored_chars` is
+//!   what the tree really holds in memory (every edge once), which the per-VM budget
+//!   bounds;
+//! - the clock is a caller-supplied `u64` (a sequence number, not wall time), so that
+//!   every VM that applies the same operations with the same clocks evicts the same
+//!   way.
+//!
+//! Nodes live in an arena (`Vec`) with a free list: no `Rc`, no locking, which a
+//! single-threaded Wasm VM does not need.
+
+use hashbrown::HashMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// A worker's identity inside a tree. Stable for the life of the VM.
+pub type TenantId = u32;
+
+type NodeIdx = u32;
+
+const ROOT: NodeIdx = 0;
+
+#[derive(Debug, Default)]
+struct Node {
+    /// The edge label leading into this node (empty for the root).
+    text: String,
+    /// `text.chars().count()`, cached because sizes are accounted in chars.
+    chars: usize,
+    children: HashMap<char, NodeIdx>,
+    /// Tenants holding this node and when they last inserted through it. Few tenants
+    /// share a node in practice, so a vector beats a map.
+    tenants: Vec<(TenantId, u64)>,
+    parent: NodeIdx,
+    live: bool,
+}
+
+impl Node {
+    fn tenant_pos(&self, tenant: TenantId) -> Option<usize> {
+        self.tenants.iter().position(|(t, _)| *t == tenant)
+    }
+}
+
+/// What a prefix lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Chars of the input that the tree holds as a prefix.
+    pub matched_chars: usize,
+    /// Chars in the input.
+    pub input_chars: usize,
+    /// Tenants at the deepest node reached, sorted by id. Each holds the whole matched
+    /// prefix (or more).
+    pub owners: Vec<TenantId>,
+}
+
+impl PrefixMatch {
+    /// `matched / input`, 0 for an empty input (SMG's definition).
+    pub fn match_rate(&self) -> f64 {
+        if self.input_chars == 0 {
+            0.0
+        } else {
+            self.matched_chars as f64 / self.input_chars as f64
+        }
+    }
+}
+
+/// The radix tree for one (pool, model).
+#[derive(Debug)]
+pub struct Tree {
+    nodes: Vec<Node>,
+    free: Vec<NodeIdx>,
+    tenant_chars: HashMap<TenantId, usize>,
+    stored_chars: usize,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Length in bytes of the longest common prefix of `a` and `b` that ends on a char
+/// boundary of both, and its length in chars.
+fn common_prefix(a: &str, b: &str) -> (usize, usize) {
+    let (ab, bb) = (a.as_bytes(), b.as_bytes());
+    let mut n = ab.iter().zip(bb).take_while(|(x, y)| x == y).count();
+    while n > 0 && !(a.is_char_boundary(n) && b.is_char_boundary(n)) {
+        n -= 1;
+    }
+    let prefix = &a[..n];
+    let chars = if prefix.is_ascii() {
+        n
+    } else {
+        prefix.chars().count()
+    };
+    (n, chars)
+}
+
+fn char_len(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.chars().count()
+    }
+}
+
+impl Tree {
+    pub fn new() -> Self {
+        Tree {
+            nodes: vec![Node {
+                live: true,
+                ..Node::default()
+            }],
+            free: Vec::new(),
+            tenant_chars: HashMap::new(),
+            stored_chars: 0,
+        }
+    }
+
+    /// Chars held in memory (each edge counted once).
+    pub fn stored_chars(&self) -> usize {
+        self.stored_chars
+    }
+
+    /// Chars attributed to `tenant` (SMG's per-tenant tree size).
+    pub fn tenant_chars(&self, tenant: TenantId) -> usize {
+        self.tenant_chars.get(&tenant).copied().unwrap_or(0)
+    }
+
+    /// Tenants that hold anything, sorted.
+    pub fn tenants(&self) -> Vec<TenantId> {
+        let mut t: Vec<_> = self.tenant_chars.keys().copied().collect();
+        t.sort_unstable();
+        t
+    }
+
+    /// Live nodes, the root included.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len() - self.free.len()
+    }
+
+    fn node(&self, idx: NodeIdx) -> &Node {
+        &self.nodes[idx as usize]
+    }
+
+    fn node_mut(&mut self, idx: NodeIdx) -> &mut Node {
+        &mut self.nodes[idx as usize]
+    }
+
+    fn alloc(&mut self, node: Node) -> NodeIdx {
+        self.stored_chars += node.chars;
+        if let Some(idx) = self.free.pop() {
+            self.nodes[idx as usize] = node;
+            idx
+        } else {
+            self.nodes.push(node);
+            (self.nodes.len() - 1) as NodeIdx
+        }
+    }
+
+    /// Marks `tenant` on `idx` at `clock`, accounting its chars when new there.
+    fn touch(&mut self, idx: NodeIdx, tenant: TenantId, clock: u64) {
+        let node = self.node_mut(idx);
+        match node.tenant_pos(tenant) {
+            Some(pos) => node.tenants[pos].1 = clock,
+            None => {
+                node.tenants.push((tenant, clock));
+                let chars = node.chars;
+                *self.tenant_chars.entry(tenant).or_insert(0) += chars;
+            }
+        }
+    }
+
+    /// Splits `child` so that its first `split_bytes` bytes become a new parent node,
+    /// which inherits the child's tenants (sizes per tenant are unchanged).
+    fn split(&mut self, child: NodeIdx, split_bytes: usize, split_chars: usize) -> NodeIdx {
+        let (parent, head, tail, tenants, first) = {
+            let c = self.node(child);
+            let head = c.text[..split_bytes].to_string();
+            let tail = c.text[split_bytes..].to_string();
+            let first = head.chars().next().unwrap_or_default();
+            (c.parent, head, tail, c.tenants.clone(), first)
+        };
+        let tail_first = tail.chars().next().unwrap_or_default();
+        let total = self.node(child).chars;
+        // The split does not change stored chars: the edge is cut in two.
+        self.stored_chars -= total;
+        let mid = self.alloc(Node {
+            text: head,
+            chars: split_chars,
+            children: HashMap::new(),
+            tenants,
+            parent,
+            live: true,
+        });
+        self.stored_chars += total - split_chars;
+        {
+            let c = self.node_mut(child);
+            c.text = tail;
+            c.chars = total - split_chars;
+            c.parent = mid;
+        }
+        self.node_mut(mid).children.insert(tail_first, child);
+        self.node_mut(parent).children.insert(first, mid);
+        mid
+    }
+
+    /// Records that `text` was routed to `tenant` at `clock`.
+    pub fn insert(&mut self, text: &str, tenant: TenantId, clock: u64) {
+        let mut cur = ROOT;
+        self.touch(cur, tenant, clock);
+        let mut rest = text;
+        while let Some(first) = rest.chars().next() {
+            let Some(&child) = self.node(cur).children.get(&first) else {
+                let chars = char_len(rest);
+                let leaf = self.alloc(Node {
+                    text: rest.to_string(),
+                    chars,
+                    children: HashMap::new(),
+                    tenants: Vec::new(),
+                    parent: cur,
+                    live: true,
+                });
+                self.node_mut(cur).children.insert(first, leaf);
+                self.touch(leaf, tenant, clock);
+                return;
+            };
+            let (bytes, chars) = common_prefix(&self.node(child).text, rest);
+            let next = if bytes < self.node(child).text.len() {
+                self.split(child, bytes, chars)
+            } else {
+                child
+            };
+            self.touch(next, tenant, clock);
+            rest = &rest[bytes..];
+            cur = next;
+        }
+    }
+
+    /// The longest prefix of `text` the tree holds and who holds it.
+    pub fn prefix_match(&self, text: &str) -> PrefixMatch {
+        let mut cur = ROOT;
+        let mut matched = 0usize;
+        let mut rest = text;
+        while let Some(first) = rest.chars().next() {
+            let Some(&child) = self.node(cur).children.get(&first) else {
+                break;
+            };
+            let node = self.node(child);
+            let (bytes, chars) = common_prefix(&node.text, rest);
+            matched += chars;
+            cur = child;
+            if bytes < node.text.len() {
+                break;
+            }
+            rest = &rest[bytes..];
+        }
+        let mut owners: Vec<TenantId> = self.node(cur).tenants.iter().map(|(t, _)| *t).collect();
+        owners.sort_unstable();
+        PrefixMatch {
+            matched_chars: matched,
+            input_chars: char_len(text),
+            owners,
+        }
+    }
+
+    /// Removes `tenant` from every node; nodes left without tenants go.
+    pub fn remove_tenant(&mut self, tenant: TenantId) {
+        if self.tenant_chars.remove(&tenant).is_none() {
+            return;
+        }
+        let holders: Vec<NodeIdx> = (0..self.nodes.len() as NodeIdx)
+            .filter(|&i| self.node(i).live && self.node(i).tenant_pos(tenant).is_some())
+            .collect();
+        for idx in holders.iter().copied() {
+            let node = self.node_mut(idx);
+            if let Some(pos) = node.tenant_pos(tenant) {
+                node.tenants.swap_remove(pos);
+            }
+        }
+        // Deepest first, so a parent is freed after its children.
+        let mut by_depth: Vec<(usize, NodeIdx)> =
+            holders.into_iter().map(|i| (self.depth(i), i)).collect();
+        by_depth.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, idx) in by_depth {
+            self.free_if_unused(idx);
+        }
+    }
+
+    fn depth(&self, mut idx: NodeIdx) -> usize {
+        let mut d = 0;
+        while idx != ROOT {
+            idx = self.node(idx).parent;
+            d += 1;
+        }
+        d
+    }
+
+    /// Frees a non-root node that no tenant holds and that has no children.
+    fn free_if_unused(&mut self, idx: NodeIdx) -> bool {
+        let node = self.node(idx);
+        if idx == ROOT || !node.live || !node.tenants.is_empty() || !node.children.is_empty() {
+            return false;
+        }
+        let parent = node.parent;
+        let first = node.text.chars().next().unwrap_or_default();
+        self.stored_chars -= node.chars;
+        self.node_mut(parent).children.remove(&first);
+        self.nodes[idx as usize] = Node::default();
+        self.free.push(idx);
+        true
+    }
+
+    /// Whether `tenant` holds `idx` but none of its children (an evictable leaf).
+    fn is_tenant_leaf(&self, idx: NodeIdx, tenant: TenantId) -> bool {
+        let node = self.node(idx);
+        idx != ROOT
+            && node.tenant_pos(tenant).is_some()
+            && node
+                .children
+                .values()
+                .all(|&c| self.node(c).tenant_pos(tenant).is_none())
+    }
+
+    /// Removes `tenant` from leaf `idx`; returns the parent if it became a leaf of the
+    /// tenant in turn.
+    fn evict_leaf(&mut self, idx: NodeIdx, tenant: TenantId) -> Option<NodeIdx> {
+        let node = self.node_mut(idx);
+        let pos = node.tenant_pos(tenant)?;
+        node.tenants.swap_remove(pos);
+        let chars = node.chars;
+        let parent = node.parent;
+        if let Some(total) = self.tenant_chars.get_mut(&tenant) {
+            *total = total.saturating_sub(chars);
+        }
+        self.free_if_unused(idx);
+        self.is_tenant_leaf(parent, tenant).then_some(parent)
+    }
+
+    fn leaves_heap(&self, only: Option<TenantId>) -> BinaryHeap<Reverse<(u64, TenantId, NodeIdx)>> {
+        let mut heap = BinaryHeap::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let idx = i as NodeIdx;
+            if !node.live || idx == ROOT {
+                continue;
+            }
+            for &(tenant, clock) in &node.tenants {
+                if only.is_none_or(|t| t == tenant) && self.is_tenant_leaf(idx, tenant) {
+                    heap.push(Reverse((clock, tenant, idx)));
+                }
+            }
+        }
+        heap
+    }
+
+    /// Pops leaves oldest first (ties by tenant, then node) until `done` says stop.
+    fn evict_oldest(
+        &mut self,
+        mut heap: BinaryHeap<Reverse<(u64, TenantId, NodeIdx)>>,
+        done: impl Fn(&Tree) -> bool,
+    ) {
+        while !done(self) {
+            let Some(Reverse((_, tenant, idx))) = heap.pop() else {
+                break;
+            };
+            let still_there = self.node(idx).live && self.is_tenant_leaf(idx, tenant);
+            if !still_there {
+                continue;
+            }
+            if let Some(parent) = self.evict_leaf(idx, tenant) {
+                let clock = self
+                    .node(parent)
+                    .tenant_pos(tenant)
+                    .map(|p| self.node(parent).tenants[p].1)
+                    .unwrap_or(0);
+                heap.push(Reverse((clock, tenant, parent)));
+            }
+        }
+        // A tenant trimmed to nothing no longer holds the root either.
+        let gone: Vec<TenantId> = self
+            .tenant_chars
+            .iter()
+            .filter(|(_, &c)| c == 0)
+            .map(|(&t, _)| t)
+            .collect();
+        self.node_mut(ROOT)
+            .tenants
+            .retain(|(t, _)| !gone.contains(t));
+        self.tenant_chars.retain(|_, c| *c > 0);
+    }
+
+    /// SMG's `evict_tenant_by_size`: trims every tenant to at most `max_chars`, least
+    /// recently used leaves first.
+    pub fn evict_tenants_over(&mut self, max_chars: usize) {
+        let over: Vec<TenantId> = self
+            .tenant_chars
+            .iter()
+            .filter(|(_, &c)| c > max_chars)
+            .map(|(&t, _)| t)
+            .collect();
+        let mut over = over;
+        over.sort_unstable();
+        for tenant in over {
+            let heap = self.leaves_heap(Some(tenant));
+            self.evict_oldest(heap, |t| t.tenant_chars(tenant) <= max_chars);
+        }
+    }
+
+    /// Trims the whole tree to at most `max_stored` chars in memory, least recently
+    /// used leaves of any tenant first. This is the per-VM budget SMG lacks: its
+    /// per-tenant limit times a fleet does not fit a 1 GiB Wasm VM.
+    pub fn evict_to_budget(&mut self, max_stored: usize) {
+        if self.stored_chars <= max_stored {
+            return;
+        }
+        let heap = self.leaves_heap(None);
+        self.evict_oldest(heap, |t| t.stored_chars <= max_stored);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walks the whole tree and checks the invariants the rest of the code relies
+    /// on: accounted sizes match, every tenant on a node holds its parent, no empty
+    /// non-root node survives, children are keyed by their first char.
+    fn check_invariants(t: &Tree) {
+        let mut stored = 0;
+        let mut per_tenant: HashMap<TenantId, usize> = HashMap::new();
+        for (i, n) in t.nodes.iter().enumerate() {
+            if !n.live {
+                continue;
+            }
+            let idx = i as NodeIdx;
+            assert_eq!(n.chars, n.text.chars().count(), "cached char count");
+            stored += n.chars;
+            for &(tenant, _) in &n.tenants {
+                *per_tenant.entry(tenant).or_default() += n.chars;
+                if idx != ROOT {
+                    assert!(
+                        t.node(n.parent).tenant_pos(tenant).is_some(),
+                        "tenant {tenant} on a node must hold its parent"
+                    );
+                }
+            }
+            if idx != ROOT {
+                assert!(
+                    !n.tenants.is_empty() || !n.children.is_empty(),
+                    "dead node kept"
+                );
+                assert!(!n.text.is_empty(), "empty edge");
+            }
+            for (c, &child) in &n.children {
+                assert_eq!(t.node(child).text.chars().next(), Some(*c), "child key");
+                assert_eq!(t.node(child).parent, idx, "parent link");
+            }
+        }
+        assert_eq!(stored, t.stored_chars(), "stored chars");
+        for (tenant, chars) in per_tenant {
+            assert_eq!(t.tenant_chars(tenant), chars, "tenant {tenant} size");
+        }
+    }
+
+    #[test]
+    fn empty_tree_matches_nothing() {
+        let t = Tree::new();
+        let m = t.prefix_match("hello");
+        assert_eq!(m.matched_chars, 0);
+        assert_eq!(m.input_chars, 5);
+        assert_eq!(m.match_rate(), 0.0);
+    }
+
+    #[test]
+    fn empty_input_has_zero_rate() {
+        let mut t = Tree::new();
+        t.insert("abc", 1, 1);
+        assert_eq!(t.prefix_match("").match_rate(), 0.0);
+    }
+
+    #[test]
+    fn exact_and_partial_matches_report_owner() {
+        let mut t = Tree::new();
+        t.insert("hello world", 1, 1);
+        let m = t.prefix_match("hello world");
+        assert_eq!((m.matched_chars, m.owners.clone()), (11, vec![1]));
+        let m = t.prefix_match("hello there");
+        assert_eq!(m.matched_chars, 6, "common prefix 'hello '");
+        assert_eq!(m.owners, vec![1]);
+        assert_eq!(t.prefix_match("help").matched_chars, 3);
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn split_keeps_both_tenants_on_the_shared_prefix() {
+        let mut t = Tree::new();
+        t.insert("system prompt A: question one", 1, 1);
+        t.insert("system prompt B: question two", 2, 2);
+        let shared = t.prefix_match("system prompt C");
+        assert_eq!(shared.matched_chars, 14);
+        assert_eq!(shared.owners, vec![1, 2], "both hold the shared prefix");
+        let a = t.prefix_match("system prompt A: question one and more");
+        assert_eq!(a.owners, vec![1]);
+        assert_eq!(a.matched_chars, 29);
+        assert_eq!(t.stored_chars(), 14 + 15 + 15);
+        assert_eq!(t.tenant_chars(1), 29);
+        assert_eq!(t.tenant_chars(2), 29);
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn reinsert_is_idempotent_in_size() {
+        let mut t = Tree::new();
+        t.insert("abcdef", 1, 1);
+        t.insert("abcdef", 1, 2);
+        t.insert("abc", 1, 3);
+        assert_eq!(t.tenant_chars(1), 6);
+        assert_eq!(t.stored_chars(), 6);
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn multibyte_text_never_splits_a_char() {
+        let mut t = Tree::new();
+        // 'é' (C3 A9) and 'ê' (C3 AA) share their first byte.
+        t.insert("café au lait", 1, 1);
+        t.insert("cafê noir", 2, 2);
+        let m = t.prefix_match("café au lait");
+        assert_eq!(m.matched_chars, 12);
+        assert_eq!(m.owners, vec![1]);
+        let m = t.prefix_match("cafê");
+        assert_eq!(m.matched_chars, 4);
+        assert_eq!(m.owners, vec![2]);
+        assert_eq!(t.prefix_match("caf").matched_chars, 3);
+        t.insert("日本語のテキスト", 3, 3);
+        t.insert("日本人", 4, 4);
+        let m = t.prefix_match("日本語");
+        assert_eq!((m.matched_chars, m.input_chars), (3, 3));
+        assert_eq!(t.prefix_match("日本").owners, vec![3, 4]);
+        t.insert("🦀🦀🦀", 5, 5);
+        t.insert("🦀🦐", 6, 6);
+        assert_eq!(t.prefix_match("🦀🦀").matched_chars, 2);
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn common_prefix_backs_off_to_char_boundary() {
+        assert_eq!(common_prefix("é", "ê"), (0, 0));
+        assert_eq!(common_prefix("aé", "aê"), (1, 1));
+        assert_eq!(common_prefix("日本語", "日本人"), (6, 2));
+        assert_eq!(common_prefix("abc", "abc"), (3, 3));
+        assert_eq!(common_prefix("", "abc"), (0, 0));
+    }
+
+    #[test]
+    fn remove_tenant_drops_only_its_nodes() {
+        let mut t = Tree::new();
+        t.insert("shared prefix then one", 1, 1);
+        t.insert("shared prefix then two", 2, 2);
+        t.remove_tenant(1);
+        assert_eq!(t.tenant_chars(1), 0);
+        let m = t.prefix_match("shared prefix then one");
+        assert_eq!(m.owners, vec![2], "only worker 2 is left on the path");
+        assert_eq!(m.matched_chars, 19);
+        assert_eq!(t.stored_chars(), 22, "worker 1's branch freed");
+        check_invariants(&t);
+        t.remove_tenant(2);
+        assert_eq!(t.stored_chars(), 0);
+        assert_eq!(t.node_count(), 1);
+    }
+
+    #[test]
+    fn eviction_trims_tenant_oldest_leaf_first() {
+        let mut t = Tree::new();
+        t.insert("aaaa-old", 1, 1);
+        t.insert("aaaa-new", 1, 2);
+        t.insert("bbbb", 2, 3);
+        assert_eq!(t.tenant_chars(1), 11, "'aaaa-' + 'old' + 'new'");
+        t.evict_tenants_over(9);
+        assert_eq!(t.tenant_chars(1), 8, "the older leaf '-old' went");
+        assert_eq!(t.prefix_match("aaaa-new").matched_chars, 8);
+        assert_eq!(t.prefix_match("aaaa-old").matched_chars, 5);
+        assert_eq!(t.tenant_chars(2), 4, "other tenants untouched");
+        check_invariants(&t);
+        t.evict_tenants_over(4);
+        assert_eq!(t.tenant_chars(1), 0, "'new' then 'aaaa-' went");
+        assert_eq!(t.tenants(), vec![2]);
+        assert_eq!(
+            t.prefix_match("zzz").owners,
+            vec![2],
+            "root no longer lists 1"
+        );
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn eviction_never_leaves_a_tenant_below_without_above() {
+        let mut t = Tree::new();
+        t.insert("root-a-leaf1", 1, 5);
+        t.insert("root-a-leaf2", 1, 1);
+        t.insert("root-b", 1, 3);
+        for limit in (0..16).rev() {
+            t.evict_tenants_over(limit);
+            assert!(t.tenant_chars(1) <= limit);
+            check_invariants(&t);
+        }
+    }
+
+    #[test]
+    fn budget_eviction_frees_memory_lru_across_tenants() {
+        let mut t = Tree::new();
+        t.insert("xxxxxxxxxx", 1, 1);
+        t.insert("yyyyyyyyyy", 2, 2);
+        t.insert("zzzzzzzzzz", 3, 3);
+        t.evict_to_budget(20);
+        assert_eq!(t.stored_chars(), 20);
+        assert_eq!(t.prefix_match("xxxxxxxxxx").matched_chars, 0, "oldest gone");
+        assert_eq!(t.prefix_match("zzzzzzzzzz").matched_chars, 10);
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn shared_node_survives_until_every_tenant_left() {
+        let mut t = Tree::new();
+        t.insert("same text", 1, 1);
+        t.insert("same text", 2, 2);
+        t.insert("other", 3, 3);
+        t.evict_tenants_over(0);
+        assert_eq!(t.stored_chars(), 0, "every tenant trimmed to nothing");
+        t.insert("same text", 1, 4);
+        t.insert("same text", 2, 5);
+        t.insert("other", 3, 6);
+        // Budget 6: tenant 1's claim (oldest) goes first, but the node stays for 2;
+        // then 2's claim goes and the node with it, which is enough.
+        t.evict_to_budget(6);
+        assert_eq!(t.stored_chars(), 5);
+        assert_eq!(t.prefix_match("other").owners, vec![3]);
+        t.evict_to_budget(0);
+        assert_eq!(t.stored_chars(), 0);
+        check_invariants(&t);
+    }
+
+    /// Property test: random inserts, removals and evictions over a small alphabet
+    /// (with multi-byte chars) keep the invariants, and a just-inserted text always
+    /// matches whole under its tenant.
+    #[test]
+    fn random_operations_keep_invariants() {
+        use crate::policy::{Rng, SplitMix64};
+        let alphabet = ['a', 'b', 'é', '語', '🦀'];
+        let mut rng = SplitMix64(7);
+        for round in 0..40 {
+            let mut t = Tree::new();
+            for clock in 0..60u64 {
+                let len = rng.below(12);
+                let text: String = (0..len)
+                    .map(|_| alphabet[rng.below(alphabet.len())])
+                    .collect();
+                let tenant = rng.below(4) as TenantId;
+                match rng.below(10) {
+                    0 => t.remove_tenant(tenant),
+                    1 => t.evict_tenants_over(rng.below(20)),
+                    2 => t.evict_to_budget(rng.below(40)),
+                    _ => {
+                        t.insert(&text, tenant, clock);
+                        let m = t.prefix_match(&text);
+                        assert_eq!(m.matched_chars, m.input_chars, "round {round}: whole match");
+                        if !text.is_empty() {
+                            assert!(m.owners.contains(&tenant), "round {round}: owner");
+                        }
+                    }
+                }
+                check_invariants(&t);
+            }
+        }
+    }
+}
