@@ -1,1 +1,22 @@
-//! placeholder
+//! `engine-mock`: a stand-in for a vLLM / SGLang inference engine.
+//!
+//! End-to-end tests and the demo need upstreams that behave like real engines in the ways a
+//! cache-aware router can observe: prompts that share a prefix get cheaper (a simulated paged
+//! prefix cache), concurrency beyond a limit queues up, and the engine exports the same
+//! Prometheus gauges the router scrapes. Everything else (the "model") is deliberately trivial
+//! and deterministic so assertions stay simple.
+//!
+//! The crate is split so the pure parts can be reused without any I/O:
+//! - [`config`]: the command line,
+//! - [`prompt`]: flattening a request body into the text the cache hashes,
+//! - [`cache`]: the simulated paged prefix cache (reused by the simulator),
+//! - [`slots`]: the running-slot limiter with its FIFO wait queue,
+//! - [`metrics`]: histograms and the Prometheus text rendering,
+//! - [`server`]: the hyper HTTP server tying it together.
+
+pub mod cache;
+pub mod config;
+pub mod metrics;
+pub mod prompt;
+pub mod server;
+pub mod slots;

@@ -1,0 +1,656 @@
+//! The HTTP server: routing, the per-request generation task and response shapes.
+//!
+//! Each completion request is handed to its own task that waits for a slot, consults the prefix
+//! cache, sleeps the simulated prefill time and then produces tokens into a channel. The HTTP
+//! response is returned once the first piece of output exists, so the time to response headers
+//! tracks the simulated TTFT for both streaming and non-streaming requests. The task stops as
+//! soon as the receiving side is gone (client disconnected), dropping its slot with it.
+
+use crate::cache::PrefixCache;
+use crate::config::{Config, MAX_OUTPUT_TOKENS};
+use crate::metrics::{self, Registry, Snapshot};
+use crate::prompt::{self, Endpoint};
+use crate::slots::Slots;
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::Write as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// Response header naming the worker that served the request.
+pub const WORKER_HEADER: &str = "x-engine-worker";
+
+/// Request bodies larger than this are rejected; generous for long-prefix tests.
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Response body type: either a buffered body or the streamed channel body.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// An `f64` that can be changed at run time (`/admin/latency`) without a lock.
+#[derive(Debug)]
+struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn new(v: f64) -> Self {
+        Self(AtomicU64::new(v.to_bits()))
+    }
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+    fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// Shared server state.
+#[derive(Debug)]
+pub struct State {
+    cfg: Config,
+    worker_header: HeaderValue,
+    ttft_ms: AtomicF64,
+    decode_ms_per_token: AtomicF64,
+    prefill_us_per_token: AtomicF64,
+    cache: Mutex<PrefixCache>,
+    registry: Mutex<Registry>,
+    slots: Slots,
+    next_id: AtomicU64,
+}
+
+impl State {
+    /// Builds the state; fails if the worker id cannot be sent as a header value.
+    pub fn new(cfg: Config) -> anyhow::Result<Self> {
+        let worker_header = HeaderValue::from_str(&cfg.worker_id)
+            .context("--worker-id must be a valid HTTP header value")?;
+        Ok(Self {
+            worker_header,
+            ttft_ms: AtomicF64::new(cfg.ttft_ms),
+            decode_ms_per_token: AtomicF64::new(cfg.decode_ms_per_token),
+            prefill_us_per_token: AtomicF64::new(cfg.prefill_us_per_token),
+            cache: Mutex::new(PrefixCache::new(cfg.cache_blocks, cfg.block_chars as usize)),
+            registry: Mutex::new(Registry::default()),
+            slots: Slots::new(cfg.max_running),
+            next_id: AtomicU64::new(0),
+            cfg,
+        })
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let (kv_usage, cache_query_tokens, cache_hit_tokens) = {
+            let c = lock(&self.cache);
+            (c.usage(), c.query_tokens(), c.hit_tokens())
+        };
+        Snapshot {
+            waiting: self.slots.waiting(),
+            running: self.slots.running(),
+            kv_usage,
+            cache_query_tokens,
+            cache_hit_tokens,
+            registry: lock(&self.registry).clone(),
+        }
+    }
+}
+
+/// A poisoned lock only means another request panicked mid-update of plain counters; the data
+/// is still usable, so keep serving rather than cascading the panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Binds, prints the `listening` line, and serves until SIGTERM/SIGINT.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let state = Arc::new(State::new(cfg)?);
+    let listener = TcpListener::bind((state.cfg.host.as_str(), state.cfg.port))
+        .await
+        .with_context(|| format!("binding {}:{}", state.cfg.host, state.cfg.port))?;
+    let addr = listener.local_addr()?;
+    // Install signal handlers before announcing readiness so a test that signals right after
+    // reading the port line cannot kill us uncleanly.
+    let shutdown = shutdown_signal()?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "engine-mock {} listening on {}:{}",
+            state.cfg.worker_id,
+            addr.ip(),
+            addr.port()
+        )?;
+        out.flush()?;
+    }
+    serve(listener, state, shutdown).await
+}
+
+/// Resolves on SIGTERM or SIGINT. Handlers are registered when this is called.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Typically EMFILE; back off instead of spinning.
+                        eprintln!("engine-mock: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(state.clone(), req));
+                    // Connection errors (client resets) are routine for a test server.
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+/// Routes one request and stamps the worker header on whatever comes back.
+pub async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let mut resp = route(&state, req).await;
+    resp.headers_mut()
+        .insert(WORKER_HEADER, state.worker_header.clone());
+    Ok(resp)
+}
+
+async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    match (&method, path.as_str()) {
+        (&Method::POST, "/v1/chat/completions") => completion(state, Endpoint::Chat, req).await,
+        (&Method::POST, "/v1/completions") => completion(state, Endpoint::Completions, req).await,
+        (&Method::POST, "/generate") => completion(state, Endpoint::Generate, req).await,
+        (&Method::GET, "/health") => text(StatusCode::OK, "text/plain; charset=utf-8", "ok"),
+        (&Method::GET, "/metrics") => text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics::render(state.cfg.metrics_style, &state.snapshot()),
+        ),
+        (&Method::GET, "/v1/models") => json_response(
+            StatusCode::OK,
+            &json!({
+                "object": "list",
+                "data": [{"id": "mock", "object": "model", "created": unix_now(), "owned_by": "engine-mock"}],
+            }),
+        ),
+        (&Method::POST, "/admin/latency") => admin_latency(state, req).await,
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("no route for {method} {path}"),
+        ),
+    }
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()).boxed_unsync());
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    text(status, "application/json", v.to_string())
+}
+
+/// OpenAI-style error body.
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<Body> {
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}),
+    )
+}
+
+fn bad_request(message: &str) -> Response<Body> {
+    error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+}
+
+/// Reads the body as a JSON object, or produces the 400 to send instead.
+async fn read_json(req: Request<Incoming>) -> Result<Value, Response<Body>> {
+    let bytes = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return Err(bad_request(&format!("could not read request body: {e}"))),
+    };
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| bad_request(&format!("request body is not valid JSON: {e}")))?;
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err(bad_request("request body must be a JSON object"))
+    }
+}
+
+async fn admin_latency(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let body = match read_json(req).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let fields = [
+        ("ttft_ms", &state.ttft_ms),
+        ("decode_ms_per_token", &state.decode_ms_per_token),
+        ("prefill_us_per_token", &state.prefill_us_per_token),
+    ];
+    // Validate everything before applying anything, so a bad request changes nothing.
+    let mut updates = Vec::new();
+    for (name, slot) in fields {
+        match body.get(name) {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && x >= 0.0 => updates.push((slot, x)),
+                _ => return bad_request(&format!("'{name}' must be a number >= 0")),
+            },
+        }
+    }
+    for (slot, x) in updates {
+        slot.set(x);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "ttft_ms": state.ttft_ms.get(),
+            "decode_ms_per_token": state.decode_ms_per_token.get(),
+            "prefill_us_per_token": state.prefill_us_per_token.get(),
+            "worker": state.cfg.worker_id,
+        }),
+    )
+}
+
+/// One admitted completion request, everything the generation task needs.
+#[derive(Debug)]
+struct Job {
+    endpoint: Endpoint,
+    prompt: String,
+    stream: bool,
+    output_tokens: u32,
+    model: String,
+    id: String,
+    created: u64,
+    arrived: Instant,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Output tokens requested by the body, else the configured default; always 1..=64.
+fn requested_tokens(endpoint: Endpoint, body: &Value, default: u32) -> u32 {
+    let requested = match endpoint {
+        Endpoint::Chat | Endpoint::Completions => body
+            .get("max_completion_tokens")
+            .and_then(Value::as_u64)
+            .or_else(|| body.get("max_tokens").and_then(Value::as_u64)),
+        Endpoint::Generate => body
+            .pointer("/sampling_params/max_new_tokens")
+            .and_then(Value::as_u64),
+    };
+    let n = requested.map_or(default, |n| n.min(u64::from(MAX_OUTPUT_TOKENS)) as u32);
+    n.clamp(1, MAX_OUTPUT_TOKENS)
+}
+
+async fn completion(
+    state: &Arc<State>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let arrived = Instant::now();
+    let body = match read_json(req).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let prompt = match prompt::flatten(endpoint, &body) {
+        Ok(p) => p,
+        Err(e) => return bad_request(&e.0),
+    };
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let job = Job {
+        endpoint,
+        prompt,
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        output_tokens: requested_tokens(endpoint, &body, state.cfg.output_tokens),
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("mock")
+            .to_string(),
+        id: format!("cmpl-{}-{n}", state.cfg.worker_id),
+        created: unix_now(),
+        arrived,
+    };
+    let stream = job.stream;
+    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(run_job(state.clone(), job, tx));
+
+    // Wait for the first output so response headers go out at "first token" time.
+    let Some(first) = rx.recv().await else {
+        return error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "generation ended without output",
+        );
+    };
+    if stream {
+        let mut resp = Response::new(
+            ChannelBody {
+                first: Some(first),
+                rx,
+            }
+            .boxed_unsync(),
+        );
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp
+    } else {
+        let mut resp = Response::new(Full::new(first).boxed_unsync());
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp
+    }
+}
+
+/// A response body fed by the generation task, frame by frame as it produces them (truly
+/// streamed, never buffered). Dropping it closes the channel, which stops the task.
+struct ChannelBody {
+    first: Option<Bytes>,
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        self.rx
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// Runs a job until it finishes or its receiver disappears (client gone), whichever is first.
+/// Either way the slot, held inside `generate`, is dropped here.
+async fn run_job(state: Arc<State>, job: Job, tx: mpsc::Sender<Bytes>) {
+    tokio::select! {
+        _ = tx.closed() => {}
+        _ = generate(&state, &job, &tx) => {}
+    }
+}
+
+fn sleep_ms(ms: f64) -> Option<Duration> {
+    (ms.is_finite() && ms > 0.0).then(|| Duration::from_secs_f64(ms / 1000.0))
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
+    let _slot = state.slots.acquire().await;
+    let lookup = lock(&state.cache).lookup_and_insert(&job.prompt);
+    lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
+
+    let prefill_ms = state.ttft_ms.get()
+        + state.prefill_us_per_token.get() * lookup.uncached_tokens() as f64 / 1000.0;
+    if let Some(d) = sleep_ms(prefill_ms) {
+        tokio::time::sleep(d).await;
+    }
+
+    let n = job.output_tokens;
+    let mut text = String::new();
+    let mut last_token_at = job.arrived;
+    for i in 0..n {
+        if i > 0 {
+            if let Some(d) = sleep_ms(state.decode_ms_per_token.get()) {
+                tokio::time::sleep(d).await;
+            }
+        }
+        let now = Instant::now();
+        {
+            let mut reg = lock(&state.registry);
+            let elapsed = now.duration_since(last_token_at).as_secs_f64();
+            if i == 0 {
+                reg.ttft.observe(elapsed);
+            } else {
+                reg.tpot.observe(elapsed);
+            }
+            reg.generation_tokens += 1;
+        }
+        last_token_at = now;
+        let piece = if i == 0 {
+            format!("tok{i}")
+        } else {
+            format!(" tok{i}")
+        };
+        text.push_str(&piece);
+        if job.stream {
+            let chunk = stream_chunk(job, i, &piece, &text, &lookup);
+            if tx.send(sse(&chunk)).await.is_err() {
+                return;
+            }
+        }
+    }
+    lock(&state.registry).request_success += 1;
+
+    let usage = json!({
+        "prompt_tokens": lookup.prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": lookup.prompt_tokens + n as usize,
+        "prompt_tokens_details": {"cached_tokens": lookup.cached_tokens},
+    });
+    let worker = &state.cfg.worker_id;
+    if job.stream {
+        let mut last = json!({
+            "id": job.id,
+            "created": job.created,
+            "model": job.model,
+            "choices": [],
+            "usage": usage,
+            "worker": worker,
+        });
+        if let Some(object) = chunk_object(job.endpoint) {
+            last["object"] = json!(object);
+        }
+        if tx.send(sse(&last)).await.is_ok() {
+            let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        }
+    } else {
+        let body = match job.endpoint {
+            Endpoint::Chat => json!({
+                "id": job.id,
+                "object": "chat.completion",
+                "created": job.created,
+                "model": job.model,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }],
+                "usage": usage,
+                "worker": worker,
+            }),
+            Endpoint::Completions => json!({
+                "id": job.id,
+                "object": "text_completion",
+                "created": job.created,
+                "model": job.model,
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}],
+                "usage": usage,
+                "worker": worker,
+            }),
+            Endpoint::Generate => json!({
+                "text": text,
+                "meta_info": meta_info(job, &lookup, n, true),
+                "usage": usage,
+                "worker": worker,
+            }),
+        };
+        let _ = tx.send(Bytes::from(body.to_string())).await;
+    }
+}
+
+fn chunk_object(endpoint: Endpoint) -> Option<&'static str> {
+    match endpoint {
+        Endpoint::Chat => Some("chat.completion.chunk"),
+        Endpoint::Completions => Some("text_completion"),
+        Endpoint::Generate => None,
+    }
+}
+
+/// SGLang's `meta_info` block.
+fn meta_info(job: &Job, lookup: &crate::cache::CacheLookup, produced: u32, done: bool) -> Value {
+    json!({
+        "id": job.id,
+        "prompt_tokens": lookup.prompt_tokens,
+        "completion_tokens": produced,
+        "cached_tokens": lookup.cached_tokens,
+        "finish_reason": if done { json!({"type": "length", "length": job.output_tokens}) } else { Value::Null },
+    })
+}
+
+/// One streamed token in the endpoint's shape (SGLang streams cumulative text).
+fn stream_chunk(
+    job: &Job,
+    i: u32,
+    piece: &str,
+    text_so_far: &str,
+    lookup: &crate::cache::CacheLookup,
+) -> Value {
+    let last = i + 1 == job.output_tokens;
+    let finish = if last { json!("length") } else { Value::Null };
+    match job.endpoint {
+        Endpoint::Chat => {
+            let delta = if i == 0 {
+                json!({"role": "assistant", "content": piece})
+            } else {
+                json!({"content": piece})
+            };
+            json!({
+                "id": job.id,
+                "object": "chat.completion.chunk",
+                "created": job.created,
+                "model": job.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            })
+        }
+        Endpoint::Completions => json!({
+            "id": job.id,
+            "object": "text_completion",
+            "created": job.created,
+            "model": job.model,
+            "choices": [{"index": 0, "text": piece, "logprobs": null, "finish_reason": finish}],
+        }),
+        Endpoint::Generate => json!({
+            "text": text_so_far,
+            "meta_info": meta_info(job, lookup, i + 1, last),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_token_limits() {
+        let d = 8;
+        assert_eq!(requested_tokens(Endpoint::Chat, &json!({}), d), 8);
+        assert_eq!(
+            requested_tokens(Endpoint::Chat, &json!({"max_tokens": 3}), d),
+            3
+        );
+        assert_eq!(
+            requested_tokens(
+                Endpoint::Chat,
+                &json!({"max_completion_tokens": 5, "max_tokens": 3}),
+                d
+            ),
+            5
+        );
+        assert_eq!(
+            requested_tokens(Endpoint::Completions, &json!({"max_tokens": 1000}), d),
+            64
+        );
+        assert_eq!(
+            requested_tokens(Endpoint::Completions, &json!({"max_tokens": 0}), d),
+            1
+        );
+        assert_eq!(
+            requested_tokens(
+                Endpoint::Generate,
+                &json!({"sampling_params": {"max_new_tokens": 2}}),
+                d
+            ),
+            2
+        );
+        assert_eq!(requested_tokens(Endpoint::Chat, &json!({}), 500), 64);
+    }
+
+    #[test]
+    fn rejects_bad_worker_id() {
+        use clap::Parser;
+        let cfg = Config::parse_from(["engine-mock", "--worker-id", "bad\nid"]);
+        assert!(State::new(cfg).is_err());
+    }
+}
