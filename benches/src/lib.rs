@@ -1,1 +1,26 @@
-//! placeholder
+//! `llm-load`: replays an OpenAI-style workload against a URL (normally Envoy with the
+//! cache-aware routing filter in front of several engines) and reports what happened:
+//! which worker served each request, how many prompt tokens were served from cache, and
+//! latency. It exists so routing changes can be judged by numbers, in the spirit of
+//! `vllm bench serve`.
+//!
+//! Each module holds one concept:
+//! - [`workload`]: the JSONL workload format and its parser.
+//! - [`generate`]: the deterministic multi-turn chat workload generator.
+//! - [`scheduler`]: dispatch order and concurrency (session ordering, in-flight cap).
+//! - [`response`]: turning a response body (JSON or SSE) into usage and worker.
+//! - [`client`]: the HTTP side: sends one request, times it, yields a [`record::Record`].
+//! - [`record`]: what is kept about one request.
+//! - [`stats`]: percentiles and the aggregate summary.
+//! - [`report`]: the human report and the machine-readable JSON line.
+//! - [`cli`]: command-line arguments and the `run` / `generate` entry points.
+
+pub mod cli;
+pub mod client;
+pub mod generate;
+pub mod record;
+pub mod report;
+pub mod response;
+pub mod scheduler;
+pub mod stats;
+pub mod workload;

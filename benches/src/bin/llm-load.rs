@@ -1,0 +1,25 @@
+//! `llm-load`: load tool for the cache-aware LLM router. All logic lives in the
+//! `llm_bench` library so it can be unit-tested; this only wires up the runtime.
+
+use clap::Parser;
+use llm_bench::cli::{generate_cmd, run_cmd, Cli, Command};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Generate(args) => generate_cmd(args),
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(run_cmd(args)).map(|_| ())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llm-load: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Dispatch order and concurrency, independent of HTTP so it can be tested with a fake
+//! sender.
+//!
+//! Rules: at most `concurrency` requests in flight; requests of one session go strictly
+//! in file order, each only after the previous one of that session completed (a user
+//! waits for the answer before the next turn, and the next turn's prefix is meant to hit
+//! the cache the previous turn filled); requests without a session are independent.
+//! Among dispatchable requests the earliest in the file goes first.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+
+/// Runs `send(i)` for every index `i` of `sessions` under the rules above and returns
+/// the results in index order. `sessions[i]` is the session of request `i`.
+pub async fn run_scheduled<R, F, Fut>(
+    sessions: &[Option<String>],
+    concurrency: usize,
+    send: F,
+) -> Vec<R>
+where
+    R: Send + 'static,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+{
+    let concurrency = concurrency.max(1);
+    let send = Arc::new(send);
+
+    // Per-session queue of pending indices, in file order. The head of an idle session's
+    // queue is in `ready`; the rest wait until the one before them completes.
+    let mut queues: HashMap<&str, VecDeque<usize>> = HashMap::new();
+    // Dispatchable indices, ordered so the earliest line goes first.
+    let mut ready: BTreeSet<usize> = BTreeSet::new();
+    for (i, session) in sessions.iter().enumerate() {
+        match session {
+            None => {
+                ready.insert(i);
+            }
+            Some(s) => {
+                let queue = queues.entry(s.as_str()).or_default();
+                if queue.is_empty() {
+                    ready.insert(i);
+                }
+                queue.push_back(i);
+            }
+        }
+    }
+
+    let mut results: Vec<Option<R>> = (0..sessions.len()).map(|_| None).collect();
+    let mut in_flight: JoinSet<(usize, R)> = JoinSet::new();
+    loop {
+        while in_flight.len() < concurrency {
+            let Some(i) = ready.pop_first() else { break };
+            let send = Arc::clone(&send);
+            in_flight.spawn(async move { (i, send(i).await) });
+        }
+        let Some(joined) = in_flight.join_next().await else {
+            break;
+        };
+        let (i, result) = match joined {
+            Ok(done) => done,
+            // A panicking sender is a bug in this tool, not a network condition.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("request task cancelled unexpectedly: {e}"),
+        };
+        results[i] = Some(result);
+        if let Some(s) = &sessions[i] {
+            if let Some(queue) = queues.get_mut(s.as_str()) {
+                // The completed request is the head of its session's queue.
+                queue.pop_front();
+                if let Some(&next) = queue.front() {
+                    ready.insert(next);
+                }
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("scheduler dispatches every request exactly once"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    #[derive(Default)]
+    struct Trace {
+        events: Vec<(usize, bool)>, // (index, started?)
+        in_flight: usize,
+        max_in_flight: usize,
+    }
+
+    /// Runs the scheduler with a fake sender that sleeps a per-index time and records
+    /// start/end events.
+    async fn run_fake(sessions: &[Option<String>], c: usize, delay_ms: fn(usize) -> u64) -> Trace {
+        let trace = Arc::new(Mutex::new(Trace::default()));
+        let t = Arc::clone(&trace);
+        let out = run_scheduled(sessions, c, move |i| {
+            let t = Arc::clone(&t);
+            async move {
+                {
+                    let mut g = t.lock().unwrap();
+                    g.events.push((i, true));
+                    g.in_flight += 1;
+                    g.max_in_flight = g.max_in_flight.max(g.in_flight);
+                }
+                tokio::time::sleep(Duration::from_millis(delay_ms(i))).await;
+                let mut g = t.lock().unwrap();
+                g.events.push((i, false));
+                g.in_flight -= 1;
+                i * 10
+            }
+        })
+        .await;
+        assert_eq!(out, (0..sessions.len()).map(|i| i * 10).collect::<Vec<_>>());
+        Arc::try_unwrap(trace).ok().unwrap().into_inner().unwrap()
+    }
+
+    fn sessions(spec: &[Option<&str>]) -> Vec<Option<String>> {
+        spec.iter().map(|s| s.map(str::to_string)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn same_session_never_overlaps_and_keeps_order() {
+        let s = sessions(&[
+            Some("a"),
+            Some("b"),
+            Some("a"),
+            None,
+            Some("b"),
+            Some("a"),
+            None,
+            Some("c"),
+            Some("a"),
+        ]);
+        // Vary delays so completions reorder.
+        let trace = run_fake(&s, 4, |i| [30, 5, 10, 1, 40, 2, 3, 7, 1][i]).await;
+        for name in ["a", "b", "c"] {
+            let idx: Vec<usize> = (0..s.len())
+                .filter(|&i| s[i].as_deref() == Some(name))
+                .collect();
+            let mut active: Option<usize> = None;
+            let mut started = Vec::new();
+            for &(i, start) in &trace.events {
+                if !idx.contains(&i) {
+                    continue;
+                }
+                if start {
+                    assert!(
+                        active.is_none(),
+                        "session {name}: {i} started while {active:?} in flight"
+                    );
+                    active = Some(i);
+                    started.push(i);
+                } else {
+                    assert_eq!(active, Some(i));
+                    active = None;
+                }
+            }
+            assert_eq!(started, idx, "session {name} order");
+        }
+        assert!(trace.max_in_flight <= 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrency_cap_is_respected_and_reached() {
+        let s = vec![None; 20];
+        let trace = run_fake(&s, 3, |_| 10).await;
+        assert_eq!(trace.max_in_flight, 3);
+        // Independent requests start in file order.
+        let starts: Vec<usize> = trace.events.iter().filter(|e| e.1).map(|e| e.0).collect();
+        assert_eq!(starts, (0..20).collect::<Vec<_>>());
+
+        let trace = run_fake(&s, 1, |_| 1).await;
+        assert_eq!(trace.max_in_flight, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn earliest_idle_line_goes_first() {
+        // c=2: 0(a) and 1(a) cannot overlap, so 0 and 2 start first, then 1 after 0.
+        let s = sessions(&[Some("a"), Some("a"), None, None]);
+        let trace = run_fake(&s, 2, |i| [10, 10, 100, 100][i]).await;
+        let starts: Vec<usize> = trace.events.iter().filter(|e| e.1).map(|e| e.0).collect();
+        assert_eq!(starts, vec![0, 2, 1, 3]);
+    }
+
+    #[tokio::test]
+    async fn empty_workload() {
+        let out: Vec<u8> = run_scheduled(&[], 4, |_| async { 0u8 }).await;
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,223 @@
+//! Runs the real `llm-load` binary: generates a workload, replays it against a tiny
+//! in-test OpenAI-like hyper server on an ephemeral port, and checks the JSON summary
+//! on the last stdout line (and in `--json-out`).
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load");
+
+/// Answers like an engine behind the router: worker alternates w0/w1, every completion
+/// reports 100 prompt tokens of which 40 cached. `model: "fail"` gets a 500 and
+/// `model: "nousage"` a 200 without usage, `model: "slow"` answers after the client's
+/// timeout; `/v1/completions` names the worker only in
+/// the `x-engine-worker` header.
+async fn handle(
+    req: Request<Incoming>,
+    counter: Arc<AtomicUsize>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path().to_string();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let worker = format!("w{}", counter.fetch_add(1, Ordering::SeqCst) % 2);
+    let usage = json!({"prompt_tokens": 100, "completion_tokens": 5,
+                       "prompt_tokens_details": {"cached_tokens": 40}});
+    let builder = Response::builder().header("x-llm-router-decision", "prefix");
+    let resp = match v["model"].as_str() {
+        Some("fail") => Response::builder()
+            .status(StatusCode::INTERNAL_SERVER_ERROR)
+            .body(Full::from("{\"error\":{\"message\":\"engine down\"}}")),
+        Some("slow") => {
+            tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+            builder.body(Full::from(
+                json!({"worker": worker, "usage": usage}).to_string(),
+            ))
+        }
+        Some("nousage") => builder.body(Full::from(
+            json!({"worker": worker, "choices": []}).to_string(),
+        )),
+        _ if v["stream"] == json!(true) => {
+            let sse = format!(
+                "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+                json!({"choices": [{"delta": {"content": "hi"}}]}),
+                json!({"choices": [], "worker": worker, "usage": usage}),
+            );
+            builder
+                .header("content-type", "text/event-stream")
+                .body(Full::from(sse))
+        }
+        _ if path == "/v1/completions" => builder.header("x-engine-worker", worker).body(
+            Full::from(json!({"choices": [{"text": "ok"}], "usage": usage}).to_string()),
+        ),
+        _ => builder
+            .header("content-type", "application/json")
+            .body(Full::from(
+                json!({"worker": worker, "choices": [], "usage": usage}).to_string(),
+            )),
+    };
+    Ok(resp.unwrap_or_else(|_| Response::new(Full::from("builder error"))))
+}
+
+async fn start_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let counter = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| handle(req, Arc::clone(&counter)));
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("llm-load-cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+async fn generate(out: &PathBuf) {
+    let status = Command::new(BIN)
+        .args([
+            "generate",
+            "--sessions",
+            "4",
+            "--turns",
+            "3",
+            "--system-prompts",
+            "2",
+        ])
+        .args([
+            "--system-prompt-chars",
+            "300",
+            "--user-chars",
+            "50",
+            "--stream-fraction",
+            "0.5",
+        ])
+        .arg("--out")
+        .arg(out)
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_workload_and_reports_json_summary() {
+    let port = start_server().await;
+
+    // Generate twice: byte-identical.
+    let workload = scratch("workload.jsonl");
+    let again = scratch("workload-again.jsonl");
+    generate(&workload).await;
+    generate(&again).await;
+    let mut text = std::fs::read_to_string(&workload).unwrap();
+    assert_eq!(text, std::fs::read_to_string(&again).unwrap());
+    assert_eq!(text.lines().count(), 12);
+    assert!(text.contains("\"stream\":true"), "some streams expected");
+
+    // Add a header-only worker, a 500, a 2xx without usage, and a timeout.
+    text.push_str("{\"body\":{\"model\":\"m\",\"prompt\":\"hello\"}}\n\n");
+    text.push_str("{\"body\":{\"model\":\"fail\",\"messages\":[]},\"session\":\"x\"}\n");
+    text.push_str("{\"body\":{\"model\":\"nousage\",\"messages\":[]},\"session\":\"x\"}\n");
+    text.push_str("{\"body\":{\"model\":\"slow\",\"messages\":[]}}\n");
+    std::fs::write(&workload, text).unwrap();
+
+    let json_out = scratch("summary.json");
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &format!("http://127.0.0.1:{port}/"),
+            "--concurrency",
+            "3",
+            "--timeout-s",
+            "1",
+        ])
+        .arg("--workload")
+        .arg(&workload)
+        .arg("--json-out")
+        .arg(&json_out)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+
+    let last = stdout.lines().last().unwrap();
+    let summary: Value = serde_json::from_str(last).unwrap();
+    assert_eq!(summary["requests"], 16, "{last}");
+    assert_eq!(summary["errors"], 3, "{last}");
+    // Every response but the 500 and the timeout named a worker; w0/w1 alternate.
+    let per_worker = summary["per_worker"].as_object().unwrap();
+    let named: u64 = per_worker.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(named, 14, "{last}");
+    assert_eq!(per_worker.keys().collect::<Vec<_>>(), ["w0", "w1"]);
+    assert_eq!(summary["prompt_tokens"], 1300, "{last}");
+    assert_eq!(summary["cached_tokens"], 520, "{last}");
+    assert_eq!(summary["cached_token_ratio"], 0.4, "{last}");
+    assert_eq!(summary["decisions_seen"], json!({"prefix": 14}), "{last}");
+    assert!(summary["p50_ms"].as_f64().unwrap() > 0.0);
+    assert!(summary["p99_ms"].as_f64().unwrap() >= summary["p50_ms"].as_f64().unwrap());
+    assert!(summary["streams"].as_u64().unwrap() > 0);
+    assert!(summary["wall_s"].as_f64().unwrap() > 0.0);
+    // Human report above, with the error reasons.
+    assert!(stdout.contains("HTTP 500"), "{stdout}");
+    assert!(stdout.contains("timeout after 1.0s"), "{stdout}");
+    assert!(stdout.contains("without usage"), "{stdout}");
+
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    assert_eq!(file, summary);
+}
+
+#[tokio::test]
+async fn setup_failures_exit_non_zero() {
+    let bad = scratch("bad.jsonl");
+    std::fs::write(&bad, "{\"body\":{\"prompt\":\"x\"}}\n{oops\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--url", "http://127.0.0.1:9"])
+        .arg("--workload")
+        .arg(&bad)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+
+    let good = scratch("good.jsonl");
+    std::fs::write(&good, "{\"body\":{\"prompt\":\"x\"}}\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--url", "ftp://nowhere"])
+        .arg("--workload")
+        .arg(&good)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}
