@@ -1,1 +1,81 @@
-//! placeholder
+//! # host-sim: a proxy-wasm ABI 0.2.1 host that runs a filter like Envoy 1.40 does
+//!
+//! `host-sim` loads a filter's real `.wasm` (wasm32-wasip1, proxy-wasm Rust SDK 0.2.5) into
+//! wasmtime and implements every `env.proxy_*` hostcall plus the WASI functions Rust's std
+//! needs, so integration tests run the real filter without Envoy.
+//!
+//! ## Model
+//!
+//! * **VMs are worker threads.** Envoy runs one copy (VM) of a plugin per worker thread.
+//!   A [`Host`] holds N VMs: N wasmtime `Store`s instantiating the same compiled `Module`.
+//!   Each VM has its own linear memory, root context (id 1) and stream contexts (ids 2, 3,
+//!   ...), exactly like separate workers: nothing in guest memory is shared.
+//! * **One shared store.** What Envoy shares across workers is shared across VMs through
+//!   one `Arc<Mutex<..>>`: shared data (`proxy_get/set_shared_data`, with Envoy's CAS rules),
+//!   shared queues (delivery to the last registrant, `proxy_on_queue_ready` on its VM),
+//!   metrics (`wasmcustom.NAME`, one value per name over all VMs), pending HTTP calls.
+//! * **Virtual clock.** Time only moves with [`Host::advance_time`]. `proxy_get_current_time_
+//!   nanoseconds` and WASI clocks read it; ticks (`proxy_set_tick_period_milliseconds`) fire
+//!   in time order on *every* VM whose period elapsed; HTTP-call timeouts expire with a 504.
+//!   Randomness (WASI `random_get`) comes from a per-VM generator seeded from
+//!   [`HostBuilder::seed`], so runs are deterministic.
+//! * **Envoy's stream rules.** Callback results are interpreted as Envoy 1.40 does: `Pause`
+//!   from a headers callback is StopAllIterationAndWatermark unless
+//!   [`HostBuilder::allow_on_headers_stop_iteration`] (then the body is held back until the
+//!   filter calls `continue_stream`); `Pause` from a body callback buffers (the next body
+//!   callback sees the accumulated size); request headers are only readable/writable while
+//!   Envoy exposes them (until they are continued; reads in `on_log`); local replies and
+//!   `continue_stream` run after the callback returns and local replies go through the
+//!   filter's own response callbacks.
+//! * **Errors.** A bad argument returns a status to the guest (BadArgument, NotFound,
+//!   CasMismatch...) as Envoy does; a broken pointer traps. A trap fails the VM and the API
+//!   call returns an error carrying the last guest logs (Rust panic messages are on stderr,
+//!   captured as logs).
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use host_sim::{Host, RequestSpec};
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let mut host = Host::builder("target/wasm32-wasip1/wasm/llm_router.wasm")
+//!     .plugin_config(br#"{"engines": ["engine_0"]}"#.to_vec())
+//!     .vms(4)
+//!     .seed(7)
+//!     .clusters(&["engine_0", "engine_1"])
+//!     .allow_on_headers_stop_iteration(true)
+//!     .build()?;
+//! let out = host.vm(0).request(RequestSpec {
+//!     headers: vec![
+//!         (":method", "POST"),
+//!         (":path", "/v1/chat/completions"),
+//!         (":authority", "x"),
+//!         ("content-type", "application/json"),
+//!     ],
+//!     body: br#"{"messages": []}"#.to_vec(),
+//!     body_chunks: 1,
+//! })?;
+//! assert!(out.continued);
+//! println!("routed to {:?}", out.header("x-engine"));
+//! let resp = host.vm(0).respond(out.handle, 200, &[("content-type", "application/json")], b"{}")?;
+//! assert_eq!(resp.header(":status"), Some("200"));
+//! host.vm(0).finish(out.handle)?;
+//! host.advance_time(1_000)?;
+//! println!("{:?} {:?}", host.metric("wasmcustom.requests"), host.logs(0));
+//! # Ok(())
+//! # }
+//! ```
+
+mod abi;
+mod env;
+mod host;
+mod memory;
+mod state;
+mod wasi;
+
+pub use abi::{LogLevel, Status};
+pub use host::{
+    Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource, RequestSpec,
+    ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,
+};
+pub use state::MetricValue;
