@@ -10,7 +10,7 @@ use crate::generate::{generate, to_jsonl, GenerateConfig};
 use crate::report::{human, json_line};
 use crate::scheduler::run_scheduled;
 use crate::stats::{summarize, Summary};
-use crate::workload::load_workload;
+use crate::workload::{load_workload, WorkItem};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -139,25 +139,14 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
     }
     let timeout = Duration::from_secs_f64(args.timeout_s);
     let concurrency = usize::try_from(args.concurrency)?;
-    let items = Arc::new(load_workload(&args.workload)?);
-    let sessions: Vec<Option<String>> = items.iter().map(|it| it.session.clone()).collect();
+    let items = load_workload(&args.workload)?;
     eprintln!(
         "llm-load: replaying {} requests against {base} (concurrency {concurrency}, timeout {}s)",
         items.len(),
         args.timeout_s
     );
 
-    let client = build_client(concurrency);
-    let base = Arc::new(base);
-    let started = Instant::now();
-    let records = run_scheduled(&sessions, concurrency, move |i| {
-        let client = client.clone();
-        let base = Arc::clone(&base);
-        let items = Arc::clone(&items);
-        async move { send(&client, &base, &items[i], timeout).await }
-    })
-    .await;
-    let summary = summarize(&records, started.elapsed());
+    let summary = replay(&base, items, concurrency, timeout).await;
 
     let json = json_line(&summary);
     if let Some(path) = &args.json_out {
@@ -167,4 +156,27 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
     print!("{}", human(&summary));
     println!("{json}");
     Ok(summary)
+}
+
+/// Replays `items` against `base` (an `http://host:port` URL without a trailing
+/// slash) with at most `concurrency` in flight, and summarises what happened.
+pub async fn replay(
+    base: &str,
+    items: Vec<WorkItem>,
+    concurrency: usize,
+    timeout: Duration,
+) -> Summary {
+    let sessions: Vec<Option<String>> = items.iter().map(|it| it.session.clone()).collect();
+    let items = Arc::new(items);
+    let client = build_client(concurrency);
+    let base = Arc::new(base.to_string());
+    let started = Instant::now();
+    let records = run_scheduled(&sessions, concurrency, move |i| {
+        let client = client.clone();
+        let base = Arc::clone(&base);
+        let items = Arc::clone(&items);
+        async move { send(&client, &base, &items[i], timeout).await }
+    })
+    .await;
+    summarize(&records, started.elapsed())
 }

@@ -1,0 +1,283 @@
+//! `llm-demo`: engine mocks + Envoy with the filter + a multi-turn workload, then a
+//! report. `envoy/demo` builds what is missing and runs this.
+//!
+//! The run is repeated with a baseline policy (round robin unless `--baseline none`)
+//! on a fresh fleet, so the engine-reported cache hit ratio of the two can be
+//! compared on the same workload. The last line of stdout is one JSON object.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use e2e::envoy::Target;
+use e2e::fleet::{Fleet, FleetSpec};
+use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
+use llm_bench::report::JsonSummary;
+use llm_bench::stats::Summary;
+use llm_bench::workload::{load_workload, WorkItem};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "llm-demo",
+    about = "Envoy + the llm-router filter + engine mocks, with sample traffic"
+)]
+struct Args {
+    /// Engine mocks to start.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Routing policy: cache_aware, round_robin, random, power_of_two.
+    #[arg(long, default_value = "cache_aware")]
+    policy: String,
+    /// Policy of the comparison run on a fresh fleet; `none` skips it.
+    #[arg(long, default_value = "round_robin")]
+    baseline: String,
+    /// Envoy worker threads (one Wasm VM each).
+    #[arg(long, default_value_t = 1)]
+    envoy_concurrency: u32,
+    /// A JSON object merged over the demo's plugin configuration (top-level keys
+    /// replace the demo's).
+    #[arg(long)]
+    filter_config: Option<PathBuf>,
+    /// `cluster` (a cluster per worker) or `endpoint` (override_host).
+    #[arg(long, default_value = "cluster")]
+    target: String,
+    /// A JSONL workload (see `llm-load`); generated when absent.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Extra argument for every engine mock (repeatable), e.g. `--engine-arg=--max-running=2`.
+    #[arg(long = "engine-arg", allow_hyphen_values = true)]
+    engine_args: Vec<String>,
+    /// Generated workload: sessions (conversations).
+    #[arg(long, default_value_t = 32)]
+    sessions: usize,
+    /// Generated workload: turns per session.
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// Generated workload: distinct system prompts.
+    #[arg(long, default_value_t = 8)]
+    system_prompts: usize,
+    /// Generated workload: system prompt length in chars.
+    #[arg(long, default_value_t = 1500)]
+    system_prompt_chars: usize,
+    /// Generated workload: user message and reply length in chars.
+    #[arg(long, default_value_t = 300)]
+    user_chars: usize,
+    /// Generated workload: share of streaming requests.
+    #[arg(long, default_value_t = 0.25)]
+    stream_fraction: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where configs, logs and the workload go.
+    #[arg(long, default_value = ".demo")]
+    dir: PathBuf,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 120.0)]
+    timeout_s: f64,
+}
+
+/// What one run measured.
+struct RunResult {
+    policy: String,
+    summary: Summary,
+    /// Decision counts per label, from Envoy's stats.
+    decisions: BTreeMap<String, u64>,
+}
+
+const LABELS: [&str; 2] = ["cache_hit", "cache_miss"];
+
+fn plugin_config(args: &Args, policy: &str) -> Result<Value> {
+    let mut cfg = Map::new();
+    cfg.insert("policy".into(), json!(policy));
+    if let Some(path) = &args.filter_config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --filter-config {}", path.display()))?;
+        let Value::Object(extra) = serde_json::from_str(&text)
+            .with_context(|| format!("--filter-config {} is not JSON", path.display()))?
+        else {
+            bail!("--filter-config {} must hold a JSON object", path.display());
+        };
+        // The baseline keeps its own policy; everything else applies to both runs.
+        for (k, v) in extra {
+            if k != "policy" || policy == args.policy {
+                cfg.insert(k, v);
+            }
+        }
+    }
+    Ok(Value::Object(cfg))
+}
+
+fn workload(args: &Args) -> Result<Vec<WorkItem>> {
+    if let Some(path) = &args.workload {
+        return load_workload(path);
+    }
+    let cfg = GenerateConfig {
+        sessions: args.sessions,
+        turns: args.turns,
+        system_prompts: args.system_prompts,
+        system_prompt_chars: args.system_prompt_chars,
+        user_chars: args.user_chars,
+        seed: args.seed,
+        stream_fraction: args.stream_fraction,
+        ..GenerateConfig::default()
+    };
+    let path = args.dir.join("workload.jsonl");
+    std::fs::write(&path, to_jsonl(&generate(&cfg))?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    load_workload(&path)
+}
+
+fn run(
+    args: &Args,
+    policy: &str,
+    items: &[WorkItem],
+    rt: &tokio::runtime::Runtime,
+) -> Result<RunResult> {
+    let target = match args.target.as_str() {
+        "cluster" => Target::Cluster,
+        "endpoint" => Target::Endpoint,
+        other => bail!("--target must be cluster or endpoint, got {other}"),
+    };
+    let spec = FleetSpec {
+        workers: args.workers,
+        engine_args: args.engine_args.clone(),
+        target,
+        plugin_config: plugin_config(args, policy)?,
+        envoy_concurrency: args.envoy_concurrency,
+        dir: Some(args.dir.join(policy)),
+    };
+    eprintln!(
+        "llm-demo: starting {} engine mocks and Envoy ({} thread(s), policy {policy}, target {})",
+        args.workers, args.envoy_concurrency, args.target
+    );
+    let fleet = Fleet::start(&spec)?;
+    eprintln!(
+        "llm-demo: replaying {} requests through {} (concurrency {})",
+        items.len(),
+        fleet.url(),
+        args.concurrency
+    );
+    let summary = rt.block_on(llm_bench::cli::replay(
+        &fleet.url(),
+        items.to_vec(),
+        args.concurrency,
+        Duration::from_secs_f64(args.timeout_s),
+    ));
+    let stats = fleet.envoy.stats()?;
+    let decisions = LABELS
+        .iter()
+        .map(|l| {
+            let v = stats
+                .get(&format!("wasmcustom.llm_router_decisions_{l}"))
+                .copied()
+                .unwrap_or(0);
+            (l.to_string(), v)
+        })
+        .collect();
+    Ok(RunResult {
+        policy: policy.to_string(),
+        summary,
+        decisions,
+    })
+}
+
+fn report(r: &RunResult) {
+    let s = &r.summary;
+    println!("== policy {} ==", r.policy);
+    println!(
+        "  requests {}  errors {}  wall {:.2}s  ({:.1} req/s)",
+        s.requests, s.errors, s.wall_s, s.req_per_s
+    );
+    for (line, reason, n) in &s.error_reasons {
+        println!("  error x{n} (first at workload line {line}): {reason}");
+    }
+    let total: u64 = s.per_worker.values().sum();
+    for (w, n) in &s.per_worker {
+        let share = if total > 0 {
+            100.0 * *n as f64 / total as f64
+        } else {
+            0.0
+        };
+        println!("  {w:>6}: {n:>5} requests ({share:5.1}%)");
+    }
+    println!(
+        "  engine-reported cached tokens: {} of {} prompt tokens = {:.1}%",
+        s.cached_tokens,
+        s.prompt_tokens,
+        100.0 * s.cached_token_ratio
+    );
+    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"));
+    println!("  latency p50 {}  p99 {}", fmt(s.p50_ms), fmt(s.p99_ms));
+    let d: Vec<String> = r
+        .decisions
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    println!("  router decisions (Envoy stats): {}", d.join(", "));
+}
+
+fn json_of(r: &RunResult) -> Value {
+    let j = JsonSummary::from(&r.summary);
+    json!({
+        "requests": j.requests,
+        "errors": j.errors,
+        "per_worker": j.per_worker,
+        "cached_token_ratio": j.cached_token_ratio,
+        "p50_ms": j.p50_ms,
+        "p99_ms": j.p99_ms,
+        "policy": r.policy,
+        "decisions": r.decisions,
+        "prompt_tokens": j.prompt_tokens,
+        "cached_tokens": j.cached_tokens,
+    })
+}
+
+fn main() {
+    let args = Args::parse();
+    match real_main(&args) {
+        Ok(clean) => std::process::exit(if clean { 0 } else { 3 }),
+        Err(e) => {
+            eprintln!("llm-demo: setup failed: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Returns whether every request succeeded.
+fn real_main(args: &Args) -> Result<bool> {
+    std::fs::create_dir_all(&args.dir)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let items = workload(args)?;
+    let main_run = run(args, &args.policy, &items, &rt)?;
+    let baseline = if args.baseline != "none" && args.baseline != args.policy {
+        Some(run(args, &args.baseline, &items, &rt)?)
+    } else {
+        None
+    };
+    println!();
+    report(&main_run);
+    if let Some(b) = &baseline {
+        report(b);
+        println!(
+            "== {} vs {}: cached token ratio {:.1}% vs {:.1}% ==",
+            main_run.policy,
+            b.policy,
+            100.0 * main_run.summary.cached_token_ratio,
+            100.0 * b.summary.cached_token_ratio
+        );
+    }
+    println!("logs and configs: {}", args.dir.display());
+    let mut out = json_of(&main_run);
+    out["envoy_concurrency"] = json!(args.envoy_concurrency);
+    out["workers"] = json!(args.workers);
+    if let Some(b) = &baseline {
+        out["baseline"] = json_of(b);
+    }
+    println!("{out}");
+    let errors = main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors);
+    Ok(errors == 0)
+}

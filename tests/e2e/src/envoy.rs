@@ -1,0 +1,314 @@
+//! Envoy with the filter: the bootstrap we generate (as JSON, which Envoy reads like
+//! YAML and which needs no escaping of the embedded plugin configuration), starting
+//! it on OS-chosen ports, and reading its stats.
+//!
+//! The bootstrap carries the settings that matter for LLM traffic (DESIGN.md §8):
+//! `allow_on_headers_stop_iteration` (else the body callback never runs),
+//! `failure_policy: FAIL_RELOAD` (a crashed VM is replaced), route `timeout: 0s`
+//! (generations outlive the 15 s default) and a raised request body limit.
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::admin;
+use crate::process::{spawn, Guard};
+
+/// Requests up to this size are buffered for routing (long contexts are big).
+pub const REQUEST_BODY_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How requests reach the chosen worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A cluster per worker, routed by `cluster_header`.
+    Cluster,
+    /// One cluster with the `override_host` policy.
+    Endpoint,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::Cluster => "cluster",
+            Target::Endpoint => "endpoint",
+        }
+    }
+}
+
+/// One upstream engine.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+/// Everything needed to render a bootstrap.
+#[derive(Debug, Clone)]
+pub struct EnvoySpec {
+    pub upstreams: Vec<Upstream>,
+    pub target: Target,
+    /// The plugin configuration; `workers` and `target` are filled in from
+    /// `upstreams` and `target` unless already present.
+    pub plugin_config: Value,
+    pub wasm: PathBuf,
+    pub concurrency: u32,
+}
+
+fn cluster_name(worker: &str) -> String {
+    format!("engine_{worker}")
+}
+
+/// The plugin configuration as the filter will see it.
+pub fn plugin_config(spec: &EnvoySpec) -> Value {
+    let mut cfg = spec.plugin_config.clone();
+    if let Value::Object(map) = &mut cfg {
+        map.entry("target")
+            .or_insert_with(|| json!(spec.target.as_str()));
+        map.entry("workers").or_insert_with(|| {
+            spec.upstreams
+                .iter()
+                .map(|u| {
+                    json!({
+                        "name": u.name,
+                        "cluster": cluster_name(&u.name),
+                        "address": u.addr.to_string(),
+                    })
+                })
+                .collect()
+        });
+    }
+    cfg
+}
+
+fn endpoint(addr: SocketAddr) -> Value {
+    json!({"endpoint": {"address": {"socket_address": {
+        "address": addr.ip().to_string(), "port_value": addr.port()}}}})
+}
+
+fn static_cluster(name: &str, addrs: &[SocketAddr]) -> Value {
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": addrs.iter().map(|a| endpoint(*a)).collect::<Vec<_>>()}]
+        }
+    })
+}
+
+/// The bootstrap: an admin and a listener on port 0 (read back after start).
+pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
+    let plugin = serde_json::to_string(&plugin_config(spec))?;
+    let (route, clusters) = match spec.target {
+        Target::Cluster => (
+            json!({"cluster_header": "x-llm-router-cluster", "timeout": "0s"}),
+            spec.upstreams
+                .iter()
+                .map(|u| static_cluster(&cluster_name(&u.name), &[u.addr]))
+                .collect::<Vec<_>>(),
+        ),
+        Target::Endpoint => {
+            let addrs: Vec<SocketAddr> = spec.upstreams.iter().map(|u| u.addr).collect();
+            let mut c = static_cluster("engines", &addrs);
+            c["load_balancing_policy"] = json!({"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.override_host",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                    "override_host_sources": [{"header": "x-gateway-destination-endpoint"}],
+                    "fallback_policy": {"policies": [{"typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.round_robin",
+                        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"}
+                    }}]}
+                }
+            }}]});
+            (json!({"cluster": "engines", "timeout": "0s"}), vec![c])
+        }
+    };
+    Ok(json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "llm",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "llm",
+                        "route_config": {"name": "llm", "virtual_hosts": [{
+                            "name": "llm", "domains": ["*"],
+                            "routes": [{
+                                "match": {"prefix": "/"},
+                                "route": route,
+                                "request_body_buffer_limit": REQUEST_BODY_LIMIT_BYTES
+                            }]
+                        }]},
+                        "http_filters": [
+                            {"name": "envoy.filters.http.wasm", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                                "config": {
+                                    "name": "llm_router",
+                                    "root_id": "llm_router",
+                                    "vm_config": {
+                                        "vm_id": "llm_router",
+                                        "runtime": "envoy.wasm.runtime.v8",
+                                        "code": {"local": {"filename": spec.wasm.to_string_lossy()}}
+                                    },
+                                    "allow_on_headers_stop_iteration": true,
+                                    "failure_policy": "FAIL_RELOAD",
+                                    "configuration": {
+                                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                                        "value": plugin
+                                    }
+                                }
+                            }},
+                            {"name": "envoy.filters.http.router", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                            }}
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": clusters
+        }
+    }))
+}
+
+/// A running Envoy.
+pub struct Envoy {
+    pub admin: SocketAddr,
+    pub listener: SocketAddr,
+    pub log: PathBuf,
+    _guard: Guard,
+}
+
+/// Starts Envoy with `spec`, writing its config and log into `dir`, and waits until
+/// the listener is bound.
+pub fn start(envoy_bin: &Path, spec: &EnvoySpec, dir: &Path) -> Result<Envoy> {
+    let config_path = dir.join("envoy.json");
+    std::fs::write(&config_path, serde_json::to_vec_pretty(&bootstrap(spec)?)?)?;
+    let admin_path = dir.join("envoy-admin-address");
+    let _ = std::fs::remove_file(&admin_path);
+    let log = dir.join("envoy.log");
+    let mut cmd = Command::new(envoy_bin);
+    cmd.arg("-c")
+        .arg(&config_path)
+        .arg("--concurrency")
+        .arg(spec.concurrency.to_string())
+        .arg("--admin-address-path")
+        .arg(&admin_path)
+        .arg("--base-id")
+        .arg(std::process::id().to_string())
+        .arg("--log-level")
+        .arg("warning")
+        .arg("--component-log-level")
+        .arg("wasm:info");
+    // Envoy prints nothing useful on stdout; readiness is polled on the admin port.
+    let mut guard = spawn("envoy", cmd, &log)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = guard.exited() {
+            bail!(
+                "envoy exited during start ({status}); log {}:\n{}",
+                log.display(),
+                tail(&log)
+            );
+        }
+        if let Some(admin) = read_addr(&admin_path) {
+            if let Some(listener) = listener_addr(admin) {
+                return Ok(Envoy {
+                    admin,
+                    listener,
+                    log,
+                    _guard: guard,
+                });
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "envoy not ready in 60 s; log {}:\n{}",
+                log.display(),
+                tail(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn read_addr(path: &Path) -> Option<SocketAddr> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The bound address of the `llm` listener, from `/listeners?format=json`.
+fn listener_addr(admin: SocketAddr) -> Option<SocketAddr> {
+    let (status, body) = admin::get(admin, "/listeners?format=json").ok()?;
+    if status != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_str(&body).ok()?;
+    let sock = v["listener_statuses"]
+        .as_array()?
+        .iter()
+        .find(|l| l["name"] == "llm")?
+        .get("local_address")?
+        .get("socket_address")?
+        .clone();
+    let port = sock["port_value"].as_u64()?;
+    if port == 0 {
+        return None;
+    }
+    format!("{}:{port}", sock["address"].as_str()?).parse().ok()
+}
+
+/// The last lines of a log file, for error messages.
+pub fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+impl Envoy {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.listener)
+    }
+
+    /// Counters and gauges from `/stats` (`name: value` lines; histograms skipped).
+    pub fn stats(&self) -> Result<BTreeMap<String, u64>> {
+        let (status, body) = admin::get(self.admin, "/stats")?;
+        if status != 200 {
+            bail!("envoy /stats answered {status}");
+        }
+        Ok(body
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
+            .collect())
+    }
+
+    /// One `wasmcustom.<name>` stat of the filter (0 when absent).
+    pub fn filter_stat(&self, name: &str) -> Result<u64> {
+        Ok(self
+            .stats()?
+            .get(&format!("wasmcustom.{name}"))
+            .copied()
+            .unwrap_or(0))
+    }
+
+    /// `/stats/prometheus` as text.
+    pub fn prometheus(&self) -> Result<String> {
+        let (status, body) = admin::get(self.admin, "/stats/prometheus")?;
+        if status != 200 {
+            bail!("envoy /stats/prometheus answered {status}");
+        }
+        Ok(body)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}

@@ -1,0 +1,141 @@
+//! A fleet: N engine mock processes behind one Envoy with the filter.
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::envoy::{self, Envoy, EnvoySpec, Target, Upstream};
+use crate::paths;
+use crate::process::{spawn_until, Guard};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    pub workers: usize,
+    /// Extra `engine-mock` arguments for every worker (e.g. `--max-running 2`).
+    pub engine_args: Vec<String>,
+    pub target: Target,
+    /// Plugin configuration; `workers`/`target` are filled in when absent.
+    pub plugin_config: Value,
+    pub envoy_concurrency: u32,
+    /// Where configs and logs go; a fresh temporary directory when `None`.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for FleetSpec {
+    fn default() -> Self {
+        FleetSpec {
+            workers: 4,
+            engine_args: Vec::new(),
+            target: Target::Cluster,
+            plugin_config: serde_json::json!({}),
+            envoy_concurrency: 1,
+            dir: None,
+        }
+    }
+}
+
+/// A running engine mock.
+pub struct Engine {
+    pub name: String,
+    pub addr: SocketAddr,
+    pub guard: Guard,
+}
+
+/// A running fleet; dropping it stops Envoy and every engine.
+pub struct Fleet {
+    // Envoy first: it is dropped (stopped) before the engines behind it.
+    pub envoy: Envoy,
+    pub engines: Vec<Engine>,
+    pub dir: PathBuf,
+    _tmp: Option<TempDir>,
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Result<TempDir> {
+        let base = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&base)?;
+        Ok(TempDir(base))
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts one engine mock named `name`, on a port the OS picks.
+pub fn start_engine(name: &str, args: &[String], dir: &Path) -> Result<Engine> {
+    let mut cmd = Command::new(paths::bin_path("engine-mock")?);
+    cmd.args(["--port", "0", "--worker-id", name]).args(args);
+    let log = dir.join(format!("engine-{name}.log"));
+    let (guard, addr) = spawn_until(name, cmd, &log, Duration::from_secs(30), |line| {
+        line.rsplit_once("listening on ")
+            .and_then(|(_, a)| a.trim().parse::<SocketAddr>().ok())
+    })?;
+    Ok(Engine {
+        name: name.to_string(),
+        addr,
+        guard,
+    })
+}
+
+impl Fleet {
+    pub fn start(spec: &FleetSpec) -> Result<Fleet> {
+        let (dir, tmp) = match &spec.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                (d.clone(), None)
+            }
+            None => {
+                let t = TempDir::new("llm-fleet")?;
+                (t.0.clone(), Some(t))
+            }
+        };
+        let engines = (0..spec.workers)
+            .map(|i| start_engine(&format!("w{i}"), &spec.engine_args, &dir))
+            .collect::<Result<Vec<_>>>()?;
+        let envoy_spec = EnvoySpec {
+            upstreams: engines
+                .iter()
+                .map(|e| Upstream {
+                    name: e.name.clone(),
+                    addr: e.addr,
+                })
+                .collect(),
+            target: spec.target,
+            plugin_config: spec.plugin_config.clone(),
+            wasm: paths::wasm_path()?,
+            concurrency: spec.envoy_concurrency,
+        };
+        let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
+            .context("starting Envoy with the filter")?;
+        Ok(Fleet {
+            envoy,
+            engines,
+            dir,
+            _tmp: tmp,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        self.envoy.url()
+    }
+
+    pub fn engine(&self, name: &str) -> Option<&Engine> {
+        self.engines.iter().find(|e| e.name == name)
+    }
+}
