@@ -192,18 +192,25 @@ pub struct Envoy {
 pub fn start(envoy_bin: &Path, spec: &EnvoySpec, dir: &Path) -> Result<Envoy> {
     let config_path = dir.join("envoy.json");
     std::fs::write(&config_path, serde_json::to_vec_pretty(&bootstrap(spec)?)?)?;
+    launch(envoy_bin, &config_path, spec.concurrency, dir)
+}
+
+/// Starts Envoy with a config file whose admin and `llm` listener ports may be 0,
+/// and waits until the listener is bound.
+pub fn launch(envoy_bin: &Path, config_path: &Path, concurrency: u32, dir: &Path) -> Result<Envoy> {
     let admin_path = dir.join("envoy-admin-address");
     let _ = std::fs::remove_file(&admin_path);
     let log = dir.join("envoy.log");
     let mut cmd = Command::new(envoy_bin);
     cmd.arg("-c")
-        .arg(&config_path)
+        .arg(config_path)
         .arg("--concurrency")
-        .arg(spec.concurrency.to_string())
+        .arg(concurrency.to_string())
         .arg("--admin-address-path")
         .arg(&admin_path)
-        .arg("--base-id")
-        .arg(std::process::id().to_string())
+        // Several Envoys run at once (parallel tests): each needs its own shared
+        // memory region for hot restart.
+        .arg("--use-dynamic-base-id")
         .arg("--log-level")
         .arg("warning")
         .arg("--component-log-level")
@@ -246,11 +253,11 @@ fn read_addr(path: &Path) -> Option<SocketAddr> {
 
 /// The bound address of the `llm` listener, from `/listeners?format=json`.
 fn listener_addr(admin: SocketAddr) -> Option<SocketAddr> {
-    let (status, body) = admin::get(admin, "/listeners?format=json").ok()?;
-    if status != 200 {
+    let resp = admin::get(admin, "/listeners?format=json").ok()?;
+    if resp.status != 200 {
         return None;
     }
-    let v: Value = serde_json::from_str(&body).ok()?;
+    let v: Value = serde_json::from_str(&resp.body).ok()?;
     let sock = v["listener_statuses"]
         .as_array()?
         .iter()
@@ -279,11 +286,12 @@ impl Envoy {
 
     /// Counters and gauges from `/stats` (`name: value` lines; histograms skipped).
     pub fn stats(&self) -> Result<BTreeMap<String, u64>> {
-        let (status, body) = admin::get(self.admin, "/stats")?;
-        if status != 200 {
-            bail!("envoy /stats answered {status}");
+        let resp = admin::get(self.admin, "/stats")?;
+        if resp.status != 200 {
+            bail!("envoy /stats answered {}", resp.status);
         }
-        Ok(body
+        Ok(resp
+            .body
             .lines()
             .filter_map(|l| l.split_once(": "))
             .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
@@ -301,11 +309,11 @@ impl Envoy {
 
     /// `/stats/prometheus` as text.
     pub fn prometheus(&self) -> Result<String> {
-        let (status, body) = admin::get(self.admin, "/stats/prometheus")?;
-        if status != 200 {
-            bail!("envoy /stats/prometheus answered {status}");
+        let resp = admin::get(self.admin, "/stats/prometheus")?;
+        if resp.status != 200 {
+            bail!("envoy /stats/prometheus answered {}", resp.status);
         }
-        Ok(body)
+        Ok(resp.body)
     }
 
     pub fn log_text(&self) -> String {

@@ -1,0 +1,410 @@
+//! End-to-end: the real Envoy 1.40 with the built filter in front of engine mocks.
+//!
+//! Needs the filter built (`cargo build -p llm-router --target wasm32-wasip1
+//! --profile wasm`) and Envoy installed (`envoy/get-envoy`); `tests/run` does both.
+//! Every fleet runs on OS-chosen ports and is stopped when its test ends, pass or
+//! fail.
+
+use e2e::admin::{self, Response};
+use e2e::envoy::Target;
+use e2e::fleet::{Fleet, FleetSpec};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+fn fleet(workers: usize, plugin_config: Value) -> Fleet {
+    fleet_with(FleetSpec {
+        workers,
+        plugin_config,
+        ..FleetSpec::default()
+    })
+}
+
+fn fleet_with(spec: FleetSpec) -> Fleet {
+    match Fleet::start(&spec) {
+        Ok(f) => f,
+        Err(e) => panic!("cannot start the fleet: {e:#}"),
+    }
+}
+
+fn post(fleet: &Fleet, path: &str, body: &Value) -> Response {
+    send(fleet, path, &[], body.to_string().as_bytes())
+}
+
+fn send(fleet: &Fleet, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    admin::request(fleet.envoy.listener, "POST", path, &all, body)
+        .unwrap_or_else(|e| panic!("request through Envoy failed: {e:#}"))
+}
+
+/// A conversation's body at `turn` (0-based): a system prompt, earlier turns with
+/// replies, and a new question.
+fn chat(system: &str, session: usize, turn: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        messages.push(json!({"role": "user", "content": format!(
+            "session {session} question {t}: {}", "please explain the details at length ".repeat(4))}));
+        if t < turn {
+            messages.push(json!({"role": "assistant", "content": format!(
+                "answer {t} for session {session}: {}", "here is a long and careful answer ".repeat(4))}));
+        }
+    }
+    json!({"model": "mock", "messages": messages})
+}
+
+fn system_prompt(i: usize) -> String {
+    format!("You are assistant number {i}. ") + &"Follow the house rules carefully. ".repeat(20)
+}
+
+fn cached_tokens(r: &Response) -> u64 {
+    r.json()
+        .ok()
+        .and_then(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
+        .unwrap_or(0)
+}
+
+fn header<'a>(r: &'a Response, name: &str) -> &'a str {
+    r.header(name)
+        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
+}
+
+#[test]
+fn conversation_sticks_to_one_worker_with_real_engine_cache_hits() {
+    let f = fleet(4, json!({"policy": "cache_aware"}));
+    for session in 0..6 {
+        let system = system_prompt(session);
+        let first = post(&f, "/v1/chat/completions", &chat(&system, session, 0));
+        assert_eq!(first.status, 200, "{first:?}");
+        let owner = header(&first, "x-engine-worker").to_string();
+        assert_eq!(
+            header(&first, "x-llm-router-worker"),
+            owner,
+            "router and engine agree"
+        );
+        for turn in 1..4 {
+            let r = post(&f, "/v1/chat/completions", &chat(&system, session, turn));
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(
+                header(&r, "x-engine-worker"),
+                owner,
+                "session {session} turn {turn} stays"
+            );
+            assert_eq!(header(&r, "x-llm-router-decision"), "cache_hit");
+            assert!(
+                cached_tokens(&r) > 0,
+                "the engine itself reports a prefix cache hit: {r:?}"
+            );
+        }
+    }
+    let hits = f
+        .envoy
+        .filter_stat("llm_router_decisions_cache_hit")
+        .unwrap();
+    let misses = f
+        .envoy
+        .filter_stat("llm_router_decisions_cache_miss")
+        .unwrap();
+    assert_eq!(hits + misses, 24, "one decision per routed request");
+    assert_eq!(hits, 18, "every later turn is a hit");
+}
+
+#[test]
+fn different_prefixes_spread_over_the_fleet() {
+    let f = fleet(4, json!({}));
+    let mut used = BTreeSet::new();
+    for session in 0..64 {
+        let r = post(
+            &f,
+            "/v1/chat/completions",
+            &chat(&system_prompt(100 + session), session, 0),
+        );
+        assert_eq!(r.status, 200);
+        used.insert(header(&r, "x-engine-worker").to_string());
+    }
+    assert_eq!(
+        used.len(),
+        4,
+        "misses go least-load with random ties: {used:?}"
+    );
+}
+
+#[test]
+fn imbalanced_fleet_goes_least_load() {
+    // Low thresholds so a handful of slow requests make the owner "imbalanced".
+    let f = fleet(
+        3,
+        json!({"balance_abs_threshold": 2, "balance_rel_threshold": 1.5}),
+    );
+    let system = system_prompt(7);
+    let first = post(&f, "/v1/chat/completions", &chat(&system, 0, 0));
+    let owner = header(&first, "x-engine-worker").to_string();
+    let owner_addr = f.engine(&owner).unwrap().addr;
+    let slow = admin::post(owner_addr, "/admin/latency", r#"{"ttft_ms": 1500}"#).unwrap();
+    assert_eq!(slow.status, 200, "{slow:?}");
+    let listener = f.envoy.listener;
+    let body = chat(&system, 0, 1).to_string();
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(150 * i));
+                admin::request(
+                    listener,
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("content-type", "application/json")],
+                    body.as_bytes(),
+                )
+                .unwrap()
+            })
+        })
+        .collect();
+    let responses: Vec<Response> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let mut reasons = BTreeMap::new();
+    for r in &responses {
+        assert_eq!(r.status, 200, "{r:?}");
+        *reasons
+            .entry(header(r, "x-llm-router-reason").to_string())
+            .or_insert(0) += 1;
+        if header(r, "x-llm-router-reason") == "imbalanced" {
+            assert_ne!(
+                header(r, "x-engine-worker"),
+                owner,
+                "least-load avoids the busy owner"
+            );
+        }
+    }
+    assert!(
+        reasons.get("cache_hit").copied().unwrap_or(0) >= 1,
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.get("imbalanced").copied().unwrap_or(0) >= 1,
+        "the owner's in-flight pile-up triggers least-load: {reasons:?}"
+    );
+}
+
+#[test]
+fn endpoint_target_routes_through_override_host() {
+    let f = fleet_with(FleetSpec {
+        workers: 3,
+        target: Target::Endpoint,
+        ..FleetSpec::default()
+    });
+    for session in 0..4 {
+        let system = system_prompt(200 + session);
+        let mut owner = None;
+        for turn in 0..3 {
+            let r = post(&f, "/v1/chat/completions", &chat(&system, session, turn));
+            assert_eq!(r.status, 200, "{r:?}");
+            let engine = header(&r, "x-engine-worker").to_string();
+            assert_eq!(
+                header(&r, "x-llm-router-worker"),
+                engine,
+                "override_host honoured the endpoint"
+            );
+            assert_eq!(
+                owner.get_or_insert(engine.clone()),
+                &engine,
+                "sticks in endpoint mode"
+            );
+        }
+    }
+}
+
+#[test]
+fn client_cannot_choose_its_upstream() {
+    let f = fleet(2, json!({}));
+    let body = chat(&system_prompt(300), 0, 0);
+    let first = post(&f, "/v1/chat/completions", &body);
+    let owner = header(&first, "x-engine-worker").to_string();
+    let other = if owner == "w0" { "w1" } else { "w0" };
+    for _ in 0..3 {
+        let r = send(
+            &f,
+            "/v1/chat/completions",
+            &[("x-llm-router-cluster", &format!("engine_{other}"))],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(
+            header(&r, "x-engine-worker"),
+            owner,
+            "the client's header was stripped"
+        );
+    }
+}
+
+#[test]
+fn streaming_passes_through_with_usage() {
+    let f = fleet(2, json!({}));
+    let mut body = chat(&system_prompt(400), 0, 0);
+    body["stream"] = json!(true);
+    let r = post(&f, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200);
+    assert!(header(&r, "content-type").starts_with("text/event-stream"));
+    assert!(r.body.contains("\"usage\""), "{}", r.body);
+    assert!(r.body.trim_end().ends_with("data: [DONE]"), "{}", r.body);
+    assert!(r.header("x-llm-router-decision").is_some());
+}
+
+#[test]
+fn completions_and_generate_are_routed_by_prompt() {
+    let f = fleet(3, json!({}));
+    let prompt = "Once upon a time in a land of caches, ".repeat(20);
+    let a = post(
+        &f,
+        "/v1/completions",
+        &json!({"model": "mock", "prompt": prompt}),
+    );
+    let b = post(
+        &f,
+        "/v1/completions",
+        &json!({"model": "mock", "prompt": format!("{prompt} and then")}),
+    );
+    assert_eq!(header(&a, "x-engine-worker"), header(&b, "x-engine-worker"));
+    assert_eq!(header(&b, "x-llm-router-decision"), "cache_hit");
+    assert!(cached_tokens(&b) > 0);
+    let g = post(
+        &f,
+        "/generate",
+        &json!({"text": "sglang style ".repeat(30)}),
+    );
+    assert_eq!(g.status, 200, "{g:?}");
+    assert_eq!(header(&g, "x-llm-router-reason"), "cache_miss");
+}
+
+#[test]
+fn unreadable_bodies_are_still_routed() {
+    let f = fleet(2, json!({}));
+    let r = send(&f, "/v1/chat/completions", &[], b"{this is not json");
+    assert_eq!(header(&r, "x-llm-router-reason"), "unreadable_body");
+    assert_eq!(
+        r.status, 400,
+        "the engine, not the router, rejects the body: {r:?}"
+    );
+    assert!(
+        r.header("x-engine-worker").is_some(),
+        "it reached an engine"
+    );
+    let empty = admin::request(f.envoy.listener, "GET", "/v1/models", &[], b"").unwrap();
+    assert_eq!(
+        empty.status, 200,
+        "a bodiless request is routed too: {empty:?}"
+    );
+    assert_eq!(
+        f.envoy.filter_stat("llm_router_unreadable_body").unwrap(),
+        2
+    );
+}
+
+#[test]
+fn a_model_no_worker_serves_gets_503_with_a_reason() {
+    let f = fleet_with(FleetSpec {
+        workers: 1,
+        plugin_config: json!({"workers": [{"name": "w0", "cluster": "engine_w0", "models": ["served"]}]}),
+        ..FleetSpec::default()
+    });
+    let r = post(
+        &f,
+        "/v1/completions",
+        &json!({"model": "other", "prompt": "hello"}),
+    );
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(header(&r, "x-llm-router-reason"), "no_worker_for_model");
+    let ok = post(
+        &f,
+        "/v1/completions",
+        &json!({"model": "served", "prompt": "hello"}),
+    );
+    assert_eq!(ok.status, 200, "{ok:?}");
+    assert_eq!(f.envoy.filter_stat("llm_router_no_worker").unwrap(), 1);
+    let decisions = f
+        .envoy
+        .filter_stat("llm_router_decisions_cache_hit")
+        .unwrap()
+        + f.envoy
+            .filter_stat("llm_router_decisions_cache_miss")
+            .unwrap();
+    assert_eq!(decisions, 1, "no decision is counted for the 503");
+}
+
+#[test]
+fn decision_stats_are_in_prometheus_output() {
+    let f = fleet(2, json!({}));
+    post(&f, "/v1/completions", &json!({"prompt": "a prompt"}));
+    let text = f.envoy.prometheus().unwrap();
+    assert!(text.contains("llm_router_decisions_cache_miss"), "{text}");
+}
+
+#[test]
+fn an_invalid_plugin_config_is_rejected_with_the_field_named() {
+    let err = Fleet::start(&FleetSpec {
+        workers: 1,
+        plugin_config: json!({"cache_threshold": 7}),
+        ..FleetSpec::default()
+    });
+    let Err(e) = err else {
+        panic!("Envoy must refuse a config the filter rejects");
+    };
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("cache_threshold"),
+        "the log names the field: {msg}"
+    );
+}
+
+/// The example configs users copy must really work: each is started as shipped,
+/// with only its ports and the .wasm path rewritten, in front of engine mocks.
+#[test]
+fn shipped_example_configs_route_for_real() {
+    let root = e2e::paths::workspace_root();
+    for file in ["envoy/envoy-cluster.yaml", "envoy/envoy-endpoint.yaml"] {
+        let dir = e2e::fleet::TempDir::new("llm-example").unwrap();
+        let engines: Vec<_> = (0..4)
+            .map(|i| e2e::fleet::start_engine(&format!("w{i}"), &[], &dir.0).unwrap())
+            .collect();
+        let mut yaml = std::fs::read_to_string(root.join(file)).unwrap();
+        for (i, e) in engines.iter().enumerate() {
+            yaml = yaml.replace(&format!("127.0.0.1:{}", 8001 + i), &e.addr.to_string());
+            yaml = yaml.replace(
+                &format!("port_value: {} ", 8001 + i),
+                &format!("port_value: {} ", e.addr.port()),
+            );
+        }
+        yaml = yaml
+            .replace("port_value: 10000", "port_value: 0")
+            .replace("port_value: 9901", "port_value: 0")
+            .replace(
+                "filename: target/wasm32-wasip1/wasm/llm_router.wasm",
+                &format!("filename: {}", e2e::paths::wasm_path().unwrap().display()),
+            );
+        let config = dir.0.join("example.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let envoy = e2e::envoy::launch(&e2e::paths::envoy_bin().unwrap(), &config, 1, &dir.0)
+            .unwrap_or_else(|e| panic!("{file} does not start: {e:#}"));
+        let system = system_prompt(500);
+        let mut owner = None;
+        for turn in 0..3 {
+            let r = admin::request(
+                envoy.listener,
+                "POST",
+                "/v1/chat/completions",
+                &[("content-type", "application/json")],
+                chat(&system, 0, turn).to_string().as_bytes(),
+            )
+            .unwrap();
+            assert_eq!(r.status, 200, "{file}: {r:?}");
+            let engine = header(&r, "x-engine-worker").to_string();
+            assert_eq!(
+                header(&r, mode_header),
+                engine,
+                "{file}: the chosen engine served it"
+            );
+            assert_eq!(
+                owner.get_or_insert(engine.clone()),
+                &engine,
+                "{file}: sticks"
+            );
+        }
+    }
+}
