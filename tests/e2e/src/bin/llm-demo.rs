@@ -52,8 +52,14 @@ struct Args {
     /// Extra argument for every engine mock (repeatable), e.g. `--engine-arg=--max-running=2`.
     #[arg(long = "engine-arg", allow_hyphen_values = true)]
     engine_args: Vec<String>,
-    /// Generated workload: sessions (conversations).
-    #[arg(long, default_value_t = 32)]
+    /// Simulated prefill cost of the engine mocks per uncached prompt token, so
+    /// cache hits show in latency as they do on a real engine.
+    #[arg(long, default_value_t = 100.0)]
+    prefill_us_per_token: f64,
+    /// Generated workload: sessions (conversations). Not a multiple of `--workers` by
+    /// default: round robin would otherwise pin each session to one worker by
+    /// accident, as turns are interleaved session by session.
+    #[arg(long, default_value_t = 30)]
     sessions: usize,
     /// Generated workload: turns per session.
     #[arg(long, default_value_t = 6)]
@@ -144,7 +150,10 @@ fn run(
     };
     let spec = FleetSpec {
         workers: args.workers,
-        engine_args: args.engine_args.clone(),
+        engine_args: [format!("--prefill-us-per-token={}", args.prefill_us_per_token)]
+            .into_iter()
+            .chain(args.engine_args.iter().cloned())
+            .collect(),
         target,
         plugin_config: plugin_config(args, policy)?,
         envoy_concurrency: args.envoy_concurrency,
