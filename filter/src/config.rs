@@ -23,6 +23,15 @@ pub const DEFAULT_EVICTION_INTERVAL_MS: u64 = 120_000;
 /// Distinct models that get a tree of their own; the least recently used tree is
 /// dropped beyond it, so client-chosen model names cannot grow memory without bound.
 pub const DEFAULT_MAX_MODELS: usize = 64;
+/// Tree operations kept in shared data for VMs to catch up with. A VM more than this
+/// many operations behind loses the overwritten ones (and counts them).
+pub const DEFAULT_SYNC_RING_SLOTS: usize = 1024;
+/// Routing text carried by one shared operation; longer texts are shared by their
+/// prefix. Bounds the ring's memory at `slots * bytes` (256 MiB worst case).
+pub const DEFAULT_SYNC_MAX_TEXT_BYTES: usize = 256 * 1024;
+/// How often each VM catches up with the ring when it routes nothing, and checks
+/// whether an eviction is due.
+pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 1000;
 pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-router-cluster";
 /// The Gateway API Inference Extension's header, read by Envoy's `override_host`
 /// load balancing policy.
@@ -119,6 +128,15 @@ fn default_eviction_interval() -> u64 {
 fn default_max_models() -> usize {
     DEFAULT_MAX_MODELS
 }
+fn default_sync_ring_slots() -> usize {
+    DEFAULT_SYNC_RING_SLOTS
+}
+fn default_sync_max_text_bytes() -> usize {
+    DEFAULT_SYNC_MAX_TEXT_BYTES
+}
+fn default_sync_interval() -> u64 {
+    DEFAULT_SYNC_INTERVAL_MS
+}
 fn default_cluster_header() -> String {
     DEFAULT_CLUSTER_HEADER.to_string()
 }
@@ -155,6 +173,12 @@ pub struct Config {
     pub eviction_interval_ms: u64,
     #[serde(default = "default_max_models")]
     pub max_models: usize,
+    #[serde(default = "default_sync_ring_slots")]
+    pub sync_ring_slots: usize,
+    #[serde(default = "default_sync_max_text_bytes")]
+    pub sync_max_text_bytes: usize,
+    #[serde(default = "default_sync_interval")]
+    pub sync_interval_ms: u64,
     #[serde(default = "default_cluster_header")]
     pub cluster_header: String,
     #[serde(default = "default_endpoint_header")]
@@ -228,6 +252,15 @@ impl Config {
         }
         if self.max_models == 0 {
             return Err(err("max_models", "must be >= 1"));
+        }
+        if !(1..=65_536).contains(&self.sync_ring_slots) {
+            return Err(err("sync_ring_slots", "must be between 1 and 65536"));
+        }
+        if self.sync_max_text_bytes == 0 {
+            return Err(err("sync_max_text_bytes", "must be >= 1"));
+        }
+        if self.sync_interval_ms < 10 {
+            return Err(err("sync_interval_ms", "must be >= 10"));
         }
         if !is_header_name(&self.cluster_header) {
             return Err(err(
@@ -356,6 +389,21 @@ mod tests {
             "eviction_interval_ms"
         );
         assert_eq!(field_of(with(r#","max_models":0"#)), "max_models");
+        assert_eq!(field_of(with(r#","sync_ring_slots":0"#)), "sync_ring_slots");
+        assert_eq!(
+            field_of(with(r#","sync_ring_slots":65537"#)),
+            "sync_ring_slots"
+        );
+        assert!(with(r#","sync_ring_slots":65536"#).is_ok());
+        assert_eq!(
+            field_of(with(r#","sync_max_text_bytes":0"#)),
+            "sync_max_text_bytes"
+        );
+        assert_eq!(
+            field_of(with(r#","sync_interval_ms":9"#)),
+            "sync_interval_ms"
+        );
+        assert!(with(r#","sync_interval_ms":10"#).is_ok());
         assert_eq!(
             field_of(with(r#","cluster_header":"X-Bad Header""#)),
             "cluster_header"

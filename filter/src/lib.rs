@@ -10,6 +10,7 @@ pub mod decision;
 pub mod policy;
 pub mod request;
 pub mod router;
+pub mod sync;
 pub mod tree;
 
 #[cfg(target_arch = "wasm32")]

@@ -2,8 +2,13 @@
 //! and the policy, turning a parsed request and the workers' loads into a decision.
 //!
 //! Sans-IO: loads and randomness come in as arguments, so the same code runs in the
-//! filter, in native tests and in benchmarks. The tree clock is a counter of inserts,
-//! not wall time, so eviction order is a function of the operations alone.
+//! filter, in native tests and in benchmarks.
+//!
+//! Deciding and recording are separate: `route` returns the decision and the tree
+//! operation it implies, and `apply` changes the trees. In the filter the operation
+//! goes through the shared operation ring (`sync`) and every VM applies it in the
+//! same order, with the ring's sequence number as the tree clock, so eviction order
+//! is a function of the operation stream alone.
 
 use hashbrown::HashMap;
 
@@ -11,6 +16,7 @@ use crate::config::{Config, Policy, Pool};
 use crate::decision::Decision;
 use crate::policy::{self, CacheAwareParams, Candidate, Rng};
 use crate::request::Parsed;
+use crate::sync::Op;
 use crate::tree::{TenantId, Tree};
 
 /// Why no worker could be chosen (the request gets a 503).
@@ -33,10 +39,19 @@ struct ModelTree {
     last_used: u64,
 }
 
+/// A decision and the tree operation to record for it (`cache_aware` with routing
+/// text only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routed {
+    pub decision: Decision,
+    pub record: Option<Op>,
+}
+
 pub struct Router {
     cfg: Config,
     trees: HashMap<(Pool, String), ModelTree>,
     rr_counter: u64,
+    /// One past the newest operation applied.
     clock: u64,
 }
 
@@ -54,19 +69,40 @@ impl Router {
         &self.cfg
     }
 
-    /// Takes a new configuration. Trees survive when the worker list (names, in
-    /// order) is unchanged, since tenants are worker indices.
+    /// Takes a new configuration. Tenants are worker indices, so the trees are
+    /// renamed to the new list's indices by worker name (and pool); workers that left
+    /// are removed, and affinity survives a reordered or grown fleet.
     pub fn reconfigure(&mut self, cfg: Config) {
-        let same_workers = cfg.workers.len() == self.cfg.workers.len()
-            && cfg
-                .workers
-                .iter()
-                .zip(&self.cfg.workers)
-                .all(|(a, b)| a.name == b.name && a.pool == b.pool);
-        if !same_workers {
-            self.trees.clear();
+        let new_index: Vec<Option<TenantId>> = self
+            .cfg
+            .workers
+            .iter()
+            .map(|old| {
+                cfg.workers
+                    .iter()
+                    .position(|w| w.name == old.name && w.pool == old.pool)
+                    .map(|i| i as TenantId)
+            })
+            .collect();
+        let identity = new_index
+            .iter()
+            .enumerate()
+            .all(|(i, n)| *n == Some(i as TenantId));
+        if !identity {
+            for t in self.trees.values_mut() {
+                t.tree
+                    .remap_tenants(|old| new_index.get(old as usize).copied().flatten());
+            }
         }
         self.cfg = cfg;
+    }
+
+    fn worker_index(&self, pool: Pool, name: &str) -> Option<TenantId> {
+        self.cfg
+            .workers
+            .iter()
+            .position(|w| w.name == name && w.pool == pool)
+            .map(|i| i as TenantId)
     }
 
     /// Chars held by all trees of this VM.
@@ -93,14 +129,15 @@ impl Router {
             .collect()
     }
 
-    /// Chooses a worker of the regular pool for `req`, and for `cache_aware` records
-    /// the routing text under it.
+    /// Chooses a worker of the regular pool for `req`. For `cache_aware` with a
+    /// routing text, the returned operation records the text under the worker; the
+    /// caller applies it (directly, or through the shared ring).
     pub fn route(
         &mut self,
         req: &Parsed,
         inflight: &[u64],
         rng: &mut dyn Rng,
-    ) -> Result<Decision, NoWorker> {
+    ) -> Result<Routed, NoWorker> {
         let pool = Pool::Regular;
         let (model, text) = match req {
             Parsed::Routable(r) => (r.model.as_str(), Some(r.text.as_str())),
@@ -115,7 +152,7 @@ impl Router {
                     balance_rel_threshold: self.cfg.balance_rel_threshold,
                 };
                 let tree = self.trees.get(&(pool, model.to_string()));
-                let d = policy::cache_aware(
+                policy::cache_aware(
                     &params,
                     &candidates,
                     || match tree {
@@ -127,29 +164,72 @@ impl Router {
                         },
                     },
                     rng,
-                );
-                if let Some(d) = d {
-                    self.insert(pool, model, text, d.worker);
-                }
-                d
+                )
             }
             (Policy::CacheAware, None) => policy::unreadable(&candidates, rng),
             (Policy::RoundRobin, _) => policy::round_robin(&candidates, &mut self.rr_counter),
             (Policy::Random, _) => policy::random(&candidates, rng),
             (Policy::PowerOfTwo, _) => policy::power_of_two(&candidates, rng),
         };
-        decision.ok_or(NoWorker::NoWorkerForModel)
+        let decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
+        let record = match (self.cfg.policy, text) {
+            (Policy::CacheAware, Some(text)) => Some(Op::Insert {
+                pool,
+                model: model.to_string(),
+                worker: self
+                    .cfg
+                    .workers
+                    .get(decision.worker as usize)
+                    .map(|w| w.name.clone())
+                    .unwrap_or_default(),
+                text: text.to_string(),
+            }),
+            _ => None,
+        };
+        Ok(Routed { decision, record })
     }
 
-    fn insert(&mut self, pool: Pool, model: &str, text: &str, worker: TenantId) {
-        self.clock += 1;
-        let clock = self.clock;
+    /// Applies operation `seq` of the stream (its clock is `seq + 1`, so 0 never
+    /// appears). Operations naming unknown workers are ignored.
+    pub fn apply(&mut self, seq: u64, op: &Op) {
+        let clock = seq.saturating_add(1);
+        self.clock = self.clock.max(clock);
+        match op {
+            Op::Insert {
+                pool,
+                model,
+                worker,
+                text,
+            } => {
+                if let Some(idx) = self.worker_index(*pool, worker) {
+                    self.insert(*pool, model, text, idx, clock);
+                }
+            }
+            Op::RemoveWorker { pool, worker } => {
+                if let Some(idx) = self.worker_index(*pool, worker) {
+                    for ((p, _), t) in self.trees.iter_mut() {
+                        if p == pool {
+                            t.tree.remove_tenant(idx);
+                        }
+                    }
+                }
+            }
+            Op::Evict => self.evict(),
+        }
+    }
+
+    /// Applies `op` as the next operation of this VM alone (no sharing).
+    pub fn apply_local(&mut self, op: &Op) {
+        self.apply(self.clock, op);
+    }
+
+    fn insert(&mut self, pool: Pool, model: &str, text: &str, worker: TenantId, clock: u64) {
         let key = (pool, model.to_string());
         if !self.trees.contains_key(&key) && self.trees.len() >= self.cfg.max_models {
             let oldest = self
                 .trees
                 .iter()
-                .min_by_key(|(_, t)| t.last_used)
+                .min_by_key(|(k, t)| (t.last_used, (*k).clone()))
                 .map(|(k, _)| k.clone());
             if let Some(k) = oldest {
                 self.trees.remove(&k);
@@ -159,7 +239,7 @@ impl Router {
             tree: Tree::new(),
             last_used: clock,
         });
-        entry.last_used = clock;
+        entry.last_used = entry.last_used.max(clock);
         entry.tree.insert(text, worker, clock);
         if self.tree_chars() > self.cfg.max_total_tree_chars {
             self.evict_to_budget();
@@ -207,6 +287,20 @@ mod tests {
         Router::new(Config::from_json(json.as_bytes()).unwrap())
     }
 
+    /// Routes and records locally, as a single VM without sharing would.
+    fn go(
+        r: &mut Router,
+        req: &Parsed,
+        inflight: &[u64],
+        rng: &mut SplitMix64,
+    ) -> Result<Decision, NoWorker> {
+        let routed = r.route(req, inflight, rng)?;
+        if let Some(op) = &routed.record {
+            r.apply_local(op);
+        }
+        Ok(routed.decision)
+    }
+
     fn chat(turns: &[&str]) -> Parsed {
         let msgs: Vec<String> = turns
             .iter()
@@ -223,11 +317,11 @@ mod tests {
         let mut r = router("", 4);
         let mut rng = SplitMix64(11);
         let sys = "a long shared system prompt that dominates the text";
-        let first = r.route(&chat(&[sys, "q1"]), &[0; 4], &mut rng).unwrap();
+        let first = go(&mut r, &chat(&[sys, "q1"]), &[0; 4], &mut rng).unwrap();
         assert_eq!(first.reason, Reason::CacheMiss, "cold tree");
         for turn in 2..6 {
             let q = format!("q{turn}");
-            let d = r.route(&chat(&[sys, "q1", &q]), &[0; 4], &mut rng).unwrap();
+            let d = go(&mut r, &chat(&[sys, "q1", &q]), &[0; 4], &mut rng).unwrap();
             assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit));
         }
     }
@@ -239,7 +333,11 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..40 {
             let text = format!("{i} distinct conversation opener number {i}");
-            seen.insert(r.route(&chat(&[&text]), &[0; 4], &mut rng).unwrap().worker);
+            seen.insert(
+                go(&mut r, &chat(&[&text]), &[0; 4], &mut rng)
+                    .unwrap()
+                    .worker,
+            );
         }
         assert_eq!(seen.len(), 4, "misses go least-load with random ties");
     }
@@ -249,10 +347,10 @@ mod tests {
         let mut r = router("", 2);
         let mut rng = SplitMix64(1);
         let p = chat(&["prefix that will be owned by someone"]);
-        let owner = r.route(&p, &[0, 0], &mut rng).unwrap().worker;
+        let owner = go(&mut r, &p, &[0, 0], &mut rng).unwrap().worker;
         let mut loads = [0u64; 2];
         loads[owner as usize] = 100;
-        let d = r.route(&p, &loads, &mut rng).unwrap();
+        let d = go(&mut r, &p, &loads, &mut rng).unwrap();
         assert_eq!(d.reason, Reason::Imbalanced);
         assert_ne!(d.worker, owner);
         // The diverted text was inserted under the new worker too.
@@ -274,6 +372,8 @@ mod tests {
                 &mut rng,
             )
             .unwrap();
+        assert_eq!(d.record, None, "nothing to record without routing text");
+        let d = d.decision;
         assert_eq!((d.worker, d.reason), (1, Reason::Unreadable));
         assert_eq!(r.tree_chars(), 0);
     }
@@ -284,9 +384,12 @@ mod tests {
         let mut r = Router::new(cfg);
         let mut rng = SplitMix64(1);
         let p = parse("/v1/completions", br#"{"model":"m2","prompt":"x"}"#);
-        assert_eq!(r.route(&p, &[0], &mut rng), Err(NoWorker::NoWorkerForModel));
+        assert_eq!(
+            go(&mut r, &p, &[0], &mut rng),
+            Err(NoWorker::NoWorkerForModel)
+        );
         let ok = parse("/v1/completions", br#"{"model":"m1","prompt":"x"}"#);
-        assert!(r.route(&ok, &[0], &mut rng).is_ok());
+        assert!(go(&mut r, &ok, &[0], &mut rng).is_ok());
     }
 
     #[test]
@@ -301,8 +404,8 @@ mod tests {
             "/v1/completions",
             br#"{"model":"b","prompt":"same prompt text"}"#,
         );
-        r.route(&a, &[0, 0], &mut rng).unwrap();
-        let d = r.route(&b, &[0, 0], &mut rng).unwrap();
+        go(&mut r, &a, &[0, 0], &mut rng).unwrap();
+        let d = go(&mut r, &b, &[0, 0], &mut rng).unwrap();
         assert_eq!(
             d.reason,
             Reason::CacheMiss,
@@ -319,7 +422,7 @@ mod tests {
                 "/v1/completions",
                 format!(r#"{{"model":"{m}","prompt":"p"}}"#).as_bytes(),
             );
-            r.route(&p, &[0], &mut rng).unwrap();
+            go(&mut r, &p, &[0], &mut rng).unwrap();
         }
         assert!(
             r.tree(Pool::Regular, "a").is_none(),
@@ -337,7 +440,7 @@ mod tests {
                 "/v1/completions",
                 format!(r#"{{"prompt":"prompt number {i:04}"}}"#).as_bytes(),
             );
-            r.route(&p, &[0, 0], &mut rng).unwrap();
+            go(&mut r, &p, &[0, 0], &mut rng).unwrap();
             assert!(r.tree_chars() <= 100, "budget holds after every insert");
         }
     }
@@ -350,29 +453,41 @@ mod tests {
             "/v1/completions",
             br#"{"prompt":"a prompt longer than ten chars"}"#,
         );
-        r.route(&p, &[0], &mut rng).unwrap();
+        go(&mut r, &p, &[0], &mut rng).unwrap();
         r.evict();
         assert_eq!(r.tree(Pool::Regular, "").unwrap().tenant_chars(0), 0);
     }
 
     #[test]
-    fn reconfigure_keeps_trees_only_for_the_same_workers() {
-        let mut r = router("", 2);
+    fn reconfigure_follows_workers_by_name() {
+        let mut r = router("", 3);
         let mut rng = SplitMix64(1);
-        r.route(&chat(&["kept text"]), &[0, 0], &mut rng).unwrap();
+        let p = chat(&["kept text that w-something owns"]);
+        let owner = go(&mut r, &p, &[0, 0, 0], &mut rng).unwrap().worker;
+        let owner_name = format!("w{owner}");
         let same = Config::from_json(
-            br#"{"workers":[{"name":"w0"},{"name":"w1"}],"cache_threshold":0.5}"#,
+            br#"{"workers":[{"name":"w0"},{"name":"w1"},{"name":"w2"}],"cache_threshold":0.5}"#,
         )
         .unwrap();
         r.reconfigure(same);
-        assert!(r.tree_chars() > 0);
-        let other = Config::from_json(br#"{"workers":[{"name":"w1"},{"name":"w0"}]}"#).unwrap();
-        r.reconfigure(other);
-        assert_eq!(
-            r.tree_chars(),
-            0,
-            "tenants are indices: a reordered fleet starts afresh"
-        );
+        let d = go(&mut r, &p, &[0, 0, 0], &mut rng).unwrap();
+        assert_eq!((d.worker, d.reason), (owner, Reason::CacheHit));
+        // Reverse the list and add a worker: the owner keeps its prefix at its new index.
+        let reversed = br#"{"workers":[{"name":"w9"},{"name":"w2"},{"name":"w1"},{"name":"w0"}]}"#;
+        r.reconfigure(Config::from_json(reversed).unwrap());
+        let d = go(&mut r, &p, &[0; 4], &mut rng).unwrap();
+        assert_eq!(d.reason, Reason::CacheHit);
+        assert_eq!(r.config().workers[d.worker as usize].name, owner_name);
+        // Drop the owner: its prefix is gone with it.
+        let without: Vec<String> = ["w0", "w1", "w2"]
+            .iter()
+            .filter(|n| **n != owner_name)
+            .map(|n| format!(r#"{{"name":"{n}"}}"#))
+            .collect();
+        let cfg = format!(r#"{{"workers":[{}]}}"#, without.join(","));
+        r.reconfigure(Config::from_json(cfg.as_bytes()).unwrap());
+        let d = go(&mut r, &p, &[0, 0], &mut rng).unwrap();
+        assert_eq!(d.reason, Reason::CacheMiss, "the owner left the fleet");
     }
 
     #[test]
@@ -380,9 +495,68 @@ mod tests {
         let mut r = router(r#","policy":"round_robin""#, 3);
         let mut rng = SplitMix64(1);
         let picks: Vec<_> = (0..3)
-            .map(|_| r.route(&chat(&["same"]), &[0; 3], &mut rng).unwrap().worker)
+            .map(|_| {
+                go(&mut r, &chat(&["same"]), &[0; 3], &mut rng)
+                    .unwrap()
+                    .worker
+            })
             .collect();
         assert_eq!(picks, vec![0, 1, 2]);
+        assert_eq!(r.tree_chars(), 0);
+    }
+
+    #[test]
+    fn ops_apply_the_same_on_every_router() {
+        // Two VMs applying one op stream hold the same trees, whatever each routed.
+        let mut a = router(r#","max_total_tree_chars":300"#, 3);
+        let mut b = router(r#","max_total_tree_chars":300"#, 3);
+        let mut rng = SplitMix64(4);
+        let mut stream = Vec::new();
+        for i in 0..40 {
+            let body = format!(r#"{{"prompt":"conversation {} turn {i}"}}"#, i % 5);
+            let p = parse("/v1/completions", body.as_bytes());
+            let vm = if i % 2 == 0 { &mut a } else { &mut b };
+            if let Some(op) = vm.route(&p, &[0; 3], &mut rng).unwrap().record {
+                stream.push(op);
+            }
+            if i % 7 == 0 {
+                stream.push(Op::Evict);
+            }
+        }
+        stream.push(Op::RemoveWorker {
+            pool: Pool::Regular,
+            worker: "w1".into(),
+        });
+        for (seq, op) in stream.iter().enumerate() {
+            a.apply(seq as u64, op);
+            b.apply(seq as u64, op);
+        }
+        assert!(a.tree_chars() <= 300, "the budget held");
+        assert!(a.tree_chars() > 0);
+        assert_eq!(a.tree_chars(), b.tree_chars());
+        let (ta, tb) = (
+            a.tree(Pool::Regular, "").unwrap(),
+            b.tree(Pool::Regular, "").unwrap(),
+        );
+        for i in 0..40 {
+            let text = format!("conversation {} turn {i}", i % 5);
+            assert_eq!(ta.prefix_match(&text), tb.prefix_match(&text));
+            assert!(!ta.prefix_match(&text).owners.contains(&1), "w1 removed");
+        }
+    }
+
+    #[test]
+    fn ops_for_unknown_workers_are_ignored() {
+        let mut r = router("", 1);
+        r.apply(
+            0,
+            &Op::Insert {
+                pool: Pool::Regular,
+                model: "m".into(),
+                worker: "ghost".into(),
+                text: "t".into(),
+            },
+        );
         assert_eq!(r.tree_chars(), 0);
     }
 }

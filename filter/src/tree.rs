@@ -168,11 +168,12 @@ impl Tree {
         }
     }
 
-    /// Marks `tenant` on `idx` at `clock`, accounting its chars when new there.
+    /// Marks `tenant` on `idx` at `clock`, accounting its chars when new there. The
+    /// clock only moves forward, so inserts commute.
     fn touch(&mut self, idx: NodeIdx, tenant: TenantId, clock: u64) {
         let node = self.node_mut(idx);
         match node.tenant_pos(tenant) {
-            Some(pos) => node.tenants[pos].1 = clock,
+            Some(pos) => node.tenants[pos].1 = node.tenants[pos].1.max(clock),
             None => {
                 node.tenants.push((tenant, clock));
                 let chars = node.chars;
@@ -291,6 +292,37 @@ impl Tree {
         // Deepest first, so a parent is freed after its children.
         let mut by_depth: Vec<(usize, NodeIdx)> =
             holders.into_iter().map(|i| (self.depth(i), i)).collect();
+        by_depth.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, idx) in by_depth {
+            self.free_if_unused(idx);
+        }
+    }
+
+    /// Renames tenants (`f(old)`), dropping those `f` maps to `None`, for a worker
+    /// list that changed order or membership. Two old tenants must not map to one.
+    pub fn remap_tenants(&mut self, f: impl Fn(TenantId) -> Option<TenantId>) {
+        let mut emptied = Vec::new();
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if !node.live {
+                continue;
+            }
+            let before = node.tenants.len();
+            node.tenants = node
+                .tenants
+                .iter()
+                .filter_map(|&(t, c)| f(t).map(|n| (n, c)))
+                .collect();
+            if node.tenants.len() < before {
+                emptied.push(i as NodeIdx);
+            }
+        }
+        self.tenant_chars = self
+            .tenant_chars
+            .iter()
+            .filter_map(|(&t, &c)| f(t).map(|n| (n, c)))
+            .collect();
+        let mut by_depth: Vec<(usize, NodeIdx)> =
+            emptied.into_iter().map(|i| (self.depth(i), i)).collect();
         by_depth.sort_unstable_by(|a, b| b.cmp(a));
         for (_, idx) in by_depth {
             self.free_if_unused(idx);
@@ -647,6 +679,50 @@ mod tests {
         assert_eq!(t.prefix_match("other").owners, vec![3]);
         t.evict_to_budget(0);
         assert_eq!(t.stored_chars(), 0);
+        check_invariants(&t);
+    }
+
+    #[test]
+    fn clocks_only_move_forward_so_inserts_commute() {
+        let mut a = Tree::new();
+        a.insert("shared text", 1, 5);
+        a.insert("shared text", 1, 3);
+        let mut b = Tree::new();
+        b.insert("shared text", 1, 3);
+        b.insert("shared text", 1, 5);
+        a.insert("zz", 2, 4);
+        b.insert("zz", 2, 4);
+        // Eviction order depends on clocks; equal trees evict equally.
+        a.evict_to_budget(11);
+        b.evict_to_budget(11);
+        assert_eq!(a.prefix_match("shared text"), b.prefix_match("shared text"));
+        assert_eq!(
+            a.prefix_match("shared text").matched_chars,
+            11,
+            "clock 5 kept, zz (4) went"
+        );
+    }
+
+    #[test]
+    fn remap_renames_and_drops_tenants() {
+        let mut t = Tree::new();
+        t.insert("common then a", 0, 1);
+        t.insert("common then b", 1, 2);
+        t.insert("common then c", 2, 3);
+        // Worker 1 left; 0 and 2 swapped places.
+        t.remap_tenants(|old| match old {
+            0 => Some(2),
+            2 => Some(0),
+            _ => None,
+        });
+        assert_eq!(t.prefix_match("common then a").owners, vec![2]);
+        assert_eq!(t.prefix_match("common then c").owners, vec![0]);
+        assert_eq!(
+            t.prefix_match("common then b").matched_chars,
+            12,
+            "b's leaf freed"
+        );
+        assert_eq!(t.tenant_chars(1), 0);
         check_invariants(&t);
     }
 

@@ -29,8 +29,13 @@ impl Metric {
     }
 
     pub fn inc(self) {
-        if let Some(id) = self.0 {
-            let _ = hostcalls::increment_metric(id, 1);
+        self.add(1);
+    }
+
+    /// Envoy rejects non-positive increments; zero is skipped here.
+    pub fn add(self, n: u64) {
+        if let (Some(id), Ok(n @ 1..)) = (self.0, i64::try_from(n)) {
+            let _ = hostcalls::increment_metric(id, n);
         }
     }
 
@@ -39,4 +44,35 @@ impl Metric {
             let _ = hostcalls::record_metric(id, value);
         }
     }
+}
+
+/// Proxy-wasm shared data as the core's `SharedStore`.
+pub struct HostStore;
+
+impl crate::sync::SharedStore for HostStore {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        match hostcalls::get_shared_data(key) {
+            Ok((Some(value), Some(cas))) => Some((value, cas)),
+            _ => None,
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> crate::sync::SetOutcome {
+        use crate::sync::SetOutcome;
+        let cas = (cas != 0).then_some(cas);
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => SetOutcome::Stored,
+            Err(proxy_wasm::types::Status::CasMismatch) => SetOutcome::CasMismatch,
+            Err(_) => SetOutcome::Failed,
+        }
+    }
+}
+
+/// Milliseconds since the epoch from the host clock (0 if unavailable).
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

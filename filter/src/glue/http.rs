@@ -6,21 +6,30 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
-use super::host;
+use super::host::{self, HostStore};
 use super::root::Shared;
 use crate::config::Target;
 use crate::decision::Decision;
 use crate::request::{self, Parsed};
+use crate::sync::{truncate_text, Op};
 
 pub const WORKER_HEADER: &str = "x-llm-router-worker";
 pub const DECISION_HEADER: &str = "x-llm-router-decision";
 pub const REASON_HEADER: &str = "x-llm-router-reason";
 
+/// A routed stream's worker, by name: the in-flight count is keyed by name, so it is
+/// released correctly even if a config update reorders the workers meanwhile.
+struct Routed {
+    decision: Decision,
+    worker: String,
+    counted: bool,
+}
+
 pub struct Stream {
     state: Shared,
     path: String,
-    /// Set once a worker was chosen; cleared when its in-flight count is released.
-    routed: Option<Decision>,
+    /// Set once a worker was chosen; its count is released when the stream ends.
+    routed: Option<Routed>,
 }
 
 impl Stream {
@@ -48,14 +57,18 @@ impl Stream {
                 &format!("llm-router: routing by load: {}", reason.as_str()),
             );
         }
-        let decision = match state.router.route(&parsed, &state.inflight, &mut state.rng) {
-            Ok(d) => d,
+        // See every prefix any thread routed, and every thread's load.
+        state.catch_up();
+        let inflight = state.inflight();
+        let routed = match state.router.route(&parsed, &inflight, &mut state.rng) {
+            Ok(r) => r,
             Err(e) => {
                 state.metrics.no_worker.inc();
                 drop(slot);
                 return reply_503(e.as_str());
             }
         };
+        let decision = routed.decision;
         let cfg = state.router.config();
         let Some(worker) = cfg.workers.get(decision.worker as usize) else {
             drop(slot);
@@ -76,11 +89,18 @@ impl Stream {
             drop(slot);
             return reply_503("header_rejected");
         }
-        if let Some(n) = state.inflight.get_mut(decision.worker as usize) {
-            *n += 1;
-        }
+        let worker_name = worker.name.clone();
+        let max_text = cfg.sync_max_text_bytes;
+        let counted = state.shared.inflight.add(&HostStore, &worker_name, 1);
         state.metrics.decision(decision.label());
-        self.routed = Some(decision);
+        if let Some(op) = routed.record {
+            state.record(shareable(op, max_text));
+        }
+        self.routed = Some(Routed {
+            decision,
+            worker: worker_name,
+            counted,
+        });
         drop(slot);
         // The route was chosen before the header existed; make Envoy look again.
         if let Err(e) = hostcalls::call_foreign_function("clear_route_cache", None) {
@@ -92,16 +112,35 @@ impl Stream {
         Action::Continue
     }
 
-    /// Gives the in-flight slot back, exactly once per routed stream.
+    /// Gives the in-flight count back, exactly once per routed stream, however the
+    /// stream ended (completed, reset, client gone).
     fn release(&mut self) {
-        let Some(decision) = self.routed.take() else {
+        let Some(routed) = self.routed.as_mut() else {
             return;
         };
-        if let Some(state) = self.state.borrow_mut().as_mut() {
-            if let Some(n) = state.inflight.get_mut(decision.worker as usize) {
-                *n = n.saturating_sub(1);
+        if std::mem::take(&mut routed.counted) {
+            if let Some(state) = self.state.borrow().as_ref() {
+                state.shared.inflight.add(&HostStore, &routed.worker, -1);
             }
         }
+    }
+}
+
+/// Caps the text an operation carries, which bounds the ring's memory.
+fn shareable(op: Op, max_text_bytes: usize) -> Op {
+    match op {
+        Op::Insert {
+            pool,
+            model,
+            worker,
+            text,
+        } if text.len() > max_text_bytes => Op::Insert {
+            pool,
+            model,
+            worker,
+            text: truncate_text(&text, max_text_bytes).to_string(),
+        },
+        op => op,
     }
 }
 
@@ -168,7 +207,7 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(decision) = self.routed else {
+        let Some(decision) = self.routed.as_ref().map(|r| r.decision) else {
             return Action::Continue;
         };
         let slot = self.state.borrow();

@@ -1,5 +1,6 @@
-//! The root context: parses the plugin configuration, owns the VM's router and
-//! in-flight counts, and runs periodic eviction on its tick.
+//! The root context: parses the plugin configuration, owns the VM's router and its
+//! view of the shared state, and on each tick catches up with the other VMs and
+//! claims the periodic eviction.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -9,12 +10,16 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 
-use super::host::{self, Metric};
+use super::host::{self, HostStore, Metric};
 use super::http::Stream;
 use crate::config::Config;
 use crate::decision::Label;
 use crate::policy::SplitMix64;
 use crate::router::Router;
+use crate::sync::{EvictionClock, InflightTable, Op, OpRing};
+
+/// Shared-data keys start with this; shared data is already scoped by `vm_id`.
+const KEY_PREFIX: &str = "llm_router";
 
 /// Stats this VM reports. Envoy shows them as `wasmcustom.<name>` in `/stats` and
 /// without the prefix in `/stats/prometheus`; same-named stats of all VMs are one.
@@ -23,6 +28,12 @@ pub struct Metrics {
     pub no_worker: Metric,
     pub unreadable: Metric,
     pub tree_chars: Metric,
+    /// Tree operations applied from the ring (all VMs together).
+    pub sync_applied: Metric,
+    /// Operations a VM missed because it fell a whole ring behind.
+    pub sync_gaps: Metric,
+    /// Operations that could not be shared and were applied on one VM only.
+    pub sync_append_failures: Metric,
 }
 
 impl Metrics {
@@ -33,6 +44,9 @@ impl Metrics {
             no_worker: Metric::counter("llm_router_no_worker"),
             unreadable: Metric::counter("llm_router_unreadable_body"),
             tree_chars: Metric::gauge("llm_router_tree_chars"),
+            sync_applied: Metric::counter("llm_router_sync_applied"),
+            sync_gaps: Metric::counter("llm_router_sync_gaps"),
+            sync_append_failures: Metric::counter("llm_router_sync_append_failures"),
         }
     }
 
@@ -45,13 +59,71 @@ impl Metrics {
     }
 }
 
+/// This VM's handles on the state all VMs share.
+pub struct SharedState {
+    pub ring: OpRing,
+    pub inflight: InflightTable,
+    pub eviction: EvictionClock,
+    /// The next ring sequence this VM has not applied.
+    pub cursor: u64,
+}
+
 /// Everything the streams of this VM share.
 pub struct State {
     pub router: Router,
-    /// Router-side in-flight requests per worker index, on this VM.
-    pub inflight: Vec<u64>,
+    pub shared: SharedState,
     pub rng: SplitMix64,
     pub metrics: Metrics,
+}
+
+impl State {
+    /// Applies what other VMs recorded since the last call.
+    pub fn catch_up(&mut self) {
+        let router = &mut self.router;
+        let got = self
+            .shared
+            .ring
+            .catch_up(&HostStore, &mut self.shared.cursor, |seq, op| {
+                router.apply(seq, &op)
+            });
+        if got.applied > 0 {
+            self.metrics.sync_applied.add(got.applied);
+        }
+        if got.gaps > 0 {
+            self.metrics.sync_gaps.add(got.gaps);
+        }
+    }
+
+    /// Shares `op` with every VM and applies it here (in ring order).
+    pub fn record(&mut self, op: Op) {
+        match self.shared.ring.append(&HostStore, &op.encode()) {
+            Ok(_) => self.catch_up(),
+            Err(e) => {
+                self.metrics.sync_append_failures.inc();
+                host::log(
+                    LogLevel::Warn,
+                    &format!("llm-router: tree operation kept on this thread only: {e:?}"),
+                );
+                self.router.apply_local(&op);
+            }
+        }
+    }
+
+    /// The whole Envoy's in-flight requests, by worker index.
+    pub fn inflight(&self) -> Vec<u64> {
+        let counts = self.shared.inflight.read(&HostStore);
+        self.router
+            .config()
+            .workers
+            .iter()
+            .map(|w| {
+                counts
+                    .iter()
+                    .find(|(n, _)| *n == w.name)
+                    .map_or(0, |(_, c)| *c)
+            })
+            .collect()
+    }
 }
 
 pub type Shared = Rc<RefCell<Option<State>>>;
@@ -90,40 +162,63 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let interval = Duration::from_millis(cfg.eviction_interval_ms);
-        let workers = cfg.workers.len();
+        let tick = Duration::from_millis(cfg.sync_interval_ms);
+        let ring = OpRing::new(KEY_PREFIX, cfg.sync_ring_slots);
+        ring.init_if_missing(&HostStore);
         let mut slot = self.state.borrow_mut();
         match slot.as_mut() {
             Some(state) => {
+                if state.shared.ring.slots() != ring.slots() {
+                    // A resized ring is a new stream: start reading at its head.
+                    state.shared.cursor = ring.head(&HostStore).unwrap_or(0);
+                    state.shared.ring = ring;
+                }
                 state.router.reconfigure(cfg);
-                state.inflight.resize(workers, 0);
             }
             None => {
-                *slot = Some(State {
+                // A new VM (or one reloaded after a failure) takes the ring from
+                // whatever it still holds.
+                let head = ring.head(&HostStore).unwrap_or(0);
+                let cursor = head.saturating_sub(ring.slots() as u64);
+                let mut state = State {
                     router: Router::new(cfg),
-                    inflight: vec![0; workers],
+                    shared: SharedState {
+                        ring,
+                        inflight: InflightTable::new(KEY_PREFIX),
+                        eviction: EvictionClock::new(KEY_PREFIX),
+                        cursor,
+                    },
                     rng: SplitMix64(host::random_seed()),
                     metrics: Metrics::define(),
-                });
+                };
+                state.catch_up();
+                *slot = Some(state);
             }
         }
-        if let Err(e) = hostcalls::set_tick_period(interval) {
-            host::log(
-                LogLevel::Warn,
-                &format!("llm-router: no eviction tick: {e:?}"),
-            );
+        if let Err(e) = hostcalls::set_tick_period(tick) {
+            host::log(LogLevel::Warn, &format!("llm-router: no tick: {e:?}"));
         }
         true
     }
 
     fn on_tick(&mut self) {
-        if let Some(state) = self.state.borrow_mut().as_mut() {
-            state.router.evict();
-            state
-                .metrics
-                .tree_chars
-                .set(state.router.tree_chars() as u64);
+        let mut slot = self.state.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return;
+        };
+        state.catch_up();
+        let interval = state.router.config().eviction_interval_ms;
+        if state
+            .shared
+            .eviction
+            .claim(&HostStore, host::now_ms(), interval)
+        {
+            state.record(Op::Evict);
         }
+        state
+            .metrics
+            .tree_chars
+            .set(state.router.tree_chars() as u64);
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -396,7 +396,7 @@ fn shipped_example_configs_route_for_real() {
             assert_eq!(r.status, 200, "{file}: {r:?}");
             let engine = header(&r, "x-engine-worker").to_string();
             assert_eq!(
-                header(&r, mode_header),
+                header(&r, "x-llm-router-worker"),
                 engine,
                 "{file}: the chosen engine served it"
             );

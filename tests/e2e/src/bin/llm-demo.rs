@@ -150,10 +150,13 @@ fn run(
     };
     let spec = FleetSpec {
         workers: args.workers,
-        engine_args: [format!("--prefill-us-per-token={}", args.prefill_us_per_token)]
-            .into_iter()
-            .chain(args.engine_args.iter().cloned())
-            .collect(),
+        engine_args: [format!(
+            "--prefill-us-per-token={}",
+            args.prefill_us_per_token
+        )]
+        .into_iter()
+        .chain(args.engine_args.iter().cloned())
+        .collect(),
         target,
         plugin_config: plugin_config(args, policy)?,
         envoy_concurrency: args.envoy_concurrency,
