@@ -28,6 +28,9 @@ pub struct Metrics {
     pub no_worker: Metric,
     pub unreadable: Metric,
     pub tree_chars: Metric,
+    /// In-flight requests of the whole Envoy, as the shared table says (each VM's
+    /// tick writes the same value).
+    pub inflight: Metric,
     /// Tree operations applied from the ring (all VMs together).
     pub sync_applied: Metric,
     /// Operations a VM missed because it fell a whole ring behind.
@@ -44,6 +47,7 @@ impl Metrics {
             no_worker: Metric::counter("llm_router_no_worker"),
             unreadable: Metric::counter("llm_router_unreadable_body"),
             tree_chars: Metric::gauge("llm_router_tree_chars"),
+            inflight: Metric::gauge("llm_router_inflight"),
             sync_applied: Metric::counter("llm_router_sync_applied"),
             sync_gaps: Metric::counter("llm_router_sync_gaps"),
             sync_append_failures: Metric::counter("llm_router_sync_append_failures"),
@@ -219,6 +223,7 @@ impl RootContext for Root {
             .metrics
             .tree_chars
             .set(state.router.tree_chars() as u64);
+        state.metrics.inflight.set(state.inflight().iter().sum());
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -408,3 +408,105 @@ fn shipped_example_configs_route_for_real() {
         }
     }
 }
+
+/// With 4 Envoy worker threads (4 Wasm VMs) a conversation keeps its worker even
+/// though its turns arrive on different connections, hence on different threads.
+#[test]
+fn affinity_holds_across_envoy_worker_threads() {
+    let f = fleet_with(FleetSpec {
+        workers: 4,
+        envoy_concurrency: 4,
+        plugin_config: json!({"sync_interval_ms": 50}),
+        ..FleetSpec::default()
+    });
+    // Each request opens a new connection; Envoy spreads connections over threads.
+    for session in 0..8 {
+        let system = system_prompt(600 + session);
+        let first = post(&f, "/v1/chat/completions", &chat(&system, session, 0));
+        let owner = header(&first, "x-engine-worker").to_string();
+        for turn in 1..5 {
+            let r = post(&f, "/v1/chat/completions", &chat(&system, session, turn));
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(
+                header(&r, "x-engine-worker"),
+                owner,
+                "session {session} turn {turn}"
+            );
+            assert_eq!(header(&r, "x-llm-router-decision"), "cache_hit");
+            assert!(cached_tokens(&r) > 0);
+        }
+    }
+    let stats = f.envoy.stats().unwrap();
+    let applied = stats
+        .get("wasmcustom.llm_router_sync_applied")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        applied >= 40,
+        "every thread applies the shared operations: {applied}"
+    );
+    assert_eq!(
+        stats
+            .get("wasmcustom.llm_router_sync_gaps")
+            .copied()
+            .unwrap_or(0),
+        0
+    );
+    // Every stream ended, so the shared in-flight table drains to zero (the gauge is
+    // refreshed on each thread's tick).
+    assert!(
+        wait_for(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(0)),
+        "in-flight counts leak: {:?}",
+        f.envoy.filter_stat("llm_router_inflight")
+    );
+}
+
+/// Polls `ok` for up to 10 s.
+fn wait_for(ok: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if ok() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+/// Streams cut off by the client (a reset, not a completion) give their in-flight
+/// count back too.
+#[test]
+fn client_disconnects_do_not_leak_in_flight_counts() {
+    let f = fleet_with(FleetSpec {
+        workers: 2,
+        envoy_concurrency: 2,
+        engine_args: vec!["--ttft-ms=3000".into()],
+        plugin_config: json!({"sync_interval_ms": 50}),
+        ..FleetSpec::default()
+    });
+    let body = chat(&system_prompt(700), 0, 0).to_string();
+    let conns: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect(f.envoy.listener).unwrap();
+            write!(
+                s,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            s
+        })
+        .collect();
+    assert!(
+        wait_for(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(4)),
+        "four requests in flight: {:?}",
+        f.envoy.filter_stat("llm_router_inflight")
+    );
+    drop(conns);
+    assert!(
+        wait_for(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(0)),
+        "reset streams release their counts: {:?}",
+        f.envoy.filter_stat("llm_router_inflight")
+    );
+}

@@ -92,9 +92,15 @@ struct RunResult {
     summary: Summary,
     /// Decision counts per label, from Envoy's stats.
     decisions: BTreeMap<String, u64>,
+    /// Cross-thread tree sync counters, from Envoy's stats.
+    sync: BTreeMap<String, u64>,
 }
 
 const LABELS: [&str; 2] = ["cache_hit", "cache_miss"];
+/// `applied` counts ring operations applied by all threads together (about routed
+/// requests x threads); `gaps` operations a thread missed by falling a ring behind;
+/// `append_failures` operations kept on one thread.
+const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
 
 fn plugin_config(args: &Args, policy: &str) -> Result<Value> {
     let mut cfg = Map::new();
@@ -180,20 +186,23 @@ fn run(
         Duration::from_secs_f64(args.timeout_s),
     ));
     let stats = fleet.envoy.stats()?;
-    let decisions = LABELS
-        .iter()
-        .map(|l| {
-            let v = stats
-                .get(&format!("wasmcustom.llm_router_decisions_{l}"))
-                .copied()
-                .unwrap_or(0);
-            (l.to_string(), v)
-        })
-        .collect();
+    let pick = |prefix: &str, names: &[&str]| -> BTreeMap<String, u64> {
+        names
+            .iter()
+            .map(|n| {
+                let v = stats
+                    .get(&format!("wasmcustom.{prefix}{n}"))
+                    .copied()
+                    .unwrap_or(0);
+                (n.to_string(), v)
+            })
+            .collect()
+    };
     Ok(RunResult {
         policy: policy.to_string(),
         summary,
-        decisions,
+        decisions: pick("llm_router_decisions_", &LABELS),
+        sync: pick("llm_router_sync_", &SYNC_COUNTERS),
     })
 }
 
@@ -230,6 +239,8 @@ fn report(r: &RunResult) {
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
     println!("  router decisions (Envoy stats): {}", d.join(", "));
+    let y: Vec<String> = r.sync.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!("  tree sync across Envoy threads: {}", y.join(", "));
 }
 
 fn json_of(r: &RunResult) -> Value {
@@ -243,6 +254,7 @@ fn json_of(r: &RunResult) -> Value {
         "p99_ms": j.p99_ms,
         "policy": r.policy,
         "decisions": r.decisions,
+        "sync": r.sync,
         "prompt_tokens": j.prompt_tokens,
         "cached_tokens": j.cached_tokens,
     })
