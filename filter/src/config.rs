@@ -32,6 +32,10 @@ pub const DEFAULT_SYNC_MAX_TEXT_BYTES: usize = 256 * 1024;
 /// How often each VM catches up with the ring when it routes nothing, and checks
 /// whether an eviction is due.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 1000;
+/// An engine sample older than this is not used (the collector pushes every 1 s).
+pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;
+pub const DEFAULT_STATS_PATH: &str = "/llm-router/stats";
+pub const DEFAULT_STATS_MAX_BYTES: usize = 1 << 20;
 pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-router-cluster";
 /// The Gateway API Inference Extension's header, read by Envoy's `override_host`
 /// load balancing policy.
@@ -137,6 +141,15 @@ fn default_sync_max_text_bytes() -> usize {
 fn default_sync_interval() -> u64 {
     DEFAULT_SYNC_INTERVAL_MS
 }
+fn default_stale_after() -> u64 {
+    DEFAULT_STALE_AFTER_MS
+}
+fn default_stats_path() -> String {
+    DEFAULT_STATS_PATH.to_string()
+}
+fn default_stats_max_bytes() -> usize {
+    DEFAULT_STATS_MAX_BYTES
+}
 fn default_cluster_header() -> String {
     DEFAULT_CLUSTER_HEADER.to_string()
 }
@@ -173,6 +186,23 @@ pub struct Config {
     pub eviction_interval_ms: u64,
     #[serde(default = "default_max_models")]
     pub max_models: usize,
+    /// Queue gate: a prefix owner whose engine has this many requests waiting (or
+    /// more) is no cache candidate. Unset: no gate.
+    #[serde(default)]
+    pub worker_queue_limit: Option<u64>,
+    /// Saturation pin: with every owner gated and no worker provably below this
+    /// queue, stay with the owner. Needs `worker_queue_limit`.
+    #[serde(default)]
+    pub saturation_queue_floor: Option<u64>,
+    #[serde(default = "default_stale_after")]
+    pub stale_after_ms: u64,
+    /// Bearer token of the stats push endpoint; unset disables the endpoint.
+    #[serde(default)]
+    pub stats_token: Option<String>,
+    #[serde(default = "default_stats_path")]
+    pub stats_path: String,
+    #[serde(default = "default_stats_max_bytes")]
+    pub stats_max_bytes: usize,
     #[serde(default = "default_sync_ring_slots")]
     pub sync_ring_slots: usize,
     #[serde(default = "default_sync_max_text_bytes")]
@@ -233,8 +263,57 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Value rules first (each field on its own), then rules across fields.
+    /// Value rules first (each field on its own), then rules across fields, and
+    /// policy rules last: a value wrong under any policy is reported as such.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_values()?;
+        self.validate_queue_knobs()?;
+        self.validate_workers()?;
+        if self.policy != Policy::CacheAware {
+            for (field, set) in [
+                ("worker_queue_limit", self.worker_queue_limit.is_some()),
+                (
+                    "saturation_queue_floor",
+                    self.saturation_queue_floor.is_some(),
+                ),
+            ] {
+                if set {
+                    return Err(err(field, "requires `policy: cache_aware`"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The seeds' order: the limit's value, then the floor's dependency on the
+    /// limit, its own value, and its bound by the limit.
+    fn validate_queue_knobs(&self) -> Result<(), ConfigError> {
+        if self.worker_queue_limit == Some(0) {
+            return Err(err("worker_queue_limit", "must be at least 1"));
+        }
+        if let Some(floor) = self.saturation_queue_floor {
+            let Some(limit) = self.worker_queue_limit else {
+                return Err(err(
+                    "saturation_queue_floor",
+                    "requires `worker_queue_limit` (there is no diversion to cancel without it)",
+                ));
+            };
+            if floor == 0 {
+                return Err(err("saturation_queue_floor", "must be at least 1"));
+            }
+            // Above the limit, the fleet would be called saturated while the gate
+            // still admits some workers.
+            if floor > limit {
+                return Err(err(
+                    "saturation_queue_floor",
+                    format!("({floor}) must be at most `worker_queue_limit` ({limit})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_values(&self) -> Result<(), ConfigError> {
         if !(0.0..=1.0).contains(&self.cache_threshold) {
             return Err(err("cache_threshold", "must be between 0 and 1"));
         }
@@ -274,6 +353,25 @@ impl Config {
                 "must be a lowercase HTTP header name",
             ));
         }
+        if self.stale_after_ms == 0 {
+            return Err(err("stale_after_ms", "must be >= 1"));
+        }
+        if self.stats_token.as_deref() == Some("") {
+            return Err(err(
+                "stats_token",
+                "must not be empty (omit it to disable pushes)",
+            ));
+        }
+        if !self.stats_path.starts_with('/') {
+            return Err(err("stats_path", "must start with `/`"));
+        }
+        if self.stats_max_bytes == 0 {
+            return Err(err("stats_max_bytes", "must be >= 1"));
+        }
+        Ok(())
+    }
+
+    fn validate_workers(&self) -> Result<(), ConfigError> {
         if self.workers.is_empty() {
             return Err(err("workers", "must list at least one worker"));
         }
@@ -441,6 +539,61 @@ mod tests {
         assert!(Config::from_json(ok).is_ok());
         let only_prefill = br#"{"workers":[{"name":"p","pool":"prefill"}]}"#;
         assert_eq!(field_of(Config::from_json(only_prefill)), "workers");
+    }
+
+    #[test]
+    fn queue_knobs_follow_the_seeds_rules_and_order() {
+        let rule = |extra: &str| with(extra).unwrap_err();
+        assert!(with(r#","worker_queue_limit":1"#).is_ok());
+        assert!(with(r#","worker_queue_limit":4,"saturation_queue_floor":4"#).is_ok());
+        assert!(with(r#","worker_queue_limit":4,"saturation_queue_floor":1"#).is_ok());
+        let e = rule(r#","worker_queue_limit":0"#);
+        assert_eq!(
+            (e.field.as_str(), e.rule.as_str()),
+            ("worker_queue_limit", "must be at least 1")
+        );
+        let e = rule(r#","saturation_queue_floor":2"#);
+        assert_eq!(e.field, "saturation_queue_floor");
+        assert!(e.rule.contains("requires `worker_queue_limit`"), "{e}");
+        let e = rule(r#","worker_queue_limit":4,"saturation_queue_floor":0"#);
+        assert_eq!(e.rule, "must be at least 1");
+        let e = rule(r#","worker_queue_limit":4,"saturation_queue_floor":5"#);
+        assert!(
+            e.rule
+                .contains("(5) must be at most `worker_queue_limit` (4)"),
+            "{e}"
+        );
+        // Policy errors come after value errors.
+        let e = rule(r#","policy":"round_robin","worker_queue_limit":0"#);
+        assert_eq!(
+            (e.field.as_str(), e.rule.as_str()),
+            ("worker_queue_limit", "must be at least 1")
+        );
+        let e = rule(r#","policy":"round_robin","saturation_queue_floor":2"#);
+        assert!(
+            e.rule.contains("requires `worker_queue_limit`"),
+            "value rule first: {e}"
+        );
+        let e = rule(r#","policy":"random","worker_queue_limit":3"#);
+        assert_eq!(
+            (e.field.as_str(), e.rule.as_str()),
+            ("worker_queue_limit", "requires `policy: cache_aware`")
+        );
+        let e = rule(r#","policy":"random","worker_queue_limit":3,"saturation_queue_floor":1"#);
+        assert_eq!(e.field, "worker_queue_limit");
+    }
+
+    #[test]
+    fn stats_endpoint_settings() {
+        let c = with(r#","stats_token":"t""#).unwrap();
+        assert_eq!(
+            (c.stats_path.as_str(), c.stats_max_bytes, c.stale_after_ms),
+            ("/llm-router/stats", 1 << 20, 5000)
+        );
+        assert_eq!(field_of(with(r#","stats_token":"""#)), "stats_token");
+        assert_eq!(field_of(with(r#","stats_path":"stats""#)), "stats_path");
+        assert_eq!(field_of(with(r#","stats_max_bytes":0"#)), "stats_max_bytes");
+        assert_eq!(field_of(with(r#","stale_after_ms":0"#)), "stale_after_ms");
     }
 
     #[test]

@@ -16,6 +16,12 @@ pub enum Reason {
     Imbalanced,
     /// The body gave no routing text: least in-flight.
     Unreadable,
+    /// Every prefix owner was queued at the limit; diverted to a worker that is not.
+    CacheWorkerQueued,
+    /// Every owner and every worker of the fleet queued: stayed with an owner.
+    AllQueued,
+    /// Every owner queued and no worker provably below the floor: pinned to an owner.
+    SaturationPin,
     RoundRobin,
     Random,
     PowerOfTwo,
@@ -28,18 +34,28 @@ impl Reason {
             Reason::CacheMiss => "cache_miss",
             Reason::Imbalanced => "imbalanced",
             Reason::Unreadable => "unreadable_body",
+            Reason::CacheWorkerQueued => "cache_worker_queued",
+            Reason::AllQueued => "all_queued",
+            Reason::SaturationPin => "saturation_pin",
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
             Reason::PowerOfTwo => "power_of_two",
         }
     }
 
-    /// The metric class. Deliberately not `cache_hit_*` for anything but a real
-    /// hit, so hit-rate queries do not absorb load-driven choices.
+    /// The metric class. `all_queued` is deliberately not `cache_hit_*`, so a query
+    /// on `cache_hit.*` does not read a saturated fleet as a healthy one.
     pub fn label(self) -> Label {
         match self {
             Reason::CacheHit => Label::CacheHit,
-            _ => Label::CacheMiss,
+            Reason::CacheWorkerQueued => Label::CacheWorkerQueued,
+            Reason::AllQueued | Reason::SaturationPin => Label::AllQueued,
+            Reason::CacheMiss
+            | Reason::Imbalanced
+            | Reason::Unreadable
+            | Reason::RoundRobin
+            | Reason::Random
+            | Reason::PowerOfTwo => Label::CacheMiss,
         }
     }
 }
@@ -49,17 +65,35 @@ impl Reason {
 pub enum Label {
     CacheHit,
     CacheMiss,
+    CacheWorkerQueued,
+    AllQueued,
 }
 
 impl Label {
-    pub const ALL: [Label; 2] = [Label::CacheHit, Label::CacheMiss];
+    pub const ALL: [Label; 4] = [
+        Label::CacheHit,
+        Label::CacheMiss,
+        Label::CacheWorkerQueued,
+        Label::AllQueued,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Label::CacheHit => "cache_hit",
             Label::CacheMiss => "cache_miss",
+            Label::CacheWorkerQueued => "cache_worker_queued",
+            Label::AllQueued => "all_queued",
         }
     }
+}
+
+/// What the queue gate did to a decision's cache candidates, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GateAudit {
+    /// Owners the gate rejected (fresh sample at or above the limit).
+    pub rejected: u32,
+    /// Owners admitted only because they had no fresh sample (gate set).
+    pub unsampled: u32,
 }
 
 /// The chosen worker (an index into the configured workers) and why.
@@ -67,8 +101,10 @@ impl Label {
 pub struct Decision {
     pub worker: TenantId,
     pub reason: Reason,
-    /// Chars of the routing text the tree matched (0 when it was not consulted).
+    /// Chars of the routing text the tree matched (0 when it was not consulted); for
+    /// `cache_worker_queued`, the prefix the diversion abandoned.
     pub matched_chars: usize,
+    pub gate: GateAudit,
 }
 
 impl Decision {

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod decision;
+pub mod load;
 pub mod policy;
 pub mod request;
 pub mod router;

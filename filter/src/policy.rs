@@ -1,25 +1,65 @@
 //! Worker selection rungs, each a pure function of the candidates' loads (and a
 //! random source where ties are broken at random).
 //!
-//! `cache_aware` (SGLang model gateway) reads as three rungs:
+//! `cache_aware` (SGLang model gateway, plus the queue gate and saturation pin of
+//! the newer SGLang router) reads as rungs:
 //! 1. imbalance: if `max - min > balance_abs_threshold` AND
 //!    `max > balance_rel_threshold * min` over the candidates' in-flight counts, the
 //!    least-loaded candidate wins (ties random) and the tree is not consulted;
 //! 2. prefix: if the match rate is strictly above `cache_threshold`, the owners at the
-//!    deepest matched node that are candidates are the choice, least in-flight first,
-//!    then lowest worker id (SMG takes any owner; load is the better tie-break);
-//! 3. otherwise least-load (ties random).
+//!    deepest matched node that are candidates are the cache candidates;
+//! 3. queue gate (`worker_queue_limit`): an owner is admitted if it has no fresh
+//!    engine sample (fail open: unknown is not full) or `num_waiting < limit` (strict:
+//!    a worker at the limit already makes requests wait). Among admitted owners the
+//!    least pressure wins (fresh engine load `waiting + running`, else in-flight),
+//!    then the lowest worker id;
+//! 4. every owner rejected by the gate:
+//!    - saturation pin (`saturation_queue_floor`): if no candidate has a fresh sample
+//!      with `num_waiting < floor` (no sample is no proof of idleness: fail closed),
+//!      diverting buys nothing, so pin to the least-pressure owner (`all_queued`);
+//!    - without a floor, if every candidate has a fresh sample at or above the limit,
+//!      waiting is waiting everywhere: stay with the owners (`all_queued`);
+//!    - else divert to the least-pressure candidate the gate admits
+//!      (`cache_worker_queued`), abandoning the matched prefix;
+//! 5. otherwise least in-flight (ties random): `cache_miss`.
 //!
 //! The caller inserts the routing text under the chosen worker whatever the rung.
 
-use crate::decision::{Decision, Reason};
+use crate::decision::{Decision, GateAudit, Reason};
 use crate::tree::{PrefixMatch, TenantId};
 
-/// A routable worker and its router-side in-flight count.
+/// A fresh engine sample's queue, as the gate and the pin read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineQueue {
+    pub waiting: u64,
+    pub running: u64,
+}
+
+/// A routable worker: its router-side in-flight count and, when fresh, what its
+/// engine last reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
     pub worker: TenantId,
     pub inflight: u64,
+    pub engine: Option<EngineQueue>,
+}
+
+impl Candidate {
+    pub fn idle(worker: TenantId, inflight: u64) -> Candidate {
+        Candidate {
+            worker,
+            inflight,
+            engine: None,
+        }
+    }
+
+    /// The engine's own load when known, the router's in-flight count otherwise.
+    pub fn pressure(&self) -> u64 {
+        match self.engine {
+            Some(q) => q.waiting.saturating_add(q.running),
+            None => self.inflight,
+        }
+    }
 }
 
 /// The random source the host provides; injected so tests are deterministic.
@@ -59,24 +99,68 @@ pub fn is_imbalanced(candidates: &[Candidate], abs_threshold: u64, rel_threshold
     }
 }
 
-/// The least in-flight candidate, ties broken at random so an idle fleet spreads.
-pub fn least_loaded(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<TenantId> {
-    let min = candidates.iter().map(|c| c.inflight).min()?;
+/// The candidate with the least `key`, ties broken at random so an idle fleet
+/// spreads.
+fn least_by(
+    candidates: &[Candidate],
+    key: impl Fn(&Candidate) -> u64,
+    rng: &mut dyn Rng,
+) -> Option<TenantId> {
+    let min = candidates.iter().map(&key).min()?;
     let tied: Vec<TenantId> = candidates
         .iter()
-        .filter(|c| c.inflight == min)
+        .filter(|c| key(c) == min)
         .map(|c| c.worker)
         .collect();
     tied.get(rng.below(tied.len())).copied()
 }
 
-/// Among the prefix owners that are candidates, the least in-flight, then lowest id.
-pub fn best_owner(owners: &[TenantId], candidates: &[Candidate]) -> Option<TenantId> {
+/// The least in-flight candidate, ties at random (SMG's least-load).
+pub fn least_loaded(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<TenantId> {
+    least_by(candidates, |c| c.inflight, rng)
+}
+
+/// Least pressure, then lowest id: a stable choice among cache candidates.
+fn least_pressure<'a>(candidates: impl IntoIterator<Item = &'a Candidate>) -> Option<TenantId> {
     candidates
-        .iter()
-        .filter(|c| owners.contains(&c.worker))
-        .min_by_key(|c| (c.inflight, c.worker))
+        .into_iter()
+        .min_by_key(|c| (c.pressure(), c.worker))
         .map(|c| c.worker)
+}
+
+/// Among the prefix owners that are candidates, the least pressure, then lowest id.
+pub fn best_owner(owners: &[TenantId], candidates: &[Candidate]) -> Option<TenantId> {
+    least_pressure(candidates.iter().filter(|c| owners.contains(&c.worker)))
+}
+
+/// The queue gate's one rule. Fails open: without a fresh sample the router cannot
+/// tell running from waiting, and unknown is not full.
+pub fn queue_gate_admits(c: &Candidate, limit: Option<u64>) -> bool {
+    match (limit, c.engine) {
+        (Some(limit), Some(q)) => q.waiting < limit,
+        _ => true,
+    }
+}
+
+/// Whether the whole fleet is provably queued: the limit is set, the fleet is not
+/// empty, and every worker has a fresh sample at or above it. Unknown is not full.
+pub fn fleet_all_queued(fleet: &[Candidate], limit: Option<u64>) -> bool {
+    let Some(limit) = limit else {
+        return false;
+    };
+    !fleet.is_empty()
+        && fleet
+            .iter()
+            .all(|c| c.engine.is_some_and(|q| q.waiting >= limit))
+}
+
+/// Whether some worker is provably less queued than `floor`. Fails closed, the
+/// opposite polarity to the gate: the pin asks for proof of a better destination,
+/// and a missing sample proves nothing.
+pub fn any_fresh_queue_below(fleet: &[Candidate], floor: u64) -> bool {
+    fleet
+        .iter()
+        .any(|c| c.engine.is_some_and(|q| q.waiting < floor))
 }
 
 /// Tuning of the `cache_aware` rungs.
@@ -85,6 +169,17 @@ pub struct CacheAwareParams {
     pub cache_threshold: f64,
     pub balance_abs_threshold: u64,
     pub balance_rel_threshold: f64,
+    pub worker_queue_limit: Option<u64>,
+    pub saturation_queue_floor: Option<u64>,
+}
+
+fn decide(worker: TenantId, reason: Reason, matched_chars: usize, gate: GateAudit) -> Decision {
+    Decision {
+        worker,
+        reason,
+        matched_chars,
+        gate,
+    }
 }
 
 /// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
@@ -95,41 +190,78 @@ pub fn cache_aware(
     lookup: impl FnOnce() -> PrefixMatch,
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
+    let none = GateAudit::default();
     if is_imbalanced(
         candidates,
         params.balance_abs_threshold,
         params.balance_rel_threshold,
     ) {
-        return least_loaded(candidates, rng).map(|worker| Decision {
-            worker,
-            reason: Reason::Imbalanced,
-            matched_chars: 0,
-        });
+        return least_loaded(candidates, rng).map(|w| decide(w, Reason::Imbalanced, 0, none));
     }
     let found = lookup();
+    let matched = found.matched_chars;
     if found.match_rate() > params.cache_threshold {
-        if let Some(worker) = best_owner(&found.owners, candidates) {
-            return Some(Decision {
-                worker,
-                reason: Reason::CacheHit,
-                matched_chars: found.matched_chars,
-            });
+        let owners: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| found.owners.contains(&c.worker))
+            .collect();
+        if !owners.is_empty() {
+            return Some(gated_owner_choice(
+                params, candidates, &owners, matched, rng,
+            ));
         }
     }
-    least_loaded(candidates, rng).map(|worker| Decision {
-        worker,
-        reason: Reason::CacheMiss,
-        matched_chars: found.matched_chars,
-    })
+    least_loaded(candidates, rng).map(|w| decide(w, Reason::CacheMiss, matched, none))
+}
+
+/// Rungs 3 and 4 for a non-empty set of owners.
+fn gated_owner_choice(
+    params: &CacheAwareParams,
+    fleet: &[Candidate],
+    owners: &[&Candidate],
+    matched: usize,
+    rng: &mut dyn Rng,
+) -> Decision {
+    let limit = params.worker_queue_limit;
+    let (admitted, rejected): (Vec<&Candidate>, Vec<&Candidate>) =
+        owners.iter().partition(|c| queue_gate_admits(c, limit));
+    let gate = GateAudit {
+        rejected: rejected.len() as u32,
+        unsampled: if limit.is_some() {
+            admitted.iter().filter(|c| c.engine.is_none()).count() as u32
+        } else {
+            0
+        },
+    };
+    if let Some(w) = least_pressure(admitted.iter().copied()) {
+        return decide(w, Reason::CacheHit, matched, gate);
+    }
+    // Every owner is queued. Non-empty owners make `least_pressure` total below.
+    let pin_owner = least_pressure(rejected.iter().copied()).unwrap_or_default();
+    match params.saturation_queue_floor {
+        Some(floor) if !any_fresh_queue_below(fleet, floor) => {
+            return decide(pin_owner, Reason::SaturationPin, matched, gate);
+        }
+        None if fleet_all_queued(fleet, limit) => {
+            return decide(pin_owner, Reason::AllQueued, matched, gate);
+        }
+        _ => {}
+    }
+    let open: Vec<Candidate> = fleet
+        .iter()
+        .copied()
+        .filter(|c| queue_gate_admits(c, limit))
+        .collect();
+    match least_by(&open, Candidate::pressure, rng) {
+        Some(w) => decide(w, Reason::CacheWorkerQueued, matched, gate),
+        // Unreachable while the floor is at most the limit; stay with the owner.
+        None => decide(pin_owner, Reason::AllQueued, matched, gate),
+    }
 }
 
 /// Least-load for bodies without routing text.
 pub fn unreadable(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
-    least_loaded(candidates, rng).map(|worker| Decision {
-        worker,
-        reason: Reason::Unreadable,
-        matched_chars: 0,
-    })
+    least_loaded(candidates, rng).map(|w| decide(w, Reason::Unreadable, 0, GateAudit::default()))
 }
 
 /// Round robin over the candidates, advancing a caller-held counter.
@@ -137,25 +269,22 @@ pub fn round_robin(candidates: &[Candidate], counter: &mut u64) -> Option<Decisi
     if candidates.is_empty() {
         return None;
     }
-    let pick = candidates[(*counter % candidates.len() as u64) as usize];
+    let pick = candidates.get((*counter % candidates.len() as u64) as usize)?;
     *counter = counter.wrapping_add(1);
-    Some(Decision {
-        worker: pick.worker,
-        reason: Reason::RoundRobin,
-        matched_chars: 0,
-    })
+    Some(decide(
+        pick.worker,
+        Reason::RoundRobin,
+        0,
+        GateAudit::default(),
+    ))
 }
 
 pub fn random(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
     if candidates.is_empty() {
         return None;
     }
-    let pick = candidates[rng.below(candidates.len())];
-    Some(Decision {
-        worker: pick.worker,
-        reason: Reason::Random,
-        matched_chars: 0,
-    })
+    let pick = candidates.get(rng.below(candidates.len()))?;
+    Some(decide(pick.worker, Reason::Random, 0, GateAudit::default()))
 }
 
 /// Two distinct random candidates, the less loaded wins (ties: the first drawn).
@@ -165,36 +294,35 @@ pub fn power_of_two(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decis
         return None;
     }
     let a = rng.below(n);
+    let first = candidates.get(a)?;
     let pick = if n == 1 {
-        candidates[a]
+        first
     } else {
-        let b = (a + 1 + rng.below(n - 1)) % n;
-        let (ca, cb) = (candidates[a], candidates[b]);
-        if cb.inflight < ca.inflight {
-            cb
+        let second = candidates.get((a + 1 + rng.below(n - 1)) % n)?;
+        if second.inflight < first.inflight {
+            second
         } else {
-            ca
+            first
         }
     };
-    Some(Decision {
-        worker: pick.worker,
-        reason: Reason::PowerOfTwo,
-        matched_chars: 0,
-    })
+    Some(decide(
+        pick.worker,
+        Reason::PowerOfTwo,
+        0,
+        GateAudit::default(),
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::Label;
 
     fn cands(loads: &[u64]) -> Vec<Candidate> {
         loads
             .iter()
             .enumerate()
-            .map(|(i, &inflight)| Candidate {
-                worker: i as TenantId,
-                inflight,
-            })
+            .map(|(i, &inflight)| Candidate::idle(i as TenantId, inflight))
             .collect()
     }
 
@@ -202,6 +330,8 @@ mod tests {
         cache_threshold: 0.3,
         balance_abs_threshold: 64,
         balance_rel_threshold: 1.5,
+        worker_queue_limit: None,
+        saturation_queue_floor: None,
     };
 
     fn matched(matched_chars: usize, input_chars: usize, owners: Vec<TenantId>) -> PrefixMatch {
@@ -337,5 +467,240 @@ mod tests {
             seen[random(&c, &mut rng).unwrap().worker as usize] = true;
         }
         assert_eq!(seen, [true; 3]);
+    }
+
+    fn c(worker: TenantId, inflight: u64, engine: Option<(u64, u64)>) -> Candidate {
+        Candidate {
+            worker,
+            inflight,
+            engine: engine.map(|(waiting, running)| EngineQueue { waiting, running }),
+        }
+    }
+
+    fn gated(limit: Option<u64>, floor: Option<u64>) -> CacheAwareParams {
+        CacheAwareParams {
+            worker_queue_limit: limit,
+            saturation_queue_floor: floor,
+            ..SMG
+        }
+    }
+
+    /// Full match owned by `owners`.
+    fn run(params: CacheAwareParams, fleet: &[Candidate], owners: &[TenantId]) -> Decision {
+        let mut rng = SplitMix64(3);
+        cache_aware(
+            &params,
+            fleet,
+            || matched(100, 100, owners.to_vec()),
+            &mut rng,
+        )
+        .expect("a non-empty fleet always decides")
+    }
+
+    #[test]
+    fn gate_boundary_is_strict_and_fails_open() {
+        assert!(
+            queue_gate_admits(&c(0, 0, Some((99, 0))), None),
+            "no limit, no gate"
+        );
+        assert!(
+            queue_gate_admits(&c(0, 0, None), Some(4)),
+            "no sample: unknown is not full"
+        );
+        assert!(queue_gate_admits(&c(0, 0, Some((3, 9))), Some(4)));
+        assert!(
+            !queue_gate_admits(&c(0, 0, Some((4, 0))), Some(4)),
+            "at the limit it already queues"
+        );
+        assert!(!queue_gate_admits(&c(0, 0, Some((5, 0))), Some(4)));
+    }
+
+    #[test]
+    fn fleet_all_queued_needs_proof_from_every_worker() {
+        let q = |w| c(w, 0, Some((4, 1)));
+        assert!(!fleet_all_queued(&[q(0), q(1)], None), "no limit");
+        assert!(!fleet_all_queued(&[], Some(4)), "empty fleet");
+        assert!(fleet_all_queued(&[q(0), q(1)], Some(4)));
+        assert!(
+            !fleet_all_queued(&[q(0), c(1, 0, None)], Some(4)),
+            "a missing sample is not full"
+        );
+        assert!(!fleet_all_queued(&[q(0), c(1, 0, Some((3, 0)))], Some(4)));
+    }
+
+    #[test]
+    fn saturation_proof_fails_closed() {
+        assert!(
+            !any_fresh_queue_below(&[c(0, 0, None), c(1, 0, None)], 2),
+            "no sample proves nothing"
+        );
+        assert!(any_fresh_queue_below(
+            &[c(0, 0, None), c(1, 0, Some((1, 0)))],
+            2
+        ));
+        assert!(
+            !any_fresh_queue_below(&[c(1, 0, Some((2, 0)))], 2),
+            "at the floor is not below"
+        );
+        assert!(!any_fresh_queue_below(&[], 1));
+    }
+
+    #[test]
+    fn admitted_owners_are_a_hit_by_pressure_then_id() {
+        let fleet = [
+            c(0, 0, Some((1, 5))),
+            c(1, 9, Some((0, 2))),
+            c(2, 0, Some((0, 2))),
+            c(3, 0, None),
+        ];
+        let d = run(gated(Some(4), None), &fleet, &[0, 1, 2]);
+        assert_eq!(
+            (d.worker, d.reason),
+            (1, Reason::CacheHit),
+            "pressure 2 ties: lower id; engine load beats in-flight"
+        );
+        assert_eq!(d.gate, GateAudit::default());
+        let d = run(gated(Some(4), None), &fleet, &[0, 3]);
+        assert_eq!(
+            (d.worker, d.reason),
+            (3, Reason::CacheHit),
+            "no sample: in-flight 0 is the pressure"
+        );
+        assert_eq!(
+            d.gate,
+            GateAudit {
+                rejected: 0,
+                unsampled: 1
+            }
+        );
+    }
+
+    #[test]
+    fn one_queued_owner_is_skipped_for_another_owner() {
+        let fleet = [
+            c(0, 0, Some((4, 0))),
+            c(1, 0, Some((1, 8))),
+            c(2, 0, Some((0, 0))),
+        ];
+        let d = run(gated(Some(4), None), &fleet, &[0, 1]);
+        assert_eq!(
+            (d.worker, d.reason),
+            (1, Reason::CacheHit),
+            "a partial diversion is still a hit"
+        );
+        assert_eq!(d.gate.rejected, 1);
+    }
+
+    #[test]
+    fn queued_owners_divert_to_the_least_pressure_open_worker() {
+        let fleet = [
+            c(0, 0, Some((4, 0))),
+            c(1, 0, Some((9, 0))),
+            c(2, 0, Some((2, 3))),
+            c(3, 0, Some((0, 1))),
+        ];
+        let d = run(gated(Some(4), None), &fleet, &[0, 1]);
+        assert_eq!((d.worker, d.reason), (3, Reason::CacheWorkerQueued));
+        assert_eq!(d.label(), Label::CacheWorkerQueued);
+        assert_eq!(d.matched_chars, 100, "the abandoned prefix is reported");
+        assert_eq!(d.gate.rejected, 2);
+    }
+
+    #[test]
+    fn a_worker_without_sample_is_a_diversion_target_without_a_floor() {
+        let fleet = [c(0, 0, Some((4, 0))), c(1, 0, None), c(2, 0, Some((7, 0)))];
+        let d = run(gated(Some(4), None), &fleet, &[0]);
+        assert_eq!((d.worker, d.reason), (1, Reason::CacheWorkerQueued));
+    }
+
+    #[test]
+    fn a_provably_queued_fleet_stays_with_the_owner() {
+        let fleet = [
+            c(0, 0, Some((6, 2))),
+            c(1, 0, Some((4, 1))),
+            c(2, 0, Some((5, 0))),
+        ];
+        let d = run(gated(Some(4), None), &fleet, &[0, 2]);
+        assert_eq!(
+            (d.worker, d.reason),
+            (2, Reason::AllQueued),
+            "least pressure owner (5 < 8)"
+        );
+        assert_eq!(d.label(), Label::AllQueued);
+    }
+
+    #[test]
+    fn the_pin_holds_when_no_worker_is_provably_below_the_floor() {
+        // Owner 0 gated; worker 1 is under the limit (the gate would divert there)
+        // but not under the floor: diverting buys nothing.
+        let fleet = [c(0, 0, Some((5, 0))), c(1, 0, Some((3, 0))), c(2, 0, None)];
+        let d = run(gated(Some(4), Some(2)), &fleet, &[0]);
+        assert_eq!((d.worker, d.reason), (0, Reason::SaturationPin));
+        assert_eq!(d.label(), Label::AllQueued);
+        assert_eq!(d.reason.as_str(), "saturation_pin");
+        // Without the floor the same fleet diverts.
+        let d = run(gated(Some(4), None), &fleet, &[0]);
+        assert_eq!(d.reason, Reason::CacheWorkerQueued);
+    }
+
+    #[test]
+    fn the_pin_yields_to_a_worker_provably_below_the_floor() {
+        let fleet = [
+            c(0, 0, Some((5, 0))),
+            c(1, 0, Some((1, 0))),
+            c(2, 0, Some((3, 0))),
+        ];
+        let d = run(gated(Some(4), Some(2)), &fleet, &[0]);
+        assert_eq!((d.worker, d.reason), (1, Reason::CacheWorkerQueued));
+    }
+
+    #[test]
+    fn the_pin_takes_the_least_pressure_owner_then_id_and_replaces_the_fleet_tier() {
+        let fleet = [
+            c(0, 0, Some((9, 0))),
+            c(1, 0, Some((4, 2))),
+            c(2, 0, Some((5, 1))),
+            c(3, 0, Some((8, 8))),
+        ];
+        let d = run(gated(Some(4), Some(4)), &fleet, &[0, 1, 2]);
+        assert_eq!(
+            (d.worker, d.reason),
+            (1, Reason::SaturationPin),
+            "6 ties 6: lower id; pin, not all_queued"
+        );
+    }
+
+    #[test]
+    fn the_pin_counts_only_the_routable_fleet_it_is_given() {
+        // Only candidates are passed in: an idle worker of another pool or model
+        // never reaches the ladder, so it cannot veto the pin.
+        let fleet = [c(0, 0, Some((5, 0))), c(1, 0, Some((6, 0)))];
+        let d = run(gated(Some(4), Some(1)), &fleet, &[0]);
+        assert_eq!(d.reason, Reason::SaturationPin);
+    }
+
+    #[test]
+    fn without_a_limit_queues_are_ignored() {
+        let fleet = [c(0, 0, Some((500, 0))), c(1, 0, Some((0, 0)))];
+        let d = run(gated(None, None), &fleet, &[0]);
+        assert_eq!((d.worker, d.reason), (0, Reason::CacheHit));
+    }
+
+    #[test]
+    fn a_miss_is_not_gated() {
+        let fleet = [c(0, 0, Some((9, 0))), c(1, 1, Some((0, 0)))];
+        let mut rng = SplitMix64(1);
+        let d = cache_aware(
+            &gated(Some(4), Some(2)),
+            &fleet,
+            || matched(1, 100, vec![1]),
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.worker, d.reason),
+            (0, Reason::CacheMiss),
+            "a miss is least in-flight, as SMG"
+        );
     }
 }

@@ -14,7 +14,8 @@ use hashbrown::HashMap;
 
 use crate::config::{Config, Policy, Pool};
 use crate::decision::Decision;
-use crate::policy::{self, CacheAwareParams, Candidate, Rng};
+use crate::load::LoadTable;
+use crate::policy::{self, CacheAwareParams, Candidate, EngineQueue, Rng};
 use crate::request::Parsed;
 use crate::sync::Op;
 use crate::tree::{TenantId, Tree};
@@ -45,6 +46,33 @@ struct ModelTree {
 pub struct Routed {
     pub decision: Decision,
     pub record: Option<Op>,
+    /// The queue gate is configured but no candidate has a fresh engine sample, so
+    /// it cannot act: the collector is not feeding the filter.
+    pub gate_inert: bool,
+}
+
+/// What the router knows of the workers' load when it decides.
+#[derive(Debug, Clone, Copy)]
+pub struct Loads<'a> {
+    /// Router-side in-flight requests by worker index (missing: 0).
+    pub inflight: &'a [u64],
+    /// The collector's last reports.
+    pub engine: &'a LoadTable,
+    pub now_ms: u64,
+}
+
+impl Loads<'_> {
+    /// No engine samples: the router's own counts only.
+    pub fn inflight_only(inflight: &[u64]) -> Loads<'_> {
+        static EMPTY: LoadTable = LoadTable {
+            reports: Vec::new(),
+        };
+        Loads {
+            inflight,
+            engine: &EMPTY,
+            now_ms: 0,
+        }
+    }
 }
 
 pub struct Router {
@@ -114,9 +142,9 @@ impl Router {
         self.trees.get(&(pool, model.to_string())).map(|t| &t.tree)
     }
 
-    /// Candidates of `pool` serving `model`, with their in-flight counts
-    /// (`inflight[i]` for worker `i`; missing entries count as 0).
-    fn candidates(&self, pool: Pool, model: &str, inflight: &[u64]) -> Vec<Candidate> {
+    /// Candidates of `pool` serving `model`, with their in-flight counts and fresh
+    /// engine samples.
+    fn candidates(&self, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidate> {
         self.cfg
             .workers
             .iter()
@@ -124,7 +152,14 @@ impl Router {
             .filter(|(_, w)| w.pool == pool && w.serves(model))
             .map(|(i, _)| Candidate {
                 worker: i as TenantId,
-                inflight: inflight.get(i).copied().unwrap_or(0),
+                inflight: loads.inflight.get(i).copied().unwrap_or(0),
+                engine: loads
+                    .engine
+                    .fresh(i, loads.now_ms, self.cfg.stale_after_ms)
+                    .map(|s| EngineQueue {
+                        waiting: s.num_waiting,
+                        running: s.num_running,
+                    }),
             })
             .collect()
     }
@@ -135,7 +170,7 @@ impl Router {
     pub fn route(
         &mut self,
         req: &Parsed,
-        inflight: &[u64],
+        loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<Routed, NoWorker> {
         let pool = Pool::Regular;
@@ -143,13 +178,18 @@ impl Router {
             Parsed::Routable(r) => (r.model.as_str(), Some(r.text.as_str())),
             Parsed::Unroutable { model, .. } => (model.as_str(), None),
         };
-        let candidates = self.candidates(pool, model, inflight);
+        let candidates = self.candidates(pool, model, loads);
+        let gate_inert = self.cfg.worker_queue_limit.is_some()
+            && !candidates.is_empty()
+            && candidates.iter().all(|c| c.engine.is_none());
         let decision = match (self.cfg.policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
                     cache_threshold: self.cfg.cache_threshold,
                     balance_abs_threshold: self.cfg.balance_abs_threshold,
                     balance_rel_threshold: self.cfg.balance_rel_threshold,
+                    worker_queue_limit: self.cfg.worker_queue_limit,
+                    saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
                 let tree = self.trees.get(&(pool, model.to_string()));
                 policy::cache_aware(
@@ -186,7 +226,11 @@ impl Router {
             }),
             _ => None,
         };
-        Ok(Routed { decision, record })
+        Ok(Routed {
+            decision,
+            record,
+            gate_inert,
+        })
     }
 
     /// Applies operation `seq` of the stream (its clock is `seq + 1`, so 0 never
@@ -294,7 +338,7 @@ mod tests {
         inflight: &[u64],
         rng: &mut SplitMix64,
     ) -> Result<Decision, NoWorker> {
-        let routed = r.route(req, inflight, rng)?;
+        let routed = r.route(req, &Loads::inflight_only(inflight), rng)?;
         if let Some(op) = &routed.record {
             r.apply_local(op);
         }
@@ -368,7 +412,7 @@ mod tests {
         let d = r
             .route(
                 &parse("/v1/chat/completions", b"garbage"),
-                &[5, 1],
+                &Loads::inflight_only(&[5, 1]),
                 &mut rng,
             )
             .unwrap();
@@ -516,7 +560,8 @@ mod tests {
             let body = format!(r#"{{"prompt":"conversation {} turn {i}"}}"#, i % 5);
             let p = parse("/v1/completions", body.as_bytes());
             let vm = if i % 2 == 0 { &mut a } else { &mut b };
-            if let Some(op) = vm.route(&p, &[0; 3], &mut rng).unwrap().record {
+            let loads = Loads::inflight_only(&[0; 3]);
+            if let Some(op) = vm.route(&p, &loads, &mut rng).unwrap().record {
                 stream.push(op);
             }
             if i % 7 == 0 {

@@ -28,6 +28,11 @@ impl Metric {
         Metric(hostcalls::define_metric(MetricType::Gauge, name).ok())
     }
 
+    /// Buckets are Envoy's (`stats_config.histogram_bucket_settings`).
+    pub fn histogram(name: &str) -> Metric {
+        Metric(hostcalls::define_metric(MetricType::Histogram, name).ok())
+    }
+
     pub fn inc(self) {
         self.add(1);
     }
@@ -39,6 +44,7 @@ impl Metric {
         }
     }
 
+    /// A gauge's value, or a histogram observation.
     pub fn set(self, value: u64) {
         if let Some(id) = self.0 {
             let _ = hostcalls::record_metric(id, value);

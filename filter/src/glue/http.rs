@@ -7,11 +7,13 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
 use super::host::{self, HostStore};
-use super::root::Shared;
+use super::root::{Shared, SAMPLES_KEY};
 use crate::config::Target;
 use crate::decision::Decision;
+use crate::load::{encode_table, parse_push, token_matches, PushError};
 use crate::request::{self, Parsed};
-use crate::sync::{truncate_text, Op};
+use crate::router::Loads;
+use crate::sync::{truncate_text, Op, SetOutcome, SharedStore};
 
 pub const WORKER_HEADER: &str = "x-llm-router-worker";
 pub const DECISION_HEADER: &str = "x-llm-router-decision";
@@ -28,6 +30,8 @@ struct Routed {
 pub struct Stream {
     state: Shared,
     path: String,
+    /// An authorised stats push from the collector, answered by the filter itself.
+    push: bool,
     /// Set once a worker was chosen; its count is released when the stream ends.
     routed: Option<Routed>,
 }
@@ -37,6 +41,7 @@ impl Stream {
         Stream {
             state,
             path: String::new(),
+            push: false,
             routed: None,
         }
     }
@@ -57,10 +62,16 @@ impl Stream {
                 &format!("llm-router: routing by load: {}", reason.as_str()),
             );
         }
-        // See every prefix any thread routed, and every thread's load.
+        // See every prefix any thread routed, every thread's load, and the engines'.
         state.catch_up();
         let inflight = state.inflight();
-        let routed = match state.router.route(&parsed, &inflight, &mut state.rng) {
+        let engine = state.engine_loads();
+        let loads = Loads {
+            inflight: &inflight,
+            engine: &engine,
+            now_ms: host::now_ms(),
+        };
+        let routed = match state.router.route(&parsed, &loads, &mut state.rng) {
             Ok(r) => r,
             Err(e) => {
                 state.metrics.no_worker.inc();
@@ -69,6 +80,9 @@ impl Stream {
             }
         };
         let decision = routed.decision;
+        if routed.gate_inert {
+            state.note_gate_inert();
+        }
         let cfg = state.router.config();
         let Some(worker) = cfg.workers.get(decision.worker as usize) else {
             drop(slot);
@@ -92,7 +106,7 @@ impl Stream {
         let worker_name = worker.name.clone();
         let max_text = cfg.sync_max_text_bytes;
         let counted = state.shared.inflight.add(&HostStore, &worker_name, 1);
-        state.metrics.decision(decision.label());
+        state.metrics.decision(&decision);
         if let Some(op) = routed.record {
             state.record(shareable(op, max_text));
         }
@@ -144,6 +158,59 @@ fn shareable(op: Op, max_text_bytes: usize) -> Op {
     }
 }
 
+/// Stores a collector snapshot, all or nothing, and answers the collector.
+fn accept_push(state: &Shared, body: &[u8]) -> Action {
+    let slot = state.borrow();
+    let Some(state) = slot.as_ref() else {
+        return reply_json(503, "not_configured", "{\"error\":\"not configured\"}");
+    };
+    let cfg = state.router.config();
+    let outcome =
+        parse_push(body, cfg.stats_max_bytes, &cfg.workers, host::now_ms()).and_then(|reports| {
+            let n = reports.iter().filter(|r| r.is_some()).count();
+            match HostStore.set(SAMPLES_KEY, &encode_table(&cfg.workers, &reports), 0) {
+                SetOutcome::Stored => Ok(n),
+                _ => Err(PushError::BadRequest(
+                    "shared data refused the snapshot".into(),
+                )),
+            }
+        });
+    match outcome {
+        Ok(n) => {
+            state.metrics.pushes_accepted.inc();
+            reply_json(200, "stats_accepted", &format!("{{\"accepted\":{n}}}"))
+        }
+        Err(e) => {
+            state.metrics.pushes_rejected.inc();
+            refuse(&e)
+        }
+    }
+}
+
+fn refuse(e: &PushError) -> Action {
+    let body = serde_json::json!({"error": e.reason()}).to_string();
+    reply_json(e.status(), "stats_refused", &body)
+}
+
+/// A local reply with a JSON body; the stream stays paused (Envoy ends it).
+fn reply_json(status: u32, reason: &str, body: &str) -> Action {
+    let sent = hostcalls::send_http_response(
+        status,
+        vec![
+            (REASON_HEADER, reason),
+            ("content-type", "application/json"),
+        ],
+        Some(body.as_bytes()),
+    );
+    if let Err(e) = sent {
+        host::log(
+            LogLevel::Error,
+            &format!("llm-router: cannot send {status}: {e:?}"),
+        );
+    }
+    Action::Pause
+}
+
 fn reply_503(reason: &str) -> Action {
     let body = format!(
         "{{\"error\":{{\"message\":\"no worker available: {reason}\",\"type\":\"service_unavailable\"}}}}"
@@ -163,6 +230,59 @@ fn reply_503(reason: &str) -> Action {
         );
     }
     Action::Pause
+}
+
+fn header(name: &str) -> String {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+impl Stream {
+    /// Recognises a collector push (the stats path, with pushes enabled) and refuses
+    /// it early when the token, method or declared size is wrong, before buffering
+    /// anything. `None`: not a push, route as usual.
+    fn start_push(&mut self, end_of_stream: bool) -> Option<Action> {
+        let (token, path, limit) = {
+            let slot = self.state.borrow();
+            let cfg = slot.as_ref()?.router.config();
+            (
+                cfg.stats_token.clone()?,
+                cfg.stats_path.clone(),
+                cfg.stats_max_bytes,
+            )
+        };
+        if self.path.split('?').next() != Some(path.as_str()) {
+            return None;
+        }
+        let refused = |e: PushError| {
+            if let Some(s) = self.state.borrow().as_ref() {
+                s.metrics.pushes_rejected.inc();
+            }
+            Some(refuse(&e))
+        };
+        let authorization = header("authorization");
+        if !token_matches(Some(&authorization), &token) {
+            return refused(PushError::Unauthorized);
+        }
+        if header(":method") != "POST" {
+            return refused(PushError::BadRequest(
+                "the stats endpoint takes POST".into(),
+            ));
+        }
+        if header("content-length")
+            .parse::<usize>()
+            .is_ok_and(|n| n > limit)
+        {
+            return refused(PushError::TooLarge { limit });
+        }
+        if end_of_stream {
+            return refused(PushError::BadRequest("empty snapshot".into()));
+        }
+        self.push = true;
+        Some(Action::Pause)
+    }
 }
 
 impl Context for Stream {
@@ -185,10 +305,10 @@ impl HttpContext for Stream {
         for h in [cluster_header.as_str(), endpoint_header.as_str()] {
             let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, h);
         }
-        self.path = hostcalls::get_map_value(MapType::HttpRequestHeaders, ":path")
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        self.path = header(":path");
+        if let Some(action) = self.start_push(end_of_stream) {
+            return action;
+        }
         if end_of_stream {
             return self.route(&[]);
         }
@@ -196,6 +316,17 @@ impl HttpContext for Stream {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.push {
+            let limit = self
+                .state
+                .borrow()
+                .as_ref()
+                .map_or(0, |s| s.router.config().stats_max_bytes);
+            if body_size > limit {
+                self.push = false;
+                return refuse(&PushError::TooLarge { limit });
+            }
+        }
         if !end_of_stream {
             return Action::Pause;
         }
@@ -203,6 +334,9 @@ impl HttpContext for Stream {
             .ok()
             .flatten()
             .unwrap_or_default();
+        if self.push {
+            return accept_push(&self.state, &body);
+        }
         self.route(&body)
     }
 

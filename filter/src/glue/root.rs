@@ -13,13 +13,18 @@ use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 use super::host::{self, HostStore, Metric};
 use super::http::Stream;
 use crate::config::Config;
-use crate::decision::Label;
+use crate::decision::{Decision, Label, Reason};
+use crate::load::{decode_table, LoadTable};
 use crate::policy::SplitMix64;
 use crate::router::Router;
-use crate::sync::{EvictionClock, InflightTable, Op, OpRing};
+use crate::sync::{EvictionClock, InflightTable, Op, OpRing, SharedStore};
 
 /// Shared-data keys start with this; shared data is already scoped by `vm_id`.
 const KEY_PREFIX: &str = "llm_router";
+/// The collector's last snapshot, as `load::encode_table` writes it.
+pub const SAMPLES_KEY: &str = "llm_router.samples";
+/// The "gate configured but blind" warning fires once per this many requests.
+const GATE_INERT_LOG_SAMPLE: u64 = 64;
 
 /// Stats this VM reports. Envoy shows them as `wasmcustom.<name>` in `/stats` and
 /// without the prefix in `/stats/prometheus`; same-named stats of all VMs are one.
@@ -37,6 +42,17 @@ pub struct Metrics {
     pub sync_gaps: Metric,
     /// Operations that could not be shared and were applied on one VM only.
     pub sync_append_failures: Metric,
+    /// Chars of matched prefix a `cache_worker_queued` diversion abandoned.
+    diverted_overlap: Metric,
+    /// Owners the queue gate rejected.
+    gate_rejections: Metric,
+    /// Owners admitted by the gate only because they had no fresh sample.
+    gate_unsampled: Metric,
+    saturation_pins: Metric,
+    /// Requests routed while the gate was set but no candidate had a fresh sample.
+    gate_inert: Metric,
+    pub pushes_accepted: Metric,
+    pub pushes_rejected: Metric,
 }
 
 impl Metrics {
@@ -51,14 +67,30 @@ impl Metrics {
             sync_applied: Metric::counter("llm_router_sync_applied"),
             sync_gaps: Metric::counter("llm_router_sync_gaps"),
             sync_append_failures: Metric::counter("llm_router_sync_append_failures"),
+            diverted_overlap: Metric::histogram("llm_router_diverted_overlap_chars"),
+            gate_rejections: Metric::counter("llm_router_queue_gate_rejections"),
+            gate_unsampled: Metric::counter("llm_router_queue_gate_unsampled"),
+            saturation_pins: Metric::counter("llm_router_saturation_pins"),
+            gate_inert: Metric::counter("llm_router_queue_gate_inert"),
+            pushes_accepted: Metric::counter("llm_router_stats_pushes_accepted"),
+            pushes_rejected: Metric::counter("llm_router_stats_pushes_rejected"),
         }
     }
 
-    pub fn decision(&self, label: Label) {
-        if let Some(pos) = Label::ALL.iter().position(|l| *l == label) {
+    /// Books one routed request: exactly one decision label, plus what the gate did.
+    pub fn decision(&self, d: &Decision) {
+        if let Some(pos) = Label::ALL.iter().position(|l| *l == d.label()) {
             if let Some(m) = self.decisions.get(pos) {
                 m.inc();
             }
+        }
+        self.gate_rejections.add(u64::from(d.gate.rejected));
+        self.gate_unsampled.add(u64::from(d.gate.unsampled));
+        match d.reason {
+            // A diversion that happened is the gate's cost; only those are observed.
+            Reason::CacheWorkerQueued => self.diverted_overlap.set(d.matched_chars as u64),
+            Reason::SaturationPin => self.saturation_pins.inc(),
+            _ => {}
         }
     }
 }
@@ -78,9 +110,35 @@ pub struct State {
     pub shared: SharedState,
     pub rng: SplitMix64,
     pub metrics: Metrics,
+    /// Requests routed with the gate blind, for the sampled warning.
+    gate_inert_seen: u64,
 }
 
 impl State {
+    /// The collector's last snapshot, for this config's workers.
+    pub fn engine_loads(&self) -> LoadTable {
+        let bytes = HostStore
+            .get(SAMPLES_KEY)
+            .map(|(v, _)| v)
+            .unwrap_or_default();
+        decode_table(&bytes, &self.router.config().workers)
+    }
+
+    /// Counts a request routed with the gate set but no fresh sample anywhere, and
+    /// warns on 1 in 64: the condition is steady, so sampling exposes it without
+    /// flooding the log.
+    pub fn note_gate_inert(&mut self) {
+        self.metrics.gate_inert.inc();
+        if self.gate_inert_seen.is_multiple_of(GATE_INERT_LOG_SAMPLE) {
+            host::log(
+                LogLevel::Warn,
+                "llm-router: worker_queue_limit is set but no worker has a fresh engine sample, \
+                 so the queue gate is inert: check that the collector pushes to the stats endpoint",
+            );
+        }
+        self.gate_inert_seen += 1;
+    }
+
     /// Applies what other VMs recorded since the last call.
     pub fn catch_up(&mut self) {
         let router = &mut self.router;
@@ -194,6 +252,7 @@ impl RootContext for Root {
                     },
                     rng: SplitMix64(host::random_seed()),
                     metrics: Metrics::define(),
+                    gate_inert_seen: 0,
                 };
                 state.catch_up();
                 *slot = Some(state);
