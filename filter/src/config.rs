@@ -26,9 +26,11 @@ pub const DEFAULT_MAX_MODELS: usize = 64;
 /// Tree operations kept in shared data for VMs to catch up with. A VM more than this
 /// many operations behind loses the overwritten ones (and counts them).
 pub const DEFAULT_SYNC_RING_SLOTS: usize = 1024;
-/// Routing text carried by one shared operation; longer texts are shared by their
-/// prefix. Bounds the ring's memory at `slots * bytes` (256 MiB worst case).
-pub const DEFAULT_SYNC_MAX_TEXT_BYTES: usize = 256 * 1024;
+/// Routing text used per request: longer texts are matched and recorded by this
+/// prefix. It bounds what one shared tree operation carries, hence the ring's memory
+/// (`slots * bytes`, 256 MiB worst case), and the per-request tree walk. Matching and
+/// recording the same prefix keeps the match rate meaningful for longer prompts.
+pub const DEFAULT_MAX_ROUTING_TEXT_BYTES: usize = 256 * 1024;
 /// How often each VM catches up with the ring when it routes nothing, and checks
 /// whether an eviction is due.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 1000;
@@ -135,8 +137,8 @@ fn default_max_models() -> usize {
 fn default_sync_ring_slots() -> usize {
     DEFAULT_SYNC_RING_SLOTS
 }
-fn default_sync_max_text_bytes() -> usize {
-    DEFAULT_SYNC_MAX_TEXT_BYTES
+fn default_max_routing_text_bytes() -> usize {
+    DEFAULT_MAX_ROUTING_TEXT_BYTES
 }
 fn default_sync_interval() -> u64 {
     DEFAULT_SYNC_INTERVAL_MS
@@ -205,8 +207,8 @@ pub struct Config {
     pub stats_max_bytes: usize,
     #[serde(default = "default_sync_ring_slots")]
     pub sync_ring_slots: usize,
-    #[serde(default = "default_sync_max_text_bytes")]
-    pub sync_max_text_bytes: usize,
+    #[serde(default = "default_max_routing_text_bytes")]
+    pub max_routing_text_bytes: usize,
     #[serde(default = "default_sync_interval")]
     pub sync_interval_ms: u64,
     #[serde(default = "default_cluster_header")]
@@ -335,8 +337,8 @@ impl Config {
         if !(1..=65_536).contains(&self.sync_ring_slots) {
             return Err(err("sync_ring_slots", "must be between 1 and 65536"));
         }
-        if self.sync_max_text_bytes == 0 {
-            return Err(err("sync_max_text_bytes", "must be >= 1"));
+        if self.max_routing_text_bytes == 0 {
+            return Err(err("max_routing_text_bytes", "must be >= 1"));
         }
         if self.sync_interval_ms < 10 {
             return Err(err("sync_interval_ms", "must be >= 10"));
@@ -494,8 +496,8 @@ mod tests {
         );
         assert!(with(r#","sync_ring_slots":65536"#).is_ok());
         assert_eq!(
-            field_of(with(r#","sync_max_text_bytes":0"#)),
-            "sync_max_text_bytes"
+            field_of(with(r#","max_routing_text_bytes":0"#)),
+            "max_routing_text_bytes"
         );
         assert_eq!(
             field_of(with(r#","sync_interval_ms":9"#)),

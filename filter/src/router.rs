@@ -17,7 +17,7 @@ use crate::decision::Decision;
 use crate::load::LoadTable;
 use crate::policy::{self, CacheAwareParams, Candidate, EngineQueue, Rng};
 use crate::request::Parsed;
-use crate::sync::Op;
+use crate::sync::{truncate_text, Op};
 use crate::tree::{TenantId, Tree};
 
 /// Why no worker could be chosen (the request gets a 503).
@@ -175,7 +175,10 @@ impl Router {
     ) -> Result<Routed, NoWorker> {
         let pool = Pool::Regular;
         let (model, text) = match req {
-            Parsed::Routable(r) => (r.model.as_str(), Some(r.text.as_str())),
+            Parsed::Routable(r) => (
+                r.model.as_str(),
+                Some(truncate_text(&r.text, self.cfg.max_routing_text_bytes)),
+            ),
             Parsed::Unroutable { model, .. } => (model.as_str(), None),
         };
         let candidates = self.candidates(pool, model, loads);
@@ -588,6 +591,18 @@ mod tests {
             assert_eq!(ta.prefix_match(&text), tb.prefix_match(&text));
             assert!(!ta.prefix_match(&text).owners.contains(&1), "w1 removed");
         }
+    }
+
+    #[test]
+    fn long_texts_are_matched_and_recorded_by_the_same_prefix() {
+        let mut r = router(r#","max_routing_text_bytes":100"#, 4);
+        let mut rng = SplitMix64(2);
+        let long = "x".repeat(1000);
+        let first = go(&mut r, &chat(&[&long]), &[0; 4], &mut rng).unwrap();
+        assert!(r.tree_chars() <= 100, "only the prefix is recorded");
+        let longer = format!("{long} and a further turn");
+        let d = go(&mut r, &chat(&[&longer]), &[0; 4], &mut rng).unwrap();
+        assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit));
     }
 
     #[test]

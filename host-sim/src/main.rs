@@ -3,6 +3,12 @@
 //! `host-sim run --wasm F --config C --body FILE [--path P]` sends one request and prints the
 //! outcome as JSON: whether it went upstream, the decision headers (request headers the
 //! filter added, changed or removed), any local response, HTTP calls, logs and metrics.
+//!
+//! `host-sim wasi-run MODULE.wasm [ARGS...]` runs a WASI preview1 command module (e.g. a
+//! libtest binary from `cargo test --target wasm32-wasip1`) and exits with its exit code;
+//! it is the cargo runner for that target (`.cargo/config.toml`).
+
+mod wasi_run;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -24,6 +30,18 @@ struct Cli {
 enum Command {
     /// Send one request through the filter and print the outcome as JSON.
     Run(RunArgs),
+    /// Run a WASI preview1 command module (`_start`), e.g. a wasm32-wasip1 test binary,
+    /// passing ARGS through; exits with the module's exit code.
+    WasiRun(WasiRunArgs),
+}
+
+#[derive(clap::Args)]
+struct WasiRunArgs {
+    /// The module (.wasm).
+    module: PathBuf,
+    /// Arguments for the module (its argv[0] is the module path).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -193,6 +211,13 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::WasiRun(args) => match wasi_run::run(&args.module, &args.args) {
+            Ok(code) => std::process::exit(code),
+            Err(e) => {
+                eprintln!("host-sim wasi-run: {e:#}");
+                std::process::exit(1);
+            }
+        },
     };
     match result {
         Ok(value) => {

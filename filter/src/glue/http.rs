@@ -13,7 +13,7 @@ use crate::decision::Decision;
 use crate::load::{encode_table, parse_push, token_matches, PushError};
 use crate::request::{self, Parsed};
 use crate::router::Loads;
-use crate::sync::{truncate_text, Op, SetOutcome, SharedStore};
+use crate::sync::{SetOutcome, SharedStore};
 
 pub const WORKER_HEADER: &str = "x-llm-router-worker";
 pub const DECISION_HEADER: &str = "x-llm-router-decision";
@@ -104,11 +104,10 @@ impl Stream {
             return reply_503("header_rejected");
         }
         let worker_name = worker.name.clone();
-        let max_text = cfg.sync_max_text_bytes;
         let counted = state.shared.inflight.add(&HostStore, &worker_name, 1);
         state.metrics.decision(&decision);
         if let Some(op) = routed.record {
-            state.record(shareable(op, max_text));
+            state.record(op);
         }
         self.routed = Some(Routed {
             decision,
@@ -137,24 +136,6 @@ impl Stream {
                 state.shared.inflight.add(&HostStore, &routed.worker, -1);
             }
         }
-    }
-}
-
-/// Caps the text an operation carries, which bounds the ring's memory.
-fn shareable(op: Op, max_text_bytes: usize) -> Op {
-    match op {
-        Op::Insert {
-            pool,
-            model,
-            worker,
-            text,
-        } if text.len() > max_text_bytes => Op::Insert {
-            pool,
-            model,
-            worker,
-            text: truncate_text(&text, max_text_bytes).to_string(),
-        },
-        op => op,
     }
 }
 

@@ -1,0 +1,125 @@
+//! One full request through the real filter in host-sim: request headers, a ~4 KiB
+//! chat body, the decision, the upstream's response headers and body, and the stream's
+//! end (`request` + `respond` + `finish`), with 4 workers. `cache_aware` on one
+//! conversation (a hit every time), on 64 conversations in turn (hits spread over the
+//! fleet), and `round_robin` for comparison (no tree).
+//!
+//! Needs the filter's wasm: `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use host_sim::{Filter, Host, RequestSpec};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn wasm_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("LLM_ROUTER_WASM") {
+        return PathBuf::from(p);
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .join("wasm32-wasip1/wasm/llm_router.wasm")
+}
+
+fn config(policy: &str) -> String {
+    let workers: Vec<String> = (0..4)
+        .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
+        .collect();
+    format!(
+        r#"{{"policy":"{policy}","workers":[{}]}}"#,
+        workers.join(",")
+    )
+}
+
+/// A chat body of about 4 KiB: a long system prompt, a few turns, a question.
+fn chat_body(conv: usize) -> Vec<u8> {
+    let system = "You are a helpful assistant for a cache-aware router benchmark. ".repeat(40);
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": format!("conversation {conv}: {system}")}),
+    ];
+    for turn in 0..4 {
+        let q = format!("Question {turn} of conversation {conv}: how does prefix caching help? ");
+        let a = format!("Answer {turn}: it reuses the KV cache of a shared prefix. ").repeat(3);
+        messages.push(serde_json::json!({"role": "user", "content": q.repeat(2)}));
+        messages.push(serde_json::json!({"role": "assistant", "content": a}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "And the last question?"}));
+    serde_json::to_vec(&serde_json::json!({
+        "model": "bench-model",
+        "stream": false,
+        "max_tokens": 64,
+        "messages": messages,
+    }))
+    .expect("json")
+}
+
+const RESPONSE: &[u8] = br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+
+fn one_request(host: &mut Host, body: &[u8]) {
+    let mut vm = host.vm(0);
+    let out = vm
+        .request(RequestSpec::post_json(
+            "/v1/chat/completions",
+            body.to_vec(),
+        ))
+        .expect("request");
+    assert!(out.continued, "not routed: {:?}", out.local_response);
+    vm.respond(
+        out.handle,
+        200,
+        &[("content-type", "application/json")],
+        RESPONSE,
+    )
+    .expect("respond");
+    vm.finish(out.handle).expect("finish");
+}
+
+fn host(filter: &Filter, policy: &str) -> Host {
+    Host::builder_for(filter)
+        .plugin_config(config(policy).into_bytes())
+        .seed(1)
+        .allow_on_headers_stop_iteration(true)
+        .build()
+        .expect("host")
+}
+
+fn bench_request(c: &mut Criterion) {
+    let path = wasm_path();
+    assert!(
+        path.exists(),
+        "{} is missing; build it first with:\n    cargo build -p llm-router --target wasm32-wasip1 --profile wasm",
+        path.display()
+    );
+    let filter = Filter::load(&path).expect("load the filter");
+    let bodies: Vec<Vec<u8>> = (0..64).map(chat_body).collect();
+    let mut group = c.benchmark_group("request");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Elements(1));
+
+    let mut h = host(&filter, "cache_aware");
+    group.bench_function("cache_aware/one_conversation", |b| {
+        b.iter(|| one_request(&mut h, &bodies[0]))
+    });
+    assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
+
+    let mut h = host(&filter, "cache_aware");
+    let mut i = 0;
+    group.bench_function("cache_aware/64_conversations", |b| {
+        b.iter(|| {
+            i += 1;
+            one_request(&mut h, &bodies[i % bodies.len()])
+        })
+    });
+
+    let mut h = host(&filter, "round_robin");
+    group.bench_function("round_robin/one_conversation", |b| {
+        b.iter(|| one_request(&mut h, &bodies[0]))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_request);
+criterion_main!(benches);
