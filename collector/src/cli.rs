@@ -1,0 +1,271 @@
+//! Command-line flags and their validation into a [`Config`].
+//!
+//! Validation happens once, up front, so the run loop never meets a bad URL or an
+//! empty token at 3 a.m.: the process refuses to start instead.
+
+use crate::membership::{self, Worker};
+use anyhow::{bail, Context as _};
+use clap::Parser;
+use std::time::Duration;
+
+/// Smallest accepted `--interval-ms`: below it scraping would cost the engines more
+/// than the routing gains from fresher numbers.
+pub const MIN_INTERVAL_MS: u64 = 50;
+
+/// Scrapes engine Prometheus metrics and pushes load snapshots to the llm-router filter.
+#[derive(Debug, Parser)]
+#[command(name = "llm-collector", version)]
+#[command(group = clap::ArgGroup::new("auth").required(true).args(["token", "token_file"]))]
+#[command(group = clap::ArgGroup::new("engines").required(true).args(["engine", "envoy_admin"]))]
+pub struct Args {
+    /// The filter's stats endpoint, e.g. http://127.0.0.1:10000/llm-router/stats.
+    #[arg(long)]
+    pub push_url: String,
+    /// Bearer token the filter expects (prefer --token-file: flags show up in `ps`).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// File holding the bearer token (surrounding whitespace is ignored).
+    #[arg(long)]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Scrape-and-push period in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(MIN_INTERVAL_MS..))]
+    pub interval_ms: u64,
+    /// Window (seconds) over which latency p90s are computed from histogram deltas.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub window_s: u64,
+    /// Per-request timeout for scrapes, admin reads and pushes, in milliseconds.
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u64).range(1..))]
+    pub scrape_timeout_ms: u64,
+    /// A static engine, NAME=http://host:port (repeatable).
+    #[arg(long = "engine", value_name = "NAME=URL")]
+    pub engine: Vec<String>,
+    /// Envoy admin base URL; engines are read from its /clusters?format=json.
+    #[arg(long)]
+    pub envoy_admin: Option<String>,
+    /// A cluster named <prefix><NAME> with one host is worker NAME.
+    #[arg(long, default_value = "engine_", requires = "envoy_admin")]
+    pub cluster_prefix: String,
+    /// A cluster whose every host is a worker named by its ip:port (repeatable).
+    #[arg(
+        long = "pool-cluster",
+        value_name = "CLUSTER",
+        requires = "envoy_admin"
+    )]
+    pub pool_cluster: Vec<String>,
+    /// Scrape and push once, print the snapshot JSON to stdout, and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// Where the engine list comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Membership {
+    /// `--engine` flags: fixed for the life of the process.
+    Static(Vec<Worker>),
+    /// Envoy's admin API, so Envoy's service discovery drives membership.
+    Envoy {
+        admin_url: String,
+        cluster_prefix: String,
+        pool_clusters: Vec<String>,
+    },
+}
+
+/// Validated settings for the run loop.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub push_url: String,
+    pub token: String,
+    pub interval: Duration,
+    pub window: Duration,
+    pub timeout: Duration,
+    pub membership: Membership,
+    pub once: bool,
+}
+
+impl Args {
+    /// Checks the flags together (token present, URLs parse, engines well formed).
+    pub fn into_config(self) -> anyhow::Result<Config> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => t.trim().to_string(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading --token-file {}", path.display()))?
+                .trim()
+                .to_string(),
+            (None, None) => bail!("one of --token or --token-file is required"),
+        };
+        if token.is_empty() {
+            bail!("the bearer token is empty");
+        }
+        if hyper::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
+            bail!("the bearer token contains characters not allowed in an HTTP header");
+        }
+        check_http_url("--push-url", &self.push_url)?;
+        if self.envoy_admin.is_none() && !self.pool_cluster.is_empty() {
+            bail!("--pool-cluster needs --envoy-admin");
+        }
+        let membership = match (&self.envoy_admin, self.engine.is_empty()) {
+            (Some(_), false) => bail!("use either --engine or --envoy-admin, not both"),
+            (Some(admin), true) => {
+                check_http_url("--envoy-admin", admin)?;
+                Membership::Envoy {
+                    admin_url: admin.trim_end_matches('/').to_string(),
+                    cluster_prefix: self.cluster_prefix.clone(),
+                    pool_clusters: self.pool_cluster.clone(),
+                }
+            }
+            (None, false) => {
+                let mut workers = Vec::new();
+                for spec in &self.engine {
+                    let w = membership::parse_static(spec)
+                        .with_context(|| format!("--engine {spec}"))?;
+                    if workers.iter().any(|o: &Worker| o.name == w.name) {
+                        bail!("--engine {spec}: worker `{}` given twice", w.name);
+                    }
+                    workers.push(w);
+                }
+                Membership::Static(workers)
+            }
+            (None, true) => bail!("give engines with --engine NAME=URL or --envoy-admin URL"),
+        };
+        Ok(Config {
+            push_url: self.push_url,
+            token,
+            interval: Duration::from_millis(self.interval_ms),
+            window: Duration::from_secs(self.window_s),
+            timeout: Duration::from_millis(self.scrape_timeout_ms),
+            membership,
+            once: self.once,
+        })
+    }
+}
+
+/// The client speaks plain HTTP/1 only (engines, Envoy's admin and the filter's
+/// listener are local), so anything else is refused at start.
+fn check_http_url(flag: &str, url: &str) -> anyhow::Result<()> {
+    let uri: hyper::Uri = url
+        .parse()
+        .with_context(|| format!("{flag} {url}: not a URL"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        bail!("{flag} {url}: must be an http://host:port URL");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Config> {
+        let mut v = vec!["llm-collector"];
+        v.extend_from_slice(args);
+        Args::try_parse_from(v)?.into_config()
+    }
+
+    const PUSH: &str = "--push-url=http://127.0.0.1:1/llm-router/stats";
+
+    #[test]
+    fn defaults_and_static_engines() {
+        let c = parse(&[PUSH, "--token", "t", "--engine", "w0=http://127.0.0.1:8001"]).unwrap();
+        assert_eq!(c.interval, Duration::from_millis(1000));
+        assert_eq!(c.window, Duration::from_secs(30));
+        assert_eq!(c.timeout, Duration::from_millis(800));
+        let Membership::Static(w) = c.membership else {
+            panic!()
+        };
+        assert_eq!(w[0].name, "w0");
+        assert_eq!(w[0].address, "127.0.0.1:8001");
+        assert_eq!(w[0].metrics_url, "http://127.0.0.1:8001/metrics");
+    }
+
+    #[test]
+    fn refusals() {
+        let e = |a: &[&str]| parse(a).unwrap_err().to_string();
+        assert!(
+            parse(&[PUSH, "--engine", "w0=http://h:1"]).is_err(),
+            "token required"
+        );
+        assert!(parse(&[PUSH, "--token", "t"]).is_err(), "engines required");
+        assert!(parse(&[
+            PUSH,
+            "--token",
+            "t",
+            "--engine",
+            "w0=http://h:1",
+            "--interval-ms",
+            "49"
+        ])
+        .is_err());
+        assert!(e(&[PUSH, "--token", " ", "--engine", "w0=http://h:1"]).contains("empty"));
+        assert!(e(&[
+            PUSH,
+            "--token",
+            "t",
+            "--engine",
+            "w0=http://h:1",
+            "--engine",
+            "w0=http://h:2"
+        ])
+        .contains("twice"));
+        assert!(
+            parse(&[
+                PUSH,
+                "--token",
+                "t",
+                "--engine",
+                "w0=http://h:1",
+                "--envoy-admin",
+                "http://h:9901"
+            ])
+            .is_err(),
+            "one source only"
+        );
+        assert!(e(&[
+            "--push-url",
+            "https://x/y",
+            "--token",
+            "t",
+            "--engine",
+            "w0=http://h:1"
+        ])
+        .contains("http://"));
+        assert!(
+            parse(&[
+                PUSH,
+                "--token",
+                "t",
+                "--engine",
+                "w0=http://h:1",
+                "--pool-cluster",
+                "p"
+            ])
+            .is_err(),
+            "pool needs admin"
+        );
+    }
+
+    #[test]
+    fn envoy_mode_and_token_file() {
+        let dir = std::env::temp_dir().join(format!("llm-collector-cli-{}", std::process::id()));
+        std::fs::write(&dir, "s3cret\n").unwrap();
+        let c = parse(&[
+            PUSH,
+            "--token-file",
+            dir.to_str().unwrap(),
+            "--envoy-admin",
+            "http://127.0.0.1:9901/",
+            "--pool-cluster",
+            "pool",
+        ])
+        .unwrap();
+        std::fs::remove_file(&dir).ok();
+        assert_eq!(c.token, "s3cret");
+        assert_eq!(
+            c.membership,
+            Membership::Envoy {
+                admin_url: "http://127.0.0.1:9901".into(),
+                cluster_prefix: "engine_".into(),
+                pool_clusters: vec!["pool".into()],
+            }
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! The JSON document pushed to the filter: one object per interval naming every
+//! worker, reachable or not.
+//!
+//! The filter replaces its whole load table with each push, so every known worker
+//! is always listed; an unreachable one says so explicitly rather than being left
+//! out (left out reads as "never reported") or reported with zeros (reads as idle).
+
+use crate::membership::{Naming, Worker};
+use crate::metrics::EngineMetrics;
+use serde_json::{json, Map, Value};
+
+/// The `collector` field: lets the filter's logs tell which pusher sent what.
+pub const COLLECTOR_NAME: &str = "llm-collector";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub collector: &'static str,
+    /// Increases by one per snapshot built, from 1, so gaps show skipped pushes.
+    pub seq: u64,
+    pub interval_ms: u64,
+    pub workers: Vec<WorkerReport>,
+}
+
+/// One worker's line, as the filter reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerReport {
+    /// `None` for endpoint-mode pool hosts: the filter then matches `address`.
+    pub name: Option<String>,
+    pub address: String,
+    pub state: WorkerState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerState {
+    Reachable {
+        engine: &'static str,
+        num_waiting: u64,
+        num_running: u64,
+        /// Unknown numbers are sent as `null`: known to be unknown.
+        kv_usage: Option<f64>,
+        ttft_p90_s: Option<f64>,
+        tpot_p90_s: Option<f64>,
+    },
+    /// Nothing is known but why: every number is left out.
+    Unreachable { error: String },
+}
+
+/// A finite, non-negative number or nothing: the filter refuses NaN, infinities and
+/// negatives, and one bad number would make it refuse the whole push.
+fn clean(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite() && *x >= 0.0)
+}
+
+/// Gauges arrive as floats ("3.0"); the filter wants whole counts.
+fn count(v: f64) -> u64 {
+    if v.is_finite() && v > 0.0 {
+        v.round() as u64
+    } else {
+        0
+    }
+}
+
+impl WorkerReport {
+    fn name_of(w: &Worker) -> Option<String> {
+        (w.naming == Naming::Named).then(|| w.name.clone())
+    }
+
+    pub fn reachable(
+        w: &Worker,
+        m: &EngineMetrics,
+        ttft_p90: Option<f64>,
+        tpot_p90: Option<f64>,
+    ) -> Self {
+        WorkerReport {
+            name: Self::name_of(w),
+            address: w.address.clone(),
+            state: WorkerState::Reachable {
+                engine: m.engine.as_str(),
+                num_waiting: count(m.num_waiting),
+                num_running: count(m.num_running),
+                kv_usage: clean(m.kv_usage).map(|u| u.min(1.0)),
+                ttft_p90_s: clean(ttft_p90),
+                tpot_p90_s: clean(tpot_p90),
+            },
+        }
+    }
+
+    pub fn unreachable(w: &Worker, error: &str) -> Self {
+        WorkerReport {
+            name: Self::name_of(w),
+            address: w.address.clone(),
+            state: WorkerState::Unreachable {
+                error: error.to_string(),
+            },
+        }
+    }
+
+    pub fn is_reachable(&self) -> bool {
+        matches!(self.state, WorkerState::Reachable { .. })
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut o = Map::new();
+        if let Some(name) = &self.name {
+            o.insert("name".into(), json!(name));
+        }
+        o.insert("address".into(), json!(self.address));
+        match &self.state {
+            WorkerState::Reachable {
+                engine,
+                num_waiting,
+                num_running,
+                kv_usage,
+                ttft_p90_s,
+                tpot_p90_s,
+            } => {
+                o.insert("reachable".into(), json!(true));
+                o.insert("num_waiting".into(), json!(num_waiting));
+                o.insert("num_running".into(), json!(num_running));
+                o.insert("kv_usage".into(), json!(kv_usage));
+                o.insert("ttft_p90_s".into(), json!(ttft_p90_s));
+                o.insert("tpot_p90_s".into(), json!(tpot_p90_s));
+                o.insert("engine".into(), json!(engine));
+            }
+            WorkerState::Unreachable { error } => {
+                o.insert("reachable".into(), json!(false));
+                o.insert("error".into(), json!(error));
+            }
+        }
+        Value::Object(o)
+    }
+}
+
+impl Snapshot {
+    /// The request body (and `--once`'s output).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "collector": self.collector,
+            "seq": self.seq,
+            "interval_ms": self.interval_ms,
+            "workers": self.workers.iter().map(WorkerReport::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Engine;
+
+    fn worker(name: &str, naming: Naming) -> Worker {
+        Worker {
+            name: name.into(),
+            address: "127.0.0.1:8001".into(),
+            metrics_url: "http://127.0.0.1:8001/metrics".into(),
+            naming,
+        }
+    }
+
+    #[test]
+    fn contract() {
+        let m = EngineMetrics {
+            engine: Engine::Vllm,
+            num_waiting: 3.0,
+            num_running: 5.0,
+            kv_usage: Some(0.42),
+            ttft: None,
+            tpot: None,
+        };
+        let s = Snapshot {
+            collector: COLLECTOR_NAME,
+            seq: 7,
+            interval_ms: 1000,
+            workers: vec![
+                WorkerReport::reachable(&worker("w0", Naming::Named), &m, Some(0.8), None),
+                WorkerReport::unreachable(&worker("w1", Naming::Named), "connection refused"),
+                WorkerReport::reachable(
+                    &worker("127.0.0.1:8001", Naming::ByAddress),
+                    &m,
+                    Some(f64::NAN),
+                    Some(-1.0),
+                ),
+            ],
+        };
+        let got = s.to_json().to_string();
+        assert_eq!(
+            got,
+            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":null}]}"#
+        );
+    }
+
+    #[test]
+    fn counts_are_whole_and_never_negative() {
+        assert_eq!(count(2.6), 3);
+        assert_eq!(count(-1.0), 0);
+        assert_eq!(count(f64::NAN), 0);
+        assert_eq!(clean(Some(f64::INFINITY)), None);
+    }
+}
