@@ -101,9 +101,55 @@ fn static_cluster(name: &str, addrs: &[SocketAddr]) -> Value {
     })
 }
 
-/// The bootstrap: an admin and a listener on port 0 (read back after start).
+/// Power-of-two buckets (chars) for the diverted-overlap histogram.
+fn overlap_buckets() -> Vec<u64> {
+    (0..=20).map(|i| 1u64 << i).collect()
+}
+
+/// The bootstrap: an admin, the `llm` listener for clients, and the `llm_stats`
+/// listener (loopback only) where the collector pushes engine samples to the same
+/// filter (same `vm_id`, so the same shared data), all on port 0 (read back after
+/// start).
 pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     let plugin = serde_json::to_string(&plugin_config(spec))?;
+    let wasm_filter = json!({"name": "envoy.filters.http.wasm", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        "config": {
+            "name": "llm_router",
+            "root_id": "llm_router",
+            "vm_config": {
+                "vm_id": "llm_router",
+                "runtime": "envoy.wasm.runtime.v8",
+                "code": {"local": {"filename": spec.wasm.to_string_lossy()}}
+            },
+            "allow_on_headers_stop_iteration": true,
+            "failure_policy": "FAIL_RELOAD",
+            "configuration": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": plugin
+            }
+        }
+    }});
+    let router_filter = json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+    }});
+    let listener = |name: &str, route: Value| {
+        json!({
+            "name": name,
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": name,
+                    "route_config": {"name": name, "virtual_hosts": [{
+                        "name": name, "domains": ["*"], "routes": [route]
+                    }]},
+                    "http_filters": [wasm_filter.clone(), router_filter.clone()]
+                }
+            }]}]
+        })
+    };
     let (route, clusters) = match spec.target {
         Target::Cluster => (
             json!({"cluster_header": "x-llm-router-cluster", "timeout": "0s"}),
@@ -129,53 +175,23 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
             (json!({"cluster": "engines", "timeout": "0s"}), vec![c])
         }
     };
+    let llm = listener(
+        "llm",
+        json!({"match": {"prefix": "/"}, "route": route,
+               "request_body_buffer_limit": REQUEST_BODY_LIMIT_BYTES}),
+    );
+    // The filter answers pushes itself; anything else here is not found.
+    let stats = listener(
+        "llm_stats",
+        json!({"match": {"prefix": "/"}, "direct_response": {"status": 404}}),
+    );
     Ok(json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
-        "static_resources": {
-            "listeners": [{
-                "name": "llm",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "llm",
-                        "route_config": {"name": "llm", "virtual_hosts": [{
-                            "name": "llm", "domains": ["*"],
-                            "routes": [{
-                                "match": {"prefix": "/"},
-                                "route": route,
-                                "request_body_buffer_limit": REQUEST_BODY_LIMIT_BYTES
-                            }]
-                        }]},
-                        "http_filters": [
-                            {"name": "envoy.filters.http.wasm", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                                "config": {
-                                    "name": "llm_router",
-                                    "root_id": "llm_router",
-                                    "vm_config": {
-                                        "vm_id": "llm_router",
-                                        "runtime": "envoy.wasm.runtime.v8",
-                                        "code": {"local": {"filename": spec.wasm.to_string_lossy()}}
-                                    },
-                                    "allow_on_headers_stop_iteration": true,
-                                    "failure_policy": "FAIL_RELOAD",
-                                    "configuration": {
-                                        "@type": "type.googleapis.com/google.protobuf.StringValue",
-                                        "value": plugin
-                                    }
-                                }
-                            }},
-                            {"name": "envoy.filters.http.router", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                            }}
-                        ]
-                    }
-                }]}]
-            }],
-            "clusters": clusters
-        }
+        "stats_config": {"histogram_bucket_settings": [{
+            "match": {"prefix": "wasmcustom.llm_router_diverted_overlap_chars"},
+            "buckets": overlap_buckets()
+        }]},
+        "static_resources": {"listeners": [llm, stats], "clusters": clusters}
     }))
 }
 
@@ -183,6 +199,8 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
 pub struct Envoy {
     pub admin: SocketAddr,
     pub listener: SocketAddr,
+    /// The `llm_stats` listener, when the config has one.
+    pub stats_listener: Option<SocketAddr>,
     pub log: PathBuf,
     _guard: Guard,
 }
@@ -227,10 +245,11 @@ pub fn launch(envoy_bin: &Path, config_path: &Path, concurrency: u32, dir: &Path
             );
         }
         if let Some(admin) = read_addr(&admin_path) {
-            if let Some(listener) = listener_addr(admin) {
+            if let Some(listener) = listener_addr(admin, "llm") {
                 return Ok(Envoy {
                     admin,
                     listener,
+                    stats_listener: listener_addr(admin, "llm_stats"),
                     log,
                     _guard: guard,
                 });
@@ -251,8 +270,8 @@ fn read_addr(path: &Path) -> Option<SocketAddr> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// The bound address of the `llm` listener, from `/listeners?format=json`.
-fn listener_addr(admin: SocketAddr) -> Option<SocketAddr> {
+/// The bound address of listener `name`, from `/listeners?format=json`.
+fn listener_addr(admin: SocketAddr, name: &str) -> Option<SocketAddr> {
     let resp = admin::get(admin, "/listeners?format=json").ok()?;
     if resp.status != 200 {
         return None;
@@ -261,7 +280,7 @@ fn listener_addr(admin: SocketAddr) -> Option<SocketAddr> {
     let sock = v["listener_statuses"]
         .as_array()?
         .iter()
-        .find(|l| l["name"] == "llm")?
+        .find(|l| l["name"] == name)?
         .get("local_address")?
         .get("socket_address")?
         .clone();

@@ -23,6 +23,8 @@ pub struct FleetSpec {
     pub envoy_concurrency: u32,
     /// Where configs and logs go; a fresh temporary directory when `None`.
     pub dir: Option<PathBuf>,
+    /// Run the companion collector, pushing every this many ms.
+    pub collector_interval_ms: Option<u64>,
 }
 
 impl Default for FleetSpec {
@@ -34,6 +36,7 @@ impl Default for FleetSpec {
             plugin_config: serde_json::json!({}),
             envoy_concurrency: 1,
             dir: None,
+            collector_interval_ms: None,
         }
     }
 }
@@ -45,9 +48,10 @@ pub struct Engine {
     pub guard: Guard,
 }
 
-/// A running fleet; dropping it stops Envoy and every engine.
+/// A running fleet; dropping it stops the collector, Envoy and every engine.
 pub struct Fleet {
-    // Envoy first: it is dropped (stopped) before the engines behind it.
+    // Dropped in this order: the collector, Envoy, then the engines behind it.
+    pub collector: Option<Guard>,
     pub envoy: Envoy,
     pub engines: Vec<Engine>,
     pub dir: PathBuf,
@@ -93,6 +97,37 @@ pub fn start_engine(name: &str, args: &[String], dir: &Path) -> Result<Engine> {
     })
 }
 
+/// A value for tokens and names that must not collide between runs.
+fn random_u64() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+}
+
+/// Starts `llm-collector` scraping `engines` and pushing to Envoy's stats listener.
+pub fn start_collector(
+    envoy: &Envoy,
+    engines: &[Engine],
+    token: &str,
+    interval_ms: u64,
+    dir: &Path,
+) -> Result<Guard> {
+    let Some(stats) = envoy.stats_listener else {
+        anyhow::bail!("the Envoy config has no llm_stats listener for the collector");
+    };
+    let mut cmd = Command::new(paths::bin_path("llm-collector")?);
+    cmd.arg("--push-url")
+        .arg(format!("http://{stats}/llm-router/stats"))
+        .arg("--token")
+        .arg(token)
+        .arg("--interval-ms")
+        .arg(interval_ms.to_string());
+    for e in engines {
+        cmd.arg("--engine")
+            .arg(format!("{}=http://{}", e.name, e.addr));
+    }
+    crate::process::spawn("llm-collector", cmd, &dir.join("collector.log"))
+}
+
 impl Fleet {
     pub fn start(spec: &FleetSpec) -> Result<Fleet> {
         let (dir, tmp) = match &spec.dir {
@@ -108,6 +143,18 @@ impl Fleet {
         let engines = (0..spec.workers)
             .map(|i| start_engine(&format!("w{i}"), &spec.engine_args, &dir))
             .collect::<Result<Vec<_>>>()?;
+        let mut plugin_config = spec.plugin_config.clone();
+        let token = format!("{:016x}", random_u64());
+        if spec.collector_interval_ms.is_some() {
+            if let Value::Object(map) = &mut plugin_config {
+                map.entry("stats_token")
+                    .or_insert_with(|| Value::from(token.clone()));
+            }
+        }
+        let token = plugin_config["stats_token"]
+            .as_str()
+            .unwrap_or(&token)
+            .to_string();
         let envoy_spec = EnvoySpec {
             upstreams: engines
                 .iter()
@@ -117,13 +164,18 @@ impl Fleet {
                 })
                 .collect(),
             target: spec.target,
-            plugin_config: spec.plugin_config.clone(),
+            plugin_config,
             wasm: paths::wasm_path()?,
             concurrency: spec.envoy_concurrency,
         };
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;
+        let collector = match spec.collector_interval_ms {
+            Some(interval) => Some(start_collector(&envoy, &engines, &token, interval, &dir)?),
+            None => None,
+        };
         Ok(Fleet {
+            collector,
             envoy,
             engines,
             dir,

@@ -30,9 +30,14 @@ struct Args {
     /// Routing policy: cache_aware, round_robin, random, power_of_two.
     #[arg(long, default_value = "cache_aware")]
     policy: String,
-    /// Policy of the comparison run on a fresh fleet; `none` skips it.
-    #[arg(long, default_value = "round_robin")]
-    baseline: String,
+    /// The comparison run on a fresh fleet: a policy name, `no_gate` (this run's
+    /// config without `worker_queue_limit`/`saturation_queue_floor`), or `none`.
+    /// Default: `no_gate` when the filter config sets the gate, else `round_robin`.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// How often the companion collector scrapes the engines and pushes to the filter.
+    #[arg(long, default_value_t = 200)]
+    collector_interval_ms: u64,
     /// Envoy worker threads (one Wasm VM each).
     #[arg(long, default_value_t = 1)]
     envoy_concurrency: u32,
@@ -88,21 +93,40 @@ struct Args {
 
 /// What one run measured.
 struct RunResult {
+    /// The policy, or `<policy>+no_gate` for the gate-less baseline.
     policy: String,
     summary: Summary,
     /// Decision counts per label, from Envoy's stats.
     decisions: BTreeMap<String, u64>,
     /// Cross-thread tree sync counters, from Envoy's stats.
     sync: BTreeMap<String, u64>,
+    /// Queue gate and collector counters, from Envoy's stats.
+    gate: BTreeMap<String, u64>,
 }
 
-const LABELS: [&str; 2] = ["cache_hit", "cache_miss"];
+const LABELS: [&str; 4] = [
+    "cache_hit",
+    "cache_miss",
+    "cache_worker_queued",
+    "all_queued",
+];
+const GATE_COUNTERS: [&str; 5] = [
+    "queue_gate_rejections",
+    "queue_gate_inert",
+    "saturation_pins",
+    "stats_pushes_accepted",
+    "stats_pushes_rejected",
+];
+/// The knobs the `no_gate` baseline removes.
+const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
 /// `applied` counts ring operations applied by all threads together (about routed
 /// requests x threads); `gaps` operations a thread missed by falling a ring behind;
 /// `append_failures` operations kept on one thread.
 const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
 
-fn plugin_config(args: &Args, policy: &str) -> Result<Value> {
+/// The run's plugin config: `policy` plus `--filter-config` merged over it (the
+/// baseline keeps its own policy; `no_gate` drops the gate knobs).
+fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
     let mut cfg = Map::new();
     cfg.insert("policy".into(), json!(policy));
     if let Some(path) = &args.filter_config {
@@ -115,12 +139,21 @@ fn plugin_config(args: &Args, policy: &str) -> Result<Value> {
         };
         // The baseline keeps its own policy; everything else applies to both runs.
         for (k, v) in extra {
-            if k != "policy" || policy == args.policy {
+            if (k != "policy" || policy == args.policy)
+                && !(no_gate && GATE_KNOBS.contains(&k.as_str()))
+            {
                 cfg.insert(k, v);
             }
         }
     }
     Ok(Value::Object(cfg))
+}
+
+/// The filter config file's JSON object (empty without one).
+fn filter_config_sets_gate(args: &Args) -> bool {
+    plugin_config(args, &args.policy, false)
+        .map(|c| c.get("worker_queue_limit").is_some())
+        .unwrap_or(false)
 }
 
 fn workload(args: &Args) -> Result<Vec<WorkItem>> {
@@ -146,9 +179,15 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
 fn run(
     args: &Args,
     policy: &str,
+    no_gate: bool,
     items: &[WorkItem],
     rt: &tokio::runtime::Runtime,
 ) -> Result<RunResult> {
+    let label = if no_gate {
+        format!("{policy}+no_gate")
+    } else {
+        policy.to_string()
+    };
     let target = match args.target.as_str() {
         "cluster" => Target::Cluster,
         "endpoint" => Target::Endpoint,
@@ -164,12 +203,13 @@ fn run(
         .chain(args.engine_args.iter().cloned())
         .collect(),
         target,
-        plugin_config: plugin_config(args, policy)?,
+        plugin_config: plugin_config(args, policy, no_gate)?,
         envoy_concurrency: args.envoy_concurrency,
-        dir: Some(args.dir.join(policy)),
+        dir: Some(args.dir.join(&label)),
+        collector_interval_ms: Some(args.collector_interval_ms),
     };
     eprintln!(
-        "llm-demo: starting {} engine mocks and Envoy ({} thread(s), policy {policy}, target {})",
+        "llm-demo: starting {} engine mocks, Envoy ({} thread(s), {label}, target {}) and the collector",
         args.workers, args.envoy_concurrency, args.target
     );
     let fleet = Fleet::start(&spec)?;
@@ -199,10 +239,11 @@ fn run(
             .collect()
     };
     Ok(RunResult {
-        policy: policy.to_string(),
+        policy: label,
         summary,
         decisions: pick("llm_router_decisions_", &LABELS),
         sync: pick("llm_router_sync_", &SYNC_COUNTERS),
+        gate: pick("llm_router_", &GATE_COUNTERS),
     })
 }
 
@@ -241,6 +282,8 @@ fn report(r: &RunResult) {
     println!("  router decisions (Envoy stats): {}", d.join(", "));
     let y: Vec<String> = r.sync.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!("  tree sync across Envoy threads: {}", y.join(", "));
+    let g: Vec<String> = r.gate.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!("  queue gate and collector: {}", g.join(", "));
 }
 
 fn json_of(r: &RunResult) -> Value {
@@ -255,6 +298,7 @@ fn json_of(r: &RunResult) -> Value {
         "policy": r.policy,
         "decisions": r.decisions,
         "sync": r.sync,
+        "gate": r.gate,
         "prompt_tokens": j.prompt_tokens,
         "cached_tokens": j.cached_tokens,
     })
@@ -276,22 +320,33 @@ fn real_main(args: &Args) -> Result<bool> {
     std::fs::create_dir_all(&args.dir)?;
     let rt = tokio::runtime::Runtime::new()?;
     let items = workload(args)?;
-    let main_run = run(args, &args.policy, &items, &rt)?;
-    let baseline = if args.baseline != "none" && args.baseline != args.policy {
-        Some(run(args, &args.baseline, &items, &rt)?)
-    } else {
-        None
+    let main_run = run(args, &args.policy, false, &items, &rt)?;
+    let baseline_name = args.baseline.clone().unwrap_or_else(|| {
+        if filter_config_sets_gate(args) {
+            "no_gate".to_string()
+        } else {
+            "round_robin".to_string()
+        }
+    });
+    let baseline = match baseline_name.as_str() {
+        "none" => None,
+        "no_gate" => Some(run(args, &args.policy, true, &items, &rt)?),
+        p if p == args.policy => None,
+        p => Some(run(args, p, false, &items, &rt)?),
     };
     println!();
     report(&main_run);
     if let Some(b) = &baseline {
         report(b);
+        let ms = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"));
         println!(
-            "== {} vs {}: cached token ratio {:.1}% vs {:.1}% ==",
+            "== {} vs {}: cached token ratio {:.1}% vs {:.1}%, p99 {} vs {} ==",
             main_run.policy,
             b.policy,
             100.0 * main_run.summary.cached_token_ratio,
-            100.0 * b.summary.cached_token_ratio
+            100.0 * b.summary.cached_token_ratio,
+            ms(main_run.summary.p99_ms),
+            ms(b.summary.p99_ms)
         );
     }
     println!("logs and configs: {}", args.dir.display());
