@@ -374,6 +374,7 @@ fn shipped_example_configs_route_for_real() {
         yaml = yaml
             .replace("port_value: 10000", "port_value: 0")
             .replace("port_value: 9901", "port_value: 0")
+            .replace("port_value: 10001", "port_value: 0")
             .replace(
                 "filename: target/wasm32-wasip1/wasm/llm_router.wasm",
                 &format!("filename: {}", e2e::paths::wasm_path().unwrap().display()),
