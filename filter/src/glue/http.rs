@@ -237,12 +237,7 @@ impl Stream {
         if self.path.split('?').next() != Some(path.as_str()) {
             return None;
         }
-        let refused = |e: PushError| {
-            if let Some(s) = self.state.borrow().as_ref() {
-                s.metrics.pushes_rejected.inc();
-            }
-            Some(refuse(&e))
-        };
+        let refused = |e: PushError| Some(self.refuse_push(e));
         let authorization = header("authorization");
         if !token_matches(Some(&authorization), &token) {
             return refused(PushError::Unauthorized);
@@ -263,6 +258,16 @@ impl Stream {
         }
         self.push = true;
         Some(Action::Pause)
+    }
+}
+
+impl Stream {
+    /// Refuses a push with its status and reason, and counts it.
+    fn refuse_push(&self, e: PushError) -> Action {
+        if let Some(s) = self.state.borrow().as_ref() {
+            s.metrics.pushes_rejected.inc();
+        }
+        refuse(&e)
     }
 }
 
@@ -305,7 +310,7 @@ impl HttpContext for Stream {
                 .map_or(0, |s| s.router.config().stats_max_bytes);
             if body_size > limit {
                 self.push = false;
-                return refuse(&PushError::TooLarge { limit });
+                return self.refuse_push(PushError::TooLarge { limit });
             }
         }
         if !end_of_stream {
