@@ -2,7 +2,10 @@
 //! chat body, the decision, the upstream's response headers and body, and the stream's
 //! end (`request` + `respond` + `finish`), with 4 workers. `cache_aware` on one
 //! conversation (a hit every time), on 64 conversations in turn (hits spread over the
-//! fleet), and `round_robin` for comparison (no tree).
+//! fleet), `cache_aware` on 4 VMs (Envoy worker threads) taking requests in turn, so
+//! each request first applies the 3 tree operations the other threads recorded since
+//! its last one (the cross-thread sync under churn), and `round_robin` for comparison
+//! (no tree, no operations to share).
 //!
 //! Needs the filter's wasm: `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`.
 
@@ -56,7 +59,11 @@ fn chat_body(conv: usize) -> Vec<u8> {
 const RESPONSE: &[u8] = br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
 
 fn one_request(host: &mut Host, body: &[u8]) {
-    let mut vm = host.vm(0);
+    request_on(host, 0, body)
+}
+
+fn request_on(host: &mut Host, vm: usize, body: &[u8]) {
+    let mut vm = host.vm(vm);
     let out = vm
         .request(RequestSpec::post_json(
             "/v1/chat/completions",
@@ -75,8 +82,13 @@ fn one_request(host: &mut Host, body: &[u8]) {
 }
 
 fn host(filter: &Filter, policy: &str) -> Host {
+    host_with_vms(filter, policy, 1)
+}
+
+fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
     Host::builder_for(filter)
         .plugin_config(config(policy).into_bytes())
+        .vms(vms)
         .seed(1)
         .allow_on_headers_stop_iteration(true)
         .build()
@@ -113,6 +125,19 @@ fn bench_request(c: &mut Criterion) {
             one_request(&mut h, &bodies[i % bodies.len()])
         })
     });
+
+    let mut h = host_with_vms(&filter, "cache_aware", 4);
+    let mut i = 0;
+    group.bench_function("cache_aware/64_conversations_4_vms_in_turn", |b| {
+        b.iter(|| {
+            i += 1;
+            request_on(&mut h, i % 4, &bodies[i % bodies.len()])
+        })
+    });
+    assert!(
+        h.metric("wasmcustom.llm_router_sync_applied") > Some(0),
+        "the VMs applied each other's operations"
+    );
 
     let mut h = host(&filter, "round_robin");
     group.bench_function("round_robin/one_conversation", |b| {
