@@ -11,18 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use host_sim::{Filter, Host, RequestSpec};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn wasm_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("LLM_ROUTER_WASM") {
-        return PathBuf::from(p);
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-        .join("wasm32-wasip1/wasm/llm_router.wasm")
-}
 
 fn config(policy: &str) -> String {
     let workers: Vec<String> = (0..4)
@@ -96,7 +85,7 @@ fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
 }
 
 fn bench_request(c: &mut Criterion) {
-    let path = wasm_path();
+    let path = host_sim::built_filter_path();
     assert!(
         path.exists(),
         "{} is missing; build it first with:\n    cargo build -p llm-router --target wasm32-wasip1 --profile wasm",

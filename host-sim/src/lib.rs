@@ -66,6 +66,30 @@
 //! # }
 //! ```
 
+/// Where `cargo build -p llm-router --target wasm32-wasip1 --profile wasm` leaves the
+/// routing filter in this workspace (honouring `CARGO_TARGET_DIR`);
+/// `LLM_ROUTER_WASM` overrides it.
+pub fn built_filter_path() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("LLM_ROUTER_WASM") {
+        return p.into();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .join("wasm32-wasip1/wasm/llm_router.wasm")
+}
+
+/// [`built_filter_path`], or a panic that says how to build it (for tests).
+pub fn require_built_filter() -> std::path::PathBuf {
+    let path = built_filter_path();
+    assert!(
+        path.is_file(),
+        "the filter is not built at {}: run `cargo build -p llm-router --target wasm32-wasip1 --profile wasm` (or set LLM_ROUTER_WASM)",
+        path.display()
+    );
+    path
+}
+
 mod abi;
 mod env;
 mod host;

@@ -9,7 +9,7 @@
 
 use host_sim::{Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 const BUILD_HINT: &str = "cargo build -p llm-router --target wasm32-wasip1 --profile wasm";
@@ -23,13 +23,7 @@ const CLUSTER_HEADER: &str = "x-llm-router-cluster";
 const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 
 fn wasm_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("LLM_ROUTER_WASM") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("wasm32-wasip1/wasm/llm_router.wasm")
+    host_sim::built_filter_path()
 }
 
 /// The compiled filter, once per test binary.

@@ -8,14 +8,7 @@ use host_sim::{Host, RequestSpec, StreamHandle};
 use std::path::PathBuf;
 
 fn wasm() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/wasm32-wasip1/wasm/llm_router.wasm");
-    assert!(
-        path.is_file(),
-        "{} missing: run `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`",
-        path.display()
-    );
-    path
+    host_sim::require_built_filter()
 }
 
 const WORKERS: usize = 4;

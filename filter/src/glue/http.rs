@@ -193,24 +193,11 @@ fn reply_json(status: u32, reason: &str, body: &str) -> Action {
 }
 
 fn reply_503(reason: &str) -> Action {
-    let body = format!(
-        "{{\"error\":{{\"message\":\"no worker available: {reason}\",\"type\":\"service_unavailable\"}}}}"
-    );
-    let sent = hostcalls::send_http_response(
-        503,
-        vec![
-            (REASON_HEADER, reason),
-            ("content-type", "application/json"),
-        ],
-        Some(body.as_bytes()),
-    );
-    if let Err(e) = sent {
-        host::log(
-            LogLevel::Error,
-            &format!("llm-router: cannot send 503: {e:?}"),
-        );
-    }
-    Action::Pause
+    let body = serde_json::json!({"error": {
+        "message": format!("no worker available: {reason}"),
+        "type": "service_unavailable",
+    }});
+    reply_json(503, reason, &body.to_string())
 }
 
 fn header(name: &str) -> String {
