@@ -39,7 +39,7 @@
 //!
 //! # fn main() -> anyhow::Result<()> {
 //! let mut host = Host::builder("target/wasm32-wasip1/wasm/llm_router.wasm")
-//!     .plugin_config(br#"{"engines": ["engine_0"]}"#.to_vec())
+//!     .plugin_config(br#"{"workers": [{"name": "w0", "cluster": "engine_0"}]}"#.to_vec())
 //!     .vms(4)
 //!     .seed(7)
 //!     .clusters(&["engine_0", "engine_1"])
@@ -52,16 +52,16 @@
 //!         (":authority", "x"),
 //!         ("content-type", "application/json"),
 //!     ],
-//!     body: br#"{"messages": []}"#.to_vec(),
+//!     body: br#"{"messages": [{"role": "user", "content": "hi"}]}"#.to_vec(),
 //!     body_chunks: 1,
 //! })?;
 //! assert!(out.continued);
-//! println!("routed to {:?}", out.header("x-engine"));
+//! assert_eq!(out.header("x-llm-router-cluster"), Some("engine_0"));
 //! let resp = host.vm(0).respond(out.handle, 200, &[("content-type", "application/json")], b"{}")?;
 //! assert_eq!(resp.header(":status"), Some("200"));
 //! host.vm(0).finish(out.handle)?;
 //! host.advance_time(1_000)?;
-//! println!("{:?} {:?}", host.metric("wasmcustom.requests"), host.logs(0));
+//! println!("{:?} {:?}", host.metric("wasmcustom.llm_router_decisions_cache_miss"), host.logs(0));
 //! # Ok(())
 //! # }
 //! ```
