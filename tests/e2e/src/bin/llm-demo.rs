@@ -149,7 +149,7 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
     Ok(Value::Object(cfg))
 }
 
-/// The filter config file's JSON object (empty without one).
+/// Whether the run's plugin config (with `--filter-config` merged) sets the queue gate.
 fn filter_config_sets_gate(args: &Args) -> bool {
     plugin_config(args, &args.policy, false)
         .map(|c| c.get("worker_queue_limit").is_some())
