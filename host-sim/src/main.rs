@@ -4,6 +4,10 @@
 //! outcome as JSON: whether it went upstream, the decision headers (request headers the
 //! filter added, changed or removed), any local response, HTTP calls, logs and metrics.
 //!
+//! `host-sim check-config C [--wasm F]` loads the filter with plugin configuration C
+//! (a file, or inline JSON) and reports whether the filter's own validation accepts
+//! it, printing the filter's error (which names the field and the rule) when not.
+//!
 //! `host-sim wasi-run MODULE.wasm [ARGS...]` runs a WASI preview1 command module (e.g. a
 //! libtest binary from `cargo test --target wasm32-wasip1`) and exits with its exit code;
 //! it is the cargo runner for that target (`.cargo/config.toml`).
@@ -30,9 +34,20 @@ struct Cli {
 enum Command {
     /// Send one request through the filter and print the outcome as JSON.
     Run(RunArgs),
+    /// Validate a plugin configuration with the filter's own validation.
+    CheckConfig(CheckConfigArgs),
     /// Run a WASI preview1 command module (`_start`), e.g. a wasm32-wasip1 test binary,
     /// passing ARGS through; exits with the module's exit code.
     WasiRun(WasiRunArgs),
+}
+
+#[derive(clap::Args)]
+struct CheckConfigArgs {
+    /// Plugin configuration: a file, or inline JSON if it starts with '{'.
+    config: String,
+    /// The filter's .wasm; defaults to the workspace's built filter.
+    #[arg(long)]
+    wasm: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -122,12 +137,30 @@ fn decision(input: &[(String, String)], out: &StreamOutcome) -> (Value, Vec<Stri
     (Value::Object(changed), removed)
 }
 
-fn run(args: RunArgs) -> Result<Value> {
-    let config = if args.config.trim_start().starts_with('{') {
-        args.config.clone().into_bytes()
+/// A `--config` value: inline JSON when it starts with '{', else a file to read.
+fn read_config(arg: &str) -> Result<Vec<u8>> {
+    if arg.trim_start().starts_with('{') {
+        Ok(arg.as_bytes().to_vec())
     } else {
-        std::fs::read(&args.config).with_context(|| format!("reading {}", args.config))?
-    };
+        std::fs::read(arg).with_context(|| format!("reading {arg}"))
+    }
+}
+
+/// Loads the filter with the config; the filter's `on_configure` is the judge.
+fn check_config(args: CheckConfigArgs) -> Result<Value> {
+    let config = read_config(&args.config)?;
+    let wasm = args.wasm.unwrap_or_else(host_sim::built_filter_path);
+    match Host::builder(&wasm).plugin_config(config).build() {
+        Ok(_) => Ok(json!({"valid": true})),
+        Err(e) => {
+            eprintln!("invalid plugin config ({}):\n{e:#}", wasm.display());
+            std::process::exit(2);
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<Value> {
+    let config = read_config(&args.config)?;
     let body =
         std::fs::read(&args.body).with_context(|| format!("reading {}", args.body.display()))?;
     let mut host = Host::builder(&args.wasm)
@@ -211,6 +244,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::CheckConfig(args) => check_config(args),
         Command::WasiRun(args) => match wasi_run::run(&args.module, &args.args) {
             Ok(code) => std::process::exit(code),
             Err(e) => {

@@ -1039,3 +1039,26 @@ fn eviction_ticks_do_not_break_routing() {
     assert_eq!(metric(&host, HIT) + metric(&host, MISS), 200);
     assert_no_failure(&host, 2);
 }
+
+/// `host-sim check-config` judges a config with the filter's own validation.
+#[test]
+fn cli_check_config_reports_the_filters_own_error() {
+    let wasm = host_sim::require_built_filter();
+    let run = |config: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
+            .args(["check-config", config, "--wasm"])
+            .arg(&wasm)
+            .output()
+            .expect("host-sim runs")
+    };
+    let bad = run(r#"{"workers":[{"name":"a"}],"worker_queue_limit":0}"#);
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("`worker_queue_limit` must be at least 1"),
+        "{stderr}"
+    );
+    let good = run(r#"{"workers":[{"name":"a"}],"worker_queue_limit":3}"#);
+    assert!(good.status.success(), "{good:?}");
+    assert!(String::from_utf8_lossy(&good.stdout).contains("\"valid\": true"));
+}
