@@ -223,18 +223,20 @@ impl OpRing {
             .unwrap_or_default()
     }
 
-    /// Creates the keys if the head is missing. Envoy configures the main thread's
-    /// VM before worker threads serve traffic, so the first initialisation happens
-    /// before any append.
+    /// Creates whatever keys are missing: the head at 0 and empty slots. Envoy
+    /// configures the main thread's VM before worker threads serve traffic, so the
+    /// first initialisation happens before any append; a later config with more
+    /// slots adds the new ones without touching the live ones.
     pub fn init_if_missing(&self, store: &dyn SharedStore) {
-        if store.get(&self.head_key).is_some() {
-            return;
-        }
         let empty = EMPTY_SEQ.to_le_bytes();
         for key in &self.slot_keys {
-            store.set(key, &empty, 0);
+            if store.get(key).is_none() {
+                store.set(key, &empty, 0);
+            }
         }
-        store.set(&self.head_key, &0u64.to_le_bytes(), 0);
+        if store.get(&self.head_key).is_none() {
+            store.set(&self.head_key, &0u64.to_le_bytes(), 0);
+        }
     }
 
     /// The next sequence number (operations ever appended).
@@ -571,6 +573,21 @@ mod tests {
         ring.append(&store, &Op::Evict.encode()).unwrap();
         ring.init_if_missing(&store);
         assert_eq!(ring.head(&store), Some(1));
+    }
+
+    #[test]
+    fn a_larger_ring_adds_slots_and_keeps_the_stream() {
+        let store = MemStore::default();
+        OpRing::new("t", 2).init_if_missing(&store);
+        let small = OpRing::new("t", 2);
+        small.append(&store, &Op::Evict.encode()).unwrap();
+        let big = OpRing::new("t", 8);
+        big.init_if_missing(&store);
+        assert_eq!(big.head(&store), Some(1), "the head survives");
+        for _ in 0..6 {
+            big.append(&store, &Op::Evict.encode()).unwrap();
+        }
+        assert_eq!(big.head(&store), Some(7));
     }
 
     #[test]
