@@ -212,7 +212,9 @@ fn a_bad_push_is_refused_and_changes_nothing() {
         }
         json!({"workers": [w]}).to_string()
     };
-    let cases: Vec<(Vec<(&str, &str)>, String, u16, &str)> = vec![
+    // (headers, body, expected status, what the refusal must say)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, String, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (vec![], queued(json!({})), 401, "token"),
         (
             vec![("authorization", "Bearer wrong")],
