@@ -5,6 +5,7 @@
 //! 1 MiB and 1/4/16/64 tenants.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use llm_router::policy::{Rng, SplitMix64};
 use llm_router::tree::{TenantId, Tree};
 use std::hint::black_box;
 use std::time::Duration;
@@ -14,15 +15,12 @@ const TENANTS: [u32; 4] = [1, 4, 16, 64];
 /// Conversations per tenant.
 const CONVS: usize = 2;
 
-struct Words(u64);
+/// Text from the filter's own seeded generator.
+struct Words(SplitMix64);
 
 impl Words {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// `len` bytes of pseudo-random English-like words (deterministic per seed).
@@ -44,7 +42,7 @@ impl Words {
 /// A fleet's tree: texts of `size` bytes, half a shared prefix, a quarter per tenant,
 /// a quarter per conversation. Returns the tree and every held text.
 fn fleet(size: usize, tenants: u32) -> (Tree, Vec<(TenantId, String)>) {
-    let mut words = Words(42);
+    let mut words = Words(SplitMix64(42));
     let common = words.text(size / 2);
     let mut tree = Tree::new();
     let mut texts = Vec::new();
