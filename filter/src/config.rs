@@ -42,6 +42,15 @@ pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-router-cluster";
 /// The Gateway API Inference Extension's header, read by Envoy's `override_host`
 /// load balancing policy.
 pub const DEFAULT_ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+/// The prefill pool is where prompts are cached, so it follows prefixes (SMG's
+/// default for both pools).
+pub const DEFAULT_PREFILL_POLICY: Policy = Policy::CacheAware;
+/// Decode holds no prefix worth following (the KV arrives from prefill): spread the
+/// load, as SMG's PD deployments usually configure it.
+pub const DEFAULT_DECODE_POLICY: Policy = Policy::PowerOfTwo;
+/// How long the prefill copy of a PD request may take before the client gets a 504.
+/// SGLang's decode side waits this long for KV before giving up.
+pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 300_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -101,6 +110,14 @@ pub struct WorkerConfig {
     /// Models served; empty serves any model (a single-model fleet).
     #[serde(default)]
     pub models: Vec<String>,
+    /// Prefill workers only: the port of the engine's bootstrap server, where decode
+    /// engines fetch the KV (SGLang's `--disaggregation-bootstrap-port`).
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+    /// Prefill workers only: the host decode engines reach the bootstrap server at;
+    /// defaults to the host of `address`.
+    #[serde(default)]
+    pub bootstrap_host: Option<String>,
 }
 
 impl WorkerConfig {
@@ -110,6 +127,17 @@ impl WorkerConfig {
 
     pub fn serves(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+
+    /// Where decode engines meet this prefill worker: `bootstrap_host` or the host of
+    /// `address` (validated to exist for prefill workers).
+    pub fn bootstrap_host(&self) -> Option<&str> {
+        self.bootstrap_host.as_deref().or_else(|| {
+            self.address
+                .as_deref()
+                .and_then(|a| a.rsplit_once(':'))
+                .map(|(host, _)| host)
+        })
     }
 }
 
@@ -161,12 +189,31 @@ fn default_endpoint_header() -> String {
 fn default_true() -> bool {
     true
 }
+fn default_prefill_policy() -> Policy {
+    DEFAULT_PREFILL_POLICY
+}
+fn default_decode_policy() -> Policy {
+    DEFAULT_DECODE_POLICY
+}
+fn default_prefill_timeout() -> u64 {
+    DEFAULT_PREFILL_TIMEOUT_MS
+}
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The regular pool's policy.
     #[serde(default)]
     pub policy: Policy,
+    /// PD mode (prefill and decode workers configured): the prefill pool's policy.
+    #[serde(default = "default_prefill_policy")]
+    pub prefill_policy: Policy,
+    /// PD mode: the decode pool's policy.
+    #[serde(default = "default_decode_policy")]
+    pub decode_policy: Policy,
+    /// PD mode: the prefill copy's timeout; past it the client gets a 504.
+    #[serde(default = "default_prefill_timeout")]
+    pub prefill_timeout_ms: u64,
     #[serde(default)]
     pub target: Target,
     pub workers: Vec<WorkerConfig>,
@@ -271,7 +318,19 @@ impl Config {
         self.validate_values()?;
         self.validate_queue_knobs()?;
         self.validate_workers()?;
-        if self.policy != Policy::CacheAware {
+        let (uses_cache_aware, needed) = if self.is_pd() {
+            (
+                self.prefill_policy == Policy::CacheAware
+                    || self.decode_policy == Policy::CacheAware,
+                "requires `prefill_policy` or `decode_policy` to be `cache_aware`",
+            )
+        } else {
+            (
+                self.policy == Policy::CacheAware,
+                "requires `policy: cache_aware`",
+            )
+        };
+        if !uses_cache_aware {
             for (field, set) in [
                 ("worker_queue_limit", self.worker_queue_limit.is_some()),
                 (
@@ -280,11 +339,26 @@ impl Config {
                 ),
             ] {
                 if set {
-                    return Err(err(field, "requires `policy: cache_aware`"));
+                    return Err(err(field, needed));
                 }
             }
         }
         Ok(())
+    }
+
+    /// Prefill/decode disaggregation: every request gets a prefill and a decode
+    /// worker (validation makes the pools all-or-nothing).
+    pub fn is_pd(&self) -> bool {
+        self.workers.iter().any(|w| w.pool != Pool::Regular)
+    }
+
+    /// The policy that picks workers of `pool`.
+    pub fn policy_of(&self, pool: Pool) -> Policy {
+        match pool {
+            Pool::Regular => self.policy,
+            Pool::Prefill => self.prefill_policy,
+            Pool::Decode => self.decode_policy,
+        }
     }
 
     /// The seeds' order: the limit's value, then the floor's dependency on the
@@ -355,6 +429,9 @@ impl Config {
                 "must be a lowercase HTTP header name",
             ));
         }
+        if self.prefill_timeout_ms == 0 {
+            return Err(err("prefill_timeout_ms", "must be >= 1"));
+        }
         if self.stale_after_ms == 0 {
             return Err(err("stale_after_ms", "must be >= 1"));
         }
@@ -405,11 +482,76 @@ impl Config {
                 ));
             }
         }
-        if !self.workers.iter().any(|w| w.pool == Pool::Regular) {
-            return Err(err(
-                "workers",
-                "must include a worker of `pool: regular` (prefill/decode pools are not routed yet)",
-            ));
+        self.validate_pools()
+    }
+
+    /// Either a regular pool, or a prefill and a decode pool (PD): one listener routes
+    /// one way. Prefill workers say where decode engines fetch their KV.
+    fn validate_pools(&self) -> Result<(), ConfigError> {
+        let has = |p: Pool| self.workers.iter().any(|w| w.pool == p);
+        if self.is_pd() {
+            if let Some(i) = self.workers.iter().position(|w| w.pool == Pool::Regular) {
+                return Err(err(
+                    format!("workers[{i}].pool"),
+                    "`regular` cannot be mixed with `prefill`/`decode` workers (run PD on its own listener)",
+                ));
+            }
+            for (pool, name) in [(Pool::Prefill, "prefill"), (Pool::Decode, "decode")] {
+                if !has(pool) {
+                    return Err(err(
+                        "workers",
+                        format!("PD mode needs at least one worker of `pool: {name}`"),
+                    ));
+                }
+            }
+        } else if !has(Pool::Regular) {
+            return Err(err("workers", "must list at least one worker"));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            if w.pool != Pool::Prefill {
+                for (field, set) in [
+                    ("bootstrap_port", w.bootstrap_port.is_some()),
+                    ("bootstrap_host", w.bootstrap_host.is_some()),
+                ] {
+                    if set {
+                        return Err(err(
+                            format!("workers[{i}].{field}"),
+                            "applies to `pool: prefill` workers only",
+                        ));
+                    }
+                }
+                continue;
+            }
+            match w.bootstrap_port {
+                None => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_port"),
+                        "is required for `pool: prefill` (the engine's bootstrap server port)",
+                    ))
+                }
+                Some(0) => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_port"),
+                        "must be in 1..=65535",
+                    ))
+                }
+                Some(_) => {}
+            }
+            match w.bootstrap_host() {
+                None => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_host"),
+                        "is required for `pool: prefill` without an `address`",
+                    ))
+                }
+                Some(h) if h.is_empty() || h.contains(['/', ' ', '"']) => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_host"),
+                        "must be a host name or IP address",
+                    ))
+                }
+                Some(_) => {}
+            }
         }
         Ok(())
     }
@@ -541,6 +683,82 @@ mod tests {
         assert!(Config::from_json(ok).is_ok());
         let only_prefill = br#"{"workers":[{"name":"p","pool":"prefill"}]}"#;
         assert_eq!(field_of(Config::from_json(only_prefill)), "workers");
+    }
+
+    fn pd(prefill: &str, extra: &str) -> Result<Config, ConfigError> {
+        let json = format!(
+            r#"{{"workers":[{{"name":"p0","pool":"prefill",{prefill}}},{{"name":"d0","pool":"decode"}}]{extra}}}"#
+        );
+        Config::from_json(json.as_bytes())
+    }
+
+    #[test]
+    fn pd_pools_and_policies() {
+        let c = pd(r#""address":"10.0.0.5:30000","bootstrap_port":8998"#, "").unwrap();
+        assert!(c.is_pd());
+        assert_eq!(c.policy_of(Pool::Prefill), Policy::CacheAware);
+        assert_eq!(c.policy_of(Pool::Decode), Policy::PowerOfTwo);
+        assert_eq!(c.workers[0].bootstrap_host(), Some("10.0.0.5"));
+        assert_eq!(c.prefill_timeout_ms, DEFAULT_PREFILL_TIMEOUT_MS);
+        let named = pd(
+            r#""bootstrap_host":"prefill-0.svc","bootstrap_port":8998"#,
+            r#","prefill_policy":"round_robin","decode_policy":"cache_aware""#,
+        )
+        .unwrap();
+        assert_eq!(named.workers[0].bootstrap_host(), Some("prefill-0.svc"));
+        assert_eq!(named.policy_of(Pool::Prefill), Policy::RoundRobin);
+        assert_eq!(named.policy_of(Pool::Decode), Policy::CacheAware);
+        assert!(pd(r#""bootstrap_port":1"#, r#","prefill_policy":"fastest""#).is_err());
+    }
+
+    #[test]
+    fn pd_rules_name_the_field() {
+        let port = r#""address":"10.0.0.5:30000","bootstrap_port":8998"#;
+        assert_eq!(
+            field_of(pd(r#""address":"10.0.0.5:30000""#, "")),
+            "workers[0].bootstrap_port"
+        );
+        assert_eq!(
+            field_of(pd(r#""address":"10.0.0.5:30000","bootstrap_port":0"#, "")),
+            "workers[0].bootstrap_port"
+        );
+        assert_eq!(
+            field_of(pd(r#""bootstrap_port":8998"#, "")),
+            "workers[0].bootstrap_host"
+        );
+        assert_eq!(
+            field_of(pd(r#""bootstrap_port":8998,"bootstrap_host":"""#, "")),
+            "workers[0].bootstrap_host"
+        );
+        let only_decode = br#"{"workers":[{"name":"d","pool":"decode"}]}"#;
+        assert_eq!(field_of(Config::from_json(only_decode)), "workers");
+        let mixed = format!(
+            r#"{{"workers":[{{"name":"p","pool":"prefill",{port}}},{{"name":"d","pool":"decode"}},{{"name":"r"}}]}}"#
+        );
+        assert_eq!(
+            field_of(Config::from_json(mixed.as_bytes())),
+            "workers[2].pool"
+        );
+        let port_on_decode = format!(
+            r#"{{"workers":[{{"name":"p","pool":"prefill",{port}}},{{"name":"d","pool":"decode","bootstrap_port":1}}]}}"#
+        );
+        assert_eq!(
+            field_of(Config::from_json(port_on_decode.as_bytes())),
+            "workers[1].bootstrap_port"
+        );
+        assert_eq!(
+            field_of(pd(port, r#","prefill_timeout_ms":0"#)),
+            "prefill_timeout_ms"
+        );
+        // The gate needs a cache-aware pool to act on.
+        assert!(pd(port, r#","worker_queue_limit":4"#).is_ok());
+        let e = pd(
+            port,
+            r#","prefill_policy":"round_robin","worker_queue_limit":4"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "worker_queue_limit");
+        assert!(e.rule.contains("prefill_policy"), "{e}");
     }
 
     #[test]

@@ -143,7 +143,7 @@ fn token_ids_text(ids: &[Value]) -> String {
     out
 }
 
-fn guess_kind(path: &str) -> Option<ApiKind> {
+pub(crate) fn guess_kind(path: &str) -> Option<ApiKind> {
     let path = path.split('?').next().unwrap_or(path);
     if path.ends_with("/chat/completions") {
         Some(ApiKind::Chat)

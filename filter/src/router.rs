@@ -25,12 +25,18 @@ use crate::tree::{TenantId, Tree};
 pub enum NoWorker {
     /// No worker of the pool serves the requested model.
     NoWorkerForModel,
+    /// PD: no prefill worker serves the model.
+    NoPrefillWorkerForModel,
+    /// PD: no decode worker serves the model.
+    NoDecodeWorkerForModel,
 }
 
 impl NoWorker {
     pub fn as_str(self) -> &'static str {
         match self {
             NoWorker::NoWorkerForModel => "no_worker_for_model",
+            NoWorker::NoPrefillWorkerForModel => "no_prefill_worker_for_model",
+            NoWorker::NoDecodeWorkerForModel => "no_decode_worker_for_model",
         }
     }
 }
@@ -49,6 +55,13 @@ pub struct Routed {
     /// The queue gate is configured but no candidate has a fresh engine sample, so
     /// it cannot act: the collector is not feeding the filter.
     pub gate_inert: bool,
+}
+
+/// A PD pair: each pool decided by its own policy over its own tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PdRouted {
+    pub prefill: Routed,
+    pub decode: Routed,
 }
 
 /// What the router knows of the workers' load when it decides.
@@ -78,7 +91,8 @@ impl Loads<'_> {
 pub struct Router {
     cfg: Config,
     trees: HashMap<(Pool, String), ModelTree>,
-    rr_counter: u64,
+    /// Round-robin position per pool, so one pool's traffic does not skew another's.
+    rr_counters: [u64; 3],
     /// One past the newest operation applied.
     clock: u64,
 }
@@ -88,7 +102,7 @@ impl Router {
         Router {
             cfg,
             trees: HashMap::new(),
-            rr_counter: 0,
+            rr_counters: [0; 3],
             clock: 0,
         }
     }
@@ -173,7 +187,36 @@ impl Router {
         loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<Routed, NoWorker> {
-        let pool = Pool::Regular;
+        self.route_in(Pool::Regular, req, loads, rng)
+    }
+
+    /// Chooses a prefill and a decode worker for `req`, each pool with its own
+    /// policy and its own tree (seed 002: one tree for both makes each pool's inserts
+    /// overwrite the other's owners). Either record, when present, is applied like
+    /// `route`'s.
+    pub fn route_pd(
+        &mut self,
+        req: &Parsed,
+        loads: &Loads,
+        rng: &mut dyn Rng,
+    ) -> Result<PdRouted, NoWorker> {
+        let prefill = self
+            .route_in(Pool::Prefill, req, loads, rng)
+            .map_err(|_| NoWorker::NoPrefillWorkerForModel)?;
+        let decode = self
+            .route_in(Pool::Decode, req, loads, rng)
+            .map_err(|_| NoWorker::NoDecodeWorkerForModel)?;
+        Ok(PdRouted { prefill, decode })
+    }
+
+    fn route_in(
+        &mut self,
+        pool: Pool,
+        req: &Parsed,
+        loads: &Loads,
+        rng: &mut dyn Rng,
+    ) -> Result<Routed, NoWorker> {
+        let policy = self.cfg.policy_of(pool);
         let (model, text) = match req {
             Parsed::Routable(r) => (
                 r.model.as_str(),
@@ -185,7 +228,7 @@ impl Router {
         let gate_inert = self.cfg.worker_queue_limit.is_some()
             && !candidates.is_empty()
             && candidates.iter().all(|c| c.engine.is_none());
-        let decision = match (self.cfg.policy, text) {
+        let decision = match (policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
                     cache_threshold: self.cfg.cache_threshold,
@@ -210,12 +253,15 @@ impl Router {
                 )
             }
             (Policy::CacheAware, None) => policy::unreadable(&candidates, rng),
-            (Policy::RoundRobin, _) => policy::round_robin(&candidates, &mut self.rr_counter),
+            (Policy::RoundRobin, _) => {
+                let counter = &mut self.rr_counters[pool as usize];
+                policy::round_robin(&candidates, counter)
+            }
             (Policy::Random, _) => policy::random(&candidates, rng),
             (Policy::PowerOfTwo, _) => policy::power_of_two(&candidates, rng),
         };
         let decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
-        let record = match (self.cfg.policy, text) {
+        let record = match (policy, text) {
             (Policy::CacheAware, Some(text)) => Some(Op::Insert {
                 pool,
                 model: model.to_string(),
@@ -618,5 +664,195 @@ mod tests {
             },
         );
         assert_eq!(r.tree_chars(), 0);
+    }
+
+    const PD: &str = r#"{"workers":[
+        {"name":"p0","pool":"prefill","address":"10.0.0.1:30000","bootstrap_port":8998},
+        {"name":"p1","pool":"prefill","address":"10.0.0.2:30000","bootstrap_port":8998},
+        {"name":"d0","pool":"decode"},{"name":"d1","pool":"decode"}],
+        "decode_policy":"cache_aware"}"#;
+
+    fn pd_router(cfg: &str) -> Router {
+        Router::new(Config::from_json(cfg.as_bytes()).unwrap())
+    }
+
+    /// Routes a PD pair and records both pools' operations, as the filter does.
+    fn go_pd(r: &mut Router, req: &Parsed, rng: &mut SplitMix64) -> (Decision, Decision) {
+        let routed = r
+            .route_pd(req, &Loads::inflight_only(&[0; 4]), rng)
+            .unwrap();
+        for op in [&routed.prefill.record, &routed.decode.record]
+            .into_iter()
+            .flatten()
+        {
+            r.apply_local(op);
+        }
+        (routed.prefill.decision, routed.decode.decision)
+    }
+
+    fn name(r: &Router, d: &Decision) -> String {
+        r.config().workers[d.worker as usize].name.clone()
+    }
+
+    /// Seed 002: alternating prefill and decode selections of the same prompts, all
+    /// through one router (one policy instance), keep each pool's owners.
+    #[test]
+    fn pd_pools_keep_their_own_owners() {
+        let mut r = pd_router(PD);
+        let mut rng = SplitMix64(3);
+        let prompts: Vec<Parsed> = (0..12)
+            .map(|i| {
+                chat(&[&format!(
+                    "conversation {i} with a long shared system prompt"
+                )])
+            })
+            .collect();
+        let first: Vec<(String, String)> = prompts
+            .iter()
+            .map(|p| {
+                let (pre, dec) = go_pd(&mut r, p, &mut rng);
+                (name(&r, &pre), name(&r, &dec))
+            })
+            .collect();
+        for (p, owners) in prompts.iter().zip(&first) {
+            for _ in 0..3 {
+                let (pre, dec) = go_pd(&mut r, p, &mut rng);
+                assert_eq!(
+                    (pre.reason, dec.reason),
+                    (Reason::CacheHit, Reason::CacheHit)
+                );
+                assert_eq!((name(&r, &pre), name(&r, &dec)), owners.clone());
+            }
+        }
+        for (pool, prefix) in [(Pool::Prefill, "p"), (Pool::Decode, "d")] {
+            let tenants = r.tree(pool, "m").unwrap().tenants();
+            assert!(!tenants.is_empty());
+            for t in tenants {
+                assert!(
+                    r.config().workers[t as usize].name.starts_with(prefix),
+                    "{pool:?} tree holds a worker of another pool"
+                );
+            }
+        }
+        assert!(r.tree(Pool::Regular, "m").is_none());
+    }
+
+    #[test]
+    fn pd_pools_use_their_own_policies() {
+        let cfg = PD.replace(
+            r#""decode_policy":"cache_aware""#,
+            r#""decode_policy":"round_robin""#,
+        );
+        let mut r = pd_router(&cfg);
+        let mut rng = SplitMix64(3);
+        let p = chat(&["same prompt every time"]);
+        let mut decodes = Vec::new();
+        for _ in 0..4 {
+            let (pre, dec) = go_pd(&mut r, &p, &mut rng);
+            assert_eq!(r.config().workers[pre.worker as usize].pool, Pool::Prefill);
+            assert_eq!(dec.reason, Reason::RoundRobin);
+            decodes.push(name(&r, &dec));
+        }
+        assert_eq!(decodes, ["d0", "d1", "d0", "d1"]);
+        assert!(
+            r.tree(Pool::Decode, "m").is_none(),
+            "round robin records nothing"
+        );
+    }
+
+    #[test]
+    fn removing_a_worker_touches_its_own_pool_only() {
+        let mut r = pd_router(PD);
+        let mut rng = SplitMix64(5);
+        let prompts: Vec<Parsed> = (0..8)
+            .map(|i| chat(&[&format!("prompt number {i} for removal")]))
+            .collect();
+        for p in &prompts {
+            go_pd(&mut r, p, &mut rng);
+        }
+        let decode_before = r.tree(Pool::Decode, "m").unwrap().stored_chars();
+        let decode_tenants = r.tree(Pool::Decode, "m").unwrap().tenants();
+        r.apply_local(&Op::RemoveWorker {
+            pool: Pool::Prefill,
+            worker: "p0".into(),
+        });
+        let prefill = r.tree(Pool::Prefill, "m").unwrap();
+        assert_eq!(prefill.tenant_chars(0), 0, "p0 left the prefill tree");
+        assert_eq!(
+            r.tree(Pool::Decode, "m").unwrap().stored_chars(),
+            decode_before
+        );
+        assert_eq!(r.tree(Pool::Decode, "m").unwrap().tenants(), decode_tenants);
+        // A same-named worker of another pool is not a match for the operation.
+        r.apply_local(&Op::RemoveWorker {
+            pool: Pool::Prefill,
+            worker: "d0".into(),
+        });
+        assert_eq!(r.tree(Pool::Decode, "m").unwrap().tenants(), decode_tenants);
+        // Dropping p0 from the config keeps every decode owner.
+        let without_p0 = PD.replace(
+            r#"{"name":"p0","pool":"prefill","address":"10.0.0.1:30000","bootstrap_port":8998},"#,
+            "",
+        );
+        r.reconfigure(Config::from_json(without_p0.as_bytes()).unwrap());
+        for p in &prompts {
+            let (pre, dec) = go_pd(&mut r, p, &mut rng);
+            assert_eq!(dec.reason, Reason::CacheHit, "decode affinity survives");
+            assert_eq!(name(&r, &pre), "p1");
+        }
+    }
+
+    #[test]
+    fn an_added_worker_joins_its_own_pool_only() {
+        let mut r = pd_router(PD);
+        let mut rng = SplitMix64(9);
+        let p = chat(&["a prompt routed before the fleet grew"]);
+        let (pre, _) = go_pd(&mut r, &p, &mut rng);
+        let owner = name(&r, &pre);
+        let grown = PD.replace(
+            r#"{"name":"d0","pool":"decode"}"#,
+            r#"{"name":"d0","pool":"decode"},{"name":"d2","pool":"decode"}"#,
+        );
+        r.reconfigure(Config::from_json(grown.as_bytes()).unwrap());
+        let routed = r
+            .route_pd(&p, &Loads::inflight_only(&[0; 5]), &mut rng)
+            .unwrap();
+        assert_eq!(routed.prefill.decision.reason, Reason::CacheHit);
+        assert_eq!(name(&r, &routed.prefill.decision), owner);
+        let fresh = chat(&["a brand new prompt"]);
+        for _ in 0..20 {
+            let routed = r
+                .route_pd(&fresh, &Loads::inflight_only(&[0; 5]), &mut rng)
+                .unwrap();
+            assert_eq!(
+                r.config().workers[routed.prefill.decision.worker as usize].pool,
+                Pool::Prefill,
+                "a decode worker is never a prefill candidate"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pool_without_a_worker_for_the_model_is_named() {
+        let cfg = r#"{"workers":[
+            {"name":"p0","pool":"prefill","address":"10.0.0.1:1","bootstrap_port":2,"models":["a"]},
+            {"name":"d0","pool":"decode","models":["b"]}]}"#;
+        let mut r = pd_router(cfg);
+        let mut rng = SplitMix64(1);
+        let req = |m: &str| {
+            parse(
+                "/v1/completions",
+                format!(r#"{{"model":"{m}","prompt":"x"}}"#).as_bytes(),
+            )
+        };
+        let loads = [0; 2];
+        assert_eq!(
+            r.route_pd(&req("b"), &Loads::inflight_only(&loads), &mut rng),
+            Err(NoWorker::NoPrefillWorkerForModel)
+        );
+        assert_eq!(
+            r.route_pd(&req("a"), &Loads::inflight_only(&loads), &mut rng),
+            Err(NoWorker::NoDecodeWorkerForModel)
+        );
     }
 }

@@ -1,0 +1,272 @@
+//! Prefill/decode disaggregation: the body rewrite that lets a prefill and a decode
+//! engine meet.
+//!
+//! The same body goes to both engines. SGLang pairs them by `bootstrap_room` on the
+//! prefill engine's bootstrap server (`bootstrap_host:bootstrap_port`), from which
+//! the decode engine pulls the KV. A batch gets one room per prompt, and host and
+//! port as arrays of the same length, as SMG sends them. Rooms are uniform in
+//! `[0, 2^63-1]`, matching SGLang's `random.randint(0, 2**63 - 1)`.
+//!
+//! Bootstrap fields the client sent are replaced: a client must not choose where a
+//! decode engine fetches KV from. Everything else in the body is kept in its order.
+
+use serde_json::{Map, Value};
+
+use crate::policy::Rng;
+use crate::request::{guess_kind, ApiKind};
+
+pub const BOOTSTRAP_HOST: &str = "bootstrap_host";
+pub const BOOTSTRAP_PORT: &str = "bootstrap_port";
+pub const BOOTSTRAP_ROOM: &str = "bootstrap_room";
+
+/// Prompts in one request beyond which the rewrite refuses: rooms, hosts and ports
+/// are one JSON value each per prompt, and engines cap batches far below this.
+pub const MAX_BATCH: usize = 4096;
+
+/// The prefill worker decode engines fetch the KV from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bootstrap<'a> {
+    pub host: &'a str,
+    pub port: u16,
+}
+
+/// The body both engines get, and the rooms in it (one per prompt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rewritten {
+    pub body: Vec<u8>,
+    pub rooms: Vec<u64>,
+}
+
+/// Why a body cannot be sent disaggregated; the client gets a 400 saying so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewriteError {
+    /// Engines take a JSON object; anything else has nowhere to put a room.
+    NotJsonObject,
+    BatchTooLarge,
+}
+
+impl RewriteError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RewriteError::NotJsonObject => "body_not_json_object",
+            RewriteError::BatchTooLarge => "batch_too_large",
+        }
+    }
+}
+
+/// A room: uniform in `[0, 2^63-1]`.
+pub fn room(rng: &mut dyn Rng) -> u64 {
+    rng.next_u64() >> 1
+}
+
+/// Prompts in the request when it is a batch (`None`: one prompt, scalar fields).
+/// Completions batch by a `prompt` array of prompts (strings or token-id arrays; an
+/// array of numbers is one tokenised prompt); `/generate` by a `text` or `input_ids`
+/// array likewise; chat by `n > 1` (one room per choice, as SMG does).
+pub fn batch_size(kind: Option<ApiKind>, body: &Map<String, Value>) -> Option<usize> {
+    let prompts = |v: Option<&Value>| match v? {
+        Value::Array(items) => match items.first()? {
+            Value::Number(_) => None,
+            _ => Some(items.len()),
+        },
+        _ => None,
+    };
+    let chat = || match body.get("n").and_then(Value::as_u64) {
+        Some(n) if n > 1 => usize::try_from(n).ok(),
+        _ => None,
+    };
+    let completions = || prompts(body.get("prompt"));
+    let generate = || prompts(body.get("text")).or_else(|| prompts(body.get("input_ids")));
+    match kind {
+        Some(ApiKind::Chat) => chat(),
+        Some(ApiKind::Completions) => completions(),
+        Some(ApiKind::Generate) => generate(),
+        None if body.contains_key("messages") => chat(),
+        None => completions().or_else(generate),
+    }
+}
+
+/// Adds the bootstrap fields to `body` (sent to `path`), drawing one room per
+/// prompt from `rng`.
+pub fn inject_bootstrap(
+    path: &str,
+    body: &[u8],
+    target: Bootstrap,
+    rng: &mut dyn Rng,
+) -> Result<Rewritten, RewriteError> {
+    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
+        return Err(RewriteError::NotJsonObject);
+    };
+    let batch = batch_size(guess_kind(path), &obj);
+    if batch.is_some_and(|n| n > MAX_BATCH) {
+        return Err(RewriteError::BatchTooLarge);
+    }
+    let rooms: Vec<u64> = (0..batch.unwrap_or(1)).map(|_| room(rng)).collect();
+    let (host, port, room_value) = match batch {
+        Some(n) => (
+            Value::Array(vec![Value::from(target.host); n]),
+            Value::Array(vec![Value::from(target.port); n]),
+            Value::Array(rooms.iter().map(|&r| Value::from(r)).collect()),
+        ),
+        None => (
+            Value::from(target.host),
+            Value::from(target.port),
+            Value::from(rooms.first().copied().unwrap_or_default()),
+        ),
+    };
+    for key in [BOOTSTRAP_HOST, BOOTSTRAP_PORT, BOOTSTRAP_ROOM] {
+        obj.shift_remove(key);
+    }
+    obj.insert(BOOTSTRAP_HOST.to_string(), host);
+    obj.insert(BOOTSTRAP_PORT.to_string(), port);
+    obj.insert(BOOTSTRAP_ROOM.to_string(), room_value);
+    let body = serde_json::to_vec(&Value::Object(obj)).map_err(|_| RewriteError::NotJsonObject)?;
+    Ok(Rewritten { body, rooms })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::SplitMix64;
+
+    const P: Bootstrap = Bootstrap {
+        host: "10.0.0.7",
+        port: 8998,
+    };
+
+    fn rewrite(path: &str, body: &str) -> (Value, Vec<u64>) {
+        let out = inject_bootstrap(path, body.as_bytes(), P, &mut SplitMix64(7)).unwrap();
+        (serde_json::from_slice(&out.body).unwrap(), out.rooms)
+    }
+
+    #[test]
+    fn chat_gets_scalar_fields_and_keeps_everything_else_in_order() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true}"#;
+        let out = inject_bootstrap(
+            "/v1/chat/completions",
+            body.as_bytes(),
+            P,
+            &mut SplitMix64(7),
+        )
+        .unwrap();
+        let text = String::from_utf8(out.body.clone()).unwrap();
+        assert!(
+            text.starts_with(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true,"bootstrap_host":"10.0.0.7","bootstrap_port":8998,"bootstrap_room":"#),
+            "{text}"
+        );
+        let v: Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(out.rooms.len(), 1);
+        assert_eq!(v[BOOTSTRAP_ROOM], out.rooms[0]);
+    }
+
+    #[test]
+    fn completions_batch_gets_one_room_per_prompt() {
+        let (v, rooms) = rewrite(
+            "/v1/completions",
+            r#"{"prompt":["a","b","c"],"max_tokens":4}"#,
+        );
+        assert_eq!(rooms.len(), 3);
+        assert_eq!(
+            v[BOOTSTRAP_HOST],
+            serde_json::json!(["10.0.0.7", "10.0.0.7", "10.0.0.7"])
+        );
+        assert_eq!(v[BOOTSTRAP_PORT], serde_json::json!([8998, 8998, 8998]));
+        assert_eq!(v[BOOTSTRAP_ROOM], serde_json::json!(rooms));
+        let distinct: std::collections::HashSet<_> = rooms.iter().collect();
+        assert_eq!(distinct.len(), 3, "rooms of one batch differ");
+    }
+
+    #[test]
+    fn token_prompts_batch_by_prompt_not_by_token() {
+        let (v, rooms) = rewrite("/v1/completions", r#"{"prompt":[1,2,3]}"#);
+        assert_eq!(rooms.len(), 1, "an array of token ids is one prompt");
+        assert!(v[BOOTSTRAP_ROOM].is_u64());
+        let (v, rooms) = rewrite("/v1/completions", r#"{"prompt":[[1,2],[3]]}"#);
+        assert_eq!(rooms.len(), 2);
+        assert!(v[BOOTSTRAP_ROOM].is_array());
+        let (_, rooms) = rewrite("/generate", r#"{"input_ids":[[1],[2],[3],[4]]}"#);
+        assert_eq!(rooms.len(), 4);
+        let (_, rooms) = rewrite("/generate", r#"{"text":["x","y"]}"#);
+        assert_eq!(rooms.len(), 2);
+        let (v, rooms) = rewrite("/generate", r#"{"text":"x"}"#);
+        assert_eq!((rooms.len(), v[BOOTSTRAP_PORT].as_u64()), (1, Some(8998)));
+    }
+
+    #[test]
+    fn chat_with_n_choices_is_a_batch() {
+        let (v, rooms) = rewrite("/v1/chat/completions", r#"{"messages":[],"n":3}"#);
+        assert_eq!(rooms.len(), 3);
+        assert_eq!(v[BOOTSTRAP_HOST].as_array().map(Vec::len), Some(3));
+        let (v, _) = rewrite("/v1/chat/completions", r#"{"messages":[],"n":1}"#);
+        assert!(v[BOOTSTRAP_HOST].is_string());
+    }
+
+    #[test]
+    fn unknown_paths_read_the_shape() {
+        let (_, rooms) = rewrite("/custom", r#"{"messages":[],"n":2}"#);
+        assert_eq!(rooms.len(), 2);
+        let (_, rooms) = rewrite("/custom", r#"{"prompt":["a","b"]}"#);
+        assert_eq!(rooms.len(), 2);
+        let (_, rooms) = rewrite("/custom", r#"{"text":["a","b","c"]}"#);
+        assert_eq!(rooms.len(), 3);
+    }
+
+    #[test]
+    fn non_ascii_text_survives() {
+        let body = r#"{"messages":[{"role":"user","content":"缓存命中 🚀 é\u00e9"}]}"#;
+        let (v, _) = rewrite("/v1/chat/completions", body);
+        assert_eq!(v["messages"][0]["content"], "缓存命中 🚀 éé");
+    }
+
+    #[test]
+    fn client_bootstrap_fields_are_replaced() {
+        let (v, rooms) = rewrite(
+            "/v1/completions",
+            r#"{"bootstrap_host":"evil","bootstrap_port":1,"bootstrap_room":5,"prompt":"x"}"#,
+        );
+        assert_eq!(v[BOOTSTRAP_HOST], "10.0.0.7");
+        assert_eq!(v[BOOTSTRAP_PORT], 8998);
+        assert_eq!(v[BOOTSTRAP_ROOM], rooms[0]);
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            ["prompt", BOOTSTRAP_HOST, BOOTSTRAP_PORT, BOOTSTRAP_ROOM]
+        );
+    }
+
+    #[test]
+    fn bodies_without_an_object_are_refused() {
+        for body in ["", "[1,2]", "\"x\"", "{not json", "null"] {
+            assert_eq!(
+                inject_bootstrap("/v1/completions", body.as_bytes(), P, &mut SplitMix64(1)),
+                Err(RewriteError::NotJsonObject),
+                "{body:?}"
+            );
+        }
+        let huge = format!(r#"{{"prompt":[{}"x"]}}"#, "\"x\",".repeat(MAX_BATCH));
+        assert_eq!(
+            inject_bootstrap("/v1/completions", huge.as_bytes(), P, &mut SplitMix64(1)),
+            Err(RewriteError::BatchTooLarge)
+        );
+    }
+
+    #[test]
+    fn rooms_are_in_range_and_distinct() {
+        let mut rng = SplitMix64(42);
+        let rooms: Vec<u64> = (0..10_000).map(|_| room(&mut rng)).collect();
+        assert!(rooms.iter().all(|&r| r <= (1 << 63) - 1));
+        let distinct: std::collections::HashSet<_> = rooms.iter().collect();
+        assert_eq!(distinct.len(), rooms.len());
+        // Uniform over the range: the top bit of the 63 is set about half the time.
+        let high = rooms.iter().filter(|&&r| r >= 1 << 62).count();
+        assert!((4_500..5_500).contains(&high), "{high}");
+        // An all-ones draw maps to the top of the range, never past it.
+        struct Max;
+        impl Rng for Max {
+            fn next_u64(&mut self) -> u64 {
+                u64::MAX
+            }
+        }
+        assert_eq!(room(&mut Max), (1 << 63) - 1);
+    }
+}
