@@ -124,6 +124,46 @@ pub fn inject_bootstrap(
     Ok(Rewritten { body, rooms })
 }
 
+/// Why the prefill copy failed, and what the client gets instead of a decode that
+/// would wait for KV until its own timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillFailure {
+    /// No response: connection refused or reset, no healthy host.
+    Unreachable,
+    /// Envoy's timeout for the call (`prefill_timeout_ms`) answered 504.
+    TimedOut,
+    /// The prefill engine answered with an error status.
+    Error(u32),
+}
+
+impl PrefillFailure {
+    /// The status of the prefill response, `None` when there was none.
+    pub fn from_status(status: Option<u32>) -> Option<PrefillFailure> {
+        match status {
+            None => Some(PrefillFailure::Unreachable),
+            Some(200..=299) => None,
+            Some(504) => Some(PrefillFailure::TimedOut),
+            Some(s) => Some(PrefillFailure::Error(s)),
+        }
+    }
+
+    /// The status the client gets: the gateway failed to get a good answer upstream.
+    pub fn client_status(self) -> u32 {
+        match self {
+            PrefillFailure::TimedOut => 504,
+            PrefillFailure::Unreachable | PrefillFailure::Error(_) => 502,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillFailure::Unreachable => "prefill_unreachable",
+            PrefillFailure::TimedOut => "prefill_timeout",
+            PrefillFailure::Error(_) => "prefill_error",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +288,29 @@ mod tests {
             inject_bootstrap("/v1/completions", huge.as_bytes(), P, &mut SplitMix64(1)),
             Err(RewriteError::BatchTooLarge)
         );
+    }
+
+    #[test]
+    fn prefill_outcomes() {
+        assert_eq!(PrefillFailure::from_status(Some(200)), None);
+        assert_eq!(PrefillFailure::from_status(Some(299)), None);
+        let cases = [
+            (None, 502, "prefill_unreachable"),
+            (Some(504), 504, "prefill_timeout"),
+            (Some(500), 502, "prefill_error"),
+            (Some(503), 502, "prefill_error"),
+            (Some(429), 502, "prefill_error"),
+            (Some(300), 502, "prefill_error"),
+            (Some(199), 502, "prefill_error"),
+        ];
+        for (status, client, reason) in cases {
+            let f = PrefillFailure::from_status(status).unwrap();
+            assert_eq!(
+                (f.client_status(), f.as_str()),
+                (client, reason),
+                "{status:?}"
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,31 @@ pub fn random_seed() -> u64 {
     RandomState::new().hash_one(0x5eed_u64)
 }
 
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    /// WASI's entropy source; Envoy fills it from its own random generator.
+    fn random_get(buf: *mut u8, buf_len: usize) -> i32;
+}
+
+/// Draws every value from the host's entropy (each PD room must be unguessable and
+/// unique across threads and Envoys); falls back to `fallback` if the host refuses.
+pub struct HostRandom<'a> {
+    pub fallback: &'a mut dyn crate::policy::Rng,
+}
+
+impl crate::policy::Rng for HostRandom<'_> {
+    fn next_u64(&mut self) -> u64 {
+        let mut buf = [0u8; 8];
+        // SAFETY: the host writes exactly `buf.len()` bytes into `buf`.
+        let errno = unsafe { random_get(buf.as_mut_ptr(), buf.len()) };
+        if errno == 0 {
+            u64::from_le_bytes(buf)
+        } else {
+            self.fallback.next_u64()
+        }
+    }
+}
+
 /// A counter, defined once per VM (Envoy shares stats of the same name across VMs).
 #[derive(Debug, Clone, Copy)]
 pub struct Metric(Option<u32>);

@@ -53,6 +53,10 @@ pub struct Metrics {
     gate_inert: Metric,
     pub pushes_accepted: Metric,
     pub pushes_rejected: Metric,
+    /// PD requests sent as a prefill and decode pair.
+    pub pd_pairs: Metric,
+    /// PD prefill copies that could not be sent or failed.
+    pub pd_prefill_failures: Metric,
 }
 
 impl Metrics {
@@ -74,6 +78,8 @@ impl Metrics {
             gate_inert: Metric::counter("llm_router_queue_gate_inert"),
             pushes_accepted: Metric::counter("llm_router_stats_pushes_accepted"),
             pushes_rejected: Metric::counter("llm_router_stats_pushes_rejected"),
+            pd_pairs: Metric::counter("llm_router_pd_pairs"),
+            pd_prefill_failures: Metric::counter("llm_router_pd_prefill_failures"),
         }
     }
 
@@ -84,6 +90,11 @@ impl Metrics {
                 m.inc();
             }
         }
+        self.gate(d);
+    }
+
+    /// What the gate did for a decision that is not the request's label (PD decode).
+    pub fn gate(&self, d: &Decision) {
         self.gate_rejections.add(u64::from(d.gate.rejected));
         self.gate_unsampled.add(u64::from(d.gate.unsampled));
         match d.reason {
