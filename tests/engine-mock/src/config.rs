@@ -15,6 +15,17 @@ pub enum MetricsStyle {
     Sglang,
 }
 
+/// The engine's part in prefill/decode disaggregation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Prefill and decode in one engine.
+    Regular,
+    /// Computes the prompt and publishes its KV by `bootstrap_room` on the bootstrap server.
+    Prefill,
+    /// Fetches the room's KV from the prefill engine before generating.
+    Decode,
+}
+
 /// Command line of `engine-mock`.
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -67,6 +78,19 @@ pub struct Config {
     /// Extra fixed latency before the first token, in milliseconds (changeable via /admin/latency).
     #[arg(long = "ttft-ms", default_value_t = 0.0, value_parser = non_negative)]
     pub ttft_ms: f64,
+
+    /// Role in prefill/decode disaggregation.
+    #[arg(long, value_enum, default_value_t = Role::Regular)]
+    pub role: Role,
+
+    /// Prefill role: port of the bootstrap server decode engines fetch KV from; 0 picks a
+    /// free one (printed in the `listening` line as `bootstrap HOST:PORT`).
+    #[arg(long = "bootstrap-port", default_value_t = 0)]
+    pub bootstrap_port: u16,
+
+    /// Decode role: how long to wait for a room's KV before failing the request.
+    #[arg(long = "kv-wait-ms", default_value_t = 5000)]
+    pub kv_wait_ms: u64,
 }
 
 /// Upper bound on output tokens per request: keeps responses small and tests quick.
@@ -97,6 +121,8 @@ mod tests {
         assert_eq!(c.output_tokens, 8);
         assert_eq!(c.max_running, 0);
         assert_eq!(c.metrics_style, MetricsStyle::Vllm);
+        assert_eq!(c.role, Role::Regular);
+        assert_eq!(c.kv_wait_ms, 5000);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 pub mod cache;
 pub mod config;
 pub mod metrics;
+pub mod pd;
 pub mod prompt;
 pub mod server;
 pub mod slots;

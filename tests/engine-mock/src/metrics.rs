@@ -92,6 +92,10 @@ pub struct Registry {
     pub prompt_tokens: u64,
     /// Output tokens produced.
     pub generation_tokens: u64,
+    /// Decode role: rooms whose KV arrived from the prefill engine.
+    pub pd_pairs: u64,
+    /// Decode role: rooms whose KV never came (the request failed).
+    pub pd_kv_failures: u64,
 }
 
 impl Default for Registry {
@@ -102,6 +106,8 @@ impl Default for Registry {
             request_success: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
+            pd_pairs: 0,
+            pd_kv_failures: 0,
         }
     }
 }
@@ -248,6 +254,20 @@ pub fn render(style: MetricsStyle, snap: &Snapshot) -> String {
                 r.request_success,
             );
         }
+    }
+    if r.pd_pairs > 0 || r.pd_kv_failures > 0 {
+        counter(
+            &mut out,
+            "engine_mock:pd_pairs_total",
+            "Rooms whose KV this decode engine received from a prefill engine.",
+            r.pd_pairs,
+        );
+        counter(
+            &mut out,
+            "engine_mock:pd_kv_failures_total",
+            "Rooms whose KV never arrived.",
+            r.pd_kv_failures,
+        );
     }
     out
 }

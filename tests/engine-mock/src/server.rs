@@ -6,9 +6,10 @@
 //! tracks the simulated TTFT for both streaming and non-streaming requests. The task stops as
 //! soon as the receiving side is gone (client disconnected), dropping its slot with it.
 
-use crate::cache::PrefixCache;
-use crate::config::{Config, MAX_OUTPUT_TOKENS};
+use crate::cache::{CacheLookup, PrefixCache};
+use crate::config::{Config, Role, MAX_OUTPUT_TOKENS};
 use crate::metrics::{self, Registry, Snapshot};
+use crate::pd::{self, Rooms, Transfer};
 use crate::prompt::{self, Endpoint};
 use crate::slots::Slots;
 use anyhow::Context as _;
@@ -35,6 +36,8 @@ use tokio::sync::mpsc;
 
 /// Response header naming the worker that served the request.
 pub const WORKER_HEADER: &str = "x-engine-worker";
+/// Decode role: the prefill engine whose KV the request used.
+pub const PREFILL_WORKER_HEADER: &str = "x-engine-prefill-worker";
 
 /// Request bodies larger than this are rejected; generous for long-prefix tests.
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -70,6 +73,8 @@ pub struct State {
     registry: Mutex<Registry>,
     slots: Slots,
     next_id: AtomicU64,
+    /// Prefill role: rooms published for decode engines.
+    rooms: Arc<Rooms>,
 }
 
 impl State {
@@ -86,6 +91,7 @@ impl State {
             registry: Mutex::new(Registry::default()),
             slots: Slots::new(cfg.max_running),
             next_id: AtomicU64::new(0),
+            rooms: Arc::new(Rooms::default()),
             cfg,
         })
     }
@@ -119,6 +125,22 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", state.cfg.host, state.cfg.port))?;
     let addr = listener.local_addr()?;
+    let bootstrap = match state.cfg.role {
+        Role::Prefill => {
+            let l = TcpListener::bind((state.cfg.host.as_str(), state.cfg.bootstrap_port))
+                .await
+                .with_context(|| {
+                    format!(
+                        "binding the bootstrap server on {}:{}",
+                        state.cfg.host, state.cfg.bootstrap_port
+                    )
+                })?;
+            let at = l.local_addr()?;
+            tokio::spawn(serve_bootstrap(l, state.rooms.clone()));
+            format!(" bootstrap {}:{}", at.ip(), at.port())
+        }
+        Role::Regular | Role::Decode => String::new(),
+    };
     // Install signal handlers before announcing readiness so a test that signals right after
     // reading the port line cannot kill us uncleanly.
     let shutdown = shutdown_signal()?;
@@ -126,7 +148,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "engine-mock {} listening on {}:{}",
+            "engine-mock {}{bootstrap} listening on {}:{}",
             state.cfg.worker_id,
             addr.ip(),
             addr.port()
@@ -134,6 +156,26 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         out.flush()?;
     }
     serve(listener, state, shutdown).await
+}
+
+/// The prefill role's bootstrap server; it lives as long as the process.
+async fn serve_bootstrap(listener: TcpListener, rooms: Arc<Rooms>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let rooms = rooms.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let rooms = rooms.clone();
+                async move { Ok::<_, Infallible>(pd::bootstrap_handle(rooms, req).await) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT. Handlers are registered when this is called.
@@ -320,6 +362,10 @@ struct Job {
     id: String,
     created: u64,
     arrived: Instant,
+    /// Prefill role: rooms to publish once the prompt is computed.
+    publish: Vec<u64>,
+    /// Decode role: the KV fetched from the prefill engine (no prefill here).
+    kv: Option<Transfer>,
 }
 
 fn unix_now() -> u64 {
@@ -358,12 +404,22 @@ async fn completion(
         Ok(p) => p,
         Err(e) => return bad_request(&e.0),
     };
+    let (publish, kv) = match pd_role(state, &body).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let prefill_worker = kv.as_ref().map(|t| t.prefill_worker.clone());
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let job = Job {
         endpoint,
         prompt,
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        output_tokens: requested_tokens(endpoint, &body, state.cfg.output_tokens),
+        // A prefill engine stops at the first token: decode generates the rest.
+        output_tokens: if publish.is_empty() {
+            requested_tokens(endpoint, &body, state.cfg.output_tokens)
+        } else {
+            1
+        },
         model: body
             .get("model")
             .and_then(Value::as_str)
@@ -372,6 +428,8 @@ async fn completion(
         id: format!("cmpl-{}-{n}", state.cfg.worker_id),
         created: unix_now(),
         arrived,
+        publish,
+        kv,
     };
     let stream = job.stream;
     let (tx, mut rx) = mpsc::channel::<Bytes>(16);
@@ -385,7 +443,7 @@ async fn completion(
             "generation ended without output",
         );
     };
-    if stream {
+    let mut resp = if stream {
         let mut resp = Response::new(
             ChannelBody {
                 first: Some(first),
@@ -402,7 +460,54 @@ async fn completion(
         resp.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         resp
+    };
+    if let Some(v) = prefill_worker.and_then(|w| HeaderValue::from_str(&w).ok()) {
+        resp.headers_mut().insert(PREFILL_WORKER_HEADER, v);
     }
+    resp
+}
+
+/// What the engine's PD role needs before generating: a prefill engine the rooms to
+/// publish, a decode engine the KV of every room (fetched from the prefill engines
+/// the body names). A regular engine needs nothing.
+async fn pd_role(
+    state: &State,
+    body: &Value,
+) -> Result<(Vec<u64>, Option<Transfer>), Response<Body>> {
+    if state.cfg.role == Role::Regular {
+        return Ok((Vec::new(), None));
+    }
+    let targets = pd::bootstrap_of(body).map_err(|e| bad_request(&e))?;
+    if state.cfg.role == Role::Prefill {
+        return Ok((targets.iter().map(|b| b.room).collect(), None));
+    }
+    let wait = Duration::from_millis(state.cfg.kv_wait_ms);
+    let mut got: Option<Transfer> = None;
+    for target in &targets {
+        match pd::fetch(target, wait).await {
+            // A batch's usage is the sum over its prompts.
+            Ok(t) => {
+                got = Some(match got {
+                    None => t,
+                    Some(acc) => Transfer {
+                        prompt_tokens: acc.prompt_tokens + t.prompt_tokens,
+                        cached_tokens: acc.cached_tokens + t.cached_tokens,
+                        ..acc
+                    },
+                })
+            }
+            Err(e) => {
+                lock(&state.registry).pd_kv_failures += 1;
+                return Err(error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "kv_transfer_failed",
+                    &e,
+                ));
+            }
+        }
+    }
+    lock(&state.registry).pd_pairs += targets.len() as u64;
+    Ok((Vec::new(), got))
 }
 
 /// A response body fed by the generation task, frame by frame as it produces them (truly
@@ -448,11 +553,26 @@ fn sse(v: &Value) -> Bytes {
 
 async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
     let _slot = state.slots.acquire().await;
-    let lookup = lock(&state.cache).lookup_and_insert(&job.prompt);
+    let lookup = match &job.kv {
+        // Decode received the KV: the prompt was computed (and cached) on prefill.
+        Some(t) => CacheLookup {
+            prompt_chars: job.prompt.len(),
+            total_blocks: 0,
+            matched_blocks: 0,
+            prompt_tokens: t.prompt_tokens,
+            cached_tokens: t.cached_tokens,
+        },
+        None => lock(&state.cache).lookup_and_insert(&job.prompt),
+    };
     lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
 
-    let prefill_ms = state.ttft_ms.get()
-        + state.prefill_us_per_token.get() * lookup.uncached_tokens() as f64 / 1000.0;
+    let prefill_ms = match job.kv {
+        Some(_) => state.ttft_ms.get(),
+        None => {
+            state.ttft_ms.get()
+                + state.prefill_us_per_token.get() * lookup.uncached_tokens() as f64 / 1000.0
+        }
+    };
     if let Some(d) = sleep_ms(prefill_ms) {
         tokio::time::sleep(d).await;
     }
@@ -492,6 +612,14 @@ async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
         }
     }
     lock(&state.registry).request_success += 1;
+    for &room in &job.publish {
+        state.rooms.publish(Transfer {
+            room,
+            prefill_worker: state.cfg.worker_id.clone(),
+            prompt_tokens: lookup.prompt_tokens,
+            cached_tokens: lookup.cached_tokens,
+        });
+    }
 
     let usage = json!({
         "prompt_tokens": lookup.prompt_tokens,

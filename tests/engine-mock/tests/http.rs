@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 struct Engine {
     child: Child,
     port: u16,
+    /// Prefill role: the bootstrap server's port.
+    bootstrap: Option<u16>,
     _stdout: BufReader<ChildStdout>,
 }
 
@@ -28,6 +30,7 @@ impl Engine {
         let mut engine = Engine {
             child,
             port: 0,
+            bootstrap: None,
             _stdout: BufReader::new(stdout),
         };
         let mut line = String::new();
@@ -35,12 +38,17 @@ impl Engine {
             ._stdout
             .read_line(&mut line)
             .expect("read listening line");
-        let prefix = format!("engine-mock {worker} listening on 127.0.0.1:");
-        let port = line
+        let (head, port) = line
             .trim_end()
-            .strip_prefix(&prefix)
+            .split_once(" listening on 127.0.0.1:")
             .unwrap_or_else(|| panic!("unexpected startup line {line:?}"));
         engine.port = port.parse().expect("port number");
+        let head = head
+            .strip_prefix(&format!("engine-mock {worker}"))
+            .unwrap_or_else(|| panic!("unexpected startup line {line:?}"));
+        engine.bootstrap = head
+            .strip_prefix(" bootstrap 127.0.0.1:")
+            .map(|p| p.parse().expect("bootstrap port"));
         engine
     }
 
@@ -435,4 +443,93 @@ fn sigterm_exits_cleanly() {
         assert!(Instant::now() < deadline, "did not exit on SIGTERM");
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn pd_body(content: &str, bootstrap_port: u16, room: u64) -> Value {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": room,
+    })
+}
+
+#[test]
+fn prefill_and_decode_meet_by_room() {
+    let prefill = Engine::start("p0", &["--role", "prefill"]);
+    let decode = Engine::start("d0", &["--role", "decode", "--kv-wait-ms", "2000"]);
+    let bport = prefill
+        .bootstrap
+        .expect("a prefill engine runs a bootstrap server");
+    let prompt = "a long shared system prompt. ".repeat(20);
+    let mut cached = Vec::new();
+    for room in [41_u64, 42] {
+        let body = pd_body(&prompt, bport, room);
+        // The decode arrives first and waits for the prefill of its room.
+        let port = decode.port;
+        let waiting = {
+            let body = body.clone();
+            thread::spawn(move || {
+                http(
+                    port,
+                    "POST",
+                    "/v1/chat/completions",
+                    Some(&body.to_string()),
+                )
+            })
+        };
+        thread::sleep(Duration::from_millis(50));
+        let p = prefill.request("POST", "/v1/chat/completions", Some(&body));
+        assert_eq!(p.status, 200, "{}", p.body);
+        assert_eq!(
+            p.json()["usage"]["completion_tokens"],
+            1,
+            "prefill stops at the first token"
+        );
+        let d = waiting.join().unwrap();
+        assert_eq!(d.status, 200, "{}", d.body);
+        assert_eq!(d.header("x-engine-prefill-worker"), Some("p0"));
+        assert_eq!(d.header("x-engine-worker"), Some("d0"));
+        assert_eq!(d.json()["usage"]["completion_tokens"], 4);
+        cached.push(
+            d.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(cached[0], 0, "a cold prefill");
+    assert!(
+        cached[1] > 0,
+        "the decode reports the prefill engine's cache hit: {cached:?}"
+    );
+
+    // A room no prefill engine computed fails the decode instead of hanging.
+    let orphan = decode.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&pd_body("x", bport, 99)),
+    );
+    assert_eq!(orphan.status, 500, "{}", orphan.body);
+    assert!(
+        orphan.body.contains("kv_transfer_failed"),
+        "{}",
+        orphan.body
+    );
+    // Both roles need the bootstrap fields.
+    let plain = json!({"messages": [{"role": "user", "content": "x"}]});
+    for e in [&prefill, &decode] {
+        let r = e.request("POST", "/v1/chat/completions", Some(&plain));
+        assert_eq!(r.status, 400, "{}", r.body);
+    }
+    let metrics = decode.request("GET", "/metrics", None).body;
+    assert!(
+        metrics.contains("engine_mock:pd_pairs_total{model_name=\"mock\"} 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("engine_mock:pd_kv_failures_total{model_name=\"mock\"} 1\n"),
+        "{metrics}"
+    );
 }
