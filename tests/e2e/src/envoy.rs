@@ -44,6 +44,10 @@ impl Target {
 pub struct Upstream {
     pub name: String,
     pub addr: SocketAddr,
+    /// The worker's pool: `regular`, `prefill` or `decode`.
+    pub pool: &'static str,
+    /// Prefill workers: the engine's bootstrap server.
+    pub bootstrap: Option<SocketAddr>,
 }
 
 /// Everything needed to render a bootstrap.
@@ -72,11 +76,19 @@ pub fn plugin_config(spec: &EnvoySpec) -> Value {
             spec.upstreams
                 .iter()
                 .map(|u| {
-                    json!({
+                    let mut w = json!({
                         "name": u.name,
                         "cluster": cluster_name(&u.name),
                         "address": u.addr.to_string(),
-                    })
+                    });
+                    if u.pool != "regular" {
+                        w["pool"] = json!(u.pool);
+                    }
+                    if let Some(b) = u.bootstrap {
+                        w["bootstrap_host"] = json!(b.ip().to_string());
+                        w["bootstrap_port"] = json!(b.port());
+                    }
+                    w
                 })
                 .collect()
         });

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,6 +16,9 @@ use crate::process::{spawn_until, Guard};
 #[derive(Debug, Clone)]
 pub struct FleetSpec {
     pub workers: usize,
+    /// Prefill/decode disaggregation: this many prefill and decode engines
+    /// (`p0..`, `d0..`) instead of `workers` regular ones.
+    pub pd: Option<(usize, usize)>,
     /// Extra `engine-mock` arguments for every worker (e.g. `--max-running 2`).
     pub engine_args: Vec<String>,
     pub target: Target,
@@ -31,6 +35,7 @@ impl Default for FleetSpec {
     fn default() -> Self {
         FleetSpec {
             workers: 4,
+            pd: None,
             engine_args: Vec::new(),
             target: Target::Cluster,
             plugin_config: serde_json::json!({}),
@@ -45,6 +50,10 @@ impl Default for FleetSpec {
 pub struct Engine {
     pub name: String,
     pub addr: SocketAddr,
+    /// `regular`, `prefill` or `decode`.
+    pub pool: &'static str,
+    /// Prefill engines: their bootstrap server.
+    pub bootstrap: Option<SocketAddr>,
     pub guard: Guard,
 }
 
@@ -83,16 +92,34 @@ impl Drop for TempDir {
 
 /// Starts one engine mock named `name`, on a port the OS picks.
 pub fn start_engine(name: &str, args: &[String], dir: &Path) -> Result<Engine> {
+    start_engine_in(name, "regular", args, dir)
+}
+
+/// Starts an engine mock of `pool` (its `--role`).
+pub fn start_engine_in(
+    name: &str,
+    pool: &'static str,
+    args: &[String],
+    dir: &Path,
+) -> Result<Engine> {
     let mut cmd = Command::new(paths::bin_path("engine-mock")?);
-    cmd.args(["--port", "0", "--worker-id", name]).args(args);
+    cmd.args(["--port", "0", "--worker-id", name, "--role", pool])
+        .args(args);
     let log = dir.join(format!("engine-{name}.log"));
-    let (guard, addr) = spawn_until(name, cmd, &log, Duration::from_secs(30), |line| {
-        line.rsplit_once("listening on ")
-            .and_then(|(_, a)| a.trim().parse::<SocketAddr>().ok())
-    })?;
+    let (guard, (addr, bootstrap)) =
+        spawn_until(name, cmd, &log, Duration::from_secs(30), |line| {
+            let (head, addr) = line.rsplit_once(" listening on ")?;
+            let addr = addr.trim().parse::<SocketAddr>().ok()?;
+            let bootstrap = head
+                .rsplit_once(" bootstrap ")
+                .and_then(|(_, b)| b.trim().parse::<SocketAddr>().ok());
+            Some((addr, bootstrap))
+        })?;
     Ok(Engine {
         name: name.to_string(),
         addr,
+        pool,
+        bootstrap,
         guard,
     })
 }
@@ -140,8 +167,18 @@ impl Fleet {
                 (t.0.clone(), Some(t))
             }
         };
-        let engines = (0..spec.workers)
-            .map(|i| start_engine(&format!("w{i}"), &spec.engine_args, &dir))
+        let roster: Vec<(String, &'static str)> = match spec.pd {
+            None => (0..spec.workers)
+                .map(|i| (format!("w{i}"), "regular"))
+                .collect(),
+            Some((prefill, decode)) => (0..prefill)
+                .map(|i| (format!("p{i}"), "prefill"))
+                .chain((0..decode).map(|i| (format!("d{i}"), "decode")))
+                .collect(),
+        };
+        let engines = roster
+            .iter()
+            .map(|(name, pool)| start_engine_in(name, pool, &spec.engine_args, &dir))
             .collect::<Result<Vec<_>>>()?;
         let mut plugin_config = spec.plugin_config.clone();
         let token = format!("{:016x}", random_u64());
@@ -161,6 +198,8 @@ impl Fleet {
                 .map(|e| Upstream {
                     name: e.name.clone(),
                     addr: e.addr,
+                    pool: e.pool,
+                    bootstrap: e.bootstrap,
                 })
                 .collect(),
             target: spec.target,
@@ -189,5 +228,20 @@ impl Fleet {
 
     pub fn engine(&self, name: &str) -> Option<&Engine> {
         self.engines.iter().find(|e| e.name == name)
+    }
+
+    /// A counter each engine of `pool` exports, by engine name (0 when absent).
+    pub fn engine_counter(&self, pool: &str, metric: &str) -> Result<BTreeMap<String, u64>> {
+        let mut out = BTreeMap::new();
+        for e in self.engines.iter().filter(|e| e.pool == pool) {
+            let text = crate::admin::get(e.addr, "/metrics")?.body;
+            let value = text
+                .lines()
+                .filter(|l| l.split(['{', ' ']).next() == Some(metric))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+            out.insert(e.name.clone(), value as u64);
+        }
+        Ok(out)
     }
 }

@@ -27,6 +27,15 @@ struct Args {
     /// Engine mocks to start.
     #[arg(long, default_value_t = 4)]
     workers: usize,
+    /// Prefill/decode disaggregation: `--prefill-workers` prefill and
+    /// `--decode-workers` decode engine mocks instead of `--workers` regular ones;
+    /// `--policy` (and the baseline) is then the prefill pool's policy.
+    #[arg(long)]
+    pd: bool,
+    #[arg(long, default_value_t = 2)]
+    prefill_workers: usize,
+    #[arg(long, default_value_t = 2)]
+    decode_workers: usize,
     /// Routing policy: cache_aware, round_robin, random, power_of_two.
     #[arg(long, default_value = "cache_aware")]
     policy: String,
@@ -61,11 +70,12 @@ struct Args {
     /// cache hits show in latency as they do on a real engine.
     #[arg(long, default_value_t = 100.0)]
     prefill_us_per_token: f64,
-    /// Generated workload: sessions (conversations). Not a multiple of `--workers` by
-    /// default: round robin would otherwise pin each session to one worker by
-    /// accident, as turns are interleaved session by session.
-    #[arg(long, default_value_t = 30)]
-    sessions: usize,
+    /// Generated workload: sessions (conversations). Default: 30, or the next number
+    /// that is not a multiple of the routed pool's size (`--workers`, or
+    /// `--prefill-workers` with `--pd`): turns are interleaved session by session, so
+    /// round robin would otherwise pin each session to one worker by accident.
+    #[arg(long)]
+    sessions: Option<usize>,
     /// Generated workload: turns per session.
     #[arg(long, default_value_t = 6)]
     turns: usize,
@@ -102,6 +112,20 @@ struct RunResult {
     sync: BTreeMap<String, u64>,
     /// Queue gate and collector counters, from Envoy's stats.
     gate: BTreeMap<String, u64>,
+    /// PD runs: what the pairs did.
+    pd: Option<PdCounts>,
+}
+
+/// PD: pairs as the decode mocks report them, failures as the filter counts them,
+/// and the prefill pool's share of the work.
+struct PdCounts {
+    /// Rooms whose KV reached a decode engine from the prefill engine named.
+    pairs: u64,
+    kv_failures: u64,
+    /// The filter's `llm_router_pd_prefill_failures`.
+    prefill_failures: u64,
+    /// Prompts each prefill engine computed.
+    prefill_per_worker: BTreeMap<String, u64>,
 }
 
 const LABELS: [&str; 4] = [
@@ -127,8 +151,9 @@ const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
 /// The run's plugin config: `policy` plus `--filter-config` merged over it (the
 /// baseline keeps its own policy; `no_gate` drops the gate knobs).
 fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
+    let policy_key = if args.pd { "prefill_policy" } else { "policy" };
     let mut cfg = Map::new();
-    cfg.insert("policy".into(), json!(policy));
+    cfg.insert(policy_key.into(), json!(policy));
     if let Some(path) = &args.filter_config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --filter-config {}", path.display()))?;
@@ -139,7 +164,7 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
         };
         // The baseline keeps its own policy; everything else applies to both runs.
         for (k, v) in extra {
-            if (k != "policy" || policy == args.policy)
+            if (k != policy_key || policy == args.policy)
                 && !(no_gate && GATE_KNOBS.contains(&k.as_str()))
             {
                 cfg.insert(k, v);
@@ -160,8 +185,16 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     if let Some(path) = &args.workload {
         return load_workload(path);
     }
+    let pool = if args.pd {
+        args.prefill_workers
+    } else {
+        args.workers
+    };
+    let sessions = args
+        .sessions
+        .unwrap_or_else(|| (30..).find(|n| pool < 2 || n % pool != 0).unwrap_or(30));
     let cfg = GenerateConfig {
-        sessions: args.sessions,
+        sessions,
         turns: args.turns,
         system_prompts: args.system_prompts,
         system_prompt_chars: args.system_prompt_chars,
@@ -195,6 +228,9 @@ fn run(
     };
     let spec = FleetSpec {
         workers: args.workers,
+        pd: args
+            .pd
+            .then_some((args.prefill_workers, args.decode_workers)),
         engine_args: [format!(
             "--prefill-us-per-token={}",
             args.prefill_us_per_token
@@ -208,9 +244,16 @@ fn run(
         dir: Some(args.dir.join(&label)),
         collector_interval_ms: Some(args.collector_interval_ms),
     };
+    let engines = match args.pd {
+        true => format!(
+            "{} prefill + {} decode",
+            args.prefill_workers, args.decode_workers
+        ),
+        false => args.workers.to_string(),
+    };
     eprintln!(
-        "llm-demo: starting {} engine mocks, Envoy ({} thread(s), {label}, target {}) and the collector",
-        args.workers, args.envoy_concurrency, args.target
+        "llm-demo: starting {engines} engine mocks, Envoy ({} thread(s), {label}, target {}) and the collector",
+        args.envoy_concurrency, args.target
     );
     let fleet = Fleet::start(&spec)?;
     eprintln!(
@@ -238,12 +281,31 @@ fn run(
             })
             .collect()
     };
+    let pd = match args.pd {
+        false => None,
+        true => Some(PdCounts {
+            pairs: fleet
+                .engine_counter("decode", "engine_mock:pd_pairs_total")?
+                .values()
+                .sum(),
+            kv_failures: fleet
+                .engine_counter("decode", "engine_mock:pd_kv_failures_total")?
+                .values()
+                .sum(),
+            prefill_failures: stats
+                .get("wasmcustom.llm_router_pd_prefill_failures")
+                .copied()
+                .unwrap_or(0),
+            prefill_per_worker: fleet.engine_counter("prefill", "vllm:request_success_total")?,
+        }),
+    };
     Ok(RunResult {
         policy: label,
         summary,
         decisions: pick("llm_router_decisions_", &LABELS),
         sync: pick("llm_router_sync_", &SYNC_COUNTERS),
         gate: pick("llm_router_", &GATE_COUNTERS),
+        pd,
     })
 }
 
@@ -284,11 +346,23 @@ fn report(r: &RunResult) {
     println!("  tree sync across Envoy threads: {}", y.join(", "));
     let g: Vec<String> = r.gate.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!("  queue gate and collector: {}", g.join(", "));
+    if let Some(pd) = &r.pd {
+        let p: Vec<String> = pd
+            .prefill_per_worker
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!("  prefill pool (prompts computed): {}", p.join(", "));
+        println!(
+            "  PD pairs met by room (decode mocks): {}  KV never arrived: {}  prefill failures (filter): {}",
+            pd.pairs, pd.kv_failures, pd.prefill_failures
+        );
+    }
 }
 
 fn json_of(r: &RunResult) -> Value {
     let j = JsonSummary::from(&r.summary);
-    json!({
+    let mut out = json!({
         "requests": j.requests,
         "errors": j.errors,
         "per_worker": j.per_worker,
@@ -301,7 +375,14 @@ fn json_of(r: &RunResult) -> Value {
         "gate": r.gate,
         "prompt_tokens": j.prompt_tokens,
         "cached_tokens": j.cached_tokens,
-    })
+    });
+    if let Some(pd) = &r.pd {
+        out["pd_pairs"] = json!(pd.pairs);
+        out["pd_kv_failures"] = json!(pd.kv_failures);
+        out["pd_prefill_failures"] = json!(pd.prefill_failures);
+        out["prefill_per_worker"] = json!(pd.prefill_per_worker);
+    }
+    out
 }
 
 fn main() {
@@ -352,11 +433,28 @@ fn real_main(args: &Args) -> Result<bool> {
     println!("logs and configs: {}", args.dir.display());
     let mut out = json_of(&main_run);
     out["envoy_concurrency"] = json!(args.envoy_concurrency);
-    out["workers"] = json!(args.workers);
+    out["workers"] = json!(match args.pd {
+        true => args.prefill_workers + args.decode_workers,
+        false => args.workers,
+    });
     if let Some(b) = &baseline {
         out["baseline"] = json_of(b);
     }
     println!("{out}");
-    let errors = main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors);
-    Ok(errors == 0)
+    let errors = main_run.summary.errors + baseline.as_ref().map_or(0, |b| b.summary.errors);
+    // Every routed request's pair must have met (batches aside, one room each).
+    let unpaired = [Some(&main_run), baseline.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let pd = r.pd.as_ref()?;
+            let routed = r.summary.requests.saturating_sub(r.summary.errors);
+            (pd.pairs != routed as u64)
+                .then(|| format!("{}: {} pairs for {routed} requests", r.policy, pd.pairs))
+        })
+        .collect::<Vec<_>>();
+    for u in &unpaired {
+        eprintln!("llm-demo: PD pairs do not match the routed requests ({u})");
+    }
+    Ok(errors == 0 && unpaired.is_empty())
 }

@@ -1,0 +1,239 @@
+//! End-to-end PD: the real Envoy with the filter in front of prefill and decode
+//! engine mocks that meet by `bootstrap_room` on the prefill mock's bootstrap
+//! server, exactly as SGLang engines do. A pair only completes if the filter gave
+//! both the same room and the decode the chosen prefill's bootstrap address.
+
+use e2e::admin::{self, Response};
+use e2e::fleet::{Fleet, FleetSpec};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn pd_fleet(prefill: usize, decode: usize, engine_args: &[&str], plugin: Value) -> Fleet {
+    let spec = FleetSpec {
+        pd: Some((prefill, decode)),
+        engine_args: engine_args.iter().map(|s| s.to_string()).collect(),
+        plugin_config: plugin,
+        ..FleetSpec::default()
+    };
+    Fleet::start(&spec).unwrap_or_else(|e| panic!("cannot start the PD fleet: {e:#}"))
+}
+
+fn post(f: &Fleet, path: &str, body: &Value) -> Response {
+    admin::request(
+        f.envoy.listener,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .unwrap_or_else(|e| panic!("request through Envoy failed: {e:#}"))
+}
+
+fn header<'a>(r: &'a Response, name: &str) -> &'a str {
+    r.header(name)
+        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
+}
+
+fn chat(session: usize, turn: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content":
+        format!("Session {session} 助手 🚀. ") + &"Keep the answers short and exact. ".repeat(25)})];
+    for t in 0..=turn {
+        messages
+            .push(json!({"role": "user", "content": format!("question {t} of session {session}")}));
+        if t < turn {
+            messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    json!({"model": "mock", "messages": messages, "max_tokens": 4})
+}
+
+fn cached_tokens(r: &Response) -> u64 {
+    r.json()
+        .ok()
+        .and_then(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
+        .unwrap_or(0)
+}
+
+fn pairs(f: &Fleet) -> u64 {
+    f.engine_counter("decode", "engine_mock:pd_pairs_total")
+        .expect("decode metrics")
+        .values()
+        .sum()
+}
+
+#[test]
+fn pairs_meet_by_room_and_each_conversation_keeps_its_prefill_worker() {
+    let f = pd_fleet(2, 2, &[], json!({}));
+    let mut requests = 0;
+    for session in 0..4 {
+        let mut owner: Option<String> = None;
+        for turn in 0..4 {
+            let r = post(&f, "/v1/chat/completions", &chat(session, turn));
+            requests += 1;
+            assert_eq!(r.status, 200, "{r:?}");
+            let prefill = header(&r, "x-llm-router-prefill-worker").to_string();
+            assert_eq!(
+                header(&r, "x-engine-prefill-worker"),
+                prefill,
+                "the decode engine got its KV from the prefill worker the router chose"
+            );
+            assert_eq!(
+                header(&r, "x-engine-worker"),
+                header(&r, "x-llm-router-worker")
+            );
+            assert!(header(&r, "x-engine-worker").starts_with('d'));
+            match &owner {
+                None => owner = Some(prefill),
+                Some(o) => {
+                    assert_eq!(
+                        &prefill, o,
+                        "session {session} turn {turn} keeps its prefill worker"
+                    );
+                    assert_eq!(header(&r, "x-llm-router-decision"), "cache_hit");
+                    assert!(
+                        cached_tokens(&r) > 0,
+                        "the prefill engine's cache served it: {r:?}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(pairs(&f), requests, "every request's pair met by room");
+    assert_eq!(
+        f.envoy.filter_stat("llm_router_pd_pairs").unwrap(),
+        requests
+    );
+    assert_eq!(
+        f.envoy
+            .filter_stat("llm_router_pd_prefill_failures")
+            .unwrap(),
+        0
+    );
+}
+
+#[test]
+fn batches_and_streams_pass_through_the_pair() {
+    let f = pd_fleet(2, 2, &[], json!({}));
+    let batch = json!({"model": "mock", "prompt": ["first prompt", "second prompt", "third"], "max_tokens": 2});
+    let r = post(&f, "/v1/completions", &batch);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(pairs(&f), 3, "one room per prompt, each met");
+    let mut stream = chat(9, 0);
+    stream["stream"] = json!(true);
+    let r = post(&f, "/v1/chat/completions", &stream);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.body.contains("data: [DONE]"),
+        "the stream arrives whole: {}",
+        r.body
+    );
+    assert_eq!(pairs(&f), 4);
+}
+
+#[test]
+fn a_prefill_that_fails_or_times_out_answers_the_client_before_the_decode_gives_up() {
+    // Decode engines would wait 60 s for KV; the client must not.
+    let mut f = pd_fleet(
+        1,
+        1,
+        &["--kv-wait-ms=60000"],
+        json!({"prefill_timeout_ms": 500}),
+    );
+    let slow = f.engine("p0").expect("p0").addr;
+    admin::post(slow, "/admin/latency", r#"{"ttft_ms": 5000}"#).expect("slow down p0");
+    let started = Instant::now();
+    let r = post(&f, "/v1/chat/completions", &chat(0, 0));
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(header(&r, "x-llm-router-reason"), "prefill_timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "answered at the prefill timeout, not the decode's KV wait"
+    );
+    // The prefill engine goes away: Envoy cannot connect, the client gets a 502.
+    f.engines.retain(|e| e.name != "p0");
+    let r = post(&f, "/v1/chat/completions", &chat(1, 0));
+    assert_eq!(r.status, 502, "{r:?}");
+    assert_eq!(header(&r, "x-llm-router-reason"), "prefill_error");
+    assert_eq!(header(&r, "x-llm-router-prefill-worker"), "p0");
+    assert!(r.body.contains("prefill worker p0 failed"), "{}", r.body);
+    assert_eq!(
+        f.envoy
+            .filter_stat("llm_router_pd_prefill_failures")
+            .unwrap(),
+        2
+    );
+}
+
+#[test]
+fn a_body_that_cannot_carry_a_room_is_refused_with_a_reason() {
+    let f = pd_fleet(1, 1, &[], json!({}));
+    let r = admin::request(
+        f.envoy.listener,
+        "POST",
+        "/v1/completions",
+        &[("content-type", "application/json")],
+        b"[\"not an object\"]",
+    )
+    .unwrap();
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(header(&r, "x-llm-router-reason"), "body_not_json_object");
+    assert_eq!(pairs(&f), 0);
+}
+
+/// `envoy/envoy-pd.yaml` as shipped (ports and the .wasm path rewritten) in front of
+/// 2 prefill and 2 decode mocks.
+#[test]
+fn the_shipped_pd_config_routes_pairs() {
+    let root = e2e::paths::workspace_root();
+    let dir = e2e::fleet::TempDir::new("llm-example-pd").unwrap();
+    let roster = [
+        ("p0", "prefill"),
+        ("p1", "prefill"),
+        ("d0", "decode"),
+        ("d1", "decode"),
+    ];
+    let engines: Vec<_> = roster
+        .iter()
+        .map(|(name, pool)| e2e::fleet::start_engine_in(name, pool, &[], &dir.0).unwrap())
+        .collect();
+    let mut yaml = std::fs::read_to_string(root.join("envoy/envoy-pd.yaml")).unwrap();
+    for (i, e) in engines.iter().enumerate() {
+        yaml = yaml.replace(
+            &format!("port_value: {} ", 8001 + i),
+            &format!("port_value: {} ", e.addr.port()),
+        );
+        if let Some(b) = e.bootstrap {
+            yaml = yaml.replace(
+                &format!("\"bootstrap_port\": {}", 8998 + i),
+                &format!("\"bootstrap_port\": {}", b.port()),
+            );
+        }
+    }
+    yaml = yaml
+        .replace("port_value: 10000", "port_value: 0")
+        .replace("port_value: 9901", "port_value: 0")
+        .replace("port_value: 10001", "port_value: 0")
+        .replace(
+            "filename: target/wasm32-wasip1/wasm/llm_router.wasm",
+            &format!("filename: {}", e2e::paths::wasm_path().unwrap().display()),
+        );
+    let config = dir.0.join("example-pd.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let envoy = e2e::envoy::launch(&e2e::paths::envoy_bin().unwrap(), &config, 1, &dir.0)
+        .unwrap_or_else(|e| panic!("envoy-pd.yaml does not start: {e:#}"));
+    let mut owner = None;
+    for turn in 0..3 {
+        let r = admin::request(
+            envoy.listener,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            chat(0, turn).to_string().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        let prefill = header(&r, "x-engine-prefill-worker").to_string();
+        assert_eq!(header(&r, "x-llm-router-prefill-worker"), prefill);
+        assert_eq!(owner.get_or_insert(prefill.clone()), &prefill, "sticks");
+    }
+}
