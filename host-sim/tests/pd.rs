@@ -275,3 +275,19 @@ fn an_unknown_prefill_cluster_is_a_503_not_a_hang() {
     );
     assert_eq!(host.metric(FAILURES), Some(1));
 }
+
+#[test]
+fn with_target_endpoint_decode_goes_by_address_and_prefill_by_its_cluster() {
+    let config = r#"{"target":"endpoint","workers":[
+        {"name":"p0","pool":"prefill","cluster":"prefill_0","address":"10.0.0.1:30000","bootstrap_port":8998},
+        {"name":"d0","pool":"decode","address":"10.0.1.1:30000"}]}"#;
+    let mut host = host(config);
+    let (out, call) = send(&mut host, "/v1/completions", br#"{"prompt":"x"}"#.to_vec());
+    assert_eq!(
+        out.header("x-gateway-destination-endpoint"),
+        Some("10.0.1.1:30000")
+    );
+    assert_eq!(out.header(CLUSTER_HEADER), None);
+    assert_eq!(call.cluster, "prefill_0");
+    assert_eq!(json(&call.body)["bootstrap_host"], "10.0.0.1");
+}
