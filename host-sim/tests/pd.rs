@@ -291,3 +291,32 @@ fn with_target_endpoint_decode_goes_by_address_and_prefill_by_its_cluster() {
     assert_eq!(call.cluster, "prefill_0");
     assert_eq!(json(&call.body)["bootstrap_host"], "10.0.0.1");
 }
+
+#[test]
+fn the_prefill_tree_is_shared_across_vms() {
+    let path = host_sim::require_built_filter();
+    let mut host = Host::builder(path)
+        .plugin_config(PD.as_bytes().to_vec())
+        .clusters(&["prefill_0", "prefill_1", "decode_0", "decode_1"])
+        .allow_on_headers_stop_iteration(true)
+        .vms(3)
+        .build()
+        .unwrap();
+    let system = "A long shared system prompt for every turn. ".repeat(20);
+    let mut owners = Vec::new();
+    for turn in 0..6 {
+        let question = format!("question {turn}");
+        let body = chat(&[&system, &question]);
+        let vm = turn % 3;
+        let out = host
+            .vm(vm)
+            .request(RequestSpec::post_json("/v1/chat/completions", body))
+            .unwrap();
+        let call = out.http_calls[0].clone();
+        owners.push(prefill_name(&call));
+        host.answer_http_call(call.token, 200, &[], b"{}").unwrap();
+        host.vm(vm).respond(out.handle, 200, &[], b"{}").unwrap();
+        host.vm(vm).finish(out.handle).unwrap();
+    }
+    assert!(owners.iter().all(|o| *o == owners[0]), "{owners:?}");
+}
