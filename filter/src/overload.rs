@@ -718,7 +718,7 @@ mod tests {
         // probes succeeding, from both states: no flip at all.
         let c = cfg();
         let swing = |i: u64| {
-            let ttft = if i % 2 == 0 { 29.9 } else { 16.1 };
+            let ttft = if i.is_multiple_of(2) { 29.9 } else { 16.1 };
             assess(&sample(Some(ttft), Some(0.1), i), 0, i, 5000, &c)
         };
         for start in [

@@ -66,10 +66,12 @@ impl Stream {
         state.catch_up();
         let inflight = state.inflight();
         let engine = state.engine_loads();
+        let overloaded = super::overload::overloaded(state.router.config());
         let loads = Loads {
             inflight: &inflight,
             engine: &engine,
             now_ms: host::now_ms(),
+            overloaded: &overloaded,
         };
         let routed = match state.router.route(&parsed, &loads, &mut state.rng) {
             Ok(r) => r,
@@ -82,6 +84,9 @@ impl Stream {
         let decision = routed.decision;
         if routed.gate_inert {
             state.note_gate_inert();
+        }
+        if routed.owner_overloaded {
+            state.metrics.overload_owner_filtered.inc();
         }
         let cfg = state.router.config();
         let Some(worker) = cfg.workers.get(decision.worker as usize) else {

@@ -12,6 +12,7 @@ use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 
 use super::host::{self, HostStore, Metric};
 use super::http::Stream;
+use super::overload::{self, Prober};
 use crate::config::Config;
 use crate::decision::{Decision, Label, Reason};
 use crate::load::{decode_table, LoadTable};
@@ -20,7 +21,7 @@ use crate::router::Router;
 use crate::sync::{EvictionClock, InflightTable, Op, OpRing, SharedStore};
 
 /// Shared-data keys start with this; shared data is already scoped by `vm_id`.
-const KEY_PREFIX: &str = "llm_router";
+pub const KEY_PREFIX: &str = "llm_router";
 /// The collector's last snapshot, as `load::encode_table` writes it.
 pub const SAMPLES_KEY: &str = "llm_router.samples";
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -53,6 +54,9 @@ pub struct Metrics {
     gate_inert: Metric,
     pub pushes_accepted: Metric,
     pub pushes_rejected: Metric,
+    /// Requests whose prefix owners were all filtered out as overloaded: logical
+    /// cache hits that became physical misses (seed 003's blind spot).
+    pub overload_owner_filtered: Metric,
 }
 
 impl Metrics {
@@ -74,6 +78,7 @@ impl Metrics {
             gate_inert: Metric::counter("llm_router_queue_gate_inert"),
             pushes_accepted: Metric::counter("llm_router_stats_pushes_accepted"),
             pushes_rejected: Metric::counter("llm_router_stats_pushes_rejected"),
+            overload_owner_filtered: Metric::counter("llm_router_overload_owner_filtered"),
         }
     }
 
@@ -192,17 +197,33 @@ pub type Shared = Rc<RefCell<Option<State>>>;
 
 pub struct Root {
     state: Shared,
+    /// Created with the first configuration (it needs the host's entropy).
+    prober: Option<Prober>,
 }
 
 impl Root {
     pub fn new() -> Root {
         Root {
             state: Rc::new(RefCell::new(None)),
+            prober: None,
         }
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        _body: usize,
+        _trailers: usize,
+    ) {
+        let slot = self.state.borrow();
+        if let (Some(state), Some(prober)) = (slot.as_ref(), self.prober.as_mut()) {
+            prober.on_response(state, token, host::now_ms());
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -224,7 +245,10 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let tick = Duration::from_millis(cfg.sync_interval_ms);
+        let tick = Duration::from_millis(overload::tick_ms(&cfg));
+        self.prober
+            .get_or_insert_with(|| Prober::new(host::random_seed()))
+            .configured(&cfg);
         let ring = OpRing::new(KEY_PREFIX, cfg.sync_ring_slots);
         ring.init_if_missing(&HostStore);
         let mut slot = self.state.borrow_mut();
@@ -283,6 +307,9 @@ impl RootContext for Root {
             .tree_chars
             .set(state.router.tree_chars() as u64);
         state.metrics.inflight.set(state.inflight().iter().sum());
+        if let Some(prober) = self.prober.as_mut() {
+            prober.tick(state, host::now_ms());
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
