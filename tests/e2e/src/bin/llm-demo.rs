@@ -207,6 +207,7 @@ fn run(
         envoy_concurrency: args.envoy_concurrency,
         dir: Some(args.dir.join(&label)),
         collector_interval_ms: Some(args.collector_interval_ms),
+        collector_args: Vec::new(),
     };
     eprintln!(
         "llm-demo: starting {} engine mocks, Envoy ({} thread(s), {label}, target {}) and the collector",
