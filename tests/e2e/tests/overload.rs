@@ -69,7 +69,7 @@ fn a_slow_worker_is_flagged_avoided_and_let_back_after_its_probes() {
         workers: 3,
         plugin_config: overload_config(),
         collector_interval_ms: Some(100),
-        collector_args: vec!["--window-s".into(), "1".into()],
+        collector_args: vec!["--window-s".into(), "3".into()],
         // Several VMs (two workers and the main thread) compete for the prober lease.
         envoy_concurrency: 2,
         ..FleetSpec::default()
