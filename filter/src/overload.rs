@@ -282,7 +282,10 @@ pub enum Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
     Entered(EnterReason),
-    Recovered,
+    /// After this long flagged.
+    Recovered {
+        after_ms: u64,
+    },
 }
 
 /// One worker's flag.
@@ -331,6 +334,7 @@ impl Flag {
                 _ => None,
             },
             Flag::Overloaded {
+                since_ms,
                 probe_successes,
                 latency_recovered,
                 ..
@@ -345,8 +349,9 @@ impl Flag {
                     Event::Probe { ok: false } => *probe_successes = 0,
                 }
                 if *latency_recovered && *probe_successes >= probes_needed {
+                    let after_ms = now_ms.saturating_sub(*since_ms);
                     *self = Flag::Healthy { since_ms: now_ms };
-                    return Some(Transition::Recovered);
+                    return Some(Transition::Recovered { after_ms });
                 }
                 None
             }
@@ -369,23 +374,21 @@ impl Flags {
     }
 
     /// Stored form: worker name -> flag, so VMs on another config version still find
-    /// their workers. Healthy workers are left out.
+    /// their workers.
     pub fn encode(&self, workers: &[WorkerConfig]) -> Vec<u8> {
         let mut map = serde_json::Map::new();
         for (w, f) in workers.iter().zip(&self.0) {
-            if let Flag::Overloaded {
-                since_ms,
-                reason,
-                probe_successes,
-                latency_recovered,
-            } = f
-            {
-                map.insert(
-                    w.name.clone(),
-                    json!({"since": since_ms, "reason": reason.as_str(),
-                           "probes_ok": probe_successes, "latency_ok": latency_recovered}),
-                );
-            }
+            let v = match f {
+                Flag::Healthy { since_ms } => json!({"since": since_ms}),
+                Flag::Overloaded {
+                    since_ms,
+                    reason,
+                    probe_successes,
+                    latency_recovered,
+                } => json!({"since": since_ms, "reason": reason.as_str(),
+                            "probes_ok": probe_successes, "latency_ok": latency_recovered}),
+            };
+            map.insert(w.name.clone(), v);
         }
         serde_json::to_vec(&Value::Object(map)).unwrap_or_default()
     }
@@ -398,9 +401,13 @@ impl Flags {
                 .iter()
                 .map(|w| {
                     let v = map.get(&w.name)?;
+                    let since_ms = v.get("since")?.as_u64()?;
+                    let Some(reason) = v.get("reason") else {
+                        return Some(Flag::Healthy { since_ms });
+                    };
                     Some(Flag::Overloaded {
-                        since_ms: v.get("since")?.as_u64()?,
-                        reason: EnterReason::parse(v.get("reason")?.as_str()?)?,
+                        since_ms,
+                        reason: EnterReason::parse(reason.as_str()?)?,
                         probe_successes: u32::try_from(v.get("probes_ok")?.as_u64()?).ok()?,
                         latency_recovered: v.get("latency_ok")?.as_bool()?,
                     })
@@ -685,11 +692,14 @@ mod tests {
         let (f, _) = run(&[over(), under, OK]);
         assert!(f.is_overloaded(), "one probe short");
         let (_, flips) = run(&[over(), under, OK, OK]);
-        assert_eq!(flips.last(), Some(&(3, Transition::Recovered)));
+        assert_eq!(
+            flips.last(),
+            Some(&(3, Transition::Recovered { after_ms: 3 }))
+        );
         let (_, flips) = run(&[over(), OK, OK, under]);
         assert_eq!(
             flips.last(),
-            Some(&(3, Transition::Recovered)),
+            Some(&(3, Transition::Recovered { after_ms: 3 })),
             "either order"
         );
     }
@@ -701,7 +711,10 @@ mod tests {
         assert!(f.is_overloaded(), "the run was broken");
         let (f, flips) = run(&[over(), under, OK, FAIL, FAIL, OK, OK]);
         assert!(!f.is_overloaded());
-        assert_eq!(flips.last(), Some(&(6, Transition::Recovered)));
+        assert_eq!(
+            flips.last(),
+            Some(&(6, Transition::Recovered { after_ms: 6 }))
+        );
     }
 
     #[test]
@@ -771,7 +784,11 @@ mod tests {
             probe_successes: 1,
             latency_recovered: true,
         };
-        let flags = Flags(vec![Flag::default(), flagged, Flag::default()]);
+        let flags = Flags(vec![
+            Flag::default(),
+            flagged,
+            Flag::Healthy { since_ms: 9 },
+        ]);
         let bytes = flags.encode(&w);
         assert_eq!(Flags::decode(&bytes, &w), flags);
         assert_eq!(flags.overloaded(), vec![false, true, false]);
@@ -810,7 +827,7 @@ mod tests {
         let flips = table.update(&store, &w, |f| {
             observe_latencies(f, &cool, 300, 5000, &c, &[false])
         });
-        assert_eq!(flips, vec![(0, Transition::Recovered)]);
+        assert_eq!(flips, vec![(0, Transition::Recovered { after_ms: 200 })]);
         table.update(&store, &w, |f| {
             observe_latencies(f, &hot, 400, 5000, &c, &[])
         });

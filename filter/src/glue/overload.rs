@@ -256,11 +256,14 @@ impl Prober {
                         ),
                     );
                 }
-                Transition::Recovered => {
+                Transition::Recovered { after_ms } => {
                     self.metrics.recovered.inc();
                     host::log(
                         LogLevel::Info,
-                        &format!("llm-router: worker `{name}` recovered from overload"),
+                        &format!(
+                            "llm-router: worker `{name}` recovered after {:.1} s overloaded",
+                            *after_ms as f64 / 1000.0
+                        ),
                     );
                 }
             }
