@@ -28,7 +28,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::config::{ConfigError, WorkerConfig};
+use crate::config::{Config, ConfigError, Target, WorkerConfig};
 use crate::load::LoadTable;
 use crate::sync::{SetOutcome, SharedStore, CAS_ATTEMPTS};
 
@@ -199,6 +199,17 @@ impl OverloadConfig {
     /// How long a prober lease lasts when the prober ticks every `tick_ms`.
     pub fn lease_ms(tick_ms: u64) -> u64 {
         tick_ms.saturating_mul(LEASE_TICKS)
+    }
+}
+
+/// The cluster that reaches exactly this worker, for its probes: its own cluster
+/// with `target: cluster`; with `target: endpoint` the pool shares one cluster and a
+/// probe to it could land on any engine, so only a `cluster` set on the worker (one
+/// holding just its engine) will do.
+pub fn probe_cluster<'a>(cfg: &Config, w: &'a WorkerConfig) -> Option<&'a str> {
+    match cfg.target {
+        Target::Cluster => Some(w.cluster()),
+        Target::Endpoint => w.cluster.as_deref(),
     }
 }
 
@@ -863,6 +874,22 @@ mod tests {
         );
         assert_eq!(Lease::decode(b"garbage"), None);
         assert_eq!(OverloadConfig::lease_ms(1000), 3000);
+    }
+
+    #[test]
+    fn endpoint_workers_are_probed_only_through_a_cluster_of_their_own() {
+        let c = |json: &str| Config::from_json(json.as_bytes()).unwrap();
+        let cluster = c(r#"{"workers":[{"name":"a"}]}"#);
+        assert_eq!(probe_cluster(&cluster, &cluster.workers[0]), Some("a"));
+        let endpoint = c(
+            r#"{"target":"endpoint","workers":[{"name":"a","address":"10.0.0.1:80"},
+                {"name":"b","address":"10.0.0.2:80","cluster":"only_b"}]}"#,
+        );
+        assert_eq!(probe_cluster(&endpoint, &endpoint.workers[0]), None);
+        assert_eq!(
+            probe_cluster(&endpoint, &endpoint.workers[1]),
+            Some("only_b")
+        );
     }
 
     #[test]

@@ -218,6 +218,31 @@ fn thresholds_hot_reload_and_disabling_clears_every_flag() {
 }
 
 #[test]
+fn an_all_flagged_fleet_is_still_served_and_says_so() {
+    let mut h = host(2, "");
+    let mut spec = RequestSpec::post_json(
+        "/llm-router/stats",
+        br#"{"workers":[{"name":"w0","ttft_p90_s":40},{"name":"w1","ttft_p90_s":40},{"name":"w2","tpot_p90_s":0.5}]}"#
+            .to_vec(),
+    );
+    spec.headers.push(("authorization", "Bearer tok"));
+    h.vm(0).request(spec).unwrap();
+    h.advance_time(1000).unwrap();
+    assert_eq!(stat(&h, "flagged"), 3);
+    let out = h
+        .vm(1)
+        .request(RequestSpec::post_json(
+            "/v1/completions",
+            br#"{"model":"m","prompt":"hello"}"#.to_vec(),
+        ))
+        .unwrap();
+    assert!(out.local_response.is_none(), "routed, not refused");
+    let resp = h.vm(1).respond(out.handle, 200, &[], b"{}").unwrap();
+    assert_eq!(resp.header("x-llm-router-reason"), Some("all_overloaded"));
+    assert_eq!(resp.header("x-llm-router-decision"), Some("all_queued"));
+}
+
+#[test]
 fn an_invalid_overload_config_is_refused_with_the_field_named() {
     let err = Host::builder(host_sim::require_built_filter())
         .plugin_config(config(r#","ttft_recover_s":31"#).into_bytes())

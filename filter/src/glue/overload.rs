@@ -15,8 +15,10 @@ use proxy_wasm::types::{LogLevel, MapType};
 
 use super::host::{self, HostStore, Metric};
 use super::root::{State, KEY_PREFIX};
-use crate::config::{Config, Target, WorkerConfig};
-use crate::overload::{observe_latencies, Event, FlagTable, ProbeLease, Transition};
+use crate::config::{Config, WorkerConfig};
+use crate::overload::{
+    observe_latencies, probe_cluster, Event, FlagTable, OverloadConfig, ProbeLease, Transition,
+};
 
 /// Overload stats; the transition counters move on the lease holder only, so each
 /// flip is counted once per Envoy.
@@ -56,11 +58,6 @@ pub struct Prober {
     /// When each worker was last probed (by name).
     last_probe_ms: Vec<(String, u64)>,
     metrics: OverloadMetrics,
-}
-
-/// Whether a probe can reach exactly this worker.
-fn probeable(cfg: &Config, w: &WorkerConfig) -> bool {
-    cfg.target == Target::Cluster || w.cluster.is_some()
 }
 
 /// The root tick period: the ring's sync interval, or the probe interval when that
@@ -103,7 +100,7 @@ impl Prober {
         let blind: Vec<&str> = cfg
             .workers
             .iter()
-            .filter(|w| !probeable(cfg, w))
+            .filter(|w| probe_cluster(cfg, w).is_none())
             .map(|w| w.name.as_str())
             .collect();
         if !blind.is_empty() {
@@ -126,12 +123,16 @@ impl Prober {
             self.pending.clear();
             return;
         }
-        let ttl = crate::overload::OverloadConfig::lease_ms(tick_ms(cfg));
+        let ttl = OverloadConfig::lease_ms(tick_ms(cfg));
         if !self.lease.acquire(&HostStore, self.me, now_ms, ttl) {
             return;
         }
         let table = state.engine_loads();
-        let probe_ok: Vec<bool> = cfg.workers.iter().map(|w| probeable(cfg, w)).collect();
+        let probe_ok: Vec<bool> = cfg
+            .workers
+            .iter()
+            .map(|w| probe_cluster(cfg, w).is_some())
+            .collect();
         let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
             observe_latencies(
                 f,
@@ -146,13 +147,13 @@ impl Prober {
         let flags = self.flags.read(&HostStore, &cfg.workers);
         self.metrics.flagged.set(flags.count() as u64);
         for (w, flag) in cfg.workers.iter().zip(&flags.0) {
-            if flag.is_overloaded() && probeable(cfg, w) {
-                self.probe_if_due(cfg, w, now_ms);
+            if let (true, Some(cluster)) = (flag.is_overloaded(), probe_cluster(cfg, w)) {
+                self.probe_if_due(cfg, w, cluster, now_ms);
             }
         }
     }
 
-    fn probe_if_due(&mut self, cfg: &Config, w: &WorkerConfig, now_ms: u64) {
+    fn probe_if_due(&mut self, cfg: &Config, w: &WorkerConfig, cluster: &str, now_ms: u64) {
         if self.pending.iter().any(|p| p.worker == w.name) {
             return;
         }
@@ -180,7 +181,7 @@ impl Prober {
         ];
         let body = o.probe_body.as_deref().map(str::as_bytes);
         let timeout = Duration::from_millis(o.probe_timeout_ms);
-        match hostcalls::dispatch_http_call(w.cluster(), headers, body, vec![], timeout) {
+        match hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout) {
             Ok(token) => self.pending.push(Pending {
                 token,
                 worker: w.name.clone(),
@@ -191,9 +192,8 @@ impl Prober {
                 host::log(
                     LogLevel::Warn,
                     &format!(
-                        "llm-router: cannot probe worker `{}` via cluster `{}`: {e:?}",
-                        w.name,
-                        w.cluster()
+                        "llm-router: cannot probe worker `{}` via cluster `{cluster}`: {e:?}",
+                        w.name
                     ),
                 );
                 self.apply_probe(cfg, &w.name, false, now_ms);
