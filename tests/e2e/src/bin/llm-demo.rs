@@ -78,9 +78,12 @@ struct Args {
     /// Generated workload: turns per session.
     #[arg(long, default_value_t = 6)]
     turns: usize,
-    /// Generated workload: distinct system prompts.
-    #[arg(long, default_value_t = 8)]
-    system_prompts: usize,
+    /// Generated workload: distinct system prompts. Default 8; with `--slow-worker`,
+    /// one per conversation, so a new conversation is a cache miss that least-load
+    /// routing can give to a recovered worker (with shared system prompts, new
+    /// conversations follow the prompt's owners, which the slow phase moved away).
+    #[arg(long)]
+    system_prompts: Option<usize>,
     /// Generated workload: system prompt length in chars.
     #[arg(long, default_value_t = 1500)]
     system_prompt_chars: usize,
@@ -107,6 +110,8 @@ struct Args {
     #[arg(long, default_value_t = 8.0)]
     phase_s: f64,
 }
+
+const DEFAULT_SYSTEM_PROMPTS: usize = 8;
 
 /// The slow worker's injected TTFT: over the demo's enter threshold (1 s) and its
 /// probe timeout (0.5 s), so it is flagged and its probes fail while slow.
@@ -224,7 +229,10 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     let cfg = GenerateConfig {
         sessions: args.sessions,
         turns: args.turns,
-        system_prompts: args.system_prompts,
+        system_prompts: args.system_prompts.unwrap_or(match args.slow_worker {
+            Some(_) => args.sessions,
+            None => DEFAULT_SYSTEM_PROMPTS,
+        }),
         system_prompt_chars: args.system_prompt_chars,
         user_chars: args.user_chars,
         seed: args.seed,
