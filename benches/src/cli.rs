@@ -7,6 +7,7 @@
 
 use crate::client::{build_client, normalize_base_url, send};
 use crate::generate::{generate, to_jsonl, GenerateConfig};
+use crate::record::Record;
 use crate::report::{human, json_line};
 use crate::scheduler::run_scheduled;
 use crate::stats::{summarize, Summary};
@@ -166,17 +167,28 @@ pub async fn replay(
     concurrency: usize,
     timeout: Duration,
 ) -> Summary {
+    let started = Instant::now();
+    let records = replay_records(base, items, concurrency, timeout).await;
+    summarize(&records, started.elapsed())
+}
+
+/// `replay` without the summary: the records, for callers that replay a workload
+/// in parts and summarise parts and whole.
+pub async fn replay_records(
+    base: &str,
+    items: Vec<WorkItem>,
+    concurrency: usize,
+    timeout: Duration,
+) -> Vec<Record> {
     let sessions: Vec<Option<String>> = items.iter().map(|it| it.session.clone()).collect();
     let items = Arc::new(items);
     let client = build_client(concurrency);
     let base = Arc::new(base.to_string());
-    let started = Instant::now();
-    let records = run_scheduled(&sessions, concurrency, move |i| {
+    run_scheduled(&sessions, concurrency, move |i| {
         let client = client.clone();
         let base = Arc::clone(&base);
         let items = Arc::clone(&items);
         async move { send(&client, &base, &items[i], timeout).await }
     })
-    .await;
-    summarize(&records, started.elapsed())
+    .await
 }

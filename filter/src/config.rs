@@ -11,6 +11,8 @@
 use serde::Deserialize;
 use std::fmt;
 
+use crate::overload::OverloadConfig;
+
 pub const DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
 pub const DEFAULT_BALANCE_ABS_THRESHOLD: u64 = 64;
 pub const DEFAULT_BALANCE_REL_THRESHOLD: f64 = 1.5;
@@ -265,6 +267,9 @@ pub struct Config {
     /// Adds `x-llm-router-worker`, `-decision` and `-reason` to responses.
     #[serde(default = "default_true")]
     pub decision_headers: bool,
+    /// Latency-aware overload flags (seed 003); see `overload`.
+    #[serde(default)]
+    pub overload: OverloadConfig,
 }
 
 /// A configuration rule that does not hold, naming the field.
@@ -316,6 +321,7 @@ impl Config {
     /// policy rules last: a value wrong under any policy is reported as such.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_values()?;
+        self.overload.validate()?;
         self.validate_queue_knobs()?;
         self.validate_workers()?;
         let (uses_cache_aware, needed) = if self.is_pd() {
@@ -814,6 +820,25 @@ mod tests {
         assert_eq!(field_of(with(r#","stats_path":"stats""#)), "stats_path");
         assert_eq!(field_of(with(r#","stats_max_bytes":0"#)), "stats_max_bytes");
         assert_eq!(field_of(with(r#","stale_after_ms":0"#)), "stale_after_ms");
+    }
+
+    #[test]
+    fn overload_is_one_nested_object() {
+        let c = with(r#","overload":{"ttft_enter_s":3,"ttft_recover_s":1.5}"#).unwrap();
+        assert_eq!(
+            (c.overload.ttft_enter_s, c.overload.ttft_recover_s),
+            (3.0, 1.5)
+        );
+        assert_eq!(
+            c.overload.tpot_enter_s, 0.3,
+            "unset keys keep their defaults"
+        );
+        assert!(c.overload.enabled);
+        let e = with(r#","overload":{"ttft_recover_s":40}"#).unwrap_err();
+        assert_eq!(e.field, "overload.ttft_recover_s");
+        assert!(e.to_string().contains("must be below"), "{e}");
+        let e = with(r#","overload":{"ttft_enter":3}"#).unwrap_err();
+        assert!(e.rule.contains("ttft_enter"), "unknown keys are named: {e}");
     }
 
     #[test]

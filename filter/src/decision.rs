@@ -22,6 +22,8 @@ pub enum Reason {
     AllQueued,
     /// Every owner queued and no worker provably below the floor: pinned to an owner.
     SaturationPin,
+    /// Every candidate was flagged overloaded: routed among them rather than refused.
+    AllOverloaded,
     RoundRobin,
     Random,
     PowerOfTwo,
@@ -37,6 +39,7 @@ impl Reason {
             Reason::CacheWorkerQueued => "cache_worker_queued",
             Reason::AllQueued => "all_queued",
             Reason::SaturationPin => "saturation_pin",
+            Reason::AllOverloaded => "all_overloaded",
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
             Reason::PowerOfTwo => "power_of_two",
@@ -44,12 +47,13 @@ impl Reason {
     }
 
     /// The metric class. `all_queued` is deliberately not `cache_hit_*`, so a query
-    /// on `cache_hit.*` does not read a saturated fleet as a healthy one.
+    /// on `cache_hit.*` does not read a saturated fleet as a healthy one; a fleet
+    /// that is all overloaded is saturated too.
     pub fn label(self) -> Label {
         match self {
             Reason::CacheHit => Label::CacheHit,
             Reason::CacheWorkerQueued => Label::CacheWorkerQueued,
-            Reason::AllQueued | Reason::SaturationPin => Label::AllQueued,
+            Reason::AllQueued | Reason::SaturationPin | Reason::AllOverloaded => Label::AllQueued,
             Reason::CacheMiss
             | Reason::Imbalanced
             | Reason::Unreadable

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod decision;
 pub mod load;
+pub mod overload;
 pub mod pd;
 pub mod policy;
 pub mod request;

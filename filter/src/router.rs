@@ -9,11 +9,18 @@
 //! goes through the shared operation ring (`sync`) and every VM applies it in the
 //! same order, with the ring's sequence number as the tree clock, so eviction order
 //! is a function of the operation stream alone.
+//!
+//! Overload flags (`overload`) screen the candidates before any policy runs, the same
+//! way for every pool: flagged workers are dropped, unless every candidate is flagged,
+//! in which case the request is routed among them (`all_overloaded`) rather than
+//! refused. The text is still recorded under whichever worker was chosen, so when a
+//! flagged owner's prefix goes elsewhere, the next request with it hits there
+//! instead of chasing the stale owner (re-homing).
 
 use hashbrown::HashMap;
 
 use crate::config::{Config, Policy, Pool};
-use crate::decision::Decision;
+use crate::decision::{Decision, Reason};
 use crate::load::LoadTable;
 use crate::policy::{self, CacheAwareParams, Candidate, EngineQueue, Rng};
 use crate::request::Parsed;
@@ -41,6 +48,14 @@ impl NoWorker {
     }
 }
 
+/// The candidates left after the overload screen.
+struct Screened {
+    candidates: Vec<Candidate>,
+    /// Serving workers the flags removed (or, when all are flagged, all of them).
+    flagged: Vec<TenantId>,
+    all_flagged: bool,
+}
+
 struct ModelTree {
     tree: Tree,
     last_used: u64,
@@ -55,6 +70,9 @@ pub struct Routed {
     /// The queue gate is configured but no candidate has a fresh engine sample, so
     /// it cannot act: the collector is not feeding the filter.
     pub gate_inert: bool,
+    /// The prefix's owners were all flagged overloaded and filtered out, so a
+    /// logical cache hit became a physical miss on another worker.
+    pub owner_overloaded: bool,
 }
 
 /// A PD pair: each pool decided by its own policy over its own tree.
@@ -72,6 +90,8 @@ pub struct Loads<'a> {
     /// The collector's last reports.
     pub engine: &'a LoadTable,
     pub now_ms: u64,
+    /// Overload flags by worker index (missing: not flagged).
+    pub overloaded: &'a [bool],
 }
 
 impl Loads<'_> {
@@ -84,6 +104,7 @@ impl Loads<'_> {
             inflight,
             engine: &EMPTY,
             now_ms: 0,
+            overloaded: &[],
         }
     }
 }
@@ -157,8 +178,33 @@ impl Router {
     }
 
     /// Candidates of `pool` serving `model`, with their in-flight counts and fresh
-    /// engine samples.
-    fn candidates(&self, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidate> {
+    /// engine samples, screened by the overload flags.
+    fn candidates(&self, pool: Pool, model: &str, loads: &Loads) -> Screened {
+        let (flagged, open): (Vec<Candidate>, Vec<Candidate>) =
+            self.serving(pool, model, loads).into_iter().partition(|c| {
+                loads
+                    .overloaded
+                    .get(c.worker as usize)
+                    .copied()
+                    .unwrap_or(false)
+            });
+        let flagged_ids = flagged.iter().map(|c| c.worker).collect();
+        if open.is_empty() && !flagged.is_empty() {
+            // Refusing would turn slow answers into no answers.
+            return Screened {
+                candidates: flagged,
+                flagged: flagged_ids,
+                all_flagged: true,
+            };
+        }
+        Screened {
+            candidates: open,
+            flagged: flagged_ids,
+            all_flagged: false,
+        }
+    }
+
+    fn serving(&self, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidate> {
         self.cfg
             .workers
             .iter()
@@ -224,7 +270,11 @@ impl Router {
             ),
             Parsed::Unroutable { model, .. } => (model.as_str(), None),
         };
-        let candidates = self.candidates(pool, model, loads);
+        let Screened {
+            candidates,
+            flagged,
+            all_flagged,
+        } = self.candidates(pool, model, loads);
         let gate_inert = self.cfg.worker_queue_limit.is_some()
             && !candidates.is_empty()
             && candidates.iter().all(|c| c.engine.is_none());
@@ -260,7 +310,15 @@ impl Router {
             (Policy::Random, _) => policy::random(&candidates, rng),
             (Policy::PowerOfTwo, _) => policy::power_of_two(&candidates, rng),
         };
-        let decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
+        let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
+        if all_flagged {
+            decision.reason = Reason::AllOverloaded;
+        }
+        // Only a miss can hide a filtered owner: any other reason either hit an
+        // owner or never consulted the tree.
+        let owner_overloaded = !flagged.is_empty()
+            && decision.reason == Reason::CacheMiss
+            && text.is_some_and(|t| self.owners_filtered(pool, model, t, &candidates, &flagged));
         let record = match (policy, text) {
             (Policy::CacheAware, Some(text)) => Some(Op::Insert {
                 pool,
@@ -279,7 +337,30 @@ impl Router {
             decision,
             record,
             gate_inert,
+            owner_overloaded,
         })
+    }
+
+    /// Whether `text` has owners above the cache threshold, none of them a
+    /// candidate and some of them flagged.
+    fn owners_filtered(
+        &self,
+        pool: Pool,
+        model: &str,
+        text: &str,
+        candidates: &[Candidate],
+        flagged: &[TenantId],
+    ) -> bool {
+        let Some(t) = self.trees.get(&(pool, model.to_string())) else {
+            return false;
+        };
+        let found = t.tree.prefix_match(text);
+        found.match_rate() > self.cfg.cache_threshold
+            && found.owners.iter().any(|o| flagged.contains(o))
+            && !found
+                .owners
+                .iter()
+                .any(|o| candidates.iter().any(|c| c.worker == *o))
     }
 
     /// Applies operation `seq` of the stream (its clock is `seq + 1`, so 0 never
@@ -368,7 +449,6 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::Reason;
     use crate::policy::SplitMix64;
     use crate::request::parse;
 
@@ -649,6 +729,78 @@ mod tests {
         let longer = format!("{long} and a further turn");
         let d = go(&mut r, &chat(&[&longer]), &[0; 4], &mut rng).unwrap();
         assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit));
+    }
+
+    /// Routes with overload flags and records locally.
+    fn go_flagged(r: &mut Router, req: &Parsed, flags: &[bool], rng: &mut SplitMix64) -> Routed {
+        let inflight = vec![0; flags.len()];
+        let loads = Loads {
+            overloaded: flags,
+            ..Loads::inflight_only(&inflight)
+        };
+        let routed = r.route(req, &loads, rng).unwrap();
+        if let Some(op) = &routed.record {
+            r.apply_local(op);
+        }
+        routed
+    }
+
+    #[test]
+    fn flagged_workers_are_never_candidates_under_any_policy() {
+        for policy in ["cache_aware", "round_robin", "random", "power_of_two"] {
+            let mut r = router(&format!(r#","policy":"{policy}""#), 3);
+            let mut rng = SplitMix64(5);
+            for i in 0..30 {
+                let p = chat(&[&format!("opener {i}")]);
+                let routed = go_flagged(&mut r, &p, &[false, true, false], &mut rng);
+                assert_ne!(routed.decision.worker, 1, "{policy}: w1 is flagged");
+                assert_ne!(routed.decision.reason, Reason::AllOverloaded);
+            }
+        }
+    }
+
+    #[test]
+    fn an_all_flagged_fleet_is_routed_and_says_so() {
+        let mut r = router("", 2);
+        let mut rng = SplitMix64(5);
+        let routed = go_flagged(&mut r, &chat(&["hello"]), &[true, true], &mut rng);
+        assert_eq!(routed.decision.reason, Reason::AllOverloaded);
+        assert_eq!(routed.decision.label(), crate::decision::Label::AllQueued);
+        assert!(!routed.owner_overloaded, "nobody was filtered out");
+    }
+
+    #[test]
+    fn a_filtered_owner_is_counted_and_its_prefix_re_homed() {
+        let mut r = router("", 3);
+        let mut rng = SplitMix64(8);
+        let sys = "a system prompt long enough to dominate the routing text";
+        let owner = go_flagged(&mut r, &chat(&[sys, "q1"]), &[false; 3], &mut rng)
+            .decision
+            .worker;
+        let mut flags = [false; 3];
+        flags[owner as usize] = true;
+        let moved = go_flagged(&mut r, &chat(&[sys, "q1", "q2"]), &flags, &mut rng);
+        assert_ne!(moved.decision.worker, owner);
+        assert_eq!(moved.decision.reason, Reason::CacheMiss);
+        assert!(
+            moved.owner_overloaded,
+            "a logical hit became a physical miss"
+        );
+        // The next turn hits the new home, not the stale owner.
+        let next = go_flagged(&mut r, &chat(&[sys, "q1", "q2", "q3"]), &flags, &mut rng);
+        assert_eq!(
+            (next.decision.worker, next.decision.reason),
+            (moved.decision.worker, Reason::CacheHit)
+        );
+        assert!(!next.owner_overloaded);
+        // A prefix nobody owns is a plain miss, not a filtered owner.
+        let unrelated = parse(
+            "/v1/completions",
+            br#"{"model":"m","prompt":"zebra crossing"}"#,
+        );
+        let cold = go_flagged(&mut r, &unrelated, &flags, &mut rng);
+        assert_eq!(cold.decision.reason, Reason::CacheMiss);
+        assert!(!cold.owner_overloaded);
     }
 
     #[test]

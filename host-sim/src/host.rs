@@ -697,6 +697,17 @@ impl Host {
         lock(&self.shared).data.get(key).cloned()
     }
 
+    /// Delivers a new plugin configuration to every VM (`proxy_on_configure` again, as
+    /// on a config update that keeps the VMs); an error if a VM rejects it.
+    pub fn reconfigure(&mut self, plugin_config: impl Into<Vec<u8>>) -> Result<()> {
+        Arc::make_mut(&mut self.cfg).plugin_config = plugin_config.into();
+        for vm in 0..self.vms.len() {
+            self.state(vm).cfg = self.cfg.clone();
+            self.configure(vm)?;
+        }
+        Ok(())
+    }
+
     /// Sets shared data unconditionally (as another plugin would), bumping the CAS.
     pub fn set_shared_data(&mut self, key: &str, value: impl Into<Vec<u8>>) {
         lock(&self.shared).set_data(key, value.into(), 0);
@@ -818,10 +829,7 @@ impl Host {
 
     fn start_vm(&mut self, vm: usize) -> Result<()> {
         let root = self.state(vm).root_ctx as i32;
-        let (vm_size, plugin_size) = (
-            self.cfg.vm_config.len() as i32,
-            self.cfg.plugin_config.len() as i32,
-        );
+        let vm_size = self.cfg.vm_config.len() as i32;
         let what = "proxy_on_context_create";
         self.invoke(
             vm,
@@ -842,6 +850,13 @@ impl Host {
             let tail = tail_logs(self.logs(vm));
             bail!("VM {vm}: proxy_on_vm_start returned false\nrecent guest logs:\n{tail}");
         }
+        self.configure(vm)
+    }
+
+    /// `proxy_on_configure` on `vm` with the current plugin configuration.
+    fn configure(&mut self, vm: usize) -> Result<()> {
+        let root = self.state(vm).root_ctx as i32;
+        let plugin_size = self.cfg.plugin_config.len() as i32;
         self.state(vm).in_configure = true;
         let what = "proxy_on_configure";
         let ok = self.invoke(

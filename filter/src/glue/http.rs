@@ -102,10 +102,12 @@ fn plan(state: &mut State, path: &str, parsed: &Parsed, body: &[u8]) -> Result<P
     };
     let inflight = state.inflight();
     let engine = state.engine_loads();
+    let overloaded = super::overload::overloaded(state.router.config());
     let loads = Loads {
         inflight: &inflight,
         engine: &engine,
         now_ms: host::now_ms(),
+        overloaded: &overloaded,
     };
     if !state.router.config().is_pd() {
         let routed = state
@@ -114,6 +116,9 @@ fn plan(state: &mut State, path: &str, parsed: &Parsed, body: &[u8]) -> Result<P
             .map_err(no_worker)?;
         if routed.gate_inert {
             state.note_gate_inert();
+        }
+        if routed.owner_overloaded {
+            state.metrics.overload_owner_filtered.inc();
         }
         return Ok(Plan {
             main: routed.decision,
@@ -127,6 +132,9 @@ fn plan(state: &mut State, path: &str, parsed: &Parsed, body: &[u8]) -> Result<P
         .map_err(no_worker)?;
     if pair.prefill.gate_inert || pair.decode.gate_inert {
         state.note_gate_inert();
+    }
+    if pair.prefill.owner_overloaded || pair.decode.owner_overloaded {
+        state.metrics.overload_owner_filtered.inc();
     }
     let records = [pair.prefill.record, pair.decode.record]
         .into_iter()

@@ -4,6 +4,7 @@
 
 mod host;
 mod http;
+mod overload;
 mod root;
 
 proxy_wasm::main! {{

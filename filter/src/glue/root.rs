@@ -12,6 +12,7 @@ use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 
 use super::host::{self, HostStore, Metric};
 use super::http::Stream;
+use super::overload::{self, Prober};
 use crate::config::Config;
 use crate::decision::{Decision, Label, Reason};
 use crate::load::{decode_table, LoadTable};
@@ -20,7 +21,7 @@ use crate::router::Router;
 use crate::sync::{EvictionClock, InflightTable, Op, OpRing, SharedStore};
 
 /// Shared-data keys start with this; shared data is already scoped by `vm_id`.
-const KEY_PREFIX: &str = "llm_router";
+pub const KEY_PREFIX: &str = "llm_router";
 /// The collector's last snapshot, as `load::encode_table` writes it.
 pub const SAMPLES_KEY: &str = "llm_router.samples";
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -57,6 +58,9 @@ pub struct Metrics {
     pub pd_pairs: Metric,
     /// PD prefill copies that could not be sent or failed.
     pub pd_prefill_failures: Metric,
+    /// Requests whose prefix owners were all filtered out as overloaded: logical
+    /// cache hits that became physical misses (seed 003's blind spot).
+    pub overload_owner_filtered: Metric,
 }
 
 impl Metrics {
@@ -80,6 +84,7 @@ impl Metrics {
             pushes_rejected: Metric::counter("llm_router_stats_pushes_rejected"),
             pd_pairs: Metric::counter("llm_router_pd_pairs"),
             pd_prefill_failures: Metric::counter("llm_router_pd_prefill_failures"),
+            overload_owner_filtered: Metric::counter("llm_router_overload_owner_filtered"),
         }
     }
 
@@ -203,17 +208,33 @@ pub type Shared = Rc<RefCell<Option<State>>>;
 
 pub struct Root {
     state: Shared,
+    /// Created with the first configuration (it needs the host's entropy).
+    prober: Option<Prober>,
 }
 
 impl Root {
     pub fn new() -> Root {
         Root {
             state: Rc::new(RefCell::new(None)),
+            prober: None,
         }
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        _body: usize,
+        _trailers: usize,
+    ) {
+        let slot = self.state.borrow();
+        if let (Some(state), Some(prober)) = (slot.as_ref(), self.prober.as_mut()) {
+            prober.on_response(state, token, host::now_ms());
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -235,7 +256,10 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let tick = Duration::from_millis(cfg.sync_interval_ms);
+        let tick = Duration::from_millis(overload::tick_ms(&cfg));
+        self.prober
+            .get_or_insert_with(|| Prober::new(host::random_seed()))
+            .configured(&cfg);
         let ring = OpRing::new(KEY_PREFIX, cfg.sync_ring_slots);
         ring.init_if_missing(&HostStore);
         let mut slot = self.state.borrow_mut();
@@ -294,6 +318,9 @@ impl RootContext for Root {
             .tree_chars
             .set(state.router.tree_chars() as u64);
         state.metrics.inflight.set(state.inflight().iter().sum());
+        if let Some(prober) = self.prober.as_mut() {
+            prober.tick(state, host::now_ms());
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -64,9 +64,16 @@ pub fn request(
     }
     head.push_str("\r\n");
     s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
+    // A server that answers before reading the whole body (an early 413) may close
+    // while the body is still on its way, and the kernel then resets the
+    // connection: the answer already received is still the answer.
+    let sent = s.write_all(body);
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    let read = s.read_to_end(&mut raw);
+    if raw.is_empty() {
+        sent?;
+        read?;
+    }
     let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
         bail!("{method} {path} on {addr}: malformed response");
     };

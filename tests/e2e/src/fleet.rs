@@ -29,6 +29,8 @@ pub struct FleetSpec {
     pub dir: Option<PathBuf>,
     /// Run the companion collector, pushing every this many ms.
     pub collector_interval_ms: Option<u64>,
+    /// Extra `llm-collector` arguments (e.g. `--window-s 1`).
+    pub collector_args: Vec<String>,
 }
 
 impl Default for FleetSpec {
@@ -42,6 +44,7 @@ impl Default for FleetSpec {
             envoy_concurrency: 1,
             dir: None,
             collector_interval_ms: None,
+            collector_args: Vec::new(),
         }
     }
 }
@@ -136,6 +139,7 @@ pub fn start_collector(
     engines: &[Engine],
     token: &str,
     interval_ms: u64,
+    extra_args: &[String],
     dir: &Path,
 ) -> Result<Guard> {
     let Some(stats) = envoy.stats_listener else {
@@ -147,7 +151,8 @@ pub fn start_collector(
         .arg("--token")
         .arg(token)
         .arg("--interval-ms")
-        .arg(interval_ms.to_string());
+        .arg(interval_ms.to_string())
+        .args(extra_args);
     for e in engines {
         cmd.arg("--engine")
             .arg(format!("{}=http://{}", e.name, e.addr));
@@ -210,7 +215,14 @@ impl Fleet {
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;
         let collector = match spec.collector_interval_ms {
-            Some(interval) => Some(start_collector(&envoy, &engines, &token, interval, &dir)?),
+            Some(interval) => Some(start_collector(
+                &envoy,
+                &engines,
+                &token,
+                interval,
+                &spec.collector_args,
+                &dir,
+            )?),
             None => None,
         };
         Ok(Fleet {

@@ -59,8 +59,9 @@ pub struct Config {
     #[arg(long = "prefill-us-per-token", default_value_t = 20.0, value_parser = non_negative)]
     pub prefill_us_per_token: f64,
 
-    /// Simulated time between output tokens, in milliseconds (changeable via /admin/latency).
-    #[arg(long = "decode-ms-per-token", default_value_t = 0.0, value_parser = non_negative)]
+    /// Simulated time between output tokens (TPOT), in milliseconds (changeable via
+    /// /admin/latency as `decode_ms_per_token` or `tpot_ms`).
+    #[arg(long = "decode-ms-per-token", visible_alias = "tpot-ms", default_value_t = 0.0, value_parser = non_negative)]
     pub decode_ms_per_token: f64,
 
     /// Output tokens per request unless the request sets max_tokens (capped at 64).
@@ -146,6 +147,11 @@ mod tests {
         assert_eq!(c.ttft_ms, 12.5);
         assert_eq!(c.max_running, 2);
         assert!(Config::try_parse_from(["engine-mock", "--ttft-ms", "-1"]).is_err());
+        let c = Config::parse_from(["engine-mock", "--tpot-ms", "40"]);
+        assert_eq!(
+            c.decode_ms_per_token, 40.0,
+            "--tpot-ms names the decode delay"
+        );
         assert!(Config::try_parse_from(["engine-mock", "--block-chars", "0"]).is_err());
     }
 }

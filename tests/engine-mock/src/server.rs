@@ -324,6 +324,7 @@ async fn admin_latency(state: &Arc<State>, req: Request<Incoming>) -> Response<B
     let fields = [
         ("ttft_ms", &state.ttft_ms),
         ("decode_ms_per_token", &state.decode_ms_per_token),
+        ("tpot_ms", &state.decode_ms_per_token),
         ("prefill_us_per_token", &state.prefill_us_per_token),
     ];
     // Validate everything before applying anything, so a bad request changes nothing.
@@ -345,6 +346,7 @@ async fn admin_latency(state: &Arc<State>, req: Request<Incoming>) -> Response<B
         &json!({
             "ttft_ms": state.ttft_ms.get(),
             "decode_ms_per_token": state.decode_ms_per_token.get(),
+            "tpot_ms": state.decode_ms_per_token.get(),
             "prefill_us_per_token": state.prefill_us_per_token.get(),
             "worker": state.cfg.worker_id,
         }),

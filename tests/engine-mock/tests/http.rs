@@ -382,6 +382,13 @@ fn admin_latency_and_sglang_metrics() {
     assert_eq!(r.json()["ttft_ms"], 200.0);
     let bad = engine.request("POST", "/admin/latency", Some(&json!({"ttft_ms": -1})));
     assert_eq!(bad.status, 400);
+    let r = engine.request("POST", "/admin/latency", Some(&json!({"tpot_ms": 30})));
+    assert_eq!(
+        (r.json()["tpot_ms"].as_f64(), r.json()["ttft_ms"].as_f64()),
+        (Some(30.0), Some(200.0)),
+        "tpot_ms alone changes only the decode delay"
+    );
+    engine.request("POST", "/admin/latency", Some(&json!({"tpot_ms": 0})));
 
     let t = Instant::now();
     let g = engine.request("POST", "/generate", Some(&json!({"text": "hello"})));

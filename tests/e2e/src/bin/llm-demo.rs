@@ -4,19 +4,28 @@
 //! The run is repeated with a baseline policy (round robin unless `--baseline none`)
 //! on a fresh fleet, so the engine-reported cache hit ratio of the two can be
 //! compared on the same workload. The last line of stdout is one JSON object.
+//!
+//! `--slow-worker N` runs the overload schedule instead: the workload in thirds,
+//! each paced over `--phase-s`, with engine mock N slow (TTFT 1.5 s) during the
+//! middle third, and overload thresholds scaled to that time (see `demo_overload`).
+//! The report shows the slow worker's request share per phase and the overload
+//! counters from Envoy's stats.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use e2e::admin;
 use e2e::envoy::Target;
 use e2e::fleet::{Fleet, FleetSpec};
 use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
+use llm_bench::record::Record;
 use llm_bench::report::JsonSummary;
-use llm_bench::stats::Summary;
+use llm_bench::stats::{summarize, Summary};
 use llm_bench::workload::{load_workload, WorkItem};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -79,9 +88,12 @@ struct Args {
     /// Generated workload: turns per session.
     #[arg(long, default_value_t = 6)]
     turns: usize,
-    /// Generated workload: distinct system prompts.
-    #[arg(long, default_value_t = 8)]
-    system_prompts: usize,
+    /// Generated workload: distinct system prompts. Default 8; with `--slow-worker`,
+    /// one per conversation, so a new conversation is a cache miss that least-load
+    /// routing can give to a recovered worker (with shared system prompts, new
+    /// conversations follow the prompt's owners, which the slow phase moved away).
+    #[arg(long)]
+    system_prompts: Option<usize>,
     /// Generated workload: system prompt length in chars.
     #[arg(long, default_value_t = 1500)]
     system_prompt_chars: usize,
@@ -99,6 +111,56 @@ struct Args {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 120.0)]
     timeout_s: f64,
+    /// Make engine mock N (`wN`) slow for the middle third of the run, then healthy
+    /// again, with overload flags tuned to the demo's time scale. No baseline run
+    /// unless `--baseline` asks for one.
+    #[arg(long)]
+    slow_worker: Option<usize>,
+    /// With `--slow-worker`: each third of the run is paced over at least this long.
+    #[arg(long, default_value_t = 8.0)]
+    phase_s: f64,
+}
+
+const DEFAULT_SYSTEM_PROMPTS: usize = 8;
+
+/// The slow worker's injected TTFT: over the demo's enter threshold (1 s) and its
+/// probe timeout (0.5 s), so it is flagged and its probes fail while slow.
+const SLOW_TTFT_MS: f64 = 1500.0;
+/// The collector's p90 window with `--slow-worker`: short against a phase, so the
+/// slow phase's samples have aged out when the healthy phase starts.
+const SLOW_WINDOW_S: u64 = 2;
+/// How long the demo waits, after the last request, for a recovery under way.
+const RECOVERY_WAIT: Duration = Duration::from_secs(30);
+
+/// Overload settings at the demo's scale: enter at a TTFT p90 of 1 s, recover
+/// below 0.5 s after 3 probes in a row answered within 0.5 s, probing every 250 ms.
+/// TPOT thresholds sit far above what the mock produces (no decode delay).
+fn demo_overload() -> Value {
+    json!({
+        "ttft_enter_s": 1.0, "ttft_recover_s": 0.5,
+        "tpot_enter_s": 5.0, "tpot_recover_s": 1.0,
+        "probe_interval_ms": 250, "probe_timeout_ms": 500,
+        "probe_successes_to_recover": 3,
+    })
+}
+
+const PHASES: [&str; 3] = ["before", "slow", "after"];
+const OVERLOAD_STATS: [&str; 6] = [
+    "entered",
+    "recovered",
+    "owner_filtered",
+    "flagged",
+    "probes_ok",
+    "probes_failed",
+];
+
+/// What the slow-worker schedule measured.
+struct OverloadRun {
+    worker: String,
+    /// The slow worker's share of the responses, by phase.
+    shares: Vec<(&'static str, f64)>,
+    /// `llm_router_overload_*` from Envoy's stats.
+    stats: BTreeMap<String, u64>,
 }
 
 /// What one run measured.
@@ -114,6 +176,7 @@ struct RunResult {
     gate: BTreeMap<String, u64>,
     /// PD runs: what the pairs did.
     pd: Option<PdCounts>,
+    overload: Option<OverloadRun>,
 }
 
 /// PD: pairs as the decode mocks report them, failures as the filter counts them,
@@ -154,6 +217,9 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
     let policy_key = if args.pd { "prefill_policy" } else { "policy" };
     let mut cfg = Map::new();
     cfg.insert(policy_key.into(), json!(policy));
+    if args.slow_worker.is_some() {
+        cfg.insert("overload".into(), demo_overload());
+    }
     if let Some(path) = &args.filter_config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --filter-config {}", path.display()))?;
@@ -196,7 +262,10 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     let cfg = GenerateConfig {
         sessions,
         turns: args.turns,
-        system_prompts: args.system_prompts,
+        system_prompts: args.system_prompts.unwrap_or(match args.slow_worker {
+            Some(_) => sessions,
+            None => DEFAULT_SYSTEM_PROMPTS,
+        }),
         system_prompt_chars: args.system_prompt_chars,
         user_chars: args.user_chars,
         seed: args.seed,
@@ -243,6 +312,10 @@ fn run(
         envoy_concurrency: args.envoy_concurrency,
         dir: Some(args.dir.join(&label)),
         collector_interval_ms: Some(args.collector_interval_ms),
+        collector_args: match args.slow_worker {
+            Some(_) => vec!["--window-s".into(), SLOW_WINDOW_S.to_string()],
+            None => Vec::new(),
+        },
     };
     let engines = match args.pd {
         true => format!(
@@ -262,12 +335,21 @@ fn run(
         fleet.url(),
         args.concurrency
     );
-    let summary = rt.block_on(llm_bench::cli::replay(
-        &fleet.url(),
-        items.to_vec(),
-        args.concurrency,
-        Duration::from_secs_f64(args.timeout_s),
-    ));
+    let (summary, slow_phases) = match args.slow_worker {
+        Some(n) => {
+            let (summary, phases) = slow_schedule(args, &fleet, n, items, rt)?;
+            (summary, Some((format!("w{n}"), phases)))
+        }
+        None => (
+            rt.block_on(llm_bench::cli::replay(
+                &fleet.url(),
+                items.to_vec(),
+                args.concurrency,
+                Duration::from_secs_f64(args.timeout_s),
+            )),
+            None,
+        ),
+    };
     let stats = fleet.envoy.stats()?;
     let pick = |prefix: &str, names: &[&str]| -> BTreeMap<String, u64> {
         names
@@ -306,7 +388,145 @@ fn run(
         sync: pick("llm_router_sync_", &SYNC_COUNTERS),
         gate: pick("llm_router_", &GATE_COUNTERS),
         pd,
+        overload: slow_phases.map(|(worker, phases)| OverloadRun {
+            shares: phases
+                .iter()
+                .map(|(name, s)| (*name, share(s, &worker)))
+                .collect(),
+            worker,
+            stats: pick("llm_router_overload_", &OVERLOAD_STATS),
+        }),
     })
+}
+
+/// `worker`'s share of the responses in `s` (0 when there were none).
+fn share(s: &Summary, worker: &str) -> f64 {
+    let total: u64 = s.per_worker.values().sum();
+    let n = s.per_worker.get(worker).copied().unwrap_or(0);
+    if total == 0 {
+        0.0
+    } else {
+        n as f64 / total as f64
+    }
+}
+
+/// Sets the engine mock's injected TTFT; returns the one it had.
+fn set_ttft(addr: SocketAddr, ttft_ms: Option<f64>) -> Result<f64> {
+    let body = match ttft_ms {
+        Some(ms) => json!({"ttft_ms": ms}),
+        None => json!({}),
+    };
+    let r = admin::post(addr, "/admin/latency", &body.to_string())?;
+    if r.status != 200 {
+        bail!("engine {addr} refused /admin/latency: {}", r.body);
+    }
+    r.json()?["ttft_ms"]
+        .as_f64()
+        .context("/admin/latency answered without ttft_ms")
+}
+
+/// Conversations staggered over the run: a session keeps the order of its turns, but
+/// the k-th session starts k steps in, so conversations begin and end throughout
+/// the run rather than all spanning it. A worker that recovers can then win new
+/// conversations; those re-homed while it was slow stay where their cache now is.
+fn staggered(items: &[WorkItem]) -> Vec<WorkItem> {
+    let mut sessions: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut next_rank = 0;
+    let mut keyed: Vec<(usize, usize, &WorkItem)> = items
+        .iter()
+        .map(|it| {
+            let (rank, turn) = match &it.session {
+                Some(id) => {
+                    let entry = sessions.entry(id.as_str()).or_insert_with(|| {
+                        next_rank += 1;
+                        (next_rank, 0)
+                    });
+                    entry.1 += 1;
+                    (entry.0, entry.1)
+                }
+                None => {
+                    next_rank += 1;
+                    (next_rank, 0)
+                }
+            };
+            (rank + turn, rank, it)
+        })
+        .collect();
+    keyed.sort_by_key(|(step, rank, _)| (*step, *rank));
+    keyed.into_iter().map(|(_, _, it)| it.clone()).collect()
+}
+
+/// Replays `items` in chunks of `--concurrency`, paced so the whole takes at least
+/// `--phase-s`.
+fn paced(
+    args: &Args,
+    fleet: &Fleet,
+    items: &[WorkItem],
+    rt: &tokio::runtime::Runtime,
+) -> Vec<Record> {
+    let chunk = args.concurrency.max(1);
+    let chunks = items.len().div_ceil(chunk).max(1);
+    let step = Duration::from_secs_f64(args.phase_s.max(0.0) / chunks as f64);
+    let start = Instant::now();
+    let mut records = Vec::new();
+    for (k, part) in items.chunks(chunk).enumerate() {
+        let due = start + step * k as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        records.extend(rt.block_on(llm_bench::cli::replay_records(
+            &fleet.url(),
+            part.to_vec(),
+            args.concurrency,
+            Duration::from_secs_f64(args.timeout_s),
+        )));
+    }
+    records
+}
+
+/// The overload schedule: thirds of the (staggered) workload, engine `slow` slow
+/// during the middle one. Returns the whole run's summary and each phase's.
+fn slow_schedule(
+    args: &Args,
+    fleet: &Fleet,
+    slow: usize,
+    items: &[WorkItem],
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Summary, Vec<(&'static str, Summary)>)> {
+    let engine = fleet
+        .engines
+        .get(slow)
+        .with_context(|| format!("--slow-worker {slow}: there are {} workers", args.workers))?;
+    let normal_ttft = set_ttft(engine.addr, None)?;
+    let items = staggered(items);
+    let third = items.len().div_ceil(3);
+    let started = Instant::now();
+    let mut all = Vec::new();
+    let mut phases = Vec::new();
+    for (name, part) in PHASES.iter().zip(items.chunks(third.max(1))) {
+        match *name {
+            "slow" => set_ttft(engine.addr, Some(SLOW_TTFT_MS))?,
+            "after" => set_ttft(engine.addr, Some(normal_ttft))?,
+            _ => normal_ttft,
+        };
+        eprintln!(
+            "llm-demo: phase `{name}`: {} requests over at least {:.0} s, {} {}",
+            part.len(),
+            args.phase_s,
+            engine.name,
+            if *name == "slow" { "slow" } else { "healthy" }
+        );
+        let phase_start = Instant::now();
+        let records = paced(args, fleet, part, rt);
+        phases.push((*name, summarize(&records, phase_start.elapsed())));
+        all.extend(records);
+    }
+    // A recovery under way (probes still running) is let finish, within bounds.
+    let deadline = Instant::now() + RECOVERY_WAIT;
+    while fleet.envoy.filter_stat("llm_router_overload_flagged")? > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok((summarize(&all, started.elapsed()), phases))
 }
 
 fn report(r: &RunResult) {
@@ -358,6 +578,31 @@ fn report(r: &RunResult) {
             pd.pairs, pd.kv_failures, pd.prefill_failures
         );
     }
+    if let Some(o) = &r.overload {
+        let p: Vec<String> = o
+            .shares
+            .iter()
+            .map(|(phase, s)| format!("{phase} {:.1}%", 100.0 * s))
+            .collect();
+        println!("  slow worker {} request share: {}", o.worker, p.join(", "));
+        let c: Vec<String> = o.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("  overload flags (Envoy stats): {}", c.join(", "));
+    }
+}
+
+/// The summary line's `overload` object.
+fn overload_json(o: &OverloadRun) -> Value {
+    let stat = |k: &str| o.stats.get(k).copied().unwrap_or(0);
+    json!({
+        "entered": stat("entered"),
+        "recovered": stat("recovered"),
+        "owner_filtered": stat("owner_filtered"),
+        "final_flagged": stat("flagged"),
+        "probes_ok": stat("probes_ok"),
+        "probes_failed": stat("probes_failed"),
+        "slow_worker": o.worker,
+        "slow_worker_share": o.shares.iter().map(|(p, s)| (p.to_string(), json!(s))).collect::<Map<String, Value>>(),
+    })
 }
 
 fn json_of(r: &RunResult) -> Value {
@@ -382,6 +627,9 @@ fn json_of(r: &RunResult) -> Value {
         out["pd_prefill_failures"] = json!(pd.prefill_failures);
         out["prefill_per_worker"] = json!(pd.prefill_per_worker);
     }
+    if let Some(o) = &r.overload {
+        out["overload"] = overload_json(o);
+    }
     out
 }
 
@@ -403,7 +651,9 @@ fn real_main(args: &Args) -> Result<bool> {
     let items = workload(args)?;
     let main_run = run(args, &args.policy, false, &items, &rt)?;
     let baseline_name = args.baseline.clone().unwrap_or_else(|| {
-        if filter_config_sets_gate(args) {
+        if args.slow_worker.is_some() {
+            "none".to_string()
+        } else if filter_config_sets_gate(args) {
             "no_gate".to_string()
         } else {
             "round_robin".to_string()

@@ -1,0 +1,272 @@
+//! The overload prober: on every root tick, the VM holding the prober lease steps the
+//! flags on the collector's latest latencies and probes each flagged worker every
+//! `probe_interval_ms` with `dispatch_http_call`; the answer comes back to this
+//! root context and steps the flag again. Every other VM only reads the flags.
+//!
+//! A probe goes to the worker's own cluster. With `target: endpoint` the pool shares
+//! one cluster, and a call to it could land on any engine, so only workers with a
+//! `cluster` of their own are probed; the others recover on latency alone, and the
+//! log says so once per configuration.
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{LogLevel, MapType};
+
+use super::host::{self, HostStore, Metric};
+use super::root::{State, KEY_PREFIX};
+use crate::config::{Config, WorkerConfig};
+use crate::overload::{
+    observe_latencies, probe_cluster, Event, FlagTable, OverloadConfig, ProbeLease, Transition,
+};
+
+/// Overload stats; the transition counters move on the lease holder only, so each
+/// flip is counted once per Envoy.
+pub struct OverloadMetrics {
+    entered: Metric,
+    recovered: Metric,
+    /// Workers flagged now.
+    flagged: Metric,
+    probes_ok: Metric,
+    probes_failed: Metric,
+}
+
+impl OverloadMetrics {
+    pub fn define() -> OverloadMetrics {
+        OverloadMetrics {
+            entered: Metric::counter("llm_router_overload_entered"),
+            recovered: Metric::counter("llm_router_overload_recovered"),
+            flagged: Metric::gauge("llm_router_overload_flagged"),
+            probes_ok: Metric::counter("llm_router_overload_probes_ok"),
+            probes_failed: Metric::counter("llm_router_overload_probes_failed"),
+        }
+    }
+}
+
+/// A probe waiting for its answer.
+struct Pending {
+    token: u32,
+    worker: String,
+}
+
+pub struct Prober {
+    /// This VM's identity in the lease.
+    me: u64,
+    lease: ProbeLease,
+    flags: FlagTable,
+    pending: Vec<Pending>,
+    /// When each worker was last probed (by name).
+    last_probe_ms: Vec<(String, u64)>,
+    metrics: OverloadMetrics,
+}
+
+/// The root tick period: the ring's sync interval, or the probe interval when that
+/// is shorter and probing is on.
+pub fn tick_ms(cfg: &Config) -> u64 {
+    if cfg.overload.enabled {
+        cfg.sync_interval_ms.min(cfg.overload.probe_interval_ms)
+    } else {
+        cfg.sync_interval_ms
+    }
+}
+
+/// The flags every stream routes by, by worker index: none when detection is off.
+pub fn overloaded(cfg: &Config) -> Vec<bool> {
+    if !cfg.overload.enabled {
+        return Vec::new();
+    }
+    FlagTable::new(KEY_PREFIX)
+        .read(&HostStore, &cfg.workers)
+        .overloaded()
+}
+
+impl Prober {
+    pub fn new(me: u64) -> Prober {
+        Prober {
+            me,
+            lease: ProbeLease::new(KEY_PREFIX),
+            flags: FlagTable::new(KEY_PREFIX),
+            pending: Vec::new(),
+            last_probe_ms: Vec::new(),
+            metrics: OverloadMetrics::define(),
+        }
+    }
+
+    /// Logs, once per configuration, the workers that cannot be probed.
+    pub fn configured(&mut self, cfg: &Config) {
+        if !cfg.overload.enabled {
+            return;
+        }
+        let blind: Vec<&str> = cfg
+            .workers
+            .iter()
+            .filter(|w| probe_cluster(cfg, w).is_none())
+            .map(|w| w.name.as_str())
+            .collect();
+        if !blind.is_empty() {
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "llm-router: overload probes cannot pick a host in the shared `target: endpoint` \
+                     cluster; workers {blind:?} recover on latency alone (give a worker a `cluster` \
+                     holding only its engine to have it probed)"
+                ),
+            );
+        }
+    }
+
+    pub fn tick(&mut self, state: &State, now_ms: u64) {
+        let cfg = state.router.config();
+        if !cfg.overload.enabled {
+            self.flags.clear(&HostStore);
+            self.metrics.flagged.set(0);
+            self.pending.clear();
+            return;
+        }
+        let ttl = OverloadConfig::lease_ms(tick_ms(cfg));
+        if !self.lease.acquire(&HostStore, self.me, now_ms, ttl) {
+            return;
+        }
+        let table = state.engine_loads();
+        let probe_ok: Vec<bool> = cfg
+            .workers
+            .iter()
+            .map(|w| probe_cluster(cfg, w).is_some())
+            .collect();
+        let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
+            observe_latencies(
+                f,
+                &table,
+                now_ms,
+                cfg.stale_after_ms,
+                &cfg.overload,
+                &probe_ok,
+            )
+        });
+        self.book(&flips, cfg);
+        let flags = self.flags.read(&HostStore, &cfg.workers);
+        self.metrics.flagged.set(flags.count() as u64);
+        for (w, flag) in cfg.workers.iter().zip(&flags.0) {
+            if let (true, Some(cluster)) = (flag.is_overloaded(), probe_cluster(cfg, w)) {
+                self.probe_if_due(cfg, w, cluster, now_ms);
+            }
+        }
+    }
+
+    fn probe_if_due(&mut self, cfg: &Config, w: &WorkerConfig, cluster: &str, now_ms: u64) {
+        if self.pending.iter().any(|p| p.worker == w.name) {
+            return;
+        }
+        let last = self
+            .last_probe_ms
+            .iter()
+            .find(|(n, _)| *n == w.name)
+            .map(|(_, t)| *t);
+        if last.is_some_and(|t| now_ms.saturating_sub(t) < cfg.overload.probe_interval_ms) {
+            return;
+        }
+        let o = &cfg.overload;
+        let method = if o.probe_body.is_some() {
+            "POST"
+        } else {
+            "GET"
+        };
+        let authority = w.address.as_deref().unwrap_or(w.name.as_str());
+        let headers = vec![
+            (":method", method),
+            (":path", o.probe_path.as_str()),
+            (":authority", authority),
+            ("content-type", "application/json"),
+            ("user-agent", "llm-router-probe"),
+        ];
+        let body = o.probe_body.as_deref().map(str::as_bytes);
+        let timeout = Duration::from_millis(o.probe_timeout_ms);
+        match hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout) {
+            Ok(token) => self.pending.push(Pending {
+                token,
+                worker: w.name.clone(),
+            }),
+            Err(e) => {
+                // The cluster is missing or the call was refused: the worker cannot
+                // be shown healthy, so this is a failed probe.
+                host::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "llm-router: cannot probe worker `{}` via cluster `{cluster}`: {e:?}",
+                        w.name
+                    ),
+                );
+                self.apply_probe(cfg, &w.name, false, now_ms);
+            }
+        }
+        match self.last_probe_ms.iter_mut().find(|(n, _)| *n == w.name) {
+            Some((_, t)) => *t = now_ms,
+            None => self.last_probe_ms.push((w.name.clone(), now_ms)),
+        }
+    }
+
+    /// A probe's answer (a timeout or reset arrives with no headers: a failure).
+    pub fn on_response(&mut self, state: &State, token: u32, now_ms: u64) {
+        let Some(pos) = self.pending.iter().position(|p| p.token == token) else {
+            return;
+        };
+        let p = self.pending.swap_remove(pos);
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u32>().ok());
+        let ok = status.is_some_and(|s| (200..300).contains(&s));
+        let cfg = state.router.config();
+        if cfg.overload.enabled {
+            self.apply_probe(cfg, &p.worker, ok, now_ms);
+        }
+    }
+
+    fn apply_probe(&mut self, cfg: &Config, worker: &str, ok: bool, now_ms: u64) {
+        if ok {
+            self.metrics.probes_ok.inc();
+        } else {
+            self.metrics.probes_failed.inc();
+        }
+        let Some(index) = cfg.workers.iter().position(|w| w.name == worker) else {
+            return;
+        };
+        let needed = cfg.overload.probes_needed(true);
+        let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
+            f.0.get_mut(index)
+                .and_then(|flag| flag.step(Event::Probe { ok }, now_ms, needed))
+                .map(|t| vec![(index, t)])
+                .unwrap_or_default()
+        });
+        self.book(&flips, cfg);
+    }
+
+    /// Counts and logs flips.
+    fn book(&self, flips: &[(usize, Transition)], cfg: &Config) {
+        for (i, t) in flips {
+            let name = cfg.workers.get(*i).map_or("?", |w| w.name.as_str());
+            match t {
+                Transition::Entered(reason) => {
+                    self.metrics.entered.inc();
+                    host::log(
+                        LogLevel::Info,
+                        &format!(
+                            "llm-router: worker `{name}` flagged overloaded ({} p90 at or over its threshold)",
+                            reason.as_str()
+                        ),
+                    );
+                }
+                Transition::Recovered { after_ms } => {
+                    self.metrics.recovered.inc();
+                    host::log(
+                        LogLevel::Info,
+                        &format!(
+                            "llm-router: worker `{name}` recovered after {:.1} s overloaded",
+                            *after_ms as f64 / 1000.0
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
