@@ -13,6 +13,7 @@ use crate::prompt::{self, Endpoint};
 use crate::slots::Slots;
 use anyhow::Context as _;
 use bytes::Bytes;
+use engine_model::latency::Latency;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
@@ -451,8 +452,12 @@ async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
     let lookup = lock(&state.cache).lookup_and_insert(&job.prompt);
     lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
 
-    let prefill_ms = state.ttft_ms.get()
-        + state.prefill_us_per_token.get() * lookup.uncached_tokens() as f64 / 1000.0;
+    let prefill_ms = Latency {
+        ttft_ms: state.ttft_ms.get(),
+        prefill_us_per_token: state.prefill_us_per_token.get(),
+        decode_ms_per_token: state.decode_ms_per_token.get(),
+    }
+    .prefill_ms(&lookup);
     if let Some(d) = sleep_ms(prefill_ms) {
         tokio::time::sleep(d).await;
     }
