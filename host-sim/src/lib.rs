@@ -92,14 +92,16 @@ pub fn require_built_filter() -> std::path::PathBuf {
 
 mod abi;
 mod env;
+mod fault;
 mod host;
 mod memory;
 mod state;
 mod wasi;
 
 pub use abi::{LogLevel, Status};
+pub use fault::{envoy_failures, Fault, Trigger};
 pub use host::{
-    Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource, RequestSpec,
-    ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,
+    FailurePolicy, Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource,
+    RequestSpec, ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,
 };
 pub use state::MetricValue;

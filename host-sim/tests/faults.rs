@@ -1,0 +1,187 @@
+//! Fault injection on the real filter: every hostcall the filter uses answers every
+//! failure status Envoy can give it, on each of its calls in turn and on all of them,
+//! and the filter never traps; a trap under FAIL_RELOAD gets a fresh VM on the same
+//! shared data.
+//!
+//! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
+//! --profile wasm` (`tests/run` does it).
+
+use host_sim::{envoy_failures, FailurePolicy, Fault, Filter, Host, RequestSpec, Status};
+use std::sync::OnceLock;
+
+fn filter() -> Filter {
+    static FILTER: OnceLock<Filter> = OnceLock::new();
+    FILTER
+        .get_or_init(|| Filter::load(host_sim::require_built_filter()).expect("filter loads"))
+        .clone()
+}
+
+const CONFIG: &str = r#"{"workers":[{"name":"w0","cluster":"c0"},{"name":"w1","cluster":"c1"},
+    {"name":"w2","cluster":"c2"}],"stats_token":"tok","worker_queue_limit":2,
+    "saturation_queue_floor":1,"eviction_interval_ms":1000}"#;
+
+fn builder() -> host_sim::HostBuilder {
+    Host::builder_for(&filter())
+        .plugin_config(CONFIG)
+        .vms(2)
+        .seed(3)
+        .clusters(&["c0", "c1", "c2"])
+        .allow_on_headers_stop_iteration(true)
+}
+
+fn chat(i: usize) -> Vec<u8> {
+    format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"turn {i}"}}]}}"#,
+        "a long shared system prompt ".repeat(8)
+    )
+    .into_bytes()
+}
+
+/// Sends one request and completes it whatever the filter did with it.
+fn exchange(host: &mut Host, vm: usize, spec: RequestSpec<'_>) -> anyhow::Result<()> {
+    let out = host.vm(vm).request(spec)?;
+    if out.headers_forwarded && out.local_response.is_none() && !out.finished {
+        host.vm(vm).respond(out.handle, 200, &[], b"{}")?;
+    }
+    host.vm(vm).finish(out.handle)
+}
+
+/// What the filter does in production: stats pushes, routed requests on two threads,
+/// unreadable bodies, an unknown model, eviction ticks.
+fn exercise(host: &mut Host) -> anyhow::Result<()> {
+    for vm in 0..2 {
+        let push = r#"{"workers":[{"name":"w0","num_waiting":3,"num_running":1},
+            {"name":"w1","num_waiting":0,"num_running":1}]}"#;
+        let mut spec = RequestSpec::post_json("/llm-router/stats", push);
+        spec.headers.push(("authorization", "Bearer tok"));
+        exchange(host, vm, spec)?;
+    }
+    for i in 0..6 {
+        exchange(
+            host,
+            i % 2,
+            RequestSpec::post_json("/v1/chat/completions", chat(i)),
+        )?;
+    }
+    exchange(
+        host,
+        0,
+        RequestSpec::post_json("/v1/chat/completions", "not json"),
+    )?;
+    let unknown = r#"{"model":"nobody-serves-this","prompt":"x"}"#;
+    exchange(host, 1, RequestSpec::post_json("/v1/completions", unknown))?;
+    host.advance_time(2_500)?;
+    exchange(
+        host,
+        0,
+        RequestSpec::post_json("/v1/chat/completions", chat(9)),
+    )
+}
+
+/// The hostcalls one fault-free run makes, with their call counts.
+fn baseline() -> Vec<(String, u64)> {
+    let mut host = builder().build().expect("fault-free build");
+    exercise(&mut host).expect("fault-free run");
+    host.hostcall_counts().into_iter().collect()
+}
+
+#[test]
+fn no_envoy_failure_of_any_hostcall_makes_the_filter_trap() {
+    let used = baseline();
+    let mut injected = 0;
+    let mut traps = Vec::new();
+    for (hostcall, calls) in &used {
+        for &status in envoy_failures(hostcall) {
+            let mut faults = vec![Fault::new(hostcall, status)];
+            let step = (*calls / 8).max(1);
+            faults.extend(
+                (1..=*calls)
+                    .step_by(step as usize)
+                    .map(|n| Fault::new(hostcall, status).on_call(n)),
+            );
+            for fault in faults {
+                let mut host = builder().build().expect("fault-free build");
+                host.inject(fault.clone());
+                let run = exercise(&mut host);
+                injected += host.faults_fired();
+                if let Err(e) = run {
+                    traps.push(format!("{fault:?}: {e:#}"));
+                }
+            }
+        }
+    }
+    assert!(
+        used.iter().any(|(h, _)| h == "proxy_set_shared_data")
+            && used.iter().any(|(h, _)| h == "proxy_get_header_map_value"),
+        "the exercise reaches the shared-data and header hostcalls: {used:?}"
+    );
+    assert!(injected > 50, "faults actually fired ({injected})");
+    assert!(
+        traps.is_empty(),
+        "the filter trapped:\n{}",
+        traps.join("\n\n")
+    );
+}
+
+/// A fault while the VMs start (reading the plugin configuration) fails the start
+/// cleanly: `on_configure` says no, nothing traps.
+#[test]
+fn a_configuration_read_failure_rejects_the_config_without_trapping() {
+    let err = builder()
+        .fault(Fault::new("proxy_get_buffer_bytes", Status::NotFound))
+        .build()
+        .map(|_| ())
+        .expect_err("a config that cannot be read is rejected");
+    let text = format!("{err:#}");
+    assert!(text.contains("plugin configuration rejected"), "{text}");
+    assert!(!text.contains("trapped"), "{text}");
+}
+
+/// A trap under FAIL_RELOAD: the stream that trapped gets Envoy's 503
+/// `wasm_fail_stream`, the next one on that VM runs in a fresh VM that still sees the
+/// shared data the old one wrote.
+#[test]
+fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
+    let mut host = builder()
+        .vms(1)
+        .failure_policy(FailurePolicy::FailReload)
+        .build()
+        .expect("build");
+    exchange(
+        &mut host,
+        0,
+        RequestSpec::post_json("/v1/chat/completions", chat(1)),
+    )
+    .unwrap();
+    let shared_before = host.shared_data_keys();
+    assert!(!shared_before.is_empty(), "routing wrote shared data");
+    // An out-of-contract status the SDK does not expect makes it panic: a trap.
+    host.inject(
+        Fault::new("proxy_get_header_map_value", Status::InternalFailure)
+            .on_call(host.hostcall_counts()["proxy_get_header_map_value"] + 1),
+    );
+    let out = host
+        .vm(0)
+        .request(RequestSpec::post_json("/v1/chat/completions", chat(2)))
+        .expect("a trap is not an API error under FAIL_RELOAD");
+    let reply = out.local_response.expect("the trapped stream is answered");
+    assert_eq!(
+        (reply.status, reply.details.as_str()),
+        (503, "wasm_fail_stream")
+    );
+    assert!(host.failure(0).is_some(), "the VM failed");
+    let out = host
+        .vm(0)
+        .request(RequestSpec::post_json("/v1/chat/completions", chat(1)))
+        .expect("next request");
+    assert_eq!(host.reloads(0), 1, "the next stream started a fresh VM");
+    assert!(host.failure(0).is_none());
+    assert!(out.continued, "the fresh VM routes");
+    let resp = host.vm(0).respond(out.handle, 200, &[], b"{}").unwrap();
+    assert_eq!(
+        resp.header("x-llm-router-decision"),
+        Some("cache_hit"),
+        "the fresh VM matched the prefix its predecessor recorded in shared data"
+    );
+    assert!(host.shared_data_keys().len() >= shared_before.len());
+}
