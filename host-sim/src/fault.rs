@@ -1,6 +1,6 @@
 //! Fault injection: make any hostcall (an `env.proxy_*` function or a WASI function)
-//! answer a chosen status instead of doing its work, at a chosen call count or with a
-//! chosen probability.
+//! answer a chosen status (or trap the guest) instead of doing its work, at a chosen
+//! call count or with a chosen probability.
 //!
 //! Faults are checked in front of every hostcall by the one registration wrapper
 //! ([`Hostcall`]), before the hostcall reads guest memory, so a faulted call has no
@@ -15,7 +15,7 @@
 use crate::abi::Status;
 use crate::state::{lock, HostState, Rng};
 use std::collections::BTreeMap;
-use wasmtime::{Caller, Linker, Result, WasmTy};
+use wasmtime::{bail, Caller, Linker, Result, WasmTy};
 
 /// When a [`Fault`] fires.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,13 +28,22 @@ pub enum Trigger {
     Probability(f64),
 }
 
-/// One injected fault: `hostcall` answers `code` when `trigger` says so.
+/// What a faulted hostcall does instead of its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Returns this value: a proxy-wasm [`Status`] code, or a WASI errno.
+    Status(i32),
+    /// Traps the guest, as a crash inside the VM would (to exercise failure policies).
+    Trap,
+}
+
+/// One injected fault: `hostcall` gives `answer` when `trigger` says so.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
     /// The import's name, e.g. `proxy_get_shared_data` or `random_get`.
     pub hostcall: String,
-    /// The value returned to the guest: a proxy-wasm [`Status`] code, or a WASI errno.
-    pub code: i32,
+    /// What the call does instead.
+    pub answer: Answer,
     /// When it fires.
     pub trigger: Trigger,
 }
@@ -49,8 +58,16 @@ impl Fault {
     pub fn errno(hostcall: &str, errno: i32) -> Self {
         Self {
             hostcall: hostcall.into(),
-            code: errno,
+            answer: Answer::Status(errno),
             trigger: Trigger::From(1),
+        }
+    }
+
+    /// `hostcall` traps the guest on every call.
+    pub fn trap(hostcall: &str) -> Self {
+        Self {
+            answer: Answer::Trap,
+            ..Self::errno(hostcall, 0)
         }
     }
 
@@ -97,7 +114,7 @@ impl Faults {
     }
 
     /// Counts a call of `name` and returns the injected answer, if a fault fires.
-    pub fn check(&mut self, name: &'static str) -> Option<i32> {
+    pub fn check(&mut self, name: &'static str) -> Option<Answer> {
         let n = self.calls.entry(name).or_insert(0);
         *n += 1;
         let n = *n;
@@ -109,7 +126,7 @@ impl Faults {
                     Trigger::From(k) => n >= k,
                     Trigger::Probability(p) => unit(rng.next_u64()) < p,
                 };
-            fires.then_some(f.code)
+            fires.then_some(f.answer)
         });
         self.fired += code.is_some() as u64;
         code
@@ -124,7 +141,7 @@ pub fn envoy_failures(hostcall: &str) -> &'static [Status] {
         "proxy_get_shared_data" => &[NotFound],
         "proxy_set_shared_data" => &[CasMismatch],
         "proxy_get_header_map_value" => &[NotFound],
-        "proxy_get_buffer_bytes" => &[NotFound],
+        "proxy_get_buffer_bytes" => &[NotFound, BadArgument],
         "proxy_get_property" => &[NotFound],
         "proxy_register_shared_queue" | "proxy_resolve_shared_queue" => &[NotFound],
         "proxy_enqueue_shared_queue" => &[NotFound],
@@ -134,6 +151,13 @@ pub fn envoy_failures(hostcall: &str) -> &'static [Status] {
         "proxy_increment_metric" => &[NotFound, BadArgument],
         "proxy_record_metric" | "proxy_get_metric" => &[NotFound],
         "proxy_set_effective_context" => &[BadArgument],
+        "proxy_replace_header_map_value"
+        | "proxy_remove_header_map_value"
+        | "proxy_add_header_map_value" => &[BadArgument],
+        "proxy_send_local_response" => &[BadArgument],
+        "proxy_define_metric" => &[BadArgument],
+        "proxy_log" => &[BadArgument],
+        "proxy_set_tick_period_milliseconds" => &[BadArgument],
         _ => &[],
     }
 }
@@ -163,7 +187,8 @@ macro_rules! hostcall_arity {
                 linker.func_wrap(module, name, move |c: C<'_>, $($arg: $arg),*| {
                     let injected = lock(&c.data().shared).faults.check(name);
                     match injected {
-                        Some(code) => Ok(code),
+                        Some(Answer::Status(code)) => Ok(code),
+                        Some(Answer::Trap) => bail!("host-sim: injected trap in {name}"),
                         None => self(c, $($arg),*),
                     }
                 })?;
@@ -199,8 +224,9 @@ mod tests {
             .push(Fault::new("b", Status::BadArgument).from_call(2));
         let a: Vec<_> = (0..3).map(|_| f.check("a")).collect();
         let b: Vec<_> = (0..3).map(|_| f.check("b")).collect();
-        assert_eq!(a, [None, Some(1), None]);
-        assert_eq!(b, [None, Some(2), Some(2)]);
+        let (nf, bad) = (Answer::Status(1), Answer::Status(2));
+        assert_eq!(a, [None, Some(nf), None]);
+        assert_eq!(b, [None, Some(bad), Some(bad)]);
         assert_eq!(f.check("c"), None);
         assert_eq!(f.fired, 3);
     }

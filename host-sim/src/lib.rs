@@ -99,7 +99,7 @@ mod state;
 mod wasi;
 
 pub use abi::{LogLevel, Status};
-pub use fault::{envoy_failures, Fault, Trigger};
+pub use fault::{envoy_failures, Answer, Fault, Trigger};
 pub use host::{
     FailurePolicy, Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource,
     RequestSpec, ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,

@@ -155,11 +155,9 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
     .unwrap();
     let shared_before = host.shared_data_keys();
     assert!(!shared_before.is_empty(), "routing wrote shared data");
-    // An out-of-contract status the SDK does not expect makes it panic: a trap.
-    host.inject(
-        Fault::new("proxy_get_header_map_value", Status::InternalFailure)
-            .on_call(host.hostcall_counts()["proxy_get_header_map_value"] + 1),
-    );
+    // The VM crashes in the middle of the next request.
+    let next = host.hostcall_counts()["proxy_get_header_map_value"] + 1;
+    host.inject(Fault::trap("proxy_get_header_map_value").from_call(next));
     let out = host
         .vm(0)
         .request(RequestSpec::post_json("/v1/chat/completions", chat(2)))
@@ -170,6 +168,7 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
         (503, "wasm_fail_stream")
     );
     assert!(host.failure(0).is_some(), "the VM failed");
+    host.clear_faults();
     let out = host
         .vm(0)
         .request(RequestSpec::post_json("/v1/chat/completions", chat(1)))

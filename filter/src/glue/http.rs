@@ -2,7 +2,7 @@
 //! stream, set the routing header, clear the route cache, and count the request in
 //! flight until the stream ends (however it ends).
 
-use proxy_wasm::hostcalls;
+use super::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
