@@ -218,6 +218,10 @@ pub struct Config {
     /// Adds `x-llm-router-worker`, `-decision` and `-reason` to responses.
     #[serde(default = "default_true")]
     pub decision_headers: bool,
+    /// Seeds the tie-break generator so a run can be replayed decision for decision
+    /// (the demo and `host-sim replay` set it); unset: the host's entropy.
+    #[serde(default)]
+    pub rng_seed: Option<u64>,
 }
 
 /// A configuration rule that does not hold, naming the field.

@@ -141,7 +141,7 @@ impl Fleet {
             }
         };
         let engines = (0..spec.workers)
-            .map(|i| start_engine(&format!("w{i}"), &spec.engine_args, &dir))
+            .map(|i| start_engine(&llm_bench::demo::worker_name(i), &spec.engine_args, &dir))
             .collect::<Result<Vec<_>>>()?;
         let mut plugin_config = spec.plugin_config.clone();
         let token = format!("{:016x}", random_u64());

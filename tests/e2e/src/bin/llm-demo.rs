@@ -9,12 +9,10 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use e2e::envoy::Target;
 use e2e::fleet::{Fleet, FleetSpec};
+use llm_bench::demo::{self, RunResult};
 use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
-use llm_bench::report::JsonSummary;
-use llm_bench::stats::Summary;
 use llm_bench::workload::{load_workload, WorkItem};
-use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use serde_json::Value;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -91,69 +89,22 @@ struct Args {
     timeout_s: f64,
 }
 
-/// What one run measured.
-struct RunResult {
-    /// The policy, or `<policy>+no_gate` for the gate-less baseline.
-    policy: String,
-    summary: Summary,
-    /// Decision counts per label, from Envoy's stats.
-    decisions: BTreeMap<String, u64>,
-    /// Cross-thread tree sync counters, from Envoy's stats.
-    sync: BTreeMap<String, u64>,
-    /// Queue gate and collector counters, from Envoy's stats.
-    gate: BTreeMap<String, u64>,
-}
-
-const LABELS: [&str; 4] = [
-    "cache_hit",
-    "cache_miss",
-    "cache_worker_queued",
-    "all_queued",
-];
-const GATE_COUNTERS: [&str; 5] = [
-    "queue_gate_rejections",
-    "queue_gate_inert",
-    "saturation_pins",
-    "stats_pushes_accepted",
-    "stats_pushes_rejected",
-];
-/// The knobs the `no_gate` baseline removes.
-const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
-/// `applied` counts ring operations applied by all threads together (about routed
-/// requests x threads); `gaps` operations a thread missed by falling a ring behind;
-/// `append_failures` operations kept on one thread.
-const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
-
-/// The run's plugin config: `policy` plus `--filter-config` merged over it (the
-/// baseline keeps its own policy; `no_gate` drops the gate knobs).
+/// The run's plugin config: the demo's (see `llm_bench::demo::plugin_config`) with
+/// `--filter-config` merged over it.
 fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
-    let mut cfg = Map::new();
-    cfg.insert("policy".into(), json!(policy));
-    if let Some(path) = &args.filter_config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --filter-config {}", path.display()))?;
-        let Value::Object(extra) = serde_json::from_str(&text)
-            .with_context(|| format!("--filter-config {} is not JSON", path.display()))?
-        else {
-            bail!("--filter-config {} must hold a JSON object", path.display());
-        };
-        // The baseline keeps its own policy; everything else applies to both runs.
-        for (k, v) in extra {
-            if (k != "policy" || policy == args.policy)
-                && !(no_gate && GATE_KNOBS.contains(&k.as_str()))
-            {
-                cfg.insert(k, v);
-            }
+    let extra = match &args.filter_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --filter-config {}", path.display()))?;
+            Some(
+                serde_json::from_str::<Value>(&text)
+                    .with_context(|| format!("--filter-config {} is not JSON", path.display()))?,
+            )
         }
-    }
-    Ok(Value::Object(cfg))
-}
-
-/// Whether the run's plugin config (with `--filter-config` merged) sets the queue gate.
-fn filter_config_sets_gate(args: &Args) -> bool {
-    plugin_config(args, &args.policy, false)
-        .map(|c| c.get("worker_queue_limit").is_some())
-        .unwrap_or(false)
+        None => None,
+    };
+    demo::plugin_config(policy, &args.policy, extra.as_ref(), no_gate, args.seed)
+        .with_context(|| format!("--filter-config {:?}", args.filter_config))
 }
 
 fn workload(args: &Args) -> Result<Vec<WorkItem>> {
@@ -226,82 +177,9 @@ fn run(
         Duration::from_secs_f64(args.timeout_s),
     ));
     let stats = fleet.envoy.stats()?;
-    let pick = |prefix: &str, names: &[&str]| -> BTreeMap<String, u64> {
-        names
-            .iter()
-            .map(|n| {
-                let v = stats
-                    .get(&format!("wasmcustom.{prefix}{n}"))
-                    .copied()
-                    .unwrap_or(0);
-                (n.to_string(), v)
-            })
-            .collect()
-    };
-    Ok(RunResult {
-        policy: label,
-        summary,
-        decisions: pick("llm_router_decisions_", &LABELS),
-        sync: pick("llm_router_sync_", &SYNC_COUNTERS),
-        gate: pick("llm_router_", &GATE_COUNTERS),
-    })
-}
-
-fn report(r: &RunResult) {
-    let s = &r.summary;
-    println!("== policy {} ==", r.policy);
-    println!(
-        "  requests {}  errors {}  wall {:.2}s  ({:.1} req/s)",
-        s.requests, s.errors, s.wall_s, s.req_per_s
-    );
-    for (line, reason, n) in &s.error_reasons {
-        println!("  error x{n} (first at workload line {line}): {reason}");
-    }
-    let total: u64 = s.per_worker.values().sum();
-    for (w, n) in &s.per_worker {
-        let share = if total > 0 {
-            100.0 * *n as f64 / total as f64
-        } else {
-            0.0
-        };
-        println!("  {w:>6}: {n:>5} requests ({share:5.1}%)");
-    }
-    println!(
-        "  engine-reported cached tokens: {} of {} prompt tokens = {:.1}%",
-        s.cached_tokens,
-        s.prompt_tokens,
-        100.0 * s.cached_token_ratio
-    );
-    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"));
-    println!("  latency p50 {}  p99 {}", fmt(s.p50_ms), fmt(s.p99_ms));
-    let d: Vec<String> = r
-        .decisions
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    println!("  router decisions (Envoy stats): {}", d.join(", "));
-    let y: Vec<String> = r.sync.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("  tree sync across Envoy threads: {}", y.join(", "));
-    let g: Vec<String> = r.gate.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("  queue gate and collector: {}", g.join(", "));
-}
-
-fn json_of(r: &RunResult) -> Value {
-    let j = JsonSummary::from(&r.summary);
-    json!({
-        "requests": j.requests,
-        "errors": j.errors,
-        "per_worker": j.per_worker,
-        "cached_token_ratio": j.cached_token_ratio,
-        "p50_ms": j.p50_ms,
-        "p99_ms": j.p99_ms,
-        "policy": r.policy,
-        "decisions": r.decisions,
-        "sync": r.sync,
-        "gate": r.gate,
-        "prompt_tokens": j.prompt_tokens,
-        "cached_tokens": j.cached_tokens,
-    })
+    Ok(RunResult::new(label, summary, |name| {
+        stats.get(name).copied()
+    }))
 }
 
 fn main() {
@@ -321,42 +199,23 @@ fn real_main(args: &Args) -> Result<bool> {
     let rt = tokio::runtime::Runtime::new()?;
     let items = workload(args)?;
     let main_run = run(args, &args.policy, false, &items, &rt)?;
-    let baseline_name = args.baseline.clone().unwrap_or_else(|| {
-        if filter_config_sets_gate(args) {
-            "no_gate".to_string()
-        } else {
-            "round_robin".to_string()
-        }
-    });
+    let baseline_name = match &args.baseline {
+        Some(b) => b.clone(),
+        None => demo::default_baseline(&plugin_config(args, &args.policy, false)?).into(),
+    };
     let baseline = match baseline_name.as_str() {
         "none" => None,
         "no_gate" => Some(run(args, &args.policy, true, &items, &rt)?),
         p if p == args.policy => None,
         p => Some(run(args, p, false, &items, &rt)?),
     };
-    println!();
-    report(&main_run);
-    if let Some(b) = &baseline {
-        report(b);
-        let ms = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"));
-        println!(
-            "== {} vs {}: cached token ratio {:.1}% vs {:.1}%, p99 {} vs {} ==",
-            main_run.policy,
-            b.policy,
-            100.0 * main_run.summary.cached_token_ratio,
-            100.0 * b.summary.cached_token_ratio,
-            ms(main_run.summary.p99_ms),
-            ms(b.summary.p99_ms)
-        );
-    }
-    println!("logs and configs: {}", args.dir.display());
-    let mut out = json_of(&main_run);
-    out["envoy_concurrency"] = json!(args.envoy_concurrency);
-    out["workers"] = json!(args.workers);
-    if let Some(b) = &baseline {
-        out["baseline"] = json_of(b);
-    }
-    println!("{out}");
+    demo::print_report(
+        &main_run,
+        baseline.as_ref(),
+        args.envoy_concurrency,
+        args.workers,
+        Some(&args.dir.display().to_string()),
+    );
     let errors = main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors);
     Ok(errors == 0)
 }
