@@ -93,8 +93,10 @@ pub fn require_built_filter() -> std::path::PathBuf {
 mod abi;
 mod env;
 mod fault;
+pub mod fleet;
 mod host;
 mod memory;
+pub mod replay;
 mod state;
 mod wasi;
 
