@@ -27,6 +27,8 @@ use std::time::Duration;
 
 /// The decision header the filter adds to responses.
 const DECISION_HEADER: &str = "x-llm-router-decision";
+/// Virtual time between the last answer and reading the stats: more than a sync tick.
+const SETTLE_MS: f64 = 1_000.0;
 /// The stats push token replay configures when the config has none.
 const STATS_TOKEN: &str = "host-sim-replay";
 
@@ -96,13 +98,16 @@ impl Replay {
             .plugin_config(serde_json::to_vec(&config)?)
             .plugin_name("llm_router")
             .root_id("llm_router")
-            .vms(self.vms.max(1))
+            // Envoy's main thread runs a VM too: it gets no traffic but ticks, so it
+            // applies the tree's operations like the workers do.
+            .vms(self.vms.max(1) + 1)
             .clusters(&fleet.clusters())
             .allow_on_headers_stop_iteration(true)
             .failure_policy(FailurePolicy::FailReload)
             .build()
             .context("starting the filter")?;
         let start_ms = host.now_ms();
+        let workers = self.vms.max(1);
         let sessions: Vec<Option<String>> = items.iter().map(|i| i.session.clone()).collect();
         let mut order = Dispatch::new(&sessions);
         let mut records: Vec<Option<Record>> = vec![None; items.len()];
@@ -113,7 +118,7 @@ impl Replay {
         loop {
             while in_flight.len() < self.concurrency.max(1) {
                 let Some(i) = order.next() else { break };
-                let vm = sent % host.vm_count();
+                let vm = sent % workers;
                 sent += 1;
                 match self.dispatch(&mut host, &mut fleet, vm, now, i, &items[i])? {
                     Ok(flight) => in_flight.push(flight),
@@ -139,7 +144,7 @@ impl Replay {
                     break;
                 }
                 move_clock(&mut host, start_ms, at)?;
-                let vm = pushes % host.vm_count();
+                let vm = pushes % workers;
                 pushes += 1;
                 let mut spec = RequestSpec::post_json(&stats_path, fleet.stats_push(at));
                 let auth = format!("Bearer {token}");
@@ -155,6 +160,9 @@ impl Replay {
             records[i] = Some(self.complete(&mut host, flight)?);
             order.complete(i);
         }
+        // Stats are read a moment after the last answer, as the demo reads Envoy's:
+        // every VM has ticked since.
+        move_clock(&mut host, start_ms, now + SETTLE_MS)?;
         let records: Vec<Record> = records.into_iter().flatten().collect();
         let summary = summarize(&records, Duration::from_secs_f64(now / 1000.0));
         Ok(ReplayRun {
