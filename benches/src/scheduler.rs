@@ -55,7 +55,7 @@ impl Dispatch {
     }
 
     /// The next request to send, if one may go now.
-    pub fn next(&mut self) -> Option<usize> {
+    pub fn take_next(&mut self) -> Option<usize> {
         self.ready.pop_first()
     }
 
@@ -94,7 +94,7 @@ where
     let mut in_flight: JoinSet<(usize, R)> = JoinSet::new();
     loop {
         while in_flight.len() < concurrency {
-            let Some(i) = order.next() else { break };
+            let Some(i) = order.take_next() else { break };
             let send = Arc::clone(&send);
             in_flight.spawn(async move { (i, send(i).await) });
         }

@@ -117,7 +117,7 @@ impl Replay {
         let mut next_push = interval.map(|i| i as f64);
         loop {
             while in_flight.len() < self.concurrency.max(1) {
-                let Some(i) = order.next() else { break };
+                let Some(i) = order.take_next() else { break };
                 let vm = sent % workers;
                 sent += 1;
                 match self.dispatch(&mut host, &mut fleet, vm, now, i, &items[i])? {
