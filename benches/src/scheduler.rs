@@ -240,11 +240,19 @@ mod dispatch_tests {
         let mut d = Dispatch::new(&[s("a"), s("b"), s("a"), None, s("b")]);
         assert_eq!(d.take_next(), Some(0));
         assert_eq!(d.take_next(), Some(1));
-        assert_eq!(d.take_next(), Some(3), "2 waits for 0, its session's previous turn");
+        assert_eq!(
+            d.take_next(),
+            Some(3),
+            "2 waits for 0, its session's previous turn"
+        );
         assert_eq!(d.take_next(), None);
         d.complete(1);
         d.complete(0);
-        assert_eq!(d.take_next(), Some(2), "earliest line first once both are ready");
+        assert_eq!(
+            d.take_next(),
+            Some(2),
+            "earliest line first once both are ready"
+        );
         assert_eq!(d.take_next(), Some(4));
         assert_eq!(d.take_next(), None);
     }
