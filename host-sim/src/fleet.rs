@@ -81,6 +81,14 @@ impl SimFleet {
     /// Engine `index` serves a request for `path` arriving at `now_ms`.
     pub fn serve(&mut self, index: usize, now_ms: f64, path: &str, body: &[u8]) -> EngineAnswer {
         let e = &mut self.engines[index];
+        if body.is_empty() {
+            // A probe or health check: no prompt, nothing to cache.
+            return EngineAnswer {
+                status: 200,
+                body: json!({"worker": e.name}).to_string().into_bytes(),
+                served: None,
+            };
+        }
         let endpoint = match path.split('?').next().unwrap_or("") {
             "/v1/completions" => Endpoint::Completions,
             "/generate" => Endpoint::Generate,

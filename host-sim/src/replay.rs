@@ -5,7 +5,8 @@
 //! with at most `concurrency` in flight, round robin over the VMs (Envoy's worker
 //! threads); each routed request is served by the engine the filter chose, which
 //! answers when its cost model says; the filter sees the response and the end of the
-//! stream at that time. Every `collector_interval_ms` the fleet's gauges are pushed to
+//! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
+//! copy, an overload probe) are served by that engine the same way. Every `collector_interval_ms` the fleet's gauges are pushed to
 //! the filter's stats endpoint, as the companion collector does. What comes out is the
 //! load tool's [`Summary`] (latencies in virtual ms), so the report is the demo's.
 //!
@@ -66,6 +67,20 @@ struct InFlight {
     record: Record,
 }
 
+/// An HTTP call the filter made, being served by an engine.
+struct Call {
+    token: u32,
+    done_ms: f64,
+    status: u32,
+    body: Vec<u8>,
+}
+
+/// What happens next: a stream's or a call's engine finishes.
+enum Event {
+    Stream(usize, f64),
+    Call(usize, f64),
+}
+
 impl Replay {
     /// The plugin config with the fleet's `workers`, `target: cluster` and, with a
     /// collector, a stats token filled in when absent (as the demo's fleet does).
@@ -112,6 +127,7 @@ impl Replay {
         let mut order = Dispatch::new(&sessions);
         let mut records: Vec<Option<Record>> = vec![None; items.len()];
         let mut in_flight: Vec<InFlight> = Vec::new();
+        let mut calls: Vec<Call> = Vec::new();
         let (mut now, mut sent, mut pushes) = (0.0f64, 0usize, 0usize);
         let interval = self.collector_interval_ms.filter(|&i| i > 0);
         let mut next_push = interval.map(|i| i as f64);
@@ -128,37 +144,63 @@ impl Replay {
                     }
                 }
             }
-            let next_done = in_flight
+            self.schedule_calls(&host, &mut fleet, now, &mut calls);
+            let next_stream = in_flight
                 .iter()
                 .enumerate()
                 .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
                 .map(|(k, f)| (k, f.done_ms));
-            let Some((k, done_ms)) = next_done else {
-                if records.iter().all(Option::is_some) {
-                    break;
+            let next_call = calls
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
+                .map(|(k, c)| (k, c.done_ms));
+            let event = match (next_stream, next_call) {
+                (Some(s), Some(c)) if c.1 < s.1 => Event::Call(c.0, c.1),
+                (Some(s), _) => Event::Stream(s.0, s.1),
+                // Calls alone (a prober's) do not keep a finished replay going.
+                (None, _) if records.iter().all(Option::is_some) => break,
+                (None, Some(c)) => Event::Call(c.0, c.1),
+                (None, None) => {
+                    bail!("nothing in flight and nothing dispatchable: the session order is stuck")
                 }
-                bail!("nothing in flight and nothing dispatchable: the session order is stuck");
             };
-            while let (Some(at), Some(token)) = (next_push, &token) {
-                if at > done_ms {
+            let at = match event {
+                Event::Stream(_, t) | Event::Call(_, t) => t,
+            };
+            while let (Some(push_at), Some(token)) = (next_push, &token) {
+                if push_at > at {
                     break;
                 }
-                move_clock(&mut host, start_ms, at)?;
+                move_clock(&mut host, start_ms, push_at)?;
                 let vm = pushes % workers;
                 pushes += 1;
-                let mut spec = RequestSpec::post_json(&stats_path, fleet.stats_push(at));
+                let mut spec = RequestSpec::post_json(&stats_path, fleet.stats_push(push_at));
                 let auth = format!("Bearer {token}");
                 spec.headers.push(("authorization", &auth));
                 let out = host.vm(vm).request(spec)?;
                 host.vm(vm).finish(out.handle)?;
-                next_push = interval.map(|i| at + i as f64);
+                next_push = interval.map(|i| push_at + i as f64);
             }
-            now = now.max(done_ms);
+            now = now.max(at);
             move_clock(&mut host, start_ms, now)?;
-            let flight = in_flight.swap_remove(k);
-            let i = flight.item;
-            records[i] = Some(self.complete(&mut host, flight)?);
-            order.complete(i);
+            match event {
+                Event::Stream(k, _) => {
+                    let flight = in_flight.swap_remove(k);
+                    let i = flight.item;
+                    records[i] = Some(self.complete(&mut host, flight)?);
+                    order.complete(i);
+                }
+                Event::Call(k, _) => {
+                    let call = calls.swap_remove(k);
+                    let pending = host.pending_http_calls();
+                    // A call whose context ended (or that timed out) is gone.
+                    if pending.iter().any(|c| c.token == call.token) {
+                        let headers = [("content-type", "application/json")];
+                        host.answer_http_call(call.token, call.status, &headers, &call.body)?;
+                    }
+                }
+            }
         }
         // Stats are read a moment after the last answer, as the demo reads Envoy's:
         // every VM has ticked since.
@@ -170,6 +212,28 @@ impl Replay {
             host,
             fleet,
         })
+    }
+
+    /// Sends every new HTTP call the filter made to a fleet engine (a prefill copy, a
+    /// probe) to that engine, to be answered when it is done; calls to other clusters
+    /// are left to time out, as an unreachable cluster's would.
+    fn schedule_calls(&self, host: &Host, fleet: &mut SimFleet, now: f64, calls: &mut Vec<Call>) {
+        for call in host.pending_http_calls() {
+            if calls.iter().any(|c| c.token == call.token) {
+                continue;
+            }
+            let Some(engine) = fleet.find(Some(&call.cluster), None) else {
+                continue;
+            };
+            let path = call.header(":path").unwrap_or("/").to_string();
+            let answer = fleet.serve(engine, now, &path, &call.body);
+            calls.push(Call {
+                token: call.token,
+                done_ms: answer.served.map_or(now, |s| s.finished_ms),
+                status: answer.status,
+                body: answer.body,
+            });
+        }
     }
 
     /// Sends request `i` through the filter on `vm` at `now`: `Ok` if it went to an

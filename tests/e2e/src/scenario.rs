@@ -12,6 +12,7 @@
 //!    {"request": {"body": {"model": "mock", "prompt": "..."}, "hold": true}},
 //!    {"push": {"workers": [{"name": "@0", "num_waiting": 5, "num_running": 1}]}},
 //!    {"request": {"raw": "not json", "expect": {"decision": "cache_miss"}}},
+//!    {"engine": {"worker": "@0", "ttft_ms": 200}},
 //!    {"advance_ms": 100}]}
 //! ```
 //! In a push, `"@N"` names the worker step N went to. `config` is merged over `{"rng_seed": 1}` (tie-breaks replay identically); the
@@ -20,8 +21,8 @@
 //! `max_tokens` (1, or 64 for a `hold`) so that with `decode_ms_per_token` a held
 //! request stays in flight on the engine (Envoy) or unanswered (host-sim) until the
 //! scenario ends. `engines` sets every engine's behaviour, `engines.workers.wN`
-//! overrides one engine's (the shape later features need: latency per engine, and a
-//! `role` for prefill/decode pools). Envoy runs one worker thread: with several,
+//! overrides one engine's latency, and an `engine` step changes it mid-run (the
+//! mock's `POST /admin/latency`), which is what latency-driven behaviour needs. Envoy runs one worker thread: with several,
 //! which thread takes a connection is the kernel's choice, not the scenario's.
 
 use crate::admin::{self, Response};
@@ -111,6 +112,28 @@ impl Behaviour {
         args
     }
 
+    /// The latency part as the mock's `POST /admin/latency` body.
+    fn latency_json(&self) -> Value {
+        json!({
+            "ttft_ms": self.ttft_ms,
+            "decode_ms_per_token": self.decode_ms_per_token,
+            "prefill_us_per_token": self.prefill_us_per_token,
+        })
+    }
+
+    /// `latency` with this behaviour's fields applied.
+    fn apply(&self, latency: Latency) -> Latency {
+        Latency {
+            ttft_ms: self.ttft_ms.unwrap_or(latency.ttft_ms),
+            prefill_us_per_token: self
+                .prefill_us_per_token
+                .unwrap_or(latency.prefill_us_per_token),
+            decode_ms_per_token: self
+                .decode_ms_per_token
+                .unwrap_or(latency.decode_ms_per_token),
+        }
+    }
+
     fn spec(&self) -> EngineSpec {
         let d = EngineSpec::default();
         EngineSpec {
@@ -138,6 +161,18 @@ pub enum Step {
     Push(Value),
     /// Time passes (host-sim: virtual; Envoy: a sleep, so keep it short).
     AdvanceMs(u64),
+    /// One engine's latency changes from now on (the mock's `POST /admin/latency`).
+    Engine(EngineStep),
+}
+
+/// A change of one engine's behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineStep {
+    /// The engine: `w1`, or `@N` for the worker step N went to.
+    pub worker: String,
+    #[serde(flatten)]
+    pub behaviour: Behaviour,
 }
 
 /// A client request.
@@ -290,6 +325,17 @@ impl Scenario {
         for (i, step) in self.steps.iter().enumerate() {
             match step {
                 Step::AdvanceMs(ms) => host.advance_time(*ms)?,
+                Step::Engine(change) => {
+                    let name = resolve_name(&change.worker, &seen);
+                    let Some(e) = fleet.engines.iter_mut().find(|e| e.name == name) else {
+                        bail!("step {i}: no engine {name}");
+                    };
+                    if change.behaviour.max_running.is_some() {
+                        bail!("step {i}: max_running cannot change while the engine runs");
+                    }
+                    let latency = change.behaviour.apply(e.engine.spec().latency);
+                    e.engine.set_latency(latency);
+                }
                 Step::Push(snapshot) => {
                     let auth = format!("Bearer {}", self.token());
                     let path = self.stats_path();
@@ -339,9 +385,6 @@ impl Scenario {
 
     /// Runs the scenario through the real Envoy (one worker thread) and engine mocks.
     pub fn run_envoy(&self) -> Result<Vec<Observation>> {
-        if !self.engines.workers.is_empty() {
-            bail!("per-engine behaviour is not wired to the engine mocks yet (FleetSpec has one set of engine args)");
-        }
         let engine_args = self.engines.all.engine_args();
         let fleet = Fleet::start(&FleetSpec {
             workers: self.workers,
@@ -349,6 +392,9 @@ impl Scenario {
             plugin_config: self.plugin_config()?,
             ..FleetSpec::default()
         })?;
+        for (name, behaviour) in &self.engines.workers {
+            set_latency(&fleet, name, behaviour)?;
+        }
         let envoy = &fleet.envoy;
         let mut seen = vec![Observation::default(); self.steps.len()];
         let mut held = Vec::new();
@@ -356,6 +402,10 @@ impl Scenario {
         for (i, step) in self.steps.iter().enumerate() {
             match step {
                 Step::AdvanceMs(ms) => std::thread::sleep(Duration::from_millis(*ms)),
+                Step::Engine(change) => {
+                    let name = resolve_name(&change.worker, &seen);
+                    set_latency(&fleet, &name, &change.behaviour)?;
+                }
                 Step::Push(snapshot) => {
                     let Some(addr) = envoy.stats_listener else {
                         bail!("step {i}: a push needs `stats_token` in the config");
@@ -403,6 +453,37 @@ impl Scenario {
         }
         Ok(seen)
     }
+}
+
+/// `"@N"`: the worker step N went to; any other name as is.
+fn resolve_name(name: &str, seen: &[Observation]) -> String {
+    match resolve(&json!(name), seen) {
+        Value::String(s) => s,
+        _ => String::new(),
+    }
+}
+
+/// Changes an engine mock's latency at run time; its queue limit is a start flag.
+fn set_latency(fleet: &Fleet, name: &str, behaviour: &Behaviour) -> Result<()> {
+    if behaviour.max_running.is_some() {
+        bail!("engine {name}: max_running is set for all engines, not per engine");
+    }
+    let Some(engine) = fleet.engine(name) else {
+        bail!("no engine {name}");
+    };
+    let r = admin::post(
+        engine.addr,
+        "/admin/latency",
+        &behaviour.latency_json().to_string(),
+    )?;
+    if r.status != 200 {
+        bail!(
+            "engine {name}: /admin/latency answered {}: {}",
+            r.status,
+            r.body
+        );
+    }
+    Ok(())
 }
 
 /// A push with `"@N"` strings replaced by the worker step N was routed to, so a

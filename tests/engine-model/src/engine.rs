@@ -74,6 +74,11 @@ impl Engine {
         &self.spec
     }
 
+    /// Changes the cost model from now on (the mock's `POST /admin/latency`).
+    pub fn set_latency(&mut self, latency: Latency) {
+        self.spec.latency = latency;
+    }
+
     /// The prefix cache (for its usage and hit totals).
     pub fn cache(&self) -> &PrefixCache {
         &self.cache
