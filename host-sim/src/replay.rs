@@ -297,13 +297,22 @@ impl Replay {
             body,
             ..
         } = flight;
+        record.latency_ms = flight.done_ms - flight.dispatched_ms;
+        // The filter may have answered on its own meanwhile (a failed prefill copy:
+        // a 502 after the body went upstream); the engine's answer then goes nowhere.
+        let out = host.vm(handle.vm).outcome(handle)?;
+        if let Some(reply) = out.local_response.filter(|_| out.finished) {
+            record.status = u16::try_from(reply.status).ok();
+            record.decision = reply.header(DECISION_HEADER).map(str::to_string);
+            record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
+            return Ok(record);
+        }
         let headers = [("content-type", "application/json")];
         let resp = host
             .vm(handle.vm)
             .respond(handle, status, &headers, &body)?;
         host.vm(handle.vm).finish(handle)?;
         record.status = u16::try_from(status).ok();
-        record.latency_ms = flight.done_ms - flight.dispatched_ms;
         record.decision = resp.header(DECISION_HEADER).map(str::to_string);
         match parse_json_body(&resp.body) {
             Ok(facts) if (200..300).contains(&status) => {
