@@ -184,3 +184,46 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
     );
     assert!(host.shared_data_keys().len() >= shared_before.len());
 }
+
+/// FAIL_CLOSED: the stream that trapped and every later one on that VM get the 503;
+/// FAIL_OPEN: they pass through untouched. Either way the other VMs keep routing.
+#[test]
+fn fail_closed_and_fail_open_handle_a_dead_vm_as_envoy_does() {
+    for policy in [FailurePolicy::FailClosed, FailurePolicy::FailOpen] {
+        let mut host = builder().failure_policy(policy).build().expect("build");
+        host.inject(Fault::trap("proxy_get_header_map_value"));
+        let first = host
+            .vm(0)
+            .request(RequestSpec::post_json("/v1/chat/completions", chat(1)))
+            .expect("a trap is not an API error");
+        host.clear_faults();
+        let later = host
+            .vm(0)
+            .request(RequestSpec::post_json("/v1/chat/completions", chat(2)))
+            .expect("a dead VM is not an API error");
+        for out in [&first, &later] {
+            match policy {
+                FailurePolicy::FailClosed => {
+                    let reply = out.local_response.as_ref().expect("503");
+                    assert_eq!(
+                        (reply.status, reply.details.as_str()),
+                        (503, "wasm_fail_stream")
+                    );
+                }
+                _ => {
+                    assert!(out.continued, "{policy:?}: the request passes through");
+                    assert_eq!(out.header("x-llm-router-cluster"), None, "not routed");
+                }
+            }
+        }
+        assert!(host.failure(0).is_some() && host.reloads(0) == 0);
+        let other = host
+            .vm(1)
+            .request(RequestSpec::post_json("/v1/chat/completions", chat(3)))
+            .expect("VM 1 lives");
+        assert!(
+            other.header("x-llm-router-cluster").is_some(),
+            "{policy:?}: VM 1 routes"
+        );
+    }
+}
