@@ -15,7 +15,7 @@
 //! --concurrency 1` request for request.
 
 use crate::fleet::SimFleet;
-use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle};
+use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use anyhow::{bail, Context as _, Result};
 use engine_model::engine::EngineSpec;
 use llm_bench::record::Record;
@@ -75,10 +75,26 @@ struct Call {
     body: Vec<u8>,
 }
 
+/// Where a request stands after the filter saw it.
+enum Routed {
+    Engine(InFlight),
+    Held(Held),
+    Done(Record),
+}
+
+/// A request the filter holds (neither sent upstream nor answered).
+struct Held {
+    item: usize,
+    handle: StreamHandle,
+    sent: f64,
+}
+
 /// What happens next: a stream's or a call's engine finishes.
 enum Event {
     Stream(usize, f64),
     Call(usize, f64),
+    /// The earliest HTTP call timeout (the host answers it with a 504).
+    Timeout(f64),
 }
 
 impl Replay {
@@ -128,6 +144,7 @@ impl Replay {
         let mut records: Vec<Option<Record>> = vec![None; items.len()];
         let mut in_flight: Vec<InFlight> = Vec::new();
         let mut calls: Vec<Call> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
         let (mut now, mut sent, mut pushes) = (0.0f64, 0usize, 0usize);
         let interval = self.collector_interval_ms.filter(|&i| i > 0);
         let mut next_push = interval.map(|i| i as f64);
@@ -137,8 +154,9 @@ impl Replay {
                 let vm = sent % workers;
                 sent += 1;
                 match self.dispatch(&mut host, &mut fleet, vm, now, i, &items[i])? {
-                    Ok(flight) => in_flight.push(flight),
-                    Err(record) => {
+                    Routed::Engine(flight) => in_flight.push(flight),
+                    Routed::Held(h) => held.push(h),
+                    Routed::Done(record) => {
                         records[i] = Some(record);
                         order.complete(i);
                     }
@@ -161,12 +179,14 @@ impl Replay {
                 // Calls alone (a prober's) do not keep a finished replay going.
                 (None, _) if records.iter().all(Option::is_some) => break,
                 (None, Some(c)) => Event::Call(c.0, c.1),
-                (None, None) => {
-                    bail!("nothing in flight and nothing dispatchable: the session order is stuck")
-                }
+                (None, None) => match next_timeout(&host, start_ms) {
+                    // Held requests wait for calls nobody answers: they time out.
+                    Some(t) if !held.is_empty() => Event::Timeout(t.max(now)),
+                    _ => bail!("nothing in flight and nothing dispatchable: the replay is stuck"),
+                },
             };
             let at = match event {
-                Event::Stream(_, t) | Event::Call(_, t) => t,
+                Event::Stream(_, t) | Event::Call(_, t) | Event::Timeout(t) => t,
             };
             while let (Some(push_at), Some(token)) = (next_push, &token) {
                 if push_at > at {
@@ -198,6 +218,19 @@ impl Replay {
                     if pending.iter().any(|c| c.token == call.token) {
                         let headers = [("content-type", "application/json")];
                         host.answer_http_call(call.token, call.status, &headers, &call.body)?;
+                    }
+                }
+                Event::Timeout(_) => {}
+            }
+            for h in std::mem::take(&mut held) {
+                let out = host.vm(h.handle.vm).outcome(h.handle)?;
+                let routed = (h.item, &items[h.item]);
+                match self.route(&mut host, &mut fleet, routed, &out, h.sent, now)? {
+                    Routed::Engine(flight) => in_flight.push(flight),
+                    Routed::Held(h) => held.push(h),
+                    Routed::Done(record) => {
+                        records[h.item] = Some(record);
+                        order.complete(h.item);
                     }
                 }
             }
@@ -236,8 +269,7 @@ impl Replay {
         }
     }
 
-    /// Sends request `i` through the filter on `vm` at `now`: `Ok` if it went to an
-    /// engine, `Err(record)` if it ended in the filter (a local reply) or nowhere.
+    /// Sends request `i` through the filter on `vm` at `now`.
     fn dispatch(
         &self,
         host: &mut Host,
@@ -246,41 +278,63 @@ impl Replay {
         now: f64,
         i: usize,
         item: &WorkItem,
-    ) -> Result<Result<InFlight, Record>> {
-        let mut record = Record {
-            line: item.line,
-            ..Record::default()
-        };
+    ) -> Result<Routed> {
         let length = item.body.len().to_string();
         let mut spec = RequestSpec::post_json(&item.path, item.body.to_vec());
         spec.headers.push(("content-length", &length));
         let out = host.vm(vm).request(spec)?;
+        self.route(host, fleet, (i, item), &out, now, now)
+    }
+
+    /// Where a request sent at `sent` stands at `now`: with an engine, still held by the
+    /// filter (waiting for an HTTP call, say), or over (a local reply, or no engine).
+    fn route(
+        &self,
+        host: &mut Host,
+        fleet: &mut SimFleet,
+        (i, item): (usize, &WorkItem),
+        out: &StreamOutcome,
+        sent: f64,
+        now: f64,
+    ) -> Result<Routed> {
+        let mut record = Record {
+            line: item.line,
+            ..Record::default()
+        };
         if let Some(reply) = &out.local_response {
             record.status = u16::try_from(reply.status).ok();
             record.decision = reply.header(DECISION_HEADER).map(str::to_string);
             record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
-            return Ok(Err(record));
+            record.latency_ms = now - sent;
+            return Ok(Routed::Done(record));
+        }
+        if !out.continued && !out.finished {
+            return Ok(Routed::Held(Held {
+                item: i,
+                handle: out.handle,
+                sent,
+            }));
         }
         let engine = fleet.find(
             out.header("x-llm-router-cluster"),
             out.header("x-gateway-destination-endpoint"),
         );
         let (true, Some(engine)) = (out.continued, engine) else {
-            host.vm(vm).reset(out.handle)?;
+            host.vm(out.handle.vm).reset(out.handle)?;
             record.error = Some("the filter sent the request to no known engine".into());
-            return Ok(Err(record));
+            return Ok(Routed::Done(record));
         };
         let answer = fleet.serve(engine, now, &item.path, &out.request_body);
         let (done_ms, first_ms) = answer
             .served
             .map_or((now, now), |s| (s.finished_ms, s.first_token_ms));
         if item.stream && answer.status == 200 {
-            record.ttfb_ms = Some(first_ms - now);
+            record.ttfb_ms = Some(first_ms - sent);
         }
-        Ok(Ok(InFlight {
+        Ok(Routed::Engine(InFlight {
             item: i,
             handle: out.handle,
-            dispatched_ms: now,
+            dispatched_ms: sent,
             done_ms,
             status: answer.status,
             body: answer.body,
@@ -337,6 +391,15 @@ impl Replay {
         }
         Ok(record)
     }
+}
+
+/// When the next pending HTTP call times out (ms since the replay started).
+fn next_timeout(host: &Host, start_ms: u64) -> Option<f64> {
+    host.pending_http_calls()
+        .iter()
+        .filter(|c| c.timeout_ms > 0)
+        .map(|c| (c.dispatched_at_ms + u64::from(c.timeout_ms)).saturating_sub(start_ms) as f64)
+        .min_by(f64::total_cmp)
 }
 
 /// Moves the host's clock to `start + at` ms (whole ms, never back).
