@@ -61,7 +61,8 @@ fn every_scenario_file_has_a_test() {
             "gate",
             "imbalance",
             "models",
-            "pin"
+            "pin",
+            "stale"
         ]
     );
 }
@@ -89,6 +90,11 @@ fn models() {
 #[test]
 fn pin() {
     differential("pin");
+}
+
+#[test]
+fn stale() {
+    differential("stale");
 }
 
 #[test]
