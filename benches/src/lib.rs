@@ -14,9 +14,16 @@
 //! - [`stats`]: percentiles and the aggregate summary.
 //! - [`report`]: the human report and the machine-readable JSON line.
 //! - [`cli`]: command-line arguments and the `run` / `generate` entry points.
+//! - [`demo`]: the demo's run report (`envoy/demo`, `host-sim replay`).
+//!
+//! The HTTP side ([`cli`], [`client`], the tokio half of [`scheduler`]) is the default
+//! feature `net`; without it the crate is I/O-free, for `host-sim replay`.
 
+#[cfg(feature = "net")]
 pub mod cli;
+#[cfg(feature = "net")]
 pub mod client;
+pub mod demo;
 pub mod generate;
 pub mod record;
 pub mod report;

@@ -1,5 +1,6 @@
 //! Dispatch order and concurrency, independent of HTTP so it can be tested with a fake
-//! sender.
+//! sender: [`Dispatch`] is the order (also driven in virtual time by `host-sim
+//! replay`), [`run_scheduled`] runs it on tokio with the concurrency cap.
 //!
 //! Rules: at most `concurrency` requests in flight; requests of one session go strictly
 //! in file order, each only after the previous one of that session completed (a user
@@ -8,12 +9,74 @@
 //! Among dispatchable requests the earliest in the file goes first.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+#[cfg(feature = "net")]
 use std::future::Future;
+#[cfg(feature = "net")]
 use std::sync::Arc;
+#[cfg(feature = "net")]
 use tokio::task::JoinSet;
+
+/// Which request may go next under the session rules: the earliest dispatchable line.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    /// Session of each request.
+    sessions: Vec<Option<String>>,
+    /// Per-session queue of pending indices, in file order. The head of an idle
+    /// session's queue is in `ready`; the rest wait until the one before them completes.
+    queues: HashMap<String, VecDeque<usize>>,
+    /// Dispatchable indices, ordered so the earliest line goes first.
+    ready: BTreeSet<usize>,
+}
+
+impl Dispatch {
+    /// The order for requests whose sessions are `sessions[i]`.
+    pub fn new(sessions: &[Option<String>]) -> Self {
+        let mut queues: HashMap<String, VecDeque<usize>> = HashMap::new();
+        let mut ready = BTreeSet::new();
+        for (i, session) in sessions.iter().enumerate() {
+            match session {
+                None => {
+                    ready.insert(i);
+                }
+                Some(s) => {
+                    let queue = queues.entry(s.clone()).or_default();
+                    if queue.is_empty() {
+                        ready.insert(i);
+                    }
+                    queue.push_back(i);
+                }
+            }
+        }
+        Self {
+            sessions: sessions.to_vec(),
+            queues,
+            ready,
+        }
+    }
+
+    /// The next request to send, if one may go now.
+    pub fn take_next(&mut self) -> Option<usize> {
+        self.ready.pop_first()
+    }
+
+    /// Request `i` completed: the next turn of its session may go.
+    pub fn complete(&mut self, i: usize) {
+        let Some(Some(s)) = self.sessions.get(i) else {
+            return;
+        };
+        if let Some(queue) = self.queues.get_mut(s.as_str()) {
+            // The completed request is the head of its session's queue.
+            queue.pop_front();
+            if let Some(&next) = queue.front() {
+                self.ready.insert(next);
+            }
+        }
+    }
+}
 
 /// Runs `send(i)` for every index `i` of `sessions` under the rules above and returns
 /// the results in index order. `sessions[i]` is the session of request `i`.
+#[cfg(feature = "net")]
 pub async fn run_scheduled<R, F, Fut>(
     sessions: &[Option<String>],
     concurrency: usize,
@@ -26,32 +89,12 @@ where
 {
     let concurrency = concurrency.max(1);
     let send = Arc::new(send);
-
-    // Per-session queue of pending indices, in file order. The head of an idle session's
-    // queue is in `ready`; the rest wait until the one before them completes.
-    let mut queues: HashMap<&str, VecDeque<usize>> = HashMap::new();
-    // Dispatchable indices, ordered so the earliest line goes first.
-    let mut ready: BTreeSet<usize> = BTreeSet::new();
-    for (i, session) in sessions.iter().enumerate() {
-        match session {
-            None => {
-                ready.insert(i);
-            }
-            Some(s) => {
-                let queue = queues.entry(s.as_str()).or_default();
-                if queue.is_empty() {
-                    ready.insert(i);
-                }
-                queue.push_back(i);
-            }
-        }
-    }
-
+    let mut order = Dispatch::new(sessions);
     let mut results: Vec<Option<R>> = (0..sessions.len()).map(|_| None).collect();
     let mut in_flight: JoinSet<(usize, R)> = JoinSet::new();
     loop {
         while in_flight.len() < concurrency {
-            let Some(i) = ready.pop_first() else { break };
+            let Some(i) = order.take_next() else { break };
             let send = Arc::clone(&send);
             in_flight.spawn(async move { (i, send(i).await) });
         }
@@ -65,15 +108,7 @@ where
             Err(e) => panic!("request task cancelled unexpectedly: {e}"),
         };
         results[i] = Some(result);
-        if let Some(s) = &sessions[i] {
-            if let Some(queue) = queues.get_mut(s.as_str()) {
-                // The completed request is the head of its session's queue.
-                queue.pop_front();
-                if let Some(&next) = queue.front() {
-                    ready.insert(next);
-                }
-            }
-        }
+        order.complete(i);
     }
     results
         .into_iter()
@@ -81,7 +116,7 @@ where
         .collect()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "net"))]
 mod tests {
     use super::*;
     use std::sync::Mutex;
@@ -192,5 +227,33 @@ mod tests {
     async fn empty_workload() {
         let out: Vec<u8> = run_scheduled(&[], 4, |_| async { 0u8 }).await;
         assert!(out.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod dispatch_tests {
+    use super::Dispatch;
+
+    #[test]
+    fn sessions_go_in_turn_order_and_the_earliest_line_first() {
+        let s = |v: &str| Some(v.to_string());
+        let mut d = Dispatch::new(&[s("a"), s("b"), s("a"), None, s("b")]);
+        assert_eq!(d.take_next(), Some(0));
+        assert_eq!(d.take_next(), Some(1));
+        assert_eq!(
+            d.take_next(),
+            Some(3),
+            "2 waits for 0, its session's previous turn"
+        );
+        assert_eq!(d.take_next(), None);
+        d.complete(1);
+        d.complete(0);
+        assert_eq!(
+            d.take_next(),
+            Some(2),
+            "earliest line first once both are ready"
+        );
+        assert_eq!(d.take_next(), Some(4));
+        assert_eq!(d.take_next(), None);
     }
 }

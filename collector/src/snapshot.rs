@@ -182,11 +182,13 @@ mod tests {
                 ),
             ],
         };
-        let got = s.to_json().to_string();
-        assert_eq!(
-            got,
-            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":null}]}"#
-        );
+        // Compared as JSON values: key order is not part of the contract (and depends
+        // on serde_json's `preserve_order`, which the workspace turns on).
+        let want: serde_json::Value = serde_json::from_str(
+            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":null}]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.to_json(), want);
     }
 
     #[test]

@@ -270,6 +270,10 @@ pub struct Config {
     /// Latency-aware overload flags (seed 003); see `overload`.
     #[serde(default)]
     pub overload: OverloadConfig,
+    /// Seeds the tie-break generator so a run can be replayed decision for decision
+    /// (the demo and `host-sim replay` set it); unset: the host's entropy.
+    #[serde(default)]
+    pub rng_seed: Option<u64>,
 }
 
 /// A configuration rule that does not hold, naming the field.

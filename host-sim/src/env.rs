@@ -2,6 +2,7 @@
 //! answers it. A bad argument returns a [`Status`] to the guest; a broken pointer traps.
 
 use crate::abi::{self, deserialize_pairs, serialize_pairs, LogLevel, Status};
+use crate::fault::Hostcall;
 use crate::memory::Guest;
 use crate::state::{lock, Deferred, HostState, MetricValue};
 use crate::{HttpCall, LocalResponse, LogSource};
@@ -18,7 +19,15 @@ pub(crate) struct Registry<'a> {
 }
 
 impl Registry<'_> {
-    pub fn wrap<P, A>(
+    /// Registers a hostcall that answers a status (or errno), behind fault injection.
+    pub fn wrap<P>(&mut self, name: &'static str, f: impl Hostcall<P>) -> Result<()> {
+        f.define(self.linker, self.module, name)?;
+        self.names.push(name);
+        Ok(())
+    }
+
+    /// Registers a function that answers no status (`proc_exit`): it cannot be faulted.
+    pub fn wrap_plain<P, A>(
         &mut self,
         name: &'static str,
         f: impl IntoFunc<HostState, P, A>,

@@ -2,6 +2,7 @@
 
 use crate::abi::{LogLevel, Status};
 use crate::env::{self, Registry};
+use crate::fault::Fault;
 use crate::state::{
     lock, CallResponse, Config, Deferred, Flow, HeaderState, HostState, MetricValue, Shared,
 };
@@ -27,6 +28,26 @@ pub enum LogSource {
     Stderr,
     /// A note from host-sim itself.
     Host,
+}
+
+/// What a trap of the guest (a Rust panic, an out-of-bounds access...) does, as Envoy's
+/// plugin `failure_policy` says. A failed VM runs no more callbacks (no ticks, no
+/// queue deliveries, no `on_log`); shared data, metrics and the other VMs live on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// host-sim's default for tests: the API call that ran into the trap returns an
+    /// error carrying the trap and the last guest logs, and the VM refuses later calls.
+    #[default]
+    Strict,
+    /// Envoy's default: the stream that trapped, and every later stream on that VM, get
+    /// a local 503 (`wasm_fail_stream`) without the filter.
+    FailClosed,
+    /// The stream that trapped, and every later one on that VM, pass through untouched.
+    FailOpen,
+    /// As `FailClosed` for the stream that trapped; the next stream on that VM starts a
+    /// fresh VM (new linear memory, `on_vm_start`, `on_configure`) on the same shared
+    /// data, so what other VMs stored survives.
+    FailReload,
 }
 
 /// One captured log line.
@@ -298,6 +319,7 @@ enum Source {
 pub struct HostBuilder {
     source: Source,
     vms: usize,
+    faults: Vec<Fault>,
     start_time_ms: u64,
     cfg: Config,
 }
@@ -307,6 +329,7 @@ impl HostBuilder {
         Self {
             source,
             vms: 1,
+            faults: Vec::new(),
             start_time_ms: 1_700_000_000_000,
             cfg: Config {
                 plugin_config: Vec::new(),
@@ -319,6 +342,7 @@ impl HostBuilder {
                 allow_on_headers_stop_iteration: false,
                 seed: 0,
                 properties: Vec::new(),
+                failure_policy: FailurePolicy::Strict,
             },
         }
     }
@@ -395,6 +419,20 @@ impl HostBuilder {
         self
     }
 
+    /// What a trap of the guest does (Envoy's `failure_policy`). Default
+    /// [`FailurePolicy::Strict`].
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.cfg.failure_policy = policy;
+        self
+    }
+
+    /// A fault injected from the start, so it can hit the VMs' start-up
+    /// (`on_vm_start`, `on_configure`); see [`Host::inject`].
+    pub fn fault(mut self, fault: Fault) -> Self {
+        self.faults.push(fault);
+        self
+    }
+
     /// An extra property for `proxy_get_property`, by dotted path (e.g. "node.id").
     pub fn property(mut self, path: &str, value: impl Into<Vec<u8>>) -> Self {
         self.cfg.properties.push((path.into(), value.into()));
@@ -414,10 +452,13 @@ impl HostBuilder {
             Source::Filter(filter) => filter,
         };
         let cfg = Arc::new(self.cfg);
-        let shared = Arc::new(Mutex::new(Shared::new(self.start_time_ms)));
+        let mut shared = Shared::new(self.start_time_ms, cfg.seed);
+        shared.faults.rules = self.faults;
+        let shared = Arc::new(Mutex::new(shared));
         let mut host = Host {
             cfg: cfg.clone(),
             shared: shared.clone(),
+            filter: filter.clone(),
             vms: Vec::new(),
             depth: 0,
         };
@@ -454,6 +495,8 @@ struct Slot {
     store: Store<HostState>,
     ex: Exports,
     failed: Option<String>,
+    /// Fresh VMs that replaced a failed one ([`FailurePolicy::FailReload`]).
+    reloads: u32,
 }
 
 fn export<P: WasmParams, R: WasmResults>(
@@ -519,6 +562,7 @@ impl Slot {
             store,
             ex,
             failed: None,
+            reloads: 0,
         })
     }
 }
@@ -541,6 +585,7 @@ fn tail_logs(logs: &[LogEntry]) -> String {
 pub struct Host {
     cfg: Arc<Config>,
     shared: Arc<Mutex<Shared>>,
+    filter: Filter,
     vms: Vec<Slot>,
     depth: u32,
 }
@@ -692,6 +737,13 @@ impl Host {
         lock(&self.shared).data.get(key).map(|(v, _)| v.clone())
     }
 
+    /// Shared-data keys, sorted.
+    pub fn shared_data_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = lock(&self.shared).data.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
     /// Shared-data value with its CAS.
     pub fn shared_data_with_cas(&self, key: &str) -> Option<(Vec<u8>, u32)> {
         lock(&self.shared).data.get(key).cloned()
@@ -769,7 +821,35 @@ impl Host {
         self.pump()
     }
 
-    /// Why a VM failed (a trap), if it did. A failed VM refuses further calls.
+    /// Injects a fault: from now on, the hostcall answers the fault's status when its
+    /// trigger fires (see [`Fault`]).
+    pub fn inject(&mut self, fault: Fault) {
+        lock(&self.shared).faults.rules.push(fault);
+    }
+
+    /// Removes every injected fault (call counts keep running).
+    pub fn clear_faults(&mut self) {
+        lock(&self.shared).faults.rules.clear();
+    }
+
+    /// How many hostcalls answered an injected fault so far.
+    pub fn faults_fired(&self) -> u64 {
+        lock(&self.shared).faults.fired
+    }
+
+    /// Calls per hostcall so far, over all VMs (faulted calls included).
+    pub fn hostcall_counts(&self) -> BTreeMap<String, u64> {
+        let shared = lock(&self.shared);
+        let calls = shared.faults.calls.iter();
+        calls.map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    /// How many times a VM was replaced by a fresh one ([`FailurePolicy::FailReload`]).
+    pub fn reloads(&self, vm: usize) -> u32 {
+        self.vms.get(vm).map_or(0, |s| s.reloads)
+    }
+
+    /// Why a VM failed (a trap), if it did and was not reloaded since.
     pub fn failure(&self, vm: usize) -> Option<&str> {
         self.vms.get(vm)?.failed.as_deref()
     }
@@ -790,7 +870,9 @@ impl Host {
             None => bail!("no VM {vm} (the host has {})", self.vms.len()),
             Some(Slot {
                 failed: Some(why), ..
-            }) => bail!("VM {vm} failed earlier: {why}"),
+            }) if self.cfg.failure_policy == FailurePolicy::Strict => {
+                bail!("VM {vm} failed earlier: {why}")
+            }
             Some(_) => Ok(()),
         }
     }
@@ -807,6 +889,10 @@ impl Host {
         what: &str,
     ) -> Result<Option<R>> {
         self.check_vm(vm)?;
+        if self.vms[vm].failed.is_some() {
+            self.fail_stream(vm, ctx);
+            return Ok(None);
+        }
         let slot = &mut self.vms[vm];
         let Some(f) = pick(&slot.ex) else {
             return Ok(None);
@@ -822,9 +908,60 @@ impl Host {
                 let why = format!("{what}(context {ctx}) trapped: {e:?}");
                 let tail = tail_logs(&slot.store.data().logs);
                 slot.failed = Some(why.clone());
-                Err(anyhow!("VM {vm}: {why}\nrecent guest logs:\n{tail}"))
+                if self.cfg.failure_policy == FailurePolicy::Strict {
+                    return Err(anyhow!("VM {vm}: {why}\nrecent guest logs:\n{tail}"));
+                }
+                let policy = self.cfg.failure_policy;
+                let s = slot.store.data_mut();
+                s.log(
+                    LogLevel::Critical,
+                    LogSource::Host,
+                    format!("{why} ({policy:?})"),
+                );
+                lock(&self.shared)
+                    .http_calls
+                    .retain(|_, c| c.vm != vm || c.context_id == ctx);
+                self.fail_stream(vm, ctx);
+                Ok(None)
             }
         }
+    }
+
+    /// Envoy's `failStream` on a failed VM: a local 503 `wasm_fail_stream` that does not
+    /// go through the filter (unless the policy is fail-open), and the stream's HTTP
+    /// calls are cancelled.
+    fn fail_stream(&mut self, vm: usize, ctx: u32) {
+        if self.cfg.failure_policy == FailurePolicy::FailOpen {
+            return;
+        }
+        let Some(stream) = self.vms[vm].store.data_mut().streams.get_mut(&ctx) else {
+            return;
+        };
+        if stream.finished {
+            return;
+        }
+        stream.local_reply.get_or_insert_with(|| LocalResponse {
+            status: 503,
+            headers: vec![(":status".into(), "503".into())],
+            body: Vec::new(),
+            details: "wasm_fail_stream".into(),
+            grpc_status: 14,
+        });
+        stream.finished = true;
+        lock(&self.shared)
+            .http_calls
+            .retain(|_, c| !(c.vm == vm && c.context_id == ctx));
+    }
+
+    /// [`FailurePolicy::FailReload`]: a fresh VM replaces a failed one, on the same shared
+    /// state.
+    fn reload(&mut self, vm: usize) -> Result<()> {
+        let slot = Slot::instantiate(&self.filter, vm, self.cfg.clone(), self.shared.clone())
+            .with_context(|| format!("reloading VM {vm}"))?;
+        let reloads = self.vms[vm].reloads + 1;
+        self.vms[vm] = Slot { reloads, ..slot };
+        lock(&self.shared).http_calls.retain(|_, c| c.vm != vm);
+        self.start_vm(vm)
     }
 
     fn start_vm(&mut self, vm: usize) -> Result<()> {
@@ -1001,6 +1138,9 @@ impl Host {
             let what = "proxy_on_request_headers";
             self.invoke(vm, ctx, |e| e.request_headers.clone(), args, what)?
         };
+        if !self.alive(vm, ctx, response) {
+            return self.settle(vm);
+        }
         let stop = self.state(vm).stop_next_iteration;
         let allow = self.cfg.allow_on_headers_stop_iteration;
         let flow = self.flow(vm, ctx, response)?;
@@ -1051,6 +1191,9 @@ impl Host {
             let what = "proxy_on_request_body";
             self.invoke(vm, ctx, |e| e.request_body.clone(), args, what)?
         };
+        if !self.alive(vm, ctx, response) {
+            return self.settle(vm);
+        }
         let stop = self.state(vm).stop_next_iteration;
         let flow = self.flow(vm, ctx, response)?;
         flow.buffering = false;
@@ -1261,6 +1404,9 @@ impl VmHandle<'_> {
     pub fn request(&mut self, spec: RequestSpec<'_>) -> Result<StreamOutcome> {
         let (host, vm) = (&mut *self.host, self.vm);
         host.check_vm(vm)?;
+        if host.cfg.failure_policy == FailurePolicy::FailReload && host.vms[vm].failed.is_some() {
+            host.reload(vm)?;
+        }
         let chunks = split_body(spec.body, spec.body_chunks);
         let now = lock(&host.shared).now_ns;
         let s = host.state(vm);

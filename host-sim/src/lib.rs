@@ -27,6 +27,16 @@
 //!   Envoy exposes them (until they are continued; reads in `on_log`); local replies and
 //!   `continue_stream` run after the callback returns and local replies go through the
 //!   filter's own response callbacks.
+//! * **Faults.** [`Host::inject`] (or [`HostBuilder::fault`] for start-up) makes any
+//!   hostcall answer a chosen status, or trap, at a chosen call count or probability;
+//!   [`envoy_failures`] lists what Envoy itself can answer per hostcall.
+//! * **Failure policies.** [`HostBuilder::failure_policy`]: a trap is an API error
+//!   ([`FailurePolicy::Strict`], the default for tests), or handled as Envoy's
+//!   `FAIL_CLOSED` / `FAIL_OPEN` / `FAIL_RELOAD` (a 503 `wasm_fail_stream`; a fresh VM
+//!   on the same shared data).
+//! * **Traffic.** HTTP calls are answered by the test ([`Host::answer_http_call`]) or
+//!   time out; upstreams can be a [`fleet::SimFleet`] of simulated engines;
+//!   [`replay`] runs a whole workload against one in virtual time.
 //! * **Errors.** A bad argument returns a status to the guest (BadArgument, NotFound,
 //!   CasMismatch...) as Envoy does; a broken pointer traps. A trap fails the VM and the API
 //!   call returns an error carrying the last guest logs (Rust panic messages are on stderr,
@@ -92,14 +102,18 @@ pub fn require_built_filter() -> std::path::PathBuf {
 
 mod abi;
 mod env;
+mod fault;
+pub mod fleet;
 mod host;
 mod memory;
+pub mod replay;
 mod state;
 mod wasi;
 
 pub use abi::{LogLevel, Status};
+pub use fault::{envoy_failures, Answer, Fault, Trigger};
 pub use host::{
-    Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource, RequestSpec,
-    ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,
+    FailurePolicy, Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource,
+    RequestSpec, ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,
 };
 pub use state::MetricValue;

@@ -8,6 +8,11 @@
 //! (a file, or inline JSON) and reports whether the filter's own validation accepts
 //! it, printing the filter's error (which names the field and the rule) when not.
 //!
+//! `host-sim replay --workload W [--wasm F] [--config C] [--workers N] [--vms T]
+//! [--concurrency C] [--policy P]` replays a workload through the filter against a
+//! simulated engine fleet in virtual time and prints `envoy/demo`'s report, whose last
+//! line is the same JSON; the flags mean what the demo's do.
+//!
 //! `host-sim wasi-run MODULE.wasm [ARGS...]` runs a WASI preview1 command module (e.g. a
 //! libtest binary from `cargo test --target wasm32-wasip1`) and exits with its exit code;
 //! it is the cargo runner for that target (`.cargo/config.toml`).
@@ -36,6 +41,9 @@ enum Command {
     Run(RunArgs),
     /// Validate a plugin configuration with the filter's own validation.
     CheckConfig(CheckConfigArgs),
+    /// Replay a workload through the filter against a simulated engine fleet, in
+    /// virtual time, and print `envoy/demo`'s summary (same last-line JSON).
+    Replay(ReplayArgs),
     /// Run a WASI preview1 command module (`_start`), e.g. a wasm32-wasip1 test binary,
     /// passing ARGS through; exits with the module's exit code.
     WasiRun(WasiRunArgs),
@@ -48,6 +56,54 @@ struct CheckConfigArgs {
     /// The filter's .wasm; defaults to the workspace's built filter.
     #[arg(long)]
     wasm: Option<PathBuf>,
+}
+
+/// `envoy/demo`'s flags, with the same meaning and defaults.
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// The filter's .wasm; defaults to the workspace's built filter.
+    #[arg(long)]
+    wasm: Option<PathBuf>,
+    /// A JSON object merged over the demo's plugin configuration, like the demo's
+    /// `--filter-config` (a file, or inline JSON if it starts with '{').
+    #[arg(long)]
+    config: Option<String>,
+    /// The JSONL workload (`llm-load generate`; the demo writes `.demo/workload.jsonl`).
+    #[arg(long)]
+    workload: PathBuf,
+    /// Engines in the simulated fleet.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// VMs (Envoy worker threads, the demo's `--envoy-concurrency`).
+    #[arg(long, default_value_t = 1)]
+    vms: usize,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Routing policy: cache_aware, round_robin, random, power_of_two.
+    #[arg(long, default_value = "cache_aware")]
+    policy: String,
+    /// The comparison run: a policy, `no_gate`, or `none` (default as the demo's).
+    #[arg(long)]
+    baseline: Option<String>,
+    /// The filter's `rng_seed` (the demo passes its `--seed`).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Simulated collector push interval (virtual ms); 0: no collector.
+    #[arg(long, default_value_t = 200)]
+    collector_interval_ms: u64,
+    /// Engine prefill cost per uncached prompt token (the demo's default).
+    #[arg(long, default_value_t = 100.0)]
+    prefill_us_per_token: f64,
+    /// Engine fixed time to first token.
+    #[arg(long, default_value_t = 0.0)]
+    ttft_ms: f64,
+    /// Engine time per output token after the first.
+    #[arg(long, default_value_t = 0.0)]
+    decode_ms_per_token: f64,
+    /// Engine concurrent requests at most (0: unlimited), like `--engine-arg=--max-running=N`.
+    #[arg(long, default_value_t = 0)]
+    max_running: usize,
 }
 
 #[derive(clap::Args)]
@@ -159,6 +215,86 @@ fn check_config(args: CheckConfigArgs) -> Result<Value> {
     }
 }
 
+/// Runs the demo's main run and baseline in host-sim; prints the demo's report.
+fn replay(args: ReplayArgs) -> Result<Value> {
+    use engine_model::engine::EngineSpec;
+    use engine_model::latency::Latency;
+    use llm_bench::demo::{self, RunResult};
+    let extra: Option<Value> = match &args.config {
+        Some(c) => Some(serde_json::from_slice(&read_config(c)?).context("--config is not JSON")?),
+        None => None,
+    };
+    let config = |policy: &str, no_gate: bool| {
+        demo::plugin_config(
+            demo::policy_key(false),
+            policy,
+            &args.policy,
+            extra.as_ref(),
+            no_gate,
+            args.seed,
+        )
+    };
+    let items = llm_bench::workload::load_workload(&args.workload)?;
+    let wasm = args
+        .wasm
+        .clone()
+        .unwrap_or_else(host_sim::built_filter_path);
+    let filter = host_sim::Filter::load(&wasm)?;
+    let sim = host_sim::replay::Replay {
+        workers: args.workers,
+        vms: args.vms,
+        concurrency: args.concurrency,
+        engine: EngineSpec {
+            max_running: args.max_running,
+            latency: Latency {
+                ttft_ms: args.ttft_ms,
+                prefill_us_per_token: args.prefill_us_per_token,
+                decode_ms_per_token: args.decode_ms_per_token,
+            },
+            ..EngineSpec::default()
+        },
+        collector_interval_ms: (args.collector_interval_ms > 0)
+            .then_some(args.collector_interval_ms),
+    };
+    let run = |policy: &str, no_gate: bool| -> Result<RunResult> {
+        let label = if no_gate {
+            format!("{policy}+no_gate")
+        } else {
+            policy.to_string()
+        };
+        eprintln!(
+            "host-sim replay: {} requests, {label}, {} engines, {} VM(s), concurrency {}",
+            items.len(),
+            args.workers,
+            args.vms,
+            args.concurrency
+        );
+        let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
+        Ok(RunResult::new(label, done.summary, |name| {
+            done.host.metric(name)
+        }))
+    };
+    let main_run = run(&args.policy, false)?;
+    let baseline_name = match &args.baseline {
+        Some(b) => b.clone(),
+        None => demo::default_baseline(&config(&args.policy, false)?).to_string(),
+    };
+    let baseline = match baseline_name.as_str() {
+        "none" => None,
+        "no_gate" => Some(run(&args.policy, true)?),
+        p if p == args.policy => None,
+        p => Some(run(p, false)?),
+    };
+    demo::print_report(
+        &main_run,
+        baseline.as_ref(),
+        args.vms as u32,
+        args.workers,
+        None,
+    );
+    Ok(Value::Null)
+}
+
 fn run(args: RunArgs) -> Result<Value> {
     let config = read_config(&args.config)?;
     let body =
@@ -245,6 +381,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::CheckConfig(args) => check_config(args),
+        Command::Replay(args) => replay(args),
         Command::WasiRun(args) => match wasi_run::run(&args.module, &args.args) {
             Ok(code) => std::process::exit(code),
             Err(e) => {
@@ -254,6 +391,7 @@ fn main() {
         },
     };
     match result {
+        Ok(Value::Null) => {}
         Ok(value) => {
             println!(
                 "{}",

@@ -3,6 +3,7 @@
 //! [`HostState`] (the data of one VM's wasmtime `Store`: contexts, streams, logs, RNG...).
 
 use crate::abi::{self, LogLevel, Status};
+use crate::fault::Faults;
 use crate::{HttpCall, LocalResponse, LogEntry, LogSource};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,6 +22,7 @@ pub(crate) struct Config {
     pub allow_on_headers_stop_iteration: bool,
     pub seed: u64,
     pub properties: Vec<(String, Vec<u8>)>,
+    pub failure_policy: crate::FailurePolicy,
 }
 
 /// A metric value as Envoy's stats store keeps it (shared by all VMs).
@@ -56,10 +58,11 @@ pub(crate) struct Shared {
     pub http_calls: BTreeMap<u32, HttpCall>,
     pub next_http_token: u32,
     pub clear_route_cache_total: u64,
+    pub faults: Faults,
 }
 
 impl Shared {
-    pub fn new(start_ms: u64) -> Self {
+    pub fn new(start_ms: u64, seed: u64) -> Self {
         let start_ns = start_ms.saturating_mul(1_000_000);
         Self {
             now_ns: start_ns,
@@ -74,6 +77,7 @@ impl Shared {
             http_calls: BTreeMap::new(),
             next_http_token: 1,
             clear_route_cache_total: 0,
+            faults: Faults::new(seed),
         }
     }
 

@@ -121,7 +121,7 @@ pub(crate) fn register(r: &mut Registry) -> Result<()> {
         g.write(ptr, &buf)?;
         ok(SUCCESS)
     })?;
-    r.wrap("proc_exit", |_: C, code: i32| -> Result<()> {
+    r.wrap_plain("proc_exit", |_: C, code: i32| -> Result<()> {
         bail!("guest called proc_exit({code})")
     })?;
     r.wrap("proc_raise", |_: C, _: i32| ok(ENOSYS))?;

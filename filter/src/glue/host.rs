@@ -1,7 +1,7 @@
 //! Small wrappers over hostcalls that never panic: failures are logged or ignored,
 //! as fits a best-effort side channel (logs, metrics).
 
-use proxy_wasm::hostcalls;
+use super::hostcalls;
 use proxy_wasm::types::{LogLevel, MetricType};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;

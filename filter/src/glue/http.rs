@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
+use super::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 

@@ -1,8 +1,9 @@
-//! The proxy-wasm layer. Every hostcall goes through `proxy_wasm::hostcalls`, whose
-//! functions return `Result`: the SDK's trait helpers panic on an unexpected status,
-//! and a panic kills this Envoy thread's VM.
+//! The proxy-wasm layer. Every hostcall goes through [`hostcalls`], whose functions
+//! return `Result` for every status: the SDK's trait helpers and its own `hostcalls`
+//! panic on an unexpected status, and a panic kills this Envoy thread's VM.
 
 mod host;
+mod hostcalls;
 mod http;
 mod overload;
 mod root;

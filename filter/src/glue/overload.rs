@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
+use super::hostcalls;
 use proxy_wasm::types::{LogLevel, MapType};
 
 use super::host::{self, HostStore, Metric};

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
+use super::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 
@@ -277,6 +277,7 @@ impl RootContext for Root {
                 // whatever it still holds.
                 let head = ring.head(&HostStore).unwrap_or(0);
                 let cursor = head.saturating_sub(ring.slots() as u64);
+                let seed = cfg.rng_seed.unwrap_or_else(host::random_seed);
                 let mut state = State {
                     router: Router::new(cfg),
                     shared: SharedState {
@@ -285,7 +286,7 @@ impl RootContext for Root {
                         eviction: EvictionClock::new(KEY_PREFIX),
                         cursor,
                     },
-                    rng: SplitMix64(host::random_seed()),
+                    rng: SplitMix64(seed),
                     metrics: Metrics::define(),
                     gate_inert_seen: 0,
                 };

@@ -62,9 +62,7 @@ pub struct EnvoySpec {
     pub concurrency: u32,
 }
 
-fn cluster_name(worker: &str) -> String {
-    format!("engine_{worker}")
-}
+use llm_bench::demo::cluster_name;
 
 /// The plugin configuration as the filter will see it.
 pub fn plugin_config(spec: &EnvoySpec) -> Value {

@@ -11,3 +11,4 @@ pub mod envoy;
 pub mod fleet;
 pub mod paths;
 pub mod process;
+pub mod scenario;

@@ -8,16 +8,15 @@
 //!
 //! The crate is split so the pure parts can be reused without any I/O:
 //! - [`config`]: the command line,
-//! - [`prompt`]: flattening a request body into the text the cache hashes,
-//! - [`cache`]: the simulated paged prefix cache (reused by the simulator),
+//! - [`prompt`], [`cache`]: the request-to-text flattening and the paged prefix cache,
+//!   from `engine-model`, which host-sim's simulated fleet runs too,
 //! - [`slots`]: the running-slot limiter with its FIFO wait queue,
 //! - [`metrics`]: histograms and the Prometheus text rendering,
 //! - [`server`]: the hyper HTTP server tying it together.
 
-pub mod cache;
+pub use engine_model::{cache, prompt};
 pub mod config;
 pub mod metrics;
 pub mod pd;
-pub mod prompt;
 pub mod server;
 pub mod slots;

@@ -14,6 +14,7 @@ use crate::prompt::{self, Endpoint};
 use crate::slots::Slots;
 use anyhow::Context as _;
 use bytes::Bytes;
+use engine_model::latency::Latency;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
@@ -568,12 +569,15 @@ async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
     };
     lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
 
+    let latency = Latency {
+        ttft_ms: state.ttft_ms.get(),
+        prefill_us_per_token: state.prefill_us_per_token.get(),
+        decode_ms_per_token: state.decode_ms_per_token.get(),
+    };
+    // A decode engine received the KV: it computes no prompt.
     let prefill_ms = match job.kv {
-        Some(_) => state.ttft_ms.get(),
-        None => {
-            state.ttft_ms.get()
-                + state.prefill_us_per_token.get() * lookup.uncached_tokens() as f64 / 1000.0
-        }
+        Some(_) => latency.ttft_ms,
+        None => latency.prefill_ms(&lookup),
     };
     if let Some(d) = sleep_ms(prefill_ms) {
         tokio::time::sleep(d).await;

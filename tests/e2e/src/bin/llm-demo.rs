@@ -16,9 +16,9 @@ use clap::Parser;
 use e2e::admin;
 use e2e::envoy::Target;
 use e2e::fleet::{Fleet, FleetSpec};
+use llm_bench::demo::{self, RunResult};
 use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
 use llm_bench::record::Record;
-use llm_bench::report::JsonSummary;
 use llm_bench::stats::{summarize, Summary};
 use llm_bench::workload::{load_workload, WorkItem};
 use serde_json::{json, Map, Value};
@@ -163,22 +163,6 @@ struct OverloadRun {
     stats: BTreeMap<String, u64>,
 }
 
-/// What one run measured.
-struct RunResult {
-    /// The policy, or `<policy>+no_gate` for the gate-less baseline.
-    policy: String,
-    summary: Summary,
-    /// Decision counts per label, from Envoy's stats.
-    decisions: BTreeMap<String, u64>,
-    /// Cross-thread tree sync counters, from Envoy's stats.
-    sync: BTreeMap<String, u64>,
-    /// Queue gate and collector counters, from Envoy's stats.
-    gate: BTreeMap<String, u64>,
-    /// PD runs: what the pairs did.
-    pd: Option<PdCounts>,
-    overload: Option<OverloadRun>,
-}
-
 /// PD: pairs as the decode mocks report them, failures as the filter counts them,
 /// and the prefill pool's share of the work.
 struct PdCounts {
@@ -191,60 +175,34 @@ struct PdCounts {
     prefill_per_worker: BTreeMap<String, u64>,
 }
 
-const LABELS: [&str; 4] = [
-    "cache_hit",
-    "cache_miss",
-    "cache_worker_queued",
-    "all_queued",
-];
-const GATE_COUNTERS: [&str; 5] = [
-    "queue_gate_rejections",
-    "queue_gate_inert",
-    "saturation_pins",
-    "stats_pushes_accepted",
-    "stats_pushes_rejected",
-];
-/// The knobs the `no_gate` baseline removes.
-const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
-/// `applied` counts ring operations applied by all threads together (about routed
-/// requests x threads); `gaps` operations a thread missed by falling a ring behind;
-/// `append_failures` operations kept on one thread.
-const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
-
-/// The run's plugin config: `policy` plus `--filter-config` merged over it (the
-/// baseline keeps its own policy; `no_gate` drops the gate knobs).
+/// The run's plugin config: the demo's (see `llm_bench::demo::plugin_config`) with,
+/// for `--slow-worker`, overload flags at the demo's scale, and `--filter-config`
+/// merged over it.
 fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
-    let policy_key = if args.pd { "prefill_policy" } else { "policy" };
-    let mut cfg = Map::new();
-    cfg.insert(policy_key.into(), json!(policy));
-    if args.slow_worker.is_some() {
-        cfg.insert("overload".into(), demo_overload());
-    }
-    if let Some(path) = &args.filter_config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --filter-config {}", path.display()))?;
-        let Value::Object(extra) = serde_json::from_str(&text)
-            .with_context(|| format!("--filter-config {} is not JSON", path.display()))?
-        else {
-            bail!("--filter-config {} must hold a JSON object", path.display());
-        };
-        // The baseline keeps its own policy; everything else applies to both runs.
-        for (k, v) in extra {
-            if (k != policy_key || policy == args.policy)
-                && !(no_gate && GATE_KNOBS.contains(&k.as_str()))
-            {
-                cfg.insert(k, v);
-            }
+    let mut extra = match &args.filter_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --filter-config {}", path.display()))?;
+            let Value::Object(map) = serde_json::from_str::<Value>(&text)
+                .with_context(|| format!("--filter-config {} is not JSON", path.display()))?
+            else {
+                bail!("--filter-config {} must hold a JSON object", path.display());
+            };
+            map
         }
+        None => Map::new(),
+    };
+    if args.slow_worker.is_some() {
+        extra.entry("overload").or_insert_with(demo_overload);
     }
-    Ok(Value::Object(cfg))
-}
-
-/// Whether the run's plugin config (with `--filter-config` merged) sets the queue gate.
-fn filter_config_sets_gate(args: &Args) -> bool {
-    plugin_config(args, &args.policy, false)
-        .map(|c| c.get("worker_queue_limit").is_some())
-        .unwrap_or(false)
+    demo::plugin_config(
+        demo::policy_key(args.pd),
+        policy,
+        &args.policy,
+        Some(&Value::Object(extra)),
+        no_gate,
+        args.seed,
+    )
 }
 
 fn workload(args: &Args) -> Result<Vec<WorkItem>> {
@@ -338,7 +296,7 @@ fn run(
     let (summary, slow_phases) = match args.slow_worker {
         Some(n) => {
             let (summary, phases) = slow_schedule(args, &fleet, n, items, rt)?;
-            (summary, Some((format!("w{n}"), phases)))
+            (summary, Some((demo::worker_name(n), phases)))
         }
         None => (
             rt.block_on(llm_bench::cli::replay(
@@ -351,21 +309,10 @@ fn run(
         ),
     };
     let stats = fleet.envoy.stats()?;
-    let pick = |prefix: &str, names: &[&str]| -> BTreeMap<String, u64> {
-        names
-            .iter()
-            .map(|n| {
-                let v = stats
-                    .get(&format!("wasmcustom.{prefix}{n}"))
-                    .copied()
-                    .unwrap_or(0);
-                (n.to_string(), v)
-            })
-            .collect()
-    };
-    let pd = match args.pd {
-        false => None,
-        true => Some(PdCounts {
+    let stat = |name: &str| stats.get(name).copied();
+    let mut result = RunResult::new(label, summary, stat);
+    if args.pd {
+        let pd = PdCounts {
             pairs: fleet
                 .engine_counter("decode", "engine_mock:pd_pairs_total")?
                 .values()
@@ -374,29 +321,29 @@ fn run(
                 .engine_counter("decode", "engine_mock:pd_kv_failures_total")?
                 .values()
                 .sum(),
-            prefill_failures: stats
-                .get("wasmcustom.llm_router_pd_prefill_failures")
-                .copied()
-                .unwrap_or(0),
+            prefill_failures: stat("wasmcustom.llm_router_pd_prefill_failures").unwrap_or(0),
             prefill_per_worker: fleet.engine_counter("prefill", "vllm:request_success_total")?,
-        }),
-    };
-    Ok(RunResult {
-        policy: label,
-        summary,
-        decisions: pick("llm_router_decisions_", &LABELS),
-        sync: pick("llm_router_sync_", &SYNC_COUNTERS),
-        gate: pick("llm_router_", &GATE_COUNTERS),
-        pd,
-        overload: slow_phases.map(|(worker, phases)| OverloadRun {
+        };
+        pd.add_to(&mut result);
+    }
+    if let Some((worker, phases)) = slow_phases {
+        let overload = OverloadRun {
             shares: phases
                 .iter()
                 .map(|(name, s)| (*name, share(s, &worker)))
                 .collect(),
             worker,
-            stats: pick("llm_router_overload_", &OVERLOAD_STATS),
-        }),
-    })
+            stats: OVERLOAD_STATS
+                .iter()
+                .map(|n| {
+                    let v = stat(&format!("wasmcustom.llm_router_overload_{n}")).unwrap_or(0);
+                    (n.to_string(), v)
+                })
+                .collect(),
+        };
+        overload.add_to(&mut result);
+    }
+    Ok(result)
 }
 
 /// `worker`'s share of the responses in `s` (0 when there were none).
@@ -529,108 +476,65 @@ fn slow_schedule(
     Ok((summarize(&all, started.elapsed()), phases))
 }
 
-fn report(r: &RunResult) {
-    let s = &r.summary;
-    println!("== policy {} ==", r.policy);
-    println!(
-        "  requests {}  errors {}  wall {:.2}s  ({:.1} req/s)",
-        s.requests, s.errors, s.wall_s, s.req_per_s
-    );
-    for (line, reason, n) in &s.error_reasons {
-        println!("  error x{n} (first at workload line {line}): {reason}");
-    }
-    let total: u64 = s.per_worker.values().sum();
-    for (w, n) in &s.per_worker {
-        let share = if total > 0 {
-            100.0 * *n as f64 / total as f64
-        } else {
-            0.0
-        };
-        println!("  {w:>6}: {n:>5} requests ({share:5.1}%)");
-    }
-    println!(
-        "  engine-reported cached tokens: {} of {} prompt tokens = {:.1}%",
-        s.cached_tokens,
-        s.prompt_tokens,
-        100.0 * s.cached_token_ratio
-    );
-    let fmt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"));
-    println!("  latency p50 {}  p99 {}", fmt(s.p50_ms), fmt(s.p99_ms));
-    let d: Vec<String> = r
-        .decisions
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    println!("  router decisions (Envoy stats): {}", d.join(", "));
-    let y: Vec<String> = r.sync.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("  tree sync across Envoy threads: {}", y.join(", "));
-    let g: Vec<String> = r.gate.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("  queue gate and collector: {}", g.join(", "));
-    if let Some(pd) = &r.pd {
-        let p: Vec<String> = pd
+impl PdCounts {
+    /// The pairs' report line and summary keys.
+    fn add_to(&self, r: &mut RunResult) {
+        let p: Vec<String> = self
             .prefill_per_worker
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        println!("  prefill pool (prompts computed): {}", p.join(", "));
-        println!(
-            "  PD pairs met by room (decode mocks): {}  KV never arrived: {}  prefill failures (filter): {}",
-            pd.pairs, pd.kv_failures, pd.prefill_failures
-        );
+        r.notes
+            .push(format!("prefill pool (prompts computed): {}", p.join(", ")));
+        r.notes.push(format!(
+            "PD pairs met by room (decode mocks): {}  KV never arrived: {}  prefill failures (filter): {}",
+            self.pairs, self.kv_failures, self.prefill_failures
+        ));
+        r.fields.insert("pd_pairs".into(), json!(self.pairs));
+        r.fields
+            .insert("pd_kv_failures".into(), json!(self.kv_failures));
+        r.fields
+            .insert("pd_prefill_failures".into(), json!(self.prefill_failures));
+        r.fields
+            .insert("prefill_per_worker".into(), json!(self.prefill_per_worker));
     }
-    if let Some(o) = &r.overload {
-        let p: Vec<String> = o
+}
+
+impl OverloadRun {
+    /// The slow worker's report lines and the summary's `overload` object.
+    fn add_to(&self, r: &mut RunResult) {
+        let p: Vec<String> = self
             .shares
             .iter()
             .map(|(phase, s)| format!("{phase} {:.1}%", 100.0 * s))
             .collect();
-        println!("  slow worker {} request share: {}", o.worker, p.join(", "));
-        let c: Vec<String> = o.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        println!("  overload flags (Envoy stats): {}", c.join(", "));
+        r.notes.push(format!(
+            "slow worker {} request share: {}",
+            self.worker,
+            p.join(", ")
+        ));
+        let c: Vec<String> = self.stats.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        r.notes
+            .push(format!("overload flags (Envoy stats): {}", c.join(", ")));
+        let stat = |k: &str| self.stats.get(k).copied().unwrap_or(0);
+        r.fields.insert(
+            "overload".into(),
+            json!({
+                "entered": stat("entered"),
+                "recovered": stat("recovered"),
+                "owner_filtered": stat("owner_filtered"),
+                "final_flagged": stat("flagged"),
+                "probes_ok": stat("probes_ok"),
+                "probes_failed": stat("probes_failed"),
+                "slow_worker": self.worker,
+                "slow_worker_share": self
+                    .shares
+                    .iter()
+                    .map(|(p, s)| (p.to_string(), json!(s)))
+                    .collect::<Map<String, Value>>(),
+            }),
+        );
     }
-}
-
-/// The summary line's `overload` object.
-fn overload_json(o: &OverloadRun) -> Value {
-    let stat = |k: &str| o.stats.get(k).copied().unwrap_or(0);
-    json!({
-        "entered": stat("entered"),
-        "recovered": stat("recovered"),
-        "owner_filtered": stat("owner_filtered"),
-        "final_flagged": stat("flagged"),
-        "probes_ok": stat("probes_ok"),
-        "probes_failed": stat("probes_failed"),
-        "slow_worker": o.worker,
-        "slow_worker_share": o.shares.iter().map(|(p, s)| (p.to_string(), json!(s))).collect::<Map<String, Value>>(),
-    })
-}
-
-fn json_of(r: &RunResult) -> Value {
-    let j = JsonSummary::from(&r.summary);
-    let mut out = json!({
-        "requests": j.requests,
-        "errors": j.errors,
-        "per_worker": j.per_worker,
-        "cached_token_ratio": j.cached_token_ratio,
-        "p50_ms": j.p50_ms,
-        "p99_ms": j.p99_ms,
-        "policy": r.policy,
-        "decisions": r.decisions,
-        "sync": r.sync,
-        "gate": r.gate,
-        "prompt_tokens": j.prompt_tokens,
-        "cached_tokens": j.cached_tokens,
-    });
-    if let Some(pd) = &r.pd {
-        out["pd_pairs"] = json!(pd.pairs);
-        out["pd_kv_failures"] = json!(pd.kv_failures);
-        out["pd_prefill_failures"] = json!(pd.prefill_failures);
-        out["prefill_per_worker"] = json!(pd.prefill_per_worker);
-    }
-    if let Some(o) = &r.overload {
-        out["overload"] = overload_json(o);
-    }
-    out
 }
 
 fn main() {
@@ -650,57 +554,38 @@ fn real_main(args: &Args) -> Result<bool> {
     let rt = tokio::runtime::Runtime::new()?;
     let items = workload(args)?;
     let main_run = run(args, &args.policy, false, &items, &rt)?;
-    let baseline_name = args.baseline.clone().unwrap_or_else(|| {
-        if args.slow_worker.is_some() {
-            "none".to_string()
-        } else if filter_config_sets_gate(args) {
-            "no_gate".to_string()
-        } else {
-            "round_robin".to_string()
-        }
-    });
+    let baseline_name = match &args.baseline {
+        Some(b) => b.clone(),
+        None if args.slow_worker.is_some() => "none".to_string(),
+        None => demo::default_baseline(&plugin_config(args, &args.policy, false)?).into(),
+    };
     let baseline = match baseline_name.as_str() {
         "none" => None,
         "no_gate" => Some(run(args, &args.policy, true, &items, &rt)?),
         p if p == args.policy => None,
         p => Some(run(args, p, false, &items, &rt)?),
     };
-    println!();
-    report(&main_run);
-    if let Some(b) = &baseline {
-        report(b);
-        let ms = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"));
-        println!(
-            "== {} vs {}: cached token ratio {:.1}% vs {:.1}%, p99 {} vs {} ==",
-            main_run.policy,
-            b.policy,
-            100.0 * main_run.summary.cached_token_ratio,
-            100.0 * b.summary.cached_token_ratio,
-            ms(main_run.summary.p99_ms),
-            ms(b.summary.p99_ms)
-        );
-    }
-    println!("logs and configs: {}", args.dir.display());
-    let mut out = json_of(&main_run);
-    out["envoy_concurrency"] = json!(args.envoy_concurrency);
-    out["workers"] = json!(match args.pd {
+    let workers = match args.pd {
         true => args.prefill_workers + args.decode_workers,
         false => args.workers,
-    });
-    if let Some(b) = &baseline {
-        out["baseline"] = json_of(b);
-    }
-    println!("{out}");
+    };
+    demo::print_report(
+        &main_run,
+        baseline.as_ref(),
+        args.envoy_concurrency,
+        workers,
+        Some(&args.dir.display().to_string()),
+    );
     let errors = main_run.summary.errors + baseline.as_ref().map_or(0, |b| b.summary.errors);
     // Every routed request's pair must have met (batches aside, one room each).
     let unpaired = [Some(&main_run), baseline.as_ref()]
         .into_iter()
         .flatten()
         .filter_map(|r| {
-            let pd = r.pd.as_ref()?;
+            let pairs = r.fields.get("pd_pairs")?.as_u64()?;
             let routed = r.summary.requests.saturating_sub(r.summary.errors);
-            (pd.pairs != routed as u64)
-                .then(|| format!("{}: {} pairs for {routed} requests", r.policy, pd.pairs))
+            (pairs != routed as u64)
+                .then(|| format!("{}: {pairs} pairs for {routed} requests", r.policy))
         })
         .collect::<Vec<_>>();
     for u in &unpaired {

@@ -1,0 +1,313 @@
+//! The demo's run: its plugin configuration and its report, shared by `envoy/demo`
+//! (`llm-demo`, real Envoy and engine mocks) and `host-sim replay` (the same filter in
+//! virtual time), so the two print the same summary and the same last-line JSON.
+//!
+//! A run is one policy over one workload on a fresh fleet; the report shows the load
+//! tool's [`Summary`] plus the filter's own counters (decision labels, tree sync, queue
+//! gate) as Envoy names them, `wasmcustom.llm_router_*`. The last line of stdout is one
+//! JSON object: the main run's fields, `envoy_concurrency`, `workers`, and the
+//! baseline run under `baseline`.
+
+use crate::report::JsonSummary;
+use crate::stats::Summary;
+use anyhow::{bail, Result};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+/// Decision labels, one per routed request.
+pub const LABELS: [&str; 4] = [
+    "cache_hit",
+    "cache_miss",
+    "cache_worker_queued",
+    "all_queued",
+];
+/// Queue gate and collector counters.
+pub const GATE_COUNTERS: [&str; 5] = [
+    "queue_gate_rejections",
+    "queue_gate_inert",
+    "saturation_pins",
+    "stats_pushes_accepted",
+    "stats_pushes_rejected",
+];
+/// The knobs the `no_gate` baseline removes.
+pub const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
+/// `applied` counts ring operations applied by all threads together (about routed
+/// requests x threads); `gaps` operations a thread missed by falling a ring behind;
+/// `append_failures` operations kept on one thread.
+pub const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
+
+/// The demo's engine (worker) names: `w0`, `w1`...
+pub fn worker_name(i: usize) -> String {
+    format!("w{i}")
+}
+
+/// The Envoy cluster of a worker in `target: cluster` mode.
+pub fn cluster_name(worker: &str) -> String {
+    format!("engine_{worker}")
+}
+
+/// The config key the demo's `--policy` sets: the regular pool's `policy`, or with
+/// prefill/decode disaggregation the prefill pool's (where the prompt cache is).
+pub fn policy_key(pd: bool) -> &'static str {
+    if pd {
+        "prefill_policy"
+    } else {
+        "policy"
+    }
+}
+
+/// A run's plugin config: `policy` (under `policy_key`), the demo's fixed `rng_seed` (so
+/// two runs of the same workload take the same decisions), then `extra`
+/// (`--filter-config` / `--config`) merged over it. The baseline keeps its own policy
+/// (`policy != main_policy`); `no_gate` drops the gate knobs.
+pub fn plugin_config(
+    policy_key: &str,
+    policy: &str,
+    main_policy: &str,
+    extra: Option<&Value>,
+    no_gate: bool,
+    seed: u64,
+) -> Result<Value> {
+    let mut cfg = Map::new();
+    cfg.insert(policy_key.into(), json!(policy));
+    cfg.insert("rng_seed".into(), json!(seed));
+    match extra {
+        None => {}
+        Some(Value::Object(extra)) => {
+            for (k, v) in extra {
+                if (k != policy_key || policy == main_policy)
+                    && !(no_gate && GATE_KNOBS.contains(&k.as_str()))
+                {
+                    cfg.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Some(_) => bail!("the extra plugin config must be a JSON object"),
+    }
+    Ok(Value::Object(cfg))
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunResult {
+    /// The policy, or `<policy>+no_gate` for the gate-less baseline.
+    pub policy: String,
+    pub summary: Summary,
+    /// Decision counts per label.
+    pub decisions: BTreeMap<String, u64>,
+    /// Cross-thread tree sync counters.
+    pub sync: BTreeMap<String, u64>,
+    /// Queue gate and collector counters.
+    pub gate: BTreeMap<String, u64>,
+    /// What a particular run adds (PD pairs, overload phases): report lines...
+    pub notes: Vec<String>,
+    /// ...and keys of its JSON.
+    pub fields: Map<String, Value>,
+}
+
+impl RunResult {
+    /// The filter's counters from stats by Envoy name (`wasmcustom.NAME`), 0 if absent.
+    pub fn new(policy: String, summary: Summary, stat: impl Fn(&str) -> Option<u64>) -> Self {
+        let pick = |prefix: &str, names: &[&str]| -> BTreeMap<String, u64> {
+            names
+                .iter()
+                .map(|n| {
+                    let v = stat(&format!("wasmcustom.{prefix}{n}")).unwrap_or(0);
+                    (n.to_string(), v)
+                })
+                .collect()
+        };
+        Self {
+            policy,
+            summary,
+            decisions: pick("llm_router_decisions_", &LABELS),
+            sync: pick("llm_router_sync_", &SYNC_COUNTERS),
+            gate: pick("llm_router_", &GATE_COUNTERS),
+            notes: Vec::new(),
+            fields: Map::new(),
+        }
+    }
+
+    /// The human report of the run.
+    pub fn report(&self) -> String {
+        let s = &self.summary;
+        let mut out = format!("== policy {} ==\n", self.policy);
+        out += &format!(
+            "  requests {}  errors {}  wall {:.2}s  ({:.1} req/s)\n",
+            s.requests, s.errors, s.wall_s, s.req_per_s
+        );
+        for (line, reason, n) in &s.error_reasons {
+            out += &format!("  error x{n} (first at workload line {line}): {reason}\n");
+        }
+        let total: u64 = s.per_worker.values().sum();
+        for (w, n) in &s.per_worker {
+            let share = if total > 0 {
+                100.0 * *n as f64 / total as f64
+            } else {
+                0.0
+            };
+            out += &format!("  {w:>6}: {n:>5} requests ({share:5.1}%)\n");
+        }
+        out += &format!(
+            "  engine-reported cached tokens: {} of {} prompt tokens = {:.1}%\n",
+            s.cached_tokens,
+            s.prompt_tokens,
+            100.0 * s.cached_token_ratio
+        );
+        out += &format!("  latency p50 {}  p99 {}\n", ms(s.p50_ms), ms(s.p99_ms));
+        let join = |m: &BTreeMap<String, u64>| -> String {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            parts.join(", ")
+        };
+        out += &format!(
+            "  router decisions (Envoy stats): {}\n",
+            join(&self.decisions)
+        );
+        out += &format!("  tree sync across Envoy threads: {}\n", join(&self.sync));
+        out += &format!("  queue gate and collector: {}\n", join(&self.gate));
+        for note in &self.notes {
+            out += &format!("  {note}\n");
+        }
+        out
+    }
+
+    /// The run as JSON.
+    pub fn json(&self) -> Value {
+        let j = JsonSummary::from(&self.summary);
+        let mut out = json!({
+            "requests": j.requests,
+            "errors": j.errors,
+            "per_worker": j.per_worker,
+            "cached_token_ratio": j.cached_token_ratio,
+            "p50_ms": j.p50_ms,
+            "p99_ms": j.p99_ms,
+            "policy": self.policy,
+            "decisions": self.decisions,
+            "sync": self.sync,
+            "gate": self.gate,
+            "prompt_tokens": j.prompt_tokens,
+            "cached_tokens": j.cached_tokens,
+        });
+        if let Value::Object(map) = &mut out {
+            map.extend(self.fields.clone());
+        }
+        out
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"))
+}
+
+/// The whole report after the runs: each run, the comparison line, where the logs are
+/// (if anywhere), then the last-line JSON.
+pub fn print_report(
+    main: &RunResult,
+    baseline: Option<&RunResult>,
+    envoy_concurrency: u32,
+    workers: usize,
+    logs: Option<&str>,
+) {
+    println!();
+    print!("{}", main.report());
+    if let Some(b) = baseline {
+        print!("{}", b.report());
+        println!(
+            "== {} vs {}: cached token ratio {:.1}% vs {:.1}%, p99 {} vs {} ==",
+            main.policy,
+            b.policy,
+            100.0 * main.summary.cached_token_ratio,
+            100.0 * b.summary.cached_token_ratio,
+            ms(main.summary.p99_ms),
+            ms(b.summary.p99_ms)
+        );
+    }
+    if let Some(logs) = logs {
+        println!("logs and configs: {logs}");
+    }
+    println!("{}", last_line(main, baseline, envoy_concurrency, workers));
+}
+
+/// The last-line JSON.
+pub fn last_line(
+    main: &RunResult,
+    baseline: Option<&RunResult>,
+    envoy_concurrency: u32,
+    workers: usize,
+) -> Value {
+    let mut out = main.json();
+    out["envoy_concurrency"] = json!(envoy_concurrency);
+    out["workers"] = json!(workers);
+    if let Some(b) = baseline {
+        out["baseline"] = b.json();
+    }
+    out
+}
+
+/// The baseline run's name when none is given: `no_gate` if the main run sets the
+/// gate, else `round_robin`.
+pub fn default_baseline(main_config: &Value) -> &'static str {
+    if main_config.get("worker_queue_limit").is_some() {
+        "no_gate"
+    } else {
+        "round_robin"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn baseline_keeps_its_policy_and_no_gate_drops_the_gate() {
+        let extra = json!({"policy": "random", "worker_queue_limit": 2, "cache_threshold": 0.5});
+        let main = plugin_config("policy", "random", "random", Some(&extra), false, 42).unwrap();
+        assert_eq!(main["policy"], "random");
+        assert_eq!(main["worker_queue_limit"], 2);
+        assert_eq!(main["rng_seed"], 42);
+        assert_eq!(default_baseline(&main), "no_gate");
+        let rr = plugin_config("policy", "round_robin", "random", Some(&extra), true, 42).unwrap();
+        assert_eq!(rr["policy"], "round_robin");
+        assert!(rr.get("worker_queue_limit").is_none());
+        assert_eq!(rr["cache_threshold"], 0.5);
+        assert!(plugin_config("policy", "x", "x", Some(&json!([1])), false, 0).is_err());
+        let pd_extra = json!({"prefill_policy": "random"});
+        let pd = plugin_config(
+            policy_key(true),
+            "round_robin",
+            "cache_aware",
+            Some(&pd_extra),
+            false,
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            pd["prefill_policy"], "round_robin",
+            "the baseline keeps its own"
+        );
+        assert!(pd.get("policy").is_none());
+    }
+
+    #[test]
+    fn counters_are_read_by_envoy_name() {
+        let mut r = RunResult::new("cache_aware".into(), Summary::default(), |name| {
+            (name == "wasmcustom.llm_router_decisions_cache_hit").then_some(7)
+        });
+        r.notes.push("PD pairs 3".into());
+        r.fields.insert("pd_pairs".into(), json!(3));
+        assert_eq!(r.decisions["cache_hit"], 7);
+        assert_eq!(r.decisions["cache_miss"], 0);
+        let line = last_line(&r, Some(&r), 1, 4);
+        assert_eq!(line["decisions"]["cache_hit"], 7);
+        assert_eq!(line["baseline"]["policy"], "cache_aware");
+        assert_eq!(
+            (line["workers"].clone(), line["envoy_concurrency"].clone()),
+            (json!(4), json!(1))
+        );
+        assert!(r
+            .report()
+            .contains("router decisions (Envoy stats): all_queued 0"));
+        assert!(r.report().ends_with("  PD pairs 3\n"));
+        assert_eq!(line["pd_pairs"], 3);
+    }
+}

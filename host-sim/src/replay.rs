@@ -1,0 +1,413 @@
+//! Replaying a workload through the filter against a [`SimFleet`], in virtual time.
+//!
+//! The load tool's rules, with the clock virtual: requests go in `llm-load`'s order
+//! ([`llm_bench::scheduler::Dispatch`]: sessions in turn order, earliest line first)
+//! with at most `concurrency` in flight, round robin over the VMs (Envoy's worker
+//! threads); each routed request is served by the engine the filter chose, which
+//! answers when its cost model says; the filter sees the response and the end of the
+//! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
+//! copy, an overload probe) are served by that engine the same way. Every `collector_interval_ms` the fleet's gauges are pushed to
+//! the filter's stats endpoint, as the companion collector does. What comes out is the
+//! load tool's [`Summary`] (latencies in virtual ms), so the report is the demo's.
+//!
+//! At concurrency 1 every decision is a pure function of the workload, the config and
+//! its `rng_seed`, which is what makes a run comparable with `envoy/demo
+//! --concurrency 1` request for request.
+
+use crate::fleet::SimFleet;
+use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
+use anyhow::{bail, Context as _, Result};
+use engine_model::engine::EngineSpec;
+use llm_bench::record::Record;
+use llm_bench::response::{parse_json_body, snippet};
+use llm_bench::scheduler::Dispatch;
+use llm_bench::stats::{summarize, Summary};
+use llm_bench::workload::WorkItem;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// The decision header the filter adds to responses.
+const DECISION_HEADER: &str = "x-llm-router-decision";
+/// Virtual time between the last answer and reading the stats: more than a sync tick.
+const SETTLE_MS: f64 = 1_000.0;
+/// The stats push token replay configures when the config has none.
+const STATS_TOKEN: &str = "host-sim-replay";
+
+/// How to replay.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    /// Engines in the fleet (`--workers`).
+    pub workers: usize,
+    /// VMs, i.e. Envoy worker threads (`--envoy-concurrency` of the demo).
+    pub vms: usize,
+    /// Requests in flight at most.
+    pub concurrency: usize,
+    /// Every engine's shape.
+    pub engine: EngineSpec,
+    /// Push the fleet's gauges this often (virtual ms); `None`: no collector.
+    pub collector_interval_ms: Option<u64>,
+}
+
+/// A finished replay: the summary, and the host and fleet as the run left them (for
+/// metrics, logs, engine caches).
+pub struct ReplayRun {
+    pub summary: Summary,
+    pub host: Host,
+    pub fleet: SimFleet,
+}
+
+/// A request the engine is working on.
+struct InFlight {
+    item: usize,
+    handle: StreamHandle,
+    dispatched_ms: f64,
+    done_ms: f64,
+    status: u32,
+    body: Vec<u8>,
+    record: Record,
+}
+
+/// An HTTP call the filter made, being served by an engine.
+struct Call {
+    token: u32,
+    done_ms: f64,
+    status: u32,
+    body: Vec<u8>,
+}
+
+/// Where a request stands after the filter saw it.
+enum Routed {
+    Engine(InFlight),
+    Held(Held),
+    Done(Record),
+}
+
+/// A request the filter holds (neither sent upstream nor answered).
+struct Held {
+    item: usize,
+    handle: StreamHandle,
+    sent: f64,
+}
+
+/// What happens next: a stream's or a call's engine finishes.
+enum Event {
+    Stream(usize, f64),
+    Call(usize, f64),
+    /// The earliest HTTP call timeout (the host answers it with a 504).
+    Timeout(f64),
+}
+
+impl Replay {
+    /// The plugin config with the fleet's `workers`, `target: cluster` and, with a
+    /// collector, a stats token filled in when absent (as the demo's fleet does).
+    pub fn plugin_config(&self, fleet: &SimFleet, config: &Value) -> Result<Value> {
+        let mut config = config.clone();
+        let Value::Object(map) = &mut config else {
+            bail!("the plugin config must be a JSON object");
+        };
+        map.entry("target").or_insert_with(|| json!("cluster"));
+        map.entry("workers")
+            .or_insert_with(|| fleet.workers_config());
+        if self.collector_interval_ms.is_some() {
+            map.entry("stats_token")
+                .or_insert_with(|| json!(STATS_TOKEN));
+        }
+        Ok(config)
+    }
+
+    /// Runs `items` through `filter` with plugin config `config` (see
+    /// [`Replay::plugin_config`]).
+    pub fn run(&self, filter: &Filter, config: &Value, items: &[WorkItem]) -> Result<ReplayRun> {
+        let mut fleet = SimFleet::demo(self.workers, self.engine);
+        let config = self.plugin_config(&fleet, config)?;
+        let token = config["stats_token"].as_str().map(str::to_string);
+        let stats_path = config["stats_path"]
+            .as_str()
+            .unwrap_or("/llm-router/stats")
+            .to_string();
+        let mut host = Host::builder_for(filter)
+            .plugin_config(serde_json::to_vec(&config)?)
+            .plugin_name("llm_router")
+            .root_id("llm_router")
+            // Envoy's main thread runs a VM too: it gets no traffic but ticks, so it
+            // applies the tree's operations like the workers do.
+            .vms(self.vms.max(1) + 1)
+            .clusters(&fleet.clusters())
+            .allow_on_headers_stop_iteration(true)
+            .failure_policy(FailurePolicy::FailReload)
+            .build()
+            .context("starting the filter")?;
+        let start_ms = host.now_ms();
+        let workers = self.vms.max(1);
+        let sessions: Vec<Option<String>> = items.iter().map(|i| i.session.clone()).collect();
+        let mut order = Dispatch::new(&sessions);
+        let mut records: Vec<Option<Record>> = vec![None; items.len()];
+        let mut in_flight: Vec<InFlight> = Vec::new();
+        let mut calls: Vec<Call> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
+        let (mut now, mut sent, mut pushes) = (0.0f64, 0usize, 0usize);
+        let interval = self.collector_interval_ms.filter(|&i| i > 0);
+        let mut next_push = interval.map(|i| i as f64);
+        loop {
+            while in_flight.len() < self.concurrency.max(1) {
+                let Some(i) = order.take_next() else { break };
+                let vm = sent % workers;
+                sent += 1;
+                match self.dispatch(&mut host, &mut fleet, vm, now, i, &items[i])? {
+                    Routed::Engine(flight) => in_flight.push(flight),
+                    Routed::Held(h) => held.push(h),
+                    Routed::Done(record) => {
+                        records[i] = Some(record);
+                        order.complete(i);
+                    }
+                }
+            }
+            self.schedule_calls(&host, &mut fleet, now, &mut calls);
+            let next_stream = in_flight
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
+                .map(|(k, f)| (k, f.done_ms));
+            let next_call = calls
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
+                .map(|(k, c)| (k, c.done_ms));
+            let event = match (next_stream, next_call) {
+                (Some(s), Some(c)) if c.1 < s.1 => Event::Call(c.0, c.1),
+                (Some(s), _) => Event::Stream(s.0, s.1),
+                // Calls alone (a prober's) do not keep a finished replay going.
+                (None, _) if records.iter().all(Option::is_some) => break,
+                (None, Some(c)) => Event::Call(c.0, c.1),
+                (None, None) => match next_timeout(&host, start_ms) {
+                    // Held requests wait for calls nobody answers: they time out.
+                    Some(t) if !held.is_empty() => Event::Timeout(t.max(now)),
+                    _ => bail!("nothing in flight and nothing dispatchable: the replay is stuck"),
+                },
+            };
+            let at = match event {
+                Event::Stream(_, t) | Event::Call(_, t) | Event::Timeout(t) => t,
+            };
+            while let (Some(push_at), Some(token)) = (next_push, &token) {
+                if push_at > at {
+                    break;
+                }
+                move_clock(&mut host, start_ms, push_at)?;
+                let vm = pushes % workers;
+                pushes += 1;
+                let mut spec = RequestSpec::post_json(&stats_path, fleet.stats_push(push_at));
+                let auth = format!("Bearer {token}");
+                spec.headers.push(("authorization", &auth));
+                let out = host.vm(vm).request(spec)?;
+                host.vm(vm).finish(out.handle)?;
+                next_push = interval.map(|i| push_at + i as f64);
+            }
+            now = now.max(at);
+            move_clock(&mut host, start_ms, now)?;
+            match event {
+                Event::Stream(k, _) => {
+                    let flight = in_flight.swap_remove(k);
+                    let i = flight.item;
+                    records[i] = Some(self.complete(&mut host, flight)?);
+                    order.complete(i);
+                }
+                Event::Call(k, _) => {
+                    let call = calls.swap_remove(k);
+                    let pending = host.pending_http_calls();
+                    // A call whose context ended (or that timed out) is gone.
+                    if pending.iter().any(|c| c.token == call.token) {
+                        let headers = [("content-type", "application/json")];
+                        host.answer_http_call(call.token, call.status, &headers, &call.body)?;
+                    }
+                }
+                Event::Timeout(_) => {}
+            }
+            for h in std::mem::take(&mut held) {
+                let out = host.vm(h.handle.vm).outcome(h.handle)?;
+                let routed = (h.item, &items[h.item]);
+                match self.route(&mut host, &mut fleet, routed, &out, h.sent, now)? {
+                    Routed::Engine(flight) => in_flight.push(flight),
+                    Routed::Held(h) => held.push(h),
+                    Routed::Done(record) => {
+                        records[h.item] = Some(record);
+                        order.complete(h.item);
+                    }
+                }
+            }
+        }
+        // Stats are read a moment after the last answer, as the demo reads Envoy's:
+        // every VM has ticked since.
+        move_clock(&mut host, start_ms, now + SETTLE_MS)?;
+        let records: Vec<Record> = records.into_iter().flatten().collect();
+        let summary = summarize(&records, Duration::from_secs_f64(now / 1000.0));
+        Ok(ReplayRun {
+            summary,
+            host,
+            fleet,
+        })
+    }
+
+    /// Sends every new HTTP call the filter made to a fleet engine (a prefill copy, a
+    /// probe) to that engine, to be answered when it is done; calls to other clusters
+    /// are left to time out, as an unreachable cluster's would.
+    fn schedule_calls(&self, host: &Host, fleet: &mut SimFleet, now: f64, calls: &mut Vec<Call>) {
+        for call in host.pending_http_calls() {
+            if calls.iter().any(|c| c.token == call.token) {
+                continue;
+            }
+            let Some(engine) = fleet.find(Some(&call.cluster), None) else {
+                continue;
+            };
+            let path = call.header(":path").unwrap_or("/").to_string();
+            let answer = fleet.serve(engine, now, &path, &call.body);
+            calls.push(Call {
+                token: call.token,
+                done_ms: answer.served.map_or(now, |s| s.finished_ms),
+                status: answer.status,
+                body: answer.body,
+            });
+        }
+    }
+
+    /// Sends request `i` through the filter on `vm` at `now`.
+    fn dispatch(
+        &self,
+        host: &mut Host,
+        fleet: &mut SimFleet,
+        vm: usize,
+        now: f64,
+        i: usize,
+        item: &WorkItem,
+    ) -> Result<Routed> {
+        let length = item.body.len().to_string();
+        let mut spec = RequestSpec::post_json(&item.path, item.body.to_vec());
+        spec.headers.push(("content-length", &length));
+        let out = host.vm(vm).request(spec)?;
+        self.route(host, fleet, (i, item), &out, now, now)
+    }
+
+    /// Where a request sent at `sent` stands at `now`: with an engine, still held by the
+    /// filter (waiting for an HTTP call, say), or over (a local reply, or no engine).
+    fn route(
+        &self,
+        host: &mut Host,
+        fleet: &mut SimFleet,
+        (i, item): (usize, &WorkItem),
+        out: &StreamOutcome,
+        sent: f64,
+        now: f64,
+    ) -> Result<Routed> {
+        let mut record = Record {
+            line: item.line,
+            ..Record::default()
+        };
+        if let Some(reply) = &out.local_response {
+            record.status = u16::try_from(reply.status).ok();
+            record.decision = reply.header(DECISION_HEADER).map(str::to_string);
+            record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
+            record.latency_ms = now - sent;
+            return Ok(Routed::Done(record));
+        }
+        if !out.continued && !out.finished {
+            return Ok(Routed::Held(Held {
+                item: i,
+                handle: out.handle,
+                sent,
+            }));
+        }
+        let engine = fleet.find(
+            out.header("x-llm-router-cluster"),
+            out.header("x-gateway-destination-endpoint"),
+        );
+        let (true, Some(engine)) = (out.continued, engine) else {
+            host.vm(out.handle.vm).reset(out.handle)?;
+            record.error = Some("the filter sent the request to no known engine".into());
+            return Ok(Routed::Done(record));
+        };
+        let answer = fleet.serve(engine, now, &item.path, &out.request_body);
+        let (done_ms, first_ms) = answer
+            .served
+            .map_or((now, now), |s| (s.finished_ms, s.first_token_ms));
+        if item.stream && answer.status == 200 {
+            record.ttfb_ms = Some(first_ms - sent);
+        }
+        Ok(Routed::Engine(InFlight {
+            item: i,
+            handle: out.handle,
+            dispatched_ms: sent,
+            done_ms,
+            status: answer.status,
+            body: answer.body,
+            record,
+        }))
+    }
+
+    /// The engine's answer reaches the filter, then the client; the stream ends.
+    fn complete(&self, host: &mut Host, flight: InFlight) -> Result<Record> {
+        let InFlight {
+            handle,
+            mut record,
+            status,
+            body,
+            ..
+        } = flight;
+        record.latency_ms = flight.done_ms - flight.dispatched_ms;
+        // The filter may have answered on its own meanwhile (a failed prefill copy:
+        // a 502 after the body went upstream); the engine's answer then goes nowhere.
+        let out = host.vm(handle.vm).outcome(handle)?;
+        if let Some(reply) = out.local_response.filter(|_| out.finished) {
+            record.status = u16::try_from(reply.status).ok();
+            record.decision = reply.header(DECISION_HEADER).map(str::to_string);
+            record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
+            return Ok(record);
+        }
+        let headers = [("content-type", "application/json")];
+        let resp = host
+            .vm(handle.vm)
+            .respond(handle, status, &headers, &body)?;
+        host.vm(handle.vm).finish(handle)?;
+        record.status = u16::try_from(status).ok();
+        record.decision = resp.header(DECISION_HEADER).map(str::to_string);
+        match parse_json_body(&resp.body) {
+            Ok(facts) if (200..300).contains(&status) => {
+                record.worker = facts.worker;
+                if let Some(u) = facts.usage {
+                    record.prompt_tokens = Some(u.prompt_tokens);
+                    record.cached_tokens = Some(u.cached_tokens);
+                }
+            }
+            Ok(facts) => {
+                record.worker = facts.worker;
+                record.error = Some(format!("HTTP {status}: {}", snippet(&resp.body)));
+            }
+            Err(e) => {
+                record.worker = e.worker;
+                record.error = Some(if (200..300).contains(&status) {
+                    e.reason
+                } else {
+                    format!("HTTP {status}: {}", snippet(&resp.body))
+                });
+            }
+        }
+        Ok(record)
+    }
+}
+
+/// When the next pending HTTP call times out (ms since the replay started).
+fn next_timeout(host: &Host, start_ms: u64) -> Option<f64> {
+    host.pending_http_calls()
+        .iter()
+        .filter(|c| c.timeout_ms > 0)
+        .map(|c| (c.dispatched_at_ms + u64::from(c.timeout_ms)).saturating_sub(start_ms) as f64)
+        .min_by(f64::total_cmp)
+}
+
+/// Moves the host's clock to `start + at` ms (whole ms, never back).
+fn move_clock(host: &mut Host, start_ms: u64, at: f64) -> Result<()> {
+    let target = start_ms + at.ceil() as u64;
+    let now = host.now_ms();
+    if target > now {
+        host.advance_time(target - now)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! `host-sim replay` as a library: a generated multi-turn workload through the real
+//! filter against the simulated fleet, in virtual time.
+//!
+//! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
+//! --profile wasm` (`tests/run` does it).
+
+use engine_model::engine::EngineSpec;
+use host_sim::replay::Replay;
+use host_sim::Filter;
+use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
+use llm_bench::workload::{parse_workload, WorkItem};
+use serde_json::json;
+use std::sync::OnceLock;
+
+fn filter() -> Filter {
+    static FILTER: OnceLock<Filter> = OnceLock::new();
+    FILTER
+        .get_or_init(|| Filter::load(host_sim::require_built_filter()).expect("filter loads"))
+        .clone()
+}
+
+fn workload() -> Vec<WorkItem> {
+    let cfg = GenerateConfig {
+        sessions: 10,
+        turns: 4,
+        system_prompts: 3,
+        system_prompt_chars: 1200,
+        user_chars: 200,
+        ..GenerateConfig::default()
+    };
+    parse_workload(&to_jsonl(&generate(&cfg)).unwrap()).unwrap()
+}
+
+fn replay(vms: usize, concurrency: usize) -> Replay {
+    Replay {
+        workers: 3,
+        vms,
+        concurrency,
+        engine: EngineSpec::default(),
+        collector_interval_ms: Some(200),
+    }
+}
+
+fn decisions(run: &host_sim::replay::ReplayRun, label: &str) -> u64 {
+    run.host
+        .metric(&format!("wasmcustom.llm_router_decisions_{label}"))
+        .unwrap_or(0)
+}
+
+#[test]
+fn cache_aware_beats_round_robin_on_engine_cache_hits() {
+    let items = workload();
+    let mut sim = replay(2, 4);
+    // The whole run takes some 100 virtual ms.
+    sim.collector_interval_ms = Some(5);
+    let cfg = |policy: &str| json!({"policy": policy, "rng_seed": 3});
+    let aware = sim.run(&filter(), &cfg("cache_aware"), &items).unwrap();
+    let rr = sim.run(&filter(), &cfg("round_robin"), &items).unwrap();
+    for run in [&aware, &rr] {
+        assert_eq!(run.summary.requests, items.len());
+        assert_eq!(run.summary.errors, 0, "{:?}", run.summary.error_reasons);
+        assert_eq!(
+            run.summary.per_worker.values().sum::<u64>(),
+            items.len() as u64
+        );
+    }
+    let labels: u64 = [
+        "cache_hit",
+        "cache_miss",
+        "cache_worker_queued",
+        "all_queued",
+    ]
+    .iter()
+    .map(|l| decisions(&aware, l))
+    .sum();
+    assert_eq!(
+        labels,
+        items.len() as u64,
+        "one decision label per routed request"
+    );
+    assert!(
+        aware.summary.cached_token_ratio > rr.summary.cached_token_ratio + 0.05,
+        "cache_aware {} vs round_robin {}",
+        aware.summary.cached_token_ratio,
+        rr.summary.cached_token_ratio
+    );
+    assert!(
+        aware
+            .host
+            .metric("wasmcustom.llm_router_stats_pushes_accepted")
+            > Some(0),
+        "the simulated collector pushed"
+    );
+}
+
+#[test]
+fn a_replay_is_deterministic() {
+    let items = workload();
+    let cfg = json!({"policy": "cache_aware", "rng_seed": 9});
+    let a = replay(3, 6).run(&filter(), &cfg, &items).unwrap();
+    let b = replay(3, 6).run(&filter(), &cfg, &items).unwrap();
+    assert_eq!(
+        a.summary, b.summary,
+        "same workload, config and seed: same run"
+    );
+}
+
+#[test]
+fn a_queueing_fleet_under_the_gate_diverts() {
+    let items = workload();
+    let mut sim = replay(1, 12);
+    sim.engine.max_running = 1;
+    sim.engine.latency.ttft_ms = 50.0;
+    let cfg = json!({"policy": "cache_aware", "rng_seed": 1, "worker_queue_limit": 1});
+    let run = sim.run(&filter(), &cfg, &items).unwrap();
+    assert_eq!(run.summary.errors, 0);
+    assert!(
+        decisions(&run, "cache_worker_queued") > 0,
+        "queued owners are diverted from"
+    );
+}

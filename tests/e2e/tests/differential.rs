@@ -1,0 +1,161 @@
+//! The differential suite: every scenario in `tests/e2e/scenarios/` runs through
+//! host-sim and through the real Envoy with engine mocks; both must observe the same
+//! status, worker, decision and reason at every step, and those must be what the
+//! scenario expects. See `e2e::scenario` for the format.
+//!
+//! Needs the filter, the engine mock and Envoy (`tests/run` builds them).
+
+use e2e::scenario::Scenario;
+use std::path::PathBuf;
+
+fn scenarios() -> Vec<(String, Scenario)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let s = Scenario::load(&p).unwrap_or_else(|e| panic!("{e:#}"));
+            (name, s)
+        })
+        .collect()
+}
+
+fn differential(name: &str) {
+    let (_, scenario) = scenarios()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no scenario {name}.json"));
+    let wasm = e2e::paths::wasm_path().expect("the filter is built");
+    let filter = host_sim::Filter::load(&wasm).expect("the filter loads");
+    let sim = scenario
+        .run_host_sim(&filter)
+        .unwrap_or_else(|e| panic!("{name} in host-sim: {e:#}"));
+    scenario
+        .check(&sim)
+        .unwrap_or_else(|e| panic!("{name} ({}) in host-sim: {e:#}", scenario.about));
+    let envoy = scenario
+        .run_envoy()
+        .unwrap_or_else(|e| panic!("{name} in Envoy: {e:#}"));
+    for (i, (s, e)) in sim.iter().zip(&envoy).enumerate() {
+        assert_eq!(
+            s, e,
+            "{name} step {i}: host-sim (left) and Envoy (right) differ"
+        );
+    }
+}
+
+#[test]
+fn every_scenario_file_has_a_test() {
+    let names: Vec<String> = scenarios().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "affinity",
+            "bad_input",
+            "gate",
+            "imbalance",
+            "models",
+            "pin",
+            "stale"
+        ]
+    );
+}
+
+#[test]
+fn affinity() {
+    differential("affinity");
+}
+
+#[test]
+fn imbalance() {
+    differential("imbalance");
+}
+
+#[test]
+fn gate() {
+    differential("gate");
+}
+
+#[test]
+fn models() {
+    differential("models");
+}
+
+#[test]
+fn pin() {
+    differential("pin");
+}
+
+#[test]
+fn stale() {
+    differential("stale");
+}
+
+#[test]
+fn bad_input() {
+    differential("bad_input");
+}
+
+/// The last stdout line of a command, as JSON.
+fn last_json(mut cmd: std::process::Command) -> serde_json::Value {
+    let out = cmd.output().expect("the command runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
+}
+
+/// `host-sim replay` on the demo's default workload at concurrency 1 routes every
+/// request where `envoy/demo --concurrency 1` does: same per-worker counts, decisions
+/// and engine-reported cached tokens. Latencies, push counts and `sync.applied` (when
+/// Envoy's main-thread VM last ticked before the stats were read) depend on time.
+#[test]
+fn replay_matches_the_demo_at_concurrency_1() {
+    let dir = e2e::fleet::TempDir::new("llm-replay-vs-demo").expect("temp dir");
+    let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_llm-demo"));
+    demo.args(["--concurrency", "1", "--baseline", "none", "--dir"])
+        .arg(&dir.0);
+    let envoy = last_json(demo);
+    let host_sim = e2e::paths::bin_path("host-sim").expect("cargo build -p host-sim");
+    let mut replay = std::process::Command::new(host_sim);
+    replay
+        .args([
+            "replay",
+            "--concurrency",
+            "1",
+            "--baseline",
+            "none",
+            "--workload",
+        ])
+        .arg(dir.0.join("workload.jsonl"))
+        .arg("--wasm")
+        .arg(e2e::paths::wasm_path().expect("the filter is built"));
+    let sim = last_json(replay);
+    for key in [
+        "requests",
+        "errors",
+        "per_worker",
+        "decisions",
+        "prompt_tokens",
+        "cached_tokens",
+        "policy",
+        "workers",
+        "envoy_concurrency",
+    ] {
+        assert_eq!(
+            sim[key], envoy[key],
+            "{key}: host-sim replay (left) vs envoy/demo (right)"
+        );
+    }
+    assert_eq!(envoy["requests"], 180, "the demo's default workload");
+}

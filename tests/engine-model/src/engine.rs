@@ -1,0 +1,175 @@
+//! One engine in virtual time.
+//!
+//! Requests are admitted in arrival order to at most `max_running` slots (0: no
+//! limit), FIFO like the mock's fair semaphore. A request looks the prefix cache up
+//! when it gets its slot (as the mock does), so with FIFO admission the cache sees
+//! requests in arrival order and the whole schedule of a request is known when it
+//! arrives: [`Engine::serve`] returns when it starts and finishes. The gauges the
+//! collector scrapes (`num_waiting`, `num_running`) are then a function of time.
+
+use crate::cache::{CacheLookup, PrefixCache};
+use crate::latency::Latency;
+
+/// An engine's shape: the engine mock's flags of the same names.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineSpec {
+    /// Cached blocks at most (`--cache-blocks`).
+    pub cache_blocks: usize,
+    /// Characters per cache block (`--block-chars`).
+    pub block_chars: usize,
+    /// Concurrent requests at most; 0 is unlimited (`--max-running`).
+    pub max_running: usize,
+    /// Tokens produced per request (`--output-tokens`).
+    pub output_tokens: u32,
+    /// The cost model.
+    pub latency: Latency,
+}
+
+impl Default for EngineSpec {
+    /// The engine mock's defaults.
+    fn default() -> Self {
+        Self {
+            cache_blocks: 4096,
+            block_chars: 64,
+            max_running: 0,
+            output_tokens: 8,
+            latency: Latency::default(),
+        }
+    }
+}
+
+/// The schedule and cache outcome of one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Served {
+    /// When it arrived, got a slot, produced its first token and finished (ms).
+    pub arrived_ms: f64,
+    pub started_ms: f64,
+    pub first_token_ms: f64,
+    pub finished_ms: f64,
+    /// What the prefix cache matched.
+    pub lookup: CacheLookup,
+}
+
+/// A simulated engine: a prefix cache and a FIFO slot queue on a virtual clock.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    spec: EngineSpec,
+    cache: PrefixCache,
+    /// Requests not finished yet as `(arrived, started, finished)`, oldest first.
+    live: Vec<(f64, f64, f64)>,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache.
+    pub fn new(spec: EngineSpec) -> Self {
+        Self {
+            cache: PrefixCache::new(spec.cache_blocks, spec.block_chars.max(1)),
+            spec,
+            live: Vec::new(),
+        }
+    }
+
+    /// The engine's shape.
+    pub fn spec(&self) -> &EngineSpec {
+        &self.spec
+    }
+
+    /// Changes the cost model from now on (the mock's `POST /admin/latency`).
+    pub fn set_latency(&mut self, latency: Latency) {
+        self.spec.latency = latency;
+    }
+
+    /// The prefix cache (for its usage and hit totals).
+    pub fn cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
+    /// Serves `prompt` arriving at `now_ms`. Arrivals must come in time order.
+    pub fn serve(&mut self, now_ms: f64, prompt: &str) -> Served {
+        self.live.retain(|&(_, _, finished)| finished > now_ms);
+        let started_ms = match self.spec.max_running {
+            0 => now_ms,
+            limit => {
+                // FIFO: this request starts once `live.len() - limit + 1` of those ahead
+                // of it have finished (or at arrival if a slot is free).
+                let mut ends: Vec<f64> = self.live.iter().map(|&(_, _, f)| f).collect();
+                ends.sort_by(f64::total_cmp);
+                match (self.live.len() + 1).checked_sub(limit) {
+                    Some(k) if k > 0 => ends[k - 1].max(now_ms),
+                    _ => now_ms,
+                }
+            }
+        };
+        let lookup = self.cache.lookup_and_insert(prompt);
+        let first_token_ms = started_ms + self.spec.latency.prefill_ms(&lookup);
+        let finished_ms = first_token_ms + self.spec.latency.decode_ms(self.spec.output_tokens);
+        self.live.push((now_ms, started_ms, finished_ms));
+        Served {
+            arrived_ms: now_ms,
+            started_ms,
+            first_token_ms,
+            finished_ms,
+            lookup,
+        }
+    }
+
+    /// Requests waiting for a slot at `now_ms` (`vllm:num_requests_waiting`).
+    pub fn num_waiting(&self, now_ms: f64) -> usize {
+        self.live
+            .iter()
+            .filter(|&&(a, s, _)| a <= now_ms && now_ms < s)
+            .count()
+    }
+
+    /// Requests holding a slot at `now_ms` (`vllm:num_requests_running`).
+    pub fn num_running(&self, now_ms: f64) -> usize {
+        self.live
+            .iter()
+            .filter(|&&(_, s, f)| s <= now_ms && now_ms < f)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(max_running: usize) -> EngineSpec {
+        EngineSpec {
+            max_running,
+            latency: Latency {
+                ttft_ms: 10.0,
+                prefill_us_per_token: 0.0,
+                decode_ms_per_token: 0.0,
+            },
+            ..EngineSpec::default()
+        }
+    }
+
+    #[test]
+    fn requests_beyond_max_running_wait_in_fifo_order() {
+        let mut e = Engine::new(spec(2));
+        let a = e.serve(0.0, "a");
+        let b = e.serve(1.0, "b");
+        let c = e.serve(2.0, "c");
+        let d = e.serve(3.0, "d");
+        assert_eq!((a.started_ms, b.started_ms), (0.0, 1.0));
+        assert_eq!(c.started_ms, 10.0, "c takes a's slot when a finishes");
+        assert_eq!(d.started_ms, 11.0, "d takes b's slot");
+        assert_eq!((e.num_running(5.0), e.num_waiting(5.0)), (2, 2));
+        assert_eq!((e.num_running(10.5), e.num_waiting(10.5)), (2, 1));
+        assert_eq!((e.num_running(30.0), e.num_waiting(30.0)), (0, 0));
+    }
+
+    #[test]
+    fn unlimited_engines_never_queue_and_a_repeat_hits_the_cache() {
+        let mut e = Engine::new(spec(0));
+        let prompt = "x".repeat(640);
+        let first = e.serve(0.0, &prompt);
+        let again = e.serve(0.0, &prompt);
+        assert_eq!(first.started_ms, 0.0);
+        assert_eq!(first.lookup.cached_tokens, 0);
+        assert_eq!(again.lookup.cached_tokens, 160, "all 10 blocks are cached");
+        assert_eq!(e.num_waiting(0.0), 0);
+    }
+}

@@ -1,0 +1,16 @@
+//! `engine-model`: what a simulated vLLM / SGLang engine does, without I/O or clocks.
+//!
+//! The engine mock (`tests/engine-mock`, real HTTP on tokio) and host-sim's simulated
+//! fleet (virtual time) both run this model, so a workload sees the same prefix-cache
+//! hits and the same prefill cost in either:
+//! - [`prompt`]: flattening a request body into the text the cache hashes,
+//! - [`cache`]: the paged prefix cache (chained SHA-256 blocks, LRU),
+//! - [`latency`]: the cost model (fixed TTFT + prefill per uncached token + decode),
+//! - [`engine`]: one engine in virtual time: FIFO admission to `max_running` slots,
+//!   the cache lookup when a request starts, and the `num_waiting` / `num_running`
+//!   gauges the collector scrapes.
+
+pub mod cache;
+pub mod engine;
+pub mod latency;
+pub mod prompt;
