@@ -209,7 +209,9 @@ impl Router {
             .workers
             .iter()
             .enumerate()
-            .filter(|(_, w)| w.pool == pool && w.serves(model))
+            // A body that names no model (or cannot be read) is never dropped: any
+            // worker of the pool takes it, as the engine's default model.
+            .filter(|(_, w)| w.pool == pool && (model.is_empty() || w.serves(model)))
             .map(|(i, _)| Candidate {
                 worker: i as TenantId,
                 inflight: loads.inflight.get(i).copied().unwrap_or(0),
@@ -563,6 +565,16 @@ mod tests {
         );
         let ok = parse("/v1/completions", br#"{"model":"m1","prompt":"x"}"#);
         assert!(go(&mut r, &ok, &[0], &mut rng).is_ok());
+        // Naming no model, or no readable body at all, still finds a worker.
+        for body in [&br#"{"prompt":"x"}"#[..], b"not json", b""] {
+            let d = go(&mut r, &parse("/v1/completions", body), &[0], &mut rng);
+            assert_eq!(
+                d.map(|d| d.worker),
+                Ok(0),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
