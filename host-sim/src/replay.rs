@@ -122,7 +122,11 @@ impl Calls {
     /// ended, or it timed out: the host answered it already).
     fn answer(&mut self, host: &mut Host, k: usize) -> Result<()> {
         let call = self.calls.swap_remove(k);
-        if host.pending_http_calls().iter().any(|c| c.token == call.token) {
+        if host
+            .pending_http_calls()
+            .iter()
+            .any(|c| c.token == call.token)
+        {
             let headers = [("content-type", "application/json")];
             host.answer_http_call(call.token, call.status, &headers, &call.body)?;
         }

@@ -1,8 +1,8 @@
-//! Differential scenarios: one file of steps (requests, stats pushes, time steps) and
-//! engine behaviour, run through host-sim and through the real Envoy with engine
-//! mocks; both runs must observe the same status, worker, decision and reason at
-//! every step. A scenario's `expect`s then pin what the behaviour is, so a scenario
-//! cannot pass by both sides doing the same wrong thing.
+//! Differential scenarios: one file of steps (requests, stats pushes, time steps,
+//! waits) and engine behaviour, run through host-sim and through the real Envoy with
+//! engine mocks; both runs must observe the same status, worker, decision, reason
+//! and (PD) prefill worker at every step. A scenario's `expect`s then pin what the
+//! behaviour is, so a scenario cannot pass by both sides doing the same wrong thing.
 //!
 //! Format (JSON, `tests/e2e/scenarios/*.json`):
 //! ```json
@@ -10,20 +10,37 @@
 //!  "engines": {"decode_ms_per_token": 100},
 //!  "steps": [
 //!    {"request": {"body": {"model": "mock", "prompt": "..."}, "hold": true}},
-//!    {"push": {"workers": [{"name": "@0", "num_waiting": 5, "num_running": 1}]}},
+//!    {"push": {"workers": [{"name": "@0", "num_waiting": 5, "ttft_p90_s": 5.0}]}},
 //!    {"request": {"raw": "not json", "expect": {"decision": "cache_miss"}}},
 //!    {"engine": {"worker": "@0", "ttft_ms": 200}},
+//!    {"wait": {"stat": "llm_router_overload_flagged", "equals": 1}},
 //!    {"advance_ms": 100}]}
 //! ```
-//! In a push, `"@N"` names the worker step N went to. `config` is merged over `{"rng_seed": 1}` (tie-breaks replay identically); the
-//! fleet adds `workers` (`w0`... on clusters `engine_w0`...) and `target`. A request
+//! In a push or an `engine` step, `"@N"` names the worker step N went to.
+//! `config` is merged over `{"rng_seed": 1}` (tie-breaks replay identically); the
+//! fleet adds `workers` (`w0`... on clusters `engine_w0`...) and `target`. With
+//! `"pd": [P, D]` the fleet is P prefill and D decode engines (`p0`..., `d0`...; the
+//! host-sim ones get made-up bootstrap addresses, the mocks their real ones); a
+//! step's worker is then the decode one, and `expect` can also name the prefill
+//! worker (`prefill_worker`, `same_prefill_as`, `other_prefill_than`). A request
 //! `path` defaults to `/v1/completions` for `prompt` bodies, else chat; the driver sets
 //! `max_tokens` (1, or 64 for a `hold`) so that with `decode_ms_per_token` a held
 //! request stays in flight on the engine (Envoy) or unanswered (host-sim) until the
 //! scenario ends. `engines` sets every engine's behaviour, `engines.workers.wN`
 //! overrides one engine's latency, and an `engine` step changes it mid-run (the
-//! mock's `POST /admin/latency`), which is what latency-driven behaviour needs. Envoy runs one worker thread: with several,
-//! which thread takes a connection is the kernel's choice, not the scenario's.
+//! mock's `POST /admin/latency`), which is what latency-driven behaviour needs.
+//!
+//! Time: `advance_ms` is virtual in host-sim and a sleep in Envoy, so keep it short;
+//! where a condition exists, a `wait` step waits for a filter stat (`equals` or
+//! `at_least`) instead: virtual time in host-sim, polling Envoy's admin in Envoy, at
+//! most 60 s either way. In host-sim the filter's HTTP calls (PD prefill copies,
+//! overload probes from the root context) are served by the simulated fleet
+//! ([`host_sim::replay::Calls`]) while virtual time passes, in `advance_ms` and
+//! `wait` steps and while a request waits for the calls it made; a call times out
+//! when its engine is slower than the call's timeout, as in Envoy.
+//!
+//! Envoy runs one worker thread: with several, which thread takes a connection is
+//! the kernel's choice, not the scenario's.
 
 use crate::admin::{self, Response};
 use crate::fleet::{Fleet, FleetSpec};
