@@ -178,7 +178,7 @@ impl Behaviour {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum Step {
-    Request(RequestStep),
+    Request(Box<RequestStep>),
     /// A stats push (the collector's snapshot), authorized with the config's token.
     Push(Value),
     /// Time passes (host-sim: virtual; Envoy: a sleep, so keep it short).
