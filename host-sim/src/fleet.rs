@@ -208,4 +208,17 @@ mod tests {
         let bad = fleet.serve(0, 2.0, "/v1/completions", b"{}");
         assert_eq!(bad.status, 400);
     }
+
+    #[test]
+    fn a_pd_fleet_names_its_pools_and_gives_prefill_engines_a_bootstrap() {
+        let fleet = SimFleet::pd(2, 1, EngineSpec::default());
+        assert_eq!(fleet.clusters(), ["engine_p0", "engine_p1", "engine_d0"]);
+        let workers = fleet.workers_config();
+        assert_eq!(workers[1]["pool"], "prefill");
+        assert_eq!(workers[1]["bootstrap_port"], 9001);
+        assert_eq!(workers[2]["pool"], "decode");
+        assert!(workers[2].get("bootstrap_port").is_none());
+        let regular = SimFleet::demo(1, EngineSpec::default()).workers_config();
+        assert!(regular[0].get("pool").is_none(), "{regular}");
+    }
 }

@@ -261,6 +261,9 @@ pub struct Expect {
     pub other_prefill_than: Option<usize>,
 }
 
+/// One field of an observation.
+type Field = fn(&Observation) -> &Option<String>;
+
 /// What one step observed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Observation {
@@ -351,27 +354,37 @@ impl Scenario {
             want("decision", &e.decision, &obs.decision)?;
             want("reason", &e.reason, &obs.reason)?;
             want("prefill worker", &e.prefill_worker, &obs.prefill_worker)?;
-            let earlier = |j: usize| {
-                seen.get(j)
-                    .filter(|_| j < i)
-                    .with_context(|| format!("step {i}: step {j} is not an earlier step"))
+            // Step j's worker (or prefill worker) again, or another one.
+            let relate = |j: usize, what: &str, field: Field, same: bool| -> Result<()> {
+                let Some(theirs) = seen.get(j).filter(|_| j < i).map(field) else {
+                    bail!("step {i}: step {j} is not an earlier step");
+                };
+                let Some(theirs) = theirs else {
+                    bail!("step {i}: step {j} saw no {what} to compare with");
+                };
+                match (field(obs).as_ref() == Some(theirs), same) {
+                    (false, true) => {
+                        bail!("step {i}: expected the {what} of step {j} ({theirs}), saw {obs:?}")
+                    }
+                    (true, false) => {
+                        bail!("step {i}: expected another {what} than step {j}'s ({theirs}), saw {obs:?}")
+                    }
+                    _ => Ok(()),
+                }
             };
+            let worker: Field = |o| &o.worker;
+            let prefill: Field = |o| &o.prefill_worker;
             if let Some(j) = e.same_worker_as {
-                want("the worker of step", &earlier(j)?.worker, &obs.worker)?;
-            }
-            if let Some(j) = e.same_prefill_as {
-                let w = &earlier(j)?.prefill_worker;
-                want("the prefill worker of step", w, &obs.prefill_worker)?;
+                relate(j, "worker", worker, true)?;
             }
             if let Some(j) = e.other_worker_than {
-                if earlier(j)?.worker == obs.worker {
-                    bail!("step {i}: expected another worker than step {j}'s, saw {obs:?}");
-                }
+                relate(j, "worker", worker, false)?;
+            }
+            if let Some(j) = e.same_prefill_as {
+                relate(j, "prefill worker", prefill, true)?;
             }
             if let Some(j) = e.other_prefill_than {
-                if earlier(j)?.prefill_worker == obs.prefill_worker {
-                    bail!("step {i}: expected another prefill worker than step {j}'s, saw {obs:?}");
-                }
+                relate(j, "prefill worker", prefill, false)?;
             }
         }
         Ok(())
