@@ -18,8 +18,23 @@ pub struct SimEngine {
     pub cluster: String,
     /// Its `ip:port` (`target: endpoint`).
     pub address: String,
+    /// `regular`, `prefill` or `decode`.
+    pub pool: &'static str,
     /// The model behind it.
     pub engine: Engine,
+}
+
+impl SimEngine {
+    /// Engine number `i` of the fleet, named `name`, at `127.0.0.1:8000+i`.
+    fn new(name: String, pool: &'static str, i: usize, spec: EngineSpec) -> Self {
+        SimEngine {
+            cluster: llm_bench::demo::cluster_name(&name),
+            address: format!("127.0.0.1:{}", 8000 + i),
+            name,
+            pool,
+            engine: Engine::new(spec),
+        }
+    }
 }
 
 /// What an engine answered.
@@ -46,13 +61,22 @@ impl SimFleet {
         let engines = (0..workers)
             .map(|i| {
                 let name = llm_bench::demo::worker_name(i);
-                SimEngine {
-                    cluster: llm_bench::demo::cluster_name(&name),
-                    address: format!("127.0.0.1:{}", 8000 + i),
-                    name,
-                    engine: Engine::new(spec),
-                }
+                SimEngine::new(name, "regular", i, spec)
             })
+            .collect();
+        Self { engines }
+    }
+
+    /// Prefill/decode disaggregation: `prefill` engines `p0..` and `decode` engines
+    /// `d0..` (on clusters `engine_p0`..., as the e2e fleet names them), all of shape
+    /// `spec`; prefill engines get a bootstrap address for the filter to hand out.
+    pub fn pd(prefill: usize, decode: usize, spec: EngineSpec) -> Self {
+        let roster = (0..prefill)
+            .map(|i| (format!("p{i}"), "prefill"))
+            .chain((0..decode).map(|i| (format!("d{i}"), "decode")));
+        let engines = roster
+            .enumerate()
+            .map(|(i, (name, pool))| SimEngine::new(name, pool, i, spec))
             .collect();
         Self { engines }
     }
@@ -61,7 +85,18 @@ impl SimFleet {
     pub fn workers_config(&self) -> Value {
         self.engines
             .iter()
-            .map(|e| json!({"name": e.name, "cluster": e.cluster, "address": e.address}))
+            .enumerate()
+            .map(|(i, e)| {
+                let mut w = json!({"name": e.name, "cluster": e.cluster, "address": e.address});
+                if e.pool != "regular" {
+                    w["pool"] = json!(e.pool);
+                }
+                if e.pool == "prefill" {
+                    w["bootstrap_host"] = json!("127.0.0.1");
+                    w["bootstrap_port"] = json!(9000 + i);
+                }
+                w
+            })
             .collect()
     }
 
@@ -172,5 +207,18 @@ mod tests {
         assert_eq!(v["worker"], "w0");
         let bad = fleet.serve(0, 2.0, "/v1/completions", b"{}");
         assert_eq!(bad.status, 400);
+    }
+
+    #[test]
+    fn a_pd_fleet_names_its_pools_and_gives_prefill_engines_a_bootstrap() {
+        let fleet = SimFleet::pd(2, 1, EngineSpec::default());
+        assert_eq!(fleet.clusters(), ["engine_p0", "engine_p1", "engine_d0"]);
+        let workers = fleet.workers_config();
+        assert_eq!(workers[1]["pool"], "prefill");
+        assert_eq!(workers[1]["bootstrap_port"], 9001);
+        assert_eq!(workers[2]["pool"], "decode");
+        assert!(workers[2].get("bootstrap_port").is_none());
+        let regular = SimFleet::demo(1, EngineSpec::default()).workers_config();
+        assert!(regular[0].get("pool").is_none(), "{regular}");
     }
 }

@@ -75,6 +75,91 @@ struct Call {
     body: Vec<u8>,
 }
 
+/// Virtual time [`Calls::advance_to`] lets pass before it looks for new calls (so a
+/// call made on a tick reaches its engine at most this late).
+const CALL_STEP_MS: f64 = 10.0;
+
+/// The HTTP calls the filter made to fleet engines (prefill copies, overload probes),
+/// each served by its engine and answered when that engine is done, in virtual time.
+#[derive(Default)]
+pub struct Calls {
+    calls: Vec<Call>,
+}
+
+impl Calls {
+    /// Sends every new HTTP call the filter made to a fleet engine (a prefill copy, a
+    /// probe) to that engine at `now`, to be answered when it is done; calls to other
+    /// clusters are left to time out, as an unreachable cluster's would.
+    pub fn schedule(&mut self, host: &Host, fleet: &mut SimFleet, now: f64) {
+        for call in host.pending_http_calls() {
+            if self.calls.iter().any(|c| c.token == call.token) {
+                continue;
+            }
+            let Some(engine) = fleet.find(Some(&call.cluster), None) else {
+                continue;
+            };
+            let path = call.header(":path").unwrap_or("/").to_string();
+            let answer = fleet.serve(engine, now, &path, &call.body);
+            self.calls.push(Call {
+                token: call.token,
+                done_ms: answer.served.map_or(now, |s| s.finished_ms),
+                status: answer.status,
+                body: answer.body,
+            });
+        }
+    }
+
+    /// The call whose engine is done first, and when.
+    fn next(&self) -> Option<(usize, f64)> {
+        self.calls
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
+            .map(|(k, c)| (k, c.done_ms))
+    }
+
+    /// Answers call `k` with its engine's answer, unless it is gone (its context
+    /// ended, or it timed out: the host answered it already).
+    fn answer(&mut self, host: &mut Host, k: usize) -> Result<()> {
+        let call = self.calls.swap_remove(k);
+        if host
+            .pending_http_calls()
+            .iter()
+            .any(|c| c.token == call.token)
+        {
+            let headers = [("content-type", "application/json")];
+            host.answer_http_call(call.token, call.status, &headers, &call.body)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the clock to `until` ms after `start_ms` (never back), serving the calls
+    /// the filter makes meanwhile: each is answered when its engine is done, or times
+    /// out first when the engine is slower than the call's timeout.
+    pub fn advance_to(
+        &mut self,
+        host: &mut Host,
+        fleet: &mut SimFleet,
+        start_ms: u64,
+        until: f64,
+    ) -> Result<()> {
+        loop {
+            let now = host.now_ms().saturating_sub(start_ms) as f64;
+            self.schedule(host, fleet, now);
+            let step_end = (now + CALL_STEP_MS).min(until);
+            if let Some((k, at)) = self.next().filter(|&(_, at)| at <= step_end) {
+                move_clock(host, start_ms, at)?;
+                self.answer(host, k)?;
+                continue;
+            }
+            if now >= until {
+                return Ok(());
+            }
+            move_clock(host, start_ms, step_end)?;
+        }
+    }
+}
+
 /// Where a request stands after the filter saw it.
 enum Routed {
     Engine(InFlight),
@@ -143,7 +228,7 @@ impl Replay {
         let mut order = Dispatch::new(&sessions);
         let mut records: Vec<Option<Record>> = vec![None; items.len()];
         let mut in_flight: Vec<InFlight> = Vec::new();
-        let mut calls: Vec<Call> = Vec::new();
+        let mut calls = Calls::default();
         let mut held: Vec<Held> = Vec::new();
         let (mut now, mut sent, mut pushes) = (0.0f64, 0usize, 0usize);
         let interval = self.collector_interval_ms.filter(|&i| i > 0);
@@ -162,17 +247,13 @@ impl Replay {
                     }
                 }
             }
-            self.schedule_calls(&host, &mut fleet, now, &mut calls);
+            calls.schedule(&host, &mut fleet, now);
             let next_stream = in_flight
                 .iter()
                 .enumerate()
                 .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
                 .map(|(k, f)| (k, f.done_ms));
-            let next_call = calls
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
-                .map(|(k, c)| (k, c.done_ms));
+            let next_call = calls.next();
             let event = match (next_stream, next_call) {
                 (Some(s), Some(c)) if c.1 < s.1 => Event::Call(c.0, c.1),
                 (Some(s), _) => Event::Stream(s.0, s.1),
@@ -211,15 +292,7 @@ impl Replay {
                     records[i] = Some(self.complete(&mut host, flight)?);
                     order.complete(i);
                 }
-                Event::Call(k, _) => {
-                    let call = calls.swap_remove(k);
-                    let pending = host.pending_http_calls();
-                    // A call whose context ended (or that timed out) is gone.
-                    if pending.iter().any(|c| c.token == call.token) {
-                        let headers = [("content-type", "application/json")];
-                        host.answer_http_call(call.token, call.status, &headers, &call.body)?;
-                    }
-                }
+                Event::Call(k, _) => calls.answer(&mut host, k)?,
                 Event::Timeout(_) => {}
             }
             for h in std::mem::take(&mut held) {
@@ -245,28 +318,6 @@ impl Replay {
             host,
             fleet,
         })
-    }
-
-    /// Sends every new HTTP call the filter made to a fleet engine (a prefill copy, a
-    /// probe) to that engine, to be answered when it is done; calls to other clusters
-    /// are left to time out, as an unreachable cluster's would.
-    fn schedule_calls(&self, host: &Host, fleet: &mut SimFleet, now: f64, calls: &mut Vec<Call>) {
-        for call in host.pending_http_calls() {
-            if calls.iter().any(|c| c.token == call.token) {
-                continue;
-            }
-            let Some(engine) = fleet.find(Some(&call.cluster), None) else {
-                continue;
-            };
-            let path = call.header(":path").unwrap_or("/").to_string();
-            let answer = fleet.serve(engine, now, &path, &call.body);
-            calls.push(Call {
-                token: call.token,
-                done_ms: answer.served.map_or(now, |s| s.finished_ms),
-                status: answer.status,
-                body: answer.body,
-            });
-        }
     }
 
     /// Sends request `i` through the filter on `vm` at `now`.

@@ -1,8 +1,8 @@
-//! Differential scenarios: one file of steps (requests, stats pushes, time steps) and
-//! engine behaviour, run through host-sim and through the real Envoy with engine
-//! mocks; both runs must observe the same status, worker, decision and reason at
-//! every step. A scenario's `expect`s then pin what the behaviour is, so a scenario
-//! cannot pass by both sides doing the same wrong thing.
+//! Differential scenarios: one file of steps (requests, stats pushes, time steps,
+//! waits) and engine behaviour, run through host-sim and through the real Envoy with
+//! engine mocks; both runs must observe the same status, worker, decision, reason
+//! and (PD) prefill worker at every step. A scenario's `expect`s then pin what the
+//! behaviour is, so a scenario cannot pass by both sides doing the same wrong thing.
 //!
 //! Format (JSON, `tests/e2e/scenarios/*.json`):
 //! ```json
@@ -10,20 +10,37 @@
 //!  "engines": {"decode_ms_per_token": 100},
 //!  "steps": [
 //!    {"request": {"body": {"model": "mock", "prompt": "..."}, "hold": true}},
-//!    {"push": {"workers": [{"name": "@0", "num_waiting": 5, "num_running": 1}]}},
+//!    {"push": {"workers": [{"name": "@0", "num_waiting": 5, "ttft_p90_s": 5.0}]}},
 //!    {"request": {"raw": "not json", "expect": {"decision": "cache_miss"}}},
 //!    {"engine": {"worker": "@0", "ttft_ms": 200}},
+//!    {"wait": {"stat": "llm_router_overload_flagged", "equals": 1}},
 //!    {"advance_ms": 100}]}
 //! ```
-//! In a push, `"@N"` names the worker step N went to. `config` is merged over `{"rng_seed": 1}` (tie-breaks replay identically); the
-//! fleet adds `workers` (`w0`... on clusters `engine_w0`...) and `target`. A request
+//! In a push or an `engine` step, `"@N"` names the worker step N went to.
+//! `config` is merged over `{"rng_seed": 1}` (tie-breaks replay identically); the
+//! fleet adds `workers` (`w0`... on clusters `engine_w0`...) and `target`. With
+//! `"pd": [P, D]` the fleet is P prefill and D decode engines (`p0`..., `d0`...; the
+//! host-sim ones get made-up bootstrap addresses, the mocks their real ones); a
+//! step's worker is then the decode one, and `expect` can also name the prefill
+//! worker (`prefill_worker`, `same_prefill_as`, `other_prefill_than`). A request
 //! `path` defaults to `/v1/completions` for `prompt` bodies, else chat; the driver sets
 //! `max_tokens` (1, or 64 for a `hold`) so that with `decode_ms_per_token` a held
 //! request stays in flight on the engine (Envoy) or unanswered (host-sim) until the
 //! scenario ends. `engines` sets every engine's behaviour, `engines.workers.wN`
 //! overrides one engine's latency, and an `engine` step changes it mid-run (the
-//! mock's `POST /admin/latency`), which is what latency-driven behaviour needs. Envoy runs one worker thread: with several,
-//! which thread takes a connection is the kernel's choice, not the scenario's.
+//! mock's `POST /admin/latency`), which is what latency-driven behaviour needs.
+//!
+//! Time: `advance_ms` is virtual in host-sim and a sleep in Envoy, so keep it short;
+//! where a condition exists, a `wait` step waits for a filter stat (`equals` or
+//! `at_least`) instead: virtual time in host-sim, polling Envoy's admin in Envoy, at
+//! most 60 s either way. In host-sim the filter's HTTP calls (PD prefill copies,
+//! overload probes from the root context) are served by the simulated fleet
+//! ([`host_sim::replay::Calls`]) while virtual time passes, in `advance_ms` and
+//! `wait` steps and while a request waits for the calls it made; a call times out
+//! when its engine is slower than the call's timeout, as in Envoy.
+//!
+//! Envoy runs one worker thread: with several, which thread takes a connection is
+//! the kernel's choice, not the scenario's.
 
 use crate::admin::{self, Response};
 use crate::fleet::{Fleet, FleetSpec};
@@ -31,6 +48,7 @@ use anyhow::{bail, Context, Result};
 use engine_model::engine::EngineSpec;
 use engine_model::latency::Latency;
 use host_sim::fleet::SimFleet;
+use host_sim::replay::Calls;
 use host_sim::{Filter, Host, RequestSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -47,6 +65,10 @@ pub struct Scenario {
     pub about: String,
     #[serde(default = "default_workers")]
     pub workers: usize,
+    /// Prefill/decode disaggregation: `[prefill, decode]` engines (`p0..`, `d0..`)
+    /// instead of `workers` regular ones.
+    #[serde(default)]
+    pub pd: Option<(usize, usize)>,
     /// Plugin config merged over the scenario defaults.
     #[serde(default)]
     pub config: Value,
@@ -156,14 +178,44 @@ impl Behaviour {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum Step {
-    Request(RequestStep),
+    Request(Box<RequestStep>),
     /// A stats push (the collector's snapshot), authorized with the config's token.
     Push(Value),
     /// Time passes (host-sim: virtual; Envoy: a sleep, so keep it short).
     AdvanceMs(u64),
     /// One engine's latency changes from now on (the mock's `POST /admin/latency`).
     Engine(EngineStep),
+    /// Time passes until a filter stat reaches a value (host-sim: virtual time, at
+    /// most 60 s of it; Envoy: polled, at most 60 s); the step fails otherwise.
+    Wait(WaitStep),
 }
+
+/// A condition on one of the filter's stats.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitStep {
+    /// The stat without Envoy's `wasmcustom.` prefix: `llm_router_overload_flagged`.
+    pub stat: String,
+    /// Wait until it is exactly this...
+    pub equals: Option<u64>,
+    /// ...or at least this.
+    pub at_least: Option<u64>,
+}
+
+impl WaitStep {
+    fn met(&self, value: u64) -> Result<bool> {
+        match (self.equals, self.at_least) {
+            (Some(v), None) => Ok(value == v),
+            (None, Some(v)) => Ok(value >= v),
+            _ => bail!("a wait on {} needs one of `equals`, `at_least`", self.stat),
+        }
+    }
+}
+
+/// How long a `wait` step may take (virtual in host-sim, real in Envoy).
+const WAIT_LIMIT_MS: u64 = 60_000;
+/// How often a `wait` step looks at the stat.
+const WAIT_POLL_MS: u64 = 20;
 
 /// A change of one engine's behaviour.
 #[derive(Debug, Clone, Deserialize)]
@@ -202,7 +254,15 @@ pub struct Expect {
     /// The worker of an earlier step (its index).
     pub same_worker_as: Option<usize>,
     pub other_worker_than: Option<usize>,
+    /// PD: the prefill worker (`x-llm-router-prefill-worker`).
+    pub prefill_worker: Option<String>,
+    /// PD: the prefill worker of an earlier step (its index).
+    pub same_prefill_as: Option<usize>,
+    pub other_prefill_than: Option<usize>,
 }
+
+/// One field of an observation.
+type Field = fn(&Observation) -> &Option<String>;
 
 /// What one step observed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -211,6 +271,8 @@ pub struct Observation {
     pub worker: Option<String>,
     pub decision: Option<String>,
     pub reason: Option<String>,
+    /// PD: the prefill worker of the pair (`worker` is the decode one).
+    pub prefill_worker: Option<String>,
 }
 
 impl Scenario {
@@ -291,21 +353,52 @@ impl Scenario {
             want("worker", &e.worker, &obs.worker)?;
             want("decision", &e.decision, &obs.decision)?;
             want("reason", &e.reason, &obs.reason)?;
+            want("prefill worker", &e.prefill_worker, &obs.prefill_worker)?;
+            // Step j's worker (or prefill worker) again, or another one.
+            let relate = |j: usize, what: &str, field: Field, same: bool| -> Result<()> {
+                let Some(theirs) = seen.get(j).filter(|_| j < i).map(field) else {
+                    bail!("step {i}: step {j} is not an earlier step");
+                };
+                let Some(theirs) = theirs else {
+                    bail!("step {i}: step {j} saw no {what} to compare with");
+                };
+                match (field(obs).as_ref() == Some(theirs), same) {
+                    (false, true) => {
+                        bail!("step {i}: expected the {what} of step {j} ({theirs}), saw {obs:?}")
+                    }
+                    (true, false) => {
+                        bail!("step {i}: expected another {what} than step {j}'s ({theirs}), saw {obs:?}")
+                    }
+                    _ => Ok(()),
+                }
+            };
+            let worker: Field = |o| &o.worker;
+            let prefill: Field = |o| &o.prefill_worker;
             if let Some(j) = e.same_worker_as {
-                want("the worker of step", &seen[j].worker, &obs.worker)?;
+                relate(j, "worker", worker, true)?;
             }
             if let Some(j) = e.other_worker_than {
-                if seen[j].worker == obs.worker {
-                    bail!("step {i}: expected another worker than step {j}'s, saw {obs:?}");
-                }
+                relate(j, "worker", worker, false)?;
+            }
+            if let Some(j) = e.same_prefill_as {
+                relate(j, "prefill worker", prefill, true)?;
+            }
+            if let Some(j) = e.other_prefill_than {
+                relate(j, "prefill worker", prefill, false)?;
             }
         }
         Ok(())
     }
 
-    /// Runs the scenario in host-sim (one worker VM plus the main thread's).
+    /// Runs the scenario in host-sim (one worker VM plus the main thread's). The
+    /// filter's HTTP calls (prefill copies, overload probes) are served by the
+    /// simulated fleet in virtual time while time passes: during `advance_ms` and
+    /// `wait` steps, and while a request waits for the calls it made.
     pub fn run_host_sim(&self, filter: &Filter) -> Result<Vec<Observation>> {
-        let mut fleet = SimFleet::demo(self.workers, EngineSpec::default());
+        let mut fleet = match self.pd {
+            Some((prefill, decode)) => SimFleet::pd(prefill, decode, EngineSpec::default()),
+            None => SimFleet::demo(self.workers, EngineSpec::default()),
+        };
         for e in &mut fleet.engines {
             e.engine = engine_model::engine::Engine::new(self.engines.get(&e.name).spec());
         }
@@ -320,11 +413,28 @@ impl Scenario {
             .allow_on_headers_stop_iteration(true)
             .build()?;
         let start = host.now_ms();
+        let now = |host: &Host| host.now_ms().saturating_sub(start) as f64;
+        let mut calls = Calls::default();
         let mut seen = vec![Observation::default(); self.steps.len()];
         let mut held = Vec::new();
         for (i, step) in self.steps.iter().enumerate() {
             match step {
-                Step::AdvanceMs(ms) => host.advance_time(*ms)?,
+                Step::AdvanceMs(ms) => {
+                    let until = now(&host) + *ms as f64;
+                    calls.advance_to(&mut host, &mut fleet, start, until)?;
+                }
+                Step::Wait(wait) => {
+                    let deadline = now(&host) + WAIT_LIMIT_MS as f64;
+                    let stat = format!("wasmcustom.{}", wait.stat);
+                    while !wait.met(host.metric(&stat).unwrap_or(0))? {
+                        if now(&host) >= deadline {
+                            bail!("step {i}: {wait:?} not met within {WAIT_LIMIT_MS} virtual ms");
+                        }
+                        let until = now(&host) + WAIT_POLL_MS as f64;
+                        calls.advance_to(&mut host, &mut fleet, start, until)?;
+                    }
+                    seen[i].status = 200;
+                }
                 Step::Engine(change) => {
                     let name = resolve_name(&change.worker, &seen);
                     let Some(e) = fleet.engines.iter_mut().find(|e| e.name == name) else {
@@ -359,8 +469,28 @@ impl Scenario {
                     ) else {
                         bail!("step {i}: routed to no engine: {:?}", out.request_headers);
                     };
-                    let now = (host.now_ms() - start) as f64;
-                    let answer = fleet.serve(engine, now, &path, &out.request_body);
+                    let answer = fleet.serve(engine, now(&host), &path, &out.request_body);
+                    // The calls it made (a prefill copy) are answered, or time out,
+                    // first: the decode engine answers only once it has the KV.
+                    let own: Vec<u32> = out.http_calls.iter().map(|c| c.token).collect();
+                    let waiting = |host: &Host| {
+                        host.pending_http_calls()
+                            .iter()
+                            .any(|c| own.contains(&c.token))
+                    };
+                    let deadline = now(&host) + WAIT_LIMIT_MS as f64;
+                    while waiting(&host) {
+                        if now(&host) >= deadline {
+                            bail!("step {i}: the filter's calls were never answered");
+                        }
+                        let until = now(&host) + WAIT_POLL_MS as f64;
+                        calls.advance_to(&mut host, &mut fleet, start, until)?;
+                    }
+                    // A failed prefill: the filter answered the client itself.
+                    if let Some(reply) = host.vm(0).outcome(out.handle)?.local_response {
+                        seen[i] = observe(reply.status, |h| reply.header(h));
+                        continue;
+                    }
                     if r.hold {
                         held.push((i, out.handle, answer));
                         continue;
@@ -388,6 +518,7 @@ impl Scenario {
         let engine_args = self.engines.all.engine_args();
         let fleet = Fleet::start(&FleetSpec {
             workers: self.workers,
+            pd: self.pd,
             engine_args,
             plugin_config: self.plugin_config()?,
             ..FleetSpec::default()
@@ -402,6 +533,19 @@ impl Scenario {
         for (i, step) in self.steps.iter().enumerate() {
             match step {
                 Step::AdvanceMs(ms) => std::thread::sleep(Duration::from_millis(*ms)),
+                Step::Wait(wait) => {
+                    let deadline = Instant::now() + Duration::from_millis(WAIT_LIMIT_MS);
+                    while !wait.met(envoy.filter_stat(&wait.stat)?)? {
+                        if Instant::now() > deadline {
+                            bail!(
+                                "step {i}: {wait:?} not met within {WAIT_LIMIT_MS} ms; envoy log tail:\n{}",
+                                crate::envoy::tail(&envoy.log)
+                            );
+                        }
+                        std::thread::sleep(Duration::from_millis(WAIT_POLL_MS));
+                    }
+                    seen[i].status = 200;
+                }
                 Step::Engine(change) => {
                     let name = resolve_name(&change.worker, &seen);
                     set_latency(&fleet, &name, &change.behaviour)?;
@@ -510,6 +654,7 @@ fn observe<'a>(status: u32, header: impl Fn(&str) -> Option<&'a str>) -> Observa
         worker: header("x-llm-router-worker").map(str::to_string),
         decision: header("x-llm-router-decision").map(str::to_string),
         reason: header("x-llm-router-reason").map(str::to_string),
+        prefill_worker: header("x-llm-router-prefill-worker").map(str::to_string),
     }
 }
 

@@ -61,6 +61,8 @@ fn every_scenario_file_has_a_test() {
             "gate",
             "imbalance",
             "models",
+            "overload",
+            "pd",
             "pin",
             "stale"
         ]
@@ -95,6 +97,16 @@ fn pin() {
 #[test]
 fn stale() {
     differential("stale");
+}
+
+#[test]
+fn pd() {
+    differential("pd");
+}
+
+#[test]
+fn overload() {
+    differential("overload");
 }
 
 #[test]
