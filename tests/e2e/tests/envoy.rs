@@ -357,32 +357,13 @@ fn an_invalid_plugin_config_is_rejected_with_the_field_named() {
 /// with only its ports and the .wasm path rewritten, in front of engine mocks.
 #[test]
 fn shipped_example_configs_route_for_real() {
-    let root = e2e::paths::workspace_root();
     for file in ["envoy/envoy-cluster.yaml", "envoy/envoy-endpoint.yaml"] {
         let dir = e2e::fleet::TempDir::new("llm-example").unwrap();
         let engines: Vec<_> = (0..4)
             .map(|i| e2e::fleet::start_engine(&format!("w{i}"), &[], &dir.0).unwrap())
             .collect();
-        let mut yaml = std::fs::read_to_string(root.join(file)).unwrap();
-        for (i, e) in engines.iter().enumerate() {
-            yaml = yaml.replace(&format!("127.0.0.1:{}", 8001 + i), &e.addr.to_string());
-            yaml = yaml.replace(
-                &format!("port_value: {} ", 8001 + i),
-                &format!("port_value: {} ", e.addr.port()),
-            );
-        }
-        yaml = yaml
-            .replace("port_value: 10000", "port_value: 0")
-            .replace("port_value: 9901", "port_value: 0")
-            .replace("port_value: 10001", "port_value: 0")
-            .replace(
-                "filename: target/wasm32-wasip1/wasm/llm_router.wasm",
-                &format!("filename: {}", e2e::paths::wasm_path().unwrap().display()),
-            );
-        let config = dir.0.join("example.yaml");
-        std::fs::write(&config, yaml).unwrap();
-        let envoy = e2e::envoy::launch(&e2e::paths::envoy_bin().unwrap(), &config, 1, &dir.0)
-            .unwrap_or_else(|e| panic!("{file} does not start: {e:#}"));
+        let envoy =
+            e2e::envoy::launch_example(file, &engines, &dir.0).unwrap_or_else(|e| panic!("{e:#}"));
         let system = system_prompt(500);
         let mut owner = None;
         for turn in 0..3 {

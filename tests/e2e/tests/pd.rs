@@ -184,7 +184,6 @@ fn a_body_that_cannot_carry_a_room_is_refused_with_a_reason() {
 /// 2 prefill and 2 decode mocks.
 #[test]
 fn the_shipped_pd_config_routes_pairs() {
-    let root = e2e::paths::workspace_root();
     let dir = e2e::fleet::TempDir::new("llm-example-pd").unwrap();
     let roster = [
         ("p0", "prefill"),
@@ -196,31 +195,8 @@ fn the_shipped_pd_config_routes_pairs() {
         .iter()
         .map(|(name, pool)| e2e::fleet::start_engine_in(name, pool, &[], &dir.0).unwrap())
         .collect();
-    let mut yaml = std::fs::read_to_string(root.join("envoy/envoy-pd.yaml")).unwrap();
-    for (i, e) in engines.iter().enumerate() {
-        yaml = yaml.replace(
-            &format!("port_value: {} ", 8001 + i),
-            &format!("port_value: {} ", e.addr.port()),
-        );
-        if let Some(b) = e.bootstrap {
-            yaml = yaml.replace(
-                &format!("\"bootstrap_port\": {}", 8998 + i),
-                &format!("\"bootstrap_port\": {}", b.port()),
-            );
-        }
-    }
-    yaml = yaml
-        .replace("port_value: 10000", "port_value: 0")
-        .replace("port_value: 9901", "port_value: 0")
-        .replace("port_value: 10001", "port_value: 0")
-        .replace(
-            "filename: target/wasm32-wasip1/wasm/llm_router.wasm",
-            &format!("filename: {}", e2e::paths::wasm_path().unwrap().display()),
-        );
-    let config = dir.0.join("example-pd.yaml");
-    std::fs::write(&config, yaml).unwrap();
-    let envoy = e2e::envoy::launch(&e2e::paths::envoy_bin().unwrap(), &config, 1, &dir.0)
-        .unwrap_or_else(|e| panic!("envoy-pd.yaml does not start: {e:#}"));
+    let envoy = e2e::envoy::launch_example("envoy/envoy-pd.yaml", &engines, &dir.0)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let mut owner = None;
     for turn in 0..3 {
         let r = admin::request(
