@@ -195,6 +195,44 @@ impl RunResult {
     }
 }
 
+/// PD: pairs as the decode engines report them, failures as the filter counts them,
+/// and the prefill pool's share of the work.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PdCounts {
+    /// Rooms whose KV reached a decode engine from its prefill engine.
+    pub pairs: u64,
+    /// Rooms whose KV never came.
+    pub kv_failures: u64,
+    /// The filter's `llm_router_pd_prefill_failures`.
+    pub prefill_failures: u64,
+    /// Prompts each prefill engine computed.
+    pub prefill_per_worker: BTreeMap<String, u64>,
+}
+
+impl PdCounts {
+    /// The pairs' report lines and summary keys.
+    pub fn add_to(&self, r: &mut RunResult) {
+        let p: Vec<String> = self
+            .prefill_per_worker
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        r.notes
+            .push(format!("prefill pool (prompts computed): {}", p.join(", ")));
+        r.notes.push(format!(
+            "PD pairs met by room (decode engines): {}  KV never arrived: {}  prefill failures (filter): {}",
+            self.pairs, self.kv_failures, self.prefill_failures
+        ));
+        r.fields.insert("pd_pairs".into(), json!(self.pairs));
+        r.fields
+            .insert("pd_kv_failures".into(), json!(self.kv_failures));
+        r.fields
+            .insert("pd_prefill_failures".into(), json!(self.prefill_failures));
+        r.fields
+            .insert("prefill_per_worker".into(), json!(self.prefill_per_worker));
+    }
+}
+
 fn ms(v: Option<f64>) -> String {
     v.map_or("n/a".to_string(), |v| format!("{v:.1} ms"))
 }

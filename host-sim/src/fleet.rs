@@ -5,9 +5,11 @@
 //! `cached_tokens`, its `worker` field), and reporting the gauges the companion
 //! collector would push.
 
+use engine_model::cache::CacheLookup;
 use engine_model::engine::{Engine, EngineSpec, Served};
 use engine_model::prompt::{self, Endpoint};
 use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
 
 /// One simulated engine and how the filter's config names it.
 #[derive(Debug, Clone)]
@@ -49,9 +51,27 @@ pub struct EngineAnswer {
 }
 
 /// The fleet.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SimFleet {
     pub engines: Vec<SimEngine>,
+    /// PD: rooms prefilled and not yet taken by a decode engine, with the prefill
+    /// engine's name, its cache outcome and when the KV is ready (ms).
+    rooms: HashMap<u64, (String, CacheLookup, f64)>,
+    /// PD: rooms whose KV reached a decode engine, and those that never came
+    /// (the mocks' `engine_mock:pd_pairs_total`, `engine_mock:pd_kv_failures_total`).
+    pub pd_pairs: u64,
+    pub pd_kv_failures: u64,
+    /// Requests each engine answered 200 (the mocks' `request_success_total`).
+    pub served: BTreeMap<String, u64>,
+}
+
+/// The `bootstrap_room`s of a PD body: a number, or one per prompt of a batch.
+fn rooms_of(body: &Value) -> Vec<u64> {
+    match body.get("bootstrap_room") {
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_u64).collect(),
+        Some(v) => v.as_u64().into_iter().collect(),
+        None => Vec::new(),
+    }
 }
 
 impl SimFleet {
@@ -64,7 +84,10 @@ impl SimFleet {
                 SimEngine::new(name, "regular", i, spec)
             })
             .collect();
-        Self { engines }
+        Self {
+            engines,
+            ..Self::default()
+        }
     }
 
     /// Prefill/decode disaggregation: `prefill` engines `p0..` and `decode` engines
@@ -78,7 +101,10 @@ impl SimFleet {
             .enumerate()
             .map(|(i, (name, pool))| SimEngine::new(name, pool, i, spec))
             .collect();
-        Self { engines }
+        Self {
+            engines,
+            ..Self::default()
+        }
     }
 
     /// The `workers` entries of a plugin config for this fleet.
@@ -113,14 +139,20 @@ impl SimFleet {
             .or_else(|| endpoint.and_then(|a| self.engines.iter().position(|e| e.address == a)))
     }
 
-    /// Engine `index` serves a request for `path` arriving at `now_ms`.
+    /// Engine `index` serves a request for `path` arriving at `now_ms`. PD engines
+    /// play their role as the mock does: a prefill engine computes the prompt and
+    /// publishes its rooms; a decode engine takes its rooms (the prefill copy must
+    /// have been served first) and reports the prefill engine's cache outcome.
     pub fn serve(&mut self, index: usize, now_ms: f64, path: &str, body: &[u8]) -> EngineAnswer {
-        let e = &mut self.engines[index];
+        let Some(e) = self.engines.get(index) else {
+            return error(500, "internal_error", "no such engine", "");
+        };
+        let (name, pool) = (e.name.clone(), e.pool);
         if body.is_empty() {
             // A probe or health check: no prompt, nothing to cache.
             return EngineAnswer {
                 status: 200,
-                body: json!({"worker": e.name}).to_string().into_bytes(),
+                body: json!({"worker": name}).to_string().into_bytes(),
                 served: None,
             };
         }
@@ -129,24 +161,66 @@ impl SimFleet {
             "/generate" => Endpoint::Generate,
             _ => Endpoint::Chat,
         };
-        let text = serde_json::from_slice::<Value>(body)
-            .map_err(|err| err.to_string())
+        let parsed = serde_json::from_slice::<Value>(body).map_err(|err| err.to_string());
+        let text = parsed
+            .clone()
             .and_then(|v| prompt::flatten(endpoint, &v).map_err(|err| err.0));
-        let text = match text {
-            Ok(text) => text,
-            Err(message) => {
-                let body = json!({"error": {"message": message, "type": "invalid_request_error",
-                    "code": 400}, "worker": e.name});
-                return EngineAnswer {
-                    status: 400,
-                    body: body.to_string().into_bytes(),
-                    served: None,
-                };
+        let (parsed, text) = match (parsed, text) {
+            (Ok(parsed), Ok(text)) => (parsed, text),
+            (Err(message), _) | (_, Err(message)) => {
+                return error(400, "invalid_request_error", &message, &name)
             }
         };
-        let served = e.engine.serve(now_ms, &text);
-        let completion = e.engine.spec().output_tokens;
-        let body = json!({
+        let rooms = rooms_of(&parsed);
+        if pool != "regular" && rooms.is_empty() {
+            let why = "missing `bootstrap_room` (a PD engine needs it)";
+            return error(400, "invalid_request_error", why, &name);
+        }
+        let mut prefill_worker = None;
+        let Some(e) = self.engines.get_mut(index) else {
+            return error(500, "internal_error", "no such engine", "");
+        };
+        let served = match pool {
+            "prefill" => {
+                let served = e.engine.serve_prefill(now_ms, &text);
+                for &room in &rooms {
+                    self.rooms
+                        .insert(room, (name.clone(), served.lookup, served.finished_ms));
+                }
+                served
+            }
+            "decode" => {
+                let taken: Vec<_> = rooms.iter().filter_map(|r| self.rooms.remove(r)).collect();
+                if taken.len() != rooms.len() {
+                    self.pd_kv_failures += 1;
+                    let why = "KV for a room never arrived from its prefill engine";
+                    return error(500, "kv_transfer_failed", why, &name);
+                }
+                self.pd_pairs += taken.len() as u64;
+                // A batch's usage is the sum over its prompts.
+                let mut lookup = taken.first().map(|t| t.1).unwrap_or(CacheLookup {
+                    prompt_chars: 0,
+                    total_blocks: 0,
+                    matched_blocks: 0,
+                    prompt_tokens: 0,
+                    cached_tokens: 0,
+                });
+                for t in taken.iter().skip(1) {
+                    lookup.prompt_tokens += t.1.prompt_tokens;
+                    lookup.cached_tokens += t.1.cached_tokens;
+                }
+                let ready = taken.iter().map(|t| t.2).fold(now_ms, f64::max);
+                prefill_worker = taken.first().map(|t| t.0.clone());
+                e.engine.serve_decode(now_ms, ready, lookup)
+            }
+            _ => e.engine.serve(now_ms, &text),
+        };
+        let completion = match pool {
+            "prefill" => 1,
+            _ => e.engine.spec().output_tokens,
+        };
+        *self.served.entry(name.clone()).or_default() += 1;
+        let mut body = json!({
             "object": "chat.completion",
             "choices": [{"index": 0, "finish_reason": "length",
                 "message": {"role": "assistant", "content": "ok"}}],
@@ -156,8 +230,11 @@ impl SimFleet {
                 "total_tokens": served.lookup.prompt_tokens + completion as usize,
                 "prompt_tokens_details": {"cached_tokens": served.lookup.cached_tokens},
             },
-            "worker": e.name,
+            "worker": name,
         });
+        if let Some(p) = prefill_worker {
+            body["prefill_worker"] = json!(p);
+        }
         EngineAnswer {
             status: 200,
             body: body.to_string().into_bytes(),
@@ -180,6 +257,17 @@ impl SimFleet {
             })
             .collect();
         json!({ "workers": workers }).to_string()
+    }
+}
+
+/// An error answer in the mock's shape.
+fn error(status: u32, kind: &str, message: &str, worker: &str) -> EngineAnswer {
+    let body = json!({"error": {"message": message, "type": kind, "code": status},
+        "worker": worker});
+    EngineAnswer {
+        status,
+        body: body.to_string().into_bytes(),
+        served: None,
     }
 }
 
@@ -220,5 +308,42 @@ mod tests {
         assert!(workers[2].get("bootstrap_port").is_none());
         let regular = SimFleet::demo(1, EngineSpec::default()).workers_config();
         assert!(regular[0].get("pool").is_none(), "{regular}");
+    }
+
+    #[test]
+    fn pd_engines_meet_by_room_and_decode_reports_the_prefill_cache() {
+        let mut fleet = SimFleet::pd(1, 1, EngineSpec::default());
+        let body = |room: u64| {
+            format!(
+                r#"{{"prompt":"{}","bootstrap_room":{room}}}"#,
+                "y".repeat(256)
+            )
+        };
+        let cached = |a: &EngineAnswer| -> u64 {
+            let v: Value = serde_json::from_slice(&a.body).unwrap();
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        };
+        for (t, room) in [(0.0, 1u64), (10.0, 2)] {
+            let p = fleet.serve(0, t, "/v1/completions", body(room).as_bytes());
+            let d = fleet.serve(1, t, "/v1/completions", body(room).as_bytes());
+            assert_eq!((p.status, d.status), (200, 200));
+            assert_eq!(cached(&d), cached(&p), "decode reports the prefill's cache");
+            let v: Value = serde_json::from_slice(&d.body).unwrap();
+            assert_eq!(
+                (v["worker"].as_str(), v["prefill_worker"].as_str()),
+                (Some("d0"), Some("p0"))
+            );
+            assert!(d.served.unwrap().first_token_ms >= p.served.unwrap().finished_ms);
+        }
+        assert_eq!(fleet.pd_pairs, 2);
+        // A room no prefill engine computed; a body without a room.
+        let orphan = fleet.serve(1, 20.0, "/v1/completions", body(9).as_bytes());
+        assert_eq!(orphan.status, 500);
+        assert_eq!(fleet.pd_kv_failures, 1);
+        let plain = fleet.serve(0, 20.0, "/v1/completions", br#"{"prompt":"x"}"#);
+        assert_eq!(plain.status, 400);
+        assert_eq!(fleet.served.get("p0"), Some(&2));
     }
 }

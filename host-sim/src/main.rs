@@ -74,6 +74,15 @@ struct ReplayArgs {
     /// Engines in the simulated fleet.
     #[arg(long, default_value_t = 4)]
     workers: usize,
+    /// Prefill/decode disaggregation: `--prefill-workers` prefill and
+    /// `--decode-workers` decode engines instead of `--workers` regular ones;
+    /// `--policy` (and the baseline) is then the prefill pool's policy.
+    #[arg(long)]
+    pd: bool,
+    #[arg(long, default_value_t = 2)]
+    prefill_workers: usize,
+    #[arg(long, default_value_t = 2)]
+    decode_workers: usize,
     /// VMs (Envoy worker threads, the demo's `--envoy-concurrency`).
     #[arg(long, default_value_t = 1)]
     vms: usize,
@@ -219,14 +228,14 @@ fn check_config(args: CheckConfigArgs) -> Result<Value> {
 fn replay(args: ReplayArgs) -> Result<Value> {
     use engine_model::engine::EngineSpec;
     use engine_model::latency::Latency;
-    use llm_bench::demo::{self, RunResult};
+    use llm_bench::demo::{self, PdCounts, RunResult};
     let extra: Option<Value> = match &args.config {
         Some(c) => Some(serde_json::from_slice(&read_config(c)?).context("--config is not JSON")?),
         None => None,
     };
     let config = |policy: &str, no_gate: bool| {
         demo::plugin_config(
-            demo::policy_key(false),
+            demo::policy_key(args.pd),
             policy,
             &args.policy,
             extra.as_ref(),
@@ -240,8 +249,16 @@ fn replay(args: ReplayArgs) -> Result<Value> {
         .clone()
         .unwrap_or_else(host_sim::built_filter_path);
     let filter = host_sim::Filter::load(&wasm)?;
+    let pd = args
+        .pd
+        .then_some((args.prefill_workers, args.decode_workers));
+    let engines = match pd {
+        Some((p, d)) => p + d,
+        None => args.workers,
+    };
     let sim = host_sim::replay::Replay {
         workers: args.workers,
+        pd,
         vms: args.vms,
         concurrency: args.concurrency,
         engine: EngineSpec {
@@ -263,16 +280,37 @@ fn replay(args: ReplayArgs) -> Result<Value> {
             policy.to_string()
         };
         eprintln!(
-            "host-sim replay: {} requests, {label}, {} engines, {} VM(s), concurrency {}",
+            "host-sim replay: {} requests, {label}, {engines} engines, {} VM(s), concurrency {}",
             items.len(),
-            args.workers,
             args.vms,
             args.concurrency
         );
         let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
-        Ok(RunResult::new(label, done.summary, |name| {
-            done.host.metric(name)
-        }))
+        let mut result = RunResult::new(label, done.summary, |name| done.host.metric(name));
+        if args.pd {
+            PdCounts {
+                pairs: done.fleet.pd_pairs,
+                kv_failures: done.fleet.pd_kv_failures,
+                prefill_failures: done
+                    .host
+                    .metric("wasmcustom.llm_router_pd_prefill_failures")
+                    .unwrap_or(0),
+                prefill_per_worker: done
+                    .fleet
+                    .engines
+                    .iter()
+                    .filter(|e| e.pool == "prefill")
+                    .map(|e| {
+                        (
+                            e.name.clone(),
+                            done.fleet.served.get(&e.name).copied().unwrap_or(0),
+                        )
+                    })
+                    .collect(),
+            }
+            .add_to(&mut result);
+        }
+        Ok(result)
     };
     let main_run = run(&args.policy, false)?;
     let baseline_name = match &args.baseline {
@@ -285,13 +323,7 @@ fn replay(args: ReplayArgs) -> Result<Value> {
         p if p == args.policy => None,
         p => Some(run(p, false)?),
     };
-    demo::print_report(
-        &main_run,
-        baseline.as_ref(),
-        args.vms as u32,
-        args.workers,
-        None,
-    );
+    demo::print_report(&main_run, baseline.as_ref(), args.vms as u32, engines, None);
     Ok(Value::Null)
 }
 

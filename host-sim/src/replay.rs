@@ -38,6 +38,9 @@ const STATS_TOKEN: &str = "host-sim-replay";
 pub struct Replay {
     /// Engines in the fleet (`--workers`).
     pub workers: usize,
+    /// Prefill/decode disaggregation: this many prefill and decode engines (`p0..`,
+    /// `d0..`) instead of `workers` regular ones (`--pd`).
+    pub pd: Option<(usize, usize)>,
     /// VMs, i.e. Envoy worker threads (`--envoy-concurrency` of the demo).
     pub vms: usize,
     /// Requests in flight at most.
@@ -160,6 +163,9 @@ impl Calls {
     }
 }
 
+/// What serving a request touches: the host, the fleet and the calls in flight.
+type Sim<'a> = (&'a mut Host, &'a mut SimFleet, &'a mut Calls);
+
 /// Where a request stands after the filter saw it.
 enum Routed {
     Engine(InFlight),
@@ -203,7 +209,10 @@ impl Replay {
     /// Runs `items` through `filter` with plugin config `config` (see
     /// [`Replay::plugin_config`]).
     pub fn run(&self, filter: &Filter, config: &Value, items: &[WorkItem]) -> Result<ReplayRun> {
-        let mut fleet = SimFleet::demo(self.workers, self.engine);
+        let mut fleet = match self.pd {
+            Some((prefill, decode)) => SimFleet::pd(prefill, decode, self.engine),
+            None => SimFleet::demo(self.workers, self.engine),
+        };
         let config = self.plugin_config(&fleet, config)?;
         let token = config["stats_token"].as_str().map(str::to_string);
         let stats_path = config["stats_path"]
@@ -238,7 +247,8 @@ impl Replay {
                 let Some(i) = order.take_next() else { break };
                 let vm = sent % workers;
                 sent += 1;
-                match self.dispatch(&mut host, &mut fleet, vm, now, i, &items[i])? {
+                let sim = (&mut host, &mut fleet, &mut calls);
+                match self.dispatch(sim, vm, now, i, &items[i])? {
                     Routed::Engine(flight) => in_flight.push(flight),
                     Routed::Held(h) => held.push(h),
                     Routed::Done(record) => {
@@ -298,7 +308,8 @@ impl Replay {
             for h in std::mem::take(&mut held) {
                 let out = host.vm(h.handle.vm).outcome(h.handle)?;
                 let routed = (h.item, &items[h.item]);
-                match self.route(&mut host, &mut fleet, routed, &out, h.sent, now)? {
+                let sim = (&mut host, &mut fleet, &mut calls);
+                match self.route(sim, routed, &out, h.sent, now)? {
                     Routed::Engine(flight) => in_flight.push(flight),
                     Routed::Held(h) => held.push(h),
                     Routed::Done(record) => {
@@ -323,8 +334,7 @@ impl Replay {
     /// Sends request `i` through the filter on `vm` at `now`.
     fn dispatch(
         &self,
-        host: &mut Host,
-        fleet: &mut SimFleet,
+        (host, fleet, calls): Sim<'_>,
         vm: usize,
         now: f64,
         i: usize,
@@ -334,15 +344,14 @@ impl Replay {
         let mut spec = RequestSpec::post_json(&item.path, item.body.to_vec());
         spec.headers.push(("content-length", &length));
         let out = host.vm(vm).request(spec)?;
-        self.route(host, fleet, (i, item), &out, now, now)
+        self.route((host, fleet, calls), (i, item), &out, now, now)
     }
 
     /// Where a request sent at `sent` stands at `now`: with an engine, still held by the
     /// filter (waiting for an HTTP call, say), or over (a local reply, or no engine).
     fn route(
         &self,
-        host: &mut Host,
-        fleet: &mut SimFleet,
+        (host, fleet, calls): Sim<'_>,
         (i, item): (usize, &WorkItem),
         out: &StreamOutcome,
         sent: f64,
@@ -375,6 +384,9 @@ impl Replay {
             record.error = Some("the filter sent the request to no known engine".into());
             return Ok(Routed::Done(record));
         };
+        // A prefill copy sent alongside reaches its engine first: the decode engine
+        // takes the KV it publishes.
+        calls.schedule(host, fleet, now);
         let answer = fleet.serve(engine, now, &item.path, &out.request_body);
         let (done_ms, first_ms) = answer
             .served

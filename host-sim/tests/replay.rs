@@ -33,6 +33,7 @@ fn workload() -> Vec<WorkItem> {
 
 fn replay(vms: usize, concurrency: usize) -> Replay {
     Replay {
+        pd: None,
         workers: 3,
         vms,
         concurrency,

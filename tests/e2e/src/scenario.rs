@@ -469,6 +469,9 @@ impl Scenario {
                     ) else {
                         bail!("step {i}: routed to no engine: {:?}", out.request_headers);
                     };
+                    // A prefill copy reaches its engine first: the decode engine takes
+                    // the KV it publishes.
+                    calls.schedule(&host, &mut fleet, now(&host));
                     let answer = fleet.serve(engine, now(&host), &path, &out.request_body);
                     // The calls it made (a prefill copy) are answered, or time out,
                     // first: the decode engine answers only once it has the KV.

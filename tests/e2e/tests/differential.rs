@@ -133,10 +133,29 @@ fn last_json(mut cmd: std::process::Command) -> serde_json::Value {
 /// Envoy's main-thread VM last ticked before the stats were read) depend on time.
 #[test]
 fn replay_matches_the_demo_at_concurrency_1() {
+    let envoy = demo_and_replay(&[], &[]);
+    assert_eq!(envoy["requests"], 180, "the demo's default workload");
+}
+
+/// The same with prefill/decode disaggregation (2 prefill + 2 decode engines): the
+/// same pairs, the same prefill engines doing the same work, the same cache hits.
+#[test]
+fn replay_matches_the_demo_with_pd_at_concurrency_1() {
+    let extra = ["pd_pairs", "pd_kv_failures", "prefill_per_worker"];
+    let envoy = demo_and_replay(&["--pd"], &extra);
+    assert_eq!(envoy["requests"], 186, "the demo's default PD workload");
+    assert_eq!(envoy["pd_pairs"], 186, "every pair met");
+}
+
+/// Runs `envoy/demo --concurrency 1 --baseline none` and `host-sim replay` with the
+/// same `flags` on its workload, and checks that they agree on the routing keys of
+/// the summary line plus `extra`; returns the demo's line.
+fn demo_and_replay(flags: &[&str], extra: &[&str]) -> serde_json::Value {
     let dir = e2e::fleet::TempDir::new("llm-replay-vs-demo").expect("temp dir");
     let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_llm-demo"));
     demo.args(["--concurrency", "1", "--baseline", "none", "--dir"])
-        .arg(&dir.0);
+        .arg(&dir.0)
+        .args(flags);
     let envoy = last_json(demo);
     let host_sim = e2e::paths::bin_path("host-sim").expect("cargo build -p host-sim");
     let mut replay = std::process::Command::new(host_sim);
@@ -151,9 +170,10 @@ fn replay_matches_the_demo_at_concurrency_1() {
         ])
         .arg(dir.0.join("workload.jsonl"))
         .arg("--wasm")
-        .arg(e2e::paths::wasm_path().expect("the filter is built"));
+        .arg(e2e::paths::wasm_path().expect("the filter is built"))
+        .args(flags);
     let sim = last_json(replay);
-    for key in [
+    let keys = [
         "requests",
         "errors",
         "per_worker",
@@ -163,11 +183,12 @@ fn replay_matches_the_demo_at_concurrency_1() {
         "policy",
         "workers",
         "envoy_concurrency",
-    ] {
+    ];
+    for key in keys.iter().chain(extra) {
         assert_eq!(
             sim[key], envoy[key],
             "{key}: host-sim replay (left) vs envoy/demo (right)"
         );
     }
-    assert_eq!(envoy["requests"], 180, "the demo's default workload");
+    envoy
 }

@@ -86,8 +86,41 @@ impl Engine {
 
     /// Serves `prompt` arriving at `now_ms`. Arrivals must come in time order.
     pub fn serve(&mut self, now_ms: f64, prompt: &str) -> Served {
+        self.prefill(now_ms, prompt, self.spec.output_tokens)
+    }
+
+    /// A PD prefill engine's part: the prompt against this engine's cache, then only
+    /// the first token (decode generates the rest), as the mock's `--role prefill`.
+    pub fn serve_prefill(&mut self, now_ms: f64, prompt: &str) -> Served {
+        self.prefill(now_ms, prompt, 1)
+    }
+
+    /// A PD decode engine's part: no prompt to compute (the KV, with the prefill
+    /// engine's cache outcome `lookup`, arrives at `kv_ready_ms`), then every token,
+    /// as the mock's `--role decode`.
+    pub fn serve_decode(&mut self, now_ms: f64, kv_ready_ms: f64, lookup: CacheLookup) -> Served {
+        let started_ms = self.start_at(now_ms);
+        let first_token_ms = started_ms.max(kv_ready_ms) + self.spec.latency.ttft_ms;
+        self.admit(
+            now_ms,
+            started_ms,
+            first_token_ms,
+            self.spec.output_tokens,
+            lookup,
+        )
+    }
+
+    fn prefill(&mut self, now_ms: f64, prompt: &str, output_tokens: u32) -> Served {
+        let started_ms = self.start_at(now_ms);
+        let lookup = self.cache.lookup_and_insert(prompt);
+        let first_token_ms = started_ms + self.spec.latency.prefill_ms(&lookup);
+        self.admit(now_ms, started_ms, first_token_ms, output_tokens, lookup)
+    }
+
+    /// When a request arriving at `now_ms` gets its slot (FIFO behind the live ones).
+    fn start_at(&mut self, now_ms: f64) -> f64 {
         self.live.retain(|&(_, _, finished)| finished > now_ms);
-        let started_ms = match self.spec.max_running {
+        match self.spec.max_running {
             0 => now_ms,
             limit => {
                 // FIFO: this request starts once `live.len() - limit + 1` of those ahead
@@ -99,10 +132,18 @@ impl Engine {
                     _ => now_ms,
                 }
             }
-        };
-        let lookup = self.cache.lookup_and_insert(prompt);
-        let first_token_ms = started_ms + self.spec.latency.prefill_ms(&lookup);
-        let finished_ms = first_token_ms + self.spec.latency.decode_ms(self.spec.output_tokens);
+        }
+    }
+
+    fn admit(
+        &mut self,
+        now_ms: f64,
+        started_ms: f64,
+        first_token_ms: f64,
+        output_tokens: u32,
+        lookup: CacheLookup,
+    ) -> Served {
+        let finished_ms = first_token_ms + self.spec.latency.decode_ms(output_tokens);
         self.live.push((now_ms, started_ms, finished_ms));
         Served {
             arrived_ms: now_ms,
@@ -159,6 +200,37 @@ mod tests {
         assert_eq!((e.num_running(5.0), e.num_waiting(5.0)), (2, 2));
         assert_eq!((e.num_running(10.5), e.num_waiting(10.5)), (2, 1));
         assert_eq!((e.num_running(30.0), e.num_waiting(30.0)), (0, 0));
+    }
+
+    #[test]
+    fn pd_roles_split_the_work() {
+        let mut prefill = Engine::new(EngineSpec {
+            latency: Latency {
+                ttft_ms: 0.0,
+                prefill_us_per_token: 1000.0,
+                decode_ms_per_token: 5.0,
+            },
+            ..spec(0)
+        });
+        let p = prefill.serve_prefill(0.0, &"x".repeat(400));
+        assert_eq!(p.first_token_ms, 100.0, "100 uncached tokens at 1 ms");
+        assert_eq!(p.finished_ms, 100.0, "prefill stops at the first token");
+        let mut decode = Engine::new(EngineSpec {
+            latency: Latency {
+                ttft_ms: 2.0,
+                prefill_us_per_token: 1000.0,
+                decode_ms_per_token: 5.0,
+            },
+            ..spec(0)
+        });
+        let d = decode.serve_decode(0.0, p.finished_ms, p.lookup);
+        assert_eq!(
+            d.first_token_ms, 102.0,
+            "waits for the KV, computes no prompt"
+        );
+        assert_eq!(d.finished_ms, 102.0 + 7.0 * 5.0);
+        assert_eq!(d.lookup, p.lookup);
+        assert_eq!(decode.cache().usage(), 0.0, "decode caches nothing");
     }
 
     #[test]

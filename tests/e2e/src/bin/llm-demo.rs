@@ -16,7 +16,7 @@ use clap::Parser;
 use e2e::admin;
 use e2e::envoy::Target;
 use e2e::fleet::{Fleet, FleetSpec};
-use llm_bench::demo::{self, RunResult};
+use llm_bench::demo::{self, PdCounts, RunResult};
 use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
 use llm_bench::record::Record;
 use llm_bench::stats::{summarize, Summary};
@@ -161,18 +161,6 @@ struct OverloadRun {
     shares: Vec<(&'static str, f64)>,
     /// `llm_router_overload_*` from Envoy's stats.
     stats: BTreeMap<String, u64>,
-}
-
-/// PD: pairs as the decode mocks report them, failures as the filter counts them,
-/// and the prefill pool's share of the work.
-struct PdCounts {
-    /// Rooms whose KV reached a decode engine from the prefill engine named.
-    pairs: u64,
-    kv_failures: u64,
-    /// The filter's `llm_router_pd_prefill_failures`.
-    prefill_failures: u64,
-    /// Prompts each prefill engine computed.
-    prefill_per_worker: BTreeMap<String, u64>,
 }
 
 /// The run's plugin config: the demo's (see `llm_bench::demo::plugin_config`) with,
@@ -474,30 +462,6 @@ fn slow_schedule(
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok((summarize(&all, started.elapsed()), phases))
-}
-
-impl PdCounts {
-    /// The pairs' report line and summary keys.
-    fn add_to(&self, r: &mut RunResult) {
-        let p: Vec<String> = self
-            .prefill_per_worker
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        r.notes
-            .push(format!("prefill pool (prompts computed): {}", p.join(", ")));
-        r.notes.push(format!(
-            "PD pairs met by room (decode mocks): {}  KV never arrived: {}  prefill failures (filter): {}",
-            self.pairs, self.kv_failures, self.prefill_failures
-        ));
-        r.fields.insert("pd_pairs".into(), json!(self.pairs));
-        r.fields
-            .insert("pd_kv_failures".into(), json!(self.kv_failures));
-        r.fields
-            .insert("pd_prefill_failures".into(), json!(self.prefill_failures));
-        r.fields
-            .insert("prefill_per_worker".into(), json!(self.prefill_per_worker));
-    }
 }
 
 impl OverloadRun {
