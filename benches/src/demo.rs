@@ -46,6 +46,38 @@ pub fn cluster_name(worker: &str) -> String {
     format!("engine_{worker}")
 }
 
+/// The demo's prefill/decode flags; `envoy/demo` and `host-sim replay` take the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct PdArgs {
+    /// Prefill/decode disaggregation: `--prefill-workers` prefill and
+    /// `--decode-workers` decode engines instead of `--workers` regular ones;
+    /// `--policy` (and the baseline) is then the prefill pool's policy.
+    #[arg(long)]
+    pub pd: bool,
+    #[arg(long, default_value_t = 2)]
+    pub prefill_workers: usize,
+    #[arg(long, default_value_t = 2)]
+    pub decode_workers: usize,
+}
+
+impl PdArgs {
+    /// `(prefill, decode)` engines with `--pd`.
+    pub fn pools(&self) -> Option<(usize, usize)> {
+        self.pd
+            .then_some((self.prefill_workers, self.decode_workers))
+    }
+
+    /// Engines in the fleet: the two pools', else `workers` regular ones.
+    pub fn engines(&self, workers: usize) -> usize {
+        self.pools().map_or(workers, |(p, d)| p + d)
+    }
+
+    /// The pool the demo's `--policy` routes: the prefill pool's size, else `workers`.
+    pub fn routed_pool(&self, workers: usize) -> usize {
+        self.pools().map_or(workers, |(p, _)| p)
+    }
+}
+
 /// The config key the demo's `--policy` sets: the regular pool's `policy`, or with
 /// prefill/decode disaggregation the prefill pool's (where the prompt cache is).
 pub fn policy_key(pd: bool) -> &'static str {
@@ -324,6 +356,24 @@ mod tests {
             "the baseline keeps its own"
         );
         assert!(pd.get("policy").is_none());
+    }
+
+    #[test]
+    fn pd_flags_size_the_fleet() {
+        let off = PdArgs {
+            pd: false,
+            prefill_workers: 3,
+            decode_workers: 1,
+        };
+        assert_eq!(
+            (off.pools(), off.engines(4), off.routed_pool(4)),
+            (None, 4, 4)
+        );
+        let on = PdArgs { pd: true, ..off };
+        assert_eq!(
+            (on.pools(), on.engines(4), on.routed_pool(4)),
+            (Some((3, 1)), 4, 3)
+        );
     }
 
     #[test]

@@ -144,7 +144,12 @@ impl SimFleet {
     /// publishes its rooms; a decode engine takes its rooms (the prefill copy must
     /// have been served first) and reports the prefill engine's cache outcome.
     pub fn serve(&mut self, index: usize, now_ms: f64, path: &str, body: &[u8]) -> EngineAnswer {
-        let Some(e) = self.engines.get(index) else {
+        let SimFleet {
+            engines,
+            rooms: published,
+            ..
+        } = self;
+        let Some(e) = engines.get_mut(index) else {
             return error(500, "internal_error", "no such engine", "");
         };
         let (name, pool) = (e.name.clone(), e.pool);
@@ -177,20 +182,16 @@ impl SimFleet {
             return error(400, "invalid_request_error", why, &name);
         }
         let mut prefill_worker = None;
-        let Some(e) = self.engines.get_mut(index) else {
-            return error(500, "internal_error", "no such engine", "");
-        };
         let served = match pool {
             "prefill" => {
                 let served = e.engine.serve_prefill(now_ms, &text);
                 for &room in &rooms {
-                    self.rooms
-                        .insert(room, (name.clone(), served.lookup, served.finished_ms));
+                    published.insert(room, (name.clone(), served.lookup, served.finished_ms));
                 }
                 served
             }
             "decode" => {
-                let taken: Vec<_> = rooms.iter().filter_map(|r| self.rooms.remove(r)).collect();
+                let taken: Vec<_> = rooms.iter().filter_map(|r| published.remove(r)).collect();
                 if taken.len() != rooms.len() {
                     self.pd_kv_failures += 1;
                     let why = "KV for a room never arrived from its prefill engine";

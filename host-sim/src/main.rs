@@ -74,15 +74,8 @@ struct ReplayArgs {
     /// Engines in the simulated fleet.
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Prefill/decode disaggregation: `--prefill-workers` prefill and
-    /// `--decode-workers` decode engines instead of `--workers` regular ones;
-    /// `--policy` (and the baseline) is then the prefill pool's policy.
-    #[arg(long)]
-    pd: bool,
-    #[arg(long, default_value_t = 2)]
-    prefill_workers: usize,
-    #[arg(long, default_value_t = 2)]
-    decode_workers: usize,
+    #[command(flatten)]
+    pd: llm_bench::demo::PdArgs,
     /// VMs (Envoy worker threads, the demo's `--envoy-concurrency`).
     #[arg(long, default_value_t = 1)]
     vms: usize,
@@ -235,7 +228,7 @@ fn replay(args: ReplayArgs) -> Result<Value> {
     };
     let config = |policy: &str, no_gate: bool| {
         demo::plugin_config(
-            demo::policy_key(args.pd),
+            demo::policy_key(args.pd.pd),
             policy,
             &args.policy,
             extra.as_ref(),
@@ -249,13 +242,8 @@ fn replay(args: ReplayArgs) -> Result<Value> {
         .clone()
         .unwrap_or_else(host_sim::built_filter_path);
     let filter = host_sim::Filter::load(&wasm)?;
-    let pd = args
-        .pd
-        .then_some((args.prefill_workers, args.decode_workers));
-    let engines = match pd {
-        Some((p, d)) => p + d,
-        None => args.workers,
-    };
+    let pd = args.pd.pools();
+    let engines = args.pd.engines(args.workers);
     let sim = host_sim::replay::Replay {
         workers: args.workers,
         pd,
@@ -287,7 +275,7 @@ fn replay(args: ReplayArgs) -> Result<Value> {
         );
         let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
         let mut result = RunResult::new(label, done.summary, |name| done.host.metric(name));
-        if args.pd {
+        if args.pd.pd {
             PdCounts {
                 pairs: done.fleet.pd_pairs,
                 kv_failures: done.fleet.pd_kv_failures,

@@ -10,7 +10,7 @@ use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
 use super::host::{self, HostRandom, HostStore};
 use super::root::{Shared, State, SAMPLES_KEY};
-use crate::config::{Config, Target};
+use crate::config::{Config, Target, WorkerConfig};
 use crate::decision::Decision;
 use crate::load::{encode_table, parse_push, token_matches, PushError};
 use crate::pd::{self, Bootstrap, PrefillFailure};
@@ -277,19 +277,20 @@ impl Stream {
         let prefill = match &plan.prefill {
             None => None,
             Some((decision, new_body)) => {
-                match send_prefill(cfg, &self.path, body.len(), *decision, new_body) {
-                    Ok(token) => {
-                        let name = cfg
-                            .workers
-                            .get(decision.worker as usize)
-                            .map(|w| w.name.clone())
-                            .unwrap_or_default();
-                        Some(PrefillLeg {
-                            decision: *decision,
-                            held: Held::take(state, &name),
-                            token,
-                        })
-                    }
+                let sent = cfg
+                    .workers
+                    .get(decision.worker as usize)
+                    .ok_or("unknown_worker")
+                    .and_then(|w| {
+                        let token = send_prefill(cfg, w, &self.path, body.len(), new_body)?;
+                        Ok((w, token))
+                    });
+                match sent {
+                    Ok((w, token)) => Some(PrefillLeg {
+                        decision: *decision,
+                        held: Held::take(state, &w.name),
+                        token,
+                    }),
                     Err(reason) => {
                         state.metrics.pd_prefill_failures.inc();
                         drop(slot);
@@ -298,7 +299,7 @@ impl Stream {
                 }
             }
         };
-        let held = Held::take(state, &worker.name.clone());
+        let held = Held::take(state, &worker.name);
         match &prefill {
             Some(leg) => {
                 // The prefill pool holds the prompt cache: its decision is the
@@ -348,15 +349,11 @@ impl Stream {
 /// worker. Returns the call's token.
 fn send_prefill(
     cfg: &Config,
+    prefill: &WorkerConfig,
     path: &str,
     old_len: usize,
-    decision: Decision,
     body: &[u8],
 ) -> Result<u32, &'static str> {
-    let prefill = cfg
-        .workers
-        .get(decision.worker as usize)
-        .ok_or("unknown_worker")?;
     if let Err(e) = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, old_len, body) {
         host::log(
             LogLevel::Error,

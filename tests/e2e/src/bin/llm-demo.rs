@@ -16,7 +16,7 @@ use clap::Parser;
 use e2e::admin;
 use e2e::envoy::Target;
 use e2e::fleet::{Fleet, FleetSpec};
-use llm_bench::demo::{self, PdCounts, RunResult};
+use llm_bench::demo::{self, PdArgs, PdCounts, RunResult};
 use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
 use llm_bench::record::Record;
 use llm_bench::stats::{summarize, Summary};
@@ -36,15 +36,8 @@ struct Args {
     /// Engine mocks to start.
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Prefill/decode disaggregation: `--prefill-workers` prefill and
-    /// `--decode-workers` decode engine mocks instead of `--workers` regular ones;
-    /// `--policy` (and the baseline) is then the prefill pool's policy.
-    #[arg(long)]
-    pd: bool,
-    #[arg(long, default_value_t = 2)]
-    prefill_workers: usize,
-    #[arg(long, default_value_t = 2)]
-    decode_workers: usize,
+    #[command(flatten)]
+    pd: PdArgs,
     /// Routing policy: cache_aware, round_robin, random, power_of_two.
     #[arg(long, default_value = "cache_aware")]
     policy: String,
@@ -184,7 +177,7 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
         extra.entry("overload").or_insert_with(demo_overload);
     }
     demo::plugin_config(
-        demo::policy_key(args.pd),
+        demo::policy_key(args.pd.pd),
         policy,
         &args.policy,
         Some(&Value::Object(extra)),
@@ -197,11 +190,7 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     if let Some(path) = &args.workload {
         return load_workload(path);
     }
-    let pool = if args.pd {
-        args.prefill_workers
-    } else {
-        args.workers
-    };
+    let pool = args.pd.routed_pool(args.workers);
     let sessions = args
         .sessions
         .unwrap_or_else(|| (30..).find(|n| pool < 2 || n % pool != 0).unwrap_or(30));
@@ -243,9 +232,7 @@ fn run(
     };
     let spec = FleetSpec {
         workers: args.workers,
-        pd: args
-            .pd
-            .then_some((args.prefill_workers, args.decode_workers)),
+        pd: args.pd.pools(),
         engine_args: [format!(
             "--prefill-us-per-token={}",
             args.prefill_us_per_token
@@ -263,12 +250,9 @@ fn run(
             None => Vec::new(),
         },
     };
-    let engines = match args.pd {
-        true => format!(
-            "{} prefill + {} decode",
-            args.prefill_workers, args.decode_workers
-        ),
-        false => args.workers.to_string(),
+    let engines = match args.pd.pools() {
+        Some((prefill, decode)) => format!("{prefill} prefill + {decode} decode"),
+        None => args.workers.to_string(),
     };
     eprintln!(
         "llm-demo: starting {engines} engine mocks, Envoy ({} thread(s), {label}, target {}) and the collector",
@@ -299,7 +283,7 @@ fn run(
     let stats = fleet.envoy.stats()?;
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new(label, summary, stat);
-    if args.pd {
+    if args.pd.pd {
         let pd = PdCounts {
             pairs: fleet
                 .engine_counter("decode", "engine_mock:pd_pairs_total")?
@@ -529,10 +513,7 @@ fn real_main(args: &Args) -> Result<bool> {
         p if p == args.policy => None,
         p => Some(run(args, p, false, &items, &rt)?),
     };
-    let workers = match args.pd {
-        true => args.prefill_workers + args.decode_workers,
-        false => args.workers,
-    };
+    let workers = args.pd.engines(args.workers);
     demo::print_report(
         &main_run,
         baseline.as_ref(),
