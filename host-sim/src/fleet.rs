@@ -30,7 +30,7 @@ impl SimEngine {
     /// Engine number `i` of the fleet, named `name`, at `127.0.0.1:8000+i`.
     fn new(name: String, pool: &'static str, i: usize, spec: EngineSpec) -> Self {
         SimEngine {
-            cluster: llm_bench::demo::cluster_name(&name),
+            cluster: llm_load::fleet::cluster_name(&name),
             address: format!("127.0.0.1:{}", 8000 + i),
             name,
             pool,
@@ -80,7 +80,7 @@ impl SimFleet {
     pub fn demo(workers: usize, spec: EngineSpec) -> Self {
         let engines = (0..workers)
             .map(|i| {
-                let name = llm_bench::demo::worker_name(i);
+                let name = llm_load::fleet::worker_name(i);
                 SimEngine::new(name, "regular", i, spec)
             })
             .collect();

@@ -75,7 +75,7 @@ struct ReplayArgs {
     #[arg(long, default_value_t = 4)]
     workers: usize,
     #[command(flatten)]
-    pd: llm_bench::demo::PdArgs,
+    pd: llm_load::fleet::PdArgs,
     /// VMs (Envoy worker threads, the demo's `--envoy-concurrency`).
     #[arg(long, default_value_t = 1)]
     vms: usize,
@@ -221,14 +221,14 @@ fn check_config(args: CheckConfigArgs) -> Result<Value> {
 fn replay(args: ReplayArgs) -> Result<Value> {
     use engine_model::engine::EngineSpec;
     use engine_model::latency::Latency;
-    use llm_bench::demo::{self, PdCounts, RunResult};
+    use llm_load::run::{self, PdCounts, RunResult};
     let extra: Option<Value> = match &args.config {
         Some(c) => Some(serde_json::from_slice(&read_config(c)?).context("--config is not JSON")?),
         None => None,
     };
     let config = |policy: &str, no_gate: bool| {
-        demo::plugin_config(
-            demo::policy_key(args.pd.pd),
+        run::plugin_config(
+            run::policy_key(args.pd.pd),
             policy,
             &args.policy,
             extra.as_ref(),
@@ -236,7 +236,7 @@ fn replay(args: ReplayArgs) -> Result<Value> {
             args.seed,
         )
     };
-    let items = llm_bench::workload::load_workload(&args.workload)?;
+    let items = llm_load::workload::load_workload(&args.workload)?;
     let wasm = args
         .wasm
         .clone()
@@ -303,7 +303,7 @@ fn replay(args: ReplayArgs) -> Result<Value> {
     let main_run = run(&args.policy, false)?;
     let baseline_name = match &args.baseline {
         Some(b) => b.clone(),
-        None => demo::default_baseline(&config(&args.policy, false)?).to_string(),
+        None => run::default_baseline(&config(&args.policy, false)?).to_string(),
     };
     let baseline = match baseline_name.as_str() {
         "none" => None,
@@ -311,7 +311,7 @@ fn replay(args: ReplayArgs) -> Result<Value> {
         p if p == args.policy => None,
         p => Some(run(p, false)?),
     };
-    demo::print_report(&main_run, baseline.as_ref(), args.vms as u32, engines, None);
+    run::print_report(&main_run, baseline.as_ref(), args.vms as u32, engines, None);
     Ok(Value::Null)
 }
 

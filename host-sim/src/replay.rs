@@ -1,7 +1,7 @@
 //! Replaying a workload through the filter against a [`SimFleet`], in virtual time.
 //!
 //! The load tool's rules, with the clock virtual: requests go in `llm-load`'s order
-//! ([`llm_bench::scheduler::Dispatch`]: sessions in turn order, earliest line first)
+//! ([`llm_load::scheduler::Dispatch`]: sessions in turn order, earliest line first)
 //! with at most `concurrency` in flight, round robin over the VMs (Envoy's worker
 //! threads); each routed request is served by the engine the filter chose, which
 //! answers when its cost model says; the filter sees the response and the end of the
@@ -18,11 +18,11 @@ use crate::fleet::SimFleet;
 use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use anyhow::{bail, Context as _, Result};
 use engine_model::engine::EngineSpec;
-use llm_bench::record::Record;
-use llm_bench::response::{parse_json_body, snippet};
-use llm_bench::scheduler::Dispatch;
-use llm_bench::stats::{summarize, Summary};
-use llm_bench::workload::WorkItem;
+use llm_load::record::Record;
+use llm_load::response::{parse_json_body, snippet};
+use llm_load::scheduler::Dispatch;
+use llm_load::stats::{summarize, Summary};
+use llm_load::workload::WorkItem;
 use serde_json::{json, Value};
 use std::time::Duration;
 

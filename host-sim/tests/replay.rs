@@ -7,8 +7,8 @@
 use engine_model::engine::EngineSpec;
 use host_sim::replay::Replay;
 use host_sim::Filter;
-use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
-use llm_bench::workload::{parse_workload, WorkItem};
+use llm_load::generate::{generate, to_jsonl, GenerateConfig};
+use llm_load::workload::{parse_workload, WorkItem};
 use serde_json::json;
 use std::sync::OnceLock;
 

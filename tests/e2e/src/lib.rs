@@ -1,14 +1,6 @@
-//! A real fleet on loopback: engine mock processes, the real Envoy with the built
-//! filter, and helpers to talk to both. The end-to-end tests and `envoy/demo` use the
-//! same code, so what the demo shows is what the tests check.
-//!
-//! Every process is owned by a guard that kills it on drop, on success and on
-//! failure alike, and every port is chosen by the OS (port 0, read back), so runs
-//! never collide.
+//! End-to-end test support: the differential scenario runner ([`scenario`]) and the
+//! helpers every end-to-end test file shares ([`support`]). The fleet itself (engine
+//! mocks, the collector, Envoy) is started by the demo's harness, `llm_demo`.
 
-pub mod admin;
-pub mod envoy;
-pub mod fleet;
-pub mod paths;
-pub mod process;
 pub mod scenario;
+pub mod support;

@@ -42,14 +42,14 @@
 //! Envoy runs one worker thread: with several, which thread takes a connection is
 //! the kernel's choice, not the scenario's.
 
-use crate::admin::{self, Response};
-use crate::fleet::{Fleet, FleetSpec};
 use anyhow::{bail, Context, Result};
 use engine_model::engine::EngineSpec;
 use engine_model::latency::Latency;
 use host_sim::fleet::SimFleet;
 use host_sim::replay::Calls;
 use host_sim::{Filter, Host, RequestSpec};
+use llm_demo::admin::{self, Response};
+use llm_demo::fleet::{Fleet, FleetSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -542,7 +542,7 @@ impl Scenario {
                         if Instant::now() > deadline {
                             bail!(
                                 "step {i}: {wait:?} not met within {WAIT_LIMIT_MS} ms; envoy log tail:\n{}",
-                                crate::envoy::tail(&envoy.log)
+                                llm_demo::envoy::tail(&envoy.log)
                             );
                         }
                         std::thread::sleep(Duration::from_millis(WAIT_POLL_MS));

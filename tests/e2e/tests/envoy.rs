@@ -5,36 +5,19 @@
 //! Every fleet runs on OS-chosen ports and is stopped when its test ends, pass or
 //! fail.
 
-use e2e::admin::{self, Response};
-use e2e::envoy::Target;
-use e2e::fleet::{Fleet, FleetSpec};
+use e2e::support::{header, post, send, start, wait_until};
+use llm_demo::admin::{self, Response};
+use llm_demo::envoy::Target;
+use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn fleet(workers: usize, plugin_config: Value) -> Fleet {
-    fleet_with(FleetSpec {
+    start(&FleetSpec {
         workers,
         plugin_config,
         ..FleetSpec::default()
     })
-}
-
-fn fleet_with(spec: FleetSpec) -> Fleet {
-    match Fleet::start(&spec) {
-        Ok(f) => f,
-        Err(e) => panic!("cannot start the fleet: {e:#}"),
-    }
-}
-
-fn post(fleet: &Fleet, path: &str, body: &Value) -> Response {
-    send(fleet, path, &[], body.to_string().as_bytes())
-}
-
-fn send(fleet: &Fleet, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    admin::request(fleet.envoy.listener, "POST", path, &all, body)
-        .unwrap_or_else(|e| panic!("request through Envoy failed: {e:#}"))
 }
 
 /// A conversation's body at `turn` (0-based): a system prompt, earlier turns with
@@ -63,17 +46,16 @@ fn cached_tokens(r: &Response) -> u64 {
         .unwrap_or(0)
 }
 
-fn header<'a>(r: &'a Response, name: &str) -> &'a str {
-    r.header(name)
-        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
-}
-
 #[test]
 fn conversation_sticks_to_one_worker_with_real_engine_cache_hits() {
     let f = fleet(4, json!({"policy": "cache_aware"}));
     for session in 0..6 {
         let system = system_prompt(session);
-        let first = post(&f, "/v1/chat/completions", &chat(&system, session, 0));
+        let first = post(
+            f.envoy.listener,
+            "/v1/chat/completions",
+            &chat(&system, session, 0),
+        );
         assert_eq!(first.status, 200, "{first:?}");
         let owner = header(&first, "x-engine-worker").to_string();
         assert_eq!(
@@ -82,7 +64,11 @@ fn conversation_sticks_to_one_worker_with_real_engine_cache_hits() {
             "router and engine agree"
         );
         for turn in 1..4 {
-            let r = post(&f, "/v1/chat/completions", &chat(&system, session, turn));
+            let r = post(
+                f.envoy.listener,
+                "/v1/chat/completions",
+                &chat(&system, session, turn),
+            );
             assert_eq!(r.status, 200, "{r:?}");
             assert_eq!(
                 header(&r, "x-engine-worker"),
@@ -114,7 +100,7 @@ fn different_prefixes_spread_over_the_fleet() {
     let mut used = BTreeSet::new();
     for session in 0..64 {
         let r = post(
-            &f,
+            f.envoy.listener,
             "/v1/chat/completions",
             &chat(&system_prompt(100 + session), session, 0),
         );
@@ -136,7 +122,11 @@ fn imbalanced_fleet_goes_least_load() {
         json!({"balance_abs_threshold": 2, "balance_rel_threshold": 1.5}),
     );
     let system = system_prompt(7);
-    let first = post(&f, "/v1/chat/completions", &chat(&system, 0, 0));
+    let first = post(
+        f.envoy.listener,
+        "/v1/chat/completions",
+        &chat(&system, 0, 0),
+    );
     let owner = header(&first, "x-engine-worker").to_string();
     let owner_addr = f.engine(&owner).unwrap().addr;
     let slow = admin::post(owner_addr, "/admin/latency", r#"{"ttft_ms": 1500}"#).unwrap();
@@ -186,7 +176,7 @@ fn imbalanced_fleet_goes_least_load() {
 
 #[test]
 fn endpoint_target_routes_through_override_host() {
-    let f = fleet_with(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 3,
         target: Target::Endpoint,
         ..FleetSpec::default()
@@ -195,7 +185,11 @@ fn endpoint_target_routes_through_override_host() {
         let system = system_prompt(200 + session);
         let mut owner = None;
         for turn in 0..3 {
-            let r = post(&f, "/v1/chat/completions", &chat(&system, session, turn));
+            let r = post(
+                f.envoy.listener,
+                "/v1/chat/completions",
+                &chat(&system, session, turn),
+            );
             assert_eq!(r.status, 200, "{r:?}");
             let engine = header(&r, "x-engine-worker").to_string();
             assert_eq!(
@@ -216,12 +210,12 @@ fn endpoint_target_routes_through_override_host() {
 fn client_cannot_choose_its_upstream() {
     let f = fleet(2, json!({}));
     let body = chat(&system_prompt(300), 0, 0);
-    let first = post(&f, "/v1/chat/completions", &body);
+    let first = post(f.envoy.listener, "/v1/chat/completions", &body);
     let owner = header(&first, "x-engine-worker").to_string();
     let other = if owner == "w0" { "w1" } else { "w0" };
     for _ in 0..3 {
         let r = send(
-            &f,
+            f.envoy.listener,
             "/v1/chat/completions",
             &[("x-llm-router-cluster", &format!("engine_{other}"))],
             body.to_string().as_bytes(),
@@ -239,7 +233,7 @@ fn streaming_passes_through_with_usage() {
     let f = fleet(2, json!({}));
     let mut body = chat(&system_prompt(400), 0, 0);
     body["stream"] = json!(true);
-    let r = post(&f, "/v1/chat/completions", &body);
+    let r = post(f.envoy.listener, "/v1/chat/completions", &body);
     assert_eq!(r.status, 200);
     assert!(header(&r, "content-type").starts_with("text/event-stream"));
     assert!(r.body.contains("\"usage\""), "{}", r.body);
@@ -252,12 +246,12 @@ fn completions_and_generate_are_routed_by_prompt() {
     let f = fleet(3, json!({}));
     let prompt = "Once upon a time in a land of caches, ".repeat(20);
     let a = post(
-        &f,
+        f.envoy.listener,
         "/v1/completions",
         &json!({"model": "mock", "prompt": prompt}),
     );
     let b = post(
-        &f,
+        f.envoy.listener,
         "/v1/completions",
         &json!({"model": "mock", "prompt": format!("{prompt} and then")}),
     );
@@ -265,7 +259,7 @@ fn completions_and_generate_are_routed_by_prompt() {
     assert_eq!(header(&b, "x-llm-router-decision"), "cache_hit");
     assert!(cached_tokens(&b) > 0);
     let g = post(
-        &f,
+        f.envoy.listener,
         "/generate",
         &json!({"text": "sglang style ".repeat(30)}),
     );
@@ -276,7 +270,12 @@ fn completions_and_generate_are_routed_by_prompt() {
 #[test]
 fn unreadable_bodies_are_still_routed() {
     let f = fleet(2, json!({}));
-    let r = send(&f, "/v1/chat/completions", &[], b"{this is not json");
+    let r = send(
+        f.envoy.listener,
+        "/v1/chat/completions",
+        &[],
+        b"{this is not json",
+    );
     assert_eq!(header(&r, "x-llm-router-reason"), "unreadable_body");
     assert_eq!(
         r.status, 400,
@@ -299,20 +298,20 @@ fn unreadable_bodies_are_still_routed() {
 
 #[test]
 fn a_model_no_worker_serves_gets_503_with_a_reason() {
-    let f = fleet_with(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 1,
         plugin_config: json!({"workers": [{"name": "w0", "cluster": "engine_w0", "models": ["served"]}]}),
         ..FleetSpec::default()
     });
     let r = post(
-        &f,
+        f.envoy.listener,
         "/v1/completions",
         &json!({"model": "other", "prompt": "hello"}),
     );
     assert_eq!(r.status, 503, "{r:?}");
     assert_eq!(header(&r, "x-llm-router-reason"), "no_worker_for_model");
     let ok = post(
-        &f,
+        f.envoy.listener,
         "/v1/completions",
         &json!({"model": "served", "prompt": "hello"}),
     );
@@ -331,7 +330,11 @@ fn a_model_no_worker_serves_gets_503_with_a_reason() {
 #[test]
 fn decision_stats_are_in_prometheus_output() {
     let f = fleet(2, json!({}));
-    post(&f, "/v1/completions", &json!({"prompt": "a prompt"}));
+    post(
+        f.envoy.listener,
+        "/v1/completions",
+        &json!({"prompt": "a prompt"}),
+    );
     let text = f.envoy.prometheus().unwrap();
     assert!(text.contains("llm_router_decisions_cache_miss"), "{text}");
 }
@@ -358,12 +361,12 @@ fn an_invalid_plugin_config_is_rejected_with_the_field_named() {
 #[test]
 fn shipped_example_configs_route_for_real() {
     for file in ["envoy/envoy-cluster.yaml", "envoy/envoy-endpoint.yaml"] {
-        let dir = e2e::fleet::TempDir::new("llm-example").unwrap();
+        let dir = llm_demo::fleet::TempDir::new("llm-example").unwrap();
         let engines: Vec<_> = (0..4)
-            .map(|i| e2e::fleet::start_engine(&format!("w{i}"), &[], &dir.0).unwrap())
+            .map(|i| llm_demo::fleet::start_engine(&format!("w{i}"), &[], &dir.0).unwrap())
             .collect();
-        let envoy =
-            e2e::envoy::launch_example(file, &engines, &dir.0).unwrap_or_else(|e| panic!("{e:#}"));
+        let envoy = llm_demo::envoy::launch_example(file, &engines, &dir.0)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let system = system_prompt(500);
         let mut owner = None;
         for turn in 0..3 {
@@ -395,7 +398,7 @@ fn shipped_example_configs_route_for_real() {
 /// though its turns arrive on different connections, hence on different threads.
 #[test]
 fn affinity_holds_across_envoy_worker_threads() {
-    let f = fleet_with(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 4,
         envoy_concurrency: 4,
         plugin_config: json!({"sync_interval_ms": 50}),
@@ -404,10 +407,18 @@ fn affinity_holds_across_envoy_worker_threads() {
     // Each request opens a new connection; Envoy spreads connections over threads.
     for session in 0..8 {
         let system = system_prompt(600 + session);
-        let first = post(&f, "/v1/chat/completions", &chat(&system, session, 0));
+        let first = post(
+            f.envoy.listener,
+            "/v1/chat/completions",
+            &chat(&system, session, 0),
+        );
         let owner = header(&first, "x-engine-worker").to_string();
         for turn in 1..5 {
-            let r = post(&f, "/v1/chat/completions", &chat(&system, session, turn));
+            let r = post(
+                f.envoy.listener,
+                "/v1/chat/completions",
+                &chat(&system, session, turn),
+            );
             assert_eq!(r.status, 200, "{r:?}");
             assert_eq!(
                 header(&r, "x-engine-worker"),
@@ -437,29 +448,17 @@ fn affinity_holds_across_envoy_worker_threads() {
     // Every stream ended, so the shared in-flight table drains to zero (the gauge is
     // refreshed on each thread's tick).
     assert!(
-        wait_for(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(0)),
+        wait_until(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(0)),
         "in-flight counts leak: {:?}",
         f.envoy.filter_stat("llm_router_inflight")
     );
-}
-
-/// Polls `ok` for up to 10 s.
-fn wait_for(ok: impl Fn() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::time::Instant::now() < deadline {
-        if ok() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    false
 }
 
 /// Streams cut off by the client (a reset, not a completion) give their in-flight
 /// count back too.
 #[test]
 fn client_disconnects_do_not_leak_in_flight_counts() {
-    let f = fleet_with(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 2,
         envoy_concurrency: 2,
         engine_args: vec!["--ttft-ms=3000".into()],
@@ -481,13 +480,13 @@ fn client_disconnects_do_not_leak_in_flight_counts() {
         })
         .collect();
     assert!(
-        wait_for(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(4)),
+        wait_until(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(4)),
         "four requests in flight: {:?}",
         f.envoy.filter_stat("llm_router_inflight")
     );
     drop(conns);
     assert!(
-        wait_for(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(0)),
+        wait_until(|| f.envoy.filter_stat("llm_router_inflight").ok() == Some(0)),
         "reset streams release their counts: {:?}",
         f.envoy.filter_stat("llm_router_inflight")
     );

@@ -2,31 +2,15 @@
 //! mocks and pushes to the filter in the real Envoy; the queue gate and the
 //! saturation pin act on what the engines themselves report.
 
-use e2e::admin::{self, Response};
-use e2e::fleet::{Fleet, FleetSpec};
+use e2e::support::{header, send, start, wait_for};
+use llm_demo::admin;
+use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
-
-fn fleet(spec: FleetSpec) -> Fleet {
-    Fleet::start(&spec).unwrap_or_else(|e| panic!("cannot start the fleet: {e:#}"))
-}
+use std::time::Duration;
 
 fn completion(prompt: &str) -> String {
     json!({"model": "mock", "prompt": prompt, "max_tokens": 4}).to_string()
-}
-
-fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    admin::request(addr, "POST", path, &all, body.as_bytes())
-        .unwrap_or_else(|e| panic!("POST {path} on {addr}: {e:#}"))
-}
-
-fn header(r: &Response, name: &str) -> String {
-    r.header(name)
-        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
-        .to_string()
 }
 
 fn prompt(tag: &str) -> String {
@@ -42,17 +26,6 @@ fn engine_waiting(addr: SocketAddr) -> u64 {
         .filter(|l| l.starts_with("vllm:num_requests_waiting"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
-}
-
-fn wait_for(what: &str, ok: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// Sends `n` requests straight to an engine (bypassing Envoy) in the background,
@@ -95,7 +68,7 @@ fn decisions(f: &Fleet) -> Value {
 
 #[test]
 fn an_owner_over_the_queue_limit_is_diverted_from() {
-    let f = fleet(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 3,
         engine_args: vec!["--max-running=1".into(), "--ttft-ms=2500".into()],
         plugin_config: json!({"worker_queue_limit": 2}),
@@ -103,19 +76,21 @@ fn an_owner_over_the_queue_limit_is_diverted_from() {
         ..FleetSpec::default()
     });
     let doc = prompt("diverted");
-    let first = post(f.envoy.listener, "/v1/completions", &[], &completion(&doc));
+    let first = send(f.envoy.listener, "/v1/completions", &[], completion(&doc));
     assert_eq!(first.status, 200, "{first:?}");
     let owner = header(&first, "x-engine-worker");
     let owner_addr = f.engine(&owner).unwrap().addr;
     // One running and two waiting on the owner: at the limit, it already queues.
     let background = load_engine(owner_addr, 3);
-    wait_for("the owner to queue 2", || engine_waiting(owner_addr) >= 2);
+    wait_for("the owner to queue 2", &f, || {
+        engine_waiting(owner_addr) >= 2
+    });
     let_collector_push();
-    let r = post(
+    let r = send(
         f.envoy.listener,
         "/v1/completions",
         &[],
-        &completion(&format!("{doc} next turn")),
+        completion(&format!("{doc} next turn")),
     );
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(header(&r, "x-llm-router-reason"), "cache_worker_queued");
@@ -145,7 +120,7 @@ fn an_owner_over_the_queue_limit_is_diverted_from() {
 
 #[test]
 fn a_saturated_fleet_with_a_floor_pins_to_the_owner() {
-    let f = fleet(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 2,
         engine_args: vec!["--max-running=1".into(), "--ttft-ms=2500".into()],
         plugin_config: json!({"worker_queue_limit": 1, "saturation_queue_floor": 1}),
@@ -153,7 +128,7 @@ fn a_saturated_fleet_with_a_floor_pins_to_the_owner() {
         ..FleetSpec::default()
     });
     let doc = prompt("pinned");
-    let first = post(f.envoy.listener, "/v1/completions", &[], &completion(&doc));
+    let first = send(f.envoy.listener, "/v1/completions", &[], completion(&doc));
     let owner = header(&first, "x-engine-worker");
     // Every engine runs one and queues one: nobody is provably below the floor.
     let mut background = Vec::new();
@@ -161,14 +136,14 @@ fn a_saturated_fleet_with_a_floor_pins_to_the_owner() {
         background.extend(load_engine(e.addr, 2));
     }
     for e in &f.engines {
-        wait_for("every engine to queue", || engine_waiting(e.addr) >= 1);
+        wait_for("every engine to queue", &f, || engine_waiting(e.addr) >= 1);
     }
     let_collector_push();
-    let r = post(
+    let r = send(
         f.envoy.listener,
         "/v1/completions",
         &[],
-        &completion(&format!("{doc} next turn")),
+        completion(&format!("{doc} next turn")),
     );
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(header(&r, "x-llm-router-reason"), "saturation_pin");
@@ -189,7 +164,7 @@ fn a_saturated_fleet_with_a_floor_pins_to_the_owner() {
 
 #[test]
 fn a_bad_push_is_refused_and_changes_nothing() {
-    let f = fleet(FleetSpec {
+    let f = start(&FleetSpec {
         workers: 2,
         plugin_config: json!({"worker_queue_limit": 2, "stats_token": "s3cret", "stats_max_bytes": 2048}),
         ..FleetSpec::default()
@@ -199,10 +174,10 @@ fn a_bad_push_is_refused_and_changes_nothing() {
     let path = "/llm-router/stats";
     let idle = json!({"workers": [{"name": "w0", "num_waiting": 0, "num_running": 0},
                                   {"name": "w1", "num_waiting": 0, "num_running": 0}]});
-    let ok = post(stats, path, &auth, &idle.to_string());
+    let ok = send(stats, path, &auth, idle.to_string());
     assert_eq!(ok.status, 200, "{ok:?}");
     let doc = prompt("push");
-    let first = post(f.envoy.listener, "/v1/completions", &[], &completion(&doc));
+    let first = send(f.envoy.listener, "/v1/completions", &[], completion(&doc));
     let owner = header(&first, "x-engine-worker");
     // Every refused push claims the owner is badly queued; none may be stored.
     let queued = |extra: Value| {
@@ -243,7 +218,7 @@ fn a_bad_push_is_refused_and_changes_nothing() {
         ),
     ];
     for (headers, body, status, reason) in cases {
-        let r = post(stats, path, &headers, &body);
+        let r = send(stats, path, &headers, &body);
         assert_eq!(r.status, status, "{reason}: {r:?}");
         assert!(
             r.body.contains(reason),
@@ -257,11 +232,11 @@ fn a_bad_push_is_refused_and_changes_nothing() {
             .unwrap(),
         6
     );
-    let r = post(
+    let r = send(
         f.envoy.listener,
         "/v1/completions",
         &[],
-        &completion(&format!("{doc} again")),
+        completion(&format!("{doc} again")),
     );
     assert_eq!(
         header(&r, "x-llm-router-reason"),
@@ -270,13 +245,13 @@ fn a_bad_push_is_refused_and_changes_nothing() {
     );
     assert_eq!(header(&r, "x-engine-worker"), owner);
     // The same claim, pushed properly, does divert.
-    let good = post(stats, path, &auth, &queued(json!({})));
+    let good = send(stats, path, &auth, queued(json!({})));
     assert_eq!(good.status, 200, "{good:?}");
-    let r = post(
+    let r = send(
         f.envoy.listener,
         "/v1/completions",
         &[],
-        &completion(&format!("{doc} once more")),
+        completion(&format!("{doc} once more")),
     );
     assert_eq!(header(&r, "x-llm-router-reason"), "cache_worker_queued");
 }

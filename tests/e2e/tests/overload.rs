@@ -3,11 +3,10 @@
 //! prefix re-homed elsewhere), probed while flagged, and let back in only after it is
 //! fast again and its probes succeed.
 
-use e2e::admin::{self, Response};
-use e2e::fleet::{Fleet, FleetSpec};
+use e2e::support::{header, post, start, wait_for};
+use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 /// Thresholds scaled to test time: a worker is overloaded at TTFT p90 >= 1 s and
 /// recovers below 0.5 s after 3 probes answered within 400 ms in a row.
@@ -22,40 +21,8 @@ fn overload_config() -> Value {
 
 const SLOW_TTFT_MS: u64 = 1500;
 
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Response {
-    admin::request(
-        addr,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-    .unwrap_or_else(|e| panic!("POST {path} on {addr}: {e:#}"))
-}
-
 fn completion(prompt: &str) -> Value {
     json!({"model": "mock", "prompt": prompt, "max_tokens": 2})
-}
-
-fn header(r: &Response, name: &str) -> String {
-    r.header(name)
-        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
-        .to_string()
-}
-
-/// Waits for `ok` with a deadline generous enough for a loaded 2-core machine.
-fn wait_for(what: &str, f: &Fleet, ok: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!(
-        "timed out waiting for {what}; envoy log tail:\n{}",
-        e2e::envoy::tail(&f.envoy.log)
-    );
 }
 
 fn set_ttft(addr: SocketAddr, ms: u64) {
@@ -65,7 +32,7 @@ fn set_ttft(addr: SocketAddr, ms: u64) {
 
 #[test]
 fn a_slow_worker_is_flagged_avoided_and_let_back_after_its_probes() {
-    let f = Fleet::start(&FleetSpec {
+    let f = start(&FleetSpec {
         workers: 3,
         plugin_config: overload_config(),
         collector_interval_ms: Some(100),
@@ -73,8 +40,7 @@ fn a_slow_worker_is_flagged_avoided_and_let_back_after_its_probes() {
         // Several VMs (two workers and the main thread) compete for the prober lease.
         envoy_concurrency: 2,
         ..FleetSpec::default()
-    })
-    .unwrap_or_else(|e| panic!("cannot start the fleet: {e:#}"));
+    });
     let stat = |name: &str| f.envoy.filter_stat(name).unwrap();
     let doc = "a long shared document about overload and recovery. ".repeat(40);
     let turn = |n: usize| completion(&format!("{doc} turn {n}"));

@@ -3,8 +3,9 @@
 //! server, exactly as SGLang engines do. A pair only completes if the filter gave
 //! both the same room and the decode the chosen prefill's bootstrap address.
 
-use e2e::admin::{self, Response};
-use e2e::fleet::{Fleet, FleetSpec};
+use e2e::support::{header, post, start};
+use llm_demo::admin::{self, Response};
+use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -15,23 +16,7 @@ fn pd_fleet(prefill: usize, decode: usize, engine_args: &[&str], plugin: Value) 
         plugin_config: plugin,
         ..FleetSpec::default()
     };
-    Fleet::start(&spec).unwrap_or_else(|e| panic!("cannot start the PD fleet: {e:#}"))
-}
-
-fn post(f: &Fleet, path: &str, body: &Value) -> Response {
-    admin::request(
-        f.envoy.listener,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-    .unwrap_or_else(|e| panic!("request through Envoy failed: {e:#}"))
-}
-
-fn header<'a>(r: &'a Response, name: &str) -> &'a str {
-    r.header(name)
-        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
+    start(&spec)
 }
 
 fn chat(session: usize, turn: usize) -> Value {
@@ -68,7 +53,11 @@ fn pairs_meet_by_room_and_each_conversation_keeps_its_prefill_worker() {
     for session in 0..4 {
         let mut owner: Option<String> = None;
         for turn in 0..4 {
-            let r = post(&f, "/v1/chat/completions", &chat(session, turn));
+            let r = post(
+                f.envoy.listener,
+                "/v1/chat/completions",
+                &chat(session, turn),
+            );
             requests += 1;
             assert_eq!(r.status, 200, "{r:?}");
             let prefill = header(&r, "x-llm-router-prefill-worker").to_string();
@@ -115,12 +104,12 @@ fn pairs_meet_by_room_and_each_conversation_keeps_its_prefill_worker() {
 fn batches_and_streams_pass_through_the_pair() {
     let f = pd_fleet(2, 2, &[], json!({}));
     let batch = json!({"model": "mock", "prompt": ["first prompt", "second prompt", "third"], "max_tokens": 2});
-    let r = post(&f, "/v1/completions", &batch);
+    let r = post(f.envoy.listener, "/v1/completions", &batch);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(pairs(&f), 3, "one room per prompt, each met");
     let mut stream = chat(9, 0);
     stream["stream"] = json!(true);
-    let r = post(&f, "/v1/chat/completions", &stream);
+    let r = post(f.envoy.listener, "/v1/chat/completions", &stream);
     assert_eq!(r.status, 200, "{r:?}");
     assert!(
         r.body.contains("data: [DONE]"),
@@ -142,7 +131,7 @@ fn a_prefill_that_fails_or_times_out_answers_the_client_before_the_decode_gives_
     let slow = f.engine("p0").expect("p0").addr;
     admin::post(slow, "/admin/latency", r#"{"ttft_ms": 5000}"#).expect("slow down p0");
     let started = Instant::now();
-    let r = post(&f, "/v1/chat/completions", &chat(0, 0));
+    let r = post(f.envoy.listener, "/v1/chat/completions", &chat(0, 0));
     assert_eq!(r.status, 504, "{r:?}");
     assert_eq!(header(&r, "x-llm-router-reason"), "prefill_timeout");
     assert!(
@@ -151,7 +140,7 @@ fn a_prefill_that_fails_or_times_out_answers_the_client_before_the_decode_gives_
     );
     // The prefill engine goes away: Envoy cannot connect, the client gets a 502.
     f.engines.retain(|e| e.name != "p0");
-    let r = post(&f, "/v1/chat/completions", &chat(1, 0));
+    let r = post(f.envoy.listener, "/v1/chat/completions", &chat(1, 0));
     assert_eq!(r.status, 502, "{r:?}");
     assert_eq!(header(&r, "x-llm-router-reason"), "prefill_error");
     assert_eq!(header(&r, "x-llm-router-prefill-worker"), "p0");
@@ -184,7 +173,7 @@ fn a_body_that_cannot_carry_a_room_is_refused_with_a_reason() {
 /// 2 prefill and 2 decode mocks.
 #[test]
 fn the_shipped_pd_config_routes_pairs() {
-    let dir = e2e::fleet::TempDir::new("llm-example-pd").unwrap();
+    let dir = llm_demo::fleet::TempDir::new("llm-example-pd").unwrap();
     let roster = [
         ("p0", "prefill"),
         ("p1", "prefill"),
@@ -193,9 +182,9 @@ fn the_shipped_pd_config_routes_pairs() {
     ];
     let engines: Vec<_> = roster
         .iter()
-        .map(|(name, pool)| e2e::fleet::start_engine_in(name, pool, &[], &dir.0).unwrap())
+        .map(|(name, pool)| llm_demo::fleet::start_engine_in(name, pool, &[], &dir.0).unwrap())
         .collect();
-    let envoy = e2e::envoy::launch_example("envoy/envoy-pd.yaml", &engines, &dir.0)
+    let envoy = llm_demo::envoy::launch_example("envoy/envoy-pd.yaml", &engines, &dir.0)
         .unwrap_or_else(|e| panic!("{e:#}"));
     let mut owner = None;
     for turn in 0..3 {

@@ -1,12 +1,12 @@
-//! The demo's run: its plugin configuration and its report, shared by `envoy/demo`
-//! (`llm-demo`, real Envoy and engine mocks) and `host-sim replay` (the same filter in
-//! virtual time), so the two print the same summary and the same last-line JSON.
+//! A run: one policy over one workload on a fresh fleet behind the filter, its plugin
+//! configuration and its report. `envoy/demo` (real Envoy and engine mocks) and
+//! `host-sim replay` (the same filter in virtual time) both report through this, so
+//! the two print the same summary and the same last-line JSON.
 //!
-//! A run is one policy over one workload on a fresh fleet; the report shows the load
-//! tool's [`Summary`] plus the filter's own counters (decision labels, tree sync, queue
-//! gate) as Envoy names them, `wasmcustom.llm_router_*`. The last line of stdout is one
-//! JSON object: the main run's fields, `envoy_concurrency`, `workers`, and the
-//! baseline run under `baseline`.
+//! The report shows the load tool's [`Summary`] plus the filter's own counters
+//! (decision labels, tree sync, queue gate) as Envoy names them,
+//! `wasmcustom.llm_router_*`. The last line of stdout is one JSON object: the main
+//! run's fields, `envoy_concurrency`, `workers`, and the baseline run under `baseline`.
 
 use crate::report::JsonSummary;
 use crate::stats::Summary;
@@ -36,49 +36,7 @@ pub const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor
 /// `append_failures` operations kept on one thread.
 pub const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
 
-/// The demo's engine (worker) names: `w0`, `w1`...
-pub fn worker_name(i: usize) -> String {
-    format!("w{i}")
-}
-
-/// The Envoy cluster of a worker in `target: cluster` mode.
-pub fn cluster_name(worker: &str) -> String {
-    format!("engine_{worker}")
-}
-
-/// The demo's prefill/decode flags; `envoy/demo` and `host-sim replay` take the same.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
-pub struct PdArgs {
-    /// Prefill/decode disaggregation: `--prefill-workers` prefill and
-    /// `--decode-workers` decode engines instead of `--workers` regular ones;
-    /// `--policy` (and the baseline) is then the prefill pool's policy.
-    #[arg(long)]
-    pub pd: bool,
-    #[arg(long, default_value_t = 2)]
-    pub prefill_workers: usize,
-    #[arg(long, default_value_t = 2)]
-    pub decode_workers: usize,
-}
-
-impl PdArgs {
-    /// `(prefill, decode)` engines with `--pd`.
-    pub fn pools(&self) -> Option<(usize, usize)> {
-        self.pd
-            .then_some((self.prefill_workers, self.decode_workers))
-    }
-
-    /// Engines in the fleet: the two pools', else `workers` regular ones.
-    pub fn engines(&self, workers: usize) -> usize {
-        self.pools().map_or(workers, |(p, d)| p + d)
-    }
-
-    /// The pool the demo's `--policy` routes: the prefill pool's size, else `workers`.
-    pub fn routed_pool(&self, workers: usize) -> usize {
-        self.pools().map_or(workers, |(p, _)| p)
-    }
-}
-
-/// The config key the demo's `--policy` sets: the regular pool's `policy`, or with
+/// The config key a run's `--policy` sets: the regular pool's `policy`, or with
 /// prefill/decode disaggregation the prefill pool's (where the prompt cache is).
 pub fn policy_key(pd: bool) -> &'static str {
     if pd {
@@ -88,7 +46,7 @@ pub fn policy_key(pd: bool) -> &'static str {
     }
 }
 
-/// A run's plugin config: `policy` (under `policy_key`), the demo's fixed `rng_seed` (so
+/// A run's plugin config: `policy` (under `policy_key`), a fixed `rng_seed` (so
 /// two runs of the same workload take the same decisions), then `extra`
 /// (`--filter-config` / `--config`) merged over it. The baseline keeps its own policy
 /// (`policy != main_policy`); `no_gate` drops the gate knobs.
@@ -356,24 +314,6 @@ mod tests {
             "the baseline keeps its own"
         );
         assert!(pd.get("policy").is_none());
-    }
-
-    #[test]
-    fn pd_flags_size_the_fleet() {
-        let off = PdArgs {
-            pd: false,
-            prefill_workers: 3,
-            decode_workers: 1,
-        };
-        assert_eq!(
-            (off.pools(), off.engines(4), off.routed_pool(4)),
-            (None, 4, 4)
-        );
-        let on = PdArgs { pd: true, ..off };
-        assert_eq!(
-            (on.pools(), on.engines(4), on.routed_pool(4)),
-            (Some((3, 1)), 4, 3)
-        );
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! - [`stats`]: percentiles and the aggregate summary.
 //! - [`report`]: the human report and the machine-readable JSON line.
 //! - [`cli`]: command-line arguments and the `run` / `generate` entry points.
-//! - [`demo`]: the demo's run report (`envoy/demo`, `host-sim replay`).
+//! - [`fleet`]: how a simulated fleet's engines and clusters are named, its PD shape.
+//! - [`run`]: one run of a policy over a fleet: its plugin config and its report
+//!   (`envoy/demo`, `host-sim replay`).
 //!
 //! The HTTP side ([`cli`], [`client`], the tokio half of [`scheduler`]) is the default
 //! feature `net`; without it the crate is I/O-free, for `host-sim replay`.
@@ -23,11 +25,12 @@
 pub mod cli;
 #[cfg(feature = "net")]
 pub mod client;
-pub mod demo;
+pub mod fleet;
 pub mod generate;
 pub mod record;
 pub mod report;
 pub mod response;
+pub mod run;
 pub mod scheduler;
 pub mod stats;
 pub mod workload;

@@ -1,6 +1,6 @@
 //! `engine-model`: what a simulated vLLM / SGLang engine does, without I/O or clocks.
 //!
-//! The engine mock (`tests/engine-mock`, real HTTP on tokio) and host-sim's simulated
+//! The engine mock (`engine/mock`, real HTTP on tokio) and host-sim's simulated
 //! fleet (virtual time) both run this model, so a workload sees the same prefix-cache
 //! hits and the same prefill cost in either:
 //! - [`prompt`]: flattening a request body into the text the cache hashes,

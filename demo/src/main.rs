@@ -13,14 +13,15 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use e2e::admin;
-use e2e::envoy::Target;
-use e2e::fleet::{Fleet, FleetSpec};
-use llm_bench::demo::{self, PdArgs, PdCounts, RunResult};
-use llm_bench::generate::{generate, to_jsonl, GenerateConfig};
-use llm_bench::record::Record;
-use llm_bench::stats::{summarize, Summary};
-use llm_bench::workload::{load_workload, WorkItem};
+use llm_demo::admin;
+use llm_demo::envoy::Target;
+use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_load::fleet::PdArgs;
+use llm_load::generate::{generate, to_jsonl, GenerateConfig};
+use llm_load::record::Record;
+use llm_load::run::{self, PdCounts, RunResult};
+use llm_load::stats::{summarize, Summary};
+use llm_load::workload::{load_workload, WorkItem};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -156,7 +157,7 @@ struct OverloadRun {
     stats: BTreeMap<String, u64>,
 }
 
-/// The run's plugin config: the demo's (see `llm_bench::demo::plugin_config`) with,
+/// The run's plugin config: the demo's (see `llm_load::run::plugin_config`) with,
 /// for `--slow-worker`, overload flags at the demo's scale, and `--filter-config`
 /// merged over it.
 fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
@@ -176,8 +177,8 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
     if args.slow_worker.is_some() {
         extra.entry("overload").or_insert_with(demo_overload);
     }
-    demo::plugin_config(
-        demo::policy_key(args.pd.pd),
+    run::plugin_config(
+        run::policy_key(args.pd.pd),
         policy,
         &args.policy,
         Some(&Value::Object(extra)),
@@ -213,7 +214,7 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     load_workload(&path)
 }
 
-fn run(
+fn run_policy(
     args: &Args,
     policy: &str,
     no_gate: bool,
@@ -268,10 +269,10 @@ fn run(
     let (summary, slow_phases) = match args.slow_worker {
         Some(n) => {
             let (summary, phases) = slow_schedule(args, &fleet, n, items, rt)?;
-            (summary, Some((demo::worker_name(n), phases)))
+            (summary, Some((llm_load::fleet::worker_name(n), phases)))
         }
         None => (
-            rt.block_on(llm_bench::cli::replay(
+            rt.block_on(llm_load::cli::replay(
                 &fleet.url(),
                 items.to_vec(),
                 args.concurrency,
@@ -393,7 +394,7 @@ fn paced(
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        records.extend(rt.block_on(llm_bench::cli::replay_records(
+        records.extend(rt.block_on(llm_load::cli::replay_records(
             &fleet.url(),
             part.to_vec(),
             args.concurrency,
@@ -501,20 +502,20 @@ fn real_main(args: &Args) -> Result<bool> {
     std::fs::create_dir_all(&args.dir)?;
     let rt = tokio::runtime::Runtime::new()?;
     let items = workload(args)?;
-    let main_run = run(args, &args.policy, false, &items, &rt)?;
+    let main_run = run_policy(args, &args.policy, false, &items, &rt)?;
     let baseline_name = match &args.baseline {
         Some(b) => b.clone(),
         None if args.slow_worker.is_some() => "none".to_string(),
-        None => demo::default_baseline(&plugin_config(args, &args.policy, false)?).into(),
+        None => run::default_baseline(&plugin_config(args, &args.policy, false)?).into(),
     };
     let baseline = match baseline_name.as_str() {
         "none" => None,
-        "no_gate" => Some(run(args, &args.policy, true, &items, &rt)?),
+        "no_gate" => Some(run_policy(args, &args.policy, true, &items, &rt)?),
         p if p == args.policy => None,
-        p => Some(run(args, p, false, &items, &rt)?),
+        p => Some(run_policy(args, p, false, &items, &rt)?),
     };
     let workers = args.pd.engines(args.workers);
-    demo::print_report(
+    run::print_report(
         &main_run,
         baseline.as_ref(),
         args.envoy_concurrency,

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// The filter as `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`

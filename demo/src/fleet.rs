@@ -174,7 +174,7 @@ impl Fleet {
         };
         let roster: Vec<(String, &'static str)> = match spec.pd {
             None => (0..spec.workers)
-                .map(|i| (llm_bench::demo::worker_name(i), "regular"))
+                .map(|i| (llm_load::fleet::worker_name(i), "regular"))
                 .collect(),
             Some((prefill, decode)) => (0..prefill)
                 .map(|i| (format!("p{i}"), "prefill"))

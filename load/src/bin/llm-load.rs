@@ -1,8 +1,8 @@
 //! `llm-load`: load tool for the cache-aware LLM router. All logic lives in the
-//! `llm_bench` library so it can be unit-tested; this only wires up the runtime.
+//! `llm_load` library so it can be unit-tested; this only wires up the runtime.
 
 use clap::Parser;
-use llm_bench::cli::{generate_cmd, run_cmd, Cli, Command};
+use llm_load::cli::{generate_cmd, run_cmd, Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

@@ -62,7 +62,7 @@ pub struct EnvoySpec {
     pub concurrency: u32,
 }
 
-use llm_bench::demo::cluster_name;
+use llm_load::fleet::cluster_name;
 
 /// The plugin configuration as the filter will see it.
 pub fn plugin_config(spec: &EnvoySpec) -> Value {
@@ -378,9 +378,5 @@ impl Envoy {
             bail!("envoy /stats/prometheus answered {}", resp.status);
         }
         Ok(resp.body)
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

@@ -1,0 +1,66 @@
+//! Helpers every end-to-end test file uses: start a fleet, send a request, read a
+//! header, wait for a condition. Each panics with what it was doing, so a failing
+//! test says which step failed and (where a fleet is at hand) what Envoy logged.
+
+use llm_demo::admin::{self, Response};
+use llm_demo::fleet::{Fleet, FleetSpec};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// How long a condition may take to come true: generous, because a loaded 2-core
+/// machine is slow and a test must never flake. A failing test pays it once.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Starts `spec`'s fleet (engine mocks, collector, Envoy).
+pub fn start(spec: &FleetSpec) -> Fleet {
+    Fleet::start(spec).unwrap_or_else(|e| panic!("cannot start the fleet: {e:#}"))
+}
+
+/// `POST path` with a body and extra headers (`content-type: application/json` is
+/// added).
+pub fn send(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl AsRef<[u8]>,
+) -> Response {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    admin::request(addr, "POST", path, &all, body.as_ref())
+        .unwrap_or_else(|e| panic!("POST {path} on {addr}: {e:#}"))
+}
+
+/// `POST path` with a JSON body.
+pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Response {
+    send(addr, path, &[], body.to_string().as_bytes())
+}
+
+/// A response header that must be there.
+pub fn header(r: &Response, name: &str) -> String {
+    r.header(name)
+        .unwrap_or_else(|| panic!("missing {name} in {r:?}"))
+        .to_string()
+}
+
+/// Polls `ok` until it holds or [`WAIT`] passed; whether it held.
+pub fn wait_until(ok: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    false
+}
+
+/// Waits for `ok`, or fails the test with `what` and the tail of Envoy's log.
+pub fn wait_for(what: &str, fleet: &Fleet, ok: impl Fn() -> bool) {
+    if !wait_until(ok) {
+        panic!(
+            "timed out waiting for {what}; envoy log tail:\n{}",
+            llm_demo::envoy::tail(&fleet.envoy.log)
+        );
+    }
+}
