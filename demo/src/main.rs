@@ -16,6 +16,7 @@ use clap::Parser;
 use llm_demo::admin;
 use llm_demo::envoy::Target;
 use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_load::cli::Replay;
 use llm_load::fleet::PdArgs;
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
 use llm_load::record::Record;
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Parser)]
 #[command(
     name = "llm-demo",
+    version,
     about = "Envoy + the llm-router filter + engine mocks, with sample traffic"
 )]
 struct Args {
@@ -272,12 +274,14 @@ fn run_policy(
             (summary, Some((llm_load::fleet::worker_name(n), phases)))
         }
         None => (
-            rt.block_on(llm_load::cli::replay(
-                &fleet.url(),
-                items.to_vec(),
-                args.concurrency,
-                Duration::from_secs_f64(args.timeout_s),
-            )),
+            rt.block_on(
+                Replay::closed_loop(
+                    &fleet.url(),
+                    args.concurrency,
+                    Duration::from_secs_f64(args.timeout_s),
+                )
+                .run(items.to_vec()),
+            ),
             None,
         ),
     };
@@ -394,12 +398,12 @@ fn paced(
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        records.extend(rt.block_on(llm_load::cli::replay_records(
+        let replay = Replay::closed_loop(
             &fleet.url(),
-            part.to_vec(),
             args.concurrency,
             Duration::from_secs_f64(args.timeout_s),
-        )));
+        );
+        records.extend(rt.block_on(replay.records(part.to_vec())));
     }
     records
 }

@@ -1,11 +1,11 @@
 //! Command-line interface: `llm-load run` and `llm-load generate`.
 //!
-//! Setup problems (unreadable or malformed workload, bad URL, unwritable output) are
-//! returned as errors and make the process exit non-zero; request failures during a run
-//! are data, reported in the summary, and leave the exit code at 0 so the caller decides
-//! what error rate is acceptable.
+//! Exit codes: 0 when every request succeeded, 3 when some failed (they are reported
+//! in the summary; a script must not mistake a failing fleet for a good run), 2 for
+//! setup problems (unreadable or malformed workload, bad URL, unwritable output).
 
-use crate::client::{build_client, normalize_base_url, send};
+use crate::arrivals::Arrivals;
+use crate::client::{build_client, normalize_base_url, send, Target};
 use crate::generate::{generate, to_jsonl, GenerateConfig};
 use crate::record::Record;
 use crate::report::{human, json_line};
@@ -14,7 +14,9 @@ use crate::stats::{summarize, Summary};
 use crate::workload::{load_workload, WorkItem};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,12 +50,31 @@ pub struct RunArgs {
     /// Maximum requests in flight.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub concurrency: u64,
+    /// Requests per second, arriving as a Poisson process (like `vllm bench serve
+    /// --request-rate`), still capped by `--concurrency`. Unset: closed loop, each
+    /// slot sends its next request as soon as its last one ended.
+    #[arg(long)]
+    pub request_rate: Option<f64>,
+    /// Seed of the arrival times with `--request-rate`.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// API key, sent as `Authorization: Bearer <key>`.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Per-request timeout in seconds, covering the whole response body.
     #[arg(long, default_value_t = 120.0)]
     pub timeout_s: f64,
     /// Also write the JSON summary to this file.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
+    /// Write one JSON line per request to this file: send time (`start_ms` into the
+    /// run, `start_unix_ms`), status, worker, decision, latency, TTFT, inter-token
+    /// gaps, tokens, error.
+    #[arg(long)]
+    pub records_out: Option<PathBuf>,
+    /// Progress on stderr: `auto` (when stderr is a terminal), `always`, `never`.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub progress: String,
 }
 
 #[derive(Debug, Args)]
@@ -138,17 +159,42 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
             args.timeout_s
         );
     }
-    let timeout = Duration::from_secs_f64(args.timeout_s);
-    let concurrency = usize::try_from(args.concurrency)?;
+    let arrivals = match args.request_rate {
+        None => None,
+        Some(r) if r.is_finite() && r > 0.0 => Some(Arrivals::poisson(r, args.seed)),
+        Some(r) => bail!("--request-rate must be a positive number, got {r}"),
+    };
     let items = load_workload(&args.workload)?;
+    let pace = match args.request_rate {
+        Some(r) => format!("{r} req/s Poisson, at most {} in flight", args.concurrency),
+        None => format!("concurrency {}", args.concurrency),
+    };
     eprintln!(
-        "llm-load: replaying {} requests against {base} (concurrency {concurrency}, timeout {}s)",
+        "llm-load: replaying {} requests against {base} ({pace}, timeout {}s)",
         items.len(),
         args.timeout_s
     );
+    let replay = Replay {
+        target: Target {
+            base,
+            api_key: args.api_key.clone(),
+            timeout: Duration::from_secs_f64(args.timeout_s),
+        },
+        concurrency: usize::try_from(args.concurrency)?,
+        arrivals,
+        progress: match args.progress.as_str() {
+            "always" => true,
+            "never" => false,
+            _ => std::io::stderr().is_terminal(),
+        },
+    };
+    let started = Instant::now();
+    let records = replay.records(items).await;
+    let summary = summarize(&records, started.elapsed());
 
-    let summary = replay(&base, items, concurrency, timeout).await;
-
+    if let Some(path) = &args.records_out {
+        write_records(path, &records)?;
+    }
     let json = json_line(&summary);
     if let Some(path) = &args.json_out {
         std::fs::write(path, format!("{json}\n"))
@@ -159,36 +205,134 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
     Ok(summary)
 }
 
-/// Replays `items` against `base` (an `http://host:port` URL without a trailing
-/// slash) with at most `concurrency` in flight, and summarises what happened.
-pub async fn replay(
-    base: &str,
-    items: Vec<WorkItem>,
-    concurrency: usize,
-    timeout: Duration,
-) -> Summary {
-    let started = Instant::now();
-    let records = replay_records(base, items, concurrency, timeout).await;
-    summarize(&records, started.elapsed())
+/// One JSON object per line, in workload order.
+fn write_records(path: &std::path::Path, records: &[Record]) -> Result<()> {
+    let mut out = String::new();
+    for r in records {
+        out += &serde_json::to_string(r)?;
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
-/// `replay` without the summary: the records, for callers that replay a workload
-/// in parts and summarise parts and whole.
-pub async fn replay_records(
-    base: &str,
-    items: Vec<WorkItem>,
-    concurrency: usize,
-    timeout: Duration,
-) -> Vec<Record> {
-    let sessions: Vec<Option<String>> = items.iter().map(|it| it.session.clone()).collect();
-    let items = Arc::new(items);
-    let client = build_client(concurrency);
-    let base = Arc::new(base.to_string());
-    run_scheduled(&sessions, concurrency, move |i| {
-        let client = client.clone();
-        let base = Arc::clone(&base);
-        let items = Arc::clone(&items);
-        async move { send(&client, &base, &items[i], timeout).await }
-    })
-    .await
+/// A replay: where to send, how many at once, how fast.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    pub target: Target,
+    /// Requests in flight at most.
+    pub concurrency: usize,
+    /// Open-loop arrivals; `None`: closed loop.
+    pub arrivals: Option<Arrivals>,
+    /// Report progress on stderr while running.
+    pub progress: bool,
+}
+
+impl Replay {
+    /// A closed-loop replay against `base` (an `http(s)://host:port` URL without a
+    /// trailing slash), without credentials or progress.
+    pub fn closed_loop(base: &str, concurrency: usize, timeout: Duration) -> Self {
+        Self {
+            target: Target {
+                base: base.to_string(),
+                api_key: None,
+                timeout,
+            },
+            concurrency,
+            arrivals: None,
+            progress: false,
+        }
+    }
+
+    /// Replays `items` and summarises what happened.
+    pub async fn run(&self, items: Vec<WorkItem>) -> Summary {
+        let started = Instant::now();
+        let records = self.records(items).await;
+        summarize(&records, started.elapsed())
+    }
+
+    /// Replays `items` and returns one record per item, in workload order.
+    pub async fn records(&self, items: Vec<WorkItem>) -> Vec<Record> {
+        let sessions: Vec<Option<String>> = items.iter().map(|it| it.session.clone()).collect();
+        let total = items.len();
+        let items = Arc::new(items);
+        let client = build_client(self.concurrency);
+        let target = Arc::new(self.target.clone());
+        let done = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let run_start = Instant::now();
+        let ticker = self.progress.then(|| {
+            let (done, failed) = (Arc::clone(&done), Arc::clone(&failed));
+            tokio::spawn(async move { show_progress(total, &done, &failed, run_start).await })
+        });
+        let counters = (Arc::clone(&done), Arc::clone(&failed));
+        let records = run_scheduled(
+            &sessions,
+            self.concurrency,
+            self.arrivals.clone(),
+            move |i| {
+                let client = client.clone();
+                let target = Arc::clone(&target);
+                let items = Arc::clone(&items);
+                let (done, failed) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
+                async move {
+                    let rec = match items.get(i) {
+                        Some(item) => send(&client, &target, item, run_start).await,
+                        None => Record::default(),
+                    };
+                    if !rec.is_ok() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    rec
+                }
+            },
+        )
+        .await;
+        if let Some(t) = ticker {
+            t.abort();
+            progress_line(total, &done, &failed, run_start, true);
+        }
+        records
+    }
+}
+
+/// Redraws the progress line every quarter second on a terminal, or prints one every
+/// 10 s into a log.
+async fn show_progress(total: usize, done: &AtomicUsize, failed: &AtomicUsize, start: Instant) {
+    let period = if std::io::stderr().is_terminal() {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_secs(10)
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        progress_line(total, done, failed, start, false);
+    }
+}
+
+fn progress_line(
+    total: usize,
+    done: &AtomicUsize,
+    failed: &AtomicUsize,
+    start: Instant,
+    last: bool,
+) {
+    let n = done.load(Ordering::Relaxed);
+    let errors = failed.load(Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    let width = 30;
+    let filled = (n * width).checked_div(total).unwrap_or(width);
+    let bar: String = (0..width)
+        .map(|i| if i < filled { '#' } else { '.' })
+        .collect();
+    let rate = if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    let text = format!(
+        "llm-load: [{bar}] {n}/{total} done, {errors} failed, {rate:.1} req/s, {secs:.0} s"
+    );
+    let mut err = std::io::stderr();
+    if err.is_terminal() {
+        let _ = write!(err, "\r{text}{}", if last { "\n" } else { "" });
+    } else {
+        let _ = writeln!(err, "{text}");
+    }
 }

@@ -1,9 +1,9 @@
 //! The HTTP side: sends one workload request and turns what happens into a [`Record`].
 //!
-//! HTTP/1.1 over hyper-util's pooled client, so connections are kept alive between
-//! requests as a real OpenAI client library would, and connection setup does not
-//! dominate latency. Every failure mode becomes an error string on the record; nothing
-//! here panics on network data.
+//! HTTP/1.1 (plain or TLS) over hyper-util's pooled client, so connections are kept
+//! alive between requests as a real OpenAI client library would, and connection setup
+//! does not dominate latency. Every failure mode becomes an error string on the record;
+//! nothing here panics on network data.
 
 use crate::record::Record;
 use crate::response::{parse_json_body, snippet, worker_of, SseParser};
@@ -11,41 +11,53 @@ use crate::workload::WorkItem;
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderMap, ACCEPT, CONTENT_TYPE};
+use hyper::header::{HeaderMap, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Request, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Response header carrying the routing filter's decision label.
 pub const DECISION_HEADER: &str = "x-llm-router-decision";
 /// Response header an engine may use to name itself (fallback to the body's `worker`).
 pub const WORKER_HEADER: &str = "x-engine-worker";
+/// Response header naming the worker the routing filter chose.
+pub const ROUTED_WORKER_HEADER: &str = "x-llm-router-worker";
 
-/// Pooled keep-alive HTTP/1.1 client.
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// Pooled keep-alive HTTP/1.1 client, `http://` or `https://`.
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Builds the client; the idle pool is sized to the concurrency so every worker task
-/// can keep its connection.
+/// can keep its connection. TLS trusts the system's roots, or Mozilla's where the
+/// system has none.
 pub fn build_client(concurrency: usize) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let tls = match HttpsConnectorBuilder::new().with_native_roots() {
+        Ok(b) => b,
+        Err(_) => HttpsConnectorBuilder::new().with_webpki_roots(),
+    };
+    let https = tls.https_or_http().enable_http1().wrap_connector(connector);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(concurrency.max(1))
-        .build(connector)
+        .build(https)
 }
 
 /// Validates `--url` and returns it without a trailing slash, ready to have workload
-/// paths appended. Only `http://` is supported (the target is a local Envoy).
+/// paths appended.
 pub fn normalize_base_url(url: &str) -> Result<String> {
     let uri: Uri = url
         .parse()
         .with_context(|| format!("invalid --url {url:?}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => bail!("invalid --url {url:?}: scheme {other:?} not supported, use http://"),
-        None => bail!("invalid --url {url:?}: missing http:// scheme"),
+        Some("http" | "https") => {}
+        Some(other) => {
+            bail!("invalid --url {url:?}: scheme {other:?} not supported, use http:// or https://")
+        }
+        None => bail!("invalid --url {url:?}: missing http:// or https:// scheme"),
     }
     if uri.authority().is_none() {
         bail!("invalid --url {url:?}: missing host");
@@ -56,16 +68,37 @@ pub fn normalize_base_url(url: &str) -> Result<String> {
     Ok(url.trim_end_matches('/').to_string())
 }
 
-/// Sends one request and records status, timings, worker, decision and usage. The
-/// timeout covers the whole exchange, body included.
-pub async fn send(client: &HttpClient, base: &str, item: &WorkItem, timeout: Duration) -> Record {
+/// Where requests go and how they are sent.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `http(s)://host:port[/prefix]`, as [`normalize_base_url`] returns it.
+    pub base: String,
+    /// Sent as `Authorization: Bearer <key>` (an OpenAI-compatible API key).
+    pub api_key: Option<String>,
+    /// Covers the whole exchange, body included.
+    pub timeout: Duration,
+}
+
+/// Sends one request and records status, timings, worker, decision and usage.
+/// `run_start` is when the run began, for the record's start offset.
+pub async fn send(
+    client: &HttpClient,
+    target: &Target,
+    item: &WorkItem,
+    run_start: Instant,
+) -> Record {
     let start = Instant::now();
     let mut rec = Record {
         line: item.line,
+        start_ms: ms(start.duration_since(run_start)),
+        start_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
         ..Record::default()
     };
+    let timeout = target.timeout;
     let outcome =
-        tokio::time::timeout(timeout, exchange(client, base, item, start, &mut rec)).await;
+        tokio::time::timeout(timeout, exchange(client, target, item, start, &mut rec)).await;
     rec.latency_ms = ms(start.elapsed());
     match outcome {
         Ok(Ok(())) => {}
@@ -77,20 +110,24 @@ pub async fn send(client: &HttpClient, base: &str, item: &WorkItem, timeout: Dur
 
 async fn exchange(
     client: &HttpClient,
-    base: &str,
+    target: &Target,
     item: &WorkItem,
     start: Instant,
     rec: &mut Record,
 ) -> Result<(), String> {
-    let url = format!("{base}{}", item.path);
+    let url = format!("{}{}", target.base, item.path);
     let accept = if item.stream {
         "text/event-stream"
     } else {
         "application/json"
     };
-    let req = Request::post(&url)
+    let mut req = Request::post(&url)
         .header(CONTENT_TYPE, "application/json")
-        .header(ACCEPT, accept)
+        .header(ACCEPT, accept);
+    if let Some(key) = &target.api_key {
+        req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req
         .body(Full::new(item.body.clone()))
         .map_err(|e| format!("cannot build request for {url}: {e}"))?;
 
@@ -102,7 +139,8 @@ async fn exchange(
     rec.status = Some(status.as_u16());
     let headers = resp.headers().clone();
     rec.decision = header_str(&headers, DECISION_HEADER);
-    let header_worker = header_str(&headers, WORKER_HEADER);
+    let header_worker =
+        header_str(&headers, WORKER_HEADER).or_else(|| header_str(&headers, ROUTED_WORKER_HEADER));
     let is_sse = item.stream
         || header_str(&headers, CONTENT_TYPE.as_str())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
@@ -111,6 +149,7 @@ async fn exchange(
     let mut body = resp.into_body();
     let mut sse = SseParser::new();
     let mut buffered: Vec<u8> = Vec::new();
+    let mut last_token_ms = 0.0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| format!("reading body: {}", error_chain(&e)))?;
         let Ok(data) = frame.into_data() else {
@@ -119,11 +158,20 @@ async fn exchange(
         if data.is_empty() {
             continue;
         }
+        let now = start.elapsed();
         if is_sse && rec.ttfb_ms.is_none() {
-            rec.ttfb_ms = Some(ms(start.elapsed()));
+            rec.ttfb_ms = Some(ms(now));
         }
         if is_sse && status.is_success() {
+            let tokens_before = sse.token_events;
             sse.push(&data);
+            if sse.token_events > tokens_before {
+                match rec.ttft_ms {
+                    None => rec.ttft_ms = Some(ms(now)),
+                    Some(_) => rec.itl_ms.push(ms(now) - last_token_ms),
+                }
+                last_token_ms = ms(now);
+            }
         } else {
             buffered.extend_from_slice(&data);
         }
@@ -198,7 +246,8 @@ mod tests {
             "http://h:1/prefix"
         );
         assert!(normalize_base_url("127.0.0.1:8080").is_err());
-        assert!(normalize_base_url("https://x").is_err());
+        assert_eq!(normalize_base_url("https://x/").unwrap(), "https://x");
+        assert!(normalize_base_url("ftp://x").is_err());
         assert!(normalize_base_url("http://").is_err());
         assert!(normalize_base_url("not a url").is_err());
     }

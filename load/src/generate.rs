@@ -224,10 +224,11 @@ const KIND_ASSISTANT: u64 = 3;
 const KIND_STREAM: u64 = 4;
 
 /// SplitMix64: tiny, well-distributed, and fully specified (stable output forever).
-struct SplitMix64(u64);
+#[derive(Debug, Clone)]
+pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {
-    fn new(seed: u64, kind: u64, a: u64, b: u64) -> Self {
+    pub(crate) fn new(seed: u64, kind: u64, a: u64, b: u64) -> Self {
         // Fold the coordinates through the mixer so nearby inputs give unrelated streams.
         let mut s = SplitMix64(seed);
         for part in [kind, a, b] {
@@ -250,7 +251,7 @@ impl SplitMix64 {
     }
 
     /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

@@ -8,6 +8,7 @@
 //! - [`workload`]: the JSONL workload format and its parser.
 //! - [`generate`]: the deterministic multi-turn chat workload generator.
 //! - [`scheduler`]: dispatch order and concurrency (session ordering, in-flight cap).
+//! - [`arrivals`]: Poisson arrival times for `--request-rate`.
 //! - [`response`]: turning a response body (JSON or SSE) into usage and worker.
 //! - [`client`]: the HTTP side: sends one request, times it, yields a [`record::Record`].
 //! - [`record`]: what is kept about one request.
@@ -21,6 +22,7 @@
 //! The HTTP side ([`cli`], [`client`], the tokio half of [`scheduler`]) is the default
 //! feature `net`; without it the crate is I/O-free, for `host-sim replay`.
 
+pub mod arrivals;
 #[cfg(feature = "net")]
 pub mod cli;
 #[cfg(feature = "net")]

@@ -2,18 +2,29 @@
 //! statistics can be computed and tested without any network.
 
 /// Outcome of one replayed request.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Record {
     /// Line number (1-based) of the request in the workload file, to trace errors back.
     pub line: usize,
+    /// When the request was sent: milliseconds since the run started, and since the
+    /// Unix epoch (0 where time is virtual, as in `host-sim replay`), so records line
+    /// up with engine and proxy logs.
+    pub start_ms: f64,
+    pub start_unix_ms: u64,
     /// HTTP status, absent when no response arrived (connection failure, timeout).
     pub status: Option<u16>,
     /// Milliseconds from sending the request to the last body byte (or to the failure).
     pub latency_ms: f64,
-    /// Milliseconds from sending to the first body byte; only recorded for streams,
-    /// where it approximates time to first token.
+    /// Milliseconds from sending to the first body byte; only recorded for streams.
     pub ttfb_ms: Option<f64>,
-    /// Engine worker that served the request (body field `worker` or `x-engine-worker`).
+    /// Streams: milliseconds from sending to the first event carrying a token (time to
+    /// first token), and the gaps between later token-carrying reads (inter-token
+    /// latency, one sample per read, as `vllm bench serve` counts it).
+    pub ttft_ms: Option<f64>,
+    pub itl_ms: Vec<f64>,
+    /// Engine worker that served the request: the engine's own name for itself (body
+    /// field `worker` or `x-engine-worker`), else the router's choice
+    /// (`x-llm-router-worker`), which is all a real vLLM or SGLang answer carries.
     pub worker: Option<String>,
     /// The router's decision label (`x-llm-router-decision` response header).
     pub decision: Option<String>,

@@ -4,7 +4,8 @@
 //! without caring about the human part above it; its first keys are a contract:
 //! `requests, errors, per_worker, prompt_tokens, cached_tokens, cached_token_ratio,
 //! p50_ms, p90_ms, p99_ms, decisions_seen, wall_s` (then extras: `req_per_s`,
-//! `ttfb_p50_ms`, `streams`). Percentiles are `null` when no request succeeded.
+//! `ttfb_p50_ms`, `streams`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`,
+//! `itl_p99_ms`). Percentiles are `null` when no request (or no stream) succeeded.
 
 use crate::stats::Summary;
 use serde::Serialize;
@@ -32,6 +33,10 @@ pub struct JsonSummary {
     pub req_per_s: f64,
     pub ttfb_p50_ms: Option<f64>,
     pub streams: usize,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
 }
 
 fn round(x: f64, decimals: i32) -> f64 {
@@ -56,6 +61,10 @@ impl From<&Summary> for JsonSummary {
             req_per_s: round(s.req_per_s, 2),
             ttfb_p50_ms: s.ttfb_p50_ms.map(|v| round(v, 2)),
             streams: s.streams,
+            ttft_p50_ms: s.ttft_p50_ms.map(|v| round(v, 2)),
+            ttft_p99_ms: s.ttft_p99_ms.map(|v| round(v, 2)),
+            itl_p50_ms: s.itl_p50_ms.map(|v| round(v, 2)),
+            itl_p99_ms: s.itl_p99_ms.map(|v| round(v, 2)),
         }
     }
 }
@@ -121,9 +130,21 @@ pub fn human(s: &Summary) -> String {
     if s.streams > 0 {
         let _ = writeln!(
             out,
-            "stream TTFB:     p50 {} over {} streams",
-            fmt_ms(s.ttfb_p50_ms),
-            s.streams
+            "streams:         {} (first byte p50 {})",
+            s.streams,
+            fmt_ms(s.ttfb_p50_ms)
+        );
+        let _ = writeln!(
+            out,
+            "  TTFT:          p50 {}  p99 {}",
+            fmt_ms(s.ttft_p50_ms),
+            fmt_ms(s.ttft_p99_ms)
+        );
+        let _ = writeln!(
+            out,
+            "  inter-token:   p50 {}  p99 {}",
+            fmt_ms(s.itl_p50_ms),
+            fmt_ms(s.itl_p99_ms)
         );
     }
     if s.decisions_seen.is_empty() {

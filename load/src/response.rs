@@ -65,6 +65,21 @@ pub fn worker_of(value: &Value) -> Option<String> {
     }
 }
 
+/// Whether a stream chunk carries generated text: chat (`delta.content`) or
+/// completions (`text`) in any choice. The final usage-only chunk carries none.
+fn carries_text(value: &Value) -> bool {
+    let Some(choices) = value.get("choices").and_then(Value::as_array) else {
+        return false;
+    };
+    choices.iter().any(|c| {
+        let text = c
+            .get("delta")
+            .and_then(|d| d.get("content"))
+            .or_else(|| c.get("text"));
+        text.and_then(Value::as_str).is_some_and(|t| !t.is_empty())
+    })
+}
+
 /// Short description of an `error` object in a body, for error reasons.
 fn error_message_of(value: &Value) -> Option<String> {
     let err = value.get("error")?;
@@ -108,6 +123,9 @@ pub struct SseParser {
     pub events: usize,
     /// Whether `data: [DONE]` was seen.
     pub done: bool,
+    /// Events that carried generated text (a choice with non-empty `delta.content`
+    /// or `text`), for time to first token and inter-token latency.
+    pub token_events: usize,
     usage: Option<Usage>,
     usage_worker: Option<String>,
     any_worker: Option<String>,
@@ -154,6 +172,9 @@ impl SseParser {
         };
         if let Some(w) = worker_of(&value) {
             self.any_worker = Some(w);
+        }
+        if carries_text(&value) {
+            self.token_events += 1;
         }
         if let Some(u) = usage_of(&value) {
             self.usage = Some(u);
@@ -259,6 +280,10 @@ mod tests {
         p.push(STREAM.as_bytes());
         assert!(p.done);
         assert_eq!(p.events, 4);
+        assert_eq!(
+            p.token_events, 2,
+            "two text chunks; usage and [DONE] carry none"
+        );
         let facts = p.finish().unwrap();
         assert_eq!(
             facts.usage,

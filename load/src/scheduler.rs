@@ -8,6 +8,8 @@
 //! the cache the previous turn filled); requests without a session are independent.
 //! Among dispatchable requests the earliest in the file goes first.
 
+#[cfg(feature = "net")]
+use crate::arrivals::Arrivals;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 #[cfg(feature = "net")]
 use std::future::Future;
@@ -54,6 +56,11 @@ impl Dispatch {
         }
     }
 
+    /// Whether a request may go now.
+    pub fn has_next(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// The next request to send, if one may go now.
     pub fn take_next(&mut self) -> Option<usize> {
         self.ready.pop_first()
@@ -76,10 +83,15 @@ impl Dispatch {
 
 /// Runs `send(i)` for every index `i` of `sessions` under the rules above and returns
 /// the results in index order. `sessions[i]` is the session of request `i`.
+///
+/// With `arrivals`, a request may also only go once an arrival has happened (the
+/// first at time 0): arrivals that find nothing dispatchable are kept, so a backlog
+/// drains as soon as sessions free up, as users who arrived would still be waiting.
 #[cfg(feature = "net")]
 pub async fn run_scheduled<R, F, Fut>(
     sessions: &[Option<String>],
     concurrency: usize,
+    mut arrivals: Option<Arrivals>,
     send: F,
 ) -> Vec<R>
 where
@@ -92,22 +104,43 @@ where
     let mut order = Dispatch::new(sessions);
     let mut results: Vec<Option<R>> = (0..sessions.len()).map(|_| None).collect();
     let mut in_flight: JoinSet<(usize, R)> = JoinSet::new();
+    // Arrivals not yet used, and when the next one comes (closed loop: always one).
+    let mut arrived: usize = usize::from(arrivals.is_none());
+    let mut next_arrival = tokio::time::Instant::now();
     loop {
-        while in_flight.len() < concurrency {
+        if let Some(a) = arrivals.as_mut() {
+            let now = tokio::time::Instant::now();
+            while next_arrival <= now {
+                arrived += 1;
+                next_arrival += a.next_gap();
+            }
+        }
+        while in_flight.len() < concurrency && arrived > 0 {
             let Some(i) = order.take_next() else { break };
+            if arrivals.is_some() {
+                arrived -= 1;
+            }
             let send = Arc::clone(&send);
             in_flight.spawn(async move { (i, send(i).await) });
         }
-        let Some(joined) = in_flight.join_next().await else {
+        let may_send = arrivals.is_some() && in_flight.len() < concurrency && order.has_next();
+        if in_flight.is_empty() && !may_send {
             break;
+        }
+        let joined = tokio::select! {
+            joined = in_flight.join_next(), if !in_flight.is_empty() => joined,
+            _ = tokio::time::sleep_until(next_arrival), if may_send => continue,
         };
+        let Some(joined) = joined else { break };
         let (i, result) = match joined {
             Ok(done) => done,
             // A panicking sender is a bug in this tool, not a network condition.
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => panic!("request task cancelled unexpectedly: {e}"),
         };
-        results[i] = Some(result);
+        if let Some(slot) = results.get_mut(i) {
+            *slot = Some(result);
+        }
         order.complete(i);
     }
     results
@@ -134,7 +167,7 @@ mod tests {
     async fn run_fake(sessions: &[Option<String>], c: usize, delay_ms: fn(usize) -> u64) -> Trace {
         let trace = Arc::new(Mutex::new(Trace::default()));
         let t = Arc::clone(&trace);
-        let out = run_scheduled(sessions, c, move |i| {
+        let out = run_scheduled(sessions, c, None, move |i| {
             let t = Arc::clone(&t);
             async move {
                 {
@@ -214,6 +247,80 @@ mod tests {
         assert_eq!(trace.max_in_flight, 1);
     }
 
+    /// Start offsets (ms from the run's start) of each request, with a sender that
+    /// takes `hold` per request.
+    async fn start_times(
+        sessions: &[Option<String>],
+        c: usize,
+        arrivals: Arrivals,
+        hold: Duration,
+    ) -> Vec<u128> {
+        let t0 = tokio::time::Instant::now();
+        run_scheduled(sessions, c, Some(arrivals), move |_| async move {
+            let started = t0.elapsed().as_millis();
+            tokio::time::sleep(hold).await;
+            started
+        })
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_go_at_the_poisson_arrival_times() {
+        let s = vec![None; 40];
+        let starts = start_times(&s, 64, Arrivals::poisson(10.0, 3), Duration::ZERO).await;
+        let mut gaps = Arrivals::poisson(10.0, 3);
+        let mut at = Duration::ZERO;
+        let expected: Vec<u128> = (0..40)
+            .map(|_| {
+                let now = at.as_millis();
+                at += gaps.next_gap();
+                now
+            })
+            .collect();
+        // Tokio's timer fires on the millisecond after a deadline.
+        for (i, (got, want)) in starts.iter().zip(&expected).enumerate() {
+            assert!(
+                (*want..=*want + 1).contains(got),
+                "request {i} at {got} ms, its arrival at {want} ms"
+            );
+        }
+        assert!(
+            (2_000..8_000).contains(&expected[39]),
+            "40 arrivals at 10/s span about 4 s: {}",
+            expected[39]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn arrivals_that_find_the_cap_or_a_busy_session_wait_in_order() {
+        // One session: each turn waits for the previous (1 s), however fast users arrive.
+        let one = vec![Some("a".to_string()); 5];
+        let starts = start_times(
+            &one,
+            8,
+            Arrivals::poisson(1000.0, 1),
+            Duration::from_secs(1),
+        )
+        .await;
+        assert_eq!(starts, vec![0, 1000, 2000, 3000, 4000]);
+        // Independent requests, cap 2: the backlog drains two at a time.
+        let free = vec![None; 6];
+        let starts = start_times(
+            &free,
+            2,
+            Arrivals::poisson(1000.0, 1),
+            Duration::from_secs(1),
+        )
+        .await;
+        for (i, s) in starts.iter().enumerate() {
+            let round = (i as u128 / 2) * 1000;
+            assert!(
+                (round..round + 50).contains(s),
+                "request {i} starts at {s} ms, in round {round}"
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn earliest_idle_line_goes_first() {
         // c=2: 0(a) and 1(a) cannot overlap, so 0 and 2 start first, then 1 after 0.
@@ -225,7 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn empty_workload() {
-        let out: Vec<u8> = run_scheduled(&[], 4, |_| async { 0u8 }).await;
+        let out: Vec<u8> = run_scheduled(&[], 4, None, |_| async { 0u8 }).await;
         assert!(out.is_empty());
     }
 }

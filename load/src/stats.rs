@@ -54,6 +54,11 @@ pub struct Summary {
     /// Successful streaming requests and their median time to first byte.
     pub streams: usize,
     pub ttfb_p50_ms: Option<f64>,
+    /// Streams: time to first token and inter-token latency percentiles.
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
     /// Count per router decision label (`x-llm-router-decision`), over all responses.
     pub decisions_seen: BTreeMap<String, u64>,
     pub wall_s: f64,
@@ -69,6 +74,8 @@ pub fn summarize(records: &[Record], wall: Duration) -> Summary {
     };
     let mut latencies = Vec::new();
     let mut ttfbs = Vec::new();
+    let mut ttfts = Vec::new();
+    let mut itls = Vec::new();
     for r in records {
         match &r.worker {
             Some(w) => *s.per_worker.entry(w.clone()).or_default() += 1,
@@ -92,6 +99,8 @@ pub fn summarize(records: &[Record], wall: Duration) -> Summary {
         if let Some(t) = r.ttfb_ms {
             ttfbs.push(t);
         }
+        ttfts.extend(r.ttft_ms);
+        itls.extend_from_slice(&r.itl_ms);
     }
     if s.prompt_tokens > 0 {
         s.cached_token_ratio = s.cached_tokens as f64 / s.prompt_tokens as f64;
@@ -102,6 +111,12 @@ pub fn summarize(records: &[Record], wall: Duration) -> Summary {
     s.p99_ms = percentile(&latencies, 99.0);
     s.streams = ttfbs.len();
     s.ttfb_p50_ms = percentile(&sorted(ttfbs), 50.0);
+    let ttfts = sorted(ttfts);
+    s.ttft_p50_ms = percentile(&ttfts, 50.0);
+    s.ttft_p99_ms = percentile(&ttfts, 99.0);
+    let itls = sorted(itls);
+    s.itl_p50_ms = percentile(&itls, 50.0);
+    s.itl_p99_ms = percentile(&itls, 99.0);
     s.wall_s = wall.as_secs_f64();
     if s.wall_s > 0.0 {
         s.req_per_s = s.requests as f64 / s.wall_s;

@@ -19,16 +19,30 @@ use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_llm-load");
 
+/// The API key the test server requires.
+const API_KEY: &str = "sk-test-key";
+
 /// Answers like an engine behind the router: worker alternates w0/w1, every completion
-/// reports 100 prompt tokens of which 40 cached. `model: "fail"` gets a 500 and
-/// `model: "nousage"` a 200 without usage, `model: "slow"` answers after the client's
-/// timeout; `/v1/completions` names the worker only in
-/// the `x-engine-worker` header.
+/// reports 100 prompt tokens of which 40 cached. Without `Authorization: Bearer
+/// API_KEY` it answers 401. `model: "fail"` gets a 500 and `model: "nousage"` a 200
+/// without usage, `model: "slow"` answers after the client's timeout;
+/// `/v1/completions` names the worker only in the `x-engine-worker` header, and
+/// `model: "routed"` only in the router's `x-llm-router-worker` (as a real engine
+/// behind the filter does).
 async fn handle(
     req: Request<Incoming>,
     counter: Arc<AtomicUsize>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
+    let authorized = req
+        .headers()
+        .get("authorization")
+        .is_some_and(|v| v.as_bytes() == format!("Bearer {API_KEY}").as_bytes());
+    if !authorized {
+        let mut resp = Response::new(Full::from("{\"error\":{\"message\":\"bad key\"}}"));
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        return Ok(resp);
+    }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => Bytes::new(),
@@ -50,6 +64,9 @@ async fn handle(
         }
         Some("nousage") => builder.body(Full::from(
             json!({"worker": worker, "choices": []}).to_string(),
+        )),
+        Some("routed") => builder.header("x-llm-router-worker", "r1").body(Full::from(
+            json!({"choices": [{"text": "ok"}], "usage": usage}).to_string(),
         )),
         _ if v["stream"] == json!(true) => {
             let sse = format!(
@@ -163,12 +180,17 @@ async fn replays_workload_and_reports_json_summary() {
         .arg(&workload)
         .arg("--json-out")
         .arg(&json_out)
+        .env("OPENAI_API_KEY", API_KEY)
         .output()
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "failed requests make the run fail; stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
 
     let last = stdout.lines().last().unwrap();
     let summary: Value = serde_json::from_str(last).unwrap();
@@ -186,6 +208,7 @@ async fn replays_workload_and_reports_json_summary() {
     assert!(summary["p50_ms"].as_f64().unwrap() > 0.0);
     assert!(summary["p99_ms"].as_f64().unwrap() >= summary["p50_ms"].as_f64().unwrap());
     assert!(summary["streams"].as_u64().unwrap() > 0);
+    assert!(summary["ttft_p50_ms"].as_f64().unwrap() > 0.0, "{last}");
     assert!(summary["wall_s"].as_f64().unwrap() > 0.0);
     // Human report above, with the error reasons.
     assert!(stdout.contains("HTTP 500"), "{stdout}");
@@ -220,4 +243,68 @@ async fn setup_failures_exit_non_zero() {
         .await
         .unwrap();
     assert!(!out.status.success());
+}
+
+/// Open loop with `--request-rate`: no request goes before its Poisson arrival; every
+/// request gets a record line with its send time; a worker named only by the router's
+/// header is counted; and a missing API key fails the run with the server's 401s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_run_writes_records_and_counts_router_named_workers() {
+    let port = start_server().await;
+    let workload = scratch("routed.jsonl");
+    let line =
+        "{\"body\":{\"model\":\"routed\",\"prompt\":\"hello\"},\"path\":\"/v1/completions\"}\n";
+    std::fs::write(&workload, line.repeat(12)).unwrap();
+    let records = scratch("records.jsonl");
+    let run = |key: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--url", &format!("http://127.0.0.1:{port}")])
+            .args(["--request-rate", "40", "--seed", "5", "--concurrency", "4"])
+            .args(["--progress", "always"])
+            .arg("--workload")
+            .arg(&workload)
+            .arg("--records-out")
+            .arg(&records)
+            .env_remove("OPENAI_API_KEY");
+        if let Some(k) = key {
+            cmd.args(["--api-key", k]);
+        }
+        cmd.output()
+    };
+    let out = run(Some(API_KEY)).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stderr.contains("12/12 done, 0 failed"),
+        "progress: {stderr}"
+    );
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["per_worker"], json!({"r1": 12}));
+
+    let text = std::fs::read_to_string(&records).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 12);
+    let mut arrivals = llm_load::arrivals::Arrivals::poisson(40.0, 5);
+    let mut due = 0.0;
+    for (i, r) in lines.iter().enumerate() {
+        assert_eq!(r["line"], i + 1);
+        assert_eq!(r["status"], 200);
+        assert_eq!(r["worker"], "r1");
+        assert!(r["start_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+        let start = r["start_ms"].as_f64().unwrap();
+        assert!(
+            start + 1.0 >= due,
+            "request {i} sent at {start} ms, before its arrival at {due} ms"
+        );
+        due += arrivals.next_gap().as_secs_f64() * 1000.0;
+    }
+
+    let out = run(None).await.unwrap();
+    assert_eq!(out.status.code(), Some(3), "401s are failures");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("HTTP 401"), "{stdout}");
 }

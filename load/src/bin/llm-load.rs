@@ -8,15 +8,20 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Generate(args) => generate_cmd(args),
+        Command::Generate(args) => generate_cmd(args).map(|()| 0),
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(run_cmd(args)).map(|_| ())),
+            .and_then(|rt| rt.block_on(run_cmd(args)))
+            .map(|summary| summary.errors),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(failed) => {
+            eprintln!("llm-load: {failed} requests failed");
+            ExitCode::from(3)
+        }
         Err(e) => {
             eprintln!("llm-load: error: {e:#}");
             ExitCode::from(2)
