@@ -145,6 +145,7 @@ impl Tree {
     }
 
     /// Live nodes, the root included.
+    #[cfg(test)]
     pub fn node_count(&self) -> usize {
         self.nodes.len() - self.free.len()
     }
@@ -731,7 +732,7 @@ mod tests {
     /// matches whole under its tenant.
     #[test]
     fn random_operations_keep_invariants() {
-        use crate::policy::{Rng, SplitMix64};
+        use crate::rng::{Rng, SplitMix64};
         let alphabet = ['a', 'b', 'é', '語', '🦀'];
         let mut rng = SplitMix64(7);
         for round in 0..40 {
