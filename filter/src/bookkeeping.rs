@@ -33,3 +33,53 @@ pub fn booking(plan: &Plan) -> Booking<'_> {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{GateAudit, Reason};
+    use crate::plan::PrefillLeg;
+    use crate::target::RouteTarget;
+
+    fn decision(worker: u32, reason: Reason) -> Decision {
+        Decision {
+            worker,
+            reason,
+            matched_chars: 0,
+            gate: GateAudit::default(),
+        }
+    }
+
+    fn plan(prefill: Option<Decision>) -> Plan {
+        Plan {
+            main: decision(1, Reason::PowerOfTwo),
+            target: RouteTarget {
+                worker: "d".into(),
+                header: "h".into(),
+                value: "v".into(),
+            },
+            prefill: prefill.map(|decision| PrefillLeg {
+                decision,
+                body: Vec::new(),
+            }),
+            records: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_regular_request_is_labelled_by_its_decision() {
+        let p = plan(None);
+        let b = booking(&p);
+        assert_eq!(b.labelled, &p.main);
+        assert_eq!((b.gate_only, b.pd_pair), (None, false));
+    }
+
+    #[test]
+    fn a_pd_pair_is_labelled_by_its_prefill_and_gates_its_decode() {
+        let p = plan(Some(decision(0, Reason::CacheHit)));
+        let b = booking(&p);
+        assert_eq!(b.labelled.reason, Reason::CacheHit);
+        assert_eq!(b.gate_only, Some(&p.main));
+        assert!(b.pd_pair);
+    }
+}

@@ -349,6 +349,27 @@ mod tests {
     }
 
     #[test]
+    fn the_endpoint_is_what_the_path_names() {
+        let chat = r#"{"messages":[{"role":"user","content":"c"}]}"#;
+        assert_eq!(
+            parse("/v1/chat/completions?a=b", chat.as_bytes()).endpoint(),
+            Some(ApiKind::Chat)
+        );
+        let r = routable("/other", chat);
+        assert_eq!(
+            (r.kind, r.endpoint),
+            (ApiKind::Chat, None),
+            "shape, not path"
+        );
+        assert_eq!(parse("/generate", b"").endpoint(), Some(ApiKind::Generate));
+        assert_eq!(
+            parse("/v1/completions", b"[").endpoint(),
+            Some(ApiKind::Completions)
+        );
+        assert_eq!(parse("/v1/completions", br#"{"model":"m"}"#).model(), "m");
+    }
+
+    #[test]
     fn multibyte_text_is_kept_whole() {
         let r = routable("/v1/completions", r#"{"prompt":"日本語 café 🦀"}"#);
         assert_eq!(r.text, "日本語 café 🦀");

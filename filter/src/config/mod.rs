@@ -325,8 +325,9 @@ impl Config {
         }
     }
 
-    /// The seeds' order: the limit's value, then the floor's dependency on the
-    /// limit, its own value, and its bound by the limit.
+    /// The limit's value, then the floor's dependency on the limit, its own value,
+    /// and its bound by the limit: each error names the first thing to fix, so an
+    /// operator never fixes a value only to learn it needed another field.
     fn validate_queue_knobs(&self) -> Result<(), ConfigError> {
         if self.worker_queue_limit == Some(0) {
             return Err(err("worker_queue_limit", "must be at least 1"));
@@ -620,7 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn queue_knobs_follow_the_seeds_rules_and_order() {
+    fn queue_knobs_are_checked_value_first_then_dependency() {
         let rule = |extra: &str| with(extra).unwrap_err();
         assert!(with(r#","worker_queue_limit":1"#).is_ok());
         assert!(with(r#","worker_queue_limit":4,"saturation_queue_floor":4"#).is_ok());

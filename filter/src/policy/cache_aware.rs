@@ -22,8 +22,9 @@
 //!
 //! The caller inserts the routing text under the chosen worker whatever the rung.
 
-use super::{decide, least_by, least_loaded, least_pressure, Candidate, Rng};
+use super::{decide, least_by, least_loaded, least_pressure, Candidate};
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::rng::Rng;
 use crate::tree::PrefixMatch;
 
 /// SMG's imbalance test. Both conditions must hold: a small absolute gap on a busy
@@ -188,7 +189,7 @@ mod tests {
 
     #[test]
     fn imbalance_needs_both_thresholds() {
-        // The seed's worked example with SMG's command-line defaults.
+        // A worked example with SMG's command-line defaults (abs 64, rel 1.5).
         assert!(
             !is_imbalanced(&cands(&[100, 40]), 64, 1.5),
             "gap 60 <= 64: balanced"

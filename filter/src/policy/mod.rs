@@ -13,8 +13,6 @@ mod power_of_two;
 mod random;
 mod round_robin;
 
-/// The random source the policies draw from (also `crate::rng`).
-pub use crate::rng::{Rng, SplitMix64};
 pub use cache_aware::{
     any_fresh_queue_below, cache_aware, fleet_all_queued, is_imbalanced, queue_gate_admits,
     CacheAwareParams,
@@ -24,6 +22,7 @@ pub use random::random;
 pub use round_robin::round_robin;
 
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::rng::Rng;
 use crate::tree::TenantId;
 
 /// A fresh engine sample's queue, as the gate and the pin read it.
@@ -130,6 +129,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::cands;
     use super::*;
+    use crate::rng::SplitMix64;
 
     #[test]
     fn least_loaded_breaks_ties_at_random() {

@@ -1,8 +1,9 @@
 //! Power of two choices: two distinct random candidates, the less loaded wins; it
 //! spreads load nearly as well as least-load without herding on one worker.
 
-use super::{decide, Candidate, Rng};
+use super::{decide, Candidate};
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::rng::Rng;
 
 /// Two distinct random candidates, the less loaded wins (ties: the first drawn).
 pub fn power_of_two(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {

@@ -1,7 +1,8 @@
 //! Uniform random choice among the candidates.
 
-use super::{decide, Candidate, Rng};
+use super::{decide, Candidate};
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::rng::Rng;
 
 pub fn random(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
     if candidates.is_empty() {

@@ -83,7 +83,17 @@ fn decode_table(bytes: &[u8], workers: &[WorkerConfig]) -> LoadTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::push::parse_push;
+
+    fn sample(waiting: u64, running: u64, at_ms: u64) -> Report {
+        Report::Sample(EngineSample {
+            num_waiting: waiting,
+            num_running: running,
+            kv_usage: Some(0.5),
+            ttft_p90_s: None,
+            tpot_p90_s: Some(0.02),
+            at_ms,
+        })
+    }
 
     fn workers() -> Vec<WorkerConfig> {
         let cfg = crate::config::Config::from_json(
@@ -96,13 +106,10 @@ mod tests {
     #[test]
     fn table_round_trips_by_name() {
         let w = workers();
-        let reports = parse_push(
-            br#"{"workers":[{"name":"w0","num_waiting":2,"num_running":1},{"name":"w1","reachable":false}]}"#,
-            4096,
-            &w,
-            5,
-        )
-        .unwrap();
+        let reports = vec![
+            Some(sample(2, 1, 5)),
+            Some(Report::Unreachable { at_ms: 5 }),
+        ];
         let bytes = encode_table(&w, &reports);
         assert_eq!(decode_table(&bytes, &w).reports, reports);
         // A reader whose config lists the workers in another order still finds them.
@@ -118,13 +125,7 @@ mod tests {
         let table = SamplesTable::new(&Keys::new("t"));
         let w = workers();
         assert_eq!(table.read(&store, &w).reports, vec![None, None]);
-        let reports = parse_push(
-            br#"{"workers":[{"name":"w1","num_waiting":4}]}"#,
-            4096,
-            &w,
-            9,
-        )
-        .unwrap();
+        let reports = vec![None, Some(sample(4, 0, 9))];
         assert!(table.write(&store, &w, &reports));
         assert_eq!(table.read(&store, &w).reports, reports);
         assert!(store.map.borrow().contains_key("t.samples"));
