@@ -6,7 +6,7 @@
 //!
 //! Deciding and recording are separate: `route` returns the decision and the tree
 //! operation it implies, and `apply` changes the trees. In the filter the operation
-//! goes through the shared operation ring (`sync`) and every VM applies it in the
+//! goes through the shared operation ring (`shared`) and every VM applies it in the
 //! same order, with the ring's sequence number as the tree clock, so eviction order
 //! is a function of the operation stream alone.
 //!
