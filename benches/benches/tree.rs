@@ -5,7 +5,7 @@
 //! 1 MiB and 1/4/16/64 tenants.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use llm_router::policy::{Rng, SplitMix64};
+use llm_router::rng::{Rng, SplitMix64};
 use llm_router::tree::{TenantId, Tree};
 use std::hint::black_box;
 use std::time::Duration;

@@ -1,19 +1,42 @@
 //! A cache-aware LLM routing filter for stock Envoy.
 //!
-//! The core (tree, request parsing, policies, router, config) is plain Rust with no
-//! proxy-wasm calls, tested natively and in wasm32. The `glue` module, compiled only
-//! for wasm32, is the thin proxy-wasm layer: it gathers inputs from the host, calls
-//! the core, and applies the answer.
+//! The core is plain Rust with no proxy-wasm calls, tested natively and in wasm32.
+//! It is layered, each module importing only from the layers below it:
+//!
+//! 1. `config` (the plugin configuration, overload settings included);
+//! 2. `rng`, `tree`, `decision`, `parse`, `load`, `metric_names`, `header_names`;
+//! 3. `overload` (the flag machine), `pd` (the bootstrap rewrite), `push` (the
+//!    collector's snapshot);
+//! 4. `shared`: the tables in proxy-wasm shared data and their one key space;
+//! 5. `policy`, then `candidates`;
+//! 6. `router` (trees + candidates + policy);
+//! 7. `target`, then `plan` (a request's whole decision), then `bookkeeping`.
+//!
+//! A request reads top to bottom: parse -> candidates -> policy -> plan -> target
+//! -> bookkeeping. The `glue` module, compiled only for wasm32, is the thin
+//! proxy-wasm layer: it gathers inputs from the host, calls the core, and applies
+//! the answer.
 
+// The filter never panics: a panic kills the Envoy thread's VM.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod bookkeeping;
+pub mod candidates;
 pub mod config;
 pub mod decision;
+pub mod header_names;
 pub mod load;
+pub mod metric_names;
 pub mod overload;
+pub mod parse;
 pub mod pd;
+pub mod plan;
 pub mod policy;
-pub mod request;
+pub mod push;
+pub mod rng;
 pub mod router;
-pub mod sync;
+pub mod shared;
+pub mod target;
 pub mod tree;
 
 #[cfg(target_arch = "wasm32")]

@@ -1,5 +1,7 @@
-//! Latency-aware overload flags (seed 003): a marker, not a policy. A flagged worker
-//! is removed from the candidates before any policy runs (see `router`).
+//! Latency-aware overload flags: a marker, not a policy. A flagged worker is removed
+//! from the candidates before any policy runs (see `candidates`). Detecting it is the
+//! point: a latency-blind router keeps sending a hot prefix to an engine whose TTFT
+//! already runs to tens of seconds.
 //!
 //! Per worker, a two-state machine with hysteresis:
 //! - healthy -> overloaded when the engine's fresh TTFT p90 >= `ttft_enter_s` or its
@@ -23,195 +25,11 @@
 //! Probes run on a timer, from one VM per Envoy: the holder of a lease in shared
 //! data, renewed on every tick and taken over by any VM once it has expired. The
 //! lease holder is also the only writer of the flag table, so every Envoy thread
-//! filters the same set.
+//! filters the same set. The flag table and the lease (`crate::shared`) store what
+//! this module computes; the settings are `crate::config::OverloadConfig`.
 
-use serde::Deserialize;
-use serde_json::{json, Value};
-
-use crate::config::{Config, ConfigError, Target, WorkerConfig};
+use crate::config::OverloadConfig;
 use crate::load::LoadTable;
-use crate::sync::{SetOutcome, SharedStore, CAS_ATTEMPTS};
-
-pub const DEFAULT_TTFT_ENTER_S: f64 = 30.0;
-pub const DEFAULT_TTFT_RECOVER_S: f64 = 16.0;
-pub const DEFAULT_TPOT_ENTER_S: f64 = 0.3;
-pub const DEFAULT_TPOT_RECOVER_S: f64 = 0.08;
-pub const DEFAULT_PROBE_INTERVAL_MS: u64 = 5_000;
-/// Below the default TTFT recover threshold: a probe that waits longer than that
-/// says the worker cannot take work promptly yet.
-pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 10_000;
-pub const DEFAULT_PROBE_PATH: &str = "/v1/completions";
-/// Two output tokens, so the probe gives the engine one TTFT and one TPOT
-/// observation; no `model`, which vLLM and SGLang fill in with the served model.
-pub const DEFAULT_PROBE_BODY: &str = r#"{"prompt":"ping","max_tokens":2}"#;
-pub const DEFAULT_PROBE_SUCCESSES_TO_RECOVER: u32 = 3;
-/// The lease outlives this many prober ticks, so one late tick does not hand it
-/// over, and a VM that stopped ticking loses it within a few.
-pub const LEASE_TICKS: u64 = 3;
-
-fn default_true() -> bool {
-    true
-}
-fn default_ttft_enter() -> f64 {
-    DEFAULT_TTFT_ENTER_S
-}
-fn default_ttft_recover() -> f64 {
-    DEFAULT_TTFT_RECOVER_S
-}
-fn default_tpot_enter() -> f64 {
-    DEFAULT_TPOT_ENTER_S
-}
-fn default_tpot_recover() -> f64 {
-    DEFAULT_TPOT_RECOVER_S
-}
-fn default_probe_interval() -> u64 {
-    DEFAULT_PROBE_INTERVAL_MS
-}
-fn default_probe_timeout() -> u64 {
-    DEFAULT_PROBE_TIMEOUT_MS
-}
-fn default_probe_path() -> String {
-    DEFAULT_PROBE_PATH.to_string()
-}
-fn default_probe_body() -> Option<String> {
-    Some(DEFAULT_PROBE_BODY.to_string())
-}
-fn default_probe_successes() -> u32 {
-    DEFAULT_PROBE_SUCCESSES_TO_RECOVER
-}
-
-/// The `overload` object of the plugin configuration.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OverloadConfig {
-    /// `false`: no flags, no filtering, no probes; the flag table is cleared.
-    #[serde(default = "default_true")]
-    pub enabled: bool,
-    #[serde(default = "default_ttft_enter")]
-    pub ttft_enter_s: f64,
-    #[serde(default = "default_ttft_recover")]
-    pub ttft_recover_s: f64,
-    #[serde(default = "default_tpot_enter")]
-    pub tpot_enter_s: f64,
-    #[serde(default = "default_tpot_recover")]
-    pub tpot_recover_s: f64,
-    #[serde(default = "default_probe_interval")]
-    pub probe_interval_ms: u64,
-    #[serde(default = "default_probe_timeout")]
-    pub probe_timeout_ms: u64,
-    #[serde(default = "default_probe_path")]
-    pub probe_path: String,
-    /// POSTed to `probe_path`; `null` sends a GET (e.g. to `/health`).
-    #[serde(default = "default_probe_body")]
-    pub probe_body: Option<String>,
-    #[serde(default = "default_probe_successes")]
-    pub probe_successes_to_recover: u32,
-}
-
-impl Default for OverloadConfig {
-    fn default() -> Self {
-        OverloadConfig {
-            enabled: true,
-            ttft_enter_s: DEFAULT_TTFT_ENTER_S,
-            ttft_recover_s: DEFAULT_TTFT_RECOVER_S,
-            tpot_enter_s: DEFAULT_TPOT_ENTER_S,
-            tpot_recover_s: DEFAULT_TPOT_RECOVER_S,
-            probe_interval_ms: DEFAULT_PROBE_INTERVAL_MS,
-            probe_timeout_ms: DEFAULT_PROBE_TIMEOUT_MS,
-            probe_path: DEFAULT_PROBE_PATH.to_string(),
-            probe_body: default_probe_body(),
-            probe_successes_to_recover: DEFAULT_PROBE_SUCCESSES_TO_RECOVER,
-        }
-    }
-}
-
-fn rule(field: &str, rule: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: format!("overload.{field}"),
-        rule: rule.into(),
-    }
-}
-
-impl OverloadConfig {
-    /// Each value on its own first, then recover below enter (the hysteresis).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        for (field, v) in [
-            ("ttft_enter_s", self.ttft_enter_s),
-            ("ttft_recover_s", self.ttft_recover_s),
-            ("tpot_enter_s", self.tpot_enter_s),
-            ("tpot_recover_s", self.tpot_recover_s),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(rule(field, "must be a finite number > 0"));
-            }
-        }
-        if self.probe_interval_ms < 10 {
-            return Err(rule("probe_interval_ms", "must be >= 10"));
-        }
-        if self.probe_timeout_ms == 0 {
-            return Err(rule("probe_timeout_ms", "must be >= 1"));
-        }
-        if !self.probe_path.starts_with('/') {
-            return Err(rule("probe_path", "must start with `/`"));
-        }
-        if self.probe_successes_to_recover == 0 {
-            return Err(rule("probe_successes_to_recover", "must be >= 1"));
-        }
-        for (field, recover, enter_field, enter) in [
-            (
-                "ttft_recover_s",
-                self.ttft_recover_s,
-                "ttft_enter_s",
-                self.ttft_enter_s,
-            ),
-            (
-                "tpot_recover_s",
-                self.tpot_recover_s,
-                "tpot_enter_s",
-                self.tpot_enter_s,
-            ),
-        ] {
-            if recover >= enter {
-                return Err(rule(
-                    field,
-                    format!(
-                        "({recover}) must be below `overload.{enter_field}` ({enter}): \
-                         equal thresholds leave no hysteresis and the flag thrashes"
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The run of successful probes a worker needs to recover. A worker that cannot
-    /// be probed (`target: endpoint` without a cluster of its own: a probe to the
-    /// shared cluster would land on any engine) recovers on latency alone; the glue
-    /// says so in the log rather than pretending to probe it.
-    pub fn probes_needed(&self, probeable: bool) -> u32 {
-        if probeable {
-            self.probe_successes_to_recover
-        } else {
-            0
-        }
-    }
-
-    /// How long a prober lease lasts when the prober ticks every `tick_ms`.
-    pub fn lease_ms(tick_ms: u64) -> u64 {
-        tick_ms.saturating_mul(LEASE_TICKS)
-    }
-}
-
-/// The cluster that reaches exactly this worker, for its probes: its own cluster
-/// with `target: cluster`; with `target: endpoint` the pool shares one cluster and a
-/// probe to it could land on any engine, so only a `cluster` set on the worker (one
-/// holding just its engine) will do.
-pub fn probe_cluster<'a>(cfg: &Config, w: &'a WorkerConfig) -> Option<&'a str> {
-    match cfg.target {
-        Target::Cluster => Some(w.cluster()),
-        Target::Endpoint => w.cluster.as_deref(),
-    }
-}
 
 /// Which latency made a worker overloaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,7 +46,7 @@ impl EnterReason {
         }
     }
 
-    fn parse(s: &str) -> Option<EnterReason> {
+    pub(crate) fn parse(s: &str) -> Option<EnterReason> {
         match s {
             "ttft" => Some(EnterReason::Ttft),
             "tpot" => Some(EnterReason::Tpot),
@@ -370,126 +188,10 @@ impl Flag {
     }
 }
 
-/// Every worker's flag, by worker index.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Flags(pub Vec<Flag>);
-
-impl Flags {
-    /// Overloaded or not, by worker index, as the router takes it.
-    pub fn overloaded(&self) -> Vec<bool> {
-        self.0.iter().map(Flag::is_overloaded).collect()
-    }
-
-    pub fn count(&self) -> usize {
-        self.0.iter().filter(|f| f.is_overloaded()).count()
-    }
-
-    /// Stored form: worker name -> flag, so VMs on another config version still find
-    /// their workers.
-    pub fn encode(&self, workers: &[WorkerConfig]) -> Vec<u8> {
-        let mut map = serde_json::Map::new();
-        for (w, f) in workers.iter().zip(&self.0) {
-            let v = match f {
-                Flag::Healthy { since_ms } => json!({"since": since_ms}),
-                Flag::Overloaded {
-                    since_ms,
-                    reason,
-                    probe_successes,
-                    latency_recovered,
-                } => json!({"since": since_ms, "reason": reason.as_str(),
-                            "probes_ok": probe_successes, "latency_ok": latency_recovered}),
-            };
-            map.insert(w.name.clone(), v);
-        }
-        serde_json::to_vec(&Value::Object(map)).unwrap_or_default()
-    }
-
-    /// Reads a stored table for `workers` (absent or garbled entries: healthy).
-    pub fn decode(bytes: &[u8], workers: &[WorkerConfig]) -> Flags {
-        let map: serde_json::Map<String, Value> = serde_json::from_slice(bytes).unwrap_or_default();
-        Flags(
-            workers
-                .iter()
-                .map(|w| {
-                    let v = map.get(&w.name)?;
-                    let since_ms = v.get("since")?.as_u64()?;
-                    let Some(reason) = v.get("reason") else {
-                        return Some(Flag::Healthy { since_ms });
-                    };
-                    Some(Flag::Overloaded {
-                        since_ms,
-                        reason: EnterReason::parse(reason.as_str()?)?,
-                        probe_successes: u32::try_from(v.get("probes_ok")?.as_u64()?).ok()?,
-                        latency_recovered: v.get("latency_ok")?.as_bool()?,
-                    })
-                })
-                .map(Option::unwrap_or_default)
-                .collect(),
-        )
-    }
-}
-
-/// The flag table in shared data (one key).
-#[derive(Debug, Clone)]
-pub struct FlagTable {
-    key: String,
-}
-
-impl FlagTable {
-    pub fn new(prefix: &str) -> FlagTable {
-        FlagTable {
-            key: format!("{prefix}.overload.flags"),
-        }
-    }
-
-    pub fn read(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Flags {
-        store
-            .get(&self.key)
-            .map(|(v, _)| Flags::decode(&v, workers))
-            .unwrap_or_else(|| Flags(vec![Flag::default(); workers.len()]))
-    }
-
-    /// Applies `change` to the stored flags with CAS retries and returns the
-    /// transitions it made (worker index, transition). Nothing is written when
-    /// nothing changed, so a steady state costs one `get`.
-    pub fn update(
-        &self,
-        store: &dyn SharedStore,
-        workers: &[WorkerConfig],
-        mut change: impl FnMut(&mut Flags) -> Vec<(usize, Transition)>,
-    ) -> Vec<(usize, Transition)> {
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut flags, cas) = match store.get(&self.key) {
-                Some((v, cas)) => (Flags::decode(&v, workers), cas),
-                None => (Flags(vec![Flag::default(); workers.len()]), 0),
-            };
-            let before = flags.clone();
-            let flips = change(&mut flags);
-            if flags == before {
-                return flips;
-            }
-            match store.set(&self.key, &flags.encode(workers), cas) {
-                SetOutcome::Stored => return flips,
-                SetOutcome::CasMismatch => continue,
-                SetOutcome::Failed => return Vec::new(),
-            }
-        }
-        Vec::new()
-    }
-
-    /// Forgets every flag (overload detection switched off): no stale flag is left
-    /// for when it is switched on again.
-    pub fn clear(&self, store: &dyn SharedStore) {
-        if store.get(&self.key).is_some_and(|(v, _)| v != b"{}") {
-            store.set(&self.key, b"{}", 0);
-        }
-    }
-}
-
 /// Steps every worker's flag on its latency at `now_ms`; `probeable` by worker
 /// index (missing: probeable).
 pub fn observe_latencies(
-    flags: &mut Flags,
+    flags: &mut [Flag],
     table: &LoadTable,
     now_ms: u64,
     stale_after_ms: u64,
@@ -497,7 +199,6 @@ pub fn observe_latencies(
     probeable: &[bool],
 ) -> Vec<(usize, Transition)> {
     flags
-        .0
         .iter_mut()
         .enumerate()
         .filter_map(|(i, f)| {
@@ -508,73 +209,10 @@ pub fn observe_latencies(
         .collect()
 }
 
-/// The prober's lease: which VM probes, until when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    pub holder: u64,
-    pub until_ms: u64,
-}
-
-impl Lease {
-    pub fn encode(&self) -> Vec<u8> {
-        format!("{}:{}", self.holder, self.until_ms).into_bytes()
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Lease> {
-        let s = std::str::from_utf8(bytes).ok()?;
-        let (h, u) = s.split_once(':')?;
-        Some(Lease {
-            holder: h.parse().ok()?,
-            until_ms: u.parse().ok()?,
-        })
-    }
-}
-
-/// The lease `me` should write at `now_ms`, if it may hold it: it holds it already
-/// (renewal), there is none, or the holder stopped renewing (takeover).
-pub fn claim(current: Option<Lease>, me: u64, now_ms: u64, ttl_ms: u64) -> Option<Lease> {
-    let free = match current {
-        None => true,
-        Some(l) => l.holder == me || now_ms >= l.until_ms,
-    };
-    free.then_some(Lease {
-        holder: me,
-        until_ms: now_ms.saturating_add(ttl_ms),
-    })
-}
-
-/// The lease key in shared data.
-#[derive(Debug, Clone)]
-pub struct ProbeLease {
-    key: String,
-}
-
-impl ProbeLease {
-    pub fn new(prefix: &str) -> ProbeLease {
-        ProbeLease {
-            key: format!("{prefix}.overload.lease"),
-        }
-    }
-
-    /// Takes or renews the lease for `me`; whether `me` holds it now. Two VMs that
-    /// both see it free race on the CAS and one wins.
-    pub fn acquire(&self, store: &dyn SharedStore, me: u64, now_ms: u64, ttl_ms: u64) -> bool {
-        let (current, cas) = match store.get(&self.key) {
-            Some((v, cas)) => (Lease::decode(&v), cas),
-            None => (None, 0),
-        };
-        match claim(current, me, now_ms, ttl_ms) {
-            Some(l) => store.set(&self.key, &l.encode(), cas) == SetOutcome::Stored,
-            None => false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::load::{EngineSample, Report};
-    use crate::sync::testing::MemStore;
 
     fn cfg() -> OverloadConfig {
         OverloadConfig {
@@ -776,175 +414,6 @@ mod tests {
                 probe_successes: 1,
                 latency_recovered: true
             }
-        );
-    }
-
-    fn workers(n: usize) -> Vec<WorkerConfig> {
-        let ws: Vec<String> = (0..n).map(|i| format!(r#"{{"name":"w{i}"}}"#)).collect();
-        crate::config::Config::from_json(format!(r#"{{"workers":[{}]}}"#, ws.join(",")).as_bytes())
-            .unwrap()
-            .workers
-    }
-
-    #[test]
-    fn flags_round_trip_by_name() {
-        let w = workers(3);
-        let flagged = Flag::Overloaded {
-            since_ms: 7,
-            reason: EnterReason::Tpot,
-            probe_successes: 1,
-            latency_recovered: true,
-        };
-        let flags = Flags(vec![
-            Flag::default(),
-            flagged,
-            Flag::Healthy { since_ms: 9 },
-        ]);
-        let bytes = flags.encode(&w);
-        assert_eq!(Flags::decode(&bytes, &w), flags);
-        assert_eq!(flags.overloaded(), vec![false, true, false]);
-        assert_eq!(flags.count(), 1);
-        let reversed: Vec<WorkerConfig> = w.iter().rev().cloned().collect();
-        assert_eq!(
-            Flags::decode(&bytes, &reversed).overloaded(),
-            vec![false, true, false]
-        );
-        assert_eq!(Flags::decode(b"junk", &w).count(), 0);
-    }
-
-    #[test]
-    fn table_updates_and_clears() {
-        let w = workers(2);
-        let store = MemStore::default();
-        let table = FlagTable::new("t");
-        let c = cfg();
-        let hot = sample(Some(40.0), None, 100);
-        let flips = table.update(&store, &w, |f| {
-            observe_latencies(f, &hot, 100, 5000, &c, &[])
-        });
-        assert_eq!(flips, vec![(0, Transition::Entered(EnterReason::Ttft))]);
-        assert_eq!(table.read(&store, &w).overloaded(), vec![true, false]);
-        let flips = table.update(&store, &w, |f| {
-            observe_latencies(f, &hot, 200, 5000, &c, &[])
-        });
-        assert_eq!(flips, vec![], "already flagged");
-        // Cooled down: a probeable worker waits for its probes, one that cannot be
-        // probed recovers on latency alone.
-        let cool = sample(Some(1.0), None, 300);
-        let flips = table.update(&store, &w, |f| {
-            observe_latencies(f, &cool, 300, 5000, &c, &[true])
-        });
-        assert_eq!(flips, vec![], "probes pending");
-        let flips = table.update(&store, &w, |f| {
-            observe_latencies(f, &cool, 300, 5000, &c, &[false])
-        });
-        assert_eq!(flips, vec![(0, Transition::Recovered { after_ms: 200 })]);
-        table.update(&store, &w, |f| {
-            observe_latencies(f, &hot, 400, 5000, &c, &[])
-        });
-        table.clear(&store);
-        assert_eq!(table.read(&store, &w).count(), 0, "no stale flag left");
-    }
-
-    #[test]
-    fn lease_is_held_renewed_and_taken_over_when_it_expires() {
-        let store = MemStore::default();
-        let lease = ProbeLease::new("t");
-        assert!(lease.acquire(&store, 1, 0, 300), "free: taken");
-        assert!(!lease.acquire(&store, 2, 100, 300), "held by another");
-        assert!(lease.acquire(&store, 1, 200, 300), "renewed by its holder");
-        assert!(
-            !lease.acquire(&store, 2, 499, 300),
-            "renewal moved the expiry"
-        );
-        assert!(
-            lease.acquire(&store, 2, 500, 300),
-            "holder stopped renewing: taken over"
-        );
-        assert!(
-            !lease.acquire(&store, 1, 600, 300),
-            "the old holder lost it"
-        );
-        assert_eq!(
-            claim(None, 9, 10, 5),
-            Some(Lease {
-                holder: 9,
-                until_ms: 15
-            })
-        );
-        assert_eq!(Lease::decode(b"garbage"), None);
-        assert_eq!(OverloadConfig::lease_ms(1000), 3000);
-    }
-
-    #[test]
-    fn endpoint_workers_are_probed_only_through_a_cluster_of_their_own() {
-        let c = |json: &str| Config::from_json(json.as_bytes()).unwrap();
-        let cluster = c(r#"{"workers":[{"name":"a"}]}"#);
-        assert_eq!(probe_cluster(&cluster, &cluster.workers[0]), Some("a"));
-        let endpoint = c(
-            r#"{"target":"endpoint","workers":[{"name":"a","address":"10.0.0.1:80"},
-                {"name":"b","address":"10.0.0.2:80","cluster":"only_b"}]}"#,
-        );
-        assert_eq!(probe_cluster(&endpoint, &endpoint.workers[0]), None);
-        assert_eq!(
-            probe_cluster(&endpoint, &endpoint.workers[1]),
-            Some("only_b")
-        );
-    }
-
-    #[test]
-    fn config_defaults_and_rules() {
-        let d = OverloadConfig::default();
-        assert_eq!(
-            (
-                d.ttft_enter_s,
-                d.ttft_recover_s,
-                d.tpot_enter_s,
-                d.tpot_recover_s
-            ),
-            (30.0, 16.0, 0.3, 0.08)
-        );
-        assert!(d.enabled);
-        assert_eq!(d.validate(), Ok(()));
-        let bad = |f: fn(&mut OverloadConfig)| {
-            let mut c = OverloadConfig::default();
-            f(&mut c);
-            c.validate().unwrap_err()
-        };
-        assert_eq!(
-            bad(|c| c.ttft_recover_s = 30.0).field,
-            "overload.ttft_recover_s"
-        );
-        assert!(bad(|c| c.ttft_recover_s = 31.0)
-            .rule
-            .contains("must be below `overload.ttft_enter_s`"));
-        assert_eq!(
-            bad(|c| c.tpot_recover_s = 0.3).field,
-            "overload.tpot_recover_s"
-        );
-        assert_eq!(
-            bad(|c| c.tpot_enter_s = f64::NAN).field,
-            "overload.tpot_enter_s"
-        );
-        assert_eq!(
-            bad(|c| c.ttft_recover_s = 0.0).field,
-            "overload.ttft_recover_s"
-        );
-        assert_eq!(
-            bad(|c| c.probe_interval_ms = 9).field,
-            "overload.probe_interval_ms"
-        );
-        assert_eq!(
-            bad(|c| c.probe_timeout_ms = 0).field,
-            "overload.probe_timeout_ms"
-        );
-        assert_eq!(
-            bad(|c| c.probe_path = "x".into()).field,
-            "overload.probe_path"
-        );
-        assert_eq!(
-            bad(|c| c.probe_successes_to_recover = 0).field,
-            "overload.probe_successes_to_recover"
         );
     }
 }

@@ -12,8 +12,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::policy::Rng;
-use crate::request::{guess_kind, ApiKind};
+use crate::parse::ApiKind;
+use crate::rng::Rng;
 
 pub const BOOTSTRAP_HOST: &str = "bootstrap_host";
 pub const BOOTSTRAP_PORT: &str = "bootstrap_port";
@@ -86,10 +86,10 @@ pub fn batch_size(kind: Option<ApiKind>, body: &Map<String, Value>) -> Option<us
     }
 }
 
-/// Adds the bootstrap fields to `body` (sent to `path`), drawing one room per
-/// prompt from `rng`.
+/// Adds the bootstrap fields to `body` (sent to the API `endpoint` names, as
+/// `crate::parse` read it), drawing one room per prompt from `rng`.
 pub fn inject_bootstrap(
-    path: &str,
+    endpoint: Option<ApiKind>,
     body: &[u8],
     target: Bootstrap,
     rng: &mut dyn Rng,
@@ -97,7 +97,7 @@ pub fn inject_bootstrap(
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
         return Err(RewriteError::NotJsonObject);
     };
-    let batch = batch_size(guess_kind(path), &obj);
+    let batch = batch_size(endpoint, &obj);
     if batch.is_some_and(|n| n > MAX_BATCH) {
         return Err(RewriteError::BatchTooLarge);
     }
@@ -167,7 +167,8 @@ impl PrefillFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::SplitMix64;
+    use crate::parse::endpoint_of;
+    use crate::rng::SplitMix64;
 
     const P: Bootstrap = Bootstrap {
         host: "10.0.0.7",
@@ -175,20 +176,16 @@ mod tests {
     };
 
     fn rewrite(path: &str, body: &str) -> (Value, Vec<u64>) {
-        let out = inject_bootstrap(path, body.as_bytes(), P, &mut SplitMix64(7)).unwrap();
+        let out =
+            inject_bootstrap(endpoint_of(path), body.as_bytes(), P, &mut SplitMix64(7)).unwrap();
         (serde_json::from_slice(&out.body).unwrap(), out.rooms)
     }
 
     #[test]
     fn chat_gets_scalar_fields_and_keeps_everything_else_in_order() {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true}"#;
-        let out = inject_bootstrap(
-            "/v1/chat/completions",
-            body.as_bytes(),
-            P,
-            &mut SplitMix64(7),
-        )
-        .unwrap();
+        let out =
+            inject_bootstrap(Some(ApiKind::Chat), body.as_bytes(), P, &mut SplitMix64(7)).unwrap();
         let text = String::from_utf8(out.body.clone()).unwrap();
         assert!(
             text.starts_with(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.7,"stream":true,"bootstrap_host":"10.0.0.7","bootstrap_port":8998,"bootstrap_room":"#),
@@ -278,14 +275,24 @@ mod tests {
     fn bodies_without_an_object_are_refused() {
         for body in ["", "[1,2]", "\"x\"", "{not json", "null"] {
             assert_eq!(
-                inject_bootstrap("/v1/completions", body.as_bytes(), P, &mut SplitMix64(1)),
+                inject_bootstrap(
+                    Some(ApiKind::Completions),
+                    body.as_bytes(),
+                    P,
+                    &mut SplitMix64(1)
+                ),
                 Err(RewriteError::NotJsonObject),
                 "{body:?}"
             );
         }
         let huge = format!(r#"{{"prompt":[{}"x"]}}"#, "\"x\",".repeat(MAX_BATCH));
         assert_eq!(
-            inject_bootstrap("/v1/completions", huge.as_bytes(), P, &mut SplitMix64(1)),
+            inject_bootstrap(
+                Some(ApiKind::Completions),
+                huge.as_bytes(),
+                P,
+                &mut SplitMix64(1)
+            ),
             Err(RewriteError::BatchTooLarge)
         );
     }

@@ -6,25 +6,27 @@
 //!
 //! Deciding and recording are separate: `route` returns the decision and the tree
 //! operation it implies, and `apply` changes the trees. In the filter the operation
-//! goes through the shared operation ring (`sync`) and every VM applies it in the
+//! goes through the shared operation ring (`shared`) and every VM applies it in the
 //! same order, with the ring's sequence number as the tree clock, so eviction order
 //! is a function of the operation stream alone.
 //!
-//! Overload flags (`overload`) screen the candidates before any policy runs, the same
-//! way for every pool: flagged workers are dropped, unless every candidate is flagged,
-//! in which case the request is routed among them (`all_overloaded`) rather than
-//! refused. The text is still recorded under whichever worker was chosen, so when a
-//! flagged owner's prefix goes elsewhere, the next request with it hits there
-//! instead of chasing the stale owner (re-homing).
+//! The candidates come from `candidates` (serving set, overload screen, fresh
+//! samples); the policy is one of `policy`. When every candidate was flagged the
+//! request is routed among them (`all_overloaded`) rather than refused. The text is
+//! still recorded under whichever worker was chosen, so when a flagged owner's
+//! prefix goes elsewhere, the next request with it hits there instead of chasing the
+//! stale owner (re-homing).
 
 use hashbrown::HashMap;
 
+use crate::candidates::{self, Screened};
 use crate::config::{Config, Policy, Pool};
 use crate::decision::{Decision, Reason};
-use crate::load::LoadTable;
-use crate::policy::{self, CacheAwareParams, Candidate, EngineQueue, Rng};
-use crate::request::Parsed;
-use crate::sync::{truncate_text, Op};
+use crate::load::Loads;
+use crate::parse::Parsed;
+use crate::policy::{self, CacheAwareParams, Candidate};
+use crate::rng::Rng;
+use crate::shared::{truncate_text, Op};
 use crate::tree::{TenantId, Tree};
 
 /// Why no worker could be chosen (the request gets a 503).
@@ -46,14 +48,6 @@ impl NoWorker {
             NoWorker::NoDecodeWorkerForModel => "no_decode_worker_for_model",
         }
     }
-}
-
-/// The candidates left after the overload screen.
-struct Screened {
-    candidates: Vec<Candidate>,
-    /// Serving workers the flags removed (or, when all are flagged, all of them).
-    flagged: Vec<TenantId>,
-    all_flagged: bool,
 }
 
 struct ModelTree {
@@ -80,33 +74,6 @@ pub struct Routed {
 pub struct PdRouted {
     pub prefill: Routed,
     pub decode: Routed,
-}
-
-/// What the router knows of the workers' load when it decides.
-#[derive(Debug, Clone, Copy)]
-pub struct Loads<'a> {
-    /// Router-side in-flight requests by worker index (missing: 0).
-    pub inflight: &'a [u64],
-    /// The collector's last reports.
-    pub engine: &'a LoadTable,
-    pub now_ms: u64,
-    /// Overload flags by worker index (missing: not flagged).
-    pub overloaded: &'a [bool],
-}
-
-impl Loads<'_> {
-    /// No engine samples: the router's own counts only.
-    pub fn inflight_only(inflight: &[u64]) -> Loads<'_> {
-        static EMPTY: LoadTable = LoadTable {
-            reports: Vec::new(),
-        };
-        Loads {
-            inflight,
-            engine: &EMPTY,
-            now_ms: 0,
-            overloaded: &[],
-        }
-    }
 }
 
 pub struct Router {
@@ -177,55 +144,6 @@ impl Router {
         self.trees.get(&(pool, model.to_string())).map(|t| &t.tree)
     }
 
-    /// Candidates of `pool` serving `model`, with their in-flight counts and fresh
-    /// engine samples, screened by the overload flags.
-    fn candidates(&self, pool: Pool, model: &str, loads: &Loads) -> Screened {
-        let (flagged, open): (Vec<Candidate>, Vec<Candidate>) =
-            self.serving(pool, model, loads).into_iter().partition(|c| {
-                loads
-                    .overloaded
-                    .get(c.worker as usize)
-                    .copied()
-                    .unwrap_or(false)
-            });
-        let flagged_ids = flagged.iter().map(|c| c.worker).collect();
-        if open.is_empty() && !flagged.is_empty() {
-            // Refusing would turn slow answers into no answers.
-            return Screened {
-                candidates: flagged,
-                flagged: flagged_ids,
-                all_flagged: true,
-            };
-        }
-        Screened {
-            candidates: open,
-            flagged: flagged_ids,
-            all_flagged: false,
-        }
-    }
-
-    fn serving(&self, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidate> {
-        self.cfg
-            .workers
-            .iter()
-            .enumerate()
-            // A body that names no model (or cannot be read) is never dropped: any
-            // worker of the pool takes it, as the engine's default model.
-            .filter(|(_, w)| w.pool == pool && (model.is_empty() || w.serves(model)))
-            .map(|(i, _)| Candidate {
-                worker: i as TenantId,
-                inflight: loads.inflight.get(i).copied().unwrap_or(0),
-                engine: loads
-                    .engine
-                    .fresh(i, loads.now_ms, self.cfg.stale_after_ms)
-                    .map(|s| EngineQueue {
-                        waiting: s.num_waiting,
-                        running: s.num_running,
-                    }),
-            })
-            .collect()
-    }
-
     /// Chooses a worker of the regular pool for `req`. For `cache_aware` with a
     /// routing text, the returned operation records the text under the worker; the
     /// caller applies it (directly, or through the shared ring).
@@ -239,9 +157,9 @@ impl Router {
     }
 
     /// Chooses a prefill and a decode worker for `req`, each pool with its own
-    /// policy and its own tree (seed 002: one tree for both makes each pool's inserts
-    /// overwrite the other's owners). Either record, when present, is applied like
-    /// `route`'s.
+    /// policy and its own tree: one tree for both pools makes alternating prefill
+    /// and decode inserts overwrite each other's owners, and affinity degrades to a
+    /// coin flip. Either record, when present, is applied like `route`'s.
     pub fn route_pd(
         &mut self,
         req: &Parsed,
@@ -276,10 +194,8 @@ impl Router {
             candidates,
             flagged,
             all_flagged,
-        } = self.candidates(pool, model, loads);
-        let gate_inert = self.cfg.worker_queue_limit.is_some()
-            && !candidates.is_empty()
-            && candidates.iter().all(|c| c.engine.is_none());
+        } = candidates::screen(&self.cfg, pool, model, loads);
+        let gate_inert = candidates::gate_inert(&candidates, self.cfg.worker_queue_limit);
         let decision = match (policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
@@ -306,7 +222,11 @@ impl Router {
             }
             (Policy::CacheAware, None) => policy::unreadable(&candidates, rng),
             (Policy::RoundRobin, _) => {
-                let counter = &mut self.rr_counters[pool as usize];
+                let mut spare = 0;
+                let counter = self
+                    .rr_counters
+                    .get_mut(pool as usize)
+                    .unwrap_or(&mut spare);
                 policy::round_robin(&candidates, counter)
             }
             (Policy::Random, _) => policy::random(&candidates, rng),
@@ -381,15 +301,6 @@ impl Router {
                     self.insert(*pool, model, text, idx, clock);
                 }
             }
-            Op::RemoveWorker { pool, worker } => {
-                if let Some(idx) = self.worker_index(*pool, worker) {
-                    for ((p, _), t) in self.trees.iter_mut() {
-                        if p == pool {
-                            t.tree.remove_tenant(idx);
-                        }
-                    }
-                }
-            }
             Op::Evict => self.evict(),
         }
     }
@@ -451,8 +362,8 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::SplitMix64;
-    use crate::request::parse;
+    use crate::parse::parse;
+    use crate::rng::SplitMix64;
 
     fn router(extra: &str, workers: usize) -> Router {
         let ws: Vec<String> = (0..workers)
@@ -709,10 +620,6 @@ mod tests {
                 stream.push(Op::Evict);
             }
         }
-        stream.push(Op::RemoveWorker {
-            pool: Pool::Regular,
-            worker: "w1".into(),
-        });
         for (seq, op) in stream.iter().enumerate() {
             a.apply(seq as u64, op);
             b.apply(seq as u64, op);
@@ -727,7 +634,6 @@ mod tests {
         for i in 0..40 {
             let text = format!("conversation {} turn {i}", i % 5);
             assert_eq!(ta.prefix_match(&text), tb.prefix_match(&text));
-            assert!(!ta.prefix_match(&text).owners.contains(&1), "w1 removed");
         }
     }
 
@@ -747,7 +653,7 @@ mod tests {
     fn go_flagged(r: &mut Router, req: &Parsed, flags: &[bool], rng: &mut SplitMix64) -> Routed {
         let inflight = vec![0; flags.len()];
         let loads = Loads {
-            overloaded: flags,
+            overloaded: flags.to_vec(),
             ..Loads::inflight_only(&inflight)
         };
         let routed = r.route(req, &loads, rng).unwrap();
@@ -854,12 +760,17 @@ mod tests {
         (routed.prefill.decision, routed.decode.decision)
     }
 
+    fn name_of(r: &Router, t: TenantId) -> String {
+        r.config().workers[t as usize].name.clone()
+    }
+
     fn name(r: &Router, d: &Decision) -> String {
         r.config().workers[d.worker as usize].name.clone()
     }
 
-    /// Seed 002: alternating prefill and decode selections of the same prompts, all
-    /// through one router (one policy instance), keep each pool's owners.
+    /// Alternating prefill and decode selections of the same prompts, all through
+    /// one router (one policy instance), keep each pool's owners: with one tree for
+    /// both pools each pool's inserts would overwrite the other's.
     #[test]
     fn pd_pools_keep_their_own_owners() {
         let mut r = pd_router(PD);
@@ -934,31 +845,21 @@ mod tests {
         for p in &prompts {
             go_pd(&mut r, p, &mut rng);
         }
-        let decode_before = r.tree(Pool::Decode, "m").unwrap().stored_chars();
         let decode_tenants = r.tree(Pool::Decode, "m").unwrap().tenants();
-        r.apply_local(&Op::RemoveWorker {
-            pool: Pool::Prefill,
-            worker: "p0".into(),
-        });
-        let prefill = r.tree(Pool::Prefill, "m").unwrap();
-        assert_eq!(prefill.tenant_chars(0), 0, "p0 left the prefill tree");
-        assert_eq!(
-            r.tree(Pool::Decode, "m").unwrap().stored_chars(),
-            decode_before
-        );
-        assert_eq!(r.tree(Pool::Decode, "m").unwrap().tenants(), decode_tenants);
-        // A same-named worker of another pool is not a match for the operation.
-        r.apply_local(&Op::RemoveWorker {
-            pool: Pool::Prefill,
-            worker: "d0".into(),
-        });
-        assert_eq!(r.tree(Pool::Decode, "m").unwrap().tenants(), decode_tenants);
         // Dropping p0 from the config keeps every decode owner.
         let without_p0 = PD.replace(
             r#"{"name":"p0","pool":"prefill","address":"10.0.0.1:30000","bootstrap_port":8998},"#,
             "",
         );
         r.reconfigure(Config::from_json(without_p0.as_bytes()).unwrap());
+        assert_eq!(
+            r.tree(Pool::Decode, "m").unwrap().tenants().len(),
+            decode_tenants.len(),
+            "the decode tree keeps its owners"
+        );
+        for t in r.tree(Pool::Prefill, "m").unwrap().tenants() {
+            assert_eq!(name_of(&r, t), "p1", "p0 left the prefill tree");
+        }
         for p in &prompts {
             let (pre, dec) = go_pd(&mut r, p, &mut rng);
             assert_eq!(dec.reason, Reason::CacheHit, "decode affinity survives");

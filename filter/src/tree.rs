@@ -97,7 +97,7 @@ fn common_prefix(a: &str, b: &str) -> (usize, usize) {
     while n > 0 && !(a.is_char_boundary(n) && b.is_char_boundary(n)) {
         n -= 1;
     }
-    let prefix = &a[..n];
+    let prefix = a.get(..n).unwrap_or_default();
     let chars = if prefix.is_ascii() {
         n
     } else {
@@ -145,6 +145,7 @@ impl Tree {
     }
 
     /// Live nodes, the root included.
+    #[cfg(test)]
     pub fn node_count(&self) -> usize {
         self.nodes.len() - self.free.len()
     }
@@ -187,8 +188,12 @@ impl Tree {
     fn split(&mut self, child: NodeIdx, split_bytes: usize, split_chars: usize) -> NodeIdx {
         let (parent, head, tail, tenants, first) = {
             let c = self.node(child);
-            let head = c.text[..split_bytes].to_string();
-            let tail = c.text[split_bytes..].to_string();
+            // `split_bytes` is a char boundary (`common_prefix`); never the fallback.
+            let (head, tail) = c
+                .text
+                .split_at_checked(split_bytes)
+                .unwrap_or((c.text.as_str(), ""));
+            let (head, tail) = (head.to_string(), tail.to_string());
             let first = head.chars().next().unwrap_or_default();
             (c.parent, head, tail, c.tenants.clone(), first)
         };
@@ -243,7 +248,7 @@ impl Tree {
                 child
             };
             self.touch(next, tenant, clock);
-            rest = &rest[bytes..];
+            rest = rest.get(bytes..).unwrap_or_default();
             cur = next;
         }
     }
@@ -264,7 +269,7 @@ impl Tree {
             if bytes < node.text.len() {
                 break;
             }
-            rest = &rest[bytes..];
+            rest = rest.get(bytes..).unwrap_or_default();
         }
         let mut owners: Vec<TenantId> = self.node(cur).tenants.iter().map(|(t, _)| *t).collect();
         owners.sort_unstable();
@@ -413,8 +418,8 @@ impl Tree {
                 let clock = self
                     .node(parent)
                     .tenant_pos(tenant)
-                    .map(|p| self.node(parent).tenants[p].1)
-                    .unwrap_or(0);
+                    .and_then(|p| self.node(parent).tenants.get(p))
+                    .map_or(0, |t| t.1);
                 heap.push(Reverse((clock, tenant, parent)));
             }
         }
@@ -731,7 +736,7 @@ mod tests {
     /// matches whole under its tenant.
     #[test]
     fn random_operations_keep_invariants() {
-        use crate::policy::{Rng, SplitMix64};
+        use crate::rng::{Rng, SplitMix64};
         let alphabet = ['a', 'b', 'é', '語', '🦀'];
         let mut rng = SplitMix64(7);
         for round in 0..40 {

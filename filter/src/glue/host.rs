@@ -1,8 +1,9 @@
 //! Small wrappers over hostcalls that never panic: failures are logged or ignored,
-//! as fits a best-effort side channel (logs, metrics).
+//! as fits a best-effort side channel (logs, metrics, entropy, the clock), and the
+//! host's shared data as the core's `SharedStore`.
 
 use super::hostcalls;
-use proxy_wasm::types::{LogLevel, MetricType};
+use proxy_wasm::types::{LogLevel, MapType, MetricType};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
@@ -21,23 +22,13 @@ extern "C" {
     fn random_get(buf: *mut u8, buf_len: usize) -> i32;
 }
 
-/// Draws every value from the host's entropy (each PD room must be unguessable and
-/// unique across threads and Envoys); falls back to `fallback` if the host refuses.
-pub struct HostRandom<'a> {
-    pub fallback: &'a mut dyn crate::policy::Rng,
-}
-
-impl crate::policy::Rng for HostRandom<'_> {
-    fn next_u64(&mut self) -> u64 {
-        let mut buf = [0u8; 8];
-        // SAFETY: the host writes exactly `buf.len()` bytes into `buf`.
-        let errno = unsafe { random_get(buf.as_mut_ptr(), buf.len()) };
-        if errno == 0 {
-            u64::from_le_bytes(buf)
-        } else {
-            self.fallback.next_u64()
-        }
-    }
+/// One value from the host's entropy (each PD room must be unguessable and unique
+/// across threads and Envoys); `None` if the host refuses (see `crate::rng::Rooms`).
+pub fn entropy() -> Option<u64> {
+    let mut buf = [0u8; 8];
+    // SAFETY: the host writes exactly `buf.len()` bytes into `buf`.
+    let errno = unsafe { random_get(buf.as_mut_ptr(), buf.len()) };
+    (errno == 0).then(|| u64::from_le_bytes(buf))
 }
 
 /// A counter, defined once per VM (Envoy shares stats of the same name across VMs).
@@ -80,7 +71,7 @@ impl Metric {
 /// Proxy-wasm shared data as the core's `SharedStore`.
 pub struct HostStore;
 
-impl crate::sync::SharedStore for HostStore {
+impl crate::shared::SharedStore for HostStore {
     fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
         match hostcalls::get_shared_data(key) {
             Ok((Some(value), Some(cas))) => Some((value, cas)),
@@ -88,8 +79,8 @@ impl crate::sync::SharedStore for HostStore {
         }
     }
 
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> crate::sync::SetOutcome {
-        use crate::sync::SetOutcome;
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> crate::shared::SetOutcome {
+        use crate::shared::SetOutcome;
         let cas = (cas != 0).then_some(cas);
         match hostcalls::set_shared_data(key, Some(value), cas) {
             Ok(()) => SetOutcome::Stored,
@@ -106,4 +97,12 @@ pub fn now_ms() -> u64 {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// A request header's value (empty when missing or unreadable).
+pub fn request_header(name: &str) -> String {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }

@@ -139,7 +139,7 @@ fn serialize_pairs(pairs: &[(&str, &str)]) -> Bytes {
 fn deserialize_pairs(bytes: &[u8]) -> Vec<(String, String)> {
     let u32_at = |at: usize| -> Option<usize> {
         let b = bytes.get(at..at.checked_add(4)?)?;
-        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
     };
     let Some(count) = u32_at(0) else {
         return Vec::new();

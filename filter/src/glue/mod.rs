@@ -1,12 +1,25 @@
-//! The proxy-wasm layer. Every hostcall goes through [`hostcalls`], whose functions
-//! return `Result` for every status: the SDK's trait helpers and its own `hostcalls`
-//! panic on an unexpected status, and a panic kills this Envoy thread's VM.
+//! The proxy-wasm layer, compiled for wasm32 only: it gathers inputs from the host,
+//! calls the core, and applies the answer. Every hostcall goes through
+//! [`hostcalls`], whose functions return `Result` for every status: the SDK's trait
+//! helpers and its own `hostcalls` panic on an unexpected status, and a panic kills
+//! this Envoy thread's VM.
+//!
+//! One file per concern: `root` (configuration, tick), `state` (the VM state),
+//! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `prefill` (PD's
+//! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
+//! `reply` (local replies), `prober` (overload probes), `metrics` and `host`.
 
+mod bookkeeping;
 mod host;
 mod hostcalls;
-mod http;
-mod overload;
+mod metrics;
+mod prefill;
+mod prober;
+mod push;
+mod reply;
 mod root;
+mod state;
+mod stream;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

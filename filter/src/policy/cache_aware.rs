@@ -1,8 +1,5 @@
-//! Worker selection rungs, each a pure function of the candidates' loads (and a
-//! random source where ties are broken at random).
-//!
-//! `cache_aware` (SGLang model gateway, plus the queue gate and saturation pin of
-//! the newer SGLang router) reads as rungs:
+//! The `cache_aware` policy: SGLang model gateway's prefix affinity, plus the queue
+//! gate and saturation pin of the newer SGLang router. It reads as rungs:
 //! 1. imbalance: if `max - min > balance_abs_threshold` AND
 //!    `max > balance_rel_threshold * min` over the candidates' in-flight counts, the
 //!    least-loaded candidate wins (ties random) and the tree is not consulted;
@@ -25,66 +22,10 @@
 //!
 //! The caller inserts the routing text under the chosen worker whatever the rung.
 
+use super::{decide, least_by, least_loaded, least_pressure, Candidate};
 use crate::decision::{Decision, GateAudit, Reason};
-use crate::tree::{PrefixMatch, TenantId};
-
-/// A fresh engine sample's queue, as the gate and the pin read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineQueue {
-    pub waiting: u64,
-    pub running: u64,
-}
-
-/// A routable worker: its router-side in-flight count and, when fresh, what its
-/// engine last reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Candidate {
-    pub worker: TenantId,
-    pub inflight: u64,
-    pub engine: Option<EngineQueue>,
-}
-
-impl Candidate {
-    pub fn idle(worker: TenantId, inflight: u64) -> Candidate {
-        Candidate {
-            worker,
-            inflight,
-            engine: None,
-        }
-    }
-
-    /// The engine's own load when known, the router's in-flight count otherwise.
-    pub fn pressure(&self) -> u64 {
-        match self.engine {
-            Some(q) => q.waiting.saturating_add(q.running),
-            None => self.inflight,
-        }
-    }
-}
-
-/// The random source the host provides; injected so tests are deterministic.
-pub trait Rng {
-    fn next_u64(&mut self) -> u64;
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
-
-/// SplitMix64: tiny, seedable, good enough for tie-breaks and sampling.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(pub u64);
-
-impl Rng for SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+use crate::rng::Rng;
+use crate::tree::PrefixMatch;
 
 /// SMG's imbalance test. Both conditions must hold: a small absolute gap on a busy
 /// fleet is noise, and a large ratio on an idle fleet is too.
@@ -97,40 +38,6 @@ pub fn is_imbalanced(candidates: &[Candidate], abs_threshold: u64, rel_threshold
         }
         _ => false,
     }
-}
-
-/// The candidate with the least `key`, ties broken at random so an idle fleet
-/// spreads.
-fn least_by(
-    candidates: &[Candidate],
-    key: impl Fn(&Candidate) -> u64,
-    rng: &mut dyn Rng,
-) -> Option<TenantId> {
-    let min = candidates.iter().map(&key).min()?;
-    let tied: Vec<TenantId> = candidates
-        .iter()
-        .filter(|c| key(c) == min)
-        .map(|c| c.worker)
-        .collect();
-    tied.get(rng.below(tied.len())).copied()
-}
-
-/// The least in-flight candidate, ties at random (SMG's least-load).
-pub fn least_loaded(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<TenantId> {
-    least_by(candidates, |c| c.inflight, rng)
-}
-
-/// Least pressure, then lowest id: a stable choice among cache candidates.
-fn least_pressure<'a>(candidates: impl IntoIterator<Item = &'a Candidate>) -> Option<TenantId> {
-    candidates
-        .into_iter()
-        .min_by_key(|c| (c.pressure(), c.worker))
-        .map(|c| c.worker)
-}
-
-/// Among the prefix owners that are candidates, the least pressure, then lowest id.
-pub fn best_owner(owners: &[TenantId], candidates: &[Candidate]) -> Option<TenantId> {
-    least_pressure(candidates.iter().filter(|c| owners.contains(&c.worker)))
 }
 
 /// The queue gate's one rule. Fails open: without a fresh sample the router cannot
@@ -171,15 +78,6 @@ pub struct CacheAwareParams {
     pub balance_rel_threshold: f64,
     pub worker_queue_limit: Option<u64>,
     pub saturation_queue_floor: Option<u64>,
-}
-
-fn decide(worker: TenantId, reason: Reason, matched_chars: usize, gate: GateAudit) -> Decision {
-    Decision {
-        worker,
-        reason,
-        matched_chars,
-        gate,
-    }
 }
 
 /// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
@@ -259,72 +157,13 @@ fn gated_owner_choice(
     }
 }
 
-/// Least-load for bodies without routing text.
-pub fn unreadable(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
-    least_loaded(candidates, rng).map(|w| decide(w, Reason::Unreadable, 0, GateAudit::default()))
-}
-
-/// Round robin over the candidates, advancing a caller-held counter.
-pub fn round_robin(candidates: &[Candidate], counter: &mut u64) -> Option<Decision> {
-    if candidates.is_empty() {
-        return None;
-    }
-    let pick = candidates.get((*counter % candidates.len() as u64) as usize)?;
-    *counter = counter.wrapping_add(1);
-    Some(decide(
-        pick.worker,
-        Reason::RoundRobin,
-        0,
-        GateAudit::default(),
-    ))
-}
-
-pub fn random(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
-    if candidates.is_empty() {
-        return None;
-    }
-    let pick = candidates.get(rng.below(candidates.len()))?;
-    Some(decide(pick.worker, Reason::Random, 0, GateAudit::default()))
-}
-
-/// Two distinct random candidates, the less loaded wins (ties: the first drawn).
-pub fn power_of_two(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
-    let n = candidates.len();
-    if n == 0 {
-        return None;
-    }
-    let a = rng.below(n);
-    let first = candidates.get(a)?;
-    let pick = if n == 1 {
-        first
-    } else {
-        let second = candidates.get((a + 1 + rng.below(n - 1)) % n)?;
-        if second.inflight < first.inflight {
-            second
-        } else {
-            first
-        }
-    };
-    Some(decide(
-        pick.worker,
-        Reason::PowerOfTwo,
-        0,
-        GateAudit::default(),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{c, cands};
     use super::*;
     use crate::decision::Label;
-
-    fn cands(loads: &[u64]) -> Vec<Candidate> {
-        loads
-            .iter()
-            .enumerate()
-            .map(|(i, &inflight)| Candidate::idle(i as TenantId, inflight))
-            .collect()
-    }
+    use crate::rng::SplitMix64;
+    use crate::tree::TenantId;
 
     const SMG: CacheAwareParams = CacheAwareParams {
         cache_threshold: 0.3,
@@ -343,8 +182,14 @@ mod tests {
     }
 
     #[test]
+    fn no_candidates_no_decision() {
+        let mut rng = SplitMix64(1);
+        assert!(cache_aware(&SMG, &[], || matched(0, 1, vec![]), &mut rng).is_none());
+    }
+
+    #[test]
     fn imbalance_needs_both_thresholds() {
-        // The seed's worked example with SMG's command-line defaults.
+        // A worked example with SMG's command-line defaults (abs 64, rel 1.5).
         assert!(
             !is_imbalanced(&cands(&[100, 40]), 64, 1.5),
             "gap 60 <= 64: balanced"
@@ -412,69 +257,6 @@ mod tests {
         let c = cands(&[0, 0]);
         let d = cache_aware(&SMG, &c, || matched(10, 10, vec![7]), &mut rng).unwrap();
         assert_eq!(d.reason, Reason::CacheMiss);
-    }
-
-    #[test]
-    fn least_loaded_breaks_ties_at_random() {
-        let c = cands(&[2, 1, 1, 1]);
-        let mut rng = SplitMix64(3);
-        let mut seen = [0; 4];
-        for _ in 0..300 {
-            seen[least_loaded(&c, &mut rng).unwrap() as usize] += 1;
-        }
-        assert_eq!(seen[0], 0, "never the busier one");
-        assert!(seen[1..].iter().all(|&n| n > 50), "ties spread: {seen:?}");
-        assert_eq!(least_loaded(&[], &mut rng), None);
-    }
-
-    #[test]
-    fn no_candidates_no_decision() {
-        let mut rng = SplitMix64(1);
-        assert!(cache_aware(&SMG, &[], || matched(0, 1, vec![]), &mut rng).is_none());
-        assert!(round_robin(&[], &mut 0).is_none());
-        assert!(random(&[], &mut rng).is_none());
-        assert!(power_of_two(&[], &mut rng).is_none());
-        assert!(unreadable(&[], &mut rng).is_none());
-    }
-
-    #[test]
-    fn round_robin_cycles() {
-        let c = cands(&[0, 0, 0]);
-        let mut counter = 0;
-        let picks: Vec<_> = (0..6)
-            .map(|_| round_robin(&c, &mut counter).unwrap().worker)
-            .collect();
-        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
-    }
-
-    #[test]
-    fn power_of_two_never_picks_the_busiest_of_two() {
-        let c = cands(&[5, 0]);
-        let mut rng = SplitMix64(9);
-        for _ in 0..50 {
-            assert_eq!(power_of_two(&c, &mut rng).unwrap().worker, 1);
-        }
-        let one = cands(&[3]);
-        assert_eq!(power_of_two(&one, &mut rng).unwrap().worker, 0);
-    }
-
-    #[test]
-    fn random_covers_all() {
-        let c = cands(&[0, 9, 0]);
-        let mut rng = SplitMix64(5);
-        let mut seen = [false; 3];
-        for _ in 0..100 {
-            seen[random(&c, &mut rng).unwrap().worker as usize] = true;
-        }
-        assert_eq!(seen, [true; 3]);
-    }
-
-    fn c(worker: TenantId, inflight: u64, engine: Option<(u64, u64)>) -> Candidate {
-        Candidate {
-            worker,
-            inflight,
-            engine: engine.map(|(waiting, running)| EngineQueue { waiting, running }),
-        }
     }
 
     fn gated(limit: Option<u64>, floor: Option<u64>) -> CacheAwareParams {

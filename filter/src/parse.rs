@@ -7,6 +7,9 @@
 //! are skipped); for completions, the prompt (a batch routes by its first element);
 //! for `/generate`, `text` the same way. A body we cannot read is never dropped: it
 //! is routed by load, and the outcome says why.
+//!
+//! `Parsed` keeps the API the path names (`endpoint`), so later stages (PD's body
+//! rewrite) read the body the same way without looking at the path again.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -22,7 +25,11 @@ pub enum ApiKind {
 /// A body that could be routed by its text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoutingRequest {
+    /// The shape the routing text was read as.
     pub kind: ApiKind,
+    /// The API the path names (`None`: an unknown path, where the body's fields
+    /// decided `kind`). PD's rewrite reads the body by this, as it always has.
+    pub endpoint: Option<ApiKind>,
     /// The model, empty when the body names none.
     pub model: String,
     pub stream: bool,
@@ -55,7 +62,30 @@ impl Unreadable {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Parsed {
     Routable(RoutingRequest),
-    Unroutable { reason: Unreadable, model: String },
+    Unroutable {
+        reason: Unreadable,
+        model: String,
+        /// The API the path names, as in `RoutingRequest::endpoint`.
+        endpoint: Option<ApiKind>,
+    },
+}
+
+impl Parsed {
+    /// The API the path names (`None`: unknown path).
+    pub fn endpoint(&self) -> Option<ApiKind> {
+        match self {
+            Parsed::Routable(r) => r.endpoint,
+            Parsed::Unroutable { endpoint, .. } => *endpoint,
+        }
+    }
+
+    /// The model the body names (empty: none, or unreadable).
+    pub fn model(&self) -> &str {
+        match self {
+            Parsed::Routable(r) => &r.model,
+            Parsed::Unroutable { model, .. } => model,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -143,7 +173,8 @@ fn token_ids_text(ids: &[Value]) -> String {
     out
 }
 
-pub(crate) fn guess_kind(path: &str) -> Option<ApiKind> {
+/// The API a path names, by its suffix (query string ignored).
+pub fn endpoint_of(path: &str) -> Option<ApiKind> {
     let path = path.split('?').next().unwrap_or(path);
     if path.ends_with("/chat/completions") {
         Some(ApiKind::Chat)
@@ -159,10 +190,12 @@ pub(crate) fn guess_kind(path: &str) -> Option<ApiKind> {
 /// Parses `body` sent to `path`. The path decides the shape where it is a known
 /// endpoint; otherwise the first of `messages`, `prompt`, `text` present is used.
 pub fn parse(path: &str, body: &[u8]) -> Parsed {
+    let endpoint = endpoint_of(path);
     if body.iter().all(u8::is_ascii_whitespace) {
         return Parsed::Unroutable {
             reason: Unreadable::EmptyBody,
             model: String::new(),
+            endpoint,
         };
     }
     // serde would read a struct from a JSON array by position; only objects count.
@@ -174,6 +207,7 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
         return Parsed::Unroutable {
             reason: Unreadable::NotJson,
             model: String::new(),
+            endpoint,
         };
     };
     let model = match &b.model {
@@ -181,7 +215,6 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
         _ => String::new(),
     };
     let stream = matches!(b.stream, Some(Value::Bool(true)));
-    let by_path = guess_kind(path);
     let attempt = |kind: ApiKind| -> Option<String> {
         match kind {
             ApiKind::Chat => chat_text(b.messages.as_ref()?),
@@ -189,7 +222,7 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
             ApiKind::Generate => prompt_text(b.text.as_ref()?),
         }
     };
-    let order: &[ApiKind] = match by_path {
+    let order: &[ApiKind] = match endpoint {
         Some(k) => &[k][..],
         None => &[ApiKind::Chat, ApiKind::Completions, ApiKind::Generate][..],
     };
@@ -197,6 +230,7 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
         if let Some(text) = attempt(kind) {
             return Parsed::Routable(RoutingRequest {
                 kind,
+                endpoint,
                 model,
                 stream,
                 text,
@@ -206,6 +240,7 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
     Parsed::Unroutable {
         reason: Unreadable::NoRoutingText,
         model,
+        endpoint,
     }
 }
 
@@ -314,6 +349,27 @@ mod tests {
     }
 
     #[test]
+    fn the_endpoint_is_what_the_path_names() {
+        let chat = r#"{"messages":[{"role":"user","content":"c"}]}"#;
+        assert_eq!(
+            parse("/v1/chat/completions?a=b", chat.as_bytes()).endpoint(),
+            Some(ApiKind::Chat)
+        );
+        let r = routable("/other", chat);
+        assert_eq!(
+            (r.kind, r.endpoint),
+            (ApiKind::Chat, None),
+            "shape, not path"
+        );
+        assert_eq!(parse("/generate", b"").endpoint(), Some(ApiKind::Generate));
+        assert_eq!(
+            parse("/v1/completions", b"[").endpoint(),
+            Some(ApiKind::Completions)
+        );
+        assert_eq!(parse("/v1/completions", br#"{"model":"m"}"#).model(), "m");
+    }
+
+    #[test]
     fn multibyte_text_is_kept_whole() {
         let r = routable("/v1/completions", r#"{"prompt":"日本語 café 🦀"}"#);
         assert_eq!(r.text, "日本語 café 🦀");
@@ -342,7 +398,8 @@ mod tests {
             parse("/v1/chat/completions", br#"{"model":"m","messages":"hi"}"#),
             Parsed::Unroutable {
                 reason: Unreadable::NoRoutingText,
-                model: "m".into()
+                model: "m".into(),
+                endpoint: Some(ApiKind::Chat),
             }
         );
         assert_eq!(

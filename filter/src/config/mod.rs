@@ -7,11 +7,18 @@
 //! `balance_rel_threshold 1.5`, `max_tree_size 2^26` chars per tenant, eviction every
 //! 120 s. Validation reports the first broken rule and names the field, so an
 //! operator reading Envoy's log knows what to change.
+//!
+//! This is the bottom layer of the crate: it imports nothing else from it. The
+//! worker list (`workers`) and the overload settings (`overload`) are submodules.
 
 use serde::Deserialize;
 use std::fmt;
 
-use crate::overload::OverloadConfig;
+mod overload;
+mod workers;
+
+pub use overload::*;
+pub use workers::{Pool, WorkerConfig};
 
 pub const DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
 pub const DEFAULT_BALANCE_ABS_THRESHOLD: u64 = 64;
@@ -85,62 +92,6 @@ pub enum Target {
     /// One cluster for the pool with the `override_host` policy reading
     /// `endpoint_header: ip:port`.
     Endpoint,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Pool {
-    #[default]
-    Regular,
-    Prefill,
-    Decode,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerConfig {
-    /// The worker's name: a tenant in the tree, a label in metrics and headers.
-    pub name: String,
-    /// Envoy cluster for `target: cluster`; defaults to `name`.
-    #[serde(default)]
-    pub cluster: Option<String>,
-    /// `ip:port`, required for `target: endpoint`.
-    #[serde(default)]
-    pub address: Option<String>,
-    #[serde(default)]
-    pub pool: Pool,
-    /// Models served; empty serves any model (a single-model fleet).
-    #[serde(default)]
-    pub models: Vec<String>,
-    /// Prefill workers only: the port of the engine's bootstrap server, where decode
-    /// engines fetch the KV (SGLang's `--disaggregation-bootstrap-port`).
-    #[serde(default)]
-    pub bootstrap_port: Option<u16>,
-    /// Prefill workers only: the host decode engines reach the bootstrap server at;
-    /// defaults to the host of `address`.
-    #[serde(default)]
-    pub bootstrap_host: Option<String>,
-}
-
-impl WorkerConfig {
-    pub fn cluster(&self) -> &str {
-        self.cluster.as_deref().unwrap_or(&self.name)
-    }
-
-    pub fn serves(&self, model: &str) -> bool {
-        self.models.is_empty() || self.models.iter().any(|m| m == model)
-    }
-
-    /// Where decode engines meet this prefill worker: `bootstrap_host` or the host of
-    /// `address` (validated to exist for prefill workers).
-    pub fn bootstrap_host(&self) -> Option<&str> {
-        self.bootstrap_host.as_deref().or_else(|| {
-            self.address
-                .as_deref()
-                .and_then(|a| a.rsplit_once(':'))
-                .map(|(host, _)| host)
-        })
-    }
 }
 
 fn default_cache_threshold() -> f64 {
@@ -267,7 +218,7 @@ pub struct Config {
     /// Adds `x-llm-router-worker`, `-decision` and `-reason` to responses.
     #[serde(default = "default_true")]
     pub decision_headers: bool,
-    /// Latency-aware overload flags (seed 003); see `overload`.
+    /// Latency-aware overload flags; see `crate::overload`.
     #[serde(default)]
     pub overload: OverloadConfig,
     /// Seeds the tie-break generator so a run can be replayed decision for decision
@@ -300,13 +251,6 @@ fn is_header_name(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-}
-
-fn is_host_port(s: &str) -> bool {
-    let Some((host, port)) = s.rsplit_once(':') else {
-        return false;
-    };
-    !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 impl Config {
@@ -362,6 +306,16 @@ impl Config {
         self.workers.iter().any(|w| w.pool != Pool::Regular)
     }
 
+    /// The root tick period: the ring's sync interval, or the probe interval when
+    /// that is shorter and overload probing is on.
+    pub fn tick_ms(&self) -> u64 {
+        if self.overload.enabled {
+            self.sync_interval_ms.min(self.overload.probe_interval_ms)
+        } else {
+            self.sync_interval_ms
+        }
+    }
+
     /// The policy that picks workers of `pool`.
     pub fn policy_of(&self, pool: Pool) -> Policy {
         match pool {
@@ -371,8 +325,9 @@ impl Config {
         }
     }
 
-    /// The seeds' order: the limit's value, then the floor's dependency on the
-    /// limit, its own value, and its bound by the limit.
+    /// The limit's value, then the floor's dependency on the limit, its own value,
+    /// and its bound by the limit: each error names the first thing to fix, so an
+    /// operator never fixes a value only to learn it needed another field.
     fn validate_queue_knobs(&self) -> Result<(), ConfigError> {
         if self.worker_queue_limit == Some(0) {
             return Err(err("worker_queue_limit", "must be at least 1"));
@@ -456,112 +411,6 @@ impl Config {
         }
         if self.stats_max_bytes == 0 {
             return Err(err("stats_max_bytes", "must be >= 1"));
-        }
-        Ok(())
-    }
-
-    fn validate_workers(&self) -> Result<(), ConfigError> {
-        if self.workers.is_empty() {
-            return Err(err("workers", "must list at least one worker"));
-        }
-        for (i, w) in self.workers.iter().enumerate() {
-            if w.name.is_empty() || w.name.len() > 128 {
-                return Err(err(format!("workers[{i}].name"), "must be 1 to 128 bytes"));
-            }
-            if self.workers[..i].iter().any(|o| o.name == w.name) {
-                return Err(err(
-                    format!("workers[{i}].name"),
-                    format!("must be unique (`{}` repeats)", w.name),
-                ));
-            }
-            if w.cluster().is_empty() {
-                return Err(err(format!("workers[{i}].cluster"), "must not be empty"));
-            }
-            if let Some(addr) = &w.address {
-                if !is_host_port(addr) {
-                    return Err(err(
-                        format!("workers[{i}].address"),
-                        "must be host:port with a port in 1..=65535",
-                    ));
-                }
-            }
-            if self.target == Target::Endpoint && w.address.is_none() {
-                return Err(err(
-                    format!("workers[{i}].address"),
-                    "is required with `target: endpoint`",
-                ));
-            }
-        }
-        self.validate_pools()
-    }
-
-    /// Either a regular pool, or a prefill and a decode pool (PD): one listener routes
-    /// one way. Prefill workers say where decode engines fetch their KV.
-    fn validate_pools(&self) -> Result<(), ConfigError> {
-        let has = |p: Pool| self.workers.iter().any(|w| w.pool == p);
-        if self.is_pd() {
-            if let Some(i) = self.workers.iter().position(|w| w.pool == Pool::Regular) {
-                return Err(err(
-                    format!("workers[{i}].pool"),
-                    "`regular` cannot be mixed with `prefill`/`decode` workers (run PD on its own listener)",
-                ));
-            }
-            for (pool, name) in [(Pool::Prefill, "prefill"), (Pool::Decode, "decode")] {
-                if !has(pool) {
-                    return Err(err(
-                        "workers",
-                        format!("PD mode needs at least one worker of `pool: {name}`"),
-                    ));
-                }
-            }
-        } else if !has(Pool::Regular) {
-            return Err(err("workers", "must list at least one worker"));
-        }
-        for (i, w) in self.workers.iter().enumerate() {
-            if w.pool != Pool::Prefill {
-                for (field, set) in [
-                    ("bootstrap_port", w.bootstrap_port.is_some()),
-                    ("bootstrap_host", w.bootstrap_host.is_some()),
-                ] {
-                    if set {
-                        return Err(err(
-                            format!("workers[{i}].{field}"),
-                            "applies to `pool: prefill` workers only",
-                        ));
-                    }
-                }
-                continue;
-            }
-            match w.bootstrap_port {
-                None => {
-                    return Err(err(
-                        format!("workers[{i}].bootstrap_port"),
-                        "is required for `pool: prefill` (the engine's bootstrap server port)",
-                    ))
-                }
-                Some(0) => {
-                    return Err(err(
-                        format!("workers[{i}].bootstrap_port"),
-                        "must be in 1..=65535",
-                    ))
-                }
-                Some(_) => {}
-            }
-            match w.bootstrap_host() {
-                None => {
-                    return Err(err(
-                        format!("workers[{i}].bootstrap_host"),
-                        "is required for `pool: prefill` without an `address`",
-                    ))
-                }
-                Some(h) if h.is_empty() || h.contains(['/', ' ', '"']) => {
-                    return Err(err(
-                        format!("workers[{i}].bootstrap_host"),
-                        "must be a host name or IP address",
-                    ))
-                }
-                Some(_) => {}
-            }
         }
         Ok(())
     }
@@ -772,7 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn queue_knobs_follow_the_seeds_rules_and_order() {
+    fn queue_knobs_are_checked_value_first_then_dependency() {
         let rule = |extra: &str| with(extra).unwrap_err();
         assert!(with(r#","worker_queue_limit":1"#).is_ok());
         assert!(with(r#","worker_queue_limit":4,"saturation_queue_floor":4"#).is_ok());
@@ -843,6 +692,23 @@ mod tests {
         assert!(e.to_string().contains("must be below"), "{e}");
         let e = with(r#","overload":{"ttft_enter":3}"#).unwrap_err();
         assert!(e.rule.contains("ttft_enter"), "unknown keys are named: {e}");
+    }
+
+    #[test]
+    fn the_tick_follows_the_shorter_of_sync_and_probe_intervals() {
+        let tick = |extra: &str| with(extra).unwrap().tick_ms();
+        assert_eq!(tick(r#","sync_interval_ms":800"#), 800);
+        assert_eq!(
+            tick(r#","sync_interval_ms":8000,"overload":{"probe_interval_ms":500}"#),
+            500
+        );
+        assert_eq!(
+            tick(
+                r#","sync_interval_ms":8000,"overload":{"enabled":false,"probe_interval_ms":500}"#
+            ),
+            8000,
+            "no probes: the sync interval alone"
+        );
     }
 
     #[test]

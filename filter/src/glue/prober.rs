@@ -10,38 +10,15 @@
 
 use std::time::Duration;
 
-use super::hostcalls;
 use proxy_wasm::types::{LogLevel, MapType};
 
-use super::host::{self, HostStore, Metric};
-use super::root::{State, KEY_PREFIX};
-use crate::config::{Config, WorkerConfig};
-use crate::overload::{
-    observe_latencies, probe_cluster, Event, FlagTable, OverloadConfig, ProbeLease, Transition,
-};
-
-/// Overload stats; the transition counters move on the lease holder only, so each
-/// flip is counted once per Envoy.
-pub struct OverloadMetrics {
-    entered: Metric,
-    recovered: Metric,
-    /// Workers flagged now.
-    flagged: Metric,
-    probes_ok: Metric,
-    probes_failed: Metric,
-}
-
-impl OverloadMetrics {
-    pub fn define() -> OverloadMetrics {
-        OverloadMetrics {
-            entered: Metric::counter("llm_router_overload_entered"),
-            recovered: Metric::counter("llm_router_overload_recovered"),
-            flagged: Metric::gauge("llm_router_overload_flagged"),
-            probes_ok: Metric::counter("llm_router_overload_probes_ok"),
-            probes_failed: Metric::counter("llm_router_overload_probes_failed"),
-        }
-    }
-}
+use super::host::{self, HostStore};
+use super::hostcalls;
+use super::metrics::OverloadMetrics;
+use super::state::State;
+use crate::config::{probe_cluster, Config, OverloadConfig, WorkerConfig};
+use crate::overload::{observe_latencies, Event, Transition};
+use crate::shared::{FlagTable, Keys, ProbeLease};
 
 /// A probe waiting for its answer.
 struct Pending {
@@ -60,32 +37,12 @@ pub struct Prober {
     metrics: OverloadMetrics,
 }
 
-/// The root tick period: the ring's sync interval, or the probe interval when that
-/// is shorter and probing is on.
-pub fn tick_ms(cfg: &Config) -> u64 {
-    if cfg.overload.enabled {
-        cfg.sync_interval_ms.min(cfg.overload.probe_interval_ms)
-    } else {
-        cfg.sync_interval_ms
-    }
-}
-
-/// The flags every stream routes by, by worker index: none when detection is off.
-pub fn overloaded(cfg: &Config) -> Vec<bool> {
-    if !cfg.overload.enabled {
-        return Vec::new();
-    }
-    FlagTable::new(KEY_PREFIX)
-        .read(&HostStore, &cfg.workers)
-        .overloaded()
-}
-
 impl Prober {
-    pub fn new(me: u64) -> Prober {
+    pub fn new(me: u64, keys: &Keys) -> Prober {
         Prober {
             me,
-            lease: ProbeLease::new(KEY_PREFIX),
-            flags: FlagTable::new(KEY_PREFIX),
+            lease: ProbeLease::new(keys),
+            flags: FlagTable::new(keys),
             pending: Vec::new(),
             last_probe_ms: Vec::new(),
             metrics: OverloadMetrics::define(),
@@ -123,7 +80,7 @@ impl Prober {
             self.pending.clear();
             return;
         }
-        let ttl = OverloadConfig::lease_ms(tick_ms(cfg));
+        let ttl = OverloadConfig::lease_ms(cfg.tick_ms());
         if !self.lease.acquire(&HostStore, self.me, now_ms, ttl) {
             return;
         }
@@ -135,7 +92,7 @@ impl Prober {
             .collect();
         let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
             observe_latencies(
-                f,
+                &mut f.0,
                 &table,
                 now_ms,
                 cfg.stale_after_ms,

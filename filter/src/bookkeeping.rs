@@ -1,0 +1,85 @@
+//! What a routed request books once its plan was applied: exactly one decision
+//! label (so labels sum to the routed count), the queue gate's work of every pool
+//! that decided, and in PD the pair. The glue turns a `Booking` into metric
+//! increments, holds the in-flight counts, and records the plan's tree operations.
+
+use crate::decision::Decision;
+use crate::plan::Plan;
+
+/// The counts one routed request adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Booking<'a> {
+    /// Counted under its label, with its gate work.
+    pub labelled: &'a Decision,
+    /// PD: the decode pool's decision, whose gate work is counted without a label.
+    pub gate_only: Option<&'a Decision>,
+    /// PD: one prefill/decode pair sent.
+    pub pd_pair: bool,
+}
+
+/// The prefill pool holds the prompt cache, so in PD its decision is the request's
+/// label; a PD request without a body (no prefill) is labelled by its decode.
+pub fn booking(plan: &Plan) -> Booking<'_> {
+    match &plan.prefill {
+        Some(leg) => Booking {
+            labelled: &leg.decision,
+            gate_only: Some(&plan.main),
+            pd_pair: true,
+        },
+        None => Booking {
+            labelled: &plan.main,
+            gate_only: None,
+            pd_pair: false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{GateAudit, Reason};
+    use crate::plan::PrefillLeg;
+    use crate::target::RouteTarget;
+
+    fn decision(worker: u32, reason: Reason) -> Decision {
+        Decision {
+            worker,
+            reason,
+            matched_chars: 0,
+            gate: GateAudit::default(),
+        }
+    }
+
+    fn plan(prefill: Option<Decision>) -> Plan {
+        Plan {
+            main: decision(1, Reason::PowerOfTwo),
+            target: RouteTarget {
+                worker: "d".into(),
+                header: "h".into(),
+                value: "v".into(),
+            },
+            prefill: prefill.map(|decision| PrefillLeg {
+                decision,
+                body: Vec::new(),
+            }),
+            records: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_regular_request_is_labelled_by_its_decision() {
+        let p = plan(None);
+        let b = booking(&p);
+        assert_eq!(b.labelled, &p.main);
+        assert_eq!((b.gate_only, b.pd_pair), (None, false));
+    }
+
+    #[test]
+    fn a_pd_pair_is_labelled_by_its_prefill_and_gates_its_decode() {
+        let p = plan(Some(decision(0, Reason::CacheHit)));
+        let b = booking(&p);
+        assert_eq!(b.labelled.reason, Reason::CacheHit);
+        assert_eq!(b.gate_only, Some(&p.main));
+        assert!(b.pd_pair);
+    }
+}

@@ -1,0 +1,179 @@
+//! The workers of the plugin configuration: who they are, which pool they serve,
+//! how Envoy reaches them, and the rules a worker list must follow (names unique,
+//! addresses well formed, PD pools all-or-nothing, bootstrap fields on prefill
+//! workers only), so a broken list is refused before any of it is used.
+
+use serde::Deserialize;
+
+use super::{err, Config, ConfigError, Target};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Default, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    #[default]
+    Regular,
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The worker's name: a tenant in the tree, a label in metrics and headers.
+    pub name: String,
+    /// Envoy cluster for `target: cluster`; defaults to `name`.
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// `ip:port`, required for `target: endpoint`.
+    #[serde(default)]
+    pub address: Option<String>,
+    #[serde(default)]
+    pub pool: Pool,
+    /// Models served; empty serves any model (a single-model fleet).
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Prefill workers only: the port of the engine's bootstrap server, where decode
+    /// engines fetch the KV (SGLang's `--disaggregation-bootstrap-port`).
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+    /// Prefill workers only: the host decode engines reach the bootstrap server at;
+    /// defaults to the host of `address`.
+    #[serde(default)]
+    pub bootstrap_host: Option<String>,
+}
+
+impl WorkerConfig {
+    pub fn cluster(&self) -> &str {
+        self.cluster.as_deref().unwrap_or(&self.name)
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+
+    /// Where decode engines meet this prefill worker: `bootstrap_host` or the host of
+    /// `address` (validated to exist for prefill workers).
+    pub fn bootstrap_host(&self) -> Option<&str> {
+        self.bootstrap_host.as_deref().or_else(|| {
+            self.address
+                .as_deref()
+                .and_then(|a| a.rsplit_once(':'))
+                .map(|(host, _)| host)
+        })
+    }
+}
+
+fn is_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+impl Config {
+    pub(super) fn validate_workers(&self) -> Result<(), ConfigError> {
+        if self.workers.is_empty() {
+            return Err(err("workers", "must list at least one worker"));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            if w.name.is_empty() || w.name.len() > 128 {
+                return Err(err(format!("workers[{i}].name"), "must be 1 to 128 bytes"));
+            }
+            if self.workers.iter().take(i).any(|o| o.name == w.name) {
+                return Err(err(
+                    format!("workers[{i}].name"),
+                    format!("must be unique (`{}` repeats)", w.name),
+                ));
+            }
+            if w.cluster().is_empty() {
+                return Err(err(format!("workers[{i}].cluster"), "must not be empty"));
+            }
+            if let Some(addr) = &w.address {
+                if !is_host_port(addr) {
+                    return Err(err(
+                        format!("workers[{i}].address"),
+                        "must be host:port with a port in 1..=65535",
+                    ));
+                }
+            }
+            if self.target == Target::Endpoint && w.address.is_none() {
+                return Err(err(
+                    format!("workers[{i}].address"),
+                    "is required with `target: endpoint`",
+                ));
+            }
+        }
+        self.validate_pools()
+    }
+
+    /// Either a regular pool, or a prefill and a decode pool (PD): one listener routes
+    /// one way. Prefill workers say where decode engines fetch their KV.
+    fn validate_pools(&self) -> Result<(), ConfigError> {
+        let has = |p: Pool| self.workers.iter().any(|w| w.pool == p);
+        if self.is_pd() {
+            if let Some(i) = self.workers.iter().position(|w| w.pool == Pool::Regular) {
+                return Err(err(
+                    format!("workers[{i}].pool"),
+                    "`regular` cannot be mixed with `prefill`/`decode` workers (run PD on its own listener)",
+                ));
+            }
+            for (pool, name) in [(Pool::Prefill, "prefill"), (Pool::Decode, "decode")] {
+                if !has(pool) {
+                    return Err(err(
+                        "workers",
+                        format!("PD mode needs at least one worker of `pool: {name}`"),
+                    ));
+                }
+            }
+        } else if !has(Pool::Regular) {
+            return Err(err("workers", "must list at least one worker"));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            if w.pool != Pool::Prefill {
+                for (field, set) in [
+                    ("bootstrap_port", w.bootstrap_port.is_some()),
+                    ("bootstrap_host", w.bootstrap_host.is_some()),
+                ] {
+                    if set {
+                        return Err(err(
+                            format!("workers[{i}].{field}"),
+                            "applies to `pool: prefill` workers only",
+                        ));
+                    }
+                }
+                continue;
+            }
+            match w.bootstrap_port {
+                None => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_port"),
+                        "is required for `pool: prefill` (the engine's bootstrap server port)",
+                    ))
+                }
+                Some(0) => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_port"),
+                        "must be in 1..=65535",
+                    ))
+                }
+                Some(_) => {}
+            }
+            match w.bootstrap_host() {
+                None => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_host"),
+                        "is required for `pool: prefill` without an `address`",
+                    ))
+                }
+                Some(h) if h.is_empty() || h.contains(['/', ' ', '"']) => {
+                    return Err(err(
+                        format!("workers[{i}].bootstrap_host"),
+                        "must be a host name or IP address",
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}

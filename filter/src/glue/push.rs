@@ -1,0 +1,112 @@
+//! The collector's push endpoint, answered by the filter itself: the stats path
+//! (with a token configured) takes a `POST` of one snapshot. The token, method and
+//! declared size are checked on the headers, before anything is buffered; the body
+//! is checked whole (`crate::push`) and stored all or nothing.
+
+use proxy_wasm::types::Action;
+
+use super::host::{self, request_header, HostStore};
+use super::reply;
+use super::state::Shared;
+use crate::push::{parse_push, token_matches, PushError};
+
+/// What the request headers say about a push.
+pub enum Start {
+    /// Not the stats endpoint (or pushes are off): route as usual.
+    NotPush,
+    /// Refused on its headers; the reply is sent.
+    Refused(Action),
+    /// A push to buffer and check at the end of the body.
+    Accepting,
+}
+
+/// Recognises a collector push and refuses it early when the token, method or
+/// declared size is wrong.
+pub fn start(state: &Shared, path: &str, end_of_stream: bool) -> Start {
+    let settings = state.borrow().as_ref().and_then(|s| {
+        let cfg = s.router.config();
+        Some((
+            cfg.stats_token.clone()?,
+            cfg.stats_path.clone(),
+            cfg.stats_max_bytes,
+        ))
+    });
+    let Some((token, stats_path, limit)) = settings else {
+        return Start::NotPush;
+    };
+    if path.split('?').next() != Some(stats_path.as_str()) {
+        return Start::NotPush;
+    }
+    let refused = |e: PushError| Start::Refused(refuse(state, &e));
+    let authorization = request_header("authorization");
+    if !token_matches(Some(&authorization), &token) {
+        return refused(PushError::Unauthorized);
+    }
+    if request_header(":method") != "POST" {
+        return refused(PushError::BadRequest(
+            "the stats endpoint takes POST".into(),
+        ));
+    }
+    if request_header("content-length")
+        .parse::<usize>()
+        .is_ok_and(|n| n > limit)
+    {
+        return refused(PushError::TooLarge { limit });
+    }
+    if end_of_stream {
+        return refused(PushError::BadRequest("empty snapshot".into()));
+    }
+    Start::Accepting
+}
+
+/// A body already over the limit while it is still arriving: refused at once.
+pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
+    let limit = state
+        .borrow()
+        .as_ref()
+        .map_or(0, |s| s.router.config().stats_max_bytes);
+    (body_size > limit).then(|| refuse(state, &PushError::TooLarge { limit }))
+}
+
+/// Stores a whole snapshot, all or nothing, and answers the collector.
+pub fn accept(state: &Shared, body: &[u8]) -> Action {
+    let slot = state.borrow();
+    let Some(state) = slot.as_ref() else {
+        return reply::json(503, "not_configured", "{\"error\":\"not configured\"}");
+    };
+    let workers = &state.router.config().workers;
+    let limit = state.router.config().stats_max_bytes;
+    let outcome = parse_push(body, limit, workers, host::now_ms()).and_then(|reports| {
+        let n = reports.iter().filter(|r| r.is_some()).count();
+        if state.shared.samples.write(&HostStore, workers, &reports) {
+            Ok(n)
+        } else {
+            Err(PushError::BadRequest(
+                "shared data refused the snapshot".into(),
+            ))
+        }
+    });
+    match outcome {
+        Ok(n) => {
+            state.metrics.pushes_accepted.inc();
+            reply::json(200, "stats_accepted", &format!("{{\"accepted\":{n}}}"))
+        }
+        Err(e) => {
+            state.metrics.pushes_rejected.inc();
+            reply_refused(&e)
+        }
+    }
+}
+
+/// Refuses a push with its status and reason, and counts it.
+fn refuse(state: &Shared, e: &PushError) -> Action {
+    if let Some(s) = state.borrow().as_ref() {
+        s.metrics.pushes_rejected.inc();
+    }
+    reply_refused(e)
+}
+
+fn reply_refused(e: &PushError) -> Action {
+    let body = serde_json::json!({"error": e.reason()}).to_string();
+    reply::json(e.status(), "stats_refused", &body)
+}

@@ -1,0 +1,43 @@
+//! Local replies: the filter answers the client itself (a refused request, a
+//! collector push, a failed PD prefill). The stream stays paused; Envoy ends it.
+
+use proxy_wasm::types::{Action, LogLevel};
+
+use super::host;
+use super::hostcalls;
+use crate::header_names::REASON_HEADER;
+use crate::plan::Refusal;
+
+/// A local reply with a JSON body, the reason in `x-llm-router-reason`.
+pub fn json(status: u32, reason: &str, body: &str) -> Action {
+    let sent = hostcalls::send_http_response(
+        status,
+        vec![
+            (REASON_HEADER, reason),
+            ("content-type", "application/json"),
+        ],
+        Some(body.as_bytes()),
+    );
+    if let Err(e) = sent {
+        host::log(
+            LogLevel::Error,
+            &format!("llm-router: cannot send {status}: {e:?}"),
+        );
+    }
+    Action::Pause
+}
+
+/// A refused request: an OpenAI-style error body.
+pub fn refusal(r: Refusal) -> Action {
+    let (status, reason) = (r.status(), r.as_str());
+    let message = match status {
+        400 => format!("request cannot be routed: {reason}"),
+        _ => format!("no worker available: {reason}"),
+    };
+    let kind = match status {
+        400 => "invalid_request_error",
+        _ => "service_unavailable",
+    };
+    let body = serde_json::json!({"error": {"message": message, "type": kind}});
+    json(status, reason, &body.to_string())
+}

@@ -1,0 +1,152 @@
+//! The VM state every stream and the root context of one VM share: the router, this
+//! VM's handles on the shared tables and its place in the operation ring, the
+//! tie-break generator and the stats.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use proxy_wasm::types::LogLevel;
+
+use super::host::{self, HostStore};
+use super::metrics::Metrics;
+use crate::config::Config;
+use crate::load::{LoadTable, Loads};
+use crate::rng::SplitMix64;
+use crate::router::Router;
+use crate::shared::{read_loads, EvictionClock, InflightTable, Keys, Op, OpRing, SamplesTable};
+
+/// The "gate configured but blind" warning fires once per this many requests.
+const GATE_INERT_LOG_SAMPLE: u64 = 64;
+
+/// This VM's handles on the state all VMs share.
+pub struct SharedState {
+    pub keys: Keys,
+    pub ring: OpRing,
+    pub inflight: InflightTable,
+    pub eviction: EvictionClock,
+    pub samples: SamplesTable,
+    /// The next ring sequence this VM has not applied.
+    pub cursor: u64,
+}
+
+/// Everything the streams of this VM share.
+pub struct State {
+    pub router: Router,
+    pub shared: SharedState,
+    pub rng: SplitMix64,
+    pub metrics: Metrics,
+    /// Requests routed with the gate blind, for the sampled warning.
+    gate_inert_seen: u64,
+}
+
+/// The VM state, absent until the first configuration is accepted.
+pub type Shared = Rc<RefCell<Option<State>>>;
+
+impl State {
+    /// A new VM (or one reloaded after a failure) takes the ring from whatever it
+    /// still holds, and catches up with it.
+    pub fn new(cfg: Config, keys: Keys, ring: OpRing) -> State {
+        let head = ring.head(&HostStore).unwrap_or(0);
+        let cursor = head.saturating_sub(ring.slots() as u64);
+        let seed = cfg.rng_seed.unwrap_or_else(host::random_seed);
+        let mut state = State {
+            router: Router::new(cfg),
+            shared: SharedState {
+                ring,
+                inflight: InflightTable::new(&keys),
+                eviction: EvictionClock::new(&keys),
+                samples: SamplesTable::new(&keys),
+                keys,
+                cursor,
+            },
+            rng: SplitMix64(seed),
+            metrics: Metrics::define(),
+            gate_inert_seen: 0,
+        };
+        state.catch_up();
+        state
+    }
+
+    /// Takes a new configuration; a resized ring is a new stream, read from its head.
+    pub fn reconfigure(&mut self, cfg: Config, ring: OpRing) {
+        if self.shared.ring.slots() != ring.slots() {
+            self.shared.cursor = ring.head(&HostStore).unwrap_or(0);
+            self.shared.ring = ring;
+        }
+        self.router.reconfigure(cfg);
+    }
+
+    /// What a request routes by: every thread's in-flight counts, the collector's
+    /// samples and the overload flags, read once.
+    pub fn loads(&self) -> Loads {
+        read_loads(
+            &HostStore,
+            &self.shared.keys,
+            self.router.config(),
+            host::now_ms(),
+        )
+    }
+
+    /// The collector's last snapshot, for this config's workers.
+    pub fn engine_loads(&self) -> LoadTable {
+        self.shared
+            .samples
+            .read(&HostStore, &self.router.config().workers)
+    }
+
+    /// The whole Envoy's in-flight requests.
+    pub fn inflight_total(&self) -> u64 {
+        self.shared
+            .inflight
+            .by_worker(&HostStore, &self.router.config().workers)
+            .iter()
+            .sum()
+    }
+
+    /// Counts a request routed with the gate set but no fresh sample anywhere, and
+    /// warns on 1 in 64: the condition is steady, so sampling exposes it without
+    /// flooding the log.
+    pub fn note_gate_inert(&mut self) {
+        self.metrics.gate_inert.inc();
+        if self.gate_inert_seen.is_multiple_of(GATE_INERT_LOG_SAMPLE) {
+            host::log(
+                LogLevel::Warn,
+                "llm-router: worker_queue_limit is set but no worker has a fresh engine sample, \
+                 so the queue gate is inert: check that the collector pushes to the stats endpoint",
+            );
+        }
+        self.gate_inert_seen += 1;
+    }
+
+    /// Applies what other VMs recorded since the last call.
+    pub fn catch_up(&mut self) {
+        let router = &mut self.router;
+        let got = self
+            .shared
+            .ring
+            .catch_up(&HostStore, &mut self.shared.cursor, |seq, op| {
+                router.apply(seq, &op)
+            });
+        if got.applied > 0 {
+            self.metrics.sync_applied.add(got.applied);
+        }
+        if got.gaps > 0 {
+            self.metrics.sync_gaps.add(got.gaps);
+        }
+    }
+
+    /// Shares `op` with every VM and applies it here (in ring order).
+    pub fn record(&mut self, op: Op) {
+        match self.shared.ring.append(&HostStore, &op.encode()) {
+            Ok(_) => self.catch_up(),
+            Err(e) => {
+                self.metrics.sync_append_failures.inc();
+                host::log(
+                    LogLevel::Warn,
+                    &format!("llm-router: tree operation kept on this thread only: {e:?}"),
+                );
+                self.router.apply_local(&op);
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! One HTTP stream: strip client routing headers, buffer the body, decide at end of
+//! stream (`crate::plan`), apply the plan (routing header, PD body and prefill copy,
+//! bookkeeping), clear the route cache, and hold the in-flight counts until the
+//! stream ends (however it ends). Collector pushes are handed to `push`.
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
+
+use super::bookkeeping::{self, Held};
+use super::host::{self, request_header};
+use super::hostcalls;
+use super::prefill::{self, Leg};
+use super::push::{self, Start};
+use super::reply;
+use super::state::Shared;
+use crate::decision::Decision;
+use crate::header_names::{
+    DECISION_HEADER, DECODE_REASON_HEADER, PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
+};
+use crate::parse::{parse, Parsed};
+use crate::plan::{plan, Refusal};
+
+/// What a routed stream chose: the worker that gets the request itself (regular or
+/// decode) and, in PD mode, the prefill leg.
+struct Routed {
+    decision: Decision,
+    held: Held,
+    prefill: Option<Leg>,
+}
+
+pub struct Stream {
+    state: Shared,
+    path: String,
+    /// An authorised stats push from the collector, answered by the filter itself.
+    push: bool,
+    /// Set once a worker was chosen; its counts are released when the stream ends.
+    routed: Option<Routed>,
+    /// The filter answered the client itself after routing (a failed prefill).
+    replied: bool,
+    /// Response headers went to the client: too late for a local reply.
+    response_started: bool,
+}
+
+impl Stream {
+    pub fn new(state: Shared) -> Stream {
+        Stream {
+            state,
+            path: String::new(),
+            push: false,
+            routed: None,
+            replied: false,
+            response_started: false,
+        }
+    }
+
+    /// Routes the request: on success the routing header is set and the stream may
+    /// continue; on failure a local reply is sent and the stream must stay paused.
+    fn route(&mut self, body: &[u8]) -> Action {
+        let parsed = parse(&self.path, body);
+        let mut slot = self.state.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            drop(slot);
+            return reply::refusal(Refusal::NotConfigured);
+        };
+        if let Parsed::Unroutable { reason, .. } = &parsed {
+            state.metrics.unreadable.inc();
+            host::log(
+                LogLevel::Debug,
+                &format!("llm-router: routing by load: {}", reason.as_str()),
+            );
+        }
+        // See every prefix any thread routed, every thread's load, and the engines'.
+        state.catch_up();
+        let loads = state.loads();
+        let planned = plan(
+            &mut state.router,
+            &parsed,
+            body,
+            &loads,
+            &mut state.rng,
+            &mut host::entropy,
+        );
+        if planned.notes.gate_inert {
+            state.note_gate_inert();
+        }
+        if planned.notes.owner_overloaded {
+            state.metrics.overload_owner_filtered.inc();
+        }
+        let plan = match planned.outcome {
+            Ok(p) => p,
+            Err(refusal) => {
+                if refusal.is_no_worker() {
+                    state.metrics.no_worker.inc();
+                }
+                drop(slot);
+                return reply::refusal(refusal);
+            }
+        };
+        let target = &plan.target;
+        let set = hostcalls::set_map_value(
+            MapType::HttpRequestHeaders,
+            &target.header,
+            Some(&target.value),
+        );
+        if let Err(e) = set {
+            host::log(
+                LogLevel::Error,
+                &format!("llm-router: cannot set {}: {e:?}", target.header),
+            );
+            drop(slot);
+            return reply::refusal(Refusal::HeaderRejected);
+        }
+        let prefill = match &plan.prefill {
+            None => None,
+            Some(leg) => {
+                let cfg = state.router.config();
+                let sent = cfg
+                    .workers
+                    .get(leg.decision.worker as usize)
+                    .ok_or(Refusal::UnknownWorker)
+                    .and_then(|w| {
+                        let token = prefill::send(cfg, w, &self.path, body.len(), &leg.body)?;
+                        Ok((w, token))
+                    });
+                match sent {
+                    Ok((w, token)) => Some(Leg {
+                        decision: leg.decision,
+                        held: Held::take(state, &w.name),
+                        token,
+                    }),
+                    Err(refusal) => {
+                        state.metrics.pd_prefill_failures.inc();
+                        drop(slot);
+                        return reply::refusal(refusal);
+                    }
+                }
+            }
+        };
+        let held = Held::take(state, &target.worker);
+        let decision = plan.main;
+        bookkeeping::book(state, plan);
+        self.routed = Some(Routed {
+            decision,
+            held,
+            prefill,
+        });
+        drop(slot);
+        // The route was chosen before the header existed; make Envoy look again.
+        if let Err(e) = hostcalls::call_foreign_function("clear_route_cache", None) {
+            host::log(
+                LogLevel::Warn,
+                &format!("llm-router: clear_route_cache failed: {e:?}"),
+            );
+        }
+        Action::Continue
+    }
+
+    /// Gives the in-flight counts back, exactly once per routed stream, however the
+    /// stream ended (completed, reset, client gone).
+    fn release(&mut self) {
+        let Some(routed) = self.routed.as_mut() else {
+            return;
+        };
+        if let Some(state) = self.state.borrow().as_ref() {
+            routed.held.release(state);
+            if let Some(leg) = routed.prefill.as_mut() {
+                leg.held.release(state);
+            }
+        }
+    }
+
+    /// The decision headers of a routed response (`decision_headers`).
+    fn decision_headers(&self) {
+        let Some(routed) = self.routed.as_ref() else {
+            return;
+        };
+        let slot = self.state.borrow();
+        let Some(state) = slot.as_ref() else {
+            return;
+        };
+        let cfg = state.router.config();
+        if !cfg.decision_headers {
+            return;
+        }
+        let name = |d: &Decision| {
+            cfg.workers
+                .get(d.worker as usize)
+                .map(|w| w.name.as_str())
+                .unwrap_or_default()
+        };
+        let main = routed.decision;
+        // In PD mode the cache decision is the prefill pool's.
+        let cache = routed.prefill.as_ref().map_or(main, |leg| leg.decision);
+        let mut headers = vec![
+            (WORKER_HEADER, name(&main)),
+            (DECISION_HEADER, cache.label().as_str()),
+            (REASON_HEADER, cache.reason.as_str()),
+        ];
+        if let Some(leg) = &routed.prefill {
+            headers.push((PREFILL_WORKER_HEADER, name(&leg.decision)));
+            headers.push((DECODE_REASON_HEADER, main.reason.as_str()));
+        }
+        for (h, v) in headers {
+            let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, h, Some(v));
+        }
+    }
+}
+
+impl Context for Stream {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let slot = self.state.borrow();
+        let Some(state) = slot.as_ref() else {
+            return;
+        };
+        let Some(routed) = self.routed.as_mut() else {
+            return;
+        };
+        let Some(leg) = routed.prefill.as_mut().filter(|leg| leg.token == token_id) else {
+            return;
+        };
+        prefill::answered(
+            state,
+            leg,
+            &routed.decision,
+            num_headers,
+            body_size,
+            self.response_started,
+            &mut self.replied,
+        );
+    }
+
+    fn on_done(&mut self) -> bool {
+        self.release();
+        true
+    }
+}
+
+impl HttpContext for Stream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let (cluster_header, endpoint_header) = match self.state.borrow().as_ref() {
+            Some(s) => (
+                s.router.config().cluster_header.clone(),
+                s.router.config().endpoint_header.clone(),
+            ),
+            None => return reply::refusal(Refusal::NotConfigured),
+        };
+        // A client must not pick its own upstream.
+        for h in [cluster_header.as_str(), endpoint_header.as_str()] {
+            let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, h);
+        }
+        self.path = request_header(":path");
+        match push::start(&self.state, &self.path, end_of_stream) {
+            Start::NotPush => {}
+            Start::Refused(action) => return action,
+            Start::Accepting => {
+                self.push = true;
+                return Action::Pause;
+            }
+        }
+        if end_of_stream {
+            return self.route(&[]);
+        }
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.push {
+            if let Some(refused) = push::check_size(&self.state, body_size) {
+                self.push = false;
+                return refused;
+            }
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if self.push {
+            return push::accept(&self.state, &body);
+        }
+        self.route(&body)
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.response_started = true;
+        // A local reply after routing carries its own reason.
+        if !self.replied {
+            self.decision_headers();
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.release();
+    }
+}

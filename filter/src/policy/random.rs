@@ -1,0 +1,31 @@
+//! Uniform random choice among the candidates.
+
+use super::{decide, Candidate};
+use crate::decision::{Decision, GateAudit, Reason};
+use crate::rng::Rng;
+
+pub fn random(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let pick = candidates.get(rng.below(candidates.len()))?;
+    Some(decide(pick.worker, Reason::Random, 0, GateAudit::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::cands;
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    #[test]
+    fn random_covers_all() {
+        let c = cands(&[0, 9, 0]);
+        let mut rng = SplitMix64(5);
+        let mut seen = [false; 3];
+        for _ in 0..100 {
+            seen[random(&c, &mut rng).unwrap().worker as usize] = true;
+        }
+        assert_eq!(seen, [true; 3]);
+    }
+}

@@ -1,0 +1,36 @@
+//! Round robin: each pool keeps its own counter (in the router), so one pool's
+//! traffic does not skew another's.
+
+use super::{decide, Candidate};
+use crate::decision::{Decision, GateAudit, Reason};
+
+/// Round robin over the candidates, advancing a caller-held counter.
+pub fn round_robin(candidates: &[Candidate], counter: &mut u64) -> Option<Decision> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let pick = candidates.get((*counter % candidates.len() as u64) as usize)?;
+    *counter = counter.wrapping_add(1);
+    Some(decide(
+        pick.worker,
+        Reason::RoundRobin,
+        0,
+        GateAudit::default(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::cands;
+    use super::*;
+
+    #[test]
+    fn round_robin_cycles() {
+        let c = cands(&[0, 0, 0]);
+        let mut counter = 0;
+        let picks: Vec<_> = (0..6)
+            .map(|_| round_robin(&c, &mut counter).unwrap().worker)
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    }
+}

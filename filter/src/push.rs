@@ -1,0 +1,249 @@
+//! The collector's push: what it may send to the stats endpoint and how a push is
+//! checked before anything is stored.
+//!
+//! A push is all-or-nothing: the token, the size, the JSON shape, every worker name
+//! and every number are checked before anything is stored, so a bad push changes no
+//! state (the glue stores the reports with `crate::shared::SamplesTable`).
+//!
+//! The token is compared through SHA-256 digests, so the comparison takes the same
+//! time whatever prefix of the token a caller guessed.
+
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::config::WorkerConfig;
+use crate::load::{EngineSample, Report};
+
+/// Why a push was refused; maps to the HTTP status the collector gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushError {
+    Unauthorized,
+    TooLarge { limit: usize },
+    BadRequest(String),
+}
+
+impl PushError {
+    pub fn status(&self) -> u32 {
+        match self {
+            PushError::Unauthorized => 401,
+            PushError::TooLarge { .. } => 413,
+            PushError::BadRequest(_) => 400,
+        }
+    }
+
+    pub fn reason(&self) -> String {
+        match self {
+            PushError::Unauthorized => "missing or wrong bearer token".to_string(),
+            PushError::TooLarge { limit } => format!("snapshot larger than {limit} bytes"),
+            PushError::BadRequest(r) => r.clone(),
+        }
+    }
+}
+
+/// Constant-time check of an `authorization` header against the configured token.
+pub fn token_matches(authorization: Option<&str>, token: &str) -> bool {
+    let presented = authorization
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let a = Sha256::digest(presented.as_bytes());
+    let b = Sha256::digest(token.as_bytes());
+    let diff = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    diff == 0 && !token.is_empty()
+}
+
+#[derive(Deserialize)]
+struct Push {
+    workers: Vec<Value>,
+}
+
+fn number(
+    obj: &serde_json::Map<String, Value>,
+    field: &str,
+    name: &str,
+) -> Result<Option<f64>, PushError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(v) if v.is_finite() && v >= 0.0 => Ok(Some(v)),
+            _ => Err(PushError::BadRequest(format!(
+                "worker `{name}`: `{field}` must be a finite number >= 0"
+            ))),
+        },
+        Some(_) => Err(PushError::BadRequest(format!(
+            "worker `{name}`: `{field}` must be a number"
+        ))),
+    }
+}
+
+fn count(obj: &serde_json::Map<String, Value>, field: &str, name: &str) -> Result<u64, PushError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(0),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            PushError::BadRequest(format!(
+                "worker `{name}`: `{field}` must be a non-negative integer"
+            ))
+        }),
+    }
+}
+
+/// Checks a push body against the configured workers and returns the new reports
+/// by worker index (workers the push does not mention keep `None`). A worker is
+/// named by `name`, or by `address` (as the collector sees endpoint-mode pools).
+pub fn parse_push(
+    body: &[u8],
+    max_bytes: usize,
+    workers: &[WorkerConfig],
+    now_ms: u64,
+) -> Result<Vec<Option<Report>>, PushError> {
+    if body.len() > max_bytes {
+        return Err(PushError::TooLarge { limit: max_bytes });
+    }
+    let push: Push = serde_json::from_slice(body)
+        .map_err(|e| PushError::BadRequest(format!("not a snapshot object with `workers`: {e}")))?;
+    let mut out: Vec<Option<Report>> = vec![None; workers.len()];
+    for entry in &push.workers {
+        let Some(obj) = entry.as_object() else {
+            return Err(PushError::BadRequest(
+                "each worker must be an object".into(),
+            ));
+        };
+        let name = obj.get("name").and_then(Value::as_str);
+        let address = obj.get("address").and_then(Value::as_str);
+        let label = name.or(address).unwrap_or("?");
+        let index = workers.iter().position(|w| {
+            name.is_some_and(|n| n == w.name)
+                || (name.is_none() && address.is_some() && w.address.as_deref() == address)
+        });
+        let Some(index) = index else {
+            return Err(PushError::BadRequest(format!(
+                "unknown worker `{label}`: not in the plugin config's workers"
+            )));
+        };
+        let reachable = match obj.get("reachable") {
+            None => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(PushError::BadRequest(format!(
+                    "worker `{label}`: `reachable` must be a boolean"
+                )))
+            }
+        };
+        let report = if reachable {
+            let kv_usage = number(obj, "kv_usage", label)?;
+            if kv_usage.is_some_and(|u| u > 1.0) {
+                return Err(PushError::BadRequest(format!(
+                    "worker `{label}`: `kv_usage` must be within 0..=1"
+                )));
+            }
+            Report::Sample(EngineSample {
+                num_waiting: count(obj, "num_waiting", label)?,
+                num_running: count(obj, "num_running", label)?,
+                kv_usage,
+                ttft_p90_s: number(obj, "ttft_p90_s", label)?,
+                tpot_p90_s: number(obj, "tpot_p90_s", label)?,
+                at_ms: now_ms,
+            })
+        } else {
+            Report::Unreachable { at_ms: now_ms }
+        };
+        match out.get_mut(index) {
+            Some(slot @ None) => *slot = Some(report),
+            _ => {
+                return Err(PushError::BadRequest(format!(
+                    "worker `{label}` appears twice"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers() -> Vec<WorkerConfig> {
+        let cfg = crate::config::Config::from_json(
+            br#"{"workers":[{"name":"w0","address":"10.0.0.1:8000"},{"name":"w1"}]}"#,
+        )
+        .unwrap();
+        cfg.workers
+    }
+
+    #[test]
+    fn token_check() {
+        assert!(token_matches(Some("Bearer s3cret"), "s3cret"));
+        assert!(!token_matches(Some("Bearer s3cre"), "s3cret"));
+        assert!(!token_matches(Some("bearer s3cret"), "s3cret"));
+        assert!(!token_matches(Some("s3cret"), "s3cret"));
+        assert!(!token_matches(None, "s3cret"));
+        assert!(
+            !token_matches(Some("Bearer "), ""),
+            "an empty token never matches"
+        );
+    }
+
+    #[test]
+    fn a_good_push_yields_reports_by_index() {
+        let body = br#"{"collector":"c","workers":[
+            {"name":"w1","num_waiting":3,"num_running":5,"kv_usage":0.5,"ttft_p90_s":0.8,"tpot_p90_s":null},
+            {"address":"10.0.0.1:8000","reachable":false,"error":"refused"}]}"#;
+        let r = parse_push(body, 4096, &workers(), 77).unwrap();
+        assert_eq!(
+            r[0],
+            Some(Report::Unreachable { at_ms: 77 }),
+            "matched by address"
+        );
+        let Some(Report::Sample(s)) = r[1] else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (
+                s.num_waiting,
+                s.num_running,
+                s.kv_usage,
+                s.tpot_p90_s,
+                s.at_ms
+            ),
+            (3, 5, Some(0.5), None, 77)
+        );
+    }
+
+    #[test]
+    fn bad_pushes_are_refused_with_a_reason() {
+        let w = workers();
+        let bad = |body: &str| parse_push(body.as_bytes(), 4096, &w, 1).unwrap_err();
+        assert_eq!(
+            parse_push(&[b' '; 10], 5, &w, 1),
+            Err(PushError::TooLarge { limit: 5 })
+        );
+        assert_eq!(bad("nope").status(), 400);
+        assert_eq!(bad(r#"{"workers":{}}"#).status(), 400);
+        assert!(bad(r#"{"workers":[{"name":"w9"}]}"#)
+            .reason()
+            .contains("unknown worker `w9`"));
+        assert!(bad(r#"{"workers":[{"name":"w0","num_waiting":-1}]}"#)
+            .reason()
+            .contains("num_waiting"));
+        assert!(bad(r#"{"workers":[{"name":"w0","num_waiting":1.5}]}"#)
+            .reason()
+            .contains("num_waiting"));
+        assert!(bad(r#"{"workers":[{"name":"w0","kv_usage":1.5}]}"#)
+            .reason()
+            .contains("kv_usage"));
+        assert!(bad(r#"{"workers":[{"name":"w0","ttft_p90_s":"x"}]}"#)
+            .reason()
+            .contains("ttft_p90_s"));
+        assert!(bad(r#"{"workers":[{"name":"w0","reachable":"yes"}]}"#)
+            .reason()
+            .contains("reachable"));
+        assert!(bad(r#"{"workers":[{"name":"w0"},{"name":"w0"}]}"#)
+            .reason()
+            .contains("twice"));
+        assert!(bad(r#"{"workers":[7]}"#).reason().contains("object"));
+    }
+}

@@ -1,0 +1,223 @@
+//! Routing state shared by every VM of one Envoy (one VM per worker thread), over
+//! proxy-wasm shared data: the only thing that crosses VMs. One file per table, each
+//! with its encoding:
+//!
+//! - `ring`: the operation ring, tree operations (`ops`) in one order for every VM;
+//! - `inflight`: requests in flight per worker;
+//! - `eviction`: the eviction clock, one `Op::Evict` per interval;
+//! - `samples`: the collector's last engine samples;
+//! - `flags`: the overload flags (written by the prober lease holder only);
+//! - `lease`: which VM runs the overload prober.
+//!
+//! Keys are a small fixed set (ABI 0.2.1 cannot delete keys), all built by `Keys`
+//! here and nowhere else. `read_loads` gathers what one request routes by.
+//!
+//! The module is sans-IO: `SharedStore` is implemented by the glue over hostcalls
+//! and by an in-memory map in tests.
+
+mod eviction;
+mod flags;
+mod inflight;
+mod lease;
+mod ops;
+mod ring;
+mod samples;
+
+pub use eviction::EvictionClock;
+pub use flags::{FlagTable, Flags};
+pub use inflight::InflightTable;
+pub use lease::{claim, Lease, ProbeLease};
+pub use ops::{truncate_text, Op};
+pub use ring::{AppendError, CatchUp, OpRing};
+pub use samples::SamplesTable;
+
+use crate::config::Config;
+use crate::load::Loads;
+
+/// The part of proxy-wasm shared data this module needs.
+pub trait SharedStore {
+    /// The value and its CAS token; `None` when missing (or unreadable).
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
+    /// Sets `value` if the key's CAS is still `cas` (`0`: unconditionally).
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetOutcome {
+    Stored,
+    CasMismatch,
+    Failed,
+}
+
+/// How often a CAS loop retries before giving up (contention is between a handful
+/// of threads; this is a bound, not an expected count).
+pub const CAS_ATTEMPTS: usize = 64;
+
+/// The shared-data key space: every key the filter uses is built here. Shared data
+/// is already scoped by `vm_id`; the prefix keeps the filter's keys apart from any
+/// other plugin's in the same VM id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+/// The filter's key prefix.
+pub const KEY_PREFIX: &str = "llm_router";
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys::new(KEY_PREFIX)
+    }
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Keys {
+        Keys {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// The ring's next sequence number.
+    pub fn ring_head(&self) -> String {
+        format!("{}.ring.head", self.prefix)
+    }
+
+    /// Ring slot `i`.
+    pub fn ring_slot(&self, i: usize) -> String {
+        format!("{}.ring.slot.{i}", self.prefix)
+    }
+
+    pub fn inflight(&self) -> String {
+        format!("{}.inflight", self.prefix)
+    }
+
+    pub fn eviction(&self) -> String {
+        format!("{}.evict.last_ms", self.prefix)
+    }
+
+    pub fn samples(&self) -> String {
+        format!("{}.samples", self.prefix)
+    }
+
+    pub fn flags(&self) -> String {
+        format!("{}.overload.flags", self.prefix)
+    }
+
+    pub fn lease(&self) -> String {
+        format!("{}.overload.lease", self.prefix)
+    }
+}
+
+/// Everything a request routes by, read once: every thread's in-flight counts, the
+/// collector's samples, and the overload flags (none when detection is off).
+pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u64) -> Loads {
+    let overloaded = if cfg.overload.enabled {
+        FlagTable::new(keys).read(store, &cfg.workers).overloaded()
+    } else {
+        Vec::new()
+    };
+    Loads {
+        inflight: InflightTable::new(keys).by_worker(store, &cfg.workers),
+        engine: SamplesTable::new(keys).read(store, &cfg.workers),
+        now_ms,
+        overloaded,
+    }
+}
+
+pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// A cursor over a byte slice that never panics.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
+
+impl<'a> Reader<'a> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    pub(crate) fn u8(&mut self) -> Option<u8> {
+        self.take(1)?.first().copied()
+    }
+    pub(crate) fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    pub(crate) fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+#[cfg(test)]
+pub mod testing {
+    //! An in-memory store with Envoy's CAS semantics, for tests.
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    pub struct MemStore {
+        pub map: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+        next_cas: RefCell<u32>,
+    }
+
+    impl SharedStore for MemStore {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.map.borrow().get(key).cloned()
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
+            let mut map = self.map.borrow_mut();
+            if let Some((_, current)) = map.get(key) {
+                if cas != 0 && cas != *current {
+                    return SetOutcome::CasMismatch;
+                }
+            }
+            let mut next = self.next_cas.borrow_mut();
+            *next += 1;
+            map.insert(key.to_string(), (value.to_vec(), *next));
+            SetOutcome::Stored
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::MemStore;
+    use super::*;
+
+    #[test]
+    fn keys_are_the_ones_envoy_operators_and_tests_see() {
+        let k = Keys::default();
+        assert_eq!(k.ring_head(), "llm_router.ring.head");
+        assert_eq!(k.ring_slot(3), "llm_router.ring.slot.3");
+        assert_eq!(k.inflight(), "llm_router.inflight");
+        assert_eq!(k.eviction(), "llm_router.evict.last_ms");
+        assert_eq!(k.samples(), "llm_router.samples");
+        assert_eq!(k.flags(), "llm_router.overload.flags");
+        assert_eq!(k.lease(), "llm_router.overload.lease");
+    }
+
+    #[test]
+    fn loads_are_read_by_worker_index() {
+        let cfg = Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap();
+        let keys = Keys::new("t");
+        let store = MemStore::default();
+        InflightTable::new(&keys).add(&store, "b", 2);
+        let loads = read_loads(&store, &keys, &cfg, 7);
+        assert_eq!(loads.inflight, vec![0, 2]);
+        assert_eq!(loads.engine.reports, vec![None, None]);
+        assert_eq!(loads.now_ms, 7);
+        assert_eq!(loads.overloaded, vec![false, false]);
+        let off = Config::from_json(br#"{"workers":[{"name":"a"}],"overload":{"enabled":false}}"#)
+            .unwrap();
+        assert!(read_loads(&store, &keys, &off, 7).overloaded.is_empty());
+    }
+}

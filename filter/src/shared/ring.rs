@@ -1,0 +1,281 @@
+//! The operation ring: how tree operations reach every VM in one order.
+//!
+//! A fixed set of slot keys plus a head key holding the next sequence number. A
+//! writer claims sequence `h` by writing slot `h % slots` with that slot's CAS, then
+//! advances the head (any writer that finds slot `h` already written advances the
+//! head for it, so a stalled writer never blocks the others). Readers only read
+//! sequences below the head, which are complete. Every VM, the writer included,
+//! applies operations in sequence order to its local tree before it matches, and
+//! uses the sequence number as the tree clock, so all VMs that applied the same
+//! prefix of the stream hold identical trees and evict identically. When nothing
+//! changed, catching up costs one `get` of the head. A VM that falls more than
+//! `slots` behind skips what was overwritten and counts the gap.
+
+use super::{Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+
+const EMPTY_SEQ: u64 = u64::MAX;
+
+/// The result of catching up with the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CatchUp {
+    /// Operations applied.
+    pub applied: u64,
+    /// Operations lost because this VM fell more than a ring behind, or unreadable.
+    pub gaps: u64,
+}
+
+/// Why an append did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendError {
+    /// The ring's keys do not exist (not initialised) or cannot be read.
+    Unavailable,
+    /// CAS contention outlasted `CAS_ATTEMPTS`.
+    Contended,
+}
+
+/// The operation ring's layout.
+#[derive(Debug, Clone)]
+pub struct OpRing {
+    head_key: String,
+    slot_keys: Vec<String>,
+}
+
+fn seq_of(slot: &[u8]) -> Option<u64> {
+    Reader(slot).u64()
+}
+
+impl OpRing {
+    pub fn new(keys: &Keys, slots: usize) -> OpRing {
+        OpRing {
+            head_key: keys.ring_head(),
+            slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slot_keys.len()
+    }
+
+    fn slot_key(&self, seq: u64) -> &str {
+        let i = (seq % self.slot_keys.len() as u64) as usize;
+        self.slot_keys
+            .get(i)
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+
+    /// Creates whatever keys are missing: the head at 0 and empty slots. Envoy
+    /// configures the main thread's VM before worker threads serve traffic, so the
+    /// first initialisation happens before any append; a later config with more
+    /// slots adds the new ones without touching the live ones.
+    pub fn init_if_missing(&self, store: &dyn SharedStore) {
+        let empty = EMPTY_SEQ.to_le_bytes();
+        for key in &self.slot_keys {
+            if store.get(key).is_none() {
+                store.set(key, &empty, 0);
+            }
+        }
+        if store.get(&self.head_key).is_none() {
+            store.set(&self.head_key, &0u64.to_le_bytes(), 0);
+        }
+    }
+
+    /// The next sequence number (operations ever appended).
+    pub fn head(&self, store: &dyn SharedStore) -> Option<u64> {
+        let (v, _) = store.get(&self.head_key)?;
+        Reader(&v).u64()
+    }
+
+    /// Appends `op`, returning its sequence number.
+    pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let (head_bytes, head_cas) =
+                store.get(&self.head_key).ok_or(AppendError::Unavailable)?;
+            let head = Reader(&head_bytes).u64().ok_or(AppendError::Unavailable)?;
+            let key = self.slot_key(head);
+            let (slot, slot_cas) = store.get(key).ok_or(AppendError::Unavailable)?;
+            match seq_of(&slot) {
+                // Someone wrote `head` but has not advanced the head yet: help.
+                Some(s) if s == head => {
+                    store.set(&self.head_key, &(head + 1).to_le_bytes(), head_cas);
+                    continue;
+                }
+                // Our view of the head is stale.
+                Some(s) if s != EMPTY_SEQ && s > head => continue,
+                _ => {}
+            }
+            let mut value = Vec::with_capacity(8 + op.len());
+            value.extend_from_slice(&head.to_le_bytes());
+            value.extend_from_slice(op);
+            match store.set(key, &value, slot_cas) {
+                SetOutcome::Stored => {
+                    // A failure means another writer already advanced it for us.
+                    store.set(&self.head_key, &(head + 1).to_le_bytes(), head_cas);
+                    return Ok(head);
+                }
+                SetOutcome::CasMismatch => continue,
+                SetOutcome::Failed => return Err(AppendError::Unavailable),
+            }
+        }
+        Err(AppendError::Contended)
+    }
+
+    /// Applies every operation from `*cursor` up to the head, in order, and moves the
+    /// cursor. `apply(seq, op)` gets each decodable operation.
+    pub fn catch_up(
+        &self,
+        store: &dyn SharedStore,
+        cursor: &mut u64,
+        mut apply: impl FnMut(u64, Op),
+    ) -> CatchUp {
+        let mut out = CatchUp::default();
+        let Some(head) = self.head(store) else {
+            return out;
+        };
+        if head <= *cursor {
+            return out;
+        }
+        let oldest = head.saturating_sub(self.slots() as u64);
+        if *cursor < oldest {
+            out.gaps += oldest - *cursor;
+            *cursor = oldest;
+        }
+        while *cursor < head {
+            let seq = *cursor;
+            let op = store
+                .get(self.slot_key(seq))
+                .filter(|(v, _)| seq_of(v) == Some(seq))
+                .and_then(|(v, _)| Op::decode(v.get(8..)?));
+            match op {
+                Some(op) => {
+                    apply(seq, op);
+                    out.applied += 1;
+                }
+                // Overwritten by a writer a whole ring ahead, or garbage.
+                None => out.gaps += 1,
+            }
+            *cursor += 1;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::MemStore;
+    use super::*;
+    use crate::config::Pool;
+
+    fn insert(text: &str, worker: &str) -> Op {
+        Op::Insert {
+            pool: Pool::Regular,
+            model: "m".into(),
+            worker: worker.into(),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn appended_ops_are_read_in_order_by_every_reader() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 8);
+        ring.init_if_missing(&store);
+        for i in 0..5 {
+            assert_eq!(
+                ring.append(&store, &insert(&format!("t{i}"), "w").encode()),
+                Ok(i)
+            );
+        }
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        let c = ring.catch_up(&store, &mut cursor, |seq, op| seen.push((seq, op)));
+        assert_eq!(
+            c,
+            CatchUp {
+                applied: 5,
+                gaps: 0
+            }
+        );
+        assert_eq!(cursor, 5);
+        assert_eq!(seen[3], (3, insert("t3", "w")));
+        let again = ring.catch_up(&store, &mut cursor, |_, _| panic!("nothing new"));
+        assert_eq!(again, CatchUp::default());
+    }
+
+    #[test]
+    fn a_reader_a_ring_behind_counts_the_gap() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(&store);
+        for i in 0..10 {
+            ring.append(&store, &insert(&format!("t{i}"), "w").encode())
+                .unwrap();
+        }
+        let mut cursor = 0;
+        let mut seqs = Vec::new();
+        let c = ring.catch_up(&store, &mut cursor, |seq, _| seqs.push(seq));
+        assert_eq!(
+            c,
+            CatchUp {
+                applied: 4,
+                gaps: 6
+            }
+        );
+        assert_eq!(seqs, vec![6, 7, 8, 9], "only what the ring still holds");
+    }
+
+    #[test]
+    fn a_writer_that_stalled_after_its_slot_write_is_helped() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(&store);
+        // Simulate a writer that wrote slot 0 with seq 0 and died before the head.
+        let mut v = 0u64.to_le_bytes().to_vec();
+        v.extend(insert("stalled", "w").encode());
+        store.set("t.ring.slot.0", &v, 0);
+        assert_eq!(ring.append(&store, &insert("next", "w").encode()), Ok(1));
+        let mut cursor = 0;
+        let mut texts = Vec::new();
+        ring.catch_up(&store, &mut cursor, |_, op| {
+            if let Op::Insert { text, .. } = op {
+                texts.push(text)
+            }
+        });
+        assert_eq!(texts, vec!["stalled", "next"]);
+    }
+
+    #[test]
+    fn init_does_not_wipe_a_live_ring() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(&store);
+        ring.append(&store, &Op::Evict.encode()).unwrap();
+        ring.init_if_missing(&store);
+        assert_eq!(ring.head(&store), Some(1));
+    }
+
+    #[test]
+    fn a_larger_ring_adds_slots_and_keeps_the_stream() {
+        let store = MemStore::default();
+        OpRing::new(&Keys::new("t"), 2).init_if_missing(&store);
+        let small = OpRing::new(&Keys::new("t"), 2);
+        small.append(&store, &Op::Evict.encode()).unwrap();
+        let big = OpRing::new(&Keys::new("t"), 8);
+        big.init_if_missing(&store);
+        assert_eq!(big.head(&store), Some(1), "the head survives");
+        for _ in 0..6 {
+            big.append(&store, &Op::Evict.encode()).unwrap();
+        }
+        assert_eq!(big.head(&store), Some(7));
+    }
+
+    #[test]
+    fn append_without_init_is_unavailable() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        assert_eq!(
+            ring.append(&store, &Op::Evict.encode()),
+            Err(AppendError::Unavailable)
+        );
+    }
+}
