@@ -14,7 +14,7 @@
 //! its `rng_seed`, which is what makes a run comparable with `envoy/demo
 //! --concurrency 1` request for request.
 
-use crate::fleet::SimFleet;
+use super::fleet::SimFleet;
 use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use anyhow::{bail, Context as _, Result};
 use engine_model::engine::EngineSpec;
