@@ -7,88 +7,26 @@
 //! `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`
 //! (or point `LLM_ROUTER_WASM` at a build elsewhere).
 
-use host_sim::{Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::sync::OnceLock;
+mod support;
 
-const BUILD_HINT: &str = "cargo build -p llm-router --target wasm32-wasip1 --profile wasm";
+use host_sim::{Host, RequestSpec, StreamHandle, StreamOutcome};
+use std::collections::{BTreeMap, BTreeSet};
+use support::{chat, completion, filter, fleet_config as fleet, metric, CLUSTER_HEADER};
 
 const HIT: &str = "wasmcustom.llm_router_decisions_cache_hit";
 const MISS: &str = "wasmcustom.llm_router_decisions_cache_miss";
 const NO_WORKER: &str = "wasmcustom.llm_router_no_worker";
 const UNREADABLE: &str = "wasmcustom.llm_router_unreadable_body";
 
-const CLUSTER_HEADER: &str = "x-llm-router-cluster";
 const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 
-fn wasm_path() -> PathBuf {
-    host_sim::built_filter_path()
-}
-
-/// The compiled filter, once per test binary.
-fn filter() -> Filter {
-    static FILTER: OnceLock<Filter> = OnceLock::new();
-    FILTER
-        .get_or_init(|| {
-            let path = wasm_path();
-            assert!(
-                path.exists(),
-                "the filter's wasm is missing at {}\nbuild it first with:\n    {BUILD_HINT}\n\
-                 (or set LLM_ROUTER_WASM to its path)",
-                path.display()
-            );
-            Filter::load(&path).unwrap_or_else(|e| panic!("loading {}: {e:#}", path.display()))
-        })
-        .clone()
-}
-
-/// `{"policy":..,"workers":[w0..wn-1 on engine_i]<extra>}`.
-fn fleet(n: usize, extra: &str) -> String {
-    let workers: Vec<String> = (0..n)
-        .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
-        .collect();
-    format!(r#"{{"workers":[{}]{extra}}}"#, workers.join(","))
-}
-
 fn host_with(config: &str, vms: usize, seed: u64) -> Host {
-    Host::builder_for(&filter())
-        .plugin_config(config.as_bytes().to_vec())
-        .plugin_name("llm_router")
-        .vms(vms)
-        .seed(seed)
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap_or_else(|e| panic!("building the host with {config}: {e:#}"))
+    let builder = support::builder::<&str>(config, vms, seed, &[]).plugin_name("llm_router");
+    support::build(builder, config)
 }
 
 fn host(config: &str) -> Host {
     host_with(config, 1, 7)
-}
-
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap()
-}
-
-/// A chat body whose messages alternate user/assistant turns.
-fn chat(model: &str, turns: &[&str]) -> Vec<u8> {
-    let msgs: Vec<String> = turns
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            format!(r#"{{"role":"{role}","content":{}}}"#, json_str(t))
-        })
-        .collect();
-    format!(
-        r#"{{"model":"{model}","stream":false,"messages":[{}]}}"#,
-        msgs.join(",")
-    )
-    .into_bytes()
-}
-
-fn completion(model: &str, prompt: &str) -> Vec<u8> {
-    format!(r#"{{"model":"{model}","prompt":{}}}"#, json_str(prompt)).into_bytes()
 }
 
 fn spec(path: &str, body: Vec<u8>, chunks: usize) -> RequestSpec<'_> {
@@ -162,11 +100,6 @@ fn send(host: &mut Host, vm: usize, spec: RequestSpec<'_>) -> Routed {
 
 fn chat_req(host: &mut Host, turns: &[&str]) -> Routed {
     send(host, 0, spec("/v1/chat/completions", chat("m", turns), 1))
-}
-
-fn metric(host: &Host, name: &str) -> u64 {
-    host.metric(name)
-        .unwrap_or_else(|| panic!("metric {name} is not defined: {:?}", host.metrics()))
 }
 
 fn assert_no_failure(host: &Host, vms: usize) {
