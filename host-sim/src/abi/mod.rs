@@ -39,7 +39,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> Result<Vec<&'stat
     stream::register(&mut r)?;
     http_calls::register(&mut r)?;
     metrics::register(&mut r)?;
-    Ok(r.names)
+    Ok(r.into_names())
 }
 
 fn st(status: Status) -> Result<i32> {

@@ -28,9 +28,9 @@ impl Faultable for HostState {
 
 /// Registers functions of one import module and remembers their names.
 pub(crate) struct Registry<'a, T: 'static> {
-    pub linker: &'a mut Linker<T>,
-    pub module: &'static str,
-    pub names: Vec<&'static str>,
+    linker: &'a mut Linker<T>,
+    module: &'static str,
+    names: Vec<&'static str>,
 }
 
 impl<'a, T: Faultable> Registry<'a, T> {
@@ -40,6 +40,11 @@ impl<'a, T: Faultable> Registry<'a, T> {
             module,
             names: Vec::new(),
         }
+    }
+
+    /// The names registered so far, to check a module's imports against.
+    pub fn into_names(self) -> Vec<&'static str> {
+        self.names
     }
 
     /// Registers a hostcall that answers a status (or errno), behind fault injection.

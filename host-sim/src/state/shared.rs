@@ -1,4 +1,4 @@
-//! The state one [`crate::Host`] shares by all its VMs, as Envoy shares it across worker
+//! The state one [`crate::Host`] shares among all its VMs, as Envoy shares it across worker
 //! threads: the virtual clock, shared data (with Envoy's CAS rules), shared queues,
 //! metrics, pending HTTP calls and the fault rules. It sits behind one
 //! `Arc<Mutex<Shared>>` that every VM's store holds; there are no globals.

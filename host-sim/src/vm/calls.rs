@@ -12,6 +12,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use wasmtime::{WasmParams, WasmResults};
 
 impl Host {
+    /// Removes a pending HTTP call to answer it.
     pub(super) fn take_call(&mut self, token: u32) -> Result<HttpCall> {
         lock(&self.shared)
             .http_calls
@@ -19,10 +20,13 @@ impl Host {
             .ok_or_else(|| anyhow!("no pending HTTP call with token {token}"))
     }
 
+    /// The store data of VM `vm` (an index already checked).
     pub(super) fn state(&mut self, vm: usize) -> &mut HostState {
         self.vms[vm].store.data_mut()
     }
 
+    /// Fails for an unknown VM, and for a failed one under [`FailurePolicy::Strict`]
+    /// (the other policies answer per stream, in [`Host::invoke`]).
     pub(super) fn check_vm(&self, vm: usize) -> Result<()> {
         match self.vms.get(vm) {
             None => bail!("no VM {vm} (the host has {})", self.vms.len()),

@@ -31,7 +31,7 @@ pub(super) struct Slot {
     pub(super) store: Store<HostState>,
     pub(super) ex: Exports,
     pub(super) failed: Option<String>,
-    /// Fresh VMs that replaced a failed one ([`FailurePolicy::FailReload`]).
+    /// Fresh VMs that replaced a failed one ([`FailurePolicy::FailReload`](crate::FailurePolicy::FailReload)).
     pub(super) reloads: u32,
 }
 

@@ -8,8 +8,10 @@
 //! `RUST_TEST_THREADS`, `RUST_BACKTRACE` work), the real stdout/stderr and clocks, a
 //! time-seeded `random_get`, `sched_yield`, and `poll_oneoff` for clock subscriptions
 //! (`thread::sleep`). Any other preview1 import answers ENOSYS (52). There is no
-//! filesystem. Imports of other modules (e.g. `env.proxy_*` of a proxy-wasm filter's
-//! test binary) are linked as functions that trap when called.
+//! filesystem: stdin reads as end of file, the stdio descriptors do not seek. Imports
+//! of other modules (e.g. `env.proxy_*` of a proxy-wasm filter's test binary) are
+//! linked as functions that trap when called. A broken pointer traps, as it does in a
+//! filter VM.
 //!
 //! The exit code is the module's: `proc_exit(n)` gives `n`, returning from `_start`
 //! gives 0, a trap (a panic under `panic=abort`, i.e. a failing test) gives 101 after

@@ -108,7 +108,7 @@ pub(crate) fn add_to_linker<T: WasiHost>(linker: &mut Linker<T>) -> Result<Vec<&
             poll_oneoff(&mut Guest::new(&mut c), input, output, n, nevents_ptr)
         },
     )?;
-    Ok(r.names)
+    Ok(r.into_names())
 }
 
 /// The stdio descriptors: writes to 1 and 2, stdin at end of file, no seeking, no files.
