@@ -5,7 +5,7 @@
 use super::{st, C};
 use crate::hostcall::{Guest, Registry};
 use crate::state::HostState;
-use crate::types::codes::{self as codes, Status};
+use crate::types::codes::{self, Status};
 use wasmtime::Result;
 
 /// Registers the buffer hostcalls.

@@ -2,10 +2,11 @@
 //! the simulator to answer; Envoy's argument checks), `proxy_get_status` for the
 //! answer's status, and gRPC, which is not simulated (Envoy's statuses, and a warning).
 
-use super::{header, read_pairs, st, C};
+use super::{read_pairs, st, C};
 use crate::hostcall::{Guest, Registry};
 use crate::state::HostState;
 use crate::types::codes::{LogLevel, Status};
+use crate::types::values::header_value;
 use crate::types::values::{HttpCall, LogSource};
 use wasmtime::Result;
 
@@ -36,7 +37,7 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
             let required = [":path", ":method", ":authority"];
             if timeout < 0
                 || !s.cfg.clusters.contains(&cluster)
-                || required.iter().any(|h| header(&headers, h).is_none())
+                || required.iter().any(|h| header_value(&headers, h).is_none())
             {
                 return st(Status::BadArgument);
             }

@@ -2,11 +2,12 @@
 //! (`HostState::map_for_read` / `map_for_write` say when), and an HTTP call's response
 //! headers. Names are lower-cased as Envoy's header maps do.
 
-use super::{header, read_pairs, st, C};
+use super::{read_pairs, st, C};
 use crate::hostcall::{Guest, Registry};
 use crate::state::HostState;
-use crate::types::codes::{self as codes, Status};
+use crate::types::codes::{self, Status};
 use crate::types::pairs::{serialize_pairs, strings_to_pairs};
+use crate::types::values::header_value;
 use wasmtime::Result;
 
 /// Registers the header-map hostcalls.
@@ -50,7 +51,7 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
                 Ok(map) => map,
                 Err(status) => return st(status),
             };
-            let Some(value) = header(&map, &key) else {
+            let Some(value) = header_value(&map, &key) else {
                 return st(Status::NotFound);
             };
             g.return_bytes(value.as_bytes(), ptr_ptr, size_ptr)?;

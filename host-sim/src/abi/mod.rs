@@ -54,10 +54,3 @@ fn read_pairs(
 ) -> Result<Option<Vec<(String, String)>>> {
     Ok(deserialize_pairs(&g.read(ptr, len)?).map(pairs_to_strings))
 }
-
-fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
-}

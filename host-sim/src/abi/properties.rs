@@ -2,11 +2,12 @@
 //! built-in attributes this host knows (plugin name/root id/vm id, connection, request
 //! and response attributes), as Envoy's `getProperty` answers them.
 
-use super::{header, st, C};
+use super::{st, C};
 use crate::hostcall::{Guest, Registry};
 use crate::state::HostState;
 use crate::types::codes::Status;
 use crate::types::pairs::{serialize_pairs, strings_to_pairs};
+use crate::types::values::header_value;
 use wasmtime::Result;
 
 /// Registers the property hostcalls.
@@ -42,22 +43,22 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
 fn request_property(s: &HostState, ctx: u32, rest: &[&str]) -> Option<Vec<u8>> {
     let stream = s.streams.get(&ctx)?;
     let h = &stream.req.headers;
-    let path = header(h, ":path").unwrap_or("");
+    let path = header_value(h, ":path").unwrap_or("");
     let text = |v: &str| Some(v.as_bytes().to_vec());
     match rest {
         ["path"] => text(path),
         ["url_path"] => text(path.split('?').next().unwrap_or("")),
         ["query"] => text(path.split_once('?').map(|(_, q)| q).unwrap_or("")),
-        ["host"] => text(header(h, ":authority")?),
-        ["method"] => text(header(h, ":method")?),
-        ["scheme"] => text(header(h, ":scheme").unwrap_or("http")),
+        ["host"] => text(header_value(h, ":authority")?),
+        ["method"] => text(header_value(h, ":method")?),
+        ["scheme"] => text(header_value(h, ":scheme").unwrap_or("http")),
         ["protocol"] => text("HTTP/1.1"),
-        ["id"] => text(header(h, "x-request-id")?),
-        ["useragent"] => text(header(h, "user-agent")?),
-        ["referer"] => text(header(h, "referer")?),
+        ["id"] => text(header_value(h, "x-request-id")?),
+        ["useragent"] => text(header_value(h, "user-agent")?),
+        ["referer"] => text(header_value(h, "referer")?),
         ["time"] => Some((stream.start_ns as i64).to_le_bytes().to_vec()),
         ["headers"] => Some(serialize_pairs(&strings_to_pairs(h))),
-        ["headers", name] => text(header(h, &name.to_ascii_lowercase())?),
+        ["headers", name] => text(header_value(h, &name.to_ascii_lowercase())?),
         _ => None,
     }
 }
@@ -67,11 +68,15 @@ fn response_property(s: &HostState, ctx: u32, rest: &[&str]) -> Option<Vec<u8>> 
     let h = &stream.resp.headers;
     match rest {
         ["code"] => {
-            let code: i64 = header(h, ":status")?.parse().ok()?;
+            let code: i64 = header_value(h, ":status")?.parse().ok()?;
             Some(code.to_le_bytes().to_vec())
         }
         ["headers"] if !h.is_empty() => Some(serialize_pairs(&strings_to_pairs(h))),
-        ["headers", name] => Some(header(h, &name.to_ascii_lowercase())?.as_bytes().to_vec()),
+        ["headers", name] => Some(
+            header_value(h, &name.to_ascii_lowercase())?
+                .as_bytes()
+                .to_vec(),
+        ),
         _ => None,
     }
 }

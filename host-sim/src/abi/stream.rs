@@ -6,7 +6,7 @@
 use super::{read_pairs, st, C};
 use crate::hostcall::{Guest, Registry};
 use crate::state::{lock, Deferred, HostState};
-use crate::types::codes::{self as codes, Status};
+use crate::types::codes::{self, Status};
 use crate::types::values::LocalResponse;
 use wasmtime::Result;
 

@@ -107,3 +107,9 @@ hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9);
 hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10);
 hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11);
 hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12);
+
+/// wasmtime 48 has its own error type; keep its full report (with the wasm backtrace)
+/// when it becomes an `anyhow::Error` of the host's API.
+pub(crate) fn wasm_err(e: wasmtime::Error) -> anyhow::Error {
+    anyhow::anyhow!("{e:?}")
+}

@@ -9,7 +9,7 @@ mod stream;
 pub(crate) use shared::{lock, Config, Queue, Shared};
 pub(crate) use stream::{CallResponse, Deferred, Flow, HeaderState, StreamState};
 
-use crate::types::codes::{self as codes, LogLevel, Status};
+use crate::types::codes::{self, LogLevel, Status};
 use crate::types::rng::Rng;
 use crate::types::values::{HttpCall, LogEntry, LogSource};
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -76,7 +76,7 @@ pub struct LocalResponse {
 impl LocalResponse {
     /// First value of a header (name in lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
-        find(&self.headers, name)
+        header_value(&self.headers, name)
     }
 }
 
@@ -107,7 +107,7 @@ pub struct HttpCall {
 impl HttpCall {
     /// First value of a header (name in lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
-        find(&self.headers, name)
+        header_value(&self.headers, name)
     }
 }
 
@@ -183,7 +183,7 @@ pub struct StreamOutcome {
 impl StreamOutcome {
     /// First value of a request header (name in lower case) as the filter left it.
     pub fn header(&self, name: &str) -> Option<&str> {
-        find(&self.request_headers, name)
+        header_value(&self.request_headers, name)
     }
 }
 
@@ -201,11 +201,11 @@ pub struct ResponseOutcome {
 impl ResponseOutcome {
     /// First value of a header (name in lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
-        find(&self.headers, name)
+        header_value(&self.headers, name)
     }
 }
 
-pub(crate) fn find<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+pub(crate) fn header_value<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
     headers
         .iter()
         .find(|(k, _)| k == name)

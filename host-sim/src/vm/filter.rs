@@ -2,9 +2,10 @@
 //! its imports pre-linked (the `env` hostcalls and WASI), so that VMs instantiate fast.
 
 use crate::abi;
+use crate::hostcall::wasm_err;
 use crate::state::HostState;
 use crate::wasi;
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use std::collections::HashSet;
 use std::path::Path;
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module};
@@ -76,9 +77,4 @@ impl Filter {
             .map(|i| (i.module().to_string(), i.name().to_string()))
             .collect()
     }
-}
-
-/// wasmtime 48 has its own error type; keep its full report (with the wasm backtrace).
-pub(super) fn wasm_err(e: wasmtime::Error) -> anyhow::Error {
-    anyhow!("{e:?}")
 }

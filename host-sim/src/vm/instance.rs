@@ -2,7 +2,8 @@
 //! proxy-wasm exports (typed once), and whether the VM failed. Instantiation runs the
 //! WASI initializer (`_initialize`, else `_start`).
 
-use super::filter::{wasm_err, Filter};
+use super::filter::Filter;
+use crate::hostcall::wasm_err;
 use crate::state::{Config, HostState, Shared};
 use crate::types::values::LogEntry;
 use anyhow::{bail, Context as _, Result};

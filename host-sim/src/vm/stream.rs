@@ -7,7 +7,7 @@
 use super::host::Host;
 use crate::state::{lock, Flow, HeaderState};
 use crate::types::values::{
-    find, HttpCall, LocalResponse, ResponseOutcome, StreamHandle, StreamOutcome,
+    header_value, HttpCall, LocalResponse, ResponseOutcome, StreamHandle, StreamOutcome,
 };
 use anyhow::{anyhow, bail, Result};
 
@@ -193,10 +193,10 @@ impl Host {
         let mut headers = vec![(":status".to_string(), reply.status.to_string())];
         headers.extend(reply.headers.iter().cloned());
         if !reply.body.is_empty() {
-            if find(&headers, "content-length").is_none() {
+            if header_value(&headers, "content-length").is_none() {
                 headers.push(("content-length".into(), reply.body.len().to_string()));
             }
-            if find(&headers, "content-type").is_none() {
+            if header_value(&headers, "content-type").is_none() {
                 headers.push(("content-type".into(), "text/plain".into()));
             }
         }
@@ -210,7 +210,8 @@ impl Host {
         let stream = self.state(vm).streams.get_mut(&ctx).expect("stream");
         let out = response_outcome(&stream.resp);
         if let Some(reply) = stream.local_reply.as_mut() {
-            if let Some(status) = find(&out.headers, ":status").and_then(|s| s.parse().ok()) {
+            if let Some(status) = header_value(&out.headers, ":status").and_then(|s| s.parse().ok())
+            {
                 reply.status = status;
             }
             reply.headers = out.headers;

@@ -18,10 +18,10 @@
 //! printing the trap.
 
 use super::{add_to_linker, WasiHost, ENOSYS, MODULE};
-use crate::hostcall::{Faultable, GuestMemory};
+use crate::hostcall::{wasm_err, Faultable, GuestMemory};
 use crate::types::fault::Answer;
 use crate::types::rng::Rng;
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::Path;
@@ -106,21 +106,17 @@ impl WasiHost for Ctx {
     }
 }
 
-fn werr(e: wasmtime::Error) -> anyhow::Error {
-    anyhow!("{e:?}")
-}
-
 /// Runs `module` with `args` (the module path is `argv[0]`) and returns its exit code.
 pub fn run(module_path: &Path, args: &[String]) -> Result<i32> {
     let bytes =
         std::fs::read(module_path).with_context(|| format!("reading {}", module_path.display()))?;
     let engine = Engine::default();
     let module = Module::from_binary(&engine, &bytes)
-        .map_err(werr)
+        .map_err(wasm_err)
         .with_context(|| format!("compiling {}", module_path.display()))?;
     let mut linker: Linker<Ctx> = Linker::new(&engine);
     let implemented: HashSet<&str> = add_to_linker(&mut linker)
-        .map_err(werr)?
+        .map_err(wasm_err)?
         .into_iter()
         .collect();
     for import in module.imports() {
@@ -139,7 +135,7 @@ pub fn run(module_path: &Path, args: &[String]) -> Result<i32> {
                 .func_new(import.module(), import.name(), ty, move |_, _, _| {
                     wasmtime::bail!("wasi-run implements no {what} (only WASI preview1)")
                 })
-                .map_err(werr)?;
+                .map_err(wasm_err)?;
             continue;
         }
         if implemented.contains(import.name()) {
@@ -154,7 +150,7 @@ pub fn run(module_path: &Path, args: &[String]) -> Result<i32> {
                 out[0] = Val::I32(ENOSYS);
                 Ok(())
             })
-            .map_err(werr)?;
+            .map_err(wasm_err)?;
     }
     let mut argv = vec![module_path.to_string_lossy().into_owned().into_bytes()];
     argv.extend(args.iter().map(|a| a.clone().into_bytes()));
@@ -178,12 +174,12 @@ pub fn run(module_path: &Path, args: &[String]) -> Result<i32> {
     let mut store = Store::new(&engine, ctx);
     let instance = linker
         .instantiate(&mut store, &module)
-        .map_err(werr)
+        .map_err(wasm_err)
         .context("instantiating the module")?;
     store.data_mut().memory = instance.get_memory(&mut store, "memory");
     let start = instance
         .get_typed_func::<(), ()>(&mut store, "_start")
-        .map_err(werr)
+        .map_err(wasm_err)
         .context("the module exports no `_start` (is it a WASI command?)")?;
     let result = start.call(&mut store, ());
     let _ = std::io::stdout().flush();
