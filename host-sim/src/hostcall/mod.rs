@@ -80,7 +80,12 @@ macro_rules! hostcall_arity {
         where
             F: Fn(Caller<'_, T>, $($arg),*) -> Result<i32> + Send + Sync + 'static,
         {
-            fn define(self, linker: &mut Linker<T>, module: &str, name: &'static str) -> Result<()> {
+            fn define(
+                self,
+                linker: &mut Linker<T>,
+                module: &str,
+                name: &'static str,
+            ) -> Result<()> {
                 linker.func_wrap(module, name, move |c: Caller<'_, T>, $($arg: $arg),*| {
                     match c.data().injected(name) {
                         Some(Answer::Status(code)) => Ok(code),

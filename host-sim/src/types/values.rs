@@ -83,7 +83,8 @@ impl LocalResponse {
 /// An HTTP call dispatched with `proxy_http_call`, waiting for an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpCall {
-    /// Token; answer with [`Host::answer_http_call`](crate::Host::answer_http_call). Unique across all VMs of a host.
+    /// Token; answer with [`Host::answer_http_call`](crate::Host::answer_http_call).
+    /// Unique across all VMs of a host.
     pub token: u32,
     /// The VM that made the call.
     pub vm: usize,
@@ -97,8 +98,9 @@ pub struct HttpCall {
     pub body: Vec<u8>,
     /// Request trailers.
     pub trailers: Vec<(String, String)>,
-    /// Timeout in ms (0: none). On expiry, [`Host::advance_time`](crate::Host::advance_time) answers it with Envoy's
-    /// 504 "upstream request timeout".
+    /// Timeout in ms (0: none). On expiry,
+    /// [`Host::advance_time`](crate::Host::advance_time) answers it with Envoy's 504
+    /// "upstream request timeout".
     pub timeout_ms: u32,
     /// Virtual time of the dispatch.
     pub dispatched_at_ms: u64,
@@ -176,7 +178,8 @@ pub struct StreamOutcome {
     pub properties: BTreeMap<String, Vec<u8>>,
     /// on_log/on_done/on_delete have run.
     pub finished: bool,
-    /// The stream was reset (by [`VmHandle::reset`](crate::VmHandle::reset) or `proxy_close_stream`).
+    /// The stream was reset (by [`VmHandle::reset`](crate::VmHandle::reset) or
+    /// `proxy_close_stream`).
     pub reset: bool,
 }
 

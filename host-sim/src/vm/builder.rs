@@ -12,6 +12,8 @@ use anyhow::{bail, Context as _, Result};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+/// Where a builder takes its module from: a file to compile, or a compiled [`Filter`]
+/// (compiled once, shared by many hosts).
 pub(super) enum Source {
     Path(PathBuf),
     Filter(Filter),

@@ -263,7 +263,8 @@ impl Host {
         calls.map(|(k, v)| (k.to_string(), *v)).collect()
     }
 
-    /// How many times a VM was replaced by a fresh one ([`FailurePolicy::FailReload`](crate::FailurePolicy::FailReload)).
+    /// How many times a VM was replaced by a fresh one
+    /// ([`FailurePolicy::FailReload`](crate::FailurePolicy::FailReload)).
     pub fn reloads(&self, vm: usize) -> u32 {
         self.vms.get(vm).map_or(0, |s| s.reloads)
     }

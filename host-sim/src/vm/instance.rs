@@ -12,6 +12,8 @@ use wasmtime::{Instance, Store, TypedFunc, WasmParams, WasmResults};
 
 pub(super) type Export<P, R> = Option<TypedFunc<P, R>>;
 
+/// The guest's proxy-wasm callbacks, typed once at instantiation; `None` where the
+/// guest does not export one (the call is then skipped, as Envoy skips it).
 pub(super) struct Exports {
     pub(super) context_create: Export<(i32, i32), ()>,
     pub(super) vm_start: Export<(i32, i32), i32>,
@@ -28,14 +30,17 @@ pub(super) struct Exports {
     pub(super) delete: Export<i32, ()>,
 }
 
+/// One VM: its store, its callbacks, and why it failed (a trap), if it did.
 pub(super) struct Slot {
     pub(super) store: Store<HostState>,
     pub(super) ex: Exports,
     pub(super) failed: Option<String>,
-    /// Fresh VMs that replaced a failed one ([`FailurePolicy::FailReload`](crate::FailurePolicy::FailReload)).
+    /// Fresh VMs that replaced a failed one
+    /// ([`FailurePolicy::FailReload`](crate::FailurePolicy::FailReload)).
     pub(super) reloads: u32,
 }
 
+/// The export `name` typed as proxy-wasm 0.2.1 declares it; `None` if absent.
 fn export<P: WasmParams, R: WasmResults>(
     instance: &Instance,
     store: &mut Store<HostState>,
