@@ -63,6 +63,8 @@ pub struct EnvoySpec {
 }
 
 use llm_load::fleet::cluster_name;
+use llm_load::run::envoy_stat;
+use llm_router::metric_names as names;
 
 /// The plugin configuration as the filter will see it.
 pub fn plugin_config(spec: &EnvoySpec) -> Value {
@@ -198,7 +200,7 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     Ok(json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
         "stats_config": {"histogram_bucket_settings": [{
-            "match": {"prefix": "wasmcustom.llm_router_diverted_overlap_chars"},
+            "match": {"prefix": envoy_stat(names::DIVERTED_OVERLAP_CHARS)},
             "buckets": overlap_buckets()
         }]},
         "static_resources": {"listeners": [llm, stats], "clusters": clusters}
@@ -364,11 +366,7 @@ impl Envoy {
 
     /// One `wasmcustom.<name>` stat of the filter (0 when absent).
     pub fn filter_stat(&self, name: &str) -> Result<u64> {
-        Ok(self
-            .stats()?
-            .get(&format!("wasmcustom.{name}"))
-            .copied()
-            .unwrap_or(0))
+        Ok(self.stats()?.get(&envoy_stat(name)).copied().unwrap_or(0))
     }
 
     /// `/stats/prometheus` as text.

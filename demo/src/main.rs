@@ -20,9 +20,11 @@ use llm_load::cli::Replay;
 use llm_load::fleet::PdArgs;
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
 use llm_load::record::Record;
+use llm_load::run::envoy_stat;
 use llm_load::run::{self, PdCounts, RunResult};
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::{load_workload, WorkItem};
+use llm_router::metric_names as names;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -142,12 +144,12 @@ fn demo_overload() -> Value {
 
 const PHASES: [&str; 3] = ["before", "slow", "after"];
 const OVERLOAD_STATS: [&str; 6] = [
-    "entered",
-    "recovered",
-    "owner_filtered",
-    "flagged",
-    "probes_ok",
-    "probes_failed",
+    names::OVERLOAD_ENTERED,
+    names::OVERLOAD_RECOVERED,
+    names::OVERLOAD_OWNER_FILTERED,
+    names::OVERLOAD_FLAGGED,
+    names::OVERLOAD_PROBES_OK,
+    names::OVERLOAD_PROBES_FAILED,
 ];
 
 /// What the slow-worker schedule measured.
@@ -298,7 +300,7 @@ fn run_policy(
                 .engine_counter("decode", "engine_mock:pd_kv_failures_total")?
                 .values()
                 .sum(),
-            prefill_failures: stat("wasmcustom.llm_router_pd_prefill_failures").unwrap_or(0),
+            prefill_failures: stat(&envoy_stat(names::PD_PREFILL_FAILURES)).unwrap_or(0),
             prefill_per_worker: fleet.engine_counter("prefill", "vllm:request_success_total")?,
         };
         pd.add_to(&mut result);
@@ -312,9 +314,9 @@ fn run_policy(
             worker,
             stats: OVERLOAD_STATS
                 .iter()
-                .map(|n| {
-                    let v = stat(&format!("wasmcustom.llm_router_overload_{n}")).unwrap_or(0);
-                    (n.to_string(), v)
+                .map(|m| {
+                    let key = m.strip_prefix("llm_router_overload_").unwrap_or(m);
+                    (key.to_string(), stat(&envoy_stat(m)).unwrap_or(0))
                 })
                 .collect(),
         };
@@ -447,7 +449,7 @@ fn slow_schedule(
     }
     // A recovery under way (probes still running) is let finish, within bounds.
     let deadline = Instant::now() + RECOVERY_WAIT;
-    while fleet.envoy.filter_stat("llm_router_overload_flagged")? > 0 && Instant::now() < deadline {
+    while fleet.envoy.filter_stat(names::OVERLOAD_FLAGGED)? > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok((summarize(&all, started.elapsed()), phases))

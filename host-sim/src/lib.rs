@@ -37,10 +37,28 @@
 //! * **Traffic.** HTTP calls are answered by the test ([`Host::answer_http_call`]) or
 //!   time out; upstreams can be a [`fleet::SimFleet`] of simulated engines;
 //!   [`replay`] runs a whole workload against one in virtual time.
+//! * **WASI.** The preview1 functions Rust's std needs are implemented once, for the
+//!   filter VMs (output captured as logs, virtual clocks, seeded randomness) and for
+//!   `host-sim wasi-run` ([`run_wasi_command`]), which runs wasm32 libtest binaries.
 //! * **Errors.** A bad argument returns a status to the guest (BadArgument, NotFound,
 //!   CasMismatch...) as Envoy does; a broken pointer traps. A trap fails the VM and the API
 //!   call returns an error carrying the last guest logs (Rust panic messages are on stderr,
 //!   captured as logs).
+//!
+//! ## Layers
+//!
+//! Bottom to top; a module only imports from the layers below it:
+//!
+//! 1. `types`: the ABI's codes, the pairs encoding, the values of the API
+//!    ([`RequestSpec`], [`StreamOutcome`], [`HttpCall`], [`LogEntry`], [`MetricValue`]...),
+//!    [`Fault`] descriptions, the seeded generator.
+//! 2. `state`: what lives in a VM's `Store` (`HostState`) and what VMs share (`Shared`).
+//! 3. `hostcall`: registration behind the fault check, and the one guest-memory helper.
+//! 4. `abi` (the `env.proxy_*` hostcalls, one file per family) and `wasi` (preview1).
+//! 5. `vm`: [`Filter`], [`HostBuilder`], [`Host`], [`VmHandle`], guest calls and the
+//!    stream state machine.
+//! 6. [`sim`]: [`fleet`] and [`replay`]. The CLI (`main.rs`, `cli/`) sits on the public
+//!    API.
 //!
 //! ## Example
 //!
@@ -101,19 +119,25 @@ pub fn require_built_filter() -> std::path::PathBuf {
 }
 
 mod abi;
-mod env;
-mod fault;
-pub mod fleet;
-mod host;
-mod memory;
-pub mod replay;
+mod hostcall;
+pub mod sim;
 mod state;
+mod types;
+mod vm;
 mod wasi;
 
-pub use abi::{LogLevel, Status};
-pub use fault::{envoy_failures, Answer, Fault, Trigger};
-pub use host::{
-    FailurePolicy, Filter, Host, HostBuilder, HttpCall, LocalResponse, LogEntry, LogSource,
-    RequestSpec, ResponseOutcome, StreamHandle, StreamOutcome, VmHandle,
+pub use sim::{fleet, replay};
+pub use types::codes::{LogLevel, Status};
+pub use types::fault::{envoy_failures, Answer, Fault, Trigger};
+pub use types::values::{
+    FailurePolicy, HttpCall, LocalResponse, LogEntry, LogSource, MetricValue, RequestSpec,
+    ResponseOutcome, StreamHandle, StreamOutcome,
 };
-pub use state::MetricValue;
+pub use vm::{Filter, Host, HostBuilder, VmHandle};
+
+/// Runs a WASI preview1 command module (`host-sim wasi-run`, the cargo runner for
+/// wasm32-wasip1 test binaries) with `args`, and returns its exit code; see
+/// `wasi::command`.
+pub fn run_wasi_command(module: &std::path::Path, args: &[String]) -> anyhow::Result<i32> {
+    wasi::command::run(module, args)
+}

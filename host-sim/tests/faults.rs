@@ -7,15 +7,9 @@
 //! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm` (`tests/run` does it).
 
-use host_sim::{envoy_failures, FailurePolicy, Fault, Filter, Host, RequestSpec, Status};
-use std::sync::OnceLock;
+mod support;
 
-fn filter() -> Filter {
-    static FILTER: OnceLock<Filter> = OnceLock::new();
-    FILTER
-        .get_or_init(|| Filter::load(host_sim::require_built_filter()).expect("filter loads"))
-        .clone()
-}
+use host_sim::{envoy_failures, FailurePolicy, Fault, Host, RequestSpec, Status};
 
 const CONFIG: &str = r#"{"workers":[{"name":"w0","cluster":"c0"},{"name":"w1","cluster":"c1"},
     {"name":"w2","cluster":"c2"}],"stats_token":"tok","worker_queue_limit":2,
@@ -37,20 +31,12 @@ fn builder() -> host_sim::HostBuilder {
 }
 
 fn builder_with(config: &str) -> host_sim::HostBuilder {
-    Host::builder_for(&filter())
-        .plugin_config(config.to_string())
-        .vms(2)
-        .seed(3)
-        .clusters(&["c0", "c1", "c2"])
-        .allow_on_headers_stop_iteration(true)
+    support::builder(config, 2, 3, &["c0", "c1", "c2"])
 }
 
 fn chat(i: usize) -> Vec<u8> {
-    format!(
-        r#"{{"model":"m","messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"turn {i}"}}]}}"#,
-        "a long shared system prompt ".repeat(8)
-    )
-    .into_bytes()
+    let system = "a long shared system prompt ".repeat(8);
+    support::chat_with_system("m", Some(&system), &[&format!("turn {i}")])
 }
 
 /// Sends one request and completes it whatever the filter did with it.

@@ -7,88 +7,27 @@
 //! `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`
 //! (or point `LLM_ROUTER_WASM` at a build elsewhere).
 
-use host_sim::{Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::sync::OnceLock;
+mod support;
 
-const BUILD_HINT: &str = "cargo build -p llm-router --target wasm32-wasip1 --profile wasm";
+use host_sim::{Host, RequestSpec, StreamHandle, StreamOutcome};
+use llm_router::rng::{Rng as _, SplitMix64};
+use std::collections::{BTreeMap, BTreeSet};
+use support::{chat, completion, filter, fleet_config as fleet, metric, CLUSTER_HEADER};
 
 const HIT: &str = "wasmcustom.llm_router_decisions_cache_hit";
 const MISS: &str = "wasmcustom.llm_router_decisions_cache_miss";
 const NO_WORKER: &str = "wasmcustom.llm_router_no_worker";
 const UNREADABLE: &str = "wasmcustom.llm_router_unreadable_body";
 
-const CLUSTER_HEADER: &str = "x-llm-router-cluster";
 const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 
-fn wasm_path() -> PathBuf {
-    host_sim::built_filter_path()
-}
-
-/// The compiled filter, once per test binary.
-fn filter() -> Filter {
-    static FILTER: OnceLock<Filter> = OnceLock::new();
-    FILTER
-        .get_or_init(|| {
-            let path = wasm_path();
-            assert!(
-                path.exists(),
-                "the filter's wasm is missing at {}\nbuild it first with:\n    {BUILD_HINT}\n\
-                 (or set LLM_ROUTER_WASM to its path)",
-                path.display()
-            );
-            Filter::load(&path).unwrap_or_else(|e| panic!("loading {}: {e:#}", path.display()))
-        })
-        .clone()
-}
-
-/// `{"policy":..,"workers":[w0..wn-1 on engine_i]<extra>}`.
-fn fleet(n: usize, extra: &str) -> String {
-    let workers: Vec<String> = (0..n)
-        .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
-        .collect();
-    format!(r#"{{"workers":[{}]{extra}}}"#, workers.join(","))
-}
-
 fn host_with(config: &str, vms: usize, seed: u64) -> Host {
-    Host::builder_for(&filter())
-        .plugin_config(config.as_bytes().to_vec())
-        .plugin_name("llm_router")
-        .vms(vms)
-        .seed(seed)
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap_or_else(|e| panic!("building the host with {config}: {e:#}"))
+    let builder = support::builder::<&str>(config, vms, seed, &[]).plugin_name("llm_router");
+    support::build(builder, config)
 }
 
 fn host(config: &str) -> Host {
     host_with(config, 1, 7)
-}
-
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap()
-}
-
-/// A chat body whose messages alternate user/assistant turns.
-fn chat(model: &str, turns: &[&str]) -> Vec<u8> {
-    let msgs: Vec<String> = turns
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            format!(r#"{{"role":"{role}","content":{}}}"#, json_str(t))
-        })
-        .collect();
-    format!(
-        r#"{{"model":"{model}","stream":false,"messages":[{}]}}"#,
-        msgs.join(",")
-    )
-    .into_bytes()
-}
-
-fn completion(model: &str, prompt: &str) -> Vec<u8> {
-    format!(r#"{{"model":"{model}","prompt":{}}}"#, json_str(prompt)).into_bytes()
 }
 
 fn spec(path: &str, body: Vec<u8>, chunks: usize) -> RequestSpec<'_> {
@@ -162,11 +101,6 @@ fn send(host: &mut Host, vm: usize, spec: RequestSpec<'_>) -> Routed {
 
 fn chat_req(host: &mut Host, turns: &[&str]) -> Routed {
     send(host, 0, spec("/v1/chat/completions", chat("m", turns), 1))
-}
-
-fn metric(host: &Host, name: &str) -> u64 {
-    host.metric(name)
-        .unwrap_or_else(|| panic!("metric {name} is not defined: {:?}", host.metrics()))
 }
 
 fn assert_no_failure(host: &Host, vms: usize) {
@@ -772,31 +706,21 @@ fn invalid_plugin_config_fails_build_and_names_the_field() {
     );
 }
 
-/// SplitMix64, for fixed-seed garbage.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
+/// `n` fixed-seed garbage bytes.
+fn garbage(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn garbage_bodies() -> Vec<(String, Vec<u8>)> {
-    let mut rng = Rng(0xbad_5eed);
+    let mut rng = SplitMix64(0xbad_5eed);
     let mut out: Vec<(String, Vec<u8>)> = Vec::new();
     for i in 0..8 {
         let n = [1, 7, 100, 1000, 4096, 65_536, 3, 500][i];
-        out.push((format!("random {n} bytes"), rng.bytes(n)));
+        out.push((format!("random {n} bytes"), garbage(&mut rng, n)));
     }
     // Random bytes that start like JSON.
     let mut b = b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"".to_vec();
-    b.extend(rng.bytes(2000));
+    b.extend(garbage(&mut rng, 2000));
     out.push(("json prefix then random bytes".into(), b));
     out.push(("huge array nesting".into(), vec![b'['; 1 << 20]));
     out.push((

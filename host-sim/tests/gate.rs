@@ -6,41 +6,17 @@
 //! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm` (`tests/run` does it).
 
-use host_sim::{Host, RequestSpec};
-use std::path::PathBuf;
+mod support;
 
-fn wasm() -> PathBuf {
-    host_sim::require_built_filter()
-}
+use host_sim::{Host, RequestSpec};
+use support::push;
 
 fn host(vms: usize, extra: &str) -> Host {
     let config = format!(
         r#"{{"workers":[{{"name":"w0","cluster":"c0"}},{{"name":"w1","cluster":"c1"}},{{"name":"w2","cluster":"c2"}}],
             "stats_token":"tok","stale_after_ms":3000{extra}}}"#
     );
-    Host::builder(wasm())
-        .plugin_config(config.into_bytes())
-        .vms(vms)
-        .seed(5)
-        .clusters(&["c0", "c1", "c2"])
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .expect("valid config")
-}
-
-/// Pushes a snapshot on `vm`; returns the status and body of the filter's answer.
-fn push(host: &mut Host, vm: usize, token: &str, body: &str) -> (u32, String) {
-    let auth = format!("Bearer {token}");
-    let mut spec = RequestSpec::post_json("/llm-router/stats", body.as_bytes().to_vec());
-    spec.headers.push(("authorization", &auth));
-    let out = host.vm(vm).request(spec).expect("push runs");
-    let reply = out
-        .local_response
-        .expect("the filter answers pushes itself");
-    (
-        reply.status,
-        String::from_utf8_lossy(&reply.body).into_owned(),
-    )
+    support::host(&config, vms, 5, &["c0", "c1", "c2"])
 }
 
 fn queues(waiting: [u64; 3]) -> String {
@@ -54,19 +30,8 @@ fn queues(waiting: [u64; 3]) -> String {
 
 /// Routes a completion; returns (cluster, reason).
 fn route(host: &mut Host, vm: usize, prompt: &str) -> (String, String) {
-    let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
-    let out = host
-        .vm(vm)
-        .request(RequestSpec::post_json("/v1/completions", body.into_bytes()))
-        .expect("request runs");
-    let cluster = out
-        .header("x-llm-router-cluster")
-        .expect("routed")
-        .to_string();
-    let resp = host.vm(vm).respond(out.handle, 200, &[], b"{}").unwrap();
-    let reason = resp.header("x-llm-router-reason").unwrap_or("").to_string();
-    host.vm(vm).finish(out.handle).unwrap();
-    (cluster, reason)
+    let (cluster, reason) = support::route_completion(host, vm, prompt);
+    (cluster, reason.unwrap_or_default())
 }
 
 const DOC: &str = "a shared document that every turn starts with, long enough to own";
@@ -174,12 +139,8 @@ fn refused_pushes_change_nothing() {
 
 #[test]
 fn pushes_are_not_routed_without_a_token_configured() {
-    let mut h = Host::builder(wasm())
-        .plugin_config(br#"{"workers":[{"name":"w0","cluster":"c0"}]}"#.to_vec())
-        .clusters(&["c0"])
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
+    let config = r#"{"workers":[{"name":"w0","cluster":"c0"}]}"#;
+    let mut h = support::host(config, 1, 0, &["c0"]);
     let out = h
         .vm(0)
         .request(RequestSpec::post_json("/llm-router/stats", b"{}".to_vec()))

@@ -1,50 +1,12 @@
 //! host-sim against its own small test guest (host-sim/test-guest), built for
 //! wasm32-wasip1 on first use into target/host-sim-test-guest.
 
+mod support;
+
 use host_sim::{Filter, Host, LogSource, RequestSpec};
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
-
-fn guest_wasm() -> PathBuf {
-    static WASM: OnceLock<PathBuf> = OnceLock::new();
-    WASM.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let target = dir.join("../target/host-sim-test-guest");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let build = |offline: bool| {
-            let mut cmd = Command::new(&cargo);
-            cmd.args([
-                "build",
-                "--release",
-                "--target",
-                "wasm32-wasip1",
-                "--manifest-path",
-            ])
-            .arg(dir.join("test-guest/Cargo.toml"))
-            .env("CARGO_TARGET_DIR", &target)
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS");
-            if offline {
-                cmd.arg("--offline");
-            }
-            cmd.status().is_ok_and(|s| s.success())
-        };
-        assert!(
-            build(true) || build(false),
-            "building host-sim/test-guest failed"
-        );
-        target.join("wasm32-wasip1/release/host_sim_test_guest.wasm")
-    })
-    .clone()
-}
-
-fn filter() -> Filter {
-    static FILTER: OnceLock<Filter> = OnceLock::new();
-    FILTER
-        .get_or_init(|| Filter::load(guest_wasm()).expect("load test guest"))
-        .clone()
-}
+use support::guest_filter as filter;
+use support::guest_wasm;
 
 fn get(path: &str) -> RequestSpec<'_> {
     RequestSpec {
@@ -367,7 +329,7 @@ fn unknown_imports_and_non_proxy_modules_are_rejected() {
 /// otherwise, naming the import).
 #[test]
 fn real_filter_imports_are_all_implemented() {
-    let filter = Filter::load(host_sim::require_built_filter()).unwrap();
+    let filter = support::filter();
     assert!(filter.imports().iter().any(|(m, _)| m == "env"));
 }
 

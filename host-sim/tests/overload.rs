@@ -6,6 +6,8 @@
 //! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm` (`tests/run` does it).
 
+mod support;
+
 use host_sim::{Host, HttpCall, RequestSpec};
 
 const LEASE_KEY: &str = "llm_router.overload.lease";
@@ -19,14 +21,7 @@ fn config(overload: &str) -> String {
 }
 
 fn host(vms: usize, overload: &str) -> Host {
-    Host::builder(host_sim::require_built_filter())
-        .plugin_config(config(overload).into_bytes())
-        .vms(vms)
-        .seed(3)
-        .clusters(&["c0", "c1", "c2"])
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .expect("valid config")
+    support::host(&config(overload), vms, 3, &["c0", "c1", "c2"])
 }
 
 /// Pushes w1's TTFT p90 (the others fast) on VM 0.
@@ -34,31 +29,16 @@ fn push_w1_ttft(h: &mut Host, ttft_p90_s: f64) {
     let body = format!(
         r#"{{"workers":[{{"name":"w0","ttft_p90_s":0.1}},{{"name":"w1","ttft_p90_s":{ttft_p90_s}}},{{"name":"w2","ttft_p90_s":0.1}}]}}"#
     );
-    let mut spec = RequestSpec::post_json("/llm-router/stats", body.into_bytes());
-    spec.headers.push(("authorization", "Bearer tok"));
-    let out = h.vm(0).request(spec).expect("push runs");
-    assert_eq!(out.local_response.expect("answered").status, 200);
+    assert_eq!(support::push(h, 0, "tok", &body).0, 200);
 }
 
 /// Routes a completion on `vm`; returns the cluster.
 fn route(h: &mut Host, vm: usize, prompt: &str) -> String {
-    let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
-    let out = h
-        .vm(vm)
-        .request(RequestSpec::post_json("/v1/completions", body.into_bytes()))
-        .expect("request runs");
-    let cluster = out
-        .header("x-llm-router-cluster")
-        .expect("routed")
-        .to_string();
-    h.vm(vm).respond(out.handle, 200, &[], b"{}").unwrap();
-    h.vm(vm).finish(out.handle).unwrap();
-    cluster
+    support::route_completion(h, vm, prompt).0
 }
 
 fn stat(h: &Host, name: &str) -> u64 {
-    h.metric(&format!("wasmcustom.llm_router_overload_{name}"))
-        .unwrap_or(0)
+    support::stat(h, &format!("llm_router_overload_{name}"))
 }
 
 fn probes(h: &Host) -> Vec<HttpCall> {

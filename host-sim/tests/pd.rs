@@ -4,10 +4,11 @@
 //!
 //! Build the filter first: `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`.
 
+mod support;
+
 use host_sim::{Host, HttpCall, RequestSpec, StreamOutcome};
 use serde_json::Value;
-
-const CLUSTER_HEADER: &str = "x-llm-router-cluster";
+use support::CLUSTER_HEADER;
 const PAIRS: &str = "wasmcustom.llm_router_pd_pairs";
 const FAILURES: &str = "wasmcustom.llm_router_pd_prefill_failures";
 
@@ -19,28 +20,12 @@ const PD: &str = r#"{"workers":[
     "prefill_timeout_ms":2000}"#;
 
 fn host(config: &str) -> Host {
-    let path = host_sim::require_built_filter();
-    Host::builder(path)
-        .plugin_config(config.as_bytes().to_vec())
-        .clusters(&["prefill_0", "prefill_1", "decode_0", "decode_1"])
-        .allow_on_headers_stop_iteration(true)
-        .seed(11)
-        .build()
-        .expect("host")
+    let clusters = ["prefill_0", "prefill_1", "decode_0", "decode_1"];
+    support::host(config, 1, 11, &clusters)
 }
 
 fn chat(turns: &[&str]) -> Vec<u8> {
-    let msgs: Vec<Value> = turns
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            serde_json::json!({"role": role, "content": t})
-        })
-        .collect();
-    serde_json::json!({"model": "m", "messages": msgs, "stream": false})
-        .to_string()
-        .into_bytes()
+    support::chat("m", turns)
 }
 
 /// The request as it went upstream, and its one prefill copy.

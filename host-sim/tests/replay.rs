@@ -4,20 +4,14 @@
 //! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm` (`tests/run` does it).
 
+mod support;
+
 use engine_model::engine::EngineSpec;
 use host_sim::replay::Replay;
-use host_sim::Filter;
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
 use llm_load::workload::{parse_workload, WorkItem};
 use serde_json::json;
-use std::sync::OnceLock;
-
-fn filter() -> Filter {
-    static FILTER: OnceLock<Filter> = OnceLock::new();
-    FILTER
-        .get_or_init(|| Filter::load(host_sim::require_built_filter()).expect("filter loads"))
-        .clone()
-}
+use support::filter;
 
 fn workload() -> Vec<WorkItem> {
     let cfg = GenerateConfig {

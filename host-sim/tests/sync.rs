@@ -4,79 +4,47 @@
 //! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm` (`tests/run` does it).
 
-use host_sim::{Host, RequestSpec, StreamHandle};
-use std::path::PathBuf;
+mod support;
 
-fn wasm() -> PathBuf {
-    host_sim::require_built_filter()
-}
+use host_sim::{Host, RequestSpec, StreamHandle};
 
 const WORKERS: usize = 4;
 
 fn host(vms: usize, extra: &str) -> Host {
-    let workers: Vec<String> = (0..WORKERS)
-        .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
-        .collect();
-    let config = format!(r#"{{"workers":[{}]{extra}}}"#, workers.join(","));
-    let clusters: Vec<String> = (0..WORKERS).map(|i| format!("engine_{i}")).collect();
-    Host::builder(wasm())
-        .plugin_config(config.into_bytes())
-        .vms(vms)
-        .seed(11)
-        .clusters(&clusters)
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .expect("the filter loads with a valid config")
+    let config = support::fleet_config(WORKERS, extra);
+    support::host(&config, vms, 11, &support::fleet_clusters(WORKERS))
 }
 
 /// A conversation at `turn`: a system prompt shared by nobody else, then turns.
 fn chat(conversation: usize, turn: usize) -> Vec<u8> {
-    let mut messages = vec![format!(
-        r#"{{"role":"system","content":"conversation {conversation}: {}"}}"#,
+    let system = format!(
+        "conversation {conversation}: {}",
         "you are a careful assistant. ".repeat(10)
-    )];
+    );
+    let mut turns = Vec::new();
     for t in 0..=turn {
-        messages.push(format!(
-            r#"{{"role":"user","content":"question {t} of {conversation}"}}"#
-        ));
+        turns.push(format!("question {t} of {conversation}"));
         if t < turn {
-            messages.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
+            turns.push(format!("answer {t}"));
         }
     }
-    format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(",")).into_bytes()
+    let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+    support::chat_with_system("m", Some(&system), &turns)
 }
 
 /// Sends a request on `vm`; returns the chosen cluster and the stream (still open).
 fn open(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, StreamHandle) {
-    let out = host
-        .vm(vm)
-        .request(RequestSpec::post_json("/v1/chat/completions", body))
-        .expect("request runs");
+    let spec = RequestSpec::post_json("/v1/chat/completions", body);
+    let (cluster, out) = support::open(host, vm, spec);
     assert!(out.continued, "routed and continued: {out:?}");
-    let cluster = out
-        .header("x-llm-router-cluster")
-        .expect("routing header set")
-        .to_string();
     (cluster, out.handle)
 }
 
 /// Sends, answers and finishes a request on `vm`; returns (cluster, decision reason).
 fn route(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, String) {
     let (cluster, handle) = open(host, vm, body);
-    let resp = host
-        .vm(vm)
-        .respond(handle, 200, &[("content-type", "application/json")], b"{}")
-        .expect("response runs");
-    let reason = resp
-        .header("x-llm-router-reason")
-        .expect("decision reason on the response")
-        .to_string();
-    host.vm(vm).finish(handle).expect("stream ends");
+    let reason = support::answer(host, vm, handle).expect("decision reason on the response");
     (cluster, reason)
-}
-
-fn metric(host: &Host, name: &str) -> u64 {
-    host.metric(&format!("wasmcustom.{name}")).unwrap_or(0)
 }
 
 #[test]
@@ -92,8 +60,8 @@ fn a_conversation_alternating_threads_keeps_its_worker() {
             assert_eq!(reason, "cache_hit");
         }
     }
-    assert_eq!(metric(&h, "llm_router_sync_gaps"), 0);
-    assert_eq!(metric(&h, "llm_router_sync_append_failures"), 0);
+    assert_eq!(support::stat(&h, "llm_router_sync_gaps"), 0);
+    assert_eq!(support::stat(&h, "llm_router_sync_append_failures"), 0);
 }
 
 #[test]
@@ -143,7 +111,7 @@ fn interleaved_inserts_from_every_vm_lose_nothing() {
             "conversation {conv}"
         );
     }
-    assert_eq!(metric(&h, "llm_router_sync_append_failures"), 0);
+    assert_eq!(support::stat(&h, "llm_router_sync_append_failures"), 0);
 }
 
 #[test]
@@ -171,7 +139,11 @@ fn in_flight_counts_are_shared_and_return_to_zero() {
     h.vm(held[1].vm).reset(held[1]).unwrap();
     h.vm(held[2].vm).reset(held[2]).unwrap();
     h.advance_time(1_000).unwrap();
-    assert_eq!(metric(&h, "llm_router_inflight"), 0, "every count released");
+    assert_eq!(
+        support::stat(&h, "llm_router_inflight"),
+        0,
+        "every count released"
+    );
     // Balanced again: the next turn follows the longest prefix, now held by the
     // worker the diverted turn went to (every routed text is recorded).
     let (cluster, reason) = route(&mut h, 2, chat(1, 5));
@@ -184,11 +156,11 @@ fn a_vm_that_fell_a_ring_behind_counts_the_gap_and_carries_on() {
     for conv in 0..20 {
         route(&mut h, 0, chat(conv, 0));
     }
-    assert_eq!(metric(&h, "llm_router_sync_gaps"), 0);
+    assert_eq!(support::stat(&h, "llm_router_sync_gaps"), 0);
     // VM 1 never ticked nor routed: 20 operations, the ring holds the last 8.
     let (_, reason) = route(&mut h, 1, chat(19, 1));
     assert_eq!(reason, "cache_hit", "the recent operations are still there");
-    assert_eq!(metric(&h, "llm_router_sync_gaps"), 12);
+    assert_eq!(support::stat(&h, "llm_router_sync_gaps"), 12);
     let (_, reason) = route(&mut h, 1, chat(0, 1));
     assert_eq!(reason, "cache_miss", "the overwritten one is lost on VM 1");
 }

@@ -5,14 +5,14 @@
 //! The gaps are exponential with mean `1 / rate`, drawn from a seeded generator so
 //! two runs with the same seed send on the same schedule.
 
-use crate::generate::SplitMix64;
+use crate::generate::Draws;
 use std::time::Duration;
 
 /// The arrival schedule: an endless sequence of gaps between arrivals.
 #[derive(Debug, Clone)]
 pub struct Arrivals {
     rate_per_s: f64,
-    rng: SplitMix64,
+    rng: Draws,
 }
 
 impl Arrivals {
@@ -20,7 +20,7 @@ impl Arrivals {
     pub fn poisson(rate_per_s: f64, seed: u64) -> Self {
         Self {
             rate_per_s,
-            rng: SplitMix64::new(seed, 0xA7, 0, 0),
+            rng: Draws::new(seed, 0xA7, 0, 0),
         }
     }
 

@@ -5,12 +5,13 @@
 //! conversation so far (a growing per-session prefix). Lines interleave sessions turn by
 //! turn so that a concurrent replay mixes sessions the way real traffic does.
 //!
-//! Randomness comes from a hand-written SplitMix64 seeded from (seed, kind, session,
+//! Randomness comes from the filter crate's SplitMix64 seeded from (seed, kind, session,
 //! turn): it is stable across Rust and crate versions, so the same arguments give a
 //! byte-identical file forever, and each piece of text is independent of the others
 //! (changing `--turns` does not change turn 0's text).
 
 use crate::workload::{WorkloadLine, CHAT_PATH, COMPLETIONS_PATH};
+use llm_router::rng::{Rng as _, SplitMix64};
 use serde_json::{json, Value};
 
 /// Generator parameters; see `llm-load generate --help`.
@@ -223,11 +224,13 @@ const KIND_USER: u64 = 2;
 const KIND_ASSISTANT: u64 = 3;
 const KIND_STREAM: u64 = 4;
 
-/// SplitMix64: tiny, well-distributed, and fully specified (stable output forever).
+/// A stream of the workspace's SplitMix64 (the filter crate's: tiny, well-distributed,
+/// and fully specified, so a workload's bytes are stable forever), seeded from
+/// coordinates.
 #[derive(Debug, Clone)]
-pub(crate) struct SplitMix64(u64);
+pub(crate) struct Draws(SplitMix64);
 
-impl SplitMix64 {
+impl Draws {
     pub(crate) fn new(seed: u64, kind: u64, a: u64, b: u64) -> Self {
         // Fold the coordinates through the mixer so nearby inputs give unrelated streams.
         let mut s = SplitMix64(seed);
@@ -235,19 +238,15 @@ impl SplitMix64 {
             s.0 ^= part.wrapping_mul(0xD6E8_FEB8_6659_FD93);
             s.next_u64();
         }
-        s
+        Draws(s)
     }
 
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.0.below(n)
     }
 
     /// Uniform in [0, 1).
@@ -257,7 +256,7 @@ impl SplitMix64 {
 }
 
 /// Appends random words (space-separated) to `out` until it holds exactly `chars` chars.
-fn fill_words(rng: &mut SplitMix64, out: &mut String, chars: usize) {
+fn fill_words(rng: &mut Draws, out: &mut String, chars: usize) {
     while out.len() < chars {
         if !out.is_empty() {
             out.push(' ');
@@ -270,7 +269,7 @@ fn fill_words(rng: &mut SplitMix64, out: &mut String, chars: usize) {
 
 /// System prompt `index`: `chars` characters starting with a per-index opener word.
 pub fn system_prompt(seed: u64, index: usize, chars: usize) -> String {
-    let mut rng = SplitMix64::new(seed, KIND_SYSTEM, index as u64, 0);
+    let mut rng = Draws::new(seed, KIND_SYSTEM, index as u64, 0);
     let mut text = String::with_capacity(chars + 16);
     text.push_str(OPENERS[index % OPENERS.len()]);
     fill_words(&mut rng, &mut text, chars);
@@ -279,7 +278,7 @@ pub fn system_prompt(seed: u64, index: usize, chars: usize) -> String {
 
 /// The user message of `session` at `turn`: tagged with both so no two are equal.
 pub fn user_message(seed: u64, session: usize, turn: usize, chars: usize) -> String {
-    let mut rng = SplitMix64::new(seed, KIND_USER, session as u64, turn as u64);
+    let mut rng = Draws::new(seed, KIND_USER, session as u64, turn as u64);
     let mut text = format!("[session {session} turn {turn}] Please");
     let target = chars.max(text.len());
     fill_words(&mut rng, &mut text, target);
@@ -288,7 +287,7 @@ pub fn user_message(seed: u64, session: usize, turn: usize, chars: usize) -> Str
 
 /// The assistant reply that the workload pretends was given at `turn` of `session`.
 pub fn assistant_reply(seed: u64, session: usize, turn: usize, chars: usize) -> String {
-    let mut rng = SplitMix64::new(seed, KIND_ASSISTANT, session as u64, turn as u64);
+    let mut rng = Draws::new(seed, KIND_ASSISTANT, session as u64, turn as u64);
     let mut text = String::from("Sure.");
     let target = chars.max(text.len());
     fill_words(&mut rng, &mut text, target);
@@ -353,7 +352,7 @@ pub fn generate(cfg: &GenerateConfig) -> Vec<WorkloadLine> {
         for session in 0..cfg.sessions {
             let msgs = conversation(cfg, session, turn);
             let stream = cfg.stream_fraction > 0.0
-                && SplitMix64::new(cfg.seed, KIND_STREAM, session as u64, turn as u64).unit()
+                && Draws::new(cfg.seed, KIND_STREAM, session as u64, turn as u64).unit()
                     < cfg.stream_fraction;
             let mut body = serde_json::Map::new();
             body.insert("model".into(), json!(cfg.model));

@@ -11,30 +11,36 @@
 use crate::report::JsonSummary;
 use crate::stats::Summary;
 use anyhow::{bail, Result};
+use llm_router::decision::Label;
+use llm_router::metric_names as names;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
-/// Decision labels, one per routed request.
-pub const LABELS: [&str; 4] = [
-    "cache_hit",
-    "cache_miss",
-    "cache_worker_queued",
-    "all_queued",
-];
-/// Queue gate and collector counters.
-pub const GATE_COUNTERS: [&str; 5] = [
-    "queue_gate_rejections",
-    "queue_gate_inert",
-    "saturation_pins",
-    "stats_pushes_accepted",
-    "stats_pushes_rejected",
-];
 /// The knobs the `no_gate` baseline removes.
 pub const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
+/// Queue gate and collector counters, reported under their names without the
+/// `llm_router_` prefix.
+const GATE_COUNTERS: [&str; 5] = [
+    names::QUEUE_GATE_REJECTIONS,
+    names::QUEUE_GATE_INERT,
+    names::SATURATION_PINS,
+    names::STATS_PUSHES_ACCEPTED,
+    names::STATS_PUSHES_REJECTED,
+];
+/// Cross-thread tree sync counters, reported without the `llm_router_sync_` prefix:
 /// `applied` counts ring operations applied by all threads together (about routed
 /// requests x threads); `gaps` operations a thread missed by falling a ring behind;
 /// `append_failures` operations kept on one thread.
-pub const SYNC_COUNTERS: [&str; 3] = ["applied", "gaps", "append_failures"];
+const SYNC_COUNTERS: [&str; 3] = [
+    names::SYNC_APPLIED,
+    names::SYNC_GAPS,
+    names::SYNC_APPEND_FAILURES,
+];
+
+/// A filter stat as Envoy's `/stats` names it.
+pub fn envoy_stat(name: &str) -> String {
+    format!("wasmcustom.{name}")
+}
 
 /// The config key a run's `--policy` sets: the regular pool's `policy`, or with
 /// prefill/decode disaggregation the prefill pool's (where the prompt cache is).
@@ -98,19 +104,26 @@ pub struct RunResult {
 impl RunResult {
     /// The filter's counters from stats by Envoy name (`wasmcustom.NAME`), 0 if absent.
     pub fn new(policy: String, summary: Summary, stat: impl Fn(&str) -> Option<u64>) -> Self {
-        let pick = |prefix: &str, names: &[&str]| -> BTreeMap<String, u64> {
-            names
+        let pick = |prefix: &str, metrics: &[&str]| -> BTreeMap<String, u64> {
+            metrics
                 .iter()
-                .map(|n| {
-                    let v = stat(&format!("wasmcustom.{prefix}{n}")).unwrap_or(0);
-                    (n.to_string(), v)
+                .map(|m| {
+                    let key = m.strip_prefix(prefix).unwrap_or(m);
+                    (key.to_string(), stat(&envoy_stat(m)).unwrap_or(0))
                 })
                 .collect()
         };
+        let decisions = Label::ALL
+            .iter()
+            .map(|l| {
+                let v = stat(&envoy_stat(&names::decision_metric(*l))).unwrap_or(0);
+                (l.as_str().to_string(), v)
+            })
+            .collect();
         Self {
             policy,
             summary,
-            decisions: pick("llm_router_decisions_", &LABELS),
+            decisions,
             sync: pick("llm_router_sync_", &SYNC_COUNTERS),
             gate: pick("llm_router_", &GATE_COUNTERS),
             notes: Vec::new(),

@@ -3,7 +3,7 @@
 //! call count or with a chosen probability.
 //!
 //! Faults are checked in front of every hostcall by the one registration wrapper
-//! ([`Hostcall`]), before the hostcall reads guest memory, so a faulted call has no
+//! (`hostcall::Hostcall`), before the hostcall reads guest memory, so a faulted call has no
 //! effect besides its status (no value is returned to the guest). Call counts are per
 //! hostcall name over every VM of the host, 1-based, and count every call, faulted or
 //! not. Probabilities draw from a generator seeded from the host's seed, so a run with
@@ -12,10 +12,9 @@
 //! [`envoy_failures`] lists, per hostcall, the statuses Envoy 1.40 itself can answer:
 //! the faults a filter meets in production, which it must survive without trapping.
 
-use crate::abi::Status;
-use crate::state::{lock, HostState, Rng};
+use super::codes::Status;
+use super::rng::Rng;
 use std::collections::BTreeMap;
-use wasmtime::{bail, Caller, Linker, Result, WasmTy};
 
 /// When a [`Fault`] fires.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -161,56 +160,6 @@ pub fn envoy_failures(hostcall: &str) -> &'static [Status] {
         _ => &[],
     }
 }
-
-type C<'a> = Caller<'a, HostState>;
-
-/// A hostcall implementation returning a status (or errno): registered behind the
-/// fault check. Implemented for closures of every arity the ABI uses.
-pub(crate) trait Hostcall<Params>: Send + Sync + 'static {
-    fn define(self, linker: &mut Linker<HostState>, module: &str, name: &'static str)
-        -> Result<()>;
-}
-
-macro_rules! hostcall_arity {
-    ($($arg:ident),*) => {
-        #[allow(non_snake_case)]
-        impl<F, $($arg: WasmTy),*> Hostcall<($($arg,)*)> for F
-        where
-            F: Fn(C<'_>, $($arg),*) -> Result<i32> + Send + Sync + 'static,
-        {
-            fn define(
-                self,
-                linker: &mut Linker<HostState>,
-                module: &str,
-                name: &'static str,
-            ) -> Result<()> {
-                linker.func_wrap(module, name, move |c: C<'_>, $($arg: $arg),*| {
-                    let injected = lock(&c.data().shared).faults.check(name);
-                    match injected {
-                        Some(Answer::Status(code)) => Ok(code),
-                        Some(Answer::Trap) => bail!("host-sim: injected trap in {name}"),
-                        None => self(c, $($arg),*),
-                    }
-                })?;
-                Ok(())
-            }
-        }
-    };
-}
-
-hostcall_arity!();
-hostcall_arity!(A1);
-hostcall_arity!(A1, A2);
-hostcall_arity!(A1, A2, A3);
-hostcall_arity!(A1, A2, A3, A4);
-hostcall_arity!(A1, A2, A3, A4, A5);
-hostcall_arity!(A1, A2, A3, A4, A5, A6);
-hostcall_arity!(A1, A2, A3, A4, A5, A6, A7);
-hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8);
-hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9);
-hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10);
-hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11);
-hostcall_arity!(A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12);
 
 #[cfg(test)]
 mod tests {

@@ -6,15 +6,16 @@
 //! threads); each routed request is served by the engine the filter chose, which
 //! answers when its cost model says; the filter sees the response and the end of the
 //! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
-//! copy, an overload probe) are served by that engine the same way. Every `collector_interval_ms` the fleet's gauges are pushed to
-//! the filter's stats endpoint, as the companion collector does. What comes out is the
-//! load tool's [`Summary`] (latencies in virtual ms), so the report is the demo's.
+//! copy, an overload probe) are served by that engine the same way. Every
+//! `collector_interval_ms` the fleet's gauges are pushed to the filter's stats
+//! endpoint, as the companion collector does. What comes out is the load tool's
+//! [`Summary`] (latencies in virtual ms), so the report is the demo's.
 //!
 //! At concurrency 1 every decision is a pure function of the workload, the config and
 //! its `rng_seed`, which is what makes a run comparable with `envoy/demo
 //! --concurrency 1` request for request.
 
-use crate::fleet::SimFleet;
+use super::fleet::SimFleet;
 use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use anyhow::{bail, Context as _, Result};
 use engine_model::engine::EngineSpec;

@@ -7,27 +7,45 @@
 use crate::state::HostState;
 use wasmtime::error::Context as _;
 use wasmtime::{bail, format_err as anyhow, Result};
-use wasmtime::{Caller, Memory};
+use wasmtime::{Caller, Memory, TypedFunc};
 
-/// Access to one guest's memory from inside a hostcall.
-pub(crate) struct Guest<'a, 'c> {
-    caller: &'a mut Caller<'c, HostState>,
+/// Store data that knows its guest's memory and allocator (set after instantiation).
+pub(crate) trait GuestMemory: 'static {
+    /// The guest's exported `memory`.
+    fn memory(&self) -> Option<Memory>;
+    /// The guest's allocator, for buffers the host returns; `None` if it has none.
+    fn allocator(&self) -> Option<TypedFunc<i32, i32>>;
 }
 
-impl<'a, 'c> Guest<'a, 'c> {
-    pub(crate) fn new(caller: &'a mut Caller<'c, HostState>) -> Self {
+impl GuestMemory for HostState {
+    fn memory(&self) -> Option<Memory> {
+        self.memory
+    }
+
+    fn allocator(&self) -> Option<TypedFunc<i32, i32>> {
+        self.alloc.clone()
+    }
+}
+
+/// Access to one guest's memory from inside a hostcall.
+pub(crate) struct Guest<'a, 'c, T: 'static> {
+    caller: &'a mut Caller<'c, T>,
+}
+
+impl<'a, 'c, T: GuestMemory> Guest<'a, 'c, T> {
+    pub(crate) fn new(caller: &'a mut Caller<'c, T>) -> Self {
         Self { caller }
     }
 
-    /// The host state of this VM.
-    pub(crate) fn state(&mut self) -> &mut HostState {
+    /// The store data (the host state of this VM).
+    pub(crate) fn state(&mut self) -> &mut T {
         self.caller.data_mut()
     }
 
     fn memory(&self) -> Result<Memory> {
         self.caller
             .data()
-            .memory
+            .memory()
             .ok_or_else(|| anyhow!("the guest exports no `memory`"))
     }
 
@@ -85,7 +103,7 @@ impl<'a, 'c> Guest<'a, 'c> {
 
     /// Allocates `len` bytes with the guest's allocator and returns the guest pointer.
     fn alloc(&mut self, len: usize) -> Result<u32> {
-        let alloc = self.caller.data().alloc.clone().ok_or_else(|| {
+        let alloc = self.caller.data().allocator().ok_or_else(|| {
             anyhow!("the guest exports neither proxy_on_memory_allocate nor malloc")
         })?;
         let len = i32::try_from(len).context("returned buffer too large for wasm32")?;

@@ -1,0 +1,159 @@
+//! `host-sim replay`: the demo's main run and baseline through the filter against a
+//! simulated engine fleet in virtual time, printed as `envoy/demo`'s report.
+
+use super::read_config;
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// `envoy/demo`'s flags, with the same meaning and defaults.
+#[derive(clap::Args)]
+pub(crate) struct ReplayArgs {
+    /// The filter's .wasm; defaults to the workspace's built filter.
+    #[arg(long)]
+    wasm: Option<PathBuf>,
+    /// A JSON object merged over the demo's plugin configuration, like the demo's
+    /// `--filter-config` (a file, or inline JSON if it starts with '{').
+    #[arg(long)]
+    config: Option<String>,
+    /// The JSONL workload (`llm-load generate`; the demo writes `.demo/workload.jsonl`).
+    #[arg(long)]
+    workload: PathBuf,
+    /// Engines in the simulated fleet.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    #[command(flatten)]
+    pd: llm_load::fleet::PdArgs,
+    /// VMs (Envoy worker threads, the demo's `--envoy-concurrency`).
+    #[arg(long, default_value_t = 1)]
+    vms: usize,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Routing policy: cache_aware, round_robin, random, power_of_two.
+    #[arg(long, default_value = "cache_aware")]
+    policy: String,
+    /// The comparison run: a policy, `no_gate`, or `none` (default as the demo's).
+    #[arg(long)]
+    baseline: Option<String>,
+    /// The filter's `rng_seed` (the demo passes its `--seed`).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Simulated collector push interval (virtual ms); 0: no collector.
+    #[arg(long, default_value_t = 200)]
+    collector_interval_ms: u64,
+    /// Engine prefill cost per uncached prompt token (the demo's default).
+    #[arg(long, default_value_t = 100.0)]
+    prefill_us_per_token: f64,
+    /// Engine fixed time to first token.
+    #[arg(long, default_value_t = 0.0)]
+    ttft_ms: f64,
+    /// Engine time per output token after the first.
+    #[arg(long, default_value_t = 0.0)]
+    decode_ms_per_token: f64,
+    /// Engine concurrent requests at most (0: unlimited), like `--engine-arg=--max-running=N`.
+    #[arg(long, default_value_t = 0)]
+    max_running: usize,
+}
+
+/// Runs the demo's main run and baseline in host-sim; prints the demo's report and
+/// returns how many requests failed (the exit code says whether any did, as the
+/// demo's and `llm-load`'s do).
+pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
+    use engine_model::engine::EngineSpec;
+    use engine_model::latency::Latency;
+    use llm_load::run::{self, PdCounts, RunResult};
+    let extra: Option<Value> = match &args.config {
+        Some(c) => Some(serde_json::from_slice(&read_config(c)?).context("--config is not JSON")?),
+        None => None,
+    };
+    let config = |policy: &str, no_gate: bool| {
+        run::plugin_config(
+            run::policy_key(args.pd.pd),
+            policy,
+            &args.policy,
+            extra.as_ref(),
+            no_gate,
+            args.seed,
+        )
+    };
+    let items = llm_load::workload::load_workload(&args.workload)?;
+    let wasm = args
+        .wasm
+        .clone()
+        .unwrap_or_else(host_sim::built_filter_path);
+    let filter = host_sim::Filter::load(&wasm)?;
+    let pd = args.pd.pools();
+    let engines = args.pd.engines(args.workers);
+    let sim = host_sim::replay::Replay {
+        workers: args.workers,
+        pd,
+        vms: args.vms,
+        concurrency: args.concurrency,
+        engine: EngineSpec {
+            max_running: args.max_running,
+            latency: Latency {
+                ttft_ms: args.ttft_ms,
+                prefill_us_per_token: args.prefill_us_per_token,
+                decode_ms_per_token: args.decode_ms_per_token,
+            },
+            ..EngineSpec::default()
+        },
+        collector_interval_ms: (args.collector_interval_ms > 0)
+            .then_some(args.collector_interval_ms),
+    };
+    let run_policy = |policy: &str, no_gate: bool| -> Result<RunResult> {
+        let label = if no_gate {
+            format!("{policy}+no_gate")
+        } else {
+            policy.to_string()
+        };
+        eprintln!(
+            "host-sim replay: {} requests, {label}, {engines} engines, {} VM(s), concurrency {}",
+            items.len(),
+            args.vms,
+            args.concurrency
+        );
+        let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
+        let mut result = RunResult::new(label, done.summary, |name| done.host.metric(name));
+        if args.pd.pd {
+            PdCounts {
+                pairs: done.fleet.pd_pairs,
+                kv_failures: done.fleet.pd_kv_failures,
+                prefill_failures: done
+                    .host
+                    .metric(&run::envoy_stat(
+                        llm_router::metric_names::PD_PREFILL_FAILURES,
+                    ))
+                    .unwrap_or(0),
+                prefill_per_worker: done
+                    .fleet
+                    .engines
+                    .iter()
+                    .filter(|e| e.pool == "prefill")
+                    .map(|e| {
+                        (
+                            e.name.clone(),
+                            done.fleet.served.get(&e.name).copied().unwrap_or(0),
+                        )
+                    })
+                    .collect(),
+            }
+            .add_to(&mut result);
+        }
+        Ok(result)
+    };
+    let main_run = run_policy(&args.policy, false)?;
+    let baseline_name = match &args.baseline {
+        Some(b) => b.clone(),
+        None => run::default_baseline(&config(&args.policy, false)?).to_string(),
+    };
+    let baseline = match baseline_name.as_str() {
+        "none" => None,
+        "no_gate" => Some(run_policy(&args.policy, true)?),
+        p if p == args.policy => None,
+        p => Some(run_policy(p, false)?),
+    };
+    run::print_report(&main_run, baseline.as_ref(), args.vms as u32, engines, None);
+    Ok(main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors))
+}

@@ -1,0 +1,134 @@
+//! [`VmHandle`]: the requests, responses and stream ends one VM (worker thread) sees,
+//! driven through the stream machine in [`super::stream`].
+
+use super::host::Host;
+use super::stream::{response_outcome, split_body};
+use crate::state::{lock, Flow, HeaderState, StreamState};
+use crate::types::values::{
+    owned_headers, FailurePolicy, LogEntry, RequestSpec, ResponseOutcome, StreamHandle,
+    StreamOutcome,
+};
+use anyhow::{bail, Result};
+
+/// One VM (worker thread) of a [`Host`]; see [`Host::vm`].
+pub struct VmHandle<'a> {
+    host: &'a mut Host,
+    vm: usize,
+}
+
+impl<'a> VmHandle<'a> {
+    pub(super) fn new(host: &'a mut Host, vm: usize) -> Self {
+        Self { host, vm }
+    }
+
+    /// Sends a request: `proxy_on_context_create`, `proxy_on_request_headers`, then the body
+    /// chunks through `proxy_on_request_body` with Envoy's buffering rules, then deferred
+    /// actions and queue notifications. Returns where the stream stands; if the filter
+    /// paused it (e.g. waiting for an HTTP call), answer the call and look again with
+    /// [`VmHandle::outcome`].
+    pub fn request(&mut self, spec: RequestSpec<'_>) -> Result<StreamOutcome> {
+        let (host, vm) = (&mut *self.host, self.vm);
+        host.check_vm(vm)?;
+        if host.cfg.failure_policy == FailurePolicy::FailReload && host.vms[vm].failed.is_some() {
+            host.reload(vm)?;
+        }
+        let chunks = split_body(spec.body, spec.body_chunks);
+        let now = lock(&host.shared).now_ns;
+        let s = host.state(vm);
+        let (ctx, root) = (s.next_ctx, s.root_ctx);
+        s.next_ctx += 1;
+        let stream = StreamState::new(owned_headers(&spec.headers), now);
+        s.streams.insert(ctx, stream);
+        let args = (ctx as i32, root as i32);
+        let what = "proxy_on_context_create";
+        host.invoke(vm, ctx, |e| e.context_create.clone(), args, what)?;
+        host.settle(vm)?;
+        host.headers_phase(vm, ctx, false, chunks.is_empty())?;
+        let count = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            host.body_chunk(vm, ctx, false, chunk, i + 1 == count)?;
+        }
+        host.pump()?;
+        host.outcome(vm, ctx)
+    }
+
+    /// The current state of a stream.
+    pub fn outcome(&mut self, handle: StreamHandle) -> Result<StreamOutcome> {
+        let ctx = self.host.stream_ctx(self.vm, handle)?;
+        self.host.outcome(self.vm, ctx)
+    }
+
+    /// The upstream answers: `proxy_on_response_headers` (with `:status` first) and, if
+    /// `body` is not empty, `proxy_on_response_body` with `end_of_stream`. Returns the
+    /// response as the filter lets it go downstream. The request headers must have been
+    /// forwarded upstream.
+    pub fn respond(
+        &mut self,
+        handle: StreamHandle,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<ResponseOutcome> {
+        let (host, vm) = (&mut *self.host, self.vm);
+        let ctx = host.stream_ctx(vm, handle)?;
+        let stream = host.state(vm).streams.get_mut(&ctx).expect("checked");
+        if stream.finished || stream.reset || stream.local_reply.is_some() {
+            bail!("stream {ctx} already ended (finished, reset or answered locally)");
+        }
+        if stream.req.fwd_headers.is_none() {
+            bail!("stream {ctx} was not sent upstream: the filter still holds its request");
+        }
+        if stream.resp.hstate != HeaderState::Pending {
+            bail!("stream {ctx} already has a response");
+        }
+        let mut all = vec![(":status".to_string(), status.to_string())];
+        all.extend(owned_headers(headers));
+        stream.resp = Flow::new(all);
+        host.headers_phase(vm, ctx, true, body.is_empty())?;
+        if !body.is_empty() {
+            host.body_chunk(vm, ctx, true, body.to_vec(), true)?;
+        }
+        host.pump()?;
+        let stream = host.state(vm).streams.get(&ctx).expect("checked");
+        Ok(response_outcome(&stream.resp))
+    }
+
+    /// Completes the stream: `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`. A no-op if
+    /// it already completed (local replies complete on their own, as in Envoy).
+    pub fn finish(&mut self, handle: StreamHandle) -> Result<()> {
+        let ctx = self.host.stream_ctx(self.vm, handle)?;
+        self.host.end_stream(self.vm, ctx, false)?;
+        self.host.pump()
+    }
+
+    /// Client disconnect: the stream ends without (further) response, through
+    /// `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`; its HTTP calls are cancelled.
+    pub fn reset(&mut self, handle: StreamHandle) -> Result<()> {
+        let ctx = self.host.stream_ctx(self.vm, handle)?;
+        self.host.end_stream(self.vm, ctx, true)?;
+        self.host.pump()
+    }
+
+    /// Fires `proxy_on_tick` on this VM now (without moving the clock).
+    pub fn tick(&mut self) -> Result<()> {
+        let (host, vm) = (&mut *self.host, self.vm);
+        host.check_vm(vm)?;
+        let root = host.state(vm).root_ctx;
+        host.invoke(vm, root, |e| e.tick.clone(), root as i32, "proxy_on_tick")?;
+        host.settle(vm)?;
+        host.pump()
+    }
+
+    /// Log lines captured on this VM.
+    pub fn logs(&self) -> &[LogEntry] {
+        self.host.logs(self.vm)
+    }
+
+    /// The tick period the filter set on this VM (ms, 0 = none).
+    pub fn tick_period_ms(&self) -> u64 {
+        self.host
+            .vms
+            .get(self.vm)
+            .map_or(0, |s| s.store.data().tick_period_ms)
+    }
+}
