@@ -531,7 +531,7 @@ def _istio_ext(docs):
 def mutations():
     """(recipe, what, mutate(docs), expected words in the failure)."""
     def eg_no_allow(d):
-        del _eg_filter(d)["value"]["typed_config"]["config"]["allow_on_headers_stop_iteration"]
+        _eg_filter(d)["value"]["typed_config"]["config"].pop("allow_on_headers_stop_iteration", None)
 
     def eg_fail_open(d):
         _eg_filter(d)["value"]["typed_config"]["config"]["failure_policy"] = "FAIL_OPEN"
@@ -553,7 +553,7 @@ def mutations():
         rules[0], rules[1] = rules[1], rules[0]
 
     def istio_no_allow(d):
-        del _istio_ext(d)["allow_on_headers_stop_iteration"]
+        _istio_ext(d).pop("allow_on_headers_stop_iteration", None)
 
     def istio_after_router(d):
         find(d, "EnvoyFilter")["spec"]["configPatches"][1]["patch"]["operation"] = "INSERT_AFTER"
@@ -567,7 +567,7 @@ def mutations():
         c["args"][0] = "--push-url=http://127.0.0.1:10002/llm-router/stats"
 
     def xds_no_allow(d):
-        del d["ecds"]["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"]
+        d["ecds"]["resources"][0]["typed_config"]["config"].pop("allow_on_headers_stop_iteration", None)
 
     def xds_no_buffer(d):
         del d["lds"]["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"][
