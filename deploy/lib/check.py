@@ -552,6 +552,10 @@ def mutations():
         rules = find(d, "HTTPRoute")["spec"]["rules"]
         rules[0], rules[1] = rules[1], rules[0]
 
+    def eg_old_envoy(d):
+        dep = find(d, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+        dep["container"]["image"] = "docker.io/envoyproxy/envoy:distroless-v1.34.1"
+
     def istio_no_allow(d):
         _istio_ext(d).pop("allow_on_headers_stop_iteration", None)
 
@@ -584,6 +588,7 @@ def mutations():
         ("envoy-gateway", "pre-v1.10 listener name", eg_old_name, "does not generate"),
         ("envoy-gateway", "ClientTrafficPolicy buffer removed", eg_no_buffer, "1 MiB"),
         ("envoy-gateway", "HTTPRoute rules reordered", eg_rules_reordered, "no route sends"),
+        ("envoy-gateway", "Envoy 1.34 pinned", eg_old_envoy, ">= 1.35"),
         ("istio", "allow_on_headers_stop_iteration removed", istio_no_allow, "allow_on_headers_stop_iteration"),
         ("istio", "INSERT_AFTER the router", istio_after_router, "router"),
         ("istio", "Secret token differs", istio_token, "stats_token"),
