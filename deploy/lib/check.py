@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -251,7 +252,7 @@ def start_envoy(procs, envoy, config_path, tmp, tag):
     admin_path = os.path.join(tmp, f"{tag}.admin")
     log = open(os.path.join(tmp, f"{tag}.envoy.log"), "w")
     p = procs.start([envoy, "-c", config_path, "--admin-address-path", admin_path,
-                     "--use-dynamic-base-id", "--concurrency", "2", "--log-level", "warning"],
+                     "--use-dynamic-base-id", "--concurrency", "1", "--log-level", "warning"],
                     stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
 
     def admin_port():
@@ -653,6 +654,8 @@ def main():
     ap.add_argument("--no-live", action="store_true", help="skip the live runs")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     a = ap.parse_args()
+    # Stopped from outside: unwind, so every `finally` stops the processes it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for path in (WASM, os.path.join(BIN, "host-sim"), os.path.join(BIN, "engine-mock"),
                  os.path.join(BIN, "llm-collector")):
         if not os.path.exists(path):
