@@ -1,0 +1,759 @@
+"""The offline checks of the deployment recipes (run by deploy/check).
+
+1. Every YAML file under deploy/ parses.
+2. Each recipe (Envoy Gateway, Istio, plain Envoy + xDS) is rendered into the Envoy
+   configuration it produces (see recipes.py) and must satisfy the invariants the
+   filter needs: every Wasm filter has allow_on_headers_stop_iteration: true and
+   failure_policy: FAIL_RELOAD and runs before the router; the public and the stats
+   listener run the same filter config with the same vm_id; the stats listener is
+   loopback only; engine routes have timeout 0s and the body buffer is raised; every
+   worker's cluster exists and is what its route sends to; the collector's token,
+   push URL and engine names agree with the plugin config.
+3. The rendered configuration passes `envoy --mode validate` (which loads the .wasm
+   and runs its on_configure, so the plugin config is checked by the filter too), and
+   each plugin config passes `host-sim check-config`.
+4. Live: each rendered configuration runs in a real Envoy in front of engine mocks
+   (OS-chosen ports): requests are routed to the engine the filter chose and a
+   conversation sticks; llm-collector's push is accepted on the stats listener and a
+   wrong token is refused. The xDS example runs from its own files, and a new
+   ecds.yaml is applied without a restart while a config the filter rejects is not.
+5. The OCI image layout: built, verified, rebuilt to the same digest; with skopeo
+   installed, `skopeo inspect` reads it.
+6. Self-test: broken copies of the recipes (allow_on_headers_stop_iteration removed,
+   FAIL_OPEN, no route timeout, the filter after the router, a token mismatch, the
+   old listener name, a corrupted blob...) must each fail.
+"""
+
+import argparse
+import copy
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import yaml
+
+import recipes
+from recipes import RecipeError, hcms, plugin_config, plugin_config_text
+
+DEPLOY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(DEPLOY)
+WASM = os.path.join(ROOT, "target", "wasm32-wasip1", "wasm", "llm_router.wasm")
+BIN = os.path.join(ROOT, "target", "debug")
+ONE_MIB = 1 << 20
+
+
+class CheckFailed(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------
+# Invariants on a rendered configuration
+
+
+def _port_of(listener):
+    return listener["address"]["socket_address"]["port_value"]
+
+
+def _collector_flags(args):
+    push, engines = None, []
+    for a in args:
+        if a.startswith("--push-url="):
+            push = a.split("=", 1)[1]
+        elif a.startswith("--engine="):
+            engines.append(a.split("=", 1)[1].split("=", 1)[0])
+    return push, engines
+
+
+def invariants(r):
+    """Problems with a rendered recipe, as sentences; empty when it is sound."""
+    errs = []
+    res = r.bootstrap["static_resources"]
+    listeners = {li["name"]: li for li in res["listeners"]}
+    clusters = {c["name"] for c in res["clusters"]}
+    wasm = {}
+    for lname, li in listeners.items():
+        for h in hcms(li):
+            filters = h.get("http_filters") or []
+            names = [f.get("name") for f in filters]
+            if not names or names[-1] != recipes.ROUTER_NAME:
+                errs.append(f"listener {lname}: the router is not the last HTTP filter ({names})")
+            for i, f in enumerate(filters):
+                tc = f.get("typed_config") or {}
+                if tc.get("@type") != recipes.WASM_TYPE:
+                    continue
+                cfg = tc.get("config") or {}
+                where = f"listener {lname}, Wasm filter {f.get('name')}"
+                if cfg.get("allow_on_headers_stop_iteration") is not True:
+                    errs.append(f"{where}: allow_on_headers_stop_iteration is not true (the "
+                                "body callback never runs and requests hang)")
+                if cfg.get("failure_policy") != "FAIL_RELOAD":
+                    errs.append(f"{where}: failure_policy is {cfg.get('failure_policy')}, not "
+                                "FAIL_RELOAD (a crashed VM would fail every later request)")
+                if recipes.ROUTER_NAME in names and i > names.index(recipes.ROUTER_NAME):
+                    errs.append(f"{where}: runs after the router, so it never routes")
+                wasm.setdefault(lname, []).append(tc)
+    for needed in (r.public_listener, r.stats_listener):
+        if needed not in listeners:
+            errs.append(f"no listener {needed}")
+        elif needed not in wasm:
+            errs.append(f"listener {needed} runs no llm-router Wasm filter")
+    if errs:
+        return errs
+    pub, st = wasm[r.public_listener][0], wasm[r.stats_listener][0]
+    if pub["config"]["vm_config"].get("vm_id") != st["config"]["vm_config"].get("vm_id"):
+        errs.append("the public and stats listeners' filters have different vm_ids: pushes "
+                    "would not reach the router's shared data")
+    if plugin_config_text(pub) != plugin_config_text(st):
+        errs.append("the public and stats listeners' filters have different plugin configs")
+    stats_addr = listeners[r.stats_listener]["address"]["socket_address"]["address"]
+    if stats_addr not in ("127.0.0.1", "::1"):
+        errs.append(f"stats listener {r.stats_listener} binds {stats_addr}, not loopback")
+
+    public = listeners[r.public_listener]
+    routes = [rt for h in hcms(public) for vh in h["route_config"]["virtual_hosts"]
+              for rt in vh.get("routes", []) if "route" in rt]
+    if not routes:
+        errs.append(f"listener {r.public_listener} has no routes to engines")
+    conn_limit = public.get("per_connection_buffer_limit_bytes", 0)
+    for rt in routes:
+        if rt["route"].get("timeout") != "0s":
+            errs.append(f"route {json.dumps(rt['match'])}: timeout is "
+                        f"{rt['route'].get('timeout', 'unset (15 s)')}, not 0s: long "
+                        "generations would be cut")
+        if conn_limit <= ONE_MIB and rt.get("request_body_buffer_limit", 0) <= ONE_MIB:
+            errs.append(f"route {json.dumps(rt['match'])}: the body buffer is Envoy's 1 MiB "
+                        "default (long prompts get 413); raise request_body_buffer_limit "
+                        "or the listener's per_connection_buffer_limit_bytes")
+
+    try:
+        pc = plugin_config(pub)
+    except RecipeError as e:
+        return errs + [str(e)]
+    header = pc.get("cluster_header", "x-llm-router-cluster")
+    if pc.get("target", "cluster") != "cluster":
+        errs.append("the recipes use target: cluster")
+    for w in pc.get("workers", []):
+        c = w.get("cluster", w["name"])
+        if c not in clusters:
+            errs.append(f"worker {w['name']}: cluster {c} does not exist")
+        if r.route_style == "header_match":
+            hits = [rt for rt in routes if rt["route"].get("cluster") == c and any(
+                hm["name"] == header and hm.get("string_match", {}).get("exact") == c
+                for hm in rt["match"].get("headers", []))]
+            if not hits:
+                errs.append(f"worker {w['name']}: no route sends `{header}: {c}` to cluster {c}")
+    if r.route_style == "cluster_header" and not any(
+            rt["route"].get("cluster_header") == header for rt in routes):
+        errs.append(f"no route reads the cluster from {header}")
+    token = pc.get("stats_token")
+    if not token:
+        errs.append("no stats_token: the filter's push endpoint is off, the collector "
+                    "cannot feed it")
+    if r.secret_token is not None and token != r.secret_token:
+        errs.append("the collector's Secret token differs from the plugin config's "
+                    "stats_token: every push would get 401")
+    if r.collector_args is not None:
+        push, engines = _collector_flags(r.collector_args)
+        m = re.fullmatch(r"http://(127\.0\.0\.1|localhost|\[::1\]):(\d+)(/.*)", push or "")
+        if not m:
+            errs.append(f"collector --push-url {push} is not a loopback http URL")
+        else:
+            if int(m.group(2)) != _port_of(listeners[r.stats_listener]):
+                errs.append(f"collector pushes to port {m.group(2)}, the stats listener is on "
+                            f"{_port_of(listeners[r.stats_listener])}")
+            if m.group(3) != pc.get("stats_path", "/llm-router/stats"):
+                errs.append(f"collector pushes to {m.group(3)}, the filter answers "
+                            f"{pc.get('stats_path', '/llm-router/stats')}")
+        names = sorted(w["name"] for w in pc.get("workers", []))
+        if sorted(engines) != names:
+            errs.append(f"collector engines {sorted(engines)} are not the workers {names}")
+    return errs
+
+
+# ---------------------------------------------------------------------------------
+# Processes
+
+
+class Procs:
+    """Every process a check starts; all stopped on exit, pass or fail."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args, **kw):
+        p = subprocess.Popen(args, **kw)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+def request(port, method, path, body=None, headers=None, timeout=10):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        h = {"content-type": "application/json"} if data is not None else {}
+        h.update(headers or {})
+        conn.request(method, path, body=data, headers=h)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def wait_for(what, fn, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            last = e
+        time.sleep(0.1)
+    raise CheckFailed(f"timed out waiting for {what}" + (f" ({last})" if last else ""))
+
+
+def start_engines(procs, names, tmp):
+    ports = {}
+    for name in names:
+        p = procs.start([os.path.join(BIN, "engine-mock"), "--port", "0", "--worker-id", name],
+                        stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, f"engine-{name}.log"), "w"),
+                        text=True)
+        line = p.stdout.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        if not m:
+            raise CheckFailed(f"engine mock {name} did not start: {line!r}")
+        ports[name] = int(m.group(1))
+    return ports
+
+
+def start_envoy(procs, envoy, config_path, tmp, tag):
+    admin_path = os.path.join(tmp, f"{tag}.admin")
+    log = open(os.path.join(tmp, f"{tag}.envoy.log"), "w")
+    p = procs.start([envoy, "-c", config_path, "--admin-address-path", admin_path,
+                     "--use-dynamic-base-id", "--concurrency", "1", "--log-level", "warning"],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+
+    def admin_port():
+        if p.poll() is not None:
+            raise CheckFailed(f"Envoy exited with {p.returncode}; see its log:\n"
+                              + open(os.path.join(tmp, f"{tag}.envoy.log")).read()[-3000:])
+        if os.path.exists(admin_path):
+            text = open(admin_path).read().strip()
+            if text:
+                return int(text.rsplit(":", 1)[1])
+        return None
+
+    admin = wait_for("Envoy's admin address", admin_port)
+    wait_for("Envoy to be ready", lambda: admin_port() and request(admin, "GET", "/ready")[0] == 200)
+    return p, admin
+
+
+def listener_ports(admin):
+    _, _, body = request(admin, "GET", "/listeners?format=json")
+    out = {}
+    for s in json.loads(body)["listener_statuses"]:
+        out[s["name"]] = s["local_address"]["socket_address"]["port_value"]
+    return out
+
+
+def counter(admin, name):
+    _, _, body = request(admin, "GET", f"/stats?format=json&filter={re.escape(name)}$")
+    total = 0
+    for s in json.loads(body).get("stats", []):
+        if s.get("name", "").endswith(name):
+            total += s.get("value", 0) or 0
+    return total
+
+
+def chat(session, turn):
+    system = f"You are assistant number {session}. " + "Follow the house rules carefully. " * 20
+    messages = [{"role": "system", "content": system}]
+    for t in range(turn + 1):
+        messages.append({"role": "user", "content": f"session {session} question {t}: " +
+                         "please explain the details at length " * 4})
+        if t < turn:
+            messages.append({"role": "assistant", "content": f"answer {t}: " +
+                             "here is a long and careful answer " * 4})
+    return {"model": "mock", "messages": messages}
+
+
+def route_conversations(port, sessions=8):
+    """Two turns of each conversation: each answered by the engine the filter chose,
+    the second by the first's engine with a cache hit. Returns the workers used."""
+    used = set()
+    for s in range(sessions):
+        owner = None
+        for turn in range(2):
+            status, h, body = request(port, "POST", "/v1/chat/completions", chat(s, turn))
+            if status != 200:
+                raise CheckFailed(f"session {s} turn {turn}: status {status}: {body[:300]!r}")
+            worker, engine = h.get("x-llm-router-worker"), h.get("x-engine-worker")
+            if worker is None or worker != engine:
+                raise CheckFailed(f"session {s} turn {turn}: the filter chose {worker} but "
+                                  f"engine {engine} answered")
+            if turn == 0:
+                owner = worker
+            elif worker != owner or h.get("x-llm-router-decision") != "cache_hit":
+                raise CheckFailed(f"session {s}: turn 1 went to {worker} "
+                                  f"({h.get('x-llm-router-decision')}), turn 0 to {owner}")
+            used.add(worker)
+    return used
+
+
+def push_from_collector(procs, tmp, stats_port, stats_path, token, engines, admin):
+    token_file = os.path.join(tmp, "collector-token")
+    with open(token_file, "w") as f:
+        f.write(token + "\n")
+    args = [os.path.join(BIN, "llm-collector"), "--once",
+            f"--push-url=http://127.0.0.1:{stats_port}{stats_path}", f"--token-file={token_file}"]
+    args += [f"--engine={n}=http://127.0.0.1:{p}" for n, p in sorted(engines.items())]
+    p = procs.start(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=30)
+    if p.returncode != 0:
+        raise CheckFailed(f"llm-collector --once failed: {err[-1000:]}")
+    wait_for("the filter to count the collector's push as accepted",
+             lambda: counter(admin, "llm_router_stats_pushes_accepted") >= 1)
+    status, _, _ = request(stats_port, "POST", stats_path, json.loads(out),
+                           {"authorization": "Bearer not-the-token"})
+    if status != 401:
+        raise CheckFailed(f"a push with a wrong token got {status}, not 401")
+
+
+def live_static(r, envoy, tmp):
+    """Runs a rendered recipe in a real Envoy in front of engine mocks."""
+    doc = copy.deepcopy(r.bootstrap)
+    res = doc["static_resources"]
+    listeners = {li["name"]: li for li in res["listeners"]}
+    pub_tc = next(f["typed_config"] for h in hcms(listeners[r.public_listener])
+                  for f in h["http_filters"] if f.get("typed_config", {}).get("@type") == recipes.WASM_TYPE)
+    pc = plugin_config(pub_tc)
+    # Seeded tie-breaks: the same requests always take the same workers.
+    pc["rng_seed"] = 7
+    text = json.dumps(pc)
+    for li in res["listeners"]:
+        li["address"]["socket_address"]["port_value"] = 0
+        for h in hcms(li):
+            for f in h["http_filters"]:
+                if f.get("typed_config", {}).get("@type") == recipes.WASM_TYPE:
+                    f["typed_config"]["config"]["configuration"]["value"] = text
+    procs = Procs()
+    try:
+        engines = start_engines(procs, [w["name"] for w in pc["workers"]], tmp)
+        by_cluster = {w.get("cluster", w["name"]): engines[w["name"]] for w in pc["workers"]}
+        for c in res["clusters"]:
+            sa = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+            sa["port_value"] = by_cluster[c["name"]]
+        path = os.path.join(tmp, f"{r.name}.live.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        _, admin = start_envoy(procs, envoy, path, tmp, r.name)
+        ports = listener_ports(admin)
+        used = route_conversations(ports[r.public_listener])
+        if len(used) < 2:
+            raise CheckFailed(f"every conversation went to {used}: routing is not spreading")
+        push_from_collector(procs, tmp, ports[r.stats_listener],
+                            pc.get("stats_path", "/llm-router/stats"), pc["stats_token"], engines, admin)
+        return f"{len(used)} workers used, conversations stick, collector push accepted"
+    finally:
+        procs.stop()
+
+
+def live_xds(xds_dir, envoy, tmp):
+    """Runs the xDS example from its own files, then updates ecds.yaml in place."""
+    etc = os.path.join(tmp, "etc")
+    os.makedirs(os.path.join(etc, "xds"))
+    shutil.copy(WASM, os.path.join(etc, "plugin.wasm"))
+    files = {}
+    for name in ("bootstrap", "lds", "cds", "ecds"):
+        with open(os.path.join(xds_dir, name + ".yaml")) as f:
+            files[name] = yaml.safe_load(f.read().replace(recipes.XDS_PREFIX + "/", etc + "/"))
+    ecds_cfg = files["ecds"]["resources"][0]["typed_config"]["config"]
+    pc = json.loads(ecds_cfg["configuration"]["value"])
+    pc["rng_seed"] = 7
+    ecds_cfg["configuration"]["value"] = json.dumps(pc)
+    for li in files["lds"]["resources"]:
+        li["address"]["socket_address"]["port_value"] = 0
+    files["bootstrap"]["admin"]["address"]["socket_address"]["port_value"] = 0
+    procs = Procs()
+
+    def write(name, doc):
+        tmp_file = os.path.join(etc, f".{name}.yaml.new")
+        with open(tmp_file, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        os.replace(tmp_file, os.path.join(etc, "xds" if name != "bootstrap" else "", f"{name}.yaml"))
+
+    def ecds_version(admin):
+        _, _, body = request(admin, "GET", "/config_dump")
+        for c in json.loads(body)["configs"]:
+            if c.get("@type", "").endswith("EcdsConfigDump"):
+                return {e.get("version_info") for e in c.get("ecds_filters", [])}
+        return set()
+
+    try:
+        engines = start_engines(procs, [w["name"] for w in pc["workers"]], tmp)
+        by_cluster = {w.get("cluster", w["name"]): engines[w["name"]] for w in pc["workers"]}
+        for c in files["cds"]["resources"]:
+            c["type"] = "STATIC"
+            sa = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+            sa["address"], sa["port_value"] = "127.0.0.1", by_cluster[c["name"]]
+        for name in ("lds", "cds", "ecds", "bootstrap"):
+            write(name, files[name])
+        envoy_proc, admin = start_envoy(procs, envoy, os.path.join(etc, "bootstrap.yaml"), tmp, "xds")
+        ports = wait_for("both listeners from lds.yaml", lambda: (lambda p: p if len(p) == 2 else None)(
+            listener_ports(admin)))
+        public = next(n for n in ports if n != "llm_stats")
+        used = route_conversations(ports[public])
+        push_from_collector(procs, tmp, ports["llm_stats"], pc.get("stats_path", "/llm-router/stats"),
+                            pc["stats_token"], engines, admin)
+        # A new plugin config through ECDS: applied in place, no restart.
+        pc2 = dict(pc, policy="round_robin")
+        ecds_cfg["configuration"]["value"] = json.dumps(pc2)
+        files["ecds"]["version_info"] = "2"
+        write("ecds", files["ecds"])
+        wait_for("ecds.yaml version 2 to be applied", lambda: ecds_version(admin) == {"2"})
+        seen = set()
+        for s in range(8):
+            status, h, _ = request(ports[public], "POST", "/v1/chat/completions", chat(100 + s, 0))
+            if status != 200:
+                raise CheckFailed(f"after the ECDS update: status {status}")
+            seen.add(h.get("x-llm-router-worker"))
+        if len(seen) != len(pc["workers"]):
+            raise CheckFailed(f"after switching to round_robin, 8 requests went to {sorted(seen)}")
+        # A config the filter refuses: rejected, the running one stays.
+        pc3 = dict(pc, policy="no_such_policy")
+        ecds_cfg["configuration"]["value"] = json.dumps(pc3)
+        files["ecds"]["version_info"] = "3"
+        write("ecds", files["ecds"])
+        wait_for("Envoy to reject ecds.yaml version 3",
+                 lambda: counter(admin, "extension_config_discovery.http_filter.llm-router.config_fail") >= 1
+                 or counter(admin, "extension_config_discovery.llm-router.config_fail") >= 1)
+        seen = set()
+        for s in range(8):
+            status, h, _ = request(ports[public], "POST", "/v1/chat/completions", chat(200 + s, 0))
+            if status != 200:
+                raise CheckFailed(f"after a rejected config: status {status}")
+            seen.add(h.get("x-llm-router-worker"))
+        if len(seen) != len(pc["workers"]):
+            raise CheckFailed(f"after a rejected config, 8 requests went to {sorted(seen)}: "
+                              "not version 2's round_robin")
+        if envoy_proc.poll() is not None:
+            raise CheckFailed("Envoy exited during the updates")
+        return (f"{len(used)} workers used, collector push accepted, ecds.yaml v2 applied live "
+                "(round_robin over all workers), v3 with a bad policy rejected, v2 still serving")
+    finally:
+        procs.stop()
+
+
+# ---------------------------------------------------------------------------------
+# Envoy and host-sim
+
+
+def envoy_validate(envoy, path):
+    p = subprocess.run([envoy, "--mode", "validate", "-c", path, "--log-level", "error"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 or " OK" not in p.stdout + p.stderr:
+        raise CheckFailed(f"envoy --mode validate -c {path} failed:\n{(p.stdout + p.stderr)[-3000:]}")
+
+
+def host_sim_check(text, tmp, tag):
+    path = os.path.join(tmp, f"{tag}.plugin.json")
+    with open(path, "w") as f:
+        f.write(text)
+    p = subprocess.run([os.path.join(BIN, "host-sim"), "check-config", "--wasm", WASM, path],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise CheckFailed(f"host-sim check-config ({tag}) refused the plugin config:\n"
+                          f"{(p.stdout + p.stderr)[-2000:]}")
+
+
+def plugin_texts(r):
+    seen = []
+    for li in r.bootstrap["static_resources"]["listeners"]:
+        for h in hcms(li):
+            for f in h["http_filters"]:
+                tc = f.get("typed_config") or {}
+                if tc.get("@type") == recipes.WASM_TYPE:
+                    t = plugin_config_text(tc)
+                    if t not in seen:
+                        seen.append(t)
+    return seen
+
+
+# ---------------------------------------------------------------------------------
+# The recipes
+
+
+def render(name, docs=None):
+    d = os.path.join(DEPLOY, name)
+    if name == "envoy-gateway":
+        return recipes.render_envoy_gateway(docs or recipes.load_docs(d), WASM)
+    if name == "istio":
+        return recipes.render_istio(docs or recipes.load_docs(d), WASM)
+    return recipes.render_xds(docs or recipes.load_xds(d), WASM)
+
+
+RECIPES = ["envoy-gateway", "istio", "xds"]
+
+
+def find(docs, kind):
+    return next(d for _, d in docs if d.get("kind") == kind)
+
+
+def _eg_filter(docs):
+    return find(docs, "EnvoyPatchPolicy")["spec"]["jsonPatches"][0]["operation"]
+
+
+def _istio_ext(docs):
+    return find(docs, "EnvoyFilter")["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
+
+
+def mutations():
+    """(recipe, what, mutate(docs), expected words in the failure)."""
+    def eg_no_allow(d):
+        _eg_filter(d)["value"]["typed_config"]["config"].pop("allow_on_headers_stop_iteration", None)
+
+    def eg_fail_open(d):
+        _eg_filter(d)["value"]["typed_config"]["config"]["failure_policy"] = "FAIL_OPEN"
+
+    def eg_no_timeout(d):
+        del find(d, "HTTPRoute")["spec"]["rules"][0]["timeouts"]
+
+    def eg_after_router(d):
+        _eg_filter(d)["path"] = "/default_filter_chain/filters/0/typed_config/http_filters/-"
+
+    def eg_old_name(d):
+        find(d, "EnvoyPatchPolicy")["spec"]["jsonPatches"][0]["name"] = "llm/llm-gateway/http"
+
+    def eg_no_buffer(d):
+        del find(d, "ClientTrafficPolicy")["spec"]["connection"]
+
+    def eg_rules_reordered(d):
+        rules = find(d, "HTTPRoute")["spec"]["rules"]
+        rules[0], rules[1] = rules[1], rules[0]
+
+    def eg_old_envoy(d):
+        dep = find(d, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+        dep["container"]["image"] = "docker.io/envoyproxy/envoy:distroless-v1.34.1"
+
+    def istio_no_allow(d):
+        _istio_ext(d).pop("allow_on_headers_stop_iteration", None)
+
+    def istio_after_router(d):
+        find(d, "EnvoyFilter")["spec"]["configPatches"][1]["patch"]["operation"] = "INSERT_AFTER"
+
+    def istio_token(d):
+        find(d, "Secret")["stringData"]["token"] = "something-else"
+
+    def istio_push_port(d):
+        dep = find(d, "Deployment")
+        c = recipes.collector_container(dep["spec"]["template"]["spec"]["containers"])
+        c["args"][0] = "--push-url=http://127.0.0.1:10002/llm-router/stats"
+
+    def xds_no_allow(d):
+        d["ecds"]["resources"][0]["typed_config"]["config"].pop("allow_on_headers_stop_iteration", None)
+
+    def xds_no_buffer(d):
+        del d["lds"]["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+            "route_config"]["virtual_hosts"][0]["routes"][0]["request_body_buffer_limit"]
+
+    def xds_not_watched(d):
+        del d["bootstrap"]["dynamic_resources"]["lds_config"]["path_config_source"]["watched_directory"]
+
+    return [
+        ("envoy-gateway", "allow_on_headers_stop_iteration removed", eg_no_allow, "allow_on_headers_stop_iteration"),
+        ("envoy-gateway", "failure_policy FAIL_OPEN", eg_fail_open, "failure_policy"),
+        ("envoy-gateway", "HTTPRoute timeouts removed", eg_no_timeout, "timeout"),
+        ("envoy-gateway", "filter appended after the router", eg_after_router, "router"),
+        ("envoy-gateway", "pre-v1.10 listener name", eg_old_name, "does not generate"),
+        ("envoy-gateway", "ClientTrafficPolicy buffer removed", eg_no_buffer, "1 MiB"),
+        ("envoy-gateway", "HTTPRoute rules reordered", eg_rules_reordered, "no route sends"),
+        ("envoy-gateway", "Envoy 1.34 pinned", eg_old_envoy, ">= 1.35"),
+        ("istio", "allow_on_headers_stop_iteration removed", istio_no_allow, "allow_on_headers_stop_iteration"),
+        ("istio", "INSERT_AFTER the router", istio_after_router, "router"),
+        ("istio", "Secret token differs", istio_token, "stats_token"),
+        ("istio", "collector pushes to another port", istio_push_port, "stats listener"),
+        ("xds", "allow_on_headers_stop_iteration removed", xds_no_allow, "allow_on_headers_stop_iteration"),
+        ("xds", "request_body_buffer_limit removed", xds_no_buffer, "1 MiB"),
+        ("xds", "lds not watched", xds_not_watched, "watched_directory"),
+    ]
+
+
+# ---------------------------------------------------------------------------------
+# OCI
+
+
+def oci_checks(tmp):
+    build, verify = os.path.join(DEPLOY, "oci", "build"), os.path.join(DEPLOY, "oci", "verify")
+    notes = []
+    for fmt in ("artifact", "image"):
+        out = os.path.join(tmp, f"oci-{fmt}")
+        d1 = subprocess.run([build, "--format", fmt, "--out", out, "--tag", "check"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+        d2 = subprocess.run([verify, out], capture_output=True, text=True)
+        if d2.returncode != 0 or d2.stdout.strip() != d1:
+            raise CheckFailed(f"oci {fmt}: verify failed: {d2.stderr}")
+        again = subprocess.run([build, "--format", fmt, "--out", out + "-2", "--tag", "check"],
+                               check=True, capture_output=True, text=True).stdout.strip()
+        if again != d1:
+            raise CheckFailed(f"oci {fmt}: not reproducible ({d1} then {again})")
+        if shutil.which("skopeo"):
+            p = subprocess.run(["skopeo", "inspect", "--raw", f"oci:{out}:check"],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                raise CheckFailed(f"skopeo inspect oci:{out}:check failed: {p.stderr}")
+            raw = p.stdout.encode()
+            if "sha256:" + hashlib.sha256(raw).hexdigest() != d1:
+                raise CheckFailed(f"skopeo reads a manifest whose digest is not {d1}")
+            notes.append(f"{fmt} {d1[:19]}... (skopeo inspect agrees)")
+        else:
+            notes.append(f"{fmt} {d1[:19]}...")
+        # Broken layouts must be caught.
+        blobs = os.path.join(out, "blobs", "sha256")
+        victim = sorted(os.listdir(blobs))[0]
+        with open(os.path.join(blobs, victim), "ab") as f:
+            f.write(b"x")
+        if subprocess.run([verify, out], capture_output=True).returncode == 0:
+            raise CheckFailed(f"oci {fmt}: verify accepted a corrupted blob")
+        other = os.path.join(tmp, "other.wasm")
+        with open(WASM, "rb") as f, open(other, "wb") as g:
+            g.write(f.read() + b"\0")
+        if subprocess.run([verify, out + "-2", "--wasm", other], capture_output=True).returncode == 0:
+            raise CheckFailed(f"oci {fmt}: verify accepted a layout whose wasm differs")
+    return ", ".join(notes) + "; corrupted blob and different wasm refused"
+
+
+# ---------------------------------------------------------------------------------
+# Main
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Offline checks of the deployment recipes.")
+    ap.add_argument("--envoy", required=True, help="the envoy binary")
+    ap.add_argument("--no-live", action="store_true", help="skip the live runs")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = ap.parse_args()
+    # Stopped from outside: unwind, so every `finally` stops the processes it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for path in (WASM, os.path.join(BIN, "host-sim"), os.path.join(BIN, "engine-mock"),
+                 os.path.join(BIN, "llm-collector")):
+        if not os.path.exists(path):
+            sys.exit(f"check: {path} is missing")
+    tmp = tempfile.mkdtemp(prefix="llm-deploy-check-")
+    failures = []
+
+    def step(name, fn):
+        t = time.monotonic()
+        try:
+            note = fn()
+            print(f"ok   {name}" + (f": {note}" if note else "") + f" ({time.monotonic() - t:.1f}s)",
+                  flush=True)
+        except (CheckFailed, RecipeError, subprocess.SubprocessError, OSError, KeyError,
+                ValueError, StopIteration) as e:
+            detail = str(e) if isinstance(e, (CheckFailed, RecipeError)) else traceback.format_exc()
+            print(f"FAIL {name}: {detail}", flush=True)
+            failures.append(name)
+
+    def parse_all():
+        n = 0
+        for dirpath, _, names in os.walk(DEPLOY):
+            for fname in names:
+                if fname.endswith((".yaml", ".yml")):
+                    with open(os.path.join(dirpath, fname)) as f:
+                        n += sum(1 for _ in yaml.safe_load_all(f))
+        return f"{n} documents"
+
+    step("every YAML file under deploy/ parses", parse_all)
+    rendered = {}
+    for name in RECIPES:
+        def do_render(name=name):
+            r = render(name)
+            errs = invariants(r)
+            if errs:
+                raise CheckFailed("\n  " + "\n  ".join(errs))
+            rendered[name] = r
+            path = os.path.join(tmp, f"{name}.rendered.yaml")
+            with open(path, "w") as f:
+                yaml.safe_dump(r.bootstrap, f, sort_keys=False)
+            envoy_validate(a.envoy, path)
+            texts = plugin_texts(r)
+            for i, t in enumerate(texts):
+                host_sim_check(t, tmp, f"{name}-{i}")
+            return (f"invariants hold, envoy --mode validate OK, {len(texts)} plugin config(s) "
+                    "pass host-sim check-config")
+        step(f"{name}: render, invariants, validate", do_render)
+
+    def xds_bootstrap_validates():
+        # The example's own dynamic bootstrap, paths pointed at a copy of its files.
+        etc = os.path.join(tmp, "xds-validate")
+        os.makedirs(os.path.join(etc, "xds"))
+        shutil.copy(WASM, os.path.join(etc, "plugin.wasm"))
+        for name in ("bootstrap", "lds", "cds", "ecds"):
+            with open(os.path.join(DEPLOY, "xds", name + ".yaml")) as f:
+                text = f.read().replace(recipes.XDS_PREFIX + "/", etc + "/")
+            with open(os.path.join(etc, ("xds/" if name != "bootstrap" else "") + name + ".yaml"), "w") as f:
+                f.write(text)
+        envoy_validate(a.envoy, os.path.join(etc, "bootstrap.yaml"))
+    step("xds: the dynamic bootstrap passes envoy --mode validate", xds_bootstrap_validates)
+
+    if not a.no_live:
+        for name in ("envoy-gateway", "istio"):
+            if name in rendered:
+                step(f"{name}: live in Envoy with engine mocks and the collector",
+                     lambda name=name: live_static(rendered[name], a.envoy, tmp))
+        step("xds: live from its files, ECDS updates without restart",
+             lambda: live_xds(os.path.join(DEPLOY, "xds"), a.envoy, tmp))
+
+    step("oci: build, verify, reproducible", lambda: oci_checks(tmp))
+
+    def self_test():
+        caught = []
+        for recipe, what, mutate, words in mutations():
+            d = os.path.join(DEPLOY, recipe)
+            docs = copy.deepcopy(recipes.load_xds(d) if recipe == "xds" else recipes.load_docs(d))
+            mutate(docs)
+            try:
+                errs = invariants(render(recipe, docs))
+            except RecipeError as e:
+                errs = [str(e)]
+            if not errs:
+                raise CheckFailed(f"{recipe} with {what} passed the checks")
+            if not any(words in e for e in errs):
+                raise CheckFailed(f"{recipe} with {what} failed, but not for that reason: {errs}")
+            caught.append(what)
+        return f"{len(caught)} broken recipes caught"
+    step("self-test: broken recipes fail", self_test)
+
+    if a.keep or failures:
+        print(f"work directory: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} check(s) failed: {', '.join(failures)}")
+        sys.exit(1)
+    print("all deploy checks passed")
+
+
+if __name__ == "__main__":
+    main()
