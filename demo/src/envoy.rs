@@ -7,7 +7,7 @@
 //! `failure_policy: FAIL_RELOAD` (a crashed VM is replaced), route `timeout: 0s`
 //! (generations outlive the 15 s default) and a raised request body limit.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -223,41 +223,6 @@ pub fn start(envoy_bin: &Path, spec: &EnvoySpec, dir: &Path) -> Result<Envoy> {
     let config_path = dir.join("envoy.json");
     std::fs::write(&config_path, serde_json::to_vec_pretty(&bootstrap(spec)?)?)?;
     launch(envoy_bin, &config_path, spec.concurrency, dir)
-}
-
-/// Starts one of the shipped example configs (`envoy/*.yaml`) as a user would, with
-/// only what a test must change: engine `i`'s port `8001 + i` becomes `engines[i]`'s,
-/// a prefill engine's `"bootstrap_port": 8998 + i` its bootstrap server's, the
-/// listener and admin ports OS-chosen, and the `.wasm` path absolute.
-pub fn launch_example(file: &str, engines: &[crate::fleet::Engine], dir: &Path) -> Result<Envoy> {
-    let root = crate::paths::workspace_root();
-    let mut yaml =
-        std::fs::read_to_string(root.join(file)).with_context(|| format!("reading {file}"))?;
-    for (i, e) in engines.iter().enumerate() {
-        yaml = yaml.replace(&format!("127.0.0.1:{}", 8001 + i), &e.addr.to_string());
-        yaml = yaml.replace(
-            &format!("port_value: {} ", 8001 + i),
-            &format!("port_value: {} ", e.addr.port()),
-        );
-        if let Some(b) = e.bootstrap {
-            yaml = yaml.replace(
-                &format!("\"bootstrap_port\": {}", 8998 + i),
-                &format!("\"bootstrap_port\": {}", b.port()),
-            );
-        }
-    }
-    yaml = yaml
-        .replace("port_value: 10000", "port_value: 0")
-        .replace("port_value: 9901", "port_value: 0")
-        .replace("port_value: 10001", "port_value: 0")
-        .replace(
-            "filename: target/wasm32-wasip1/wasm/llm_router.wasm",
-            &format!("filename: {}", crate::paths::wasm_path()?.display()),
-        );
-    let config = dir.join("example.yaml");
-    std::fs::write(&config, yaml)?;
-    launch(&crate::paths::envoy_bin()?, &config, 1, dir)
-        .with_context(|| format!("{file} does not start"))
 }
 
 /// Starts Envoy with a config file whose admin and `llm` listener ports may be 0,

@@ -209,19 +209,21 @@ pub fn observe_latencies(
         .collect()
 }
 
+/// Fixtures the overload tests and the flag table's tests share.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::load::{EngineSample, Report};
+pub(crate) mod testing {
+    use crate::config::OverloadConfig;
+    use crate::load::{EngineSample, LoadTable, Report};
 
-    fn cfg() -> OverloadConfig {
+    pub(crate) fn cfg() -> OverloadConfig {
         OverloadConfig {
             probe_successes_to_recover: 2,
             ..OverloadConfig::default()
         }
     }
 
-    fn sample(ttft: Option<f64>, tpot: Option<f64>, at_ms: u64) -> LoadTable {
+    /// One worker's table: a sample with these latencies, taken at `at_ms`.
+    pub(crate) fn sample(ttft: Option<f64>, tpot: Option<f64>, at_ms: u64) -> LoadTable {
         LoadTable {
             reports: vec![Some(Report::Sample(EngineSample {
                 num_waiting: 0,
@@ -233,6 +235,13 @@ mod tests {
             }))],
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{cfg, sample};
+    use super::*;
+    use crate::load::Report;
 
     fn judge(ttft: Option<f64>, tpot: Option<f64>) -> Latency {
         assess(&sample(ttft, tpot, 0), 0, 0, 5000, &cfg())

@@ -165,14 +165,7 @@ pub fn parse_push(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn workers() -> Vec<WorkerConfig> {
-        let cfg = crate::config::Config::from_json(
-            br#"{"workers":[{"name":"w0","address":"10.0.0.1:8000"},{"name":"w1"}]}"#,
-        )
-        .unwrap();
-        cfg.workers
-    }
+    use crate::config::testing::workers;
 
     #[test]
     fn token_check() {

@@ -416,6 +416,21 @@ impl Config {
     }
 }
 
+/// Fixtures other modules' tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{Config, WorkerConfig};
+
+    /// Two workers: `w0` at `10.0.0.1:8000`, and `w1` with no address.
+    pub(crate) fn workers() -> Vec<WorkerConfig> {
+        let cfg = Config::from_json(
+            br#"{"workers":[{"name":"w0","address":"10.0.0.1:8000"},{"name":"w1"}]}"#,
+        )
+        .unwrap();
+        cfg.workers
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

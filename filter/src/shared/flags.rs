@@ -127,29 +127,9 @@ impl FlagTable {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
-    use crate::config::OverloadConfig;
-    use crate::load::{EngineSample, LoadTable, Report};
+
     use crate::overload::observe_latencies;
-
-    fn cfg() -> OverloadConfig {
-        OverloadConfig {
-            probe_successes_to_recover: 2,
-            ..OverloadConfig::default()
-        }
-    }
-
-    fn sample(ttft: Option<f64>, tpot: Option<f64>, at_ms: u64) -> LoadTable {
-        LoadTable {
-            reports: vec![Some(Report::Sample(EngineSample {
-                num_waiting: 0,
-                num_running: 0,
-                kv_usage: None,
-                ttft_p90_s: ttft,
-                tpot_p90_s: tpot,
-                at_ms,
-            }))],
-        }
-    }
+    use crate::overload::testing::{cfg, sample};
 
     fn workers(n: usize) -> Vec<WorkerConfig> {
         let ws: Vec<String> = (0..n).map(|i| format!(r#"{{"name":"w{i}"}}"#)).collect();

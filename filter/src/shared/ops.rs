@@ -94,25 +94,27 @@ pub fn truncate_text(text: &str, max_bytes: usize) -> &str {
     text.get(..n).unwrap_or_default()
 }
 
+/// An insert of `text` under `worker` (regular pool, model `m`), for tests.
+#[cfg(test)]
+pub(crate) fn insert_op(text: &str, worker: &str) -> Op {
+    Op::Insert {
+        pool: Pool::Regular,
+        model: "m".into(),
+        worker: worker.into(),
+        text: text.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn insert(text: &str, worker: &str) -> Op {
-        Op::Insert {
-            pool: Pool::Regular,
-            model: "m".into(),
-            worker: worker.into(),
-            text: text.into(),
-        }
-    }
-
     #[test]
     fn ops_round_trip_and_garbage_is_rejected() {
-        for op in [insert("héllo 日本", "w0"), Op::Evict] {
+        for op in [insert_op("héllo 日本", "w0"), Op::Evict] {
             assert_eq!(Op::decode(&op.encode()), Some(op));
         }
-        let mut bytes = insert("x", "w").encode();
+        let mut bytes = insert_op("x", "w").encode();
         bytes.push(0);
         assert_eq!(Op::decode(&bytes), None, "trailing bytes");
         assert_eq!(Op::decode(&[1, 7]), None, "bad pool");

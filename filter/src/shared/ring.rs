@@ -162,18 +162,9 @@ impl OpRing {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ops::insert_op;
     use super::super::testing::MemStore;
     use super::*;
-    use crate::config::Pool;
-
-    fn insert(text: &str, worker: &str) -> Op {
-        Op::Insert {
-            pool: Pool::Regular,
-            model: "m".into(),
-            worker: worker.into(),
-            text: text.into(),
-        }
-    }
 
     #[test]
     fn appended_ops_are_read_in_order_by_every_reader() {
@@ -182,7 +173,7 @@ mod tests {
         ring.init_if_missing(&store);
         for i in 0..5 {
             assert_eq!(
-                ring.append(&store, &insert(&format!("t{i}"), "w").encode()),
+                ring.append(&store, &insert_op(&format!("t{i}"), "w").encode()),
                 Ok(i)
             );
         }
@@ -197,7 +188,7 @@ mod tests {
             }
         );
         assert_eq!(cursor, 5);
-        assert_eq!(seen[3], (3, insert("t3", "w")));
+        assert_eq!(seen[3], (3, insert_op("t3", "w")));
         let again = ring.catch_up(&store, &mut cursor, |_, _| panic!("nothing new"));
         assert_eq!(again, CatchUp::default());
     }
@@ -208,7 +199,7 @@ mod tests {
         let ring = OpRing::new(&Keys::new("t"), 4);
         ring.init_if_missing(&store);
         for i in 0..10 {
-            ring.append(&store, &insert(&format!("t{i}"), "w").encode())
+            ring.append(&store, &insert_op(&format!("t{i}"), "w").encode())
                 .unwrap();
         }
         let mut cursor = 0;
@@ -231,9 +222,9 @@ mod tests {
         ring.init_if_missing(&store);
         // Simulate a writer that wrote slot 0 with seq 0 and died before the head.
         let mut v = 0u64.to_le_bytes().to_vec();
-        v.extend(insert("stalled", "w").encode());
+        v.extend(insert_op("stalled", "w").encode());
         store.set("t.ring.slot.0", &v, 0);
-        assert_eq!(ring.append(&store, &insert("next", "w").encode()), Ok(1));
+        assert_eq!(ring.append(&store, &insert_op("next", "w").encode()), Ok(1));
         let mut cursor = 0;
         let mut texts = Vec::new();
         ring.catch_up(&store, &mut cursor, |_, op| {

@@ -83,6 +83,7 @@ fn decode_table(bytes: &[u8], workers: &[WorkerConfig]) -> LoadTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::testing::workers;
 
     fn sample(waiting: u64, running: u64, at_ms: u64) -> Report {
         Report::Sample(EngineSample {
@@ -93,14 +94,6 @@ mod tests {
             tpot_p90_s: Some(0.02),
             at_ms,
         })
-    }
-
-    fn workers() -> Vec<WorkerConfig> {
-        let cfg = crate::config::Config::from_json(
-            br#"{"workers":[{"name":"w0","address":"10.0.0.1:8000"},{"name":"w1"}]}"#,
-        )
-        .unwrap();
-        cfg.workers
     }
 
     #[test]

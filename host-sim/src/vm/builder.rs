@@ -14,12 +14,25 @@ use std::sync::{Arc, Mutex};
 
 /// Where a builder takes its module from: a file to compile, or a compiled [`Filter`]
 /// (compiled once, shared by many hosts).
-pub(super) enum Source {
+enum Source {
     Path(PathBuf),
     Filter(Filter),
 }
 
 /// Builder for a [`Host`]; see [`Host::builder`].
+/// Building starts from the host (`Host::builder`), the way users find it.
+impl Host {
+    /// Starts building a host for the `.wasm` file at `wasm_path`.
+    pub fn builder(wasm_path: impl AsRef<std::path::Path>) -> HostBuilder {
+        HostBuilder::new(Source::Path(wasm_path.as_ref().to_path_buf()))
+    }
+
+    /// Starts building a host for an already compiled [`Filter`].
+    pub fn builder_for(filter: &Filter) -> HostBuilder {
+        HostBuilder::new(Source::Filter(filter.clone()))
+    }
+}
+
 pub struct HostBuilder {
     source: Source,
     vms: usize,
@@ -29,7 +42,7 @@ pub struct HostBuilder {
 }
 
 impl HostBuilder {
-    pub(super) fn new(source: Source) -> Self {
+    fn new(source: Source) -> Self {
         Self {
             source,
             vms: 1,

@@ -10,6 +10,13 @@ use crate::types::values::{
 };
 use anyhow::{bail, Result};
 
+impl Host {
+    /// One VM (worker thread). Out-of-range indexes make every call on the handle fail.
+    pub fn vm(&mut self, index: usize) -> VmHandle<'_> {
+        VmHandle::new(self, index)
+    }
+}
+
 /// One VM (worker thread) of a [`Host`]; see [`Host::vm`].
 pub struct VmHandle<'a> {
     host: &'a mut Host,

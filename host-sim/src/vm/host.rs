@@ -2,16 +2,13 @@
 //! process, and its public API: the virtual clock (ticks and HTTP-call timeouts fire in
 //! time order), logs, metrics, shared data and queues, HTTP-call answers, faults.
 
-use super::builder::{HostBuilder, Source};
 use super::filter::Filter;
-use super::handle::VmHandle;
 use super::instance::Slot;
 use crate::state::{lock, CallResponse, Config, Shared};
 use crate::types::fault::Fault;
 use crate::types::values::{owned_headers, HttpCall, LogEntry, MetricValue};
 use anyhow::{anyhow, bail, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// A set of VMs running one filter, like the worker threads of one Envoy process.
@@ -25,21 +22,6 @@ pub struct Host {
 }
 
 impl Host {
-    /// Starts building a host for the `.wasm` file at `wasm_path`.
-    pub fn builder(wasm_path: impl AsRef<Path>) -> HostBuilder {
-        HostBuilder::new(Source::Path(wasm_path.as_ref().to_path_buf()))
-    }
-
-    /// Starts building a host for an already compiled [`Filter`].
-    pub fn builder_for(filter: &Filter) -> HostBuilder {
-        HostBuilder::new(Source::Filter(filter.clone()))
-    }
-
-    /// One VM (worker thread). Out-of-range indexes make every call on the handle fail.
-    pub fn vm(&mut self, index: usize) -> VmHandle<'_> {
-        VmHandle::new(self, index)
-    }
-
     /// Number of VMs.
     pub fn vm_count(&self) -> usize {
         self.vms.len()

@@ -365,7 +365,7 @@ fn shipped_example_configs_route_for_real() {
         let engines: Vec<_> = (0..4)
             .map(|i| llm_demo::fleet::start_engine(&format!("w{i}"), &[], &dir.0).unwrap())
             .collect();
-        let envoy = llm_demo::envoy::launch_example(file, &engines, &dir.0)
+        let envoy = llm_demo::fleet::launch_example(file, &engines, &dir.0)
             .unwrap_or_else(|e| panic!("{e:#}"));
         let system = system_prompt(500);
         let mut owner = None;

@@ -184,7 +184,7 @@ fn the_shipped_pd_config_routes_pairs() {
         .iter()
         .map(|(name, pool)| llm_demo::fleet::start_engine_in(name, pool, &[], &dir.0).unwrap())
         .collect();
-    let envoy = llm_demo::envoy::launch_example("envoy/envoy-pd.yaml", &engines, &dir.0)
+    let envoy = llm_demo::fleet::launch_example("envoy/envoy-pd.yaml", &engines, &dir.0)
         .unwrap_or_else(|e| panic!("{e:#}"));
     let mut owner = None;
     for turn in 0..3 {
