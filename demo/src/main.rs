@@ -19,6 +19,7 @@ use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_load::cli::Replay;
 use llm_load::fleet::PdArgs;
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
+use llm_load::html;
 use llm_load::record::Record;
 use llm_load::run::envoy_stat;
 use llm_load::run::{self, PdCounts, RunResult};
@@ -270,26 +271,35 @@ fn run_policy(
         fleet.url(),
         args.concurrency
     );
-    let (summary, slow_phases) = match args.slow_worker {
+    let started = Instant::now();
+    let (records, wall, slow_phases) = match args.slow_worker {
         Some(n) => {
-            let (summary, phases) = slow_schedule(args, &fleet, n, items, rt)?;
-            (summary, Some((llm_load::fleet::worker_name(n), phases)))
+            let (records, wall, phases) = slow_schedule(args, &fleet, n, items, rt)?;
+            (
+                records,
+                wall,
+                Some((llm_load::fleet::worker_name(n), phases)),
+            )
         }
-        None => (
-            rt.block_on(
-                Replay::closed_loop(
-                    &fleet.url(),
-                    args.concurrency,
-                    Duration::from_secs_f64(args.timeout_s),
-                )
-                .run(items.to_vec()),
-            ),
-            None,
-        ),
+        None => {
+            let replay = Replay::closed_loop(
+                &fleet.url(),
+                args.concurrency,
+                Duration::from_secs_f64(args.timeout_s),
+            );
+            let records = rt.block_on(replay.records(items.to_vec()));
+            (records, started.elapsed(), None)
+        }
     };
+    let summary = summarize(&records, wall);
+    let charts = args.dir.join(format!("{label}.html"));
+    let title = format!("envoy/demo: {label}");
+    std::fs::write(&charts, html::page(&title, &summary, &records))
+        .with_context(|| format!("writing {}", charts.display()))?;
     let stats = fleet.envoy.stats()?;
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new(label, summary, stat);
+    result.notes.push(format!("charts: {}", charts.display()));
     if args.pd.pd {
         let pd = PdCounts {
             pairs: fleet
@@ -418,7 +428,7 @@ fn slow_schedule(
     slow: usize,
     items: &[WorkItem],
     rt: &tokio::runtime::Runtime,
-) -> Result<(Summary, Vec<(&'static str, Summary)>)> {
+) -> Result<(Vec<Record>, Duration, Vec<(&'static str, Summary)>)> {
     let engine = fleet
         .engines
         .get(slow)
@@ -443,8 +453,13 @@ fn slow_schedule(
             if *name == "slow" { "slow" } else { "healthy" }
         );
         let phase_start = Instant::now();
-        let records = paced(args, fleet, part, rt);
+        let mut records = paced(args, fleet, part, rt);
         phases.push((*name, summarize(&records, phase_start.elapsed())));
+        // Send times count from the run's start, not the phase's.
+        let offset_ms = phase_start.duration_since(started).as_secs_f64() * 1000.0;
+        for r in &mut records {
+            r.start_ms += offset_ms;
+        }
         all.extend(records);
     }
     // A recovery under way (probes still running) is let finish, within bounds.
@@ -452,7 +467,7 @@ fn slow_schedule(
     while fleet.envoy.filter_stat(names::OVERLOAD_FLAGGED)? > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    Ok((summarize(&all, started.elapsed()), phases))
+    Ok((all, started.elapsed(), phases))
 }
 
 impl OverloadRun {

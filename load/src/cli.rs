@@ -72,6 +72,10 @@ pub struct RunArgs {
     /// gaps, tokens, error.
     #[arg(long)]
     pub records_out: Option<PathBuf>,
+    /// Write the run as an HTML page of charts (requests per worker, cached ratio and
+    /// decisions over time, latency distributions) to this file.
+    #[arg(long)]
+    pub html_out: Option<PathBuf>,
     /// Progress on stderr: `auto` (when stderr is a terminal), `always`, `never`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub progress: String,
@@ -194,6 +198,12 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
 
     if let Some(path) = &args.records_out {
         write_records(path, &records)?;
+    }
+    if let Some(path) = &args.html_out {
+        let title = format!("llm-load: {}", args.workload.display());
+        std::fs::write(path, crate::html::page(&title, &summary, &records))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("llm-load: charts in {}", path.display());
     }
     let json = json_line(&summary);
     if let Some(path) = &args.json_out {

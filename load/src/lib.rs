@@ -14,6 +14,7 @@
 //! - [`record`]: what is kept about one request.
 //! - [`stats`]: percentiles and the aggregate summary.
 //! - [`report`]: the human report and the machine-readable JSON line.
+//! - [`html`]: the run as one HTML page of charts (`--html-out`).
 //! - [`cli`]: command-line arguments and the `run` / `generate` entry points.
 //! - [`fleet`]: how a simulated fleet's engines and clusters are named, its PD shape.
 //! - [`run`]: one run of a policy over a fleet: its plugin config and its report
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod client;
 pub mod fleet;
 pub mod generate;
+pub mod html;
 pub mod record;
 pub mod report;
 pub mod response;
