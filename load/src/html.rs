@@ -314,7 +314,7 @@ mod tests {
             start_ms: i as f64 * 10.0,
             status: Some(200),
             latency_ms: 5.0 + i as f64,
-            ttft_ms: (i % 2 == 0).then_some(2.0),
+            ttft_ms: i.is_multiple_of(2).then_some(2.0),
             worker: Some(worker.into()),
             decision: Some(decision.into()),
             prompt_tokens: Some(100),
@@ -327,7 +327,7 @@ mod tests {
     fn the_page_has_every_chart_and_series_and_balanced_svg() {
         let records: Vec<Record> = (0..60)
             .map(|i| {
-                let w = if i % 3 == 0 { "w0" } else { "w<1>" };
+                let w = if i.is_multiple_of(3) { "w0" } else { "w<1>" };
                 let d = if i < 10 { "cache_miss" } else { "cache_hit" };
                 record(i, w, d, if i < 10 { 0 } else { 80 })
             })
