@@ -325,7 +325,7 @@ mod tests {
 
     #[test]
     fn the_page_has_every_chart_and_series_and_balanced_svg() {
-        let records: Vec<Record> = (0..60)
+        let records: Vec<Record> = (0..60usize)
             .map(|i| {
                 let w = if i.is_multiple_of(3) { "w0" } else { "w<1>" };
                 let d = if i < 10 { "cache_miss" } else { "cache_hit" };
