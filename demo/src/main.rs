@@ -422,13 +422,17 @@ fn paced(
 
 /// The overload schedule: thirds of the (staggered) workload, engine `slow` slow
 /// during the middle one. Returns the whole run's summary and each phase's.
+/// The slow-worker schedule's records (send times from the run's start), its wall
+/// time, and each phase's summary.
+type SlowRun = (Vec<Record>, Duration, Vec<(&'static str, Summary)>);
+
 fn slow_schedule(
     args: &Args,
     fleet: &Fleet,
     slow: usize,
     items: &[WorkItem],
     rt: &tokio::runtime::Runtime,
-) -> Result<(Vec<Record>, Duration, Vec<(&'static str, Summary)>)> {
+) -> Result<SlowRun> {
     let engine = fleet
         .engines
         .get(slow)
