@@ -30,6 +30,21 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, for per-reason counters.
+    pub const ALL: [Reason; 11] = [
+        Reason::CacheHit,
+        Reason::CacheMiss,
+        Reason::Imbalanced,
+        Reason::Unreadable,
+        Reason::CacheWorkerQueued,
+        Reason::AllQueued,
+        Reason::SaturationPin,
+        Reason::AllOverloaded,
+        Reason::RoundRobin,
+        Reason::Random,
+        Reason::PowerOfTwo,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::CacheHit => "cache_hit",

@@ -10,7 +10,8 @@
 //! 4. `shared`: the tables in proxy-wasm shared data and their one key space;
 //! 5. `policy`, then `candidates`;
 //! 6. `router` (trees + candidates + policy);
-//! 7. `target`, then `plan` (a request's whole decision), then `bookkeeping`.
+//! 7. `target`, then `plan` (a request's whole decision), then `bookkeeping`, and
+//!    `worker_stats` (what each tick reports per worker).
 //!
 //! A request reads top to bottom: parse -> candidates -> policy -> plan -> target
 //! -> bookkeeping. The `glue` module, compiled only for wasm32, is the thin
@@ -38,6 +39,7 @@ pub mod router;
 pub mod shared;
 pub mod target;
 pub mod tree;
+pub mod worker_stats;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;

@@ -2,8 +2,14 @@
 //! other tools (the demo report, dashboards) read them. Envoy shows them as
 //! `wasmcustom.<name>` in `/stats` and without the prefix in `/stats/prometheus`;
 //! same-named stats of all VMs are one.
+//!
+//! Proxy-wasm stats carry no labels; dimensions (decision, reason, worker) are parts
+//! of the name, and Envoy's tag extraction ([`STATS_TAGS`], in the example configs'
+//! `stats_config.stats_tags`) turns them into Prometheus labels:
+//! `llm_router_decisions_cache_hit` is `llm_router_decisions{decision="cache_hit"}`,
+//! `llm_router_worker.w0.routed` is `llm_router_worker_routed{worker="w0"}`.
 
-use crate::decision::Label;
+use crate::decision::{Label, Reason};
 
 /// Decision counters are this prefix plus `Label::as_str()` (see `decision_metric`).
 pub const DECISIONS_PREFIX: &str = "llm_router_decisions_";
@@ -52,9 +58,87 @@ pub fn decision_metric(label: Label) -> String {
     format!("{DECISIONS_PREFIX}{}", label.as_str())
 }
 
+/// Per-reason counters are this prefix plus `Reason::as_str()` (one per routed
+/// request, the labelled decision's reason, so they sum like the decisions).
+pub const REASONS_PREFIX: &str = "llm_router_reasons_";
+
+/// The counter of one reason, e.g. `llm_router_reasons_imbalanced`.
+pub fn reason_metric(reason: Reason) -> String {
+    format!("{REASONS_PREFIX}{}", reason.as_str())
+}
+
+/// Per-worker stats are `llm_router_worker.<worker>.<field>`, fields below.
+pub const WORKER_PREFIX: &str = "llm_router_worker.";
+
+/// The fields of a worker's stats.
+pub mod worker {
+    /// Counter: requests routed to the worker (PD: both legs count, each on its own
+    /// worker).
+    pub const ROUTED: &str = "routed";
+    /// Counter: chars of routing text the tree matched for requests labelled on the
+    /// worker; with `ROUTED_CHARS`, the cached-prefix share.
+    pub const MATCHED_CHARS: &str = "matched_chars";
+    /// Counter: chars of routing text of requests labelled on the worker.
+    pub const ROUTED_CHARS: &str = "routed_chars";
+    /// Gauge: the router's in-flight requests on the worker (the whole Envoy).
+    pub const INFLIGHT: &str = "inflight";
+    /// Gauge: 1 while the worker is flagged overloaded.
+    pub const OVERLOADED: &str = "overloaded";
+    /// Gauge: 1 while the collector's last report says it could not scrape the engine.
+    pub const UNREACHABLE: &str = "unreachable";
+    /// Gauges from the collector's last sample (0 when none is fresh).
+    pub const ENGINE_WAITING: &str = "engine_waiting";
+    pub const ENGINE_RUNNING: &str = "engine_running";
+    /// KV cache usage in percent (0-100).
+    pub const ENGINE_KV_USAGE_PCT: &str = "engine_kv_usage_pct";
+
+    /// Every gauge field, in the order `WorkerGauges::values` gives them.
+    pub const GAUGES: [&str; 6] = [
+        INFLIGHT,
+        OVERLOADED,
+        UNREACHABLE,
+        ENGINE_WAITING,
+        ENGINE_RUNNING,
+        ENGINE_KV_USAGE_PCT,
+    ];
+}
+
+/// One stat of one worker, e.g. `llm_router_worker.w0.routed`.
+pub fn worker_metric(worker: &str, field: &str) -> String {
+    format!("{WORKER_PREFIX}{worker}.{field}")
+}
+
+/// Envoy `stats_config.stats_tags` entries `(tag_name, regex)` that turn the name
+/// dimensions into labels. Each regex's first group is cut from the name and its
+/// second is the label's value. A worker name may contain dots: the field after the
+/// last dot has none.
+pub const STATS_TAGS: [(&str, &str); 3] = [
+    ("decision", r"^wasmcustom\.llm_router_decisions(_(.+))$"),
+    ("reason", r"^wasmcustom\.llm_router_reasons(_(.+))$"),
+    (
+        "worker",
+        r"^wasmcustom\.llm_router_worker(\.(.+))\.[a-z_]+$",
+    ),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_and_reason_stats_are_named_for_tag_extraction() {
+        assert_eq!(
+            worker_metric("w0", worker::ROUTED),
+            "llm_router_worker.w0.routed"
+        );
+        assert_eq!(
+            reason_metric(Reason::Imbalanced),
+            "llm_router_reasons_imbalanced"
+        );
+        let reasons: std::collections::BTreeSet<&str> =
+            Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(reasons.len(), Reason::ALL.len(), "every reason once");
+    }
 
     #[test]
     fn decision_counters_are_named_by_label() {

@@ -30,10 +30,10 @@ impl Held {
     }
 }
 
-/// Counts the routed request and records its tree operations (shared with every
-/// VM, applied here in ring order).
-pub fn book(state: &mut State, plan: Plan) {
-    state.metrics.book(&booking(&plan));
+/// Counts the routed request (whose routing text had `text_chars` chars) and records
+/// its tree operations (shared with every VM, applied here in ring order).
+pub fn book(state: &mut State, plan: Plan, text_chars: usize) {
+    state.metrics.book(&booking(&plan), text_chars);
     for op in plan.records {
         state.record(op);
     }

@@ -3,12 +3,17 @@
 
 use super::host::Metric;
 use crate::bookkeeping::Booking;
+use crate::config::Config;
 use crate::decision::{Decision, Label, Reason};
-use crate::metric_names as names;
+use crate::metric_names::{self as names, worker, worker_metric};
+use crate::worker_stats::WorkerGauges;
 
 /// Request-path stats.
 pub struct Metrics {
     decisions: [Metric; Label::ALL.len()],
+    reasons: [Metric; Reason::ALL.len()],
+    /// By worker index of the current configuration.
+    workers: Vec<WorkerMetrics>,
     pub no_worker: Metric,
     pub unreadable: Metric,
     pub tree_chars: Metric,
@@ -29,10 +34,32 @@ pub struct Metrics {
     pub overload_owner_filtered: Metric,
 }
 
+/// One worker's stats (`llm_router_worker.<name>.<field>`).
+struct WorkerMetrics {
+    routed: Metric,
+    matched_chars: Metric,
+    routed_chars: Metric,
+    /// In `worker::GAUGES` order.
+    gauges: [Metric; worker::GAUGES.len()],
+}
+
+impl WorkerMetrics {
+    fn define(name: &str) -> WorkerMetrics {
+        WorkerMetrics {
+            routed: Metric::counter(&worker_metric(name, worker::ROUTED)),
+            matched_chars: Metric::counter(&worker_metric(name, worker::MATCHED_CHARS)),
+            routed_chars: Metric::counter(&worker_metric(name, worker::ROUTED_CHARS)),
+            gauges: worker::GAUGES.map(|f| Metric::gauge(&worker_metric(name, f))),
+        }
+    }
+}
+
 impl Metrics {
-    pub fn define() -> Metrics {
+    pub fn define(cfg: &Config) -> Metrics {
         Metrics {
             decisions: Label::ALL.map(|l| Metric::counter(&names::decision_metric(l))),
+            reasons: Reason::ALL.map(|r| Metric::counter(&names::reason_metric(r))),
+            workers: Self::define_workers(cfg),
             no_worker: Metric::counter(names::NO_WORKER),
             unreadable: Metric::counter(names::UNREADABLE_BODY),
             tree_chars: Metric::gauge(names::TREE_CHARS),
@@ -53,20 +80,58 @@ impl Metrics {
         }
     }
 
-    /// Books one routed request: exactly one decision label, plus the gate's work
-    /// of every pool that decided.
-    pub fn book(&self, b: &Booking) {
-        if let Some(pos) = Label::ALL.iter().position(|l| *l == b.labelled.label()) {
+    /// Per-worker stats for `cfg`'s workers (Envoy returns the same stat for a name
+    /// defined again, so a worker that stays keeps its counts).
+    fn define_workers(cfg: &Config) -> Vec<WorkerMetrics> {
+        cfg.workers
+            .iter()
+            .map(|w| WorkerMetrics::define(&w.name))
+            .collect()
+    }
+
+    /// Follows a new configuration's worker list.
+    pub fn reconfigure(&mut self, cfg: &Config) {
+        self.workers = Self::define_workers(cfg);
+    }
+
+    /// Books one routed request: exactly one decision label and reason, the workers
+    /// it went to, the labelled decision's match over `text_chars` chars of routing
+    /// text, plus the gate's work of every pool that decided.
+    pub fn book(&self, b: &Booking, text_chars: usize) {
+        let d = b.labelled;
+        if let Some(pos) = Label::ALL.iter().position(|l| *l == d.label()) {
             if let Some(m) = self.decisions.get(pos) {
                 m.inc();
             }
         }
-        self.gate(b.labelled);
-        if let Some(d) = b.gate_only {
-            self.gate(d);
+        if let Some(pos) = Reason::ALL.iter().position(|r| *r == d.reason) {
+            if let Some(m) = self.reasons.get(pos) {
+                m.inc();
+            }
+        }
+        if let Some(w) = self.workers.get(d.worker as usize) {
+            w.routed.inc();
+            w.matched_chars.add(d.matched_chars as u64);
+            w.routed_chars.add(text_chars as u64);
+        }
+        self.gate(d);
+        if let Some(g) = b.gate_only {
+            if let Some(w) = self.workers.get(g.worker as usize) {
+                w.routed.inc();
+            }
+            self.gate(g);
         }
         if b.pd_pair {
             self.pd_pairs.inc();
+        }
+    }
+
+    /// The per-worker gauges of one tick.
+    pub fn set_worker_gauges(&self, gauges: &[WorkerGauges]) {
+        for (w, g) in self.workers.iter().zip(gauges) {
+            for (m, v) in w.gauges.iter().zip(g.values()) {
+                m.set(v);
+            }
         }
     }
 

@@ -16,6 +16,7 @@ use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::config::Config;
 use crate::shared::{Keys, Op, OpRing};
+use crate::worker_stats::worker_gauges;
 
 pub struct Root {
     state: Shared,
@@ -104,6 +105,8 @@ impl RootContext for Root {
             .tree_chars
             .set(state.router.tree_chars() as u64);
         state.metrics.inflight.set(state.inflight_total());
+        let gauges = worker_gauges(state.router.config(), &state.loads());
+        state.metrics.set_worker_gauges(&gauges);
         if let Some(prober) = self.prober.as_mut() {
             prober.tick(state, host::now_ms());
         }

@@ -49,6 +49,7 @@ impl State {
         let head = ring.head(&HostStore).unwrap_or(0);
         let cursor = head.saturating_sub(ring.slots() as u64);
         let seed = cfg.rng_seed.unwrap_or_else(host::random_seed);
+        let metrics = Metrics::define(&cfg);
         let mut state = State {
             router: Router::new(cfg),
             shared: SharedState {
@@ -60,7 +61,7 @@ impl State {
                 cursor,
             },
             rng: SplitMix64(seed),
-            metrics: Metrics::define(),
+            metrics,
             gate_inert_seen: 0,
         };
         state.catch_up();
@@ -73,6 +74,7 @@ impl State {
             self.shared.cursor = ring.head(&HostStore).unwrap_or(0);
             self.shared.ring = ring;
         }
+        self.metrics.reconfigure(&cfg);
         self.router.reconfigure(cfg);
     }
 

@@ -19,6 +19,7 @@ use crate::header_names::{
 };
 use crate::parse::{parse, Parsed};
 use crate::plan::{plan, Refusal};
+use crate::shared::truncate_text;
 
 /// What a routed stream chose: the worker that gets the request itself (regular or
 /// decode) and, in PD mode, the prefill leg.
@@ -138,7 +139,15 @@ impl Stream {
         };
         let held = Held::take(state, &target.worker);
         let decision = plan.main;
-        bookkeeping::book(state, plan);
+        let text_chars = match &parsed {
+            Parsed::Routable(r) => {
+                truncate_text(&r.text, state.router.config().max_routing_text_bytes)
+                    .chars()
+                    .count()
+            }
+            Parsed::Unroutable { .. } => 0,
+        };
+        bookkeeping::book(state, plan, text_chars);
         self.routed = Some(Routed {
             decision,
             held,

@@ -328,15 +328,63 @@ fn a_model_no_worker_serves_gets_503_with_a_reason() {
 }
 
 #[test]
-fn decision_stats_are_in_prometheus_output() {
+fn decision_reason_and_worker_stats_are_labelled_in_prometheus_output() {
     let f = fleet(2, json!({}));
     post(
         f.envoy.listener,
         "/v1/completions",
         &json!({"prompt": "a prompt"}),
     );
+    let r = post(
+        f.envoy.listener,
+        "/v1/completions",
+        &json!({"prompt": "a prompt"}),
+    );
+    let worker = header(&r, "x-llm-router-worker");
+    // Per-worker gauges are written on the filter's tick (sync_interval_ms).
+    assert!(
+        wait_until(
+            || f.envoy.prometheus().unwrap_or_default().contains(&format!(
+                "llm_router_worker_inflight{{worker=\"{worker}\"}} 0"
+            ))
+        ),
+        "per-worker gauges: {}",
+        f.envoy.prometheus().unwrap_or_default()
+    );
     let text = f.envoy.prometheus().unwrap();
-    assert!(text.contains("llm_router_decisions_cache_miss"), "{text}");
+    // Labels from the stats_tags rules, with the values the filter counted.
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with(series)
+                    && l.len() > series.len()
+                    && l.as_bytes()[series.len()] == b' '
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+    };
+    assert_eq!(value(r#"llm_router_decisions{decision="cache_miss"}"#), 1.0);
+    assert_eq!(value(r#"llm_router_decisions{decision="cache_hit"}"#), 1.0);
+    assert_eq!(value(r#"llm_router_reasons{reason="cache_hit"}"#), 1.0);
+    assert_eq!(
+        value(&format!(r#"llm_router_worker_routed{{worker="{worker}"}}"#)),
+        2.0,
+        "both requests on the prefix owner"
+    );
+    let matched = value(&format!(
+        r#"llm_router_worker_matched_chars{{worker="{worker}"}}"#
+    ));
+    let routed = value(&format!(
+        r#"llm_router_worker_routed_chars{{worker="{worker}"}}"#
+    ));
+    assert!(
+        matched > 0.0 && matched <= routed,
+        "{matched} of {routed} chars matched"
+    );
+    assert!(
+        !text.contains("llm_router_decisions_cache_miss"),
+        "the dimension left the name"
+    );
 }
 
 #[test]
@@ -391,6 +439,30 @@ fn shipped_example_configs_route_for_real() {
                 "{file}: sticks"
             );
         }
+        let text = envoy.prometheus().unwrap();
+        assert!(
+            text.contains(r#"llm_router_decisions{decision="cache_hit"} 2"#),
+            "{file}: its stats_tags label the decisions:\n{text}"
+        );
+        // The access log is one JSON line per request, with the router's headers
+        // (Envoy flushes it on its own schedule).
+        let access_log = || -> Vec<Value> {
+            std::fs::read_to_string(&envoy.log)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v.get("decision").is_some())
+                .collect()
+        };
+        wait_until(|| access_log().len() >= 3);
+        let lines = access_log();
+        assert_eq!(lines.len(), 3, "{file}: one access log line per request");
+        assert_eq!(lines[2]["decision"], "cache_hit");
+        assert_eq!(
+            lines[2]["worker"],
+            owner.clone().unwrap_or_default().as_str()
+        );
+        assert_eq!(lines[2]["status"], 200);
     }
 }
 

@@ -1,0 +1,115 @@
+//! What the filter reports per worker at each tick, so operators see load per engine
+//! the way the router sees it: its own in-flight count, the overload flag, whether
+//! the collector reaches the engine, and the engine's last fresh sample.
+//!
+//! Gauges, not counters: every VM writes the same values (they come from shared
+//! data), so the last writer is as good as any.
+
+use crate::config::Config;
+use crate::load::{Loads, Report};
+
+/// One worker's gauge values, in `metric_names::worker::GAUGES` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerGauges {
+    pub inflight: u64,
+    pub overloaded: bool,
+    pub unreachable: bool,
+    pub engine_waiting: u64,
+    pub engine_running: u64,
+    /// KV cache usage, percent rounded (0 without a fresh sample).
+    pub engine_kv_usage_pct: u64,
+}
+
+impl WorkerGauges {
+    /// The values in `metric_names::worker::GAUGES` order.
+    pub fn values(&self) -> [u64; 6] {
+        [
+            self.inflight,
+            u64::from(self.overloaded),
+            u64::from(self.unreachable),
+            self.engine_waiting,
+            self.engine_running,
+            self.engine_kv_usage_pct,
+        ]
+    }
+}
+
+/// Every configured worker's gauges from one `Loads` snapshot. A stale sample reads
+/// as no sample (zeros), as it does for routing; an unreachable report stays visible
+/// until the next push replaces it, stale or not: the last word about an engine
+/// the collector cannot reach is that it cannot.
+pub fn worker_gauges(cfg: &Config, loads: &Loads) -> Vec<WorkerGauges> {
+    (0..cfg.workers.len())
+        .map(|i| {
+            let mut g = WorkerGauges {
+                inflight: loads.inflight.get(i).copied().unwrap_or(0),
+                overloaded: loads.overloaded.get(i).copied().unwrap_or(false),
+                unreachable: matches!(
+                    loads.engine.reports.get(i),
+                    Some(Some(Report::Unreachable { .. }))
+                ),
+                ..WorkerGauges::default()
+            };
+            if let Some(s) = loads.engine.fresh(i, loads.now_ms, cfg.stale_after_ms) {
+                g.engine_waiting = s.num_waiting;
+                g.engine_running = s.num_running;
+                g.engine_kv_usage_pct = s
+                    .kv_usage
+                    .filter(|u| u.is_finite())
+                    .map_or(0, |u| (u.clamp(0.0, 1.0) * 100.0).round() as u64);
+            }
+            g
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{EngineSample, LoadTable};
+
+    fn sample(waiting: u64, kv: Option<f64>, at_ms: u64) -> Option<Report> {
+        Some(Report::Sample(EngineSample {
+            num_waiting: waiting,
+            num_running: 2,
+            kv_usage: kv,
+            ttft_p90_s: None,
+            tpot_p90_s: None,
+            at_ms,
+        }))
+    }
+
+    #[test]
+    fn gauges_follow_the_snapshot_and_stale_samples_read_as_none() {
+        let cfg = Config::from_json(
+            br#"{"workers":[{"name":"a"},{"name":"b"},{"name":"c"},{"name":"d"}],"stale_after_ms":1000}"#,
+        )
+        .unwrap();
+        let loads = Loads {
+            inflight: vec![3, 0, 1],
+            engine: LoadTable {
+                reports: vec![
+                    sample(4, Some(0.456), 9_500),
+                    sample(9, Some(0.9), 1_000),
+                    Some(Report::Unreachable { at_ms: 0 }),
+                ],
+            },
+            now_ms: 10_000,
+            overloaded: vec![false, true],
+        };
+        let g = worker_gauges(&cfg, &loads);
+        assert_eq!(g.len(), 4, "one per configured worker");
+        assert_eq!(g[0].values(), [3, 0, 0, 4, 2, 46]);
+        assert_eq!(
+            g[1].values(),
+            [0, 1, 0, 0, 0, 0],
+            "stale sample: no engine load"
+        );
+        assert_eq!(
+            g[2].values(),
+            [1, 0, 1, 0, 0, 0],
+            "unreachable, even when old"
+        );
+        assert_eq!(g[3], WorkerGauges::default(), "never reported");
+    }
+}
