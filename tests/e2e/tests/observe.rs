@@ -1,0 +1,118 @@
+//! The Grafana dashboard and the Prometheus alert rules in `observe/` query what
+//! the filter really exports: every `llm_router_*` series and every label they name
+//! appears in Envoy's `/stats/prometheus` after a short run through the example
+//! tag rules (the demo's bootstrap carries the same `stats_tags`).
+
+use e2e::support::{post, start, wait_until};
+use llm_demo::fleet::FleetSpec;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+fn repo_file(path: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Every `llm_router_*` name in `text`.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("llm_router_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The dashboard's queries.
+fn dashboard_queries() -> Vec<String> {
+    let dash: Value = serde_json::from_str(&repo_file("observe/grafana-dashboard.json"))
+        .expect("the dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "a dashboard worth opening");
+    panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            t["expr"]
+                .as_str()
+                .expect("every target has an expr")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn dashboard_and_alert_queries_name_series_envoy_exports() {
+    let f = start(&FleetSpec {
+        workers: 2,
+        plugin_config: json!({"sync_interval_ms": 100}),
+        collector_interval_ms: Some(100),
+        ..FleetSpec::default()
+    });
+    for i in 0..4 {
+        let r = post(
+            f.envoy.listener,
+            "/v1/completions",
+            &json!({"model": "mock", "prompt": format!("doc {} about caches", i % 2)}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    // Per-worker gauges and pushes arrive on ticks.
+    let ready = || {
+        let t = f.envoy.prometheus().unwrap_or_default();
+        t.contains("llm_router_worker_engine_running{worker=")
+            && !t.contains("llm_router_stats_pushes_accepted 0")
+    };
+    assert!(wait_until(ready), "gauges and pushes never showed");
+    let text = f.envoy.prometheus().unwrap();
+    let mut exported = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            if let (Some(name), Some(kind)) = (it.next(), it.next()) {
+                exported.insert(name.to_string());
+                if kind == "histogram" {
+                    for s in ["_bucket", "_sum", "_count"] {
+                        exported.insert(format!("{name}{s}"));
+                    }
+                }
+            }
+        }
+    }
+    let queries = dashboard_queries();
+    let alerts = repo_file("observe/alerts.yaml");
+    for (what, text_of) in [
+        ("dashboard", queries.join("\n")),
+        ("alerts", alerts.clone()),
+    ] {
+        let used = metric_names(&text_of);
+        assert!(!used.is_empty(), "{what} queries some series");
+        let missing: Vec<&String> = used.iter().filter(|m| !exported.contains(*m)).collect();
+        assert!(
+            missing.is_empty(),
+            "{what} queries series Envoy does not export: {missing:?}\nexported: {exported:?}"
+        );
+    }
+    for q in &queries {
+        assert!(
+            !metric_names(q).is_empty(),
+            "every dashboard query reads the filter: {q}"
+        );
+    }
+    for label in ["decision", "reason", "worker"] {
+        assert!(
+            text.contains(&format!("{{{label}=\"")),
+            "series labelled by {label}:\n{text}"
+        );
+        let used = queries.iter().any(|q| q.contains(label)) || alerts.contains(label);
+        assert!(used, "the dashboard or alerts slice by {label}");
+    }
+}
