@@ -114,3 +114,34 @@ fn a_queueing_fleet_under_the_gate_diverts() {
         "queued owners are diverted from"
     );
 }
+
+/// A user's own config (its worker names, clusters, an address, `target: endpoint`
+/// for one run) replays against those workers, not the demo's `w0..`.
+#[test]
+fn a_config_listing_its_workers_replays_against_them() {
+    let items = workload();
+    let sim = replay(1, 4);
+    let workers = json!([
+        {"name": "gpu-a", "cluster": "vllm_a", "address": "10.0.0.1:8000"},
+        {"name": "gpu-b", "cluster": "vllm_b", "address": "10.0.0.2:8000"},
+    ]);
+    for target in ["cluster", "endpoint"] {
+        let cfg = json!({"workers": workers, "target": target, "rng_seed": 1});
+        assert_eq!(sim.fleet(&cfg).unwrap().clusters(), ["vllm_a", "vllm_b"]);
+        let run = sim.run(&filter(), &cfg, &items).unwrap();
+        assert_eq!(
+            run.summary.errors, 0,
+            "{target}: {:?}",
+            run.summary.error_reasons
+        );
+        let names: Vec<&String> = run.summary.per_worker.keys().collect();
+        assert_eq!(
+            names,
+            ["gpu-a", "gpu-b"],
+            "{target}: the config's own workers"
+        );
+    }
+    let bad = json!({"workers": [{"cluster": "x"}]});
+    let err = sim.fleet(&bad).unwrap_err().to_string();
+    assert!(err.contains("workers[0].name"), "{err}");
+}

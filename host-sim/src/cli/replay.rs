@@ -13,7 +13,9 @@ pub(crate) struct ReplayArgs {
     #[arg(long)]
     wasm: Option<PathBuf>,
     /// A JSON object merged over the demo's plugin configuration, like the demo's
-    /// `--filter-config` (a file, or inline JSON if it starts with '{').
+    /// `--filter-config` (a file, or inline JSON if it starts with '{'). When it
+    /// lists `workers`, the simulated fleet is those workers (their names, clusters,
+    /// addresses and pools) instead of the demo's `w0..`.
     #[arg(long)]
     config: Option<String>,
     /// The JSONL workload (`llm-load generate`; the demo writes `.demo/workload.jsonl`).
@@ -84,7 +86,11 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         .unwrap_or_else(host_sim::built_filter_path);
     let filter = host_sim::Filter::load(&wasm)?;
     let pd = args.pd.pools();
-    let engines = args.pd.engines(args.workers);
+    // A config that lists its workers replays against them; else the demo's fleet.
+    let engines = match extra.as_ref().and_then(|c| c.get("workers")) {
+        Some(Value::Array(w)) => w.len(),
+        _ => args.pd.engines(args.workers),
+    };
     let sim = host_sim::replay::Replay {
         workers: args.workers,
         pd,

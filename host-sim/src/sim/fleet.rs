@@ -107,6 +107,43 @@ impl SimFleet {
         }
     }
 
+    /// The fleet a plugin config's `workers` list describes: one engine per worker,
+    /// named, clustered, addressed and pooled as the config says (a worker without a
+    /// `cluster` is on the cluster of its name, one without an `address` at
+    /// `127.0.0.1:8000+i`), so a user's own config replays against its own workers.
+    pub fn from_workers(workers: &Value, spec: EngineSpec) -> Result<Self, String> {
+        let list = workers
+            .as_array()
+            .ok_or("`workers` must be an array of worker objects")?;
+        let engines = list
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let name = w["name"]
+                    .as_str()
+                    .ok_or(format!("workers[{i}].name: a string is required"))?;
+                let pool = match w["pool"].as_str().unwrap_or("regular") {
+                    "prefill" => "prefill",
+                    "decode" => "decode",
+                    _ => "regular",
+                };
+                Ok(SimEngine {
+                    cluster: w["cluster"].as_str().unwrap_or(name).to_string(),
+                    address: w["address"]
+                        .as_str()
+                        .map_or_else(|| format!("127.0.0.1:{}", 8000 + i), str::to_string),
+                    name: name.to_string(),
+                    pool,
+                    engine: Engine::new(spec),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self {
+            engines,
+            ..Self::default()
+        })
+    }
+
     /// The `workers` entries of a plugin config for this fleet.
     pub fn workers_config(&self) -> Value {
         self.engines

@@ -207,13 +207,21 @@ impl Replay {
         Ok(config)
     }
 
+    /// The simulated engines: the config's own `workers` when it lists them, else
+    /// the demo's fleet (`w0..`, or `p0..`/`d0..` with PD).
+    pub fn fleet(&self, config: &Value) -> Result<SimFleet> {
+        Ok(match (config.get("workers"), self.pd) {
+            (Some(workers), _) => SimFleet::from_workers(workers, self.engine)
+                .map_err(|e| anyhow::anyhow!("the plugin config's {e}"))?,
+            (None, Some((prefill, decode))) => SimFleet::pd(prefill, decode, self.engine),
+            (None, None) => SimFleet::demo(self.workers, self.engine),
+        })
+    }
+
     /// Runs `items` through `filter` with plugin config `config` (see
     /// [`Replay::plugin_config`]).
     pub fn run(&self, filter: &Filter, config: &Value, items: &[WorkItem]) -> Result<ReplayRun> {
-        let mut fleet = match self.pd {
-            Some((prefill, decode)) => SimFleet::pd(prefill, decode, self.engine),
-            None => SimFleet::demo(self.workers, self.engine),
-        };
+        let mut fleet = self.fleet(config)?;
         let config = self.plugin_config(&fleet, config)?;
         let token = config["stats_token"].as_str().map(str::to_string);
         let stats_path = config["stats_path"]
