@@ -294,7 +294,7 @@ impl Collector {
 
     /// One interval's work. `force_push` ignores the push backoff (`--once`).
     pub async fn tick(&mut self, force_push: bool) -> (Snapshot, Option<PushOutcome>) {
-        let due = self.ticks % MEMBERSHIP_EVERY == 0 || self.admin_ok != Some(true);
+        let due = self.ticks.is_multiple_of(MEMBERSHIP_EVERY) || self.admin_ok != Some(true);
         if due {
             // Errors are logged inside; the last list stays in use.
             let _ = self.refresh_membership().await;

@@ -6,7 +6,7 @@
 mod shared;
 mod stream;
 
-pub(crate) use shared::{lock, Config, Queue, Shared};
+pub(crate) use shared::{lock, Config, Queue, Shared, DEFAULT_MAX_MEMORY_BYTES};
 pub(crate) use stream::{CallResponse, Deferred, Flow, HeaderState, StreamState};
 
 use crate::types::codes::{self, LogLevel, Status};
@@ -45,6 +45,8 @@ pub(crate) struct HostState {
     pub root_properties: HashMap<Vec<u8>, Vec<u8>>,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The memory cap, as wasmtime's resource limiter.
+    pub limits: wasmtime::StoreLimits,
 }
 
 impl HostState {
@@ -55,7 +57,6 @@ impl HostState {
             .wrapping_add(vm as u64 + 1);
         Self {
             vm,
-            cfg,
             shared,
             memory: None,
             alloc: None,
@@ -78,6 +79,10 @@ impl HostState {
             root_properties: HashMap::new(),
             stdout: Vec::new(),
             stderr: Vec::new(),
+            limits: wasmtime::StoreLimitsBuilder::new()
+                .memory_size(cfg.max_memory_bytes)
+                .build(),
+            cfg,
         }
     }
 

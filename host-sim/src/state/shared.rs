@@ -23,7 +23,13 @@ pub(crate) struct Config {
     pub seed: u64,
     pub properties: Vec<(String, Vec<u8>)>,
     pub failure_policy: FailurePolicy,
+    /// A VM's linear memory may not grow past this many bytes.
+    pub max_memory_bytes: usize,
 }
+
+/// The linear memory cap of Envoy's Wasm VMs (proxy-wasm-cpp-host's limit): an
+/// allocation past it fails, and the Rust guest aborts with a trap, as in Envoy.
+pub const DEFAULT_MAX_MEMORY_BYTES: usize = 1 << 30;
 
 /// A shared queue: its items and the registrant's VM and root context, which
 /// `proxy_on_queue_ready` goes to (the last registrant wins, as in Envoy).

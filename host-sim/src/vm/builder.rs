@@ -4,7 +4,7 @@
 use super::filter::Filter;
 use super::host::Host;
 use super::instance::Slot;
-use crate::state::{Config, Shared};
+use crate::state::{Config, Shared, DEFAULT_MAX_MEMORY_BYTES};
 use crate::types::codes::LogLevel;
 use crate::types::fault::Fault;
 use crate::types::values::FailurePolicy;
@@ -60,6 +60,7 @@ impl HostBuilder {
                 seed: 0,
                 properties: Vec::new(),
                 failure_policy: FailurePolicy::Strict,
+                max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             },
         }
     }
@@ -80,6 +81,13 @@ impl HostBuilder {
     /// Number of VMs, i.e. Envoy worker threads (`--concurrency`). Default 1.
     pub fn vms(mut self, n: usize) -> Self {
         self.vms = n;
+        self
+    }
+
+    /// A VM's linear memory cap in bytes. Default 1 GiB, Envoy's: a guest that
+    /// allocates past it traps there, and so it does here.
+    pub fn max_memory(mut self, bytes: usize) -> Self {
+        self.cfg.max_memory_bytes = bytes;
         self
     }
 

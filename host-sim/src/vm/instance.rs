@@ -62,6 +62,7 @@ impl Slot {
         shared: Arc<Mutex<Shared>>,
     ) -> Result<Self> {
         let mut store = Store::new(&filter.engine, HostState::new(vm, cfg, shared));
+        store.limiter(|s| &mut s.limits);
         let instance = filter.pre.instantiate(&mut store).map_err(wasm_err)?;
         let memory = instance.get_memory(&mut store, "memory");
         let alloc = match export::<i32, i32>(&instance, &mut store, "proxy_on_memory_allocate")? {

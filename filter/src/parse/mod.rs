@@ -1,0 +1,653 @@
+//! Reading an OpenAI-style (or SGLang `/generate`) request body into what routing
+//! needs: the model, the stream flag and the routing text.
+//!
+//! The routing text is what the prefix tree matches on, so it must grow the way the
+//! engine's prompt grows: for chat, every message in order as `role: text\n` (content
+//! arrays contribute their text parts, joined by newlines; images and other parts
+//! are skipped); for completions, the prompt (a batch routes by its first element);
+//! for `/generate`, `text` the same way. A body we cannot read is never dropped: it
+//! is routed by load, and the outcome says why.
+//!
+//! `Parsed` keeps the API the path names (`endpoint`), so later stages (PD's body
+//! rewrite) read the body the same way without looking at the path again.
+
+mod fields;
+
+use fields::{ChatText, Leaf, PromptText};
+use serde::Deserialize;
+
+/// Which API shape the body was read as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    Chat,
+    Completions,
+    Generate,
+}
+
+/// A body that could be routed by its text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingRequest {
+    /// The shape the routing text was read as.
+    pub kind: ApiKind,
+    /// The API the path names (`None`: an unknown path, where the body's fields
+    /// decided `kind`). PD's rewrite reads the body by this, as it always has.
+    pub endpoint: Option<ApiKind>,
+    /// The model, empty when the body names none.
+    pub model: String,
+    pub stream: bool,
+    pub text: String,
+}
+
+/// Why a body gives no routing text. It is still routed (least-load).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// No body at all (a GET, or an empty POST).
+    EmptyBody,
+    /// Not a JSON object.
+    NotJson,
+    /// JSON, but neither `messages`, `prompt` nor `text` in a usable shape.
+    NoRoutingText,
+}
+
+impl Unreadable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unreadable::EmptyBody => "empty_body",
+            Unreadable::NotJson => "body_not_json",
+            Unreadable::NoRoutingText => "no_routing_text",
+        }
+    }
+}
+
+/// What parsing gave: a routing request, or the reason there is none plus whatever
+/// model name could still be read (so a model-specific fleet can still be chosen).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    Routable(RoutingRequest),
+    Unroutable {
+        reason: Unreadable,
+        model: String,
+        /// The API the path names, as in `RoutingRequest::endpoint`.
+        endpoint: Option<ApiKind>,
+    },
+}
+
+impl Parsed {
+    /// The API the path names (`None`: unknown path).
+    pub fn endpoint(&self) -> Option<ApiKind> {
+        match self {
+            Parsed::Routable(r) => r.endpoint,
+            Parsed::Unroutable { endpoint, .. } => *endpoint,
+        }
+    }
+
+    /// The model the body names (empty: none, or unreadable).
+    pub fn model(&self) -> &str {
+        match self {
+            Parsed::Routable(r) => &r.model,
+            Parsed::Unroutable { model, .. } => model,
+        }
+    }
+}
+
+/// The fields routing reads; the rest of the body is skipped unread.
+#[derive(Deserialize)]
+struct Body {
+    #[serde(default)]
+    model: Option<Leaf>,
+    #[serde(default)]
+    stream: Option<Leaf>,
+    #[serde(default)]
+    messages: Option<ChatText>,
+    #[serde(default)]
+    prompt: Option<PromptText>,
+    #[serde(default)]
+    text: Option<PromptText>,
+}
+
+/// The API a path names, by its suffix (query string ignored).
+pub fn endpoint_of(path: &str) -> Option<ApiKind> {
+    let path = path.split('?').next().unwrap_or(path);
+    if path.ends_with("/chat/completions") {
+        Some(ApiKind::Chat)
+    } else if path.ends_with("/completions") {
+        Some(ApiKind::Completions)
+    } else if path.ends_with("/generate") {
+        Some(ApiKind::Generate)
+    } else {
+        None
+    }
+}
+
+/// Parses `body` sent to `path`. The path decides the shape where it is a known
+/// endpoint; otherwise the first of `messages`, `prompt`, `text` present is used.
+pub fn parse(path: &str, body: &[u8]) -> Parsed {
+    let endpoint = endpoint_of(path);
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Parsed::Unroutable {
+            reason: Unreadable::EmptyBody,
+            model: String::new(),
+            endpoint,
+        };
+    }
+    // serde would read a struct from a JSON array by position; only objects count.
+    let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let Some(b) = is_object
+        .then(|| serde_json::from_slice::<Body>(body).ok())
+        .flatten()
+    else {
+        return Parsed::Unroutable {
+            reason: Unreadable::NotJson,
+            model: String::new(),
+            endpoint,
+        };
+    };
+    let model = b.model.and_then(Leaf::into_string).unwrap_or_default();
+    let stream = b.stream == Some(Leaf::Bool(true));
+    let (mut chat, mut prompt, mut text) = (
+        b.messages.and_then(|m| m.0),
+        b.prompt.and_then(|p| p.0),
+        b.text.and_then(|t| t.0),
+    );
+    let mut attempt = |kind: ApiKind| -> Option<String> {
+        match kind {
+            ApiKind::Chat => chat.take(),
+            ApiKind::Completions => prompt.take(),
+            ApiKind::Generate => text.take(),
+        }
+    };
+    let order: &[ApiKind] = match endpoint {
+        Some(k) => &[k][..],
+        None => &[ApiKind::Chat, ApiKind::Completions, ApiKind::Generate][..],
+    };
+    for &kind in order {
+        if let Some(text) = attempt(kind) {
+            return Parsed::Routable(RoutingRequest {
+                kind,
+                endpoint,
+                model,
+                stream,
+                text,
+            });
+        }
+    }
+    Parsed::Unroutable {
+        reason: Unreadable::NoRoutingText,
+        model,
+        endpoint,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Rng, SplitMix64};
+
+    /// The Value-based reader this module replaced, kept as the oracle the streaming
+    /// readers must agree with on every body.
+    mod reference {
+        use super::super::{endpoint_of, ApiKind, Parsed, RoutingRequest, Unreadable};
+        use serde::Deserialize;
+        use serde_json::Value;
+        #[derive(Deserialize)]
+        struct Body {
+            #[serde(default)]
+            model: Option<Value>,
+            #[serde(default)]
+            stream: Option<Value>,
+            #[serde(default)]
+            messages: Option<Value>,
+            #[serde(default)]
+            prompt: Option<Value>,
+            #[serde(default)]
+            text: Option<Value>,
+        }
+
+        fn push_content(out: &mut String, content: &Value) {
+            match content {
+                Value::String(s) => out.push_str(s),
+                Value::Array(parts) => {
+                    let mut first = true;
+                    for part in parts {
+                        let text = match part {
+                            Value::String(s) => Some(s.as_str()),
+                            Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+                                Some("text") | Some("input_text") | None => {
+                                    o.get("text").and_then(Value::as_str)
+                                }
+                                _ => None,
+                            },
+                            _ => None,
+                        };
+                        if let Some(t) = text {
+                            if !first {
+                                out.push('\n');
+                            }
+                            out.push_str(t);
+                            first = false;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        fn chat_text(messages: &Value) -> Option<String> {
+            let messages = messages.as_array()?;
+            let mut out = String::new();
+            for m in messages {
+                let Some(obj) = m.as_object() else { continue };
+                let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
+                out.push_str(role);
+                out.push_str(": ");
+                if let Some(c) = obj.get("content") {
+                    push_content(&mut out, c);
+                }
+                out.push('\n');
+            }
+            (!messages.is_empty()).then_some(out)
+        }
+
+        /// A prompt string, or a batch's first element (a string, or token ids rendered as
+        /// text so identical token prompts still share a prefix).
+        fn prompt_text(prompt: &Value) -> Option<String> {
+            match prompt {
+                Value::String(s) => Some(s.clone()),
+                Value::Array(items) => match items.first()? {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(_) => Some(token_ids_text(items)),
+                    Value::Array(ids) => Some(token_ids_text(ids)),
+                    _ => None,
+                },
+                _ => None,
+            }
+        }
+
+        fn token_ids_text(ids: &[Value]) -> String {
+            let mut out = String::new();
+            for id in ids {
+                if let Some(n) = id.as_u64() {
+                    out.push_str(&n.to_string());
+                    out.push(' ');
+                }
+            }
+            out
+        }
+
+        pub fn parse(path: &str, body: &[u8]) -> Parsed {
+            let endpoint = endpoint_of(path);
+            if body.iter().all(u8::is_ascii_whitespace) {
+                return Parsed::Unroutable {
+                    reason: Unreadable::EmptyBody,
+                    model: String::new(),
+                    endpoint,
+                };
+            }
+            let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+            let Some(b) = is_object
+                .then(|| serde_json::from_slice::<Body>(body).ok())
+                .flatten()
+            else {
+                return Parsed::Unroutable {
+                    reason: Unreadable::NotJson,
+                    model: String::new(),
+                    endpoint,
+                };
+            };
+            let model = match &b.model {
+                Some(Value::String(s)) => s.clone(),
+                _ => String::new(),
+            };
+            let stream = matches!(b.stream, Some(Value::Bool(true)));
+            let attempt = |kind: ApiKind| -> Option<String> {
+                match kind {
+                    ApiKind::Chat => chat_text(b.messages.as_ref()?),
+                    ApiKind::Completions => prompt_text(b.prompt.as_ref()?),
+                    ApiKind::Generate => prompt_text(b.text.as_ref()?),
+                }
+            };
+            let order: &[ApiKind] = match endpoint {
+                Some(k) => &[k][..],
+                None => &[ApiKind::Chat, ApiKind::Completions, ApiKind::Generate][..],
+            };
+            for &kind in order {
+                if let Some(text) = attempt(kind) {
+                    return Parsed::Routable(RoutingRequest {
+                        kind,
+                        endpoint,
+                        model,
+                        stream,
+                        text,
+                    });
+                }
+            }
+            Parsed::Unroutable {
+                reason: Unreadable::NoRoutingText,
+                model,
+                endpoint,
+            }
+        }
+    }
+
+    /// Random JSON bodies built from the shapes routing cares about (and junk), so
+    /// every branch of the readers meets odd types, duplicates and nesting.
+    fn random_body(rng: &mut SplitMix64) -> String {
+        fn pick<'a>(rng: &mut SplitMix64, items: &[&'a str]) -> &'a str {
+            items[rng.below(items.len())]
+        }
+        fn scalar(rng: &mut SplitMix64) -> String {
+            pick(
+                rng,
+                &[
+                    "0",
+                    "7",
+                    "-3",
+                    "1.5",
+                    "1e300",
+                    "18446744073709551615",
+                    "-0",
+                    "true",
+                    "false",
+                    "null",
+                    "\"t\"",
+                    "\"text\"",
+                    "\"input_text\"",
+                    "\"日本\"",
+                    "\"a\\\"b\"",
+                    "{}",
+                    "[]",
+                    "[1,[2]]",
+                    "{\"text\":\"x\"}",
+                ],
+            )
+            .to_string()
+        }
+        fn list(rng: &mut SplitMix64, item: fn(&mut SplitMix64) -> String) -> String {
+            let n = rng.below(4);
+            let items: Vec<String> = (0..n).map(|_| item(rng)).collect();
+            format!("[{}]", items.join(","))
+        }
+        fn part(rng: &mut SplitMix64) -> String {
+            match rng.below(4) {
+                0 => scalar(rng),
+                1 => format!("{{\"type\":{},\"text\":{}}}", scalar(rng), scalar(rng)),
+                2 => format!(
+                    "{{\"text\":{},\"type\":{},\"text\":{}}}",
+                    scalar(rng),
+                    scalar(rng),
+                    scalar(rng)
+                ),
+                _ => format!("{{\"text\":\"p{}\"}}", rng.below(9)),
+            }
+        }
+        fn content(rng: &mut SplitMix64) -> String {
+            match rng.below(3) {
+                0 => scalar(rng),
+                1 => list(rng, part),
+                _ => format!("\"c{}\"", rng.below(9)),
+            }
+        }
+        fn message(rng: &mut SplitMix64) -> String {
+            match rng.below(4) {
+                0 => scalar(rng),
+                1 => format!("{{\"content\":{},\"role\":{}}}", content(rng), scalar(rng)),
+                2 => format!(
+                    "{{\"role\":\"user\",\"content\":{},\"content\":{}}}",
+                    content(rng),
+                    content(rng)
+                ),
+                _ => format!(
+                    "{{\"role\":\"r{}\",\"content\":{},\"name\":[1,{{}}]}}",
+                    rng.below(3),
+                    content(rng)
+                ),
+            }
+        }
+        fn prompt(rng: &mut SplitMix64) -> String {
+            match rng.below(4) {
+                0 => scalar(rng),
+                1 => list(rng, scalar),
+                2 => list(rng, |r| list(r, scalar)),
+                _ => format!("[{},\"x\",3]", scalar(rng)),
+            }
+        }
+        let mut fields: Vec<String> = Vec::new();
+        for (key, value) in [
+            ("model", scalar as fn(&mut SplitMix64) -> String),
+            ("stream", scalar),
+            ("messages", |r: &mut SplitMix64| list(r, message)),
+            ("messages", scalar),
+            ("prompt", prompt),
+            ("text", prompt),
+            ("extra", |r: &mut SplitMix64| list(r, message)),
+        ] {
+            if rng.below(2) == 0 {
+                fields.push(format!("\"{key}\":{}", value(rng)));
+            }
+        }
+        format!("{{{}}}", fields.join(","))
+    }
+
+    #[test]
+    fn the_streaming_readers_agree_with_the_value_reader_on_random_bodies() {
+        let mut rng = SplitMix64(0x5eed);
+        let mut routable = 0;
+        for i in 0..20_000 {
+            let body = random_body(&mut rng);
+            for path in ["/v1/chat/completions", "/v1/completions", "/generate", "/x"] {
+                let got = parse(path, body.as_bytes());
+                let want = reference::parse(path, body.as_bytes());
+                assert_eq!(got, want, "case {i} on {path}: {body}");
+                routable += usize::from(matches!(got, Parsed::Routable(_)));
+            }
+        }
+        assert!(
+            routable > 10_000,
+            "the bodies exercise routable shapes: {routable}"
+        );
+    }
+
+    #[test]
+    fn a_number_out_of_range_in_a_skipped_value_no_longer_hides_the_prompt() {
+        // The Value reader refused the whole body (`1e400` is no f64); skipping does
+        // not convert numbers, so the prompt it never needed still routes.
+        let body = r#"{"prompt":["p",1e400]}"#;
+        assert_eq!(
+            reference::parse("/v1/completions", body.as_bytes()),
+            Parsed::Unroutable {
+                reason: Unreadable::NotJson,
+                model: String::new(),
+                endpoint: Some(ApiKind::Completions)
+            }
+        );
+        assert_eq!(routable("/v1/completions", body).text, "p");
+    }
+
+    #[test]
+    fn millions_of_tiny_values_cost_their_size_not_values() {
+        // 2M numbers: the Value reader would build 2M Values; these readers keep none.
+        let mut body = String::from(r#"{"model":"m","messages":["#);
+        body.push_str(&"0,".repeat(2_000_000));
+        body.push_str(r#"{"role":"user","content":"last"}]}"#);
+        let r = routable("/v1/chat/completions", &body);
+        assert_eq!((r.model.as_str(), r.text.as_str()), ("m", "user: last\n"));
+    }
+
+    fn routable(path: &str, body: &str) -> RoutingRequest {
+        match parse(path, body.as_bytes()) {
+            Parsed::Routable(r) => r,
+            other => panic!("expected routable, got {other:?}"),
+        }
+    }
+
+    fn reason(path: &str, body: &[u8]) -> Unreadable {
+        match parse(path, body) {
+            Parsed::Unroutable { reason, .. } => reason,
+            other => panic!("expected unroutable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn chat_concatenates_every_message_in_order() {
+        let r = routable(
+            "/v1/chat/completions",
+            r#"{"model":"m","stream":true,"messages":[
+                {"role":"system","content":"be brief"},
+                {"role":"user","content":"hi"},
+                {"role":"assistant","content":"hello"},
+                {"role":"user","content":"more"}]}"#,
+        );
+        assert_eq!(r.kind, ApiKind::Chat);
+        assert_eq!(r.model, "m");
+        assert!(r.stream);
+        assert_eq!(
+            r.text,
+            "system: be brief\nuser: hi\nassistant: hello\nuser: more\n"
+        );
+    }
+
+    #[test]
+    fn a_later_turn_extends_the_earlier_text() {
+        let t1 = routable(
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"q1"}]}"#,
+        );
+        let t2 = routable(
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"q1"},{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}"#,
+        );
+        assert!(t2.text.starts_with(&t1.text), "growth keeps the prefix");
+    }
+
+    #[test]
+    fn content_arrays_keep_text_parts_only() {
+        let r = routable(
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":[
+                {"type":"text","text":"look at"},
+                {"type":"image_url","image_url":{"url":"data:..."}},
+                {"type":"text","text":"this"}]},
+                {"role":"tool","content":null}]}"#,
+        );
+        assert_eq!(r.text, "user: look at\nthis\ntool: \n");
+    }
+
+    #[test]
+    fn completions_prompt_string_and_batch() {
+        let r = routable("/v1/completions", r#"{"model":"m","prompt":"once upon"}"#);
+        assert_eq!(
+            (r.kind, r.text.as_str()),
+            (ApiKind::Completions, "once upon")
+        );
+        let b = routable("/v1/completions", r#"{"prompt":["first","second"]}"#);
+        assert_eq!(b.text, "first", "a batch routes by its first prompt");
+        let ids = routable("/v1/completions", r#"{"prompt":[1,2,3]}"#);
+        assert_eq!(ids.text, "1 2 3 ");
+        let id_batch = routable("/v1/completions", r#"{"prompt":[[4,5],[6]]}"#);
+        assert_eq!(id_batch.text, "4 5 ");
+    }
+
+    #[test]
+    fn sglang_generate_text() {
+        let r = routable("/generate", r#"{"text":"hello","sampling_params":{}}"#);
+        assert_eq!((r.kind, r.text.as_str()), (ApiKind::Generate, "hello"));
+    }
+
+    #[test]
+    fn unknown_path_guesses_by_field() {
+        assert_eq!(
+            routable("/other", r#"{"prompt":"p"}"#).kind,
+            ApiKind::Completions
+        );
+        assert_eq!(
+            routable("/x?y=1", r#"{"messages":[{"role":"user","content":"c"}]}"#).kind,
+            ApiKind::Chat
+        );
+        assert_eq!(
+            routable(
+                "/v1/chat/completions?a=b",
+                r#"{"messages":[{"role":"u","content":"c"}]}"#
+            )
+            .kind,
+            ApiKind::Chat
+        );
+    }
+
+    #[test]
+    fn the_endpoint_is_what_the_path_names() {
+        let chat = r#"{"messages":[{"role":"user","content":"c"}]}"#;
+        assert_eq!(
+            parse("/v1/chat/completions?a=b", chat.as_bytes()).endpoint(),
+            Some(ApiKind::Chat)
+        );
+        let r = routable("/other", chat);
+        assert_eq!(
+            (r.kind, r.endpoint),
+            (ApiKind::Chat, None),
+            "shape, not path"
+        );
+        assert_eq!(parse("/generate", b"").endpoint(), Some(ApiKind::Generate));
+        assert_eq!(
+            parse("/v1/completions", b"[").endpoint(),
+            Some(ApiKind::Completions)
+        );
+        assert_eq!(parse("/v1/completions", br#"{"model":"m"}"#).model(), "m");
+    }
+
+    #[test]
+    fn multibyte_text_is_kept_whole() {
+        let r = routable("/v1/completions", r#"{"prompt":"日本語 café 🦀"}"#);
+        assert_eq!(r.text, "日本語 café 🦀");
+    }
+
+    #[test]
+    fn unreadable_bodies_say_why_and_keep_the_model() {
+        assert_eq!(reason("/v1/chat/completions", b""), Unreadable::EmptyBody);
+        assert_eq!(
+            reason("/v1/chat/completions", b"  \n"),
+            Unreadable::EmptyBody
+        );
+        assert_eq!(
+            reason("/v1/chat/completions", b"{not json"),
+            Unreadable::NotJson
+        );
+        assert_eq!(
+            reason("/v1/chat/completions", b"[1,2]"),
+            Unreadable::NotJson
+        );
+        assert_eq!(
+            reason("/v1/chat/completions", &[0xff, 0xfe]),
+            Unreadable::NotJson
+        );
+        assert_eq!(
+            parse("/v1/chat/completions", br#"{"model":"m","messages":"hi"}"#),
+            Parsed::Unroutable {
+                reason: Unreadable::NoRoutingText,
+                model: "m".into(),
+                endpoint: Some(ApiKind::Chat),
+            }
+        );
+        assert_eq!(
+            reason("/v1/chat/completions", br#"{"messages":[]}"#),
+            Unreadable::NoRoutingText
+        );
+        assert_eq!(
+            reason("/v1/completions", br#"{"prompt":7}"#),
+            Unreadable::NoRoutingText
+        );
+        assert_eq!(
+            reason("/v1/completions", br#"{"prompt":[]}"#),
+            Unreadable::NoRoutingText
+        );
+        assert_eq!(
+            reason("/v1/completions", br#"{"model":5,"prompt":{}}"#),
+            Unreadable::NoRoutingText
+        );
+    }
+
+    #[test]
+    fn stream_flag_only_when_true() {
+        assert!(!routable("/v1/completions", r#"{"prompt":"p","stream":"yes"}"#).stream);
+        assert!(!routable("/v1/completions", r#"{"prompt":"p"}"#).stream);
+    }
+}
