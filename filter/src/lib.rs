@@ -4,7 +4,8 @@
 //! It is layered, each module importing only from the layers below it:
 //!
 //! 1. `config` (the plugin configuration, overload settings included);
-//! 2. `rng`, `tree`, `decision`, `parse`, `load`, `metric_names`, `header_names`;
+//! 2. `rng`, `tree`, `decision`, `parse`, `load`, `metric_names`, `header_names`,
+//!    `models` (the `/v1/models` listing);
 //! 3. `overload` (the flag machine), `pd` (the bootstrap rewrite), `push` (the
 //!    collector's snapshot);
 //! 4. `shared`: the tables in proxy-wasm shared data and their one key space;
@@ -28,6 +29,7 @@ pub mod decision;
 pub mod header_names;
 pub mod load;
 pub mod metric_names;
+pub mod models;
 pub mod overload;
 pub mod parse;
 pub mod pd;

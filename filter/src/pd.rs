@@ -81,6 +81,8 @@ pub fn batch_size(kind: Option<ApiKind>, body: &Map<String, Value>) -> Option<us
         Some(ApiKind::Chat) => chat(),
         Some(ApiKind::Completions) => completions(),
         Some(ApiKind::Generate) => generate(),
+        Some(ApiKind::Embeddings) => prompts(body.get("input")),
+        Some(ApiKind::Responses) => None,
         None if body.contains_key("messages") => chat(),
         None => completions().or_else(generate),
     }

@@ -17,6 +17,7 @@ use crate::decision::Decision;
 use crate::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
 };
+use crate::models;
 use crate::parse::{parse, Parsed};
 use crate::plan::{plan, Refusal};
 use crate::shared::truncate_text;
@@ -270,6 +271,17 @@ impl HttpContext for Stream {
             Start::Accepting => {
                 self.push = true;
                 return Action::Pause;
+            }
+        }
+        // The model listing is the router's own: the union of the workers' models.
+        if models::is_list_request(&request_header(":method"), &self.path) {
+            let listing = self
+                .state
+                .borrow()
+                .as_ref()
+                .and_then(|s| models::list_body(s.router.config()));
+            if let Some(body) = listing {
+                return reply::json(200, "models_listed", &body);
             }
         }
         if end_of_stream {

@@ -475,3 +475,153 @@ impl<'de> Deserialize<'de> for PromptText {
         d.deserialize_any(PromptVisitor)
     }
 }
+
+/// `input` (embeddings, `/v1/responses`) read both ways at once, since it is one pass:
+/// as a prompt (a string, or a batch's first element) and, when it is an array, as
+/// chat message items (`role: text\n` each; items that are not objects add nothing).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct InputText {
+    pub prompt: Option<String>,
+    pub items: Option<String>,
+}
+
+struct InputVisitor;
+
+impl<'de> Visitor<'de> for InputVisitor {
+    type Value = InputText;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<InputText, E> {
+        Ok(InputText {
+            prompt: Some(v.to_string()),
+            items: None,
+        })
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputText, A::Error> {
+        // The first element decides the prompt reading; messages read every element.
+        let mut prompt: Option<String> = None;
+        let mut items = String::new();
+        let mut any = false;
+        let mut ids: Option<String> = None;
+        while let Some(item) = seq.next_element::<InputItem>()? {
+            if !any {
+                match &item {
+                    InputItem::Str(s) => prompt = Some(s.clone()),
+                    InputItem::Ids(t) => prompt = Some(t.clone()),
+                    InputItem::Number(leaf) => {
+                        let mut out = String::new();
+                        push_id(&mut out, leaf);
+                        ids = Some(out);
+                    }
+                    _ => {}
+                }
+            } else if let (Some(out), InputItem::Number(leaf)) = (ids.as_mut(), &item) {
+                push_id(out, leaf);
+            }
+            any = true;
+            if let InputItem::Message(role, content) = item {
+                items.push_str(&role);
+                items.push_str(": ");
+                items.push_str(&content);
+                items.push('\n');
+            }
+        }
+        Ok(InputText {
+            prompt: prompt.or(ids),
+            items: (any && !items.is_empty()).then_some(items),
+        })
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<InputText, A::Error> {
+        drain_map(map)?;
+        Ok(InputText::none())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<InputText, E> {
+        Ok(InputText::none())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<InputText, E> {
+        Ok(InputText::none())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<InputText, E> {
+        Ok(InputText::none())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<InputText, E> {
+        Ok(InputText::none())
+    }
+    fn visit_unit<E>(self) -> Result<InputText, E> {
+        Ok(InputText::none())
+    }
+}
+
+impl InputText {
+    fn none() -> InputText {
+        InputText {
+            prompt: None,
+            items: None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for InputText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<InputText, D::Error> {
+        d.deserialize_any(InputVisitor)
+    }
+}
+
+/// One element of an `input` array.
+enum InputItem {
+    Str(String),
+    Number(Leaf),
+    /// A nested array: token ids.
+    Ids(String),
+    /// An object: a message item's role and content text.
+    Message(String, String),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for InputItem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<InputItem, D::Error> {
+        struct ItemVisitor;
+        impl<'de> Visitor<'de> for ItemVisitor {
+            type Value = InputItem;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<InputItem, E> {
+                Ok(InputItem::Str(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<InputItem, E> {
+                Ok(InputItem::Number(Leaf::U64(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<InputItem, E> {
+                Ok(InputItem::Number(
+                    u64::try_from(v).map_or(Leaf::OtherNumber, Leaf::U64),
+                ))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<InputItem, E> {
+                Ok(InputItem::Number(Leaf::OtherNumber))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputItem, A::Error> {
+                let mut out = String::new();
+                while let Some(leaf) = seq.next_element::<Leaf>()? {
+                    push_id(&mut out, &leaf);
+                }
+                Ok(InputItem::Ids(out))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<InputItem, A::Error> {
+                Ok(match MessageVisitor.visit_map(map)? {
+                    Message(Some((role, content))) => InputItem::Message(role, content),
+                    Message(None) => InputItem::Other,
+                })
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<InputItem, E> {
+                Ok(InputItem::Other)
+            }
+            fn visit_unit<E>(self) -> Result<InputItem, E> {
+                Ok(InputItem::Other)
+            }
+        }
+        d.deserialize_any(ItemVisitor)
+    }
+}

@@ -5,7 +5,9 @@
 //! engine's prompt grows: for chat, every message in order as `role: text\n` (content
 //! arrays contribute their text parts, joined by newlines; images and other parts
 //! are skipped); for completions, the prompt (a batch routes by its first element);
-//! for `/generate`, `text` the same way. A body we cannot read is never dropped: it
+//! for `/generate`, `text` the same way; for embeddings, `input` the same way; for
+//! `/v1/responses`, `instructions` as a system message then `input` (a string, or
+//! message items read as chat messages). A body we cannot read is never dropped: it
 //! is routed by load, and the outcome says why.
 //!
 //! `Parsed` keeps the API the path names (`endpoint`), so later stages (PD's body
@@ -13,7 +15,7 @@
 
 mod fields;
 
-use fields::{ChatText, Leaf, PromptText};
+use fields::{ChatText, InputText, Leaf, PromptText};
 use serde::Deserialize;
 
 /// Which API shape the body was read as.
@@ -22,6 +24,8 @@ pub enum ApiKind {
     Chat,
     Completions,
     Generate,
+    Embeddings,
+    Responses,
 }
 
 /// A body that could be routed by its text.
@@ -103,6 +107,10 @@ struct Body {
     prompt: Option<PromptText>,
     #[serde(default)]
     text: Option<PromptText>,
+    #[serde(default)]
+    input: Option<InputText>,
+    #[serde(default)]
+    instructions: Option<Leaf>,
 }
 
 /// The API a path names, by its suffix (query string ignored).
@@ -114,6 +122,10 @@ pub fn endpoint_of(path: &str) -> Option<ApiKind> {
         Some(ApiKind::Completions)
     } else if path.ends_with("/generate") {
         Some(ApiKind::Generate)
+    } else if path.ends_with("/embeddings") {
+        Some(ApiKind::Embeddings)
+    } else if path.ends_with("/responses") {
+        Some(ApiKind::Responses)
     } else {
         None
     }
@@ -149,11 +161,22 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
         b.prompt.and_then(|p| p.0),
         b.text.and_then(|t| t.0),
     );
+    let mut input = b.input.map(|i| (i.prompt, i.items));
+    let instructions = b.instructions.and_then(Leaf::into_string);
     let mut attempt = |kind: ApiKind| -> Option<String> {
         match kind {
             ApiKind::Chat => chat.take(),
             ApiKind::Completions => prompt.take(),
             ApiKind::Generate => text.take(),
+            ApiKind::Embeddings => input.take()?.0,
+            ApiKind::Responses => {
+                let (as_prompt, items) = input.take()?;
+                let body = items.or_else(|| as_prompt.map(|p| format!("user: {p}\n")))?;
+                Some(match &instructions {
+                    Some(i) => format!("system: {i}\n{body}"),
+                    None => body,
+                })
+            }
         }
     };
     let order: &[ApiKind] = match endpoint {
@@ -304,6 +327,7 @@ mod tests {
                     ApiKind::Chat => chat_text(b.messages.as_ref()?),
                     ApiKind::Completions => prompt_text(b.prompt.as_ref()?),
                     ApiKind::Generate => prompt_text(b.text.as_ref()?),
+                    ApiKind::Embeddings | ApiKind::Responses => None,
                 }
             };
             let order: &[ApiKind] = match endpoint {
@@ -545,6 +569,46 @@ mod tests {
         assert_eq!(ids.text, "1 2 3 ");
         let id_batch = routable("/v1/completions", r#"{"prompt":[[4,5],[6]]}"#);
         assert_eq!(id_batch.text, "4 5 ");
+    }
+
+    #[test]
+    fn embeddings_route_by_input_and_responses_by_instructions_and_items() {
+        let e = routable(
+            "/v1/embeddings",
+            r#"{"model":"e","input":["first doc","second"]}"#,
+        );
+        assert_eq!(
+            (e.kind, e.text.as_str()),
+            (ApiKind::Embeddings, "first doc")
+        );
+        let ids = routable("/v1/embeddings", r#"{"input":[[5,6],[7]]}"#);
+        assert_eq!(ids.text, "5 6 ");
+        let r = routable(
+            "/v1/responses",
+            r#"{"model":"m","instructions":"be brief","input":[
+                {"role":"user","content":[{"type":"input_text","text":"hi"}]},
+                {"type":"message","role":"assistant","content":"hello"},
+                {"role":"user","content":"more"}]}"#,
+        );
+        assert_eq!(r.kind, ApiKind::Responses);
+        assert_eq!(
+            r.text, "system: be brief\nuser: hi\nassistant: hello\nuser: more\n",
+            "items read as chat messages, instructions first"
+        );
+        let s = routable("/v1/responses", r#"{"input":"just a question"}"#);
+        assert_eq!(s.text, "user: just a question\n");
+        let later = routable(
+            "/v1/responses",
+            r#"{"instructions":"be brief","input":[{"role":"user","content":"hi"},{"role":"assistant","content":"a"},{"role":"user","content":"q2"}]}"#,
+        );
+        assert!(
+            later.text.starts_with("system: be brief\nuser: hi\n"),
+            "turns extend the prefix"
+        );
+        assert_eq!(
+            reason("/v1/embeddings", br#"{"input":7}"#),
+            Unreadable::NoRoutingText
+        );
     }
 
     #[test]
