@@ -56,6 +56,10 @@ pub struct Args {
         requires = "envoy_admin"
     )]
     pub pool_cluster: Vec<String>,
+    /// Scheme for scraping engines found through --envoy-admin (Envoy's clusters
+    /// give only ip:port).
+    #[arg(long, default_value = "http", value_parser = ["http", "https"], requires = "envoy_admin")]
+    pub engine_scheme: String,
     /// Scrape and push once, print the snapshot JSON to stdout, and exit: 0 when every
     /// push URL accepted it, 1 otherwise.
     #[arg(long)]
@@ -91,6 +95,8 @@ pub enum Membership {
         admin_url: String,
         cluster_prefix: String,
         pool_clusters: Vec<String>,
+        /// `http` or `https`, for the engines' `/metrics`.
+        engine_scheme: String,
     },
 }
 
@@ -149,6 +155,7 @@ impl Args {
                     admin_url: admin.trim_end_matches('/').to_string(),
                     cluster_prefix: self.cluster_prefix.clone(),
                     pool_clusters: self.pool_cluster.clone(),
+                    engine_scheme: self.engine_scheme.clone(),
                 }
             }
             (None, false) => {
@@ -373,6 +380,7 @@ mod tests {
                 admin_url: "http://127.0.0.1:9901".into(),
                 cluster_prefix: "engine_".into(),
                 pool_clusters: vec!["pool".into()],
+                engine_scheme: "http".into(),
             }
         );
     }

@@ -161,6 +161,7 @@ impl Collector {
             admin_url,
             cluster_prefix,
             pool_clusters,
+            engine_scheme,
         } = &self.cfg.membership
         else {
             return Ok(());
@@ -172,6 +173,14 @@ impl Collector {
             .map_err(anyhow::Error::msg)
             .and_then(|body| {
                 membership::parse_envoy_clusters(body.as_bytes(), cluster_prefix, pool_clusters)
+            })
+            .map(|(mut workers, warnings)| {
+                if engine_scheme != "http" {
+                    for w in &mut workers {
+                        w.metrics_url = format!("{engine_scheme}://{}/metrics", w.address);
+                    }
+                }
+                (workers, warnings)
             });
         match result {
             Ok((workers, warnings)) => {

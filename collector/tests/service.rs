@@ -38,6 +38,8 @@ struct State {
     bodies: Vec<Value>,
     /// Accept connections but never answer (a hung Envoy).
     hang: bool,
+    /// Served on `GET /clusters` (standing in for Envoy's admin).
+    clusters_json: String,
 }
 
 #[derive(Clone)]
@@ -57,6 +59,7 @@ impl Server {
             push_status: 200,
             bodies: Vec::new(),
             hang: false,
+            clusters_json: "{}".into(),
         }));
         let st = state.clone();
         let is_tls = tls.is_some();
@@ -124,6 +127,10 @@ async fn handle(st: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Byte
     }
     if req.method() == hyper::Method::GET && req.uri().path() == "/metrics" {
         return Response::new(Full::new(Bytes::from_static(VLLM_METRICS.as_bytes())));
+    }
+    if req.method() == hyper::Method::GET && req.uri().path() == "/clusters" {
+        let body = st.lock().unwrap().clusters_json.clone();
+        return Response::new(Full::new(Bytes::from(body)));
     }
     let auth_ok = req
         .headers()
@@ -589,5 +596,37 @@ async fn https_scrape_and_push_trusting_a_private_ca() {
         "{printed}"
     );
     assert_eq!(recv.bodies().len(), 1, "nothing delivered untrusted");
+
+    // Engines named by Envoy's admin (plain http here) are scraped over https with
+    // --engine-scheme https.
+    let admin = Server::start(None).await;
+    admin.state.lock().unwrap().clusters_json = format!(
+        r#"{{"cluster_statuses":[{{"name":"engine_w0","host_statuses":[{{"address":{{"socket_address":{{"address":"127.0.0.1","port_value":{}}}}}}}]}}]}}"#,
+        engine.addr.port()
+    );
+    let args: Vec<String> = [
+        "--once",
+        "--envoy-admin",
+        &admin.base(),
+        "--engine-scheme",
+        "https",
+        "--push-url",
+        &recv.push_url(),
+        "--ca-file",
+        &ca_file.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = collector(&args).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["workers"][0]["reachable"], true, "{printed}");
+    assert_eq!(printed["workers"][0]["name"], "w0", "{printed}");
     std::fs::remove_file(&ca_file).ok();
 }
