@@ -120,19 +120,22 @@ pub struct Config {
 impl Args {
     /// Checks the flags together (token present, URLs parse, engines well formed).
     pub fn into_config(self) -> anyhow::Result<Config> {
-        let token = match (&self.token, &self.token_file) {
-            (Some(t), _) => t.trim().to_string(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .with_context(|| format!("reading --token-file {}", path.display()))?
-                .trim()
-                .to_string(),
+        let (token, source) = match (&self.token, &self.token_file) {
+            (Some(t), _) => (t.trim().to_string(), "--token".to_string()),
+            (None, Some(path)) => (
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("--token-file {}: cannot read it", path.display()))?
+                    .trim()
+                    .to_string(),
+                format!("--token-file {}", path.display()),
+            ),
             (None, None) => bail!("one of --token or --token-file is required"),
         };
         if token.is_empty() {
-            bail!("the bearer token is empty");
+            bail!("{source}: the bearer token is empty (surrounding whitespace is ignored)");
         }
         if hyper::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
-            bail!("the bearer token contains characters not allowed in an HTTP header");
+            bail!("{source}: the bearer token contains characters not allowed in an HTTP header");
         }
         if self.push_url.is_empty() {
             bail!("--push-url is required (repeat it to push to several Envoys)");
