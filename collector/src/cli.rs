@@ -40,7 +40,7 @@ pub struct Args {
     /// Per-request timeout for scrapes, admin reads and pushes, in milliseconds.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u64).range(1..))]
     pub scrape_timeout_ms: u64,
-    /// A static engine, NAME=http://host:port (repeatable).
+    /// A static engine, NAME=http://host:port or NAME=https://... (repeatable).
     #[arg(long = "engine", value_name = "NAME=URL")]
     pub engine: Vec<String>,
     /// Envoy admin base URL; engines are read from its /clusters?format=json.
