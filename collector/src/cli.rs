@@ -6,6 +6,9 @@
 use crate::membership::{self, Worker};
 use anyhow::{bail, Context as _};
 use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Smallest accepted `--interval-ms`: below it scraping would cost the engines more
@@ -18,9 +21,10 @@ pub const MIN_INTERVAL_MS: u64 = 50;
 #[command(group = clap::ArgGroup::new("auth").required(true).args(["token", "token_file"]))]
 #[command(group = clap::ArgGroup::new("engines").required(true).args(["engine", "envoy_admin"]))]
 pub struct Args {
-    /// The filter's stats endpoint, e.g. http://127.0.0.1:10000/llm-router/stats.
-    #[arg(long)]
-    pub push_url: String,
+    /// The filter's stats endpoint, e.g. http://127.0.0.1:10001/llm-router/stats
+    /// (repeatable: every snapshot goes to every URL, concurrently; http or https).
+    #[arg(long = "push-url", value_name = "URL", required = true)]
+    pub push_url: Vec<String>,
     /// Bearer token the filter expects (prefer --token-file: flags show up in `ps`).
     #[arg(long)]
     pub token: Option<String>,
@@ -36,7 +40,7 @@ pub struct Args {
     /// Per-request timeout for scrapes, admin reads and pushes, in milliseconds.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u64).range(1..))]
     pub scrape_timeout_ms: u64,
-    /// A static engine, NAME=http://host:port (repeatable).
+    /// A static engine, NAME=http://host:port or NAME=https://... (repeatable).
     #[arg(long = "engine", value_name = "NAME=URL")]
     pub engine: Vec<String>,
     /// Envoy admin base URL; engines are read from its /clusters?format=json.
@@ -52,9 +56,33 @@ pub struct Args {
         requires = "envoy_admin"
     )]
     pub pool_cluster: Vec<String>,
-    /// Scrape and push once, print the snapshot JSON to stdout, and exit.
+    /// Scheme for scraping engines found through --envoy-admin (Envoy's clusters
+    /// give only ip:port).
+    #[arg(long, default_value = "http", value_parser = ["http", "https"], requires = "envoy_admin")]
+    pub engine_scheme: String,
+    /// Scrape and push once, print the snapshot JSON to stdout, and exit: 0 when every
+    /// push URL accepted it, 1 otherwise.
     #[arg(long)]
     pub once: bool,
+    /// Serve GET /healthz and GET /metrics (Prometheus text) on this address, e.g.
+    /// 127.0.0.1:9102 (off by default; port 0 picks a free port, logged at start).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// /healthz answers 503 once every push URL has been failing (or has never been
+    /// accepted) for this many intervals.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub unhealthy_after_intervals: u32,
+    /// PEM file of extra CA certificates trusted for https scrapes and pushes (a
+    /// private CA), on top of the system's and Mozilla's roots.
+    #[arg(long, value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
+    /// Log line format on stderr.
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
+    /// Log filter in RUST_LOG syntax (e.g. `debug`, `llm_collector=debug,info`);
+    /// default: the RUST_LOG environment variable, else `info`.
+    #[arg(long, value_name = "FILTER")]
+    pub log_filter: Option<String>,
 }
 
 /// Where the engine list comes from.
@@ -67,50 +95,70 @@ pub enum Membership {
         admin_url: String,
         cluster_prefix: String,
         pool_clusters: Vec<String>,
+        /// `http` or `https`, for the engines' `/metrics`.
+        engine_scheme: String,
     },
 }
 
 /// Validated settings for the run loop.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub push_url: String,
+    /// At least one, no duplicates.
+    pub push_urls: Vec<String>,
     pub token: String,
     pub interval: Duration,
     pub window: Duration,
     pub timeout: Duration,
     pub membership: Membership,
     pub once: bool,
+    pub listen: Option<SocketAddr>,
+    pub unhealthy_after_intervals: u32,
+    /// Roots for https: system, Mozilla and `--ca-file`.
+    pub tls: Arc<rustls::ClientConfig>,
 }
 
 impl Args {
     /// Checks the flags together (token present, URLs parse, engines well formed).
     pub fn into_config(self) -> anyhow::Result<Config> {
-        let token = match (&self.token, &self.token_file) {
-            (Some(t), _) => t.trim().to_string(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .with_context(|| format!("reading --token-file {}", path.display()))?
-                .trim()
-                .to_string(),
+        let (token, source) = match (&self.token, &self.token_file) {
+            (Some(t), _) => (t.trim().to_string(), "--token".to_string()),
+            (None, Some(path)) => (
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("--token-file {}: cannot read it", path.display()))?
+                    .trim()
+                    .to_string(),
+                format!("--token-file {}", path.display()),
+            ),
             (None, None) => bail!("one of --token or --token-file is required"),
         };
         if token.is_empty() {
-            bail!("the bearer token is empty");
+            bail!("{source}: the bearer token is empty (surrounding whitespace is ignored)");
         }
         if hyper::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
-            bail!("the bearer token contains characters not allowed in an HTTP header");
+            bail!("{source}: the bearer token contains characters not allowed in an HTTP header");
         }
-        check_http_url("--push-url", &self.push_url)?;
+        if self.push_url.is_empty() {
+            bail!("--push-url is required (repeat it to push to several Envoys)");
+        }
+        for (i, url) in self.push_url.iter().enumerate() {
+            check_url("--push-url", url)?;
+            if self.push_url[..i].contains(url) {
+                bail!("--push-url {url}: given twice (each URL gets every snapshot once)");
+            }
+        }
+        let tls = crate::scrape::tls_config(self.ca_file.as_deref())?;
         if self.envoy_admin.is_none() && !self.pool_cluster.is_empty() {
             bail!("--pool-cluster needs --envoy-admin");
         }
         let membership = match (&self.envoy_admin, self.engine.is_empty()) {
             (Some(_), false) => bail!("use either --engine or --envoy-admin, not both"),
             (Some(admin), true) => {
-                check_http_url("--envoy-admin", admin)?;
+                check_url("--envoy-admin", admin)?;
                 Membership::Envoy {
                     admin_url: admin.trim_end_matches('/').to_string(),
                     cluster_prefix: self.cluster_prefix.clone(),
                     pool_clusters: self.pool_cluster.clone(),
+                    engine_scheme: self.engine_scheme.clone(),
                 }
             }
             (None, false) => {
@@ -128,27 +176,49 @@ impl Args {
             (None, true) => bail!("give engines with --engine NAME=URL or --envoy-admin URL"),
         };
         Ok(Config {
-            push_url: self.push_url,
+            push_urls: self.push_url,
             token,
             interval: Duration::from_millis(self.interval_ms),
             window: Duration::from_secs(self.window_s),
             timeout: Duration::from_millis(self.scrape_timeout_ms),
             membership,
             once: self.once,
+            listen: self.listen,
+            unhealthy_after_intervals: self.unhealthy_after_intervals,
+            tls,
         })
     }
 }
 
-/// The client speaks plain HTTP/1 only (engines, Envoy's admin and the filter's
-/// listener are local), so anything else is refused at start.
-fn check_http_url(flag: &str, url: &str) -> anyhow::Result<()> {
+/// The client speaks HTTP/1 over TCP or TLS, so anything else is refused at start.
+fn check_url(flag: &str, url: &str) -> anyhow::Result<()> {
     let uri: hyper::Uri = url
         .parse()
         .with_context(|| format!("{flag} {url}: not a URL"))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-        bail!("{flag} {url}: must be an http://host:port URL");
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        bail!("{flag} {url}: must be an http:// or https:// URL with a host");
     }
     Ok(())
+}
+
+/// Whether `url` names this machine (a bearer token sent there in clear text stays on
+/// the host); anything else over plain http deserves a warning.
+pub fn is_loopback_http(url: &str) -> bool {
+    let Ok(uri) = url.parse::<hyper::Uri>() else {
+        return false;
+    };
+    if uri.scheme_str() != Some("http") {
+        return true;
+    }
+    let host = uri
+        .host()
+        .unwrap_or("")
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -169,6 +239,9 @@ mod tests {
         assert_eq!(c.interval, Duration::from_millis(1000));
         assert_eq!(c.window, Duration::from_secs(30));
         assert_eq!(c.timeout, Duration::from_millis(800));
+        assert_eq!(c.push_urls, vec!["http://127.0.0.1:1/llm-router/stats"]);
+        assert_eq!(c.listen, None);
+        assert_eq!(c.unhealthy_after_intervals, 10);
         let Membership::Static(w) = c.membership else {
             panic!()
         };
@@ -221,13 +294,30 @@ mod tests {
         );
         assert!(e(&[
             "--push-url",
-            "https://x/y",
+            "ftp://x/y",
             "--token",
             "t",
             "--engine",
             "w0=http://h:1"
         ])
-        .contains("http://"));
+        .contains("--push-url ftp://x/y: must be an http:// or https://"));
+        assert!(
+            e(&[PUSH, PUSH, "--token", "t", "--engine", "w0=http://h:1"]).contains("given twice")
+        );
+        assert!(e(&[
+            PUSH,
+            "--token",
+            "t",
+            "--engine",
+            "w0=http://h:1",
+            "--ca-file",
+            "/nonexistent/ca.pem"
+        ])
+        .contains("--ca-file /nonexistent/ca.pem"));
+        assert!(
+            parse(&["--token", "t", "--engine", "w0=http://h:1"]).is_err(),
+            "a push URL is required"
+        );
         assert!(
             parse(&[
                 PUSH,
@@ -241,6 +331,33 @@ mod tests {
             .is_err(),
             "pool needs admin"
         );
+    }
+
+    #[test]
+    fn several_push_urls_https_and_listen() {
+        let c = parse(&[
+            PUSH,
+            "--push-url",
+            "https://envoy-1.example:10001/llm-router/stats",
+            "--token",
+            "t",
+            "--engine",
+            "w0=https://127.0.0.1:8001",
+            "--listen",
+            "127.0.0.1:9102",
+        ])
+        .unwrap();
+        assert_eq!(c.push_urls.len(), 2);
+        assert_eq!(c.listen, Some("127.0.0.1:9102".parse().unwrap()));
+        let Membership::Static(w) = c.membership else {
+            panic!()
+        };
+        assert_eq!(w[0].metrics_url, "https://127.0.0.1:8001/metrics");
+        assert!(is_loopback_http("http://127.0.0.1:1/x"));
+        assert!(is_loopback_http("http://localhost:1/x"));
+        assert!(is_loopback_http("http://[::1]:1/x"));
+        assert!(is_loopback_http("https://envoy:1/x"));
+        assert!(!is_loopback_http("http://envoy:1/x"));
     }
 
     #[test]
@@ -259,12 +376,14 @@ mod tests {
         .unwrap();
         std::fs::remove_file(&dir).ok();
         assert_eq!(c.token, "s3cret");
+        assert_eq!(c.push_urls.len(), 1);
         assert_eq!(
             c.membership,
             Membership::Envoy {
                 admin_url: "http://127.0.0.1:9901".into(),
                 cluster_prefix: "engine_".into(),
                 pool_clusters: vec!["pool".into()],
+                engine_scheme: "http".into(),
             }
         );
     }

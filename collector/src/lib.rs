@@ -12,23 +12,18 @@
 //! or Envoy's admin API), [`scrape`] (HTTP GET with a timeout), [`metrics`] (what we
 //! read from the Prometheus text), [`histogram`] (windowed quantiles, pure),
 //! [`backoff`] (retry schedule, pure), [`snapshot`] (the pushed JSON), [`push`] (the
-//! POST to the filter) and [`run`] (the loop tying them together).
+//! POST to each filter, one [`push::Target`] per `--push-url`), [`telemetry`] (its
+//! own `/healthz` and `/metrics`), [`logging`] (structured logs) and [`run`] (the
+//! loop tying them together).
 
 pub mod backoff;
 pub mod cli;
 pub mod histogram;
+pub mod logging;
 pub mod membership;
 pub mod metrics;
 pub mod push;
 pub mod run;
 pub mod scrape;
 pub mod snapshot;
-
-/// Writes one log line to stderr. stdout is reserved for `--once`'s snapshot, so
-/// scripts can pipe it to `jq` without filtering log lines.
-#[macro_export]
-macro_rules! log {
-    ($($arg:tt)*) => {
-        eprintln!("llm-collector: {}", format_args!($($arg)*))
-    };
-}
+pub mod telemetry;

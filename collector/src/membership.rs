@@ -28,7 +28,8 @@ pub struct Worker {
     pub naming: Naming,
 }
 
-/// Parses `NAME=http://host:port` (a trailing `/metrics` path is allowed).
+/// Parses `NAME=http://host:port` or `NAME=https://...` (a path other than `/` is
+/// the metrics path; default `/metrics`).
 pub fn parse_static(spec: &str) -> anyhow::Result<Worker> {
     let Some((name, url)) = spec.split_once('=') else {
         bail!("expected NAME=http://host:port");
@@ -38,9 +39,10 @@ pub fn parse_static(spec: &str) -> anyhow::Result<Worker> {
         bail!("empty worker name");
     }
     let uri: hyper::Uri = url.trim().parse().context("not a URL")?;
-    if uri.scheme_str() != Some("http") {
-        bail!("only http:// engine URLs are supported");
-    }
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "https")) => s,
+        _ => bail!("the engine URL must start with http:// or https://"),
+    };
     let Some(authority) = uri.authority() else {
         bail!("the URL has no host:port");
     };
@@ -49,7 +51,7 @@ pub fn parse_static(spec: &str) -> anyhow::Result<Worker> {
     Ok(Worker {
         name: name.to_string(),
         address: authority.as_str().to_string(),
-        metrics_url: format!("http://{authority}{path}"),
+        metrics_url: format!("{scheme}://{authority}{path}"),
         naming: Naming::Named,
     })
 }
@@ -184,7 +186,9 @@ mod tests {
         assert_eq!(w.metrics_url, "http://localhost:9/custom/metrics");
         assert!(parse_static("http://127.0.0.1:1").is_err());
         assert!(parse_static("=http://127.0.0.1:1").is_err());
-        assert!(parse_static("w=https://127.0.0.1:1").is_err());
+        let w = parse_static("w=https://engine.example:443").unwrap();
+        assert_eq!(w.metrics_url, "https://engine.example:443/metrics");
+        assert!(parse_static("w=ftp://127.0.0.1:1").is_err());
         assert!(parse_static("w=127.0.0.1:1").is_err());
     }
 

@@ -1,6 +1,11 @@
 //! The loop: every interval, refresh membership when due, scrape every engine that
 //! is not backing off (concurrently, so one slow engine costs one timeout, not N),
-//! update the latency windows, build one snapshot and push it.
+//! update the latency windows, build one snapshot and hand it to every push URL.
+//!
+//! Each push URL has its own task, fed the latest snapshot through a `watch`
+//! channel: the loop never waits for a push, a slow or dead Envoy costs only its own
+//! task (which skips the snapshots built while it was busy or backing off, so seq
+//! numbers it receives may have gaps), and the others get every snapshot.
 //!
 //! Failures are expected and never fatal here: engines restart, Envoy restarts, the
 //! admin API may be briefly unavailable. Each is logged when its state changes, not
@@ -9,19 +14,29 @@
 use crate::backoff::Backoff;
 use crate::cli::{Config, Membership};
 use crate::histogram::Window;
-use crate::log;
 use crate::membership::{self, Worker};
 use crate::metrics::{self, EngineMetrics};
-use crate::push::{self, PushOutcome};
-use crate::scrape::{self, HttpClient};
+use crate::push::{PushOutcome, PushShared, Target};
+use crate::scrape;
 use crate::snapshot::{Snapshot, WorkerReport, COLLECTOR_NAME};
+use crate::telemetry::{EngineLabel, Telemetry};
+use bytes::Bytes;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 /// Membership from Envoy's admin API is re-read every this many intervals: often
 /// enough to follow scaling, rarely enough not to load the admin endpoint.
 pub const MEMBERSHIP_EVERY: u64 = 10;
+
+/// /healthz calls the loop stalled when no tick finished for this long: a tick is
+/// at most a membership read, a scrape round and (in `--once`) a push round, each
+/// bounded by the timeout, and the next one starts an interval after the last.
+pub fn stall_after(interval: Duration, timeout: Duration) -> Duration {
+    interval * 3 + timeout * 4
+}
 
 /// Per-engine state kept across intervals.
 struct EngineState {
@@ -35,23 +50,13 @@ struct EngineState {
     up: Option<bool>,
 }
 
-/// Push state for change-only logging.
-#[derive(Debug, Clone, PartialEq)]
-enum PushLog {
-    Accepted,
-    Refused(u16, String),
-    Down,
-}
-
 pub struct Collector {
     cfg: Config,
-    client: HttpClient,
+    shared: Arc<PushShared>,
     workers: Vec<Worker>,
     engines: HashMap<String, EngineState>,
     seq: u64,
     ticks: u64,
-    push_backoff: Backoff,
-    push_log: Option<PushLog>,
     /// Whether the last admin read worked (`None`: not tried yet).
     admin_ok: Option<bool>,
     admin_warnings: Vec<String>,
@@ -63,20 +68,43 @@ impl Collector {
             Membership::Static(w) => w.clone(),
             Membership::Envoy { .. } => Vec::new(),
         };
+        let telemetry = Arc::new(Telemetry::new(
+            &cfg.push_urls,
+            stall_after(cfg.interval, cfg.timeout),
+            cfg.interval * cfg.unhealthy_after_intervals,
+        ));
+        let shared = Arc::new(PushShared {
+            client: scrape::client(&cfg.tls),
+            token: cfg.token.clone(),
+            timeout: cfg.timeout,
+            telemetry,
+        });
         let mut c = Collector {
-            client: scrape::client(),
+            shared,
             workers: Vec::new(),
             engines: HashMap::new(),
             seq: 0,
             ticks: 0,
-            push_backoff: Backoff::new(cfg.interval),
-            push_log: None,
             admin_ok: None,
             admin_warnings: Vec::new(),
             cfg,
         };
         c.set_workers(workers);
         c
+    }
+
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.shared.telemetry
+    }
+
+    /// One push target per `--push-url`.
+    fn targets(&self) -> Vec<Target> {
+        self.cfg
+            .push_urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| Target::new(i, url.clone(), self.cfg.interval))
+            .collect()
     }
 
     /// Installs a new worker list, keeping the state of workers that stayed (same
@@ -94,13 +122,19 @@ impl Collector {
         let added: Vec<&String> = new.iter().filter(|n| !old.contains(n)).collect();
         let removed: Vec<&String> = old.iter().filter(|o| !new.contains(o)).collect();
         if !added.is_empty() || !removed.is_empty() {
-            log!(
-                "workers: {} (added {:?}, removed {:?})",
-                workers.len(),
-                added,
-                removed
+            tracing::info!(
+                workers = workers.len(),
+                ?added,
+                ?removed,
+                "worker list changed"
             );
         }
+        for w in &self.workers {
+            if !workers.iter().any(|n| n.name == w.name) {
+                self.shared.telemetry.forget_engine(&w.name);
+            }
+        }
+        self.shared.telemetry.engines.set(workers.len() as i64);
         let mut engines = HashMap::new();
         for w in &workers {
             let state = match self.engines.remove(&w.name) {
@@ -127,26 +161,36 @@ impl Collector {
             admin_url,
             cluster_prefix,
             pool_clusters,
+            engine_scheme,
         } = &self.cfg.membership
         else {
             return Ok(());
         };
         let url = format!("{admin_url}/clusters?format=json");
-        let result = scrape::get_text(&self.client, &url, self.cfg.timeout)
+        self.shared.telemetry.membership_refreshes.inc();
+        let result = scrape::get_text(&self.shared.client, &url, self.cfg.timeout)
             .await
             .map_err(anyhow::Error::msg)
             .and_then(|body| {
                 membership::parse_envoy_clusters(body.as_bytes(), cluster_prefix, pool_clusters)
+            })
+            .map(|(mut workers, warnings)| {
+                if engine_scheme != "http" {
+                    for w in &mut workers {
+                        w.metrics_url = format!("{engine_scheme}://{}/metrics", w.address);
+                    }
+                }
+                (workers, warnings)
             });
         match result {
             Ok((workers, warnings)) => {
                 if self.admin_ok != Some(true) {
-                    log!("envoy admin {admin_url}: reading clusters");
+                    tracing::info!(admin = admin_url.as_str(), "envoy admin: reading clusters");
                 }
                 self.admin_ok = Some(true);
                 if warnings != self.admin_warnings {
                     for w in &warnings {
-                        log!("envoy admin: {w}");
+                        tracing::warn!(admin = admin_url.as_str(), "envoy admin: {w}");
                     }
                     self.admin_warnings = warnings;
                 }
@@ -154,8 +198,13 @@ impl Collector {
                 Ok(())
             }
             Err(e) => {
+                self.shared.telemetry.membership_failures.inc();
                 if self.admin_ok != Some(false) {
-                    log!("envoy admin {url}: {e:#}; keeping the last worker list");
+                    tracing::warn!(
+                        url = url.as_str(),
+                        error = format!("{e:#}"),
+                        "envoy admin unreadable; keeping the last worker list"
+                    );
                 }
                 self.admin_ok = Some(false);
                 Err(e)
@@ -172,7 +221,14 @@ impl Collector {
                 .get(&w.name)
                 .is_none_or(|s| s.backoff.ready(now));
             if due {
-                let client = self.client.clone();
+                self.shared
+                    .telemetry
+                    .scrapes
+                    .get_or_create(&EngineLabel {
+                        engine: w.name.clone(),
+                    })
+                    .inc();
+                let client = self.shared.client.clone();
                 let url = w.metrics_url.clone();
                 let timeout = self.cfg.timeout;
                 tasks.spawn(async move {
@@ -201,11 +257,11 @@ impl Collector {
                 Some(Ok(m)) => {
                     state.backoff.succeeded();
                     if state.up != Some(true) {
-                        log!(
-                            "engine {} ({}) up: {}",
-                            w.name,
-                            w.address,
-                            m.engine.as_str()
+                        tracing::info!(
+                            worker = w.name.as_str(),
+                            address = w.address.as_str(),
+                            engine = m.engine.as_str(),
+                            "engine up"
                         );
                     }
                     state.up = Some(true);
@@ -220,13 +276,21 @@ impl Collector {
                     WorkerReport::reachable(w, &m, state.ttft.p90(), state.tpot.p90())
                 }
                 Some(Err(e)) => {
+                    self.shared
+                        .telemetry
+                        .scrape_failures
+                        .get_or_create(&EngineLabel {
+                            engine: w.name.clone(),
+                        })
+                        .inc();
                     let wait = state.backoff.failed(now);
                     if state.up != Some(false) {
-                        log!(
-                            "engine {} ({}) down: {e}; retrying with backoff (next in {} ms)",
-                            w.name,
-                            w.address,
-                            wait.as_millis()
+                        tracing::warn!(
+                            worker = w.name.as_str(),
+                            address = w.address.as_str(),
+                            error = e.as_str(),
+                            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                            "engine down; retrying with backoff"
                         );
                     }
                     state.up = Some(false);
@@ -246,54 +310,9 @@ impl Collector {
         reports
     }
 
-    /// Pushes and logs the outcome when it differs from the last one.
-    async fn push(&mut self, snapshot: &Snapshot, now: Instant) -> PushOutcome {
-        let body = snapshot.to_json().to_string().into_bytes();
-        let outcome = push::push(
-            &self.client,
-            &self.cfg.push_url,
-            &self.cfg.token,
-            body,
-            self.cfg.timeout,
-        )
-        .await;
-        let state = match &outcome {
-            PushOutcome::Accepted => {
-                self.push_backoff.succeeded();
-                PushLog::Accepted
-            }
-            PushOutcome::Refused { status, reason } => {
-                // The filter is up and answering: retrying sooner or later changes
-                // nothing until an operator fixes the config, so no backoff.
-                self.push_backoff.succeeded();
-                PushLog::Refused(*status, reason.clone())
-            }
-            PushOutcome::Failed(_) => {
-                self.push_backoff.failed(now);
-                PushLog::Down
-            }
-        };
-        if self.push_log.as_ref() != Some(&state) {
-            match &outcome {
-                PushOutcome::Accepted => log!("push to {}: accepted", self.cfg.push_url),
-                PushOutcome::Refused { status, reason } => {
-                    log!(
-                        "push to {} refused: HTTP {status}: {reason}",
-                        self.cfg.push_url
-                    )
-                }
-                PushOutcome::Failed(e) => log!(
-                    "push to {} failed: {e}; backing off pushes (scraping continues)",
-                    self.cfg.push_url
-                ),
-            }
-        }
-        self.push_log = Some(state);
-        outcome
-    }
-
-    /// One interval's work. `force_push` ignores the push backoff (`--once`).
-    pub async fn tick(&mut self, force_push: bool) -> (Snapshot, Option<PushOutcome>) {
+    /// One interval's work: the snapshot, and whether it may be pushed (not before
+    /// Envoy has named the workers: an empty push would wipe the filter's table).
+    pub async fn tick(&mut self) -> (Snapshot, bool) {
         let due = self.ticks.is_multiple_of(MEMBERSHIP_EVERY) || self.admin_ok != Some(true);
         if due {
             // Errors are logged inside; the last list stays in use.
@@ -302,6 +321,10 @@ impl Collector {
         self.ticks += 1;
         let now = Instant::now();
         let workers = self.scrape_all(now).await;
+        self.shared
+            .telemetry
+            .engines_reachable
+            .set(workers.iter().filter(|w| w.is_reachable()).count() as i64);
         self.seq += 1;
         let snapshot = Snapshot {
             collector: COLLECTOR_NAME,
@@ -309,34 +332,75 @@ impl Collector {
             interval_ms: u64::try_from(self.cfg.interval.as_millis()).unwrap_or(u64::MAX),
             workers,
         };
-        // Until Envoy has named the workers, an (empty) push would wipe the filter's
-        // table; nothing is better than that.
         let have_workers = match self.cfg.membership {
             Membership::Static(_) => true,
             Membership::Envoy { .. } => self.admin_ok == Some(true) || !self.workers.is_empty(),
         };
-        let outcome = if have_workers && (force_push || self.push_backoff.ready(Instant::now())) {
-            Some(self.push(&snapshot, Instant::now()).await)
-        } else {
-            None
+        (snapshot, have_workers)
+    }
+}
+
+/// Pushes each snapshot the loop publishes to one URL, skipping while backing off.
+async fn push_task(
+    mut target: Target,
+    shared: Arc<PushShared>,
+    mut rx: watch::Receiver<Option<Bytes>>,
+) {
+    while rx.changed().await.is_ok() {
+        let Some(body) = rx.borrow_and_update().clone() else {
+            continue;
         };
-        (snapshot, outcome)
+        if target.ready(Instant::now()) {
+            target.push(&shared, body).await;
+        }
+    }
+}
+
+/// Binds `--listen` and serves /healthz and /metrics.
+async fn listen(addr: std::net::SocketAddr, telemetry: Arc<Telemetry>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--listen {addr}: cannot bind: {e}"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(addr = %local, "serving /healthz and /metrics");
+    crate::telemetry::serve(listener, telemetry);
+    Ok(())
+}
+
+fn warn_cleartext_tokens(cfg: &Config) {
+    for url in &cfg.push_urls {
+        if !crate::cli::is_loopback_http(url) {
+            tracing::warn!(
+                url = url.as_str(),
+                "the bearer token is sent in clear text over http to a non-loopback host; use https"
+            );
+        }
     }
 }
 
 /// Runs until SIGINT/SIGTERM.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let period = cfg.interval;
-    log!(
-        "pushing to {} every {} ms ({})",
-        cfg.push_url,
-        period.as_millis(),
-        match &cfg.membership {
-            Membership::Static(w) => format!("{} static engines", w.len()),
-            Membership::Envoy { admin_url, .. } => format!("engines from {admin_url}"),
-        }
+    tracing::info!(
+        push_urls = ?cfg.push_urls,
+        interval_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX),
+        engines = %match &cfg.membership {
+            Membership::Static(w) => format!("{} static", w.len()),
+            Membership::Envoy { admin_url, .. } => format!("from {admin_url}"),
+        },
+        "collector starting"
     );
+    warn_cleartext_tokens(&cfg);
     let mut collector = Collector::new(cfg);
+    if let Some(addr) = collector.cfg.listen {
+        listen(addr, collector.telemetry().clone()).await?;
+    }
+    let (tx, rx) = watch::channel::<Option<Bytes>>(None);
+    let mut pushers = JoinSet::new();
+    for target in collector.targets() {
+        pushers.spawn(push_task(target, collector.shared.clone(), rx.clone()));
+    }
+    drop(rx);
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = shutdown_signal();
@@ -344,28 +408,75 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = &mut shutdown => {
-                log!("shutting down");
+                tracing::info!("shutting down");
                 return Ok(());
             }
             _ = ticker.tick() => {
-                collector.tick(false).await;
+                let (snapshot, pushable) = collector.tick().await;
+                if pushable {
+                    tx.send_replace(Some(Bytes::from(snapshot.to_json().to_string())));
+                }
+                collector.telemetry().tick_finished(Instant::now());
             }
         }
     }
 }
 
-/// One scrape and push. Fails only when no worker list could be had at all.
-pub async fn run_once(cfg: Config) -> anyhow::Result<Snapshot> {
+/// What `--once` did: the snapshot, and each push URL's outcome (none when there
+/// was nothing to push).
+pub struct OnceResult {
+    pub snapshot: Snapshot,
+    pub pushes: Vec<(String, PushOutcome)>,
+}
+
+impl OnceResult {
+    /// The push URLs that did not accept the snapshot, with why.
+    pub fn failures(&self) -> Vec<String> {
+        self.pushes
+            .iter()
+            .filter_map(|(url, o)| match o {
+                PushOutcome::Accepted => None,
+                PushOutcome::Refused { status, reason } => {
+                    Some(format!("{url}: refused: HTTP {status}: {reason}"))
+                }
+                PushOutcome::Failed(e) => Some(format!("{url}: {e}")),
+            })
+            .collect()
+    }
+}
+
+/// One scrape and one push to every URL, concurrently. Fails when no worker list
+/// could be had at all; push failures are in the result (see [`OnceResult::failures`]).
+pub async fn run_once(cfg: Config) -> anyhow::Result<OnceResult> {
+    warn_cleartext_tokens(&cfg);
     let mut collector = Collector::new(cfg);
     if matches!(collector.cfg.membership, Membership::Envoy { .. }) {
         collector.refresh_membership().await?;
         // Just read: the tick below need not read it again.
         collector.ticks = 1;
     }
-    let (snapshot, _) = collector.tick(true).await;
-    Ok(snapshot)
+    let (snapshot, pushable) = collector.tick().await;
+    let mut pushes = Vec::new();
+    if pushable {
+        let body = Bytes::from(snapshot.to_json().to_string());
+        let mut set = JoinSet::new();
+        for mut target in collector.targets() {
+            let shared = collector.shared.clone();
+            let body = body.clone();
+            set.spawn(async move {
+                let outcome = target.push(&shared, body).await;
+                (target.index, target.url, outcome)
+            });
+        }
+        let mut done = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            done.push(joined?);
+        }
+        done.sort_by_key(|(i, _, _)| *i);
+        pushes = done.into_iter().map(|(_, u, o)| (u, o)).collect();
+    }
+    Ok(OnceResult { snapshot, pushes })
 }
-
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
