@@ -38,6 +38,7 @@ pub mod router;
 pub mod shared;
 pub mod target;
 pub mod tree;
+pub mod work_hold;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;
