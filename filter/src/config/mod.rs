@@ -66,6 +66,9 @@ pub const DEFAULT_PREFILL_US_PER_CHAR: f64 = 5.0;
 /// `predicted_ttft`'s time one request ahead occupies the engine after its first
 /// byte, before any observation.
 pub const DEFAULT_SERVICE_MS: f64 = 20.0;
+/// `predicted_ttft`: a holder of the request's longest match keeps it while its
+/// predicted TTFT is at most this many times the best worker's.
+pub const DEFAULT_STAY_FACTOR: f64 = 2.0;
 
 /// How long the prefill copy of a PD request may take before the client gets a 504.
 /// SGLang's decode side waits this long for KV before giving up.
@@ -218,6 +221,10 @@ pub struct Config {
     /// `predicted_ttft`: per-request service time after first byte until learned.
     #[serde(default)]
     pub service_ms: Option<f64>,
+    /// `predicted_ttft`: how much slower the cache's holder may be predicted and
+    /// still keep the request.
+    #[serde(default)]
+    pub stay_factor: Option<f64>,
     #[serde(default = "default_stale_after")]
     pub stale_after_ms: u64,
     /// Bearer token of the stats push endpoint; unset disables the endpoint.
@@ -317,6 +324,7 @@ impl Config {
                 ("load_factor", self.load_factor.is_some()),
                 ("prefill_us_per_char", self.prefill_us_per_char.is_some()),
                 ("service_ms", self.service_ms.is_some()),
+                ("stay_factor", self.stay_factor.is_some()),
             ] {
                 if set {
                     return Err(err(
@@ -370,6 +378,7 @@ impl Config {
                 .prefill_us_per_char
                 .unwrap_or(DEFAULT_PREFILL_US_PER_CHAR),
             service_ms: self.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
+            stay_factor: self.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
         }
     }
 
@@ -479,6 +488,11 @@ impl Config {
         if let Some(m) = self.service_ms {
             if !(m.is_finite() && m >= 0.0) {
                 return Err(err("service_ms", "must be a finite number >= 0"));
+            }
+        }
+        if let Some(f) = self.stay_factor {
+            if !(f.is_finite() && f >= 1.0) {
+                return Err(err("stay_factor", "must be a finite number >= 1"));
             }
         }
         if self.stale_after_ms == 0 {

@@ -29,7 +29,13 @@
 //!    it at or below `ceil((1 + load_factor) * mean) + 1`, where `mean` is the
 //!    candidates' in-flight requests including this one. Some worker is always at or
 //!    below the mean, so some worker is always eligible.
-//! 2. **Least predicted TTFT** among the eligible; near-ties (within 2% of the
+//! 2. **Stay with the cache** (Preble's exploit rule, bounded by the queue): an
+//!    eligible holder of the request's longest match, whose cached part is longer
+//!    than its missing tail, keeps the request while its prediction is at most
+//!    `stay_factor` times the best one (the least predicted such holder). Moving a
+//!    conversation costs its whole history once more, and the prediction of the
+//!    queue is an estimate: small predicted gains do not pay for that.
+//! 3. **Least predicted TTFT** among the eligible; near-ties (within 2% of the
 //!    minimum) are broken at random, so an idle fleet spreads.
 //!
 //! Reasons (labels): `ttft_cache` (the winner holds this request's longest match
@@ -56,6 +62,9 @@ pub const LEARN_WEIGHT: f64 = 0.2;
 /// Fewer prefill chars than this say little about the per-char cost (fixed
 /// overheads dominate), so they do not teach it.
 pub const MIN_LEARN_CHARS: u64 = 256;
+/// The filter's clock counts milliseconds: a first byte in the same millisecond took
+/// about half of one, not nothing (a zero cost would make a worker look free).
+pub const MIN_TTFB_US: f64 = 500.0;
 
 /// The policy's settings (`Config::ttft_params`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,6 +74,9 @@ pub struct TtftParams {
     pub prefill_us_per_char: f64,
     /// Service time per request ahead before a worker's is learned.
     pub service_ms: f64,
+    /// A holder of the longest match stays while its prediction is at most this
+    /// many times the best.
+    pub stay_factor: f64,
 }
 
 /// A worker's learned costs (either may be unknown yet).
@@ -167,8 +179,23 @@ pub fn predicted_ttft(
     if tied.is_empty() {
         return None;
     }
-    let (winner, ttft) = **tied.get(rng.below(tied.len()))?;
     let longest = candidates.iter().map(|c| c.cached_chars).max().unwrap_or(0);
+    // Stay: an eligible holder of the longest match whose cached part outweighs its
+    // missing tail keeps the request while its prediction is within `stay_factor`
+    // of the best (Preble's exploit rule, bounded by the queue).
+    let stay = scored
+        .iter()
+        .filter(|(c, _)| {
+            longest > 0
+                && c.cached_chars == longest
+                && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.worker.cmp(&b.0.worker)))
+        .filter(|(_, t)| *t <= min * params.stay_factor + tol);
+    let (winner, ttft) = match stay {
+        Some(pick) => *pick,
+        None => **tied.get(rng.below(tied.len()))?,
+    };
     let reason = if longest == 0 {
         Reason::TtftCold
     } else if winner.cached_chars == longest {
@@ -210,7 +237,7 @@ pub fn learn_prefill(prev: Option<f64>, ttfb_us: f64, work_chars: u64) -> Option
     if work_chars < MIN_LEARN_CHARS || !ttfb_us.is_finite() || ttfb_us < 0.0 {
         return None;
     }
-    Some(average(prev, ttfb_us / work_chars as f64))
+    Some(average(prev, ttfb_us.max(MIN_TTFB_US) / work_chars as f64))
 }
 
 /// Learns the service time from one observed span between first byte and stream
@@ -232,6 +259,7 @@ mod tests {
         load_factor: 0.25,
         prefill_us_per_char: 5.0,
         service_ms: 20.0,
+        stay_factor: 1.0,
     };
 
     fn cand(worker: TenantId, inflight: u64, cached: u64) -> TtftCandidate {
@@ -398,6 +426,65 @@ mod tests {
     }
 
     #[test]
+    fn a_long_match_stays_within_the_stay_factor_and_moves_beyond_it() {
+        let p = TtftParams {
+            stay_factor: 2.0,
+            ..P
+        };
+        // w0 holds the conversation (3900 of 4000): 5 us * (3000 ahead + 100)
+        // = 15.5 ms; w1 holds the shared prompt (3000): 5 us * 1000 = 5 ms.
+        let mut owner = cand(0, 1, 3900);
+        owner.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 3000,
+        };
+        let others = [cand(1, 0, 3000), cand(2, 0, 0)];
+        let pick = |o: TtftCandidate, p: &TtftParams| {
+            let mut all = vec![o];
+            all.extend(others);
+            predicted_ttft(p, 4000, &all, &mut SplitMix64(5)).unwrap()
+        };
+        let d = pick(owner, &P);
+        assert_eq!(
+            (d.worker, d.reason),
+            (1, Reason::TtftSpread),
+            "3.1x with factor 1: moves"
+        );
+        owner.work.ahead_chars = 1900; // 10 ms: 2x the best, stays
+        let d = pick(owner, &p);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        owner.work.ahead_chars = 2100; // 11 ms: beyond 2x (and the 2% tie), moves
+        let d = pick(owner, &p);
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+    }
+
+    #[test]
+    fn a_short_match_gets_no_stay() {
+        // w0 holds 1000 of 4000 chars: its missing tail is longer than its match, so
+        // it competes on prediction alone.
+        let p = TtftParams {
+            stay_factor: 100.0,
+            ..P
+        };
+        let mut holder = cand(0, 1, 1000);
+        holder.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 2000,
+        };
+        // w0: 5 * (2000 + 3000) = 25 ms; w1: 5 * 4000 = 20 ms.
+        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+        // Exactly half is not longer than the tail either.
+        holder.cached_chars = 2000;
+        holder.work.ahead_chars = 3000; // 25 ms again
+        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        assert_eq!(d.worker, 1);
+        holder.cached_chars = 2001; // now it stays, 100x slack
+        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+    }
+
+    #[test]
     fn no_candidate_no_decision() {
         assert!(predicted_ttft(&P, 10, &[], &mut SplitMix64(1)).is_none());
     }
@@ -405,10 +492,11 @@ mod tests {
     #[test]
     fn learning_is_a_moving_average_with_guards() {
         assert_eq!(learn_prefill(None, 4000.0, 1000), Some(4.0), "first sample");
+        assert_eq!(learn_prefill(Some(5.0), 5000.0, 1000), Some(5.0));
         assert_eq!(
             learn_prefill(Some(5.0), 0.0, 1000),
-            Some(4.0),
-            "5 + 0.2 * (0 - 5)"
+            Some(4.1),
+            "0 ms counts as 0.5 ms: 5 + 0.2 * (0.5 - 5)"
         );
         assert_eq!(learn_prefill(Some(5.0), 1e6, MIN_LEARN_CHARS - 1), None);
         assert_eq!(learn_prefill(Some(5.0), f64::NAN, 1000), None);
