@@ -183,18 +183,29 @@ pub fn predicted_ttft(
     // Stay: an eligible holder of the longest match whose cached part outweighs its
     // missing tail keeps the request while its prediction is within `stay_factor`
     // of the best (Preble's exploit rule, bounded by the queue).
-    let stay = scored
+    // Several holders (a prefix already replicated): the least predicted, near-ties
+    // at random, so new conversations of a hot prefix spread over its holders.
+    let holders: Vec<&(&TtftCandidate, f64)> = scored
         .iter()
-        .filter(|(c, _)| {
+        .filter(|(c, t)| {
             longest > 0
                 && c.cached_chars == longest
                 && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
+                && *t <= min * params.stay_factor + tol
         })
-        .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.worker.cmp(&b.0.worker)))
-        .filter(|(_, t)| *t <= min * params.stay_factor + tol);
-    let (winner, ttft) = match stay {
-        Some(pick) => *pick,
-        None => **tied.get(rng.below(tied.len()))?,
+        .collect();
+    let best_holder = holders
+        .iter()
+        .map(|(_, t)| *t)
+        .fold(f64::INFINITY, f64::min);
+    let stay: Vec<&(&TtftCandidate, f64)> = holders
+        .into_iter()
+        .filter(|(_, t)| *t <= best_holder + best_holder * NEAR_TIE_SHARE)
+        .collect();
+    let (winner, ttft) = if stay.is_empty() {
+        **tied.get(rng.below(tied.len()))?
+    } else {
+        **stay.get(rng.below(stay.len()))?
     };
     let reason = if longest == 0 {
         Reason::TtftCold
