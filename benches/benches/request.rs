@@ -4,8 +4,10 @@
 //! conversation (a hit every time), on 64 conversations in turn (hits spread over the
 //! fleet), `cache_aware` on 4 VMs (Envoy worker threads) taking requests in turn, so
 //! each request first applies the 3 tree operations the other threads recorded since
-//! its last one (the cross-thread sync under churn), and `round_robin` for comparison
-//! (no tree, no operations to share).
+//! its last one (the cross-thread sync under churn), `predicted_ttft` beside
+//! `cache_aware` (a per-tenant match, the work and cost tables read at the decision
+//! and written at the decision, the first byte and the end), and `round_robin` for
+//! comparison (no tree, no operations to share).
 //!
 //! Needs the filter's wasm: `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`.
 
@@ -127,6 +129,30 @@ fn bench_request(c: &mut Criterion) {
         h.metric("wasmcustom.llm_router_sync_applied") > Some(0),
         "the VMs applied each other's operations"
     );
+
+    let mut h = host(&filter, "predicted_ttft");
+    group.bench_function("predicted_ttft/one_conversation", |b| {
+        b.iter(|| one_request(&mut h, &bodies[0]))
+    });
+    assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
+
+    let mut h = host(&filter, "predicted_ttft");
+    let mut i = 0;
+    group.bench_function("predicted_ttft/64_conversations", |b| {
+        b.iter(|| {
+            i += 1;
+            one_request(&mut h, &bodies[i % bodies.len()])
+        })
+    });
+
+    let mut h = host_with_vms(&filter, "predicted_ttft", 4);
+    let mut i = 0;
+    group.bench_function("predicted_ttft/64_conversations_4_vms_in_turn", |b| {
+        b.iter(|| {
+            i += 1;
+            request_on(&mut h, i % 4, &bodies[i % bodies.len()])
+        })
+    });
 
     let mut h = host(&filter, "round_robin");
     group.bench_function("round_robin/one_conversation", |b| {

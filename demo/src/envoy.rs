@@ -28,6 +28,10 @@ pub enum Target {
     Cluster,
     /// One cluster with the `override_host` policy.
     Endpoint,
+    /// No router: Envoy's own `RING_HASH` load balancer over one cluster of every
+    /// engine, hashing the load tool's session header (what an Envoy user would
+    /// configure instead of this filter). The filter only answers the collector.
+    RingHash,
 }
 
 impl Target {
@@ -35,6 +39,7 @@ impl Target {
         match self {
             Target::Cluster => "cluster",
             Target::Endpoint => "endpoint",
+            Target::RingHash => "ring_hash",
         }
     }
 }
@@ -70,8 +75,13 @@ use llm_router::metric_names as names;
 pub fn plugin_config(spec: &EnvoySpec) -> Value {
     let mut cfg = spec.plugin_config.clone();
     if let Value::Object(map) = &mut cfg {
+        let target = match spec.target {
+            // The filter only serves the collector's pushes there.
+            Target::RingHash => Target::Cluster,
+            t => t,
+        };
         map.entry("target")
-            .or_insert_with(|| json!(spec.target.as_str()));
+            .or_insert_with(|| json!(target.as_str()));
         map.entry("workers").or_insert_with(|| {
             spec.upstreams
                 .iter()
@@ -145,7 +155,12 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     let router_filter = json!({"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
     }});
-    let listener = |name: &str, route: Value| {
+    let listener = |name: &str, route: Value, with_filter: bool| {
+        let filters = if with_filter {
+            vec![wasm_filter.clone(), router_filter.clone()]
+        } else {
+            vec![router_filter.clone()]
+        };
         json!({
             "name": name,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
@@ -157,7 +172,7 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
                     "route_config": {"name": name, "virtual_hosts": [{
                         "name": name, "domains": ["*"], "routes": [route]
                     }]},
-                    "http_filters": [wasm_filter.clone(), router_filter.clone()]
+                    "http_filters": filters
                 }
             }]}]
         })
@@ -186,16 +201,29 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
             }}]});
             (json!({"cluster": "engines", "timeout": "0s"}), vec![c])
         }
+        Target::RingHash => {
+            let addrs: Vec<SocketAddr> = spec.upstreams.iter().map(|u| u.addr).collect();
+            let mut c = static_cluster("engines", &addrs);
+            c["lb_policy"] = json!("RING_HASH");
+            (
+                json!({"cluster": "engines", "timeout": "0s", "hash_policy": [
+                    {"header": {"header_name": llm_load::client::SESSION_HEADER}}
+                ]}),
+                vec![c],
+            )
+        }
     };
     let llm = listener(
         "llm",
         json!({"match": {"prefix": "/"}, "route": route,
                "request_body_buffer_limit": REQUEST_BODY_LIMIT_BYTES}),
+        spec.target != Target::RingHash,
     );
     // The filter answers pushes itself; anything else here is not found.
     let stats = listener(
         "llm_stats",
         json!({"match": {"prefix": "/"}, "direct_response": {"status": 404}}),
+        true,
     );
     Ok(json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},

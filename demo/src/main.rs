@@ -44,11 +44,12 @@ struct Args {
     workers: usize,
     #[command(flatten)]
     pd: PdArgs,
-    /// Routing policy: cache_aware, round_robin, random, power_of_two.
+    /// Routing policy: cache_aware, predicted_ttft, round_robin, random, power_of_two.
     #[arg(long, default_value = "cache_aware")]
     policy: String,
     /// The comparison run on a fresh fleet: a policy name, `no_gate` (this run's
-    /// config without `worker_queue_limit`/`saturation_queue_floor`), or `none`.
+    /// config without `worker_queue_limit`/`saturation_queue_floor`), `ring_hash`
+    /// (no filter in the request path: Envoy's `RING_HASH` on `x-session-id`), or `none`.
     /// Default: `no_gate` when the filter config sets the gate, else `round_robin`.
     #[arg(long)]
     baseline: Option<String>,
@@ -219,6 +220,10 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     load_workload(&path)
 }
 
+/// The baseline that is no policy of the filter: Envoy's `RING_HASH` on the load
+/// tool's session header.
+const RING_HASH: &str = "ring_hash";
+
 fn run_policy(
     args: &Args,
     policy: &str,
@@ -232,9 +237,18 @@ fn run_policy(
         policy.to_string()
     };
     let target = match args.target.as_str() {
+        // Envoy's own session hashing, the filter out of the request path.
+        _ if policy == RING_HASH => Target::RingHash,
         "cluster" => Target::Cluster,
         "endpoint" => Target::Endpoint,
         other => bail!("--target must be cluster or endpoint, got {other}"),
+    };
+    // With `ring_hash` the filter only takes the collector's pushes: any valid
+    // config does, so it keeps the main run's.
+    let filter_policy = match (policy, args.policy.as_str()) {
+        (RING_HASH, RING_HASH) => "cache_aware",
+        (RING_HASH, main) => main,
+        (p, _) => p,
     };
     let spec = FleetSpec {
         workers: args.workers,
@@ -247,7 +261,7 @@ fn run_policy(
         .chain(args.engine_args.iter().cloned())
         .collect(),
         target,
-        plugin_config: plugin_config(args, policy, no_gate)?,
+        plugin_config: plugin_config(args, filter_policy, no_gate)?,
         envoy_concurrency: args.envoy_concurrency,
         dir: Some(args.dir.join(&label)),
         collector_interval_ms: Some(args.collector_interval_ms),

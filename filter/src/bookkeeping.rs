@@ -47,6 +47,7 @@ mod tests {
             reason,
             matched_chars: 0,
             gate: GateAudit::default(),
+            predicted: None,
         }
     }
 

@@ -108,7 +108,7 @@ mod tests {
                 reports: vec![sample(2, 50), sample(9, 0)],
             },
             now_ms: 100,
-            overloaded: vec![],
+            ..Loads::default()
         };
         let s = screen(&cfg(), Pool::Regular, "m", &loads);
         assert_eq!(

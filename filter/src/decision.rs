@@ -27,11 +27,22 @@ pub enum Reason {
     RoundRobin,
     Random,
     PowerOfTwo,
+    /// `predicted_ttft`: the lowest predicted TTFT is on a worker holding this
+    /// request's longest cached prefix (stayed with the cache).
+    TtftCache,
+    /// `predicted_ttft`: a worker holding the longest prefix was eligible, but
+    /// another was predicted faster (moved: the queue outweighed the cache).
+    TtftSpread,
+    /// `predicted_ttft`: every holder of the longest prefix was above the
+    /// bounded-load cap.
+    TtftCapped,
+    /// `predicted_ttft`: no worker holds any of the text: the least predicted work.
+    TtftCold,
 }
 
 impl Reason {
     /// Every reason, for per-reason counters.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 15] = [
         Reason::CacheHit,
         Reason::CacheMiss,
         Reason::Imbalanced,
@@ -43,6 +54,10 @@ impl Reason {
         Reason::RoundRobin,
         Reason::Random,
         Reason::PowerOfTwo,
+        Reason::TtftCache,
+        Reason::TtftSpread,
+        Reason::TtftCapped,
+        Reason::TtftCold,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +73,10 @@ impl Reason {
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
             Reason::PowerOfTwo => "power_of_two",
+            Reason::TtftCache => "ttft_cache",
+            Reason::TtftSpread => "ttft_spread",
+            Reason::TtftCapped => "ttft_capped",
+            Reason::TtftCold => "ttft_cold",
         }
     }
 
@@ -66,7 +85,7 @@ impl Reason {
     /// that is all overloaded is saturated too.
     pub fn label(self) -> Label {
         match self {
-            Reason::CacheHit => Label::CacheHit,
+            Reason::CacheHit | Reason::TtftCache => Label::CacheHit,
             Reason::CacheWorkerQueued => Label::CacheWorkerQueued,
             Reason::AllQueued | Reason::SaturationPin | Reason::AllOverloaded => Label::AllQueued,
             Reason::CacheMiss
@@ -74,7 +93,10 @@ impl Reason {
             | Reason::Unreadable
             | Reason::RoundRobin
             | Reason::Random
-            | Reason::PowerOfTwo => Label::CacheMiss,
+            | Reason::PowerOfTwo
+            | Reason::TtftSpread
+            | Reason::TtftCapped
+            | Reason::TtftCold => Label::CacheMiss,
         }
     }
 }
@@ -124,6 +146,20 @@ pub struct Decision {
     /// `cache_worker_queued`, the prefix the diversion abandoned.
     pub matched_chars: usize,
     pub gate: GateAudit,
+    /// `predicted_ttft` only: what the model predicted on the chosen worker.
+    pub predicted: Option<Prediction>,
+}
+
+/// The chosen worker's predicted time to first token and the uncached prefill
+/// this request adds there (the work the router books until its first byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Prediction {
+    /// Predicted time to first token, in microseconds.
+    pub ttft_us: u64,
+    /// Chars of the routing text the worker does not hold.
+    pub uncached_chars: u64,
+    /// Uncached prefill chars already outstanding there when it was chosen.
+    pub ahead_chars: u64,
 }
 
 impl Decision {

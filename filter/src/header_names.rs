@@ -7,6 +7,9 @@ pub const WORKER_HEADER: &str = "x-llm-router-worker";
 pub const DECISION_HEADER: &str = "x-llm-router-decision";
 /// Why the worker was chosen, or why the filter answered itself.
 pub const REASON_HEADER: &str = "x-llm-router-reason";
+/// `predicted_ttft`: the predicted time to first token on the chosen worker, in ms
+/// (in PD, on the prefill worker).
+pub const PREDICTED_TTFT_HEADER: &str = "x-llm-router-predicted-ttft-ms";
 /// PD: the prefill worker of the pair (`x-llm-router-worker` names the decode one).
 pub const PREFILL_WORKER_HEADER: &str = "x-llm-router-prefill-worker";
 /// PD: why the decode worker was chosen (`x-llm-router-reason` is the prefill's).

@@ -41,6 +41,7 @@ pub mod router;
 pub mod shared;
 pub mod target;
 pub mod tree;
+pub mod work_hold;
 pub mod worker_stats;
 
 #[cfg(target_arch = "wasm32")]

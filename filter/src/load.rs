@@ -6,6 +6,8 @@
 //! Samples are stamped with the filter's clock when they arrive (the collector's
 //! clock may differ) and are fresh while younger than `stale_after_ms`.
 
+use crate::policy::{WorkerCosts, WorkerWork};
+
 /// One engine's load as last reported.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineSample {
@@ -54,6 +56,13 @@ pub struct Loads {
     pub now_ms: u64,
     /// Overload flags by worker index (missing: not flagged).
     pub overloaded: Vec<bool>,
+    /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
+    pub work: Vec<WorkerWork>,
+    /// `predicted_ttft` only: learned costs by worker index.
+    pub costs: Vec<WorkerCosts>,
+    /// `predicted_ttft` only: this Envoy's in-flight counts when the last sample
+    /// arrived, by worker index.
+    pub own_at_sample: Vec<u64>,
 }
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ pub const PD_PREFILL_FAILURES: &str = "llm_router_pd_prefill_failures";
 /// Requests whose prefix owners were all filtered out as overloaded: logical cache
 /// hits that became physical misses.
 pub const OVERLOAD_OWNER_FILTERED: &str = "llm_router_overload_owner_filtered";
+/// Histogram: `predicted_ttft`'s prediction for the chosen worker, in ms.
+pub const PREDICTED_TTFT_MS: &str = "llm_router_predicted_ttft_ms";
 /// Overload flips, counted on the prober lease holder only (once per Envoy).
 pub const OVERLOAD_ENTERED: &str = "llm_router_overload_entered";
 pub const OVERLOAD_RECOVERED: &str = "llm_router_overload_recovered";
@@ -152,7 +154,11 @@ mod tests {
                 | Reason::AllOverloaded
                 | Reason::RoundRobin
                 | Reason::Random
-                | Reason::PowerOfTwo => Reason::ALL.contains(&r),
+                | Reason::PowerOfTwo
+                | Reason::TtftCache
+                | Reason::TtftSpread
+                | Reason::TtftCapped
+                | Reason::TtftCold => Reason::ALL.contains(&r),
             };
             assert!(listed);
         }

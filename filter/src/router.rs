@@ -24,10 +24,39 @@ use crate::config::{Config, Policy, Pool};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::parse::Parsed;
-use crate::policy::{self, CacheAwareParams, Candidate};
+use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Op};
 use crate::tree::{TenantId, Tree};
+
+/// What `predicted_ttft` knows of one candidate: the router's own work there, the
+/// engine's load beyond this Envoy's (fresh samples only), its share of the
+/// request's prefix and its learned costs.
+fn ttft_candidate(
+    c: &Candidate,
+    loads: &Loads,
+    held: &[(TenantId, usize)],
+    stale_after_ms: u64,
+) -> TtftCandidate {
+    let i = c.worker as usize;
+    let others = loads
+        .engine
+        .fresh(i, loads.now_ms, stale_after_ms)
+        .map_or(0, |s| {
+            let own = loads.own_at_sample.get(i).copied().unwrap_or(0);
+            policy::others_load(s.num_waiting.saturating_add(s.num_running), own)
+        });
+    TtftCandidate {
+        work: loads.work.get(i).copied().unwrap_or_default(),
+        others,
+        cached_chars: held
+            .iter()
+            .find(|(t, _)| *t == c.worker)
+            .map_or(0, |(_, n)| *n as u64),
+        costs: loads.costs.get(i).copied().unwrap_or_default(),
+        ..TtftCandidate::of(c)
+    }
+}
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,7 +249,21 @@ impl Router {
                     rng,
                 )
             }
-            (Policy::CacheAware, None) => policy::unreadable(&candidates, rng),
+            (Policy::PredictedTtft, Some(text)) => {
+                let tree = self.trees.get(&(pool, model.to_string()));
+                let held = tree
+                    .map(|t| t.tree.tenant_matches(text))
+                    .unwrap_or_default();
+                let ttft: Vec<TtftCandidate> = candidates
+                    .iter()
+                    .map(|c| ttft_candidate(c, loads, &held, self.cfg.stale_after_ms))
+                    .collect();
+                let input = text.chars().count() as u64;
+                policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng)
+            }
+            (Policy::CacheAware | Policy::PredictedTtft, None) => {
+                policy::unreadable(&candidates, rng)
+            }
             (Policy::RoundRobin, _) => {
                 let mut spare = 0;
                 let counter = self
@@ -242,7 +285,7 @@ impl Router {
             && decision.reason == Reason::CacheMiss
             && text.is_some_and(|t| self.owners_filtered(pool, model, t, &candidates, &flagged));
         let record = match (policy, text) {
-            (Policy::CacheAware, Some(text)) => Some(Op::Insert {
+            (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Op::Insert {
                 pool,
                 model: model.to_string(),
                 worker: self

@@ -280,6 +280,38 @@ impl Tree {
         }
     }
 
+    /// How many chars of `text` each tenant holds as a prefix (its own match
+    /// depth, not only the deepest owner's), sorted by tenant; tenants holding
+    /// nothing of it are absent. A tenant on a node holds the whole path to it, so
+    /// its depth is the matched length at the deepest node of the path it holds.
+    pub fn tenant_matches(&self, text: &str) -> Vec<(TenantId, usize)> {
+        let mut depths: Vec<(TenantId, usize)> = Vec::new();
+        let mut cur = ROOT;
+        let mut matched = 0usize;
+        let mut rest = text;
+        while let Some(first) = rest.chars().next() {
+            let Some(&child) = self.node(cur).children.get(&first) else {
+                break;
+            };
+            let node = self.node(child);
+            let (bytes, chars) = common_prefix(&node.text, rest);
+            matched += chars;
+            for (t, _) in &node.tenants {
+                match depths.iter_mut().find(|(d, _)| d == t) {
+                    Some(entry) => entry.1 = matched,
+                    None => depths.push((*t, matched)),
+                }
+            }
+            cur = child;
+            if bytes < node.text.len() {
+                break;
+            }
+            rest = rest.get(bytes..).unwrap_or_default();
+        }
+        depths.sort_unstable();
+        depths
+    }
+
     /// Removes `tenant` from every node; nodes left without tenants go.
     pub fn remove_tenant(&mut self, tenant: TenantId) {
         if self.tenant_chars.remove(&tenant).is_none() {
@@ -516,6 +548,35 @@ mod tests {
         assert_eq!(m.matched_chars, 0);
         assert_eq!(m.input_chars, 5);
         assert_eq!(m.match_rate(), 0.0);
+    }
+
+    #[test]
+    fn tenant_matches_give_each_tenant_its_own_depth() {
+        let mut t = Tree::new();
+        t.insert("system prompt|alice hello", 0, 1);
+        t.insert("system prompt|bob hi", 1, 2);
+        t.insert("system", 2, 3);
+        t.insert("other", 3, 4);
+        let m = t.tenant_matches("system prompt|alice hello again");
+        assert_eq!(
+            m,
+            vec![(0, 25), (1, 14), (2, 6)],
+            "alice's worker holds all of her history, bob's the shared prompt, w2 a part; w3 nothing"
+        );
+        let deepest = t.prefix_match("system prompt|alice hello again");
+        assert_eq!(deepest.matched_chars, 25);
+        assert_eq!(deepest.owners, vec![0]);
+        assert!(Tree::new().tenant_matches("x").is_empty());
+        assert!(
+            t.tenant_matches("").is_empty(),
+            "an empty text matches nothing"
+        );
+        // A match ending inside an edge counts the chars up to the divergence.
+        assert_eq!(t.tenant_matches("systXm"), vec![(0, 4), (1, 4), (2, 4)]);
+        // Multi-byte chars are counted as chars.
+        let mut u = Tree::new();
+        u.insert("héllo wörld", 5, 1);
+        assert_eq!(u.tenant_matches("héllo wörlx"), vec![(5, 10)]);
     }
 
     #[test]

@@ -96,6 +96,7 @@ mod tests {
             },
             now_ms: 10_000,
             overloaded: vec![false, true],
+            ..Loads::default()
         };
         let g = worker_gauges(&cfg, &loads);
         assert_eq!(g.len(), 4, "one per configured worker");

@@ -108,6 +108,9 @@ pub async fn send(
     rec
 }
 
+/// The conversation's id, sent with each of its requests.
+pub const SESSION_HEADER: &str = "x-session-id";
+
 async fn exchange(
     client: &HttpClient,
     target: &Target,
@@ -126,6 +129,15 @@ async fn exchange(
         .header(ACCEPT, accept);
     if let Some(key) = &target.api_key {
         req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+    }
+    // What a proxy without this router hashes on (Envoy `ring_hash` on a header).
+    // Ids that are no valid header value are not sent rather than failing the request.
+    if let Some(session) = item
+        .session
+        .as_ref()
+        .filter(|s| s.bytes().all(|b| b.is_ascii_graphic() || b == b' '))
+    {
+        req = req.header(SESSION_HEADER, session.as_str());
     }
     let req = req
         .body(Full::new(item.body.clone()))

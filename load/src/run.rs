@@ -158,6 +158,14 @@ impl RunResult {
             100.0 * s.cached_token_ratio
         );
         out += &format!("  latency p50 {}  p99 {}\n", ms(s.p50_ms), ms(s.p99_ms));
+        if s.streams > 0 {
+            out += &format!(
+                "  TTFT ({} streams) p50 {}  p99 {}\n",
+                s.streams,
+                ms(s.ttft_p50_ms),
+                ms(s.ttft_p99_ms)
+            );
+        }
         let join = |m: &BTreeMap<String, u64>| -> String {
             let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
             parts.join(", ")
@@ -184,6 +192,8 @@ impl RunResult {
             "cached_token_ratio": j.cached_token_ratio,
             "p50_ms": j.p50_ms,
             "p99_ms": j.p99_ms,
+            "ttft_p50_ms": j.ttft_p50_ms,
+            "ttft_p99_ms": j.ttft_p99_ms,
             "policy": self.policy,
             "decisions": self.decisions,
             "sync": self.sync,

@@ -57,6 +57,19 @@ pub const DEFAULT_PREFILL_POLICY: Policy = Policy::CacheAware;
 /// Decode holds no prefix worth following (the KV arrives from prefill): spread the
 /// load, as SMG's PD deployments usually configure it.
 pub const DEFAULT_DECODE_POLICY: Policy = Policy::PowerOfTwo;
+/// `predicted_ttft`'s bounded-load cap: no worker above
+/// `ceil((1 + load_factor) * mean in-flight) + 1`.
+pub const DEFAULT_LOAD_FACTOR: f64 = 0.25;
+/// `predicted_ttft`'s prefill cost per uncached char before any observation
+/// (about 20 us per token at 4 chars per token).
+pub const DEFAULT_PREFILL_US_PER_CHAR: f64 = 5.0;
+/// `predicted_ttft`'s time one request ahead occupies the engine after its first
+/// byte, before any observation.
+pub const DEFAULT_SERVICE_MS: f64 = 20.0;
+/// `predicted_ttft`: a holder of the request's longest match keeps it while its
+/// predicted TTFT is at most this many times the best worker's.
+pub const DEFAULT_STAY_FACTOR: f64 = 2.0;
+
 /// How long the prefill copy of a PD request may take before the client gets a 504.
 /// SGLang's decode side waits this long for KV before giving up.
 pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 300_000;
@@ -69,6 +82,8 @@ pub enum Policy {
     RoundRobin,
     Random,
     PowerOfTwo,
+    /// Lowest predicted time to first token (`crate::policy::predicted_ttft`).
+    PredictedTtft,
 }
 
 impl Policy {
@@ -78,6 +93,7 @@ impl Policy {
             Policy::RoundRobin => "round_robin",
             Policy::Random => "random",
             Policy::PowerOfTwo => "power_of_two",
+            Policy::PredictedTtft => "predicted_ttft",
         }
     }
 }
@@ -196,6 +212,19 @@ pub struct Config {
     /// queue, stay with the owner. Needs `worker_queue_limit`.
     #[serde(default)]
     pub saturation_queue_floor: Option<u64>,
+    /// `predicted_ttft`: bounded-load factor (default `DEFAULT_LOAD_FACTOR`).
+    #[serde(default)]
+    pub load_factor: Option<f64>,
+    /// `predicted_ttft`: prefill cost per uncached char until learned.
+    #[serde(default)]
+    pub prefill_us_per_char: Option<f64>,
+    /// `predicted_ttft`: per-request service time after first byte until learned.
+    #[serde(default)]
+    pub service_ms: Option<f64>,
+    /// `predicted_ttft`: how much slower the cache's holder may be predicted and
+    /// still keep the request.
+    #[serde(default)]
+    pub stay_factor: Option<f64>,
     #[serde(default = "default_stale_after")]
     pub stale_after_ms: u64,
     /// Bearer token of the stats push endpoint; unset disables the endpoint.
@@ -284,6 +313,31 @@ impl Config {
                 "requires `policy: cache_aware`",
             )
         };
+        let uses_ttft = if self.is_pd() {
+            self.prefill_policy == Policy::PredictedTtft
+                || self.decode_policy == Policy::PredictedTtft
+        } else {
+            self.policy == Policy::PredictedTtft
+        };
+        if !uses_ttft {
+            for (field, set) in [
+                ("load_factor", self.load_factor.is_some()),
+                ("prefill_us_per_char", self.prefill_us_per_char.is_some()),
+                ("service_ms", self.service_ms.is_some()),
+                ("stay_factor", self.stay_factor.is_some()),
+            ] {
+                if set {
+                    return Err(err(
+                        field,
+                        if self.is_pd() {
+                            "requires `prefill_policy` or `decode_policy` to be `predicted_ttft`"
+                        } else {
+                            "requires `policy: predicted_ttft`"
+                        },
+                    ));
+                }
+            }
+        }
         if !uses_cache_aware {
             for (field, set) in [
                 ("worker_queue_limit", self.worker_queue_limit.is_some()),
@@ -314,6 +368,30 @@ impl Config {
         } else {
             self.sync_interval_ms
         }
+    }
+
+    /// `predicted_ttft`'s parameters, defaults filled in.
+    pub fn ttft_params(&self) -> crate::policy::TtftParams {
+        crate::policy::TtftParams {
+            load_factor: self.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR),
+            prefill_us_per_char: self
+                .prefill_us_per_char
+                .unwrap_or(DEFAULT_PREFILL_US_PER_CHAR),
+            service_ms: self.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
+            stay_factor: self.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
+        }
+    }
+
+    /// Whether any pool routes by `predicted_ttft` (the work and cost tables are
+    /// read and written only then).
+    pub fn uses_predicted_ttft(&self) -> bool {
+        [Pool::Regular, Pool::Prefill, Pool::Decode]
+            .iter()
+            .any(|p| self.policy_of(*p) == Policy::PredictedTtft && self.has_pool(*p))
+    }
+
+    fn has_pool(&self, pool: Pool) -> bool {
+        self.workers.iter().any(|w| w.pool == pool)
     }
 
     /// The policy that picks workers of `pool`.
@@ -396,6 +474,26 @@ impl Config {
         }
         if self.prefill_timeout_ms == 0 {
             return Err(err("prefill_timeout_ms", "must be >= 1"));
+        }
+        if let Some(f) = self.load_factor {
+            if !(f.is_finite() && f >= 0.0) {
+                return Err(err("load_factor", "must be a finite number >= 0"));
+            }
+        }
+        if let Some(c) = self.prefill_us_per_char {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(err("prefill_us_per_char", "must be a finite number > 0"));
+            }
+        }
+        if let Some(m) = self.service_ms {
+            if !(m.is_finite() && m >= 0.0) {
+                return Err(err("service_ms", "must be a finite number >= 0"));
+            }
+        }
+        if let Some(f) = self.stay_factor {
+            if !(f.is_finite() && f >= 1.0) {
+                return Err(err("stay_factor", "must be a finite number >= 1"));
+            }
         }
         if self.stale_after_ms == 0 {
             return Err(err("stale_after_ms", "must be >= 1"));
@@ -731,5 +829,45 @@ mod tests {
         let c = Config::from_json(br#"{"workers":[{"name":"a","models":["m1"]}]}"#).unwrap();
         assert!(c.workers[0].serves("m1"));
         assert!(!c.workers[0].serves("m2"));
+    }
+
+    #[test]
+    fn predicted_ttft_knobs_have_defaults_and_rules() {
+        let c = with(r#","policy":"predicted_ttft""#).unwrap();
+        assert_eq!(c.policy, Policy::PredictedTtft);
+        assert!(c.uses_predicted_ttft());
+        let p = c.ttft_params();
+        assert_eq!(p.load_factor, DEFAULT_LOAD_FACTOR);
+        assert_eq!(p.prefill_us_per_char, DEFAULT_PREFILL_US_PER_CHAR);
+        assert_eq!(p.service_ms, DEFAULT_SERVICE_MS);
+        let set = with(
+            r#","policy":"predicted_ttft","load_factor":0,"prefill_us_per_char":2.5,"service_ms":0"#,
+        )
+        .unwrap();
+        assert_eq!(set.ttft_params().load_factor, 0.0);
+        assert_eq!(set.ttft_params().prefill_us_per_char, 2.5);
+        for (extra, field) in [
+            (r#","load_factor":-0.1"#, "load_factor"),
+            (r#","prefill_us_per_char":0"#, "prefill_us_per_char"),
+            (r#","service_ms":-1"#, "service_ms"),
+        ] {
+            let e = with(&format!(r#","policy":"predicted_ttft"{extra}"#)).unwrap_err();
+            assert_eq!(e.field, field, "{extra}: a bad value names its field");
+        }
+        let e = with(r#","load_factor":0.5"#).unwrap_err();
+        assert_eq!(e.field, "load_factor");
+        assert!(e.rule.contains("predicted_ttft"), "{}", e.rule);
+        assert!(!with("").unwrap().uses_predicted_ttft());
+        let port = r#""address":"10.0.0.5:30000","bootstrap_port":8998"#;
+        let pdc = pd(
+            port,
+            r#","prefill_policy":"predicted_ttft","load_factor":1"#,
+        )
+        .unwrap();
+        assert!(pdc.uses_predicted_ttft());
+        assert_eq!(
+            pd(port, r#","load_factor":1"#).unwrap_err().field,
+            "load_factor"
+        );
     }
 }

@@ -32,6 +32,8 @@ pub struct Metrics {
     pub pd_pairs: Metric,
     pub pd_prefill_failures: Metric,
     pub overload_owner_filtered: Metric,
+    /// `predicted_ttft`: the chosen worker's predicted TTFT, in ms.
+    pub predicted_ttft_ms: Metric,
 }
 
 /// One worker's stats (`llm_router_worker.<name>.<field>`).
@@ -77,6 +79,7 @@ impl Metrics {
             pd_pairs: Metric::counter(names::PD_PAIRS),
             pd_prefill_failures: Metric::counter(names::PD_PREFILL_FAILURES),
             overload_owner_filtered: Metric::counter(names::OVERLOAD_OWNER_FILTERED),
+            predicted_ttft_ms: Metric::histogram(names::PREDICTED_TTFT_MS),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 
-use super::bookkeeping::Held;
+use super::bookkeeping::{self, Held};
 use super::host::{self, request_header};
 use super::hostcalls;
 use super::state::State;
@@ -17,6 +17,7 @@ use crate::decision::Decision;
 use crate::header_names::{PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER};
 use crate::pd::PrefillFailure;
 use crate::plan::Refusal;
+use crate::work_hold::WorkHold;
 
 /// Prefill error bodies quoted back to the client, at most this many bytes.
 const PREFILL_ERROR_QUOTE_BYTES: usize = 512;
@@ -27,6 +28,8 @@ pub struct Leg {
     pub held: Held,
     /// The `dispatch_http_call` token its answer comes back with.
     pub token: u32,
+    /// `predicted_ttft`: the prefill booked on the prefill worker.
+    pub work: Option<WorkHold>,
 }
 
 /// Headers of the prefill copy: the client's, minus hop-by-hop, length and routing
@@ -132,6 +135,9 @@ pub fn answered(
         })
         .flatten();
     leg.held.release(state);
+    // The prefill copy's answer is its whole life: first byte and end at once.
+    bookkeeping::first_byte(state, &mut leg.work);
+    bookkeeping::end_work(state, &mut leg.work);
     let Some(failure) = PrefillFailure::from_status(status) else {
         return;
     };

@@ -79,6 +79,12 @@ pub fn accept(state: &Shared, body: &[u8]) -> Action {
     let outcome = parse_push(body, limit, workers, host::now_ms()).and_then(|reports| {
         let n = reports.iter().filter(|r| r.is_some()).count();
         if state.shared.samples.write(&HostStore, workers, &reports) {
+            // What this Envoy had in flight when the engines were sampled: engine
+            // load beyond it is other routers'.
+            if state.router.config().uses_predicted_ttft() {
+                let inflight = state.shared.keys.inflight();
+                state.shared.own_at_sample.snapshot(&HostStore, &inflight);
+            }
             Ok(n)
         } else {
             Err(PushError::BadRequest(

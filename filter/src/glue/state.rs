@@ -13,7 +13,10 @@ use crate::config::Config;
 use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
 use crate::router::Router;
-use crate::shared::{read_loads, EvictionClock, InflightTable, Keys, Op, OpRing, SamplesTable};
+use crate::shared::{
+    read_loads, CostTable, EvictionClock, InflightTable, Keys, Op, OpRing, OwnAtSample,
+    SamplesTable, WorkTable,
+};
 
 /// The "gate configured but blind" warning fires once per this many requests.
 const GATE_INERT_LOG_SAMPLE: u64 = 64;
@@ -25,6 +28,10 @@ pub struct SharedState {
     pub inflight: InflightTable,
     pub eviction: EvictionClock,
     pub samples: SamplesTable,
+    /// `predicted_ttft`: outstanding prefill, learned costs, in-flight at sample time.
+    pub work: WorkTable,
+    pub costs: CostTable,
+    pub own_at_sample: OwnAtSample,
     /// The next ring sequence this VM has not applied.
     pub cursor: u64,
 }
@@ -57,6 +64,9 @@ impl State {
                 inflight: InflightTable::new(&keys),
                 eviction: EvictionClock::new(&keys),
                 samples: SamplesTable::new(&keys),
+                work: WorkTable::new(&keys),
+                costs: CostTable::new(&keys),
+                own_at_sample: OwnAtSample::new(&keys),
                 keys,
                 cursor,
             },

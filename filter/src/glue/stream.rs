@@ -15,18 +15,22 @@ use super::reply;
 use super::state::Shared;
 use crate::decision::Decision;
 use crate::header_names::{
-    DECISION_HEADER, DECODE_REASON_HEADER, PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
+    DECISION_HEADER, DECODE_REASON_HEADER, PREDICTED_TTFT_HEADER, PREFILL_WORKER_HEADER,
+    REASON_HEADER, WORKER_HEADER,
 };
 use crate::models;
 use crate::parse::{parse, Parsed};
 use crate::plan::{plan, Refusal};
 use crate::shared::truncate_text;
+use crate::work_hold::WorkHold;
 
 /// What a routed stream chose: the worker that gets the request itself (regular or
 /// decode) and, in PD mode, the prefill leg.
 struct Routed {
     decision: Decision,
     held: Held,
+    /// `predicted_ttft`: the prefill booked on the worker until the first byte.
+    work: Option<WorkHold>,
     prefill: Option<Leg>,
 }
 
@@ -129,6 +133,7 @@ impl Stream {
                         decision: leg.decision,
                         held: Held::take(state, &w.name),
                         token,
+                        work: bookkeeping::take_work(state, &w.name, &leg.decision),
                     }),
                     Err(refusal) => {
                         state.metrics.pd_prefill_failures.inc();
@@ -139,6 +144,7 @@ impl Stream {
             }
         };
         let held = Held::take(state, &target.worker);
+        let work = bookkeeping::take_work(state, &target.worker, &plan.main);
         let decision = plan.main;
         let text_chars = match &parsed {
             Parsed::Routable(r) => {
@@ -152,6 +158,7 @@ impl Stream {
         self.routed = Some(Routed {
             decision,
             held,
+            work,
             prefill,
         });
         drop(slot);
@@ -173,9 +180,21 @@ impl Stream {
         };
         if let Some(state) = self.state.borrow().as_ref() {
             routed.held.release(state);
+            bookkeeping::end_work(state, &mut routed.work);
             if let Some(leg) = routed.prefill.as_mut() {
                 leg.held.release(state);
+                bookkeeping::end_work(state, &mut leg.work);
             }
+        }
+    }
+
+    /// The first response byte: the booked prefill is done (at most once).
+    fn first_byte(&mut self) {
+        let Some(routed) = self.routed.as_mut() else {
+            return;
+        };
+        if let Some(state) = self.state.borrow().as_ref() {
+            bookkeeping::first_byte(state, &mut routed.work);
         }
     }
 
@@ -201,11 +220,17 @@ impl Stream {
         let main = routed.decision;
         // In PD mode the cache decision is the prefill pool's.
         let cache = routed.prefill.as_ref().map_or(main, |leg| leg.decision);
+        let predicted = cache
+            .predicted
+            .map(|p| format!("{:.1}", p.ttft_us as f64 / 1000.0));
         let mut headers = vec![
             (WORKER_HEADER, name(&main)),
             (DECISION_HEADER, cache.label().as_str()),
             (REASON_HEADER, cache.reason.as_str()),
         ];
+        if let Some(ms) = predicted.as_deref() {
+            headers.push((PREDICTED_TTFT_HEADER, ms));
+        }
         if let Some(leg) = &routed.prefill {
             headers.push((PREFILL_WORKER_HEADER, name(&leg.decision)));
             headers.push((DECODE_REASON_HEADER, main.reason.as_str()));
@@ -310,12 +335,21 @@ impl HttpContext for Stream {
         self.route(&body)
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         self.response_started = true;
+        if end_of_stream {
+            self.first_byte();
+        }
         // A local reply after routing carries its own reason.
         if !self.replied {
             self.decision_headers();
         }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+        // The first body bytes are the first token (a stream) or the whole answer.
+        self.first_byte();
         Action::Continue
     }
 

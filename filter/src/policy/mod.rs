@@ -5,11 +5,14 @@
 //!
 //! - `cache_aware`: SGLang model gateway's prefix-affinity ladder with the queue
 //!   gate and saturation pin (the algorithm is stated at the top of its file);
+//! - `predicted_ttft`: the least predicted time to first token (work ahead plus
+//!   own uncached prefill) under a bounded-load cap (stated at the top of its file);
 //! - `round_robin`, `random`, `power_of_two`: load spreading without a tree;
 //! - `unreadable` (here): least-load for a body without routing text.
 
 mod cache_aware;
 mod power_of_two;
+mod predicted_ttft;
 mod random;
 mod round_robin;
 
@@ -18,6 +21,10 @@ pub use cache_aware::{
     CacheAwareParams,
 };
 pub use power_of_two::power_of_two;
+pub use predicted_ttft::{
+    learn_prefill, learn_service, load_cap, others_load, predicted_ttft, TtftCandidate, TtftParams,
+    WorkerCosts, WorkerWork,
+};
 pub use random::random;
 pub use round_robin::round_robin;
 
@@ -93,6 +100,7 @@ pub(crate) fn decide(
         reason,
         matched_chars,
         gate,
+        predicted: None,
     }
 }
 

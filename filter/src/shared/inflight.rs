@@ -44,6 +44,13 @@ impl InflightTable {
         }
     }
 
+    /// A table of the same encoding under another key (a snapshot of this one).
+    pub(crate) fn with_key(key: &str) -> InflightTable {
+        InflightTable {
+            key: key.to_string(),
+        }
+    }
+
     /// Every worker's count (workers never counted are absent).
     pub fn read(&self, store: &dyn SharedStore) -> Vec<(String, u64)> {
         store

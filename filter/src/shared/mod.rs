@@ -7,7 +7,9 @@
 //! - `eviction`: the eviction clock, one `Op::Evict` per interval;
 //! - `samples`: the collector's last engine samples;
 //! - `flags`: the overload flags (written by the prober lease holder only);
-//! - `lease`: which VM runs the overload prober.
+//! - `lease`: which VM runs the overload prober;
+//! - `work`: `predicted_ttft`'s outstanding prefill, learned costs and the
+//!   in-flight counts at the last sample.
 //!
 //! Keys are a small fixed set (ABI 0.2.1 cannot delete keys), all built by `Keys`
 //! here and nowhere else. `read_loads` gathers what one request routes by.
@@ -22,6 +24,7 @@ mod lease;
 mod ops;
 mod ring;
 mod samples;
+mod work;
 
 pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
@@ -30,6 +33,7 @@ pub use lease::{claim, Lease, ProbeLease};
 pub use ops::{truncate_text, Op};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
+pub use work::{CostTable, OwnAtSample, WorkTable};
 
 use crate::config::Config;
 use crate::load::Loads;
@@ -106,6 +110,18 @@ impl Keys {
     pub fn lease(&self) -> String {
         format!("{}.overload.lease", self.prefix)
     }
+
+    pub fn work(&self) -> String {
+        format!("{}.ttft.work", self.prefix)
+    }
+
+    pub fn costs(&self) -> String {
+        format!("{}.ttft.costs", self.prefix)
+    }
+
+    pub fn own_at_sample(&self) -> String {
+        format!("{}.ttft.own_at_sample", self.prefix)
+    }
 }
 
 /// Everything a request routes by, read once: every thread's in-flight counts, the
@@ -116,11 +132,28 @@ pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u6
     } else {
         Vec::new()
     };
+    // Only `predicted_ttft` reads its tables: the other policies pay nothing.
+    let ttft = cfg.uses_predicted_ttft();
     Loads {
         inflight: InflightTable::new(keys).by_worker(store, &cfg.workers),
         engine: SamplesTable::new(keys).read(store, &cfg.workers),
         now_ms,
         overloaded,
+        work: if ttft {
+            WorkTable::new(keys).by_worker(store, &cfg.workers)
+        } else {
+            Vec::new()
+        },
+        costs: if ttft {
+            CostTable::new(keys).by_worker(store, &cfg.workers)
+        } else {
+            Vec::new()
+        },
+        own_at_sample: if ttft {
+            OwnAtSample::new(keys).by_worker(store, &cfg.workers)
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -203,6 +236,9 @@ mod tests {
         assert_eq!(k.samples(), "llm_router.samples");
         assert_eq!(k.flags(), "llm_router.overload.flags");
         assert_eq!(k.lease(), "llm_router.overload.lease");
+        assert_eq!(k.work(), "llm_router.ttft.work");
+        assert_eq!(k.costs(), "llm_router.ttft.costs");
+        assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
     }
 
     #[test]

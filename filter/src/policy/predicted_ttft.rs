@@ -1,0 +1,520 @@
+//! `predicted_ttft`: send each request to the worker where it would see its first
+//! token soonest, stay with the cache while the cache is worth more than the queue,
+//! and move when it is not.
+//!
+//! For every candidate `w` (after the overload screen), with the request's routing
+//! text of `input` chars:
+//!
+//! ```text
+//! uncached(w)  = input - cached(w)          cached(w): w's own match depth in the tree
+//! ttft_us(w)   = prefill_us_per_char(w) * (ahead_chars(w) + uncached(w))
+//!              + service_ms(w) * 1000 * (busy(w) + others(w))
+//! ```
+//!
+//! - `ahead_chars`: uncached prefill chars this Envoy sent to `w` whose first byte
+//!   has not come back (booked at the decision, released at the first response
+//!   byte; shared by every thread, so the next request sees this one at once);
+//! - `busy`: this Envoy's requests on `w` past their first byte (in flight minus
+//!   prefilling), each holding the engine for about one service time;
+//! - `others`: what a fresh engine sample reports (waiting + running) beyond what
+//!   this Envoy had in flight there when the sample was taken: load from other
+//!   routers. No fresh sample: 0 (fail open, the router's own count stands);
+//! - `prefill_us_per_char`, `service_ms`: learned per worker from observed time to
+//!   first byte and stream duration (moving averages, `learn`), the configured
+//!   priors until then.
+//!
+//! Rungs:
+//! 1. **Bounded load** (consistent hashing with bounded loads, Envoy's
+//!    `hash_balance_factor`): a worker is eligible only if taking this request keeps
+//!    it at or below `ceil((1 + load_factor) * mean) + 1`, where `mean` is the
+//!    candidates' in-flight requests including this one. Some worker is always at or
+//!    below the mean, so some worker is always eligible.
+//! 2. **Stay with the cache** (Preble's exploit rule, bounded by the queue): an
+//!    eligible holder of the request's longest match, whose cached part is longer
+//!    than its missing tail, keeps the request while its prediction is at most
+//!    `stay_factor` times the best one (the least predicted such holder). Moving a
+//!    conversation costs its whole history once more, and the prediction of the
+//!    queue is an estimate: small predicted gains do not pay for that.
+//! 3. **Least predicted TTFT** among the eligible; near-ties (within 2% of the
+//!    minimum) are broken at random, so an idle fleet spreads.
+//!
+//! Reasons (labels): `ttft_cache` (the winner holds this request's longest match
+//! among the candidates; `cache_hit`), `ttft_spread` (a holder was eligible but
+//! predicted slower: moved for load), `ttft_capped` (every holder was above the
+//! cap), `ttft_cold` (nobody holds any of it); all three `cache_miss`.
+//!
+//! The effect on a hot prefix: the first holder wins while its queue is short; once
+//! its queue costs more than the prefix is worth, the next request prefills the
+//! prefix elsewhere, which becomes a second holder, and so on until the prefix is
+//! replicated on as many workers as its traffic needs. A conversation's own
+//! history is a long match only its worker holds, so it stays unless that worker is
+//! far busier.
+
+use super::{decide, Candidate};
+use crate::decision::{Decision, GateAudit, Prediction, Reason};
+use crate::rng::Rng;
+use crate::tree::TenantId;
+
+/// Near-ties: predictions within this share of the minimum are equal.
+const NEAR_TIE_SHARE: f64 = 0.02;
+/// Moving-average weight of a new observation.
+pub const LEARN_WEIGHT: f64 = 0.2;
+/// Fewer prefill chars than this say little about the per-char cost (fixed
+/// overheads dominate), so they do not teach it.
+pub const MIN_LEARN_CHARS: u64 = 256;
+/// The filter's clock counts milliseconds: a first byte in the same millisecond took
+/// about half of one, not nothing (a zero cost would make a worker look free).
+pub const MIN_TTFB_US: f64 = 500.0;
+
+/// The policy's settings (`Config::ttft_params`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftParams {
+    pub load_factor: f64,
+    /// Prefill cost per uncached char before a worker's is learned.
+    pub prefill_us_per_char: f64,
+    /// Service time per request ahead before a worker's is learned.
+    pub service_ms: f64,
+    /// A holder of the longest match stays while its prediction is at most this
+    /// many times the best.
+    pub stay_factor: f64,
+}
+
+/// A worker's learned costs (either may be unknown yet).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WorkerCosts {
+    pub prefill_us_per_char: Option<f64>,
+    pub service_ms: Option<f64>,
+}
+
+/// What the router counts for one worker besides its in-flight requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerWork {
+    /// Requests sent whose first byte has not come back.
+    pub prefilling: u64,
+    /// Their uncached prefill chars.
+    pub ahead_chars: u64,
+}
+
+/// One candidate as the model sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftCandidate {
+    pub worker: TenantId,
+    /// This Envoy's requests in flight there (every thread).
+    pub inflight: u64,
+    pub work: WorkerWork,
+    /// Requests the engine reports beyond this Envoy's.
+    pub others: u64,
+    /// Chars of this request's routing text the worker holds.
+    pub cached_chars: u64,
+    pub costs: WorkerCosts,
+}
+
+impl TtftCandidate {
+    /// From a screened candidate; the caller fills in work, others, cache and costs.
+    pub fn of(c: &Candidate) -> TtftCandidate {
+        TtftCandidate {
+            worker: c.worker,
+            inflight: c.inflight,
+            work: WorkerWork::default(),
+            others: 0,
+            cached_chars: 0,
+            costs: WorkerCosts::default(),
+        }
+    }
+
+    /// Requests past their first byte, holding the engine.
+    fn busy(&self) -> u64 {
+        self.inflight.saturating_sub(self.work.prefilling)
+    }
+
+    /// Predicted time to first token here, in microseconds.
+    pub fn predict_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
+        let per_char = self
+            .costs
+            .prefill_us_per_char
+            .unwrap_or(p.prefill_us_per_char);
+        let service_us = self.costs.service_ms.unwrap_or(p.service_ms) * 1000.0;
+        let uncached = input_chars.saturating_sub(self.cached_chars);
+        let prefill = self.work.ahead_chars.saturating_add(uncached) as f64;
+        let queued = self.busy().saturating_add(self.others) as f64;
+        per_char * prefill + service_us * queued
+    }
+}
+
+/// Bounded load: the most requests any worker may hold once this one is placed,
+/// `ceil((1 + load_factor) * mean) + 1` with `mean` over `n` workers including it.
+pub fn load_cap(total_inflight: u64, n: usize, load_factor: f64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let mean = (total_inflight as f64 + 1.0) / n as f64;
+    ((1.0 + load_factor) * mean).ceil() as u64 + 1
+}
+
+/// Engine requests beyond what this Envoy had in flight there when the sample was
+/// taken: other routers' load. Never negative.
+pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
+    engine_waiting_running.saturating_sub(own_at_sample)
+}
+
+/// Chooses the candidate with the least predicted TTFT under the bounded-load cap.
+pub fn predicted_ttft(
+    params: &TtftParams,
+    input_chars: u64,
+    candidates: &[TtftCandidate],
+    rng: &mut dyn Rng,
+) -> Option<Decision> {
+    let total: u64 = candidates.iter().map(|c| c.inflight).sum();
+    let cap = load_cap(total, candidates.len(), params.load_factor);
+    let eligible = |c: &TtftCandidate| c.inflight.saturating_add(1) <= cap;
+    let scored: Vec<(&TtftCandidate, f64)> = candidates
+        .iter()
+        .filter(|c| eligible(c))
+        .map(|c| (c, c.predict_us(params, input_chars)))
+        .collect();
+    let min = scored.iter().map(|(_, t)| *t).fold(f64::INFINITY, f64::min);
+    let tol = min * NEAR_TIE_SHARE;
+    let tied: Vec<&(&TtftCandidate, f64)> =
+        scored.iter().filter(|(_, t)| *t <= min + tol).collect();
+    if tied.is_empty() {
+        return None;
+    }
+    let longest = candidates.iter().map(|c| c.cached_chars).max().unwrap_or(0);
+    // Stay: an eligible holder of the longest match whose cached part outweighs its
+    // missing tail keeps the request while its prediction is within `stay_factor`
+    // of the best (Preble's exploit rule, bounded by the queue).
+    // Several holders (a prefix already replicated): the least predicted, near-ties
+    // at random, so new conversations of a hot prefix spread over its holders.
+    let holders: Vec<&(&TtftCandidate, f64)> = scored
+        .iter()
+        .filter(|(c, t)| {
+            longest > 0
+                && c.cached_chars == longest
+                && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
+                && *t <= min * params.stay_factor + tol
+        })
+        .collect();
+    let best_holder = holders
+        .iter()
+        .map(|(_, t)| *t)
+        .fold(f64::INFINITY, f64::min);
+    let stay: Vec<&(&TtftCandidate, f64)> = holders
+        .into_iter()
+        .filter(|(_, t)| *t <= best_holder + best_holder * NEAR_TIE_SHARE)
+        .collect();
+    let (winner, ttft) = if stay.is_empty() {
+        **tied.get(rng.below(tied.len()))?
+    } else {
+        **stay.get(rng.below(stay.len()))?
+    };
+    let reason = if longest == 0 {
+        Reason::TtftCold
+    } else if winner.cached_chars == longest {
+        Reason::TtftCache
+    } else if candidates
+        .iter()
+        .any(|c| c.cached_chars == longest && eligible(c))
+    {
+        Reason::TtftSpread
+    } else {
+        Reason::TtftCapped
+    };
+    let mut d = decide(
+        winner.worker,
+        reason,
+        winner.cached_chars as usize,
+        GateAudit::default(),
+    );
+    d.predicted = Some(Prediction {
+        ttft_us: ttft.max(0.0).round() as u64,
+        uncached_chars: input_chars.saturating_sub(winner.cached_chars),
+        ahead_chars: winner.work.ahead_chars,
+    });
+    Some(d)
+}
+
+/// One moving-average step; the first observation is taken as is.
+fn average(prev: Option<f64>, sample: f64) -> f64 {
+    match prev {
+        Some(p) if p.is_finite() => p + LEARN_WEIGHT * (sample - p),
+        _ => sample,
+    }
+}
+
+/// Learns the prefill cost per char from one observed time to first byte: the
+/// time over the prefill chars the prediction put before it (those ahead plus its
+/// own). Too few chars, or a time that is not a number, teach nothing (`None`).
+pub fn learn_prefill(prev: Option<f64>, ttfb_us: f64, work_chars: u64) -> Option<f64> {
+    if work_chars < MIN_LEARN_CHARS || !ttfb_us.is_finite() || ttfb_us < 0.0 {
+        return None;
+    }
+    Some(average(prev, ttfb_us.max(MIN_TTFB_US) / work_chars as f64))
+}
+
+/// Learns the service time from one observed span between first byte and stream
+/// end (how long the request held the engine after prefill).
+pub fn learn_service(prev: Option<f64>, span_ms: f64) -> Option<f64> {
+    if !span_ms.is_finite() || span_ms < 0.0 {
+        return None;
+    }
+    Some(average(prev, span_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Label;
+    use crate::rng::SplitMix64;
+
+    const P: TtftParams = TtftParams {
+        load_factor: 0.25,
+        prefill_us_per_char: 5.0,
+        service_ms: 20.0,
+        stay_factor: 1.0,
+    };
+
+    fn cand(worker: TenantId, inflight: u64, cached: u64) -> TtftCandidate {
+        TtftCandidate {
+            worker,
+            inflight,
+            work: WorkerWork::default(),
+            others: 0,
+            cached_chars: cached,
+            costs: WorkerCosts::default(),
+        }
+    }
+
+    fn run(input: u64, cands: &[TtftCandidate]) -> Decision {
+        predicted_ttft(&P, input, cands, &mut SplitMix64(7)).unwrap()
+    }
+
+    #[test]
+    fn the_prediction_is_work_ahead_plus_own_uncached_prefill() {
+        let mut c = cand(0, 3, 1000);
+        c.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 400,
+        };
+        c.others = 2;
+        // 5 us * (400 + 4000 - 1000) + 20 ms * (3 - 1 busy + 2 others)
+        assert_eq!(c.predict_us(&P, 4000), 5.0 * 3400.0 + 20_000.0 * 4.0);
+        c.costs = WorkerCosts {
+            prefill_us_per_char: Some(1.0),
+            service_ms: Some(0.0),
+        };
+        assert_eq!(
+            c.predict_us(&P, 4000),
+            3400.0,
+            "learned costs replace priors"
+        );
+        c.cached_chars = 9999;
+        assert_eq!(
+            c.predict_us(&P, 4000),
+            400.0,
+            "cached beyond input: no own prefill"
+        );
+    }
+
+    #[test]
+    fn stays_with_the_cache_while_it_is_worth_more_than_the_queue() {
+        // w0 holds 3900 of 4000 chars with one request prefilling 100 chars ahead;
+        // w1 is idle and holds nothing: 5 * 200 < 5 * 4000.
+        let mut owner = cand(0, 1, 3900);
+        owner.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 100,
+        };
+        let d = run(4000, &[owner, cand(1, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        assert_eq!(d.label(), Label::CacheHit);
+        assert_eq!(d.matched_chars, 3900);
+        assert_eq!(
+            d.predicted,
+            Some(Prediction {
+                ttft_us: 1000,
+                uncached_chars: 100,
+                ahead_chars: 100
+            })
+        );
+    }
+
+    #[test]
+    fn moves_when_the_queue_costs_more_than_the_cache() {
+        // w0's prefill queue (12000 chars ahead) outweighs re-prefilling 3900 chars on w1.
+        let mut owner = cand(0, 1, 3900);
+        owner.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 12_000,
+        };
+        let d = run(4000, &[owner, cand(1, 0, 0), cand(2, 0, 0)]);
+        assert_ne!(d.worker, 0);
+        assert_eq!(d.reason, Reason::TtftSpread);
+        assert_eq!(d.label(), Label::CacheMiss);
+        assert_eq!(d.predicted.unwrap().uncached_chars, 4000);
+    }
+
+    #[test]
+    fn a_partial_holder_beats_a_cold_worker_when_loads_are_equal() {
+        // The shared system prompt is on w1 (3000 chars), the conversation on w0
+        // (3900); w0 busier by one request ahead than w1 is worth it only up to
+        // the 900-char difference.
+        let d = run(4000, &[cand(0, 0, 3900), cand(1, 0, 3000), cand(2, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        let mut busy = cand(0, 1, 3900);
+        busy.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 1000,
+        };
+        let d = run(4000, &[busy, cand(1, 0, 3000), cand(2, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+        assert_eq!(d.matched_chars, 3000);
+    }
+
+    #[test]
+    fn engine_load_from_other_routers_counts() {
+        let mut owner = cand(0, 0, 3900);
+        owner.others = 2; // 40 ms of others' work vs 4000 * 5 us = 20 ms
+        let d = run(4000, &[owner, cand(1, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+        assert_eq!(others_load(5, 3), 2);
+        assert_eq!(others_load(1, 3), 0, "never negative");
+    }
+
+    #[test]
+    fn the_cap_is_bounded_load_consistent_hashing() {
+        // Mean including this request: (7 + 1) / 4 = 2; 1.25 * 2 = 2.5 -> 3, + 1.
+        assert_eq!(load_cap(7, 4, 0.25), 4);
+        assert_eq!(
+            load_cap(0, 4, 0.25),
+            2,
+            "an idle fleet: 1.25 * 0.25 -> 1, + 1"
+        );
+        assert_eq!(load_cap(31, 4, 0.25), 11);
+        assert_eq!(load_cap(7, 4, 0.0), 3);
+        assert_eq!(load_cap(0, 0, 0.25), 0);
+    }
+
+    #[test]
+    fn a_holder_at_the_cap_is_skipped_and_says_capped() {
+        // 4 + 0 + 0 in flight: cap = ceil(1.25 * 5 / 3) + 1 = 4; w0 at 4 would go to 5.
+        let d = run(4000, &[cand(0, 4, 4000), cand(1, 0, 0), cand(2, 0, 0)]);
+        assert_ne!(d.worker, 0);
+        assert_eq!(d.reason, Reason::TtftCapped);
+        // Just below the cap (3 -> 4) it is eligible and wins on cache (its three
+        // requests are prefilling fully cached texts: no work ahead).
+        let mut below = cand(0, 3, 4000);
+        below.work.prefilling = 3;
+        let d = run(4000, &[below, cand(1, 0, 0), cand(2, 1, 0)]);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+    }
+
+    #[test]
+    fn nobody_holding_anything_is_cold_and_spreads_near_ties_at_random() {
+        let c = [cand(0, 0, 0), cand(1, 0, 0), cand(2, 0, 0), cand(3, 1, 0)];
+        let mut rng = SplitMix64(3);
+        let mut seen = [0; 4];
+        for _ in 0..400 {
+            let d = predicted_ttft(&P, 100, &c, &mut rng).unwrap();
+            assert_eq!(d.reason, Reason::TtftCold);
+            seen[d.worker as usize] += 1;
+        }
+        assert_eq!(seen[3], 0, "20 ms of service ahead is no tie");
+        assert!(seen[..3].iter().all(|&n| n > 80), "ties spread: {seen:?}");
+        // Within 2% is a tie, beyond it is not.
+        let mut a = cand(0, 0, 0);
+        a.work.ahead_chars = 1; // 5 us more than 0 + 100 chars * 5 = 500 us: 1%
+        let mut seen = [0; 2];
+        for _ in 0..200 {
+            let d = predicted_ttft(&P, 100, &[a, cand(1, 0, 0)], &mut rng).unwrap();
+            seen[d.worker as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 50), "1% apart is a tie: {seen:?}");
+        a.work.ahead_chars = 20; // 4%
+        for _ in 0..50 {
+            let d = predicted_ttft(&P, 100, &[a, cand(1, 0, 0)], &mut rng).unwrap();
+            assert_eq!(d.worker, 1);
+        }
+    }
+
+    #[test]
+    fn a_long_match_stays_within_the_stay_factor_and_moves_beyond_it() {
+        let p = TtftParams {
+            stay_factor: 2.0,
+            ..P
+        };
+        // w0 holds the conversation (3900 of 4000): 5 us * (3000 ahead + 100)
+        // = 15.5 ms; w1 holds the shared prompt (3000): 5 us * 1000 = 5 ms.
+        let mut owner = cand(0, 1, 3900);
+        owner.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 3000,
+        };
+        let others = [cand(1, 0, 3000), cand(2, 0, 0)];
+        let pick = |o: TtftCandidate, p: &TtftParams| {
+            let mut all = vec![o];
+            all.extend(others);
+            predicted_ttft(p, 4000, &all, &mut SplitMix64(5)).unwrap()
+        };
+        let d = pick(owner, &P);
+        assert_eq!(
+            (d.worker, d.reason),
+            (1, Reason::TtftSpread),
+            "3.1x with factor 1: moves"
+        );
+        owner.work.ahead_chars = 1900; // 10 ms: 2x the best, stays
+        let d = pick(owner, &p);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        owner.work.ahead_chars = 2100; // 11 ms: beyond 2x (and the 2% tie), moves
+        let d = pick(owner, &p);
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+    }
+
+    #[test]
+    fn a_short_match_gets_no_stay() {
+        // w0 holds 1000 of 4000 chars: its missing tail is longer than its match, so
+        // it competes on prediction alone.
+        let p = TtftParams {
+            stay_factor: 100.0,
+            ..P
+        };
+        let mut holder = cand(0, 1, 1000);
+        holder.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 2000,
+        };
+        // w0: 5 * (2000 + 3000) = 25 ms; w1: 5 * 4000 = 20 ms.
+        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+        // Exactly half is not longer than the tail either.
+        holder.cached_chars = 2000;
+        holder.work.ahead_chars = 3000; // 25 ms again
+        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        assert_eq!(d.worker, 1);
+        holder.cached_chars = 2001; // now it stays, 100x slack
+        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+    }
+
+    #[test]
+    fn no_candidate_no_decision() {
+        assert!(predicted_ttft(&P, 10, &[], &mut SplitMix64(1)).is_none());
+    }
+
+    #[test]
+    fn learning_is_a_moving_average_with_guards() {
+        assert_eq!(learn_prefill(None, 4000.0, 1000), Some(4.0), "first sample");
+        assert_eq!(learn_prefill(Some(5.0), 5000.0, 1000), Some(5.0));
+        assert_eq!(
+            learn_prefill(Some(5.0), 0.0, 1000),
+            Some(4.1),
+            "0 ms counts as 0.5 ms: 5 + 0.2 * (0.5 - 5)"
+        );
+        assert_eq!(learn_prefill(Some(5.0), 1e6, MIN_LEARN_CHARS - 1), None);
+        assert_eq!(learn_prefill(Some(5.0), f64::NAN, 1000), None);
+        assert_eq!(learn_prefill(Some(5.0), -1.0, 1000), None);
+        assert_eq!(learn_prefill(Some(f64::NAN), 1000.0, 1000), Some(1.0));
+        assert_eq!(learn_service(None, 30.0), Some(30.0));
+        assert_eq!(learn_service(Some(30.0), 80.0), Some(40.0));
+        assert_eq!(learn_service(Some(30.0), f64::INFINITY), None);
+    }
+}

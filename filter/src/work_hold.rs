@@ -1,0 +1,244 @@
+//! One `predicted_ttft` request's booking in the shared work table, as a small
+//! state machine: booked at the decision (one request prefilling, its uncached
+//! chars ahead of whoever comes next), the prefill part released at the first
+//! response byte, which also teaches the worker's prefill cost per char, and the
+//! stream's end teaching its service time (first byte to end). A stream that ends
+//! before its first byte (reset, client gone, local reply) releases the prefill part
+//! then and teaches nothing. Every release happens at most once, and the table
+//! saturates at zero, so no count goes negative whatever the order of callbacks.
+//!
+//! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
+//! released at the stream's end as for every policy.
+
+use crate::decision::Prediction;
+use crate::policy::{learn_prefill, learn_service, WorkerCosts};
+use crate::shared::{CostTable, SharedStore, WorkTable};
+
+/// Where a booked request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Sent; its prefill is counted ahead of later requests.
+    Prefilling { since_ms: u64 },
+    /// First byte seen; the prefill part was released.
+    Streaming { since_ms: u64 },
+    /// Ended; nothing more to release.
+    Done,
+}
+
+/// One request's booking on one worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkHold {
+    worker: String,
+    /// Uncached chars booked (0 when the booking could not be stored).
+    chars: u64,
+    /// The prefill the prediction put before this request's first byte (ahead plus
+    /// its own): what the observed time to first byte is divided by.
+    work_chars: u64,
+    booked: bool,
+    phase: Phase,
+}
+
+impl WorkHold {
+    /// Books the request at the decision.
+    pub fn take(
+        store: &dyn SharedStore,
+        work: &WorkTable,
+        worker: &str,
+        p: &Prediction,
+        now_ms: u64,
+    ) -> WorkHold {
+        let chars = i64::try_from(p.uncached_chars).unwrap_or(i64::MAX);
+        let booked = work.add(store, worker, 1, chars);
+        WorkHold {
+            worker: worker.to_string(),
+            chars: p.uncached_chars,
+            work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
+            booked,
+            phase: Phase::Prefilling { since_ms: now_ms },
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    fn release_prefill(&mut self, store: &dyn SharedStore, work: &WorkTable) {
+        if std::mem::take(&mut self.booked) {
+            let chars = i64::try_from(self.chars).unwrap_or(i64::MAX);
+            work.add(store, &self.worker, -1, -chars);
+        }
+    }
+
+    /// The first response byte: the prefill is done. Releases the prefill part and
+    /// teaches the prefill cost. Only the first call counts.
+    pub fn first_byte(
+        &mut self,
+        store: &dyn SharedStore,
+        work: &WorkTable,
+        costs: &CostTable,
+        now_ms: u64,
+    ) {
+        let Phase::Prefilling { since_ms } = self.phase else {
+            return;
+        };
+        self.release_prefill(store, work);
+        let ttfb_us = now_ms.saturating_sub(since_ms) as f64 * 1000.0;
+        let work_chars = self.work_chars;
+        if learn_prefill(None, ttfb_us, work_chars).is_some() {
+            costs.learn(store, &self.worker, |c| WorkerCosts {
+                prefill_us_per_char: learn_prefill(c.prefill_us_per_char, ttfb_us, work_chars)
+                    .or(c.prefill_us_per_char),
+                ..c
+            });
+        }
+        self.phase = Phase::Streaming { since_ms: now_ms };
+    }
+
+    /// The stream ended, however it ended. Releases what is still booked; a stream
+    /// that had its first byte teaches the service time. Only the first call counts.
+    pub fn end(
+        &mut self,
+        store: &dyn SharedStore,
+        work: &WorkTable,
+        costs: &CostTable,
+        now_ms: u64,
+    ) {
+        match self.phase {
+            Phase::Prefilling { .. } => self.release_prefill(store, work),
+            Phase::Streaming { since_ms } => {
+                let span_ms = now_ms.saturating_sub(since_ms) as f64;
+                costs.learn(store, &self.worker, |c| WorkerCosts {
+                    service_ms: learn_service(c.service_ms, span_ms).or(c.service_ms),
+                    ..c
+                });
+            }
+            Phase::Done => {}
+        }
+        self.phase = Phase::Done;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::testing::workers;
+    use crate::policy::WorkerWork;
+    use crate::shared::testing::MemStore;
+    use crate::shared::Keys;
+
+    struct Fixture {
+        store: MemStore,
+        work: WorkTable,
+        costs: CostTable,
+    }
+
+    fn fixture() -> Fixture {
+        let keys = Keys::new("t");
+        Fixture {
+            store: MemStore::default(),
+            work: WorkTable::new(&keys),
+            costs: CostTable::new(&keys),
+        }
+    }
+
+    impl Fixture {
+        fn w0(&self) -> WorkerWork {
+            self.work.by_worker(&self.store, &workers())[0]
+        }
+        fn costs0(&self) -> WorkerCosts {
+            self.costs.by_worker(&self.store, &workers())[0]
+        }
+        fn take(&self, uncached: u64, ahead: u64, now: u64) -> WorkHold {
+            let p = Prediction {
+                ttft_us: 0,
+                uncached_chars: uncached,
+                ahead_chars: ahead,
+            };
+            WorkHold::take(&self.store, &self.work, "w0", &p, now)
+        }
+    }
+
+    #[test]
+    fn booked_at_decision_prefill_released_at_first_byte_rest_at_end() {
+        let f = fixture();
+        let mut a = f.take(4000, 0, 100);
+        assert_eq!(
+            f.w0(),
+            WorkerWork {
+                prefilling: 1,
+                ahead_chars: 4000
+            },
+            "the next decision sees this one at once"
+        );
+        let mut b = f.take(1000, 4000, 101);
+        assert_eq!(f.w0().ahead_chars, 5000);
+        a.first_byte(&f.store, &f.work, &f.costs, 120);
+        assert_eq!(
+            f.w0(),
+            WorkerWork {
+                prefilling: 1,
+                ahead_chars: 1000
+            }
+        );
+        assert_eq!(
+            f.costs0().prefill_us_per_char,
+            Some(5.0),
+            "20 ms over 4000 chars"
+        );
+        assert_eq!(a.phase(), Phase::Streaming { since_ms: 120 });
+        a.first_byte(&f.store, &f.work, &f.costs, 500);
+        assert_eq!(
+            f.w0().ahead_chars,
+            1000,
+            "a second first byte releases nothing"
+        );
+        a.end(&f.store, &f.work, &f.costs, 150);
+        assert_eq!(f.costs0().service_ms, Some(30.0));
+        a.end(&f.store, &f.work, &f.costs, 900);
+        assert_eq!(f.costs0().service_ms, Some(30.0), "ends once");
+        assert_eq!(a.phase(), Phase::Done);
+        // 5000 chars of work before b's first byte at 101 + 50 ms: 10 us per char;
+        // the average moves 5 -> 6.
+        b.first_byte(&f.store, &f.work, &f.costs, 151);
+        assert_eq!(f.costs0().prefill_us_per_char, Some(6.0));
+        b.end(&f.store, &f.work, &f.costs, 151);
+        assert_eq!(f.w0(), WorkerWork::default());
+    }
+
+    #[test]
+    fn a_reset_before_the_first_byte_releases_and_teaches_nothing() {
+        let f = fixture();
+        let mut a = f.take(4000, 0, 100);
+        a.end(&f.store, &f.work, &f.costs, 5000);
+        assert_eq!(f.w0(), WorkerWork::default());
+        assert_eq!(f.costs0(), WorkerCosts::default());
+        a.first_byte(&f.store, &f.work, &f.costs, 6000);
+        a.end(&f.store, &f.work, &f.costs, 7000);
+        assert_eq!(f.w0(), WorkerWork::default(), "never negative, never twice");
+        assert_eq!(f.costs0(), WorkerCosts::default());
+    }
+
+    #[test]
+    fn a_short_prefill_does_not_teach_the_per_char_cost() {
+        let f = fixture();
+        let mut a = f.take(10, 0, 0);
+        a.first_byte(&f.store, &f.work, &f.costs, 40);
+        assert_eq!(f.costs0().prefill_us_per_char, None);
+        assert_eq!(f.w0(), WorkerWork::default());
+    }
+
+    #[test]
+    fn other_workers_releases_do_not_touch_this_one() {
+        let f = fixture();
+        let _a = f.take(300, 0, 0);
+        let p = Prediction {
+            ttft_us: 0,
+            uncached_chars: 700,
+            ahead_chars: 0,
+        };
+        let mut b = WorkHold::take(&f.store, &f.work, "w1", &p, 0);
+        b.end(&f.store, &f.work, &f.costs, 1);
+        b.end(&f.store, &f.work, &f.costs, 2);
+        assert_eq!(f.w0().ahead_chars, 300);
+    }
+}
