@@ -77,6 +77,10 @@ pub mod worker {
     /// Counter: requests routed to the worker (PD: both legs count, each on its own
     /// worker).
     pub const ROUTED: &str = "routed";
+    /// Counters: requests labelled on the worker, this prefix plus the label
+    /// (`decisions_cache_hit`): with the tag rules, `llm_router_worker_decisions
+    /// {worker, decision}`, so hit rates are per worker too.
+    pub const DECISIONS_PREFIX: &str = "decisions_";
     /// Counter: chars of routing text the tree matched for requests labelled on the
     /// worker; with `ROUTED_CHARS`, the cached-prefix share.
     pub const MATCHED_CHARS: &str = "matched_chars";
@@ -114,8 +118,12 @@ pub fn worker_metric(worker: &str, field: &str) -> String {
 /// dimensions into labels. Each regex's first group is cut from the name and its
 /// second is the label's value. A worker name may contain dots: the field after the
 /// last dot has none.
-pub const STATS_TAGS: [(&str, &str); 3] = [
+pub const STATS_TAGS: [(&str, &str); 4] = [
     ("decision", r"^wasmcustom\.llm_router_decisions(_(.+))$"),
+    (
+        "decision",
+        r"^wasmcustom\.llm_router_worker\..+\.decisions(_([a-z_]+))$",
+    ),
     ("reason", r"^wasmcustom\.llm_router_reasons(_(.+))$"),
     (
         "worker",

@@ -11,8 +11,12 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, body)) = data.split_first() else {
         return;
     };
-    let endpoint = [Some(ApiKind::Chat), Some(ApiKind::Completions), Some(ApiKind::Generate), None]
-        [usize::from(selector) % 4];
+    let endpoint = [
+        Some(ApiKind::Chat),
+        Some(ApiKind::Completions),
+        Some(ApiKind::Generate),
+        None,
+    ][usize::from(selector) % 4];
     let target = Bootstrap {
         host: "10.0.0.1",
         port: 9000,

@@ -8,7 +8,7 @@ use llm_router::push::parse_push;
 
 fuzz_target!(|data: &[u8]| {
     let cfg = Config::from_json(
-        br#"{"workers":[{"name":"w0"},{"name":"w1","models":["m"]},{"name":"p0","pool":"prefill","bootstrap_port":9000,"address":"10.0.0.1:8000"},{"name":"d0","pool":"decode"}]}"#,
+        br#"{"workers":[{"name":"w0"},{"name":"w1","models":["m"]},{"name":"w2","address":"10.0.0.1:8000"}]}"#,
     )
     .expect("the fixed config is valid");
     let limit = 4096;

@@ -91,6 +91,11 @@ async fn handle(
 }
 
 async fn start_server() -> u16 {
+    start_server_with(None).await
+}
+
+/// The test server, over TLS when given an acceptor.
+async fn start_server_with(tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let counter = Arc::new(AtomicUsize::new(0));
@@ -100,15 +105,53 @@ async fn start_server() -> u16 {
                 return;
             };
             let counter = Arc::clone(&counter);
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req| handle(req, Arc::clone(&counter)));
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                match tls {
+                    None => {
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    }
+                    Some(acceptor) => {
+                        // A client that does not trust the certificate just fails.
+                        if let Ok(stream) = acceptor.accept(stream).await {
+                            let _ = http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), svc)
+                                .await;
+                        }
+                    }
+                }
             });
         }
     });
     port
+}
+
+/// A private CA (PEM) and a TLS acceptor for 127.0.0.1 with a certificate it signed.
+fn private_ca() -> (String, tokio_rustls::TlsAcceptor) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    (ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -307,4 +350,135 @@ async fn open_loop_run_writes_records_and_counts_router_named_workers() {
     assert_eq!(out.status.code(), Some(3), "401s are failures");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("HTTP 401"), "{stdout}");
+}
+
+/// `https://` against a server whose certificate a private CA signed: trusted through
+/// the system store's `SSL_CERT_FILE`, refused without it (every request fails, exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_runs_against_a_server_the_system_store_trusts() {
+    let (ca_pem, acceptor) = private_ca();
+    let port = start_server_with(Some(acceptor)).await;
+    let ca_file = scratch("ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let workload = scratch("tls.jsonl");
+    let line = "{\"body\":{\"model\":\"m\",\"prompt\":\"hello\"}}\n";
+    std::fs::write(&workload, line.repeat(3)).unwrap();
+    let run = |trust: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--url", &format!("https://127.0.0.1:{port}")])
+            .arg("--workload")
+            .arg(&workload)
+            .env("OPENAI_API_KEY", API_KEY);
+        if trust {
+            cmd.env("SSL_CERT_FILE", &ca_file);
+        } else {
+            cmd.env_remove("SSL_CERT_FILE");
+        }
+        cmd.output()
+    };
+    let out = run(true).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (summary["requests"].clone(), summary["errors"].clone()),
+        (json!(3), json!(0))
+    );
+    let out = run(false).await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "an untrusted certificate fails every request"
+    );
+}
+
+/// A stream whose three text chunks arrive 150 ms apart (chunked HTTP/1.1 written by
+/// hand): the record has its time to first token and two inter-token gaps of about
+/// the delay each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_report_ttft_and_inter_token_gaps() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = s.read(&mut buf).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                            transfer-encoding: chunked\r\nx-llm-router-worker: w7\r\n\r\n";
+                let _ = s.write_all(head.as_bytes()).await;
+                let usage =
+                    json!({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}});
+                let events = [
+                    json!({"choices": [{"delta": {"content": "a"}}]}).to_string(),
+                    json!({"choices": [{"delta": {"content": "b"}}]}).to_string(),
+                    json!({"choices": [{"delta": {"content": "c"}}]}).to_string(),
+                    json!({"choices": [], "usage": usage}).to_string(),
+                ];
+                for (i, e) in events.iter().enumerate() {
+                    if i > 0 && i < 3 {
+                        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                    }
+                    let data = format!("data: {e}\n\n");
+                    let _ = s
+                        .write_all(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes())
+                        .await;
+                    let _ = s.flush().await;
+                }
+                let done = "data: [DONE]\n\n";
+                let _ = s
+                    .write_all(format!("{:x}\r\n{done}\r\n0\r\n\r\n", done.len()).as_bytes())
+                    .await;
+            });
+        }
+    });
+    let workload = scratch("drip.jsonl");
+    std::fs::write(
+        &workload,
+        "{\"body\":{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}\n",
+    )
+    .unwrap();
+    let records = scratch("drip-records.jsonl");
+    let out = Command::new(BIN)
+        .args(["run", "--url", &format!("http://127.0.0.1:{port}")])
+        .arg("--workload")
+        .arg(&workload)
+        .arg("--records-out")
+        .arg(&records)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}");
+    let r: Value = serde_json::from_str(std::fs::read_to_string(&records).unwrap().trim()).unwrap();
+    let itl: Vec<f64> = r["itl_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(itl.len(), 2, "two gaps between three text reads: {r}");
+    assert!(
+        itl.iter().all(|g| *g >= 140.0),
+        "each gap is the server's delay: {itl:?}"
+    );
+    let (ttft, total) = (
+        r["ttft_ms"].as_f64().unwrap(),
+        r["latency_ms"].as_f64().unwrap(),
+    );
+    assert!(
+        ttft + 250.0 <= total,
+        "the first token came before both delays: ttft {ttft} of {total} ms"
+    );
+    assert_eq!(r["worker"], "w7", "named by the router's header");
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(
+        summary["itl_p50_ms"].as_f64().unwrap() >= 140.0,
+        "{summary}"
+    );
 }

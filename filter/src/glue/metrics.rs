@@ -39,6 +39,8 @@ pub struct Metrics {
 /// One worker's stats (`llm_router_worker.<name>.<field>`).
 struct WorkerMetrics {
     routed: Metric,
+    /// By `Label::ALL` position.
+    decisions: [Metric; Label::ALL.len()],
     matched_chars: Metric,
     routed_chars: Metric,
     /// In `worker::GAUGES` order.
@@ -49,6 +51,10 @@ impl WorkerMetrics {
     fn define(name: &str) -> WorkerMetrics {
         WorkerMetrics {
             routed: Metric::counter(&worker_metric(name, worker::ROUTED)),
+            decisions: Label::ALL.map(|l| {
+                let field = format!("{}{}", worker::DECISIONS_PREFIX, l.as_str());
+                Metric::counter(&worker_metric(name, &field))
+            }),
             matched_chars: Metric::counter(&worker_metric(name, worker::MATCHED_CHARS)),
             routed_chars: Metric::counter(&worker_metric(name, worker::ROUTED_CHARS)),
             gauges: worker::GAUGES.map(|f| Metric::gauge(&worker_metric(name, f))),
@@ -102,10 +108,9 @@ impl Metrics {
     /// text, plus the gate's work of every pool that decided.
     pub fn book(&self, b: &Booking, text_chars: usize) {
         let d = b.labelled;
-        if let Some(pos) = Label::ALL.iter().position(|l| *l == d.label()) {
-            if let Some(m) = self.decisions.get(pos) {
-                m.inc();
-            }
+        let label = Label::ALL.iter().position(|l| *l == d.label());
+        if let Some(m) = label.and_then(|pos| self.decisions.get(pos)) {
+            m.inc();
         }
         if let Some(pos) = Reason::ALL.iter().position(|r| *r == d.reason) {
             if let Some(m) = self.reasons.get(pos) {
@@ -114,6 +119,9 @@ impl Metrics {
         }
         if let Some(w) = self.workers.get(d.worker as usize) {
             w.routed.inc();
+            if let Some(m) = label.and_then(|pos| w.decisions.get(pos)) {
+                m.inc();
+            }
             w.matched_chars.add(d.matched_chars as u64);
             w.routed_chars.add(text_chars as u64);
         }

@@ -371,6 +371,15 @@ fn decision_reason_and_worker_stats_are_labelled_in_prometheus_output() {
         2.0,
         "both requests on the prefix owner"
     );
+    let per_worker_hit = text
+        .lines()
+        .find(|l| {
+            l.starts_with("llm_router_worker_decisions{")
+                && l.contains(&format!(r#"worker="{worker}""#))
+                && l.contains(r#"decision="cache_hit""#)
+        })
+        .unwrap_or_else(|| panic!("per-worker decisions with both labels:\n{text}"));
+    assert!(per_worker_hit.ends_with(" 1"), "{per_worker_hit}");
     let matched = value(&format!(
         r#"llm_router_worker_matched_chars{{worker="{worker}"}}"#
     ));
@@ -443,6 +452,17 @@ fn shipped_example_configs_route_for_real() {
         assert!(
             text.contains(r#"llm_router_decisions{decision="cache_hit"} 2"#),
             "{file}: its stats_tags label the decisions:\n{text}"
+        );
+        let owner_name = owner.clone().unwrap_or_default();
+        let owner_hits = text.lines().any(|l| {
+            l.starts_with("llm_router_worker_decisions{")
+                && l.contains(&format!(r#"worker="{owner_name}""#))
+                && l.contains(r#"decision="cache_hit""#)
+                && l.ends_with(" 2")
+        });
+        assert!(
+            owner_hits,
+            "{file}: per-worker decisions carry both labels:\n{text}"
         );
         // The access log is one JSON line per request, with the router's headers
         // (Envoy flushes it on its own schedule).
