@@ -145,3 +145,43 @@ fn a_config_listing_its_workers_replays_against_them() {
     let err = sim.fleet(&bad).unwrap_err().to_string();
     assert!(err.contains("workers[0].name"), "{err}");
 }
+
+/// `host-sim replay` exits 0 when every request succeeded and 3 when some failed
+/// (here: every worker serves a model the workload does not ask for), as
+/// `envoy/demo` and `llm-load` do, so a script cannot mistake a failing config for a
+/// good one.
+#[test]
+fn cli_replay_exits_non_zero_when_requests_fail() {
+    let dir = std::env::temp_dir().join(format!("host-sim-replay-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workload = dir.join("w.jsonl");
+    let cfg = GenerateConfig {
+        sessions: 3,
+        turns: 2,
+        model: "mock".into(),
+        ..GenerateConfig::default()
+    };
+    std::fs::write(&workload, to_jsonl(&generate(&cfg)).unwrap()).unwrap();
+    let run = |config: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
+            .args([
+                "replay",
+                "--baseline",
+                "none",
+                "--config",
+                config,
+                "--workload",
+            ])
+            .arg(&workload)
+            .arg("--wasm")
+            .arg(host_sim::require_built_filter())
+            .output()
+            .expect("host-sim runs")
+    };
+    let ok = run(r#"{"workers":[{"name":"a"},{"name":"b"}]}"#);
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    let failing = run(r#"{"workers":[{"name":"a","models":["other"]}]}"#);
+    assert_eq!(failing.status.code(), Some(3), "{failing:?}");
+    assert!(String::from_utf8_lossy(&failing.stderr).contains("requests failed"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
