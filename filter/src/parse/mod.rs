@@ -14,8 +14,10 @@
 //! rewrite) read the body the same way without looking at the path again.
 
 mod fields;
+mod inputs;
 
-use fields::{ChatText, InputText, Leaf, PromptText};
+use fields::{ChatText, Leaf};
+use inputs::{InputText, PromptText};
 use serde::Deserialize;
 
 /// Which API shape the body was read as.
