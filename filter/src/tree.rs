@@ -253,8 +253,10 @@ impl Tree {
         }
     }
 
-    /// The longest prefix of `text` the tree holds and who holds it.
-    pub fn prefix_match(&self, text: &str) -> PrefixMatch {
+    /// Walks the path `text` matches from the root, calling `visit` with each node on
+    /// it and the chars matched once that node is counted; returns the last node
+    /// reached (the root when nothing matched) and the chars matched in all.
+    fn walk(&self, text: &str, mut visit: impl FnMut(&Node, usize)) -> (NodeIdx, usize) {
         let mut cur = ROOT;
         let mut matched = 0usize;
         let mut rest = text;
@@ -265,13 +267,20 @@ impl Tree {
             let node = self.node(child);
             let (bytes, chars) = common_prefix(&node.text, rest);
             matched += chars;
+            visit(node, matched);
             cur = child;
             if bytes < node.text.len() {
                 break;
             }
             rest = rest.get(bytes..).unwrap_or_default();
         }
-        let mut owners: Vec<TenantId> = self.node(cur).tenants.iter().map(|(t, _)| *t).collect();
+        (cur, matched)
+    }
+
+    /// The longest prefix of `text` the tree holds and who holds it.
+    pub fn prefix_match(&self, text: &str) -> PrefixMatch {
+        let (last, matched) = self.walk(text, |_, _| {});
+        let mut owners: Vec<TenantId> = self.node(last).tenants.iter().map(|(t, _)| *t).collect();
         owners.sort_unstable();
         PrefixMatch {
             matched_chars: matched,
@@ -286,28 +295,14 @@ impl Tree {
     /// its depth is the matched length at the deepest node of the path it holds.
     pub fn tenant_matches(&self, text: &str) -> Vec<(TenantId, usize)> {
         let mut depths: Vec<(TenantId, usize)> = Vec::new();
-        let mut cur = ROOT;
-        let mut matched = 0usize;
-        let mut rest = text;
-        while let Some(first) = rest.chars().next() {
-            let Some(&child) = self.node(cur).children.get(&first) else {
-                break;
-            };
-            let node = self.node(child);
-            let (bytes, chars) = common_prefix(&node.text, rest);
-            matched += chars;
+        self.walk(text, |node, matched| {
             for (t, _) in &node.tenants {
                 match depths.iter_mut().find(|(d, _)| d == t) {
                     Some(entry) => entry.1 = matched,
                     None => depths.push((*t, matched)),
                 }
             }
-            cur = child;
-            if bytes < node.text.len() {
-                break;
-            }
-            rest = rest.get(bytes..).unwrap_or_default();
-        }
+        });
         depths.sort_unstable();
         depths
     }
