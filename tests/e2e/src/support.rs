@@ -36,6 +36,15 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Response {
     send(addr, path, &[], body.to_string().as_bytes())
 }
 
+/// The prompt tokens the engine served from its cache, as its answer reports them
+/// (`usage.prompt_tokens_details.cached_tokens`; 0 when absent).
+pub fn cached_tokens(r: &Response) -> u64 {
+    r.json()
+        .ok()
+        .and_then(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
+        .unwrap_or(0)
+}
+
 /// A response header that must be there.
 pub fn header(r: &Response, name: &str) -> String {
     r.header(name)

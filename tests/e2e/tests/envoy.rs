@@ -5,7 +5,7 @@
 //! Every fleet runs on OS-chosen ports and is stopped when its test ends, pass or
 //! fail.
 
-use e2e::support::{header, post, send, start, wait_until};
+use e2e::support::{cached_tokens, header, post, send, start, wait_until};
 use llm_demo::admin::{self, Response};
 use llm_demo::envoy::Target;
 use llm_demo::fleet::{Fleet, FleetSpec};
@@ -37,13 +37,6 @@ fn chat(system: &str, session: usize, turn: usize) -> Value {
 
 fn system_prompt(i: usize) -> String {
     format!("You are assistant number {i}. ") + &"Follow the house rules carefully. ".repeat(20)
-}
-
-fn cached_tokens(r: &Response) -> u64 {
-    r.json()
-        .ok()
-        .and_then(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! server, exactly as SGLang engines do. A pair only completes if the filter gave
 //! both the same room and the decode the chosen prefill's bootstrap address.
 
-use e2e::support::{header, post, start};
-use llm_demo::admin::{self, Response};
+use e2e::support::{cached_tokens, header, post, start};
+use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -30,13 +30,6 @@ fn chat(session: usize, turn: usize) -> Value {
         }
     }
     json!({"model": "mock", "messages": messages, "max_tokens": 4})
-}
-
-fn cached_tokens(r: &Response) -> u64 {
-    r.json()
-        .ok()
-        .and_then(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
-        .unwrap_or(0)
 }
 
 fn pairs(f: &Fleet) -> u64 {

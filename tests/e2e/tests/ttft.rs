@@ -7,7 +7,7 @@
 //! Needs the filter built (`cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm`) and Envoy installed (`envoy/get-envoy`); `tests/run` does both.
 
-use e2e::support::{header, post, start};
+use e2e::support::{cached_tokens, header, post, start};
 use llm_demo::admin::Response;
 use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
@@ -28,13 +28,6 @@ fn chat(session: usize, turn: usize) -> Value {
         }
     }
     json!({"model": "mock", "messages": messages})
-}
-
-fn cached_tokens(r: &Response) -> u64 {
-    r.json()
-        .ok()
-        .and_then(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
-        .unwrap_or(0)
 }
 
 #[test]
