@@ -15,9 +15,11 @@ use serde::Deserialize;
 use std::fmt;
 
 mod overload;
+mod ttft;
 mod workers;
 
 pub use overload::*;
+pub use ttft::*;
 pub use workers::{Pool, WorkerConfig};
 
 pub const DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
@@ -57,19 +59,6 @@ pub const DEFAULT_PREFILL_POLICY: Policy = Policy::CacheAware;
 /// Decode holds no prefix worth following (the KV arrives from prefill): spread the
 /// load, as SMG's PD deployments usually configure it.
 pub const DEFAULT_DECODE_POLICY: Policy = Policy::PowerOfTwo;
-/// `predicted_ttft`'s bounded-load cap: no worker above
-/// `ceil((1 + load_factor) * mean in-flight) + 1`.
-pub const DEFAULT_LOAD_FACTOR: f64 = 0.25;
-/// `predicted_ttft`'s prefill cost per uncached char before any observation
-/// (about 20 us per token at 4 chars per token).
-pub const DEFAULT_PREFILL_US_PER_CHAR: f64 = 5.0;
-/// `predicted_ttft`'s time one request ahead occupies the engine after its first
-/// byte, before any observation.
-pub const DEFAULT_SERVICE_MS: f64 = 20.0;
-/// `predicted_ttft`: a holder of the request's longest match keeps it while its
-/// predicted TTFT is at most this many times the best worker's.
-pub const DEFAULT_STAY_FACTOR: f64 = 2.0;
-
 /// How long the prefill copy of a PD request may take before the client gets a 504.
 /// SGLang's decode side waits this long for KV before giving up.
 pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 300_000;
@@ -301,57 +290,55 @@ impl Config {
         self.overload.validate()?;
         self.validate_queue_knobs()?;
         self.validate_workers()?;
-        let (uses_cache_aware, needed) = if self.is_pd() {
+        // Knobs of one policy are refused where no pool routes by it.
+        let knobs: [(Policy, &[(&str, bool)]); 2] = [
             (
-                self.prefill_policy == Policy::CacheAware
-                    || self.decode_policy == Policy::CacheAware,
-                "requires `prefill_policy` or `decode_policy` to be `cache_aware`",
-            )
-        } else {
+                Policy::PredictedTtft,
+                &[
+                    ("load_factor", self.load_factor.is_some()),
+                    ("prefill_us_per_char", self.prefill_us_per_char.is_some()),
+                    ("service_ms", self.service_ms.is_some()),
+                    ("stay_factor", self.stay_factor.is_some()),
+                ],
+            ),
             (
-                self.policy == Policy::CacheAware,
-                "requires `policy: cache_aware`",
-            )
-        };
-        let uses_ttft = if self.is_pd() {
-            self.prefill_policy == Policy::PredictedTtft
-                || self.decode_policy == Policy::PredictedTtft
-        } else {
-            self.policy == Policy::PredictedTtft
-        };
-        if !uses_ttft {
-            for (field, set) in [
-                ("load_factor", self.load_factor.is_some()),
-                ("prefill_us_per_char", self.prefill_us_per_char.is_some()),
-                ("service_ms", self.service_ms.is_some()),
-                ("stay_factor", self.stay_factor.is_some()),
-            ] {
-                if set {
-                    return Err(err(
-                        field,
-                        if self.is_pd() {
-                            "requires `prefill_policy` or `decode_policy` to be `predicted_ttft`"
-                        } else {
-                            "requires `policy: predicted_ttft`"
-                        },
-                    ));
-                }
+                Policy::CacheAware,
+                &[
+                    ("worker_queue_limit", self.worker_queue_limit.is_some()),
+                    (
+                        "saturation_queue_floor",
+                        self.saturation_queue_floor.is_some(),
+                    ),
+                ],
+            ),
+        ];
+        for (policy, fields) in knobs {
+            if self.routes_by(policy) {
+                continue;
             }
-        }
-        if !uses_cache_aware {
-            for (field, set) in [
-                ("worker_queue_limit", self.worker_queue_limit.is_some()),
-                (
-                    "saturation_queue_floor",
-                    self.saturation_queue_floor.is_some(),
-                ),
-            ] {
-                if set {
-                    return Err(err(field, needed));
-                }
+            if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
+                let rule = if self.is_pd() {
+                    format!(
+                        "requires `prefill_policy` or `decode_policy` to be `{}`",
+                        policy.as_str()
+                    )
+                } else {
+                    format!("requires `policy: {}`", policy.as_str())
+                };
+                return Err(err(*field, rule));
             }
         }
         Ok(())
+    }
+
+    /// Whether `policy` routes some request: the regular pool's, or in PD the
+    /// prefill or decode pool's.
+    fn routes_by(&self, policy: Policy) -> bool {
+        if self.is_pd() {
+            self.prefill_policy == policy || self.decode_policy == policy
+        } else {
+            self.policy == policy
+        }
     }
 
     /// Prefill/decode disaggregation: every request gets a prefill and a decode
@@ -367,18 +354,6 @@ impl Config {
             self.sync_interval_ms.min(self.overload.probe_interval_ms)
         } else {
             self.sync_interval_ms
-        }
-    }
-
-    /// `predicted_ttft`'s parameters, defaults filled in.
-    pub fn ttft_params(&self) -> crate::policy::TtftParams {
-        crate::policy::TtftParams {
-            load_factor: self.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR),
-            prefill_us_per_char: self
-                .prefill_us_per_char
-                .unwrap_or(DEFAULT_PREFILL_US_PER_CHAR),
-            service_ms: self.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
-            stay_factor: self.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
         }
     }
 
@@ -475,26 +450,7 @@ impl Config {
         if self.prefill_timeout_ms == 0 {
             return Err(err("prefill_timeout_ms", "must be >= 1"));
         }
-        if let Some(f) = self.load_factor {
-            if !(f.is_finite() && f >= 0.0) {
-                return Err(err("load_factor", "must be a finite number >= 0"));
-            }
-        }
-        if let Some(c) = self.prefill_us_per_char {
-            if !(c.is_finite() && c > 0.0) {
-                return Err(err("prefill_us_per_char", "must be a finite number > 0"));
-            }
-        }
-        if let Some(m) = self.service_ms {
-            if !(m.is_finite() && m >= 0.0) {
-                return Err(err("service_ms", "must be a finite number >= 0"));
-            }
-        }
-        if let Some(f) = self.stay_factor {
-            if !(f.is_finite() && f >= 1.0) {
-                return Err(err("stay_factor", "must be a finite number >= 1"));
-            }
-        }
+        self.validate_ttft_values()?;
         if self.stale_after_ms == 0 {
             return Err(err("stale_after_ms", "must be >= 1"));
         }

@@ -104,8 +104,11 @@ impl RootContext for Root {
             .metrics
             .tree_chars
             .set(state.router.tree_chars() as u64);
-        state.metrics.inflight.set(state.inflight_total());
-        let gauges = worker_gauges(state.router.config(), &state.loads());
+        // One read of the shared tables serves the whole Envoy's in-flight gauge and
+        // the per-worker ones.
+        let loads = state.loads();
+        state.metrics.inflight.set(loads.inflight.iter().sum());
+        let gauges = worker_gauges(state.router.config(), &loads);
         state.metrics.set_worker_gauges(&gauges);
         if let Some(prober) = self.prober.as_mut() {
             prober.tick(state, host::now_ms());

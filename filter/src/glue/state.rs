@@ -106,15 +106,6 @@ impl State {
             .read(&HostStore, &self.router.config().workers)
     }
 
-    /// The whole Envoy's in-flight requests.
-    pub fn inflight_total(&self) -> u64 {
-        self.shared
-            .inflight
-            .by_worker(&HostStore, &self.router.config().workers)
-            .iter()
-            .sum()
-    }
-
     /// Counts a request routed with the gate set but no fresh sample anywhere, and
     /// warns on 1 in 64: the condition is steady, so sampling exposes it without
     /// flooding the log.

@@ -51,6 +51,7 @@
 //! far busier.
 
 use super::{decide, Candidate};
+pub use crate::config::TtftParams;
 use crate::decision::{Decision, GateAudit, Prediction, Reason};
 use crate::rng::Rng;
 use crate::tree::TenantId;
@@ -65,19 +66,6 @@ pub const MIN_LEARN_CHARS: u64 = 256;
 /// The filter's clock counts milliseconds: a first byte in the same millisecond took
 /// about half of one, not nothing (a zero cost would make a worker look free).
 pub const MIN_TTFB_US: f64 = 500.0;
-
-/// The policy's settings (`Config::ttft_params`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TtftParams {
-    pub load_factor: f64,
-    /// Prefill cost per uncached char before a worker's is learned.
-    pub prefill_us_per_char: f64,
-    /// Service time per request ahead before a worker's is learned.
-    pub service_ms: f64,
-    /// A holder of the longest match stays while its prediction is at most this
-    /// many times the best.
-    pub stay_factor: f64,
-}
 
 /// A worker's learned costs (either may be unknown yet).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -1,0 +1,72 @@
+//! `predicted_ttft`'s settings: the plugin configuration's flat `load_factor`,
+//! `prefill_us_per_char`, `service_ms` and `stay_factor` keys, their defaults and
+//! rules, resolved into the `TtftParams` the policy reads. They live with the rest of
+//! the configuration so `config` depends on nothing else in the crate.
+
+use super::{err, Config, ConfigError};
+
+/// `predicted_ttft`'s bounded-load cap: no worker above
+/// `ceil((1 + load_factor) * mean in-flight) + 1`.
+pub const DEFAULT_LOAD_FACTOR: f64 = 0.25;
+/// `predicted_ttft`'s prefill cost per uncached char before any observation
+/// (about 20 us per token at 4 chars per token).
+pub const DEFAULT_PREFILL_US_PER_CHAR: f64 = 5.0;
+/// `predicted_ttft`'s time one request ahead occupies the engine after its first
+/// byte, before any observation.
+pub const DEFAULT_SERVICE_MS: f64 = 20.0;
+/// `predicted_ttft`: a holder of the request's longest match keeps it while its
+/// predicted TTFT is at most this many times the best worker's.
+pub const DEFAULT_STAY_FACTOR: f64 = 2.0;
+
+/// The policy's settings, defaults filled in (`Config::ttft_params`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftParams {
+    pub load_factor: f64,
+    /// Prefill cost per uncached char before a worker's is learned.
+    pub prefill_us_per_char: f64,
+    /// Service time per request ahead before a worker's is learned.
+    pub service_ms: f64,
+    /// A holder of the longest match stays while its prediction is at most this
+    /// many times the best.
+    pub stay_factor: f64,
+}
+
+impl Config {
+    /// `predicted_ttft`'s parameters, defaults filled in.
+    pub fn ttft_params(&self) -> TtftParams {
+        TtftParams {
+            load_factor: self.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR),
+            prefill_us_per_char: self
+                .prefill_us_per_char
+                .unwrap_or(DEFAULT_PREFILL_US_PER_CHAR),
+            service_ms: self.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
+            stay_factor: self.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
+        }
+    }
+
+    /// The settings' value rules (whether they may be set at all is the policy
+    /// check in `validate`).
+    pub(super) fn validate_ttft_values(&self) -> Result<(), ConfigError> {
+        if let Some(f) = self.load_factor {
+            if !(f.is_finite() && f >= 0.0) {
+                return Err(err("load_factor", "must be a finite number >= 0"));
+            }
+        }
+        if let Some(c) = self.prefill_us_per_char {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(err("prefill_us_per_char", "must be a finite number > 0"));
+            }
+        }
+        if let Some(m) = self.service_ms {
+            if !(m.is_finite() && m >= 0.0) {
+                return Err(err("service_ms", "must be a finite number >= 0"));
+            }
+        }
+        if let Some(f) = self.stay_factor {
+            if !(f.is_finite() && f >= 1.0) {
+                return Err(err("stay_factor", "must be a finite number >= 1"));
+            }
+        }
+        Ok(())
+    }
+}
