@@ -106,3 +106,83 @@ fn a_hot_prefix_spreads_and_conversations_stay_with_their_cache() {
     assert_eq!(hits + misses, 36, "one decision per routed request");
     assert!(hits >= 24, "every later turn is a hit: {hits}");
 }
+
+/// PD with `prefill_policy: predicted_ttft`: the prefill pool is where the cache and
+/// the prefill queue are, so the policy places prefills; a burst spreads over both
+/// prefill engines, later turns keep their prefill worker with real cache hits, and
+/// every pair still meets by room.
+#[test]
+fn in_pd_the_prefill_pool_spreads_a_burst_and_keeps_conversations() {
+    let f = start(&FleetSpec {
+        pd: Some((2, 2)),
+        plugin_config: json!({"prefill_policy": "predicted_ttft", "stay_factor": 10.0}),
+        engine_args: vec![
+            "--max-running=1".into(),
+            "--prefill-us-per-token=400".into(),
+        ],
+        ..FleetSpec::default()
+    });
+    let listener = f.envoy.listener;
+    let first: Vec<Response> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|session| {
+                s.spawn(move || post(listener, "/v1/chat/completions", &chat(session, 0)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread"))
+            .collect()
+    });
+    let mut home = BTreeMap::new();
+    for (session, r) in first.iter().enumerate() {
+        assert_eq!(r.status, 200, "{r:?}");
+        let prefill = header(r, "x-llm-router-prefill-worker").to_string();
+        assert_eq!(
+            header(r, "x-engine-prefill-worker"),
+            prefill,
+            "the decode engine got its KV from the prefill worker the router chose"
+        );
+        assert!(prefill.starts_with('p'), "{prefill}");
+        let predicted: f64 = header(r, "x-llm-router-predicted-ttft-ms")
+            .parse()
+            .expect("the prefill decision's predicted TTFT is a number of ms");
+        assert!(predicted >= 0.0);
+        home.insert(session, prefill);
+    }
+    let used: BTreeSet<&String> = home.values().collect();
+    assert_eq!(
+        used.len(),
+        2,
+        "the burst uses both prefill engines: {home:?}"
+    );
+    for turn in 1..3 {
+        for session in 0..8 {
+            let r = post(listener, "/v1/chat/completions", &chat(session, turn));
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(
+                header(&r, "x-llm-router-prefill-worker"),
+                home[&session],
+                "session {session} turn {turn} keeps its prefill worker"
+            );
+            assert_eq!(header(&r, "x-llm-router-decision"), "cache_hit");
+            assert_eq!(header(&r, "x-llm-router-reason"), "ttft_cache");
+            assert!(
+                cached_tokens(&r) > 0,
+                "the prefill engine served the history from cache: {r:?}"
+            );
+        }
+    }
+    let pairs: u64 = f
+        .engine_counter("decode", "engine_mock:pd_pairs_total")
+        .expect("decode metrics")
+        .values()
+        .sum();
+    assert_eq!(pairs, 24, "every request's pair met by room");
+    assert_eq!(
+        f.envoy
+            .filter_stat("llm_router_pd_prefill_failures")
+            .unwrap(),
+        0
+    );
+}
