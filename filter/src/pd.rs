@@ -10,7 +10,11 @@
 //! Bootstrap fields the client sent are replaced: a client must not choose where a
 //! decode engine fetches KV from. Everything else in the body is kept in its order.
 
-use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 use crate::parse::ApiKind;
 use crate::rng::Rng;
@@ -59,71 +63,244 @@ pub fn room(rng: &mut dyn Rng) -> u64 {
     rng.next_u64() >> 1
 }
 
+/// The body's top-level members, each value left as the text the client sent: the
+/// rewrite copies values through, so a body of millions of values costs one scan
+/// and one copy, never a tree of JSON values (which ran a VM out of memory).
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Members<'a> {
+    fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::new();
+                while let Some(Key(k)) = map.next_key()? {
+                    members.push((k, map.next_value()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A member name, borrowed from the body unless it had escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// How many prompts an array of prompts holds, read without building them: `None`
+/// for anything but an array whose first item is not a number (an array of numbers
+/// is one tokenised prompt).
+struct PromptCount(Option<usize>);
+
+impl<'de> serde::Deserialize<'de> for PromptCount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PromptCount;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let Some(first) = seq.next_element::<IsNumber>()? else {
+                    return Ok(PromptCount(None));
+                };
+                let mut n = 1usize;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    n = n.saturating_add(1);
+                }
+                Ok(PromptCount((!first.0).then_some(n)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                IgnoredAny.visit_map(map).map(|_| PromptCount(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(PromptCount(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(PromptCount(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(PromptCount(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(PromptCount(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(PromptCount(None))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(PromptCount(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Whether a value is a number; anything else is skipped without being built.
+struct IsNumber(bool);
+
+impl<'de> serde::Deserialize<'de> for IsNumber {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IsNumber;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(IsNumber(true))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(IsNumber(true))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(IsNumber(true))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(IsNumber(false))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(IsNumber(false))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(IsNumber(false))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                IgnoredAny.visit_seq(seq).map(|_| IsNumber(false))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                IgnoredAny.visit_map(map).map(|_| IsNumber(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Prompts in the request when it is a batch (`None`: one prompt, scalar fields).
 /// Completions batch by a `prompt` array of prompts (strings or token-id arrays; an
 /// array of numbers is one tokenised prompt); `/generate` by a `text` or `input_ids`
 /// array likewise; chat by `n > 1` (one room per choice, as SMG does).
-pub fn batch_size(kind: Option<ApiKind>, body: &Map<String, Value>) -> Option<usize> {
-    let prompts = |v: Option<&Value>| match v? {
-        Value::Array(items) => match items.first()? {
-            Value::Number(_) => None,
-            _ => Some(items.len()),
-        },
-        _ => None,
+fn batch_size(kind: Option<ApiKind>, body: &Members) -> Option<usize> {
+    let prompts = |key: &str| {
+        let raw = body.get(key)?;
+        serde_json::from_str::<PromptCount>(raw.get()).ok()?.0
     };
-    let chat = || match body.get("n").and_then(Value::as_u64) {
+    let chat = || match body
+        .get("n")
+        .and_then(|raw| serde_json::from_str::<u64>(raw.get()).ok())
+    {
         Some(n) if n > 1 => usize::try_from(n).ok(),
         _ => None,
     };
-    let completions = || prompts(body.get("prompt"));
-    let generate = || prompts(body.get("text")).or_else(|| prompts(body.get("input_ids")));
+    let completions = || prompts("prompt");
+    let generate = || prompts("text").or_else(|| prompts("input_ids"));
     match kind {
         Some(ApiKind::Chat) => chat(),
         Some(ApiKind::Completions) => completions(),
         Some(ApiKind::Generate) => generate(),
-        Some(ApiKind::Embeddings) => prompts(body.get("input")),
+        Some(ApiKind::Embeddings) => prompts("input"),
         Some(ApiKind::Responses) => None,
-        None if body.contains_key("messages") => chat(),
+        None if body.get("messages").is_some() => chat(),
         None => completions().or_else(generate),
     }
 }
 
 /// Adds the bootstrap fields to `body` (sent to the API `endpoint` names, as
-/// `crate::parse` read it), drawing one room per prompt from `rng`.
+/// `crate::parse` read it), drawing one room per prompt from `rng`. The client's
+/// members are copied through as sent, in their order, less its bootstrap fields.
 pub fn inject_bootstrap(
     endpoint: Option<ApiKind>,
     body: &[u8],
     target: Bootstrap,
     rng: &mut dyn Rng,
 ) -> Result<Rewritten, RewriteError> {
-    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
-        return Err(RewriteError::NotJsonObject);
-    };
-    let batch = batch_size(endpoint, &obj);
+    let members: Members = serde_json::from_slice(body).map_err(|_| RewriteError::NotJsonObject)?;
+    let batch = batch_size(endpoint, &members);
     if batch.is_some_and(|n| n > MAX_BATCH) {
         return Err(RewriteError::BatchTooLarge);
     }
     let rooms: Vec<u64> = (0..batch.unwrap_or(1)).map(|_| room(rng)).collect();
+    let host = serde_json::to_string(target.host).map_err(|_| RewriteError::NotJsonObject)?;
+    let port = target.port.to_string();
     let (host, port, room_value) = match batch {
         Some(n) => (
-            Value::Array(vec![Value::from(target.host); n]),
-            Value::Array(vec![Value::from(target.port); n]),
-            Value::Array(rooms.iter().map(|&r| Value::from(r)).collect()),
+            json_array(std::iter::repeat_n(host.as_str(), n)),
+            json_array(std::iter::repeat_n(port.as_str(), n)),
+            json_array(rooms.iter().map(|r| r.to_string())),
         ),
         None => (
-            Value::from(target.host),
-            Value::from(target.port),
-            Value::from(rooms.first().copied().unwrap_or_default()),
+            host,
+            port,
+            rooms.first().copied().unwrap_or_default().to_string(),
         ),
     };
-    for key in [BOOTSTRAP_HOST, BOOTSTRAP_PORT, BOOTSTRAP_ROOM] {
-        obj.shift_remove(key);
+    let mut out = Vec::with_capacity(body.len() + host.len() + port.len() + room_value.len() + 64);
+    out.push(b'{');
+    let bootstrap = [BOOTSTRAP_HOST, BOOTSTRAP_PORT, BOOTSTRAP_ROOM];
+    for (key, value) in members
+        .0
+        .iter()
+        .filter(|(k, _)| !bootstrap.contains(&k.as_ref()))
+    {
+        push_member(&mut out, key, value.get())?;
     }
-    obj.insert(BOOTSTRAP_HOST.to_string(), host);
-    obj.insert(BOOTSTRAP_PORT.to_string(), port);
-    obj.insert(BOOTSTRAP_ROOM.to_string(), room_value);
-    let body = serde_json::to_vec(&Value::Object(obj)).map_err(|_| RewriteError::NotJsonObject)?;
-    Ok(Rewritten { body, rooms })
+    for (key, value) in bootstrap.into_iter().zip([host, port, room_value]) {
+        push_member(&mut out, key, &value)?;
+    }
+    out.push(b'}');
+    Ok(Rewritten { body: out, rooms })
+}
+
+/// `"key":value` (after a comma unless it is the first member).
+fn push_member(out: &mut Vec<u8>, key: &str, value: &str) -> Result<(), RewriteError> {
+    if out.len() > 1 {
+        out.push(b',');
+    }
+    serde_json::to_writer(&mut *out, key).map_err(|_| RewriteError::NotJsonObject)?;
+    out.push(b':');
+    out.extend_from_slice(value.as_bytes());
+    Ok(())
+}
+
+fn json_array<S: AsRef<str>>(items: impl Iterator<Item = S>) -> String {
+    let mut s = String::from("[");
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(item.as_ref());
+    }
+    s.push(']');
+    s
 }
 
 /// Why the prefill copy failed, and what the client gets instead of a decode that
@@ -171,6 +348,7 @@ mod tests {
     use super::*;
     use crate::parse::endpoint_of;
     use crate::rng::SplitMix64;
+    use serde_json::Value;
 
     const P: Bootstrap = Bootstrap {
         host: "10.0.0.7",
@@ -271,6 +449,54 @@ mod tests {
             keys,
             ["prompt", BOOTSTRAP_HOST, BOOTSTRAP_PORT, BOOTSTRAP_ROOM]
         );
+    }
+
+    #[test]
+    fn members_are_copied_as_sent_and_escaped_bootstrap_names_still_go() {
+        let body =
+            r#"{ "a\u0062" : 1.50e2 , "bootstrap_\u0072oom" : 5, "prompt" : [ "x" , "y" ] }"#;
+        let out = inject_bootstrap(
+            Some(ApiKind::Completions),
+            body.as_bytes(),
+            P,
+            &mut SplitMix64(7),
+        )
+        .unwrap();
+        let text = String::from_utf8(out.body).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"ab":1.50e2,"prompt":[ "x" , "y" ],"bootstrap_host":["10.0.0.7","10.0.0.7"],"#
+            ),
+            "names re-encoded, values verbatim, the client's room dropped: {text}"
+        );
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v[BOOTSTRAP_ROOM], serde_json::json!(out.rooms));
+    }
+
+    #[test]
+    fn duplicate_members_pass_through_and_the_last_decides_the_batch() {
+        let (v, rooms) = rewrite(
+            "/v1/completions",
+            r#"{"prompt":"one","prompt":["a","b"],"bootstrap_port":1,"bootstrap_port":2}"#,
+        );
+        assert_eq!(rooms.len(), 2, "the engine reads the last `prompt`");
+        assert_eq!(v[BOOTSTRAP_PORT], serde_json::json!([8998, 8998]));
+    }
+
+    #[test]
+    fn a_long_token_prompt_is_one_prompt_and_is_not_rebuilt() {
+        let ids = vec!["7"; 200_000].join(",");
+        let body = format!(r#"{{"prompt":[{ids}],"max_tokens":1}}"#);
+        let out = inject_bootstrap(
+            Some(ApiKind::Completions),
+            body.as_bytes(),
+            P,
+            &mut SplitMix64(3),
+        )
+        .unwrap();
+        assert_eq!(out.rooms.len(), 1);
+        let end = body.len() - 1;
+        assert_eq!(out.body.get(..end), body.as_bytes().get(..end));
     }
 
     #[test]

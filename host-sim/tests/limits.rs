@@ -71,3 +71,49 @@ fn the_vm_memory_is_capped_like_envoys() {
     });
     assert!(out.is_err(), "a 20 MB body cannot fit a 16 MB VM: {out:?}");
 }
+
+/// In PD mode the same body is also rewritten with the bootstrap fields for both
+/// engines: the rewrite copies the client's values through as text, so a body of
+/// millions of numbers is rewritten and sent to both, where building JSON values of
+/// it ran the VM out of its 1 GiB.
+#[test]
+fn pd_rewrites_bodies_of_millions_of_numbers_without_a_trap() {
+    let config = r#"{"workers":[
+        {"name":"p0","pool":"prefill","cluster":"prefill_0","address":"10.0.0.1:30000","bootstrap_port":8998},
+        {"name":"d0","pool":"decode","cluster":"decode_0"}]}"#;
+    let mut host = build(builder(config, 1, 1, &["prefill_0", "decode_0"]), config);
+    let body = numbers_body(60);
+    let out = host
+        .vm(0)
+        .request(RequestSpec {
+            headers: vec![
+                (":method", "POST"),
+                (":path", "/v1/chat/completions"),
+                (":authority", "x"),
+                ("content-type", "application/json"),
+            ],
+            body: body.clone(),
+            body_chunks: 8,
+        })
+        .unwrap_or_else(|e| panic!("the filter trapped: {e:#}"));
+    assert!(out.continued, "routed: {:?}", out.local_response);
+    let [call] = out.http_calls.as_slice() else {
+        panic!("one prefill copy: {:?}", out.http_calls.len());
+    };
+    assert_eq!(
+        call.body, out.request_body,
+        "both engines get the same body"
+    );
+    let tail = b"],\"bootstrap_host\":\"10.0.0.1\",\"bootstrap_port\":8998,\"bootstrap_room\":";
+    assert_eq!(
+        out.request_body.get(..body.len() - 2),
+        body.get(..body.len() - 2),
+        "the client's members are copied through as sent"
+    );
+    assert!(
+        out.request_body
+            .get(body.len() - 2..)
+            .is_some_and(|t| t.starts_with(tail)),
+        "the bootstrap fields follow them"
+    );
+}
