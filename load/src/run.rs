@@ -11,7 +11,7 @@
 use crate::report::JsonSummary;
 use crate::stats::Summary;
 use anyhow::{bail, Result};
-use llm_router::decision::Label;
+use llm_router::decision::{Label, Reason};
 use llm_router::metric_names as names;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -91,6 +91,8 @@ pub struct RunResult {
     pub summary: Summary,
     /// Decision counts per label.
     pub decisions: BTreeMap<String, u64>,
+    /// Why each decision was taken (`x-llm-router-reason`), the reasons seen.
+    pub reasons: BTreeMap<String, u64>,
     /// Cross-thread tree sync counters.
     pub sync: BTreeMap<String, u64>,
     /// Queue gate and collector counters.
@@ -120,10 +122,18 @@ impl RunResult {
                 (l.as_str().to_string(), v)
             })
             .collect();
+        let reasons = Reason::ALL
+            .iter()
+            .filter_map(|r| {
+                let v = stat(&envoy_stat(&names::reason_metric(*r)))?;
+                (v > 0).then(|| (r.as_str().to_string(), v))
+            })
+            .collect();
         Self {
             policy,
             summary,
             decisions,
+            reasons,
             sync: pick("llm_router_sync_", &SYNC_COUNTERS),
             gate: pick("llm_router_", &GATE_COUNTERS),
             notes: Vec::new(),
@@ -174,6 +184,7 @@ impl RunResult {
             "  router decisions (Envoy stats): {}\n",
             join(&self.decisions)
         );
+        out += &format!("  reasons: {}\n", join(&self.reasons));
         out += &format!("  tree sync across Envoy threads: {}\n", join(&self.sync));
         out += &format!("  queue gate and collector: {}\n", join(&self.gate));
         for note in &self.notes {
@@ -196,6 +207,7 @@ impl RunResult {
             "ttft_p99_ms": j.ttft_p99_ms,
             "policy": self.policy,
             "decisions": self.decisions,
+            "reasons": self.reasons,
             "sync": self.sync,
             "gate": self.gate,
             "prompt_tokens": j.prompt_tokens,
@@ -341,15 +353,29 @@ mod tests {
 
     #[test]
     fn counters_are_read_by_envoy_name() {
-        let mut r = RunResult::new("cache_aware".into(), Summary::default(), |name| {
-            (name == "wasmcustom.llm_router_decisions_cache_hit").then_some(7)
-        });
+        let mut r = RunResult::new(
+            "cache_aware".into(),
+            Summary::default(),
+            |name| match name {
+                "wasmcustom.llm_router_decisions_cache_hit" => Some(7),
+                "wasmcustom.llm_router_reasons_cache_hit" => Some(7),
+                "wasmcustom.llm_router_reasons_imbalanced" => Some(0),
+                _ => None,
+            },
+        );
         r.notes.push("PD pairs 3".into());
         r.fields.insert("pd_pairs".into(), json!(3));
         assert_eq!(r.decisions["cache_hit"], 7);
         assert_eq!(r.decisions["cache_miss"], 0);
+        assert_eq!(
+            r.reasons,
+            BTreeMap::from([("cache_hit".to_string(), 7)]),
+            "the reasons seen, none that never happened"
+        );
+        assert!(r.report().contains("  reasons: cache_hit 7\n"));
         let line = last_line(&r, Some(&r), 1, 4);
         assert_eq!(line["decisions"]["cache_hit"], 7);
+        assert_eq!(line["reasons"], json!({"cache_hit": 7}));
         assert_eq!(line["baseline"]["policy"], "cache_aware");
         assert_eq!(
             (line["workers"].clone(), line["envoy_concurrency"].clone()),
