@@ -6,6 +6,7 @@
 use proxy_wasm::types::Action;
 
 use super::host::{self, request_header, HostStore};
+use super::membership::with_membership;
 use super::reply;
 use super::state::Shared;
 use crate::push::{parse_push, token_matches, PushError};
@@ -70,15 +71,21 @@ pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
 
 /// Stores a whole snapshot, all or nothing, and answers the collector.
 pub fn accept(state: &Shared, body: &[u8]) -> Action {
-    let slot = state.borrow();
-    let Some(state) = slot.as_ref() else {
+    let mut slot = state.borrow_mut();
+    let Some(state) = slot.as_mut() else {
         return reply::json(503, "not_configured", "{\"error\":\"not configured\"}");
     };
-    let workers = &state.router.config().workers;
     let limit = state.router.config().stats_max_bytes;
-    let outcome = parse_push(body, limit, workers, host::now_ms()).and_then(|reports| {
+    let now = host::now_ms();
+    // Discovery mode: the samples are checked against the list the push's
+    // membership leaves, which is stored only if they pass.
+    let parsed = with_membership(state, body, now, |workers| {
+        let reports = parse_push(body, limit, workers, now)?;
+        Ok((workers.to_vec(), reports))
+    });
+    let outcome = parsed.and_then(|(workers, reports)| {
         let n = reports.iter().filter(|r| r.is_some()).count();
-        if state.shared.samples.write(&HostStore, workers, &reports) {
+        if state.shared.samples.write(&HostStore, &workers, &reports) {
             // What this Envoy had in flight when the engines were sampled: engine
             // load beyond it is other routers'.
             if state.router.config().uses_predicted_ttft() {
