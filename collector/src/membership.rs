@@ -26,8 +26,8 @@ pub struct Worker {
     /// Full URL of the engine's Prometheus endpoint.
     pub metrics_url: String,
     pub naming: Naming,
-    /// The Envoy cluster that reaches it, when Envoy named it: the worker's own
-    /// cluster, or the pool cluster its endpoint belongs to.
+    /// The Envoy cluster holding only this engine, when Envoy named one (a
+    /// `--cluster-prefix` cluster); pool hosts share their pool's and have none.
     pub cluster: Option<String>,
 }
 
@@ -147,7 +147,9 @@ pub fn parse_envoy_clusters(
                     metrics_url: format!("http://{address}/metrics"),
                     address,
                     naming: Naming::ByAddress,
-                    cluster: Some(c.name.clone()),
+                    // The pool's cluster is not the worker's own: the filter's
+                    // overload probes would land on any of its hosts.
+                    cluster: None,
                 });
             }
         } else if let Some(name) = c
@@ -254,8 +256,8 @@ mod tests {
         assert_eq!(pool[1].metrics_url, "http://[::1]:8000/metrics");
         assert_eq!(
             pool[0].member_json(),
-            serde_json::json!({"name":"10.0.0.8:8000","cluster":"pool","address":"10.0.0.8:8000"}),
-            "a pool host is named by its address, in its pool cluster"
+            serde_json::json!({"name":"10.0.0.8:8000","address":"10.0.0.8:8000"}),
+            "a pool host is named by its address, with no cluster of its own"
         );
         // A prefix that matches nothing leaves only the pool.
         let (w, _) =

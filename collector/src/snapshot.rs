@@ -232,8 +232,11 @@ mod tests {
             Config::from_json(br#"{"workers_from":"collector","stats_token":"t"}"#).unwrap();
         let pushed = parse_membership(&body).unwrap().expect("membership sent");
         let list = update(&discovery, &[], &pushed, 0).expect("a valid worker list");
-        let names: Vec<_> = list.iter().map(|w| (w.name.as_str(), w.cluster())).collect();
-        assert_eq!(names, [("10.0.0.8:8000", "pool"), ("w0", "engine_w0")]);
+        let names: Vec<_> = list
+            .iter()
+            .map(|w| (w.name.as_str(), w.cluster.as_deref()))
+            .collect();
+        assert_eq!(names, [("10.0.0.8:8000", None), ("w0", Some("engine_w0"))]);
         let reports = parse_push(&body, 1 << 20, &list, 0).expect("samples name the list");
         assert!(reports.iter().all(Option::is_some), "{reports:?}");
 
