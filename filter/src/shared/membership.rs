@@ -19,6 +19,10 @@ pub struct Membership {
     pub workers: Vec<WorkerConfig>,
 }
 
+/// The shortest encoded worker: an empty name (4), the pool (1), no models (4) and
+/// five absent optional fields (1 each).
+const MIN_WORKER_BYTES: usize = 4 + 1 + 4 + 5;
+
 pub(crate) fn pool_code(p: Pool) -> u8 {
     match p {
         Pool::Regular => 0,
@@ -91,9 +95,9 @@ impl Membership {
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Option<Membership> {
         let version = r.u64()?;
         let n = r.u32()? as usize;
-        // Every worker takes at least 20 bytes: a count past what is left is garbage,
-        // refused before anything is allocated for it.
-        if n > r.0.len() / 20 {
+        // Every worker takes at least `MIN_WORKER_BYTES`: a count past what is left is
+        // garbage, refused before anything is allocated for it.
+        if n > r.0.len() / MIN_WORKER_BYTES {
             return None;
         }
         let mut workers = Vec::with_capacity(n);
@@ -211,6 +215,16 @@ mod tests {
         assert_eq!(Membership::decode(&bytes), Some(m.clone()));
         let empty = Membership::default();
         assert_eq!(Membership::decode(&empty.encode()), Some(empty));
+        let shortest = Membership {
+            version: 1,
+            workers: vec![serde_json::from_str(r#"{"name":""}"#).unwrap(); 50],
+        };
+        assert_eq!(
+            Membership::decode(&shortest.encode()),
+            Some(shortest.clone()),
+            "the count guard lets the shortest workers through"
+        );
+        assert_eq!(shortest.encode().len(), 8 + 4 + 50 * MIN_WORKER_BYTES);
         for cut in 0..bytes.len() {
             assert_eq!(
                 Membership::decode(&bytes[..cut]),
