@@ -119,11 +119,11 @@ fn a_leaver_takes_nothing_new_keeps_its_tenants_for_the_grace_then_loses_them() 
             "VM {vm}: a leaving worker takes no new request"
         );
     }
-    // It flaps back within the grace: its tenants were kept, the conversation
-    // returns home.
+    // It flaps back within the grace: its tenants were kept, so the conversation
+    // only it holds (the request in flight) returns to it.
     h.advance_time(GRACE_MS - 1).unwrap();
     accepted(&mut h, 2, &["w0", "w1"]);
-    let (cluster, reason) = route(&mut h, 0, &format!("{DOC} back home"));
+    let (cluster, reason) = route(&mut h, 0, &format!("{DOC} in flight, continued"));
     assert_eq!((cluster.as_str(), reason.as_str()), (home.as_str(), "cache_hit"));
 
     // It leaves for longer than the grace: removed, and its tenants with it.
@@ -149,11 +149,11 @@ fn a_leaver_takes_nothing_new_keeps_its_tenants_for_the_grace_then_loses_them() 
         "its count was released by name"
     );
     accepted(&mut h, 1, &[stays, gone]);
-    let (cluster, reason) = route(&mut h, 2, &format!("{DOC} after the return"));
+    let (cluster, reason) = route(&mut h, 2, &format!("{DOC} in flight, once more"));
     assert_eq!(
         (cluster, reason.as_str()),
         (format!("engine_{stays}"), "cache_hit"),
-        "the returning worker starts without the tenants it lost"
+        "the returning worker starts without the tenants it lost: the document's other holder hits"
     );
 }
 
@@ -170,8 +170,8 @@ fn a_bad_membership_push_is_refused_whole_and_changes_nothing() {
             "membership[0].address",
         ),
         (
-            r#"{"membership":[{"name":"w9"}],"workers":[{"name":"w0"}]}"#.to_string(),
-            "unknown worker `w0`",
+            r#"{"membership":[{"name":"w9"}],"workers":[{"name":"w7"}]}"#.to_string(),
+            "unknown worker `w7`",
         ),
         (
             r#"{"membership":[{"name":"w9","port":1}],"workers":[]}"#.to_string(),

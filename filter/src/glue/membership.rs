@@ -20,12 +20,12 @@ pub fn with_membership<T>(
     now_ms: u64,
     check: impl Fn(&[WorkerConfig]) -> Result<T, PushError>,
 ) -> Result<T, PushError> {
-    let pushed = if state.router.config().discovers() {
-        parse_membership(body)?
-    } else {
-        None
-    };
-    let Some(pushed) = pushed else {
+    if !state.router.config().discovers() {
+        return check(&state.router.config().workers);
+    }
+    let Some(pushed) = parse_membership(body)? else {
+        // This thread may not have applied the latest list yet.
+        state.catch_up();
         return check(&state.router.config().workers);
     };
     for _ in 0..CAS_ATTEMPTS {

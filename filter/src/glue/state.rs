@@ -160,11 +160,30 @@ impl State {
         self.follow_membership(version);
     }
 
-    /// Per-worker stats follow a worker list that changed since `version`.
+    /// Per-worker stats follow a worker list that changed since `version`, and the
+    /// change is logged (once per VM: operators see when each thread switched).
     fn follow_membership(&mut self, version: u64) {
-        if self.router.membership_version() != version {
-            self.metrics.reconfigure(self.router.config());
+        let now = self.router.membership_version();
+        if now == version {
+            return;
         }
+        let cfg = self.router.config();
+        self.metrics.reconfigure(cfg);
+        let names = |routable: bool| {
+            cfg.workers
+                .iter()
+                .filter(|w| w.routable() == routable)
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+        };
+        host::log(
+            LogLevel::Info,
+            &format!(
+                "llm-router: discovered workers (version {now}): {:?}, leaving {:?}",
+                names(true),
+                names(false)
+            ),
+        );
     }
 
     /// Shares `op` with every VM and applies it here (in ring order).
