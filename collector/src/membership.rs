@@ -26,6 +26,24 @@ pub struct Worker {
     /// Full URL of the engine's Prometheus endpoint.
     pub metrics_url: String,
     pub naming: Naming,
+    /// The Envoy cluster holding only this engine, when Envoy named one (a
+    /// `--cluster-prefix` cluster); pool hosts share their pool's and have none.
+    pub cluster: Option<String>,
+}
+
+impl Worker {
+    /// The worker as the snapshot's `membership` lists it, with the fields a
+    /// configured worker has, so a filter in discovery mode (`workers_from:
+    /// collector`) takes the collector's list as its own.
+    pub fn member_json(&self) -> serde_json::Value {
+        let mut o = serde_json::Map::new();
+        o.insert("name".into(), self.name.clone().into());
+        if let Some(c) = &self.cluster {
+            o.insert("cluster".into(), c.clone().into());
+        }
+        o.insert("address".into(), self.address.clone().into());
+        serde_json::Value::Object(o)
+    }
 }
 
 /// Parses `NAME=http://host:port` or `NAME=https://...` (a path other than `/` is
@@ -53,6 +71,7 @@ pub fn parse_static(spec: &str) -> anyhow::Result<Worker> {
         address: authority.as_str().to_string(),
         metrics_url: format!("{scheme}://{authority}{path}"),
         naming: Naming::Named,
+        cluster: None,
     })
 }
 
@@ -128,6 +147,9 @@ pub fn parse_envoy_clusters(
                     metrics_url: format!("http://{address}/metrics"),
                     address,
                     naming: Naming::ByAddress,
+                    // The pool's cluster is not the worker's own: the filter's
+                    // overload probes would land on any of its hosts.
+                    cluster: None,
                 });
             }
         } else if let Some(name) = c
@@ -142,6 +164,7 @@ pub fn parse_envoy_clusters(
                     address: address.clone(),
                     metrics_url: format!("http://{address}/metrics"),
                     naming: Naming::Named,
+                    cluster: Some(c.name.clone()),
                 }),
                 [] => warnings.push(format!("cluster `{}` has no host with a socket address", c.name)),
                 more => warnings.push(format!(
@@ -178,6 +201,11 @@ mod tests {
     fn static_specs() {
         let w = parse_static("w0=http://127.0.0.1:8001").unwrap();
         assert_eq!(
+            w.member_json(),
+            serde_json::json!({"name":"w0","address":"127.0.0.1:8001"}),
+            "a flag names no cluster: the filter's default (the name) applies"
+        );
+        assert_eq!(
             (w.name.as_str(), w.address.as_str()),
             ("w0", "127.0.0.1:8001")
         );
@@ -205,6 +233,11 @@ mod tests {
         );
         assert!(w.iter().all(|w| w.naming == Naming::Named));
         assert_eq!(w[0].metrics_url, "http://127.0.0.1:8001/metrics");
+        assert_eq!(
+            w[0].member_json(),
+            serde_json::json!({"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}),
+            "the filter reaches the worker through the cluster Envoy named"
+        );
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(warnings
             .iter()
@@ -221,6 +254,11 @@ mod tests {
         assert_eq!(pool[0].name, "10.0.0.8:8000");
         assert_eq!(pool[1].name, "[::1]:8000");
         assert_eq!(pool[1].metrics_url, "http://[::1]:8000/metrics");
+        assert_eq!(
+            pool[0].member_json(),
+            serde_json::json!({"name":"10.0.0.8:8000","address":"10.0.0.8:8000"}),
+            "a pool host is named by its address, with no cluster of its own"
+        );
         // A prefix that matches nothing leaves only the pool.
         let (w, _) =
             parse_envoy_clusters(CLUSTERS.as_bytes(), "nomatch_", &["pool".into()]).unwrap();

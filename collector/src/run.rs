@@ -331,6 +331,7 @@ impl Collector {
             seq: self.seq,
             interval_ms: u64::try_from(self.cfg.interval.as_millis()).unwrap_or(u64::MAX),
             workers,
+            membership: self.workers.iter().map(Worker::member_json).collect(),
         };
         let have_workers = match self.cfg.membership {
             Membership::Static(_) => true,

@@ -4,6 +4,12 @@
 //! The filter replaces its whole load table with each push, so every known worker
 //! is always listed; an unreachable one says so explicitly rather than being left
 //! out (left out reads as "never reported") or reported with zeros (reads as idle).
+//!
+//! `membership` lists the workers the collector knows (from `--engine` flags or
+//! Envoy's clusters), with the fields a configured worker has: a filter in
+//! discovery mode (`workers_from: collector`) takes it as its worker list, and a
+//! filter with static workers ignores it (unknown fields of a push are not read), so
+//! the one document serves both.
 
 use crate::membership::{Naming, Worker};
 use crate::metrics::EngineMetrics;
@@ -19,6 +25,8 @@ pub struct Snapshot {
     pub seq: u64,
     pub interval_ms: u64,
     pub workers: Vec<WorkerReport>,
+    /// The known workers, `Worker::member_json` each.
+    pub membership: Vec<Value>,
 }
 
 /// One worker's line, as the filter reads it.
@@ -139,6 +147,7 @@ impl Snapshot {
             "seq": self.seq,
             "interval_ms": self.interval_ms,
             "workers": self.workers.iter().map(WorkerReport::to_json).collect::<Vec<_>>(),
+            "membership": self.membership,
         })
     }
 }
@@ -154,6 +163,7 @@ mod tests {
             address: "127.0.0.1:8001".into(),
             metrics_url: "http://127.0.0.1:8001/metrics".into(),
             naming,
+            cluster: None,
         }
     }
 
@@ -181,14 +191,61 @@ mod tests {
                     Some(-1.0),
                 ),
             ],
+            membership: vec![json!({"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"})],
         };
         // Compared as JSON values: key order is not part of the contract (and depends
         // on serde_json's `preserve_order`, which the workspace turns on).
         let want: serde_json::Value = serde_json::from_str(
-            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":null}]}"#,
+            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":null}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
         )
         .unwrap();
         assert_eq!(s.to_json(), want);
+    }
+
+    /// What the collector discovers from Envoy, pushed to a filter of either mode:
+    /// the discovery filter takes the membership and the samples that name it; a
+    /// static filter reads the samples and ignores the membership.
+    #[test]
+    fn both_filter_modes_take_the_snapshot() {
+        use llm_router::config::Config;
+        use llm_router::membership::{parse_membership, update};
+        use llm_router::push::parse_push;
+        let clusters = r#"{"cluster_statuses":[
+            {"name":"engine_w0","host_statuses":[{"address":{"socket_address":{"address":"127.0.0.1","port_value":8001}}}]},
+            {"name":"pool","host_statuses":[{"address":{"socket_address":{"address":"10.0.0.8","port_value":8000}}}]}]}"#;
+        let (workers, _) =
+            crate::membership::parse_envoy_clusters(clusters.as_bytes(), "engine_", &["pool".into()])
+                .unwrap();
+        let s = Snapshot {
+            collector: COLLECTOR_NAME,
+            seq: 1,
+            interval_ms: 1000,
+            workers: workers
+                .iter()
+                .map(|w| WorkerReport::unreachable(w, "not scraped yet"))
+                .collect(),
+            membership: workers.iter().map(Worker::member_json).collect(),
+        };
+        let body = serde_json::to_vec(&s.to_json()).unwrap();
+
+        let discovery =
+            Config::from_json(br#"{"workers_from":"collector","stats_token":"t"}"#).unwrap();
+        let pushed = parse_membership(&body).unwrap().expect("membership sent");
+        let list = update(&discovery, &[], &pushed, 0).expect("a valid worker list");
+        let names: Vec<_> = list
+            .iter()
+            .map(|w| (w.name.as_str(), w.cluster.as_deref()))
+            .collect();
+        assert_eq!(names, [("10.0.0.8:8000", None), ("w0", Some("engine_w0"))]);
+        let reports = parse_push(&body, 1 << 20, &list, 0).expect("samples name the list");
+        assert!(reports.iter().all(Option::is_some), "{reports:?}");
+
+        let fixed = Config::from_json(
+            br#"{"workers":[{"name":"w0"},{"name":"p","address":"10.0.0.8:8000"}]}"#,
+        )
+        .unwrap();
+        let reports = parse_push(&body, 1 << 20, &fixed.workers, 0).expect("static filters too");
+        assert!(reports.iter().all(Option::is_some), "{reports:?}");
     }
 
     #[test]

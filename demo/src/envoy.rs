@@ -106,7 +106,8 @@ pub fn plugin_config(spec: &EnvoySpec) -> Value {
     cfg
 }
 
-fn endpoint(addr: SocketAddr) -> Value {
+/// One `lb_endpoints` entry.
+pub fn endpoint(addr: SocketAddr) -> Value {
     json!({"endpoint": {"address": {"socket_address": {
         "address": addr.ip().to_string(), "port_value": addr.port()}}}})
 }

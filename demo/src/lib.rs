@@ -8,6 +8,7 @@
 //! never collide.
 
 pub mod admin;
+pub mod discovery;
 pub mod envoy;
 pub mod fleet;
 pub mod paths;

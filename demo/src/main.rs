@@ -10,6 +10,12 @@
 //! middle third, and overload thresholds scaled to that time (see `demo_overload`).
 //! The report shows the slow worker's request share per phase and the overload
 //! counters from Envoy's stats.
+//!
+//! `--discovery` runs membership from service discovery instead (`discovery_run`):
+//! no worker in the filter's config, engines joining and leaving through Envoy's
+//! EDS while the workload runs.
+
+mod discovery_run;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -119,6 +125,11 @@ struct Args {
     /// With `--slow-worker`: each third of the run is paced over at least this long.
     #[arg(long, default_value_t = 8.0)]
     phase_s: f64,
+    /// Membership from service discovery: the filter lists no workers, Envoy reads
+    /// the engines from a watched EDS file, the collector pushes what Envoy knows;
+    /// mid-run an engine joins and `w0` leaves. No baseline run.
+    #[arg(long, conflicts_with_all = ["slow_worker", "baseline"])]
+    discovery: bool,
 }
 
 const DEFAULT_SYSTEM_PROMPTS: usize = 8;
@@ -541,6 +552,17 @@ fn real_main(args: &Args) -> Result<bool> {
     std::fs::create_dir_all(&args.dir)?;
     let rt = tokio::runtime::Runtime::new()?;
     let items = workload(args)?;
+    if args.discovery {
+        let (result, checks) = discovery_run::run(args, &items, &rt)?;
+        run::print_report(
+            &result,
+            None,
+            args.envoy_concurrency,
+            args.workers + 1,
+            Some(&args.dir.display().to_string()),
+        );
+        return Ok(checks && result.summary.errors == 0);
+    }
     let main_run = run_policy(args, &args.policy, false, &items, &rt)?;
     let baseline_name = match &args.baseline {
         Some(b) => b.clone(),

@@ -8,7 +8,8 @@
    listener run the same filter config with the same vm_id; the stats listener is
    loopback only; engine routes have timeout 0s and the body buffer is raised; every
    worker's cluster exists and is what its route sends to; the collector's token,
-   push URL and engine names agree with the plugin config.
+   push URL and engine names agree with the plugin config, and its readiness and
+   liveness probes ask /healthz on its --listen port, listening beyond loopback.
 3. The rendered configuration passes `envoy --mode validate` (which loads the .wasm
    and runs its on_configure, so the plugin config is checked by the filter too), and
    each plugin config passes `host-sim check-config`.
@@ -21,7 +22,8 @@
    installed, `skopeo inspect` reads it.
 6. Self-test: broken copies of the recipes (allow_on_headers_stop_iteration removed,
    FAIL_OPEN, no route timeout, the filter after the router, a token mismatch, the
-   old listener name, a corrupted blob...) must each fail.
+   old listener name, a corrupted blob, collector probes missing or on loopback...)
+   must each fail.
 """
 
 import argparse
@@ -176,6 +178,27 @@ def invariants(r):
         names = sorted(w["name"] for w in pc.get("workers", []))
         if sorted(engines) != names:
             errs.append(f"collector engines {sorted(engines)} are not the workers {names}")
+    if r.collector is not None:
+        errs.extend(probe_problems(r.collector))
+    return errs
+
+
+def probe_problems(container):
+    """The collector's readiness and liveness probes must ask its own /healthz, on the
+    port of its --listen, which must listen beyond loopback (the kubelet probes from
+    outside the pod)."""
+    listen = [a.split("=", 1)[1] for a in container.get("args", []) if a.startswith("--listen=")]
+    if not listen:
+        return ["the collector has no --listen: nothing answers its health probes"]
+    host, _, port = listen[0].rpartition(":")
+    errs = []
+    if host in ("127.0.0.1", "localhost", "[::1]"):
+        errs.append(f"collector --listen={listen[0]} is loopback: the kubelet's probes come "
+                    "from outside the pod")
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = (container.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != "/healthz" or str(get.get("port")) != port:
+            errs.append(f"collector {probe} is not GET /healthz on its --listen port {port}")
     return errs
 
 
@@ -571,6 +594,17 @@ def mutations():
         c = recipes.collector_container(dep["spec"]["template"]["spec"]["containers"])
         c["args"][0] = "--push-url=http://127.0.0.1:10002/llm-router/stats"
 
+    def istio_no_readiness(d):
+        dep = find(d, "Deployment")
+        c = recipes.collector_container(dep["spec"]["template"]["spec"]["containers"])
+        del c["readinessProbe"]
+
+    def eg_probe_loopback(d):
+        dep = find(d, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+        containers = dep["patch"]["value"]["spec"]["template"]["spec"]["containers"]
+        c = recipes.collector_container(containers)
+        c["args"] = [a.replace("0.0.0.0:9102", "127.0.0.1:9102") for a in c["args"]]
+
     def xds_no_allow(d):
         d["ecds"]["resources"][0]["typed_config"]["config"].pop("allow_on_headers_stop_iteration", None)
 
@@ -594,6 +628,8 @@ def mutations():
         ("istio", "INSERT_AFTER the router", istio_after_router, "router"),
         ("istio", "Secret token differs", istio_token, "stats_token"),
         ("istio", "collector pushes to another port", istio_push_port, "stats listener"),
+        ("istio", "collector readiness probe removed", istio_no_readiness, "readinessProbe"),
+        ("envoy-gateway", "collector listens on loopback", eg_probe_loopback, "loopback"),
         ("xds", "allow_on_headers_stop_iteration removed", xds_no_allow, "allow_on_headers_stop_iteration"),
         ("xds", "request_body_buffer_limit removed", xds_no_buffer, "1 MiB"),
         ("xds", "lds not watched", xds_not_watched, "watched_directory"),

@@ -44,6 +44,7 @@ class Rendered:
         self.stats_listener = stats_listener
         self.secret_token = None       # the collector's token as the recipe stores it
         self.collector_args = None     # the collector container's args
+        self.collector = None          # the collector container, probes included
         self.route_style = "header_match"  # or "cluster_header"
         self.notes = []
 
@@ -364,6 +365,7 @@ def render_envoy_gateway(docs, wasm_path):
     secret, _ = token_secret_of(collector, dep.get("pod", {}).get("volumes", []))
     r.secret_token = secret_token(docs, secret)
     r.collector_args = collector["args"]
+    r.collector = collector
     image = dep.get("container", {}).get("image")
     if image:
         m = re.search(r"v?(\d+)\.(\d+)\.\d+$", image)
@@ -563,6 +565,7 @@ def render_istio(docs, wasm_path):
     secret, _ = token_secret_of(collector, pod.get("volumes", []))
     r.secret_token = secret_token(docs, secret)
     r.collector_args = collector["args"]
+    r.collector = collector
     return r
 
 

@@ -1,5 +1,5 @@
-//! The candidates of one pool for one request: the workers of the pool that serve
-//! the model, each with its in-flight count and (when fresh) its engine's queue,
+//! The candidates of one pool for one request: the routable workers of the pool
+//! that serve the model (a discovered worker that is leaving is not), each with its in-flight count and (when fresh) its engine's queue,
 //! screened by the overload flags before any policy sees them.
 //!
 //! The screen drops flagged workers the same way for every pool and policy, unless
@@ -54,6 +54,8 @@ fn serving(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidat
         // A body that names no model (or cannot be read) is never dropped: any
         // worker of the pool takes it, as the engine's default model.
         .filter(|(_, w)| w.pool == pool && (model.is_empty() || w.serves(model)))
+        // A leaving worker keeps its tenants but takes nothing new.
+        .filter(|(_, w)| w.routable())
         .map(|(i, _)| Candidate {
             worker: i as TenantId,
             inflight: loads.inflight.get(i).copied().unwrap_or(0),

@@ -7,7 +7,7 @@
 //! 2. `rng`, `tree`, `decision`, `parse`, `load`, `metric_names`, `header_names`,
 //!    `models` (the `/v1/models` listing);
 //! 3. `overload` (the flag machine), `pd` (the bootstrap rewrite), `push` (the
-//!    collector's snapshot);
+//!    collector's snapshot), `membership` (discovery mode's worker list updates);
 //! 4. `shared`: the tables in proxy-wasm shared data and their one key space;
 //! 5. `policy`, then `candidates`;
 //! 6. `router` (trees + candidates + policy);
@@ -28,6 +28,7 @@ pub mod config;
 pub mod decision;
 pub mod header_names;
 pub mod load;
+pub mod membership;
 pub mod metric_names;
 pub mod models;
 pub mod overload;

@@ -38,6 +38,13 @@ pub const SATURATION_PINS: &str = "llm_router_saturation_pins";
 pub const QUEUE_GATE_INERT: &str = "llm_router_queue_gate_inert";
 pub const STATS_PUSHES_ACCEPTED: &str = "llm_router_stats_pushes_accepted";
 pub const STATS_PUSHES_REJECTED: &str = "llm_router_stats_pushes_rejected";
+/// Discovery mode: worker list changes taken from collector pushes (joins, leaves,
+/// removals, changed fields).
+pub const MEMBERSHIP_UPDATES: &str = "llm_router_membership_updates";
+/// Gauge: workers known (discovered or configured, leaving ones included).
+pub const WORKERS: &str = "llm_router_workers";
+/// Gauge: discovered workers leaving (no new requests, tenants kept for the grace).
+pub const WORKERS_LEAVING: &str = "llm_router_workers_leaving";
 /// PD requests sent as a prefill and decode pair.
 pub const PD_PAIRS: &str = "llm_router_pd_pairs";
 /// PD prefill copies that could not be sent or failed.

@@ -16,9 +16,10 @@ pub fn is_list_request(method: &str, path: &str) -> bool {
 }
 
 /// The OpenAI-style list of every declared model, or `None` when some worker
-/// declares none (it serves whatever it is asked).
+/// declares none (it serves whatever it is asked) or none is known yet (discovery
+/// mode before the first push: routing answers why).
 pub fn list_body(cfg: &Config) -> Option<String> {
-    if cfg.workers.iter().any(|w| w.models.is_empty()) {
+    if cfg.workers.is_empty() || cfg.workers.iter().any(|w| w.models.is_empty()) {
         return None;
     }
     let models: BTreeSet<&str> = cfg

@@ -26,7 +26,7 @@ use crate::load::Loads;
 use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
 use crate::rng::Rng;
-use crate::shared::{truncate_text, Op};
+use crate::shared::{truncate_text, Membership, Op};
 use crate::tree::{TenantId, Tree};
 
 /// What `predicted_ttft` knows of one candidate: the router's own work there, the
@@ -67,6 +67,8 @@ pub enum NoWorker {
     NoPrefillWorkerForModel,
     /// PD: no decode worker serves the model.
     NoDecodeWorkerForModel,
+    /// Discovery mode: the collector has pushed no membership yet (or an empty one).
+    NoDiscoveredWorker,
 }
 
 impl NoWorker {
@@ -75,6 +77,7 @@ impl NoWorker {
             NoWorker::NoWorkerForModel => "no_worker_for_model",
             NoWorker::NoPrefillWorkerForModel => "no_prefill_worker_for_model",
             NoWorker::NoDecodeWorkerForModel => "no_decode_worker_for_model",
+            NoWorker::NoDiscoveredWorker => "no_discovered_worker",
         }
     }
 }
@@ -112,6 +115,8 @@ pub struct Router {
     rr_counters: [u64; 3],
     /// One past the newest operation applied.
     clock: u64,
+    /// Discovery mode: the version of the worker list in `cfg` (0: none yet).
+    membership_version: u64,
 }
 
 impl Router {
@@ -121,6 +126,7 @@ impl Router {
             trees: HashMap::new(),
             rr_counters: [0; 3],
             clock: 0,
+            membership_version: 0,
         }
     }
 
@@ -131,7 +137,41 @@ impl Router {
     /// Takes a new configuration. Tenants are worker indices, so the trees are
     /// renamed to the new list's indices by worker name (and pool); workers that left
     /// are removed, and affinity survives a reordered or grown fleet.
-    pub fn reconfigure(&mut self, cfg: Config) {
+    pub fn reconfigure(&mut self, mut cfg: Config) {
+        // Discovery mode keeps the list the collector pushed; a list the new config's
+        // rules refuse is dropped and the next push must pass them.
+        if cfg.discovers() && self.cfg.discovers() {
+            match cfg.with_workers(self.cfg.workers.clone()) {
+                Ok(kept) => cfg = kept,
+                Err(_) => self.membership_version = 0,
+            }
+        } else {
+            self.membership_version = 0;
+        }
+        self.remap(cfg);
+    }
+
+    /// Discovery mode: takes worker list `version` if it is newer than the one held
+    /// and valid under this config (the table or ring could hold one written under
+    /// another config). Returns whether the list changed.
+    pub fn set_membership(&mut self, m: &Membership) -> bool {
+        if !self.cfg.discovers() || m.version <= self.membership_version {
+            return false;
+        }
+        let Ok(cfg) = self.cfg.with_workers(m.workers.clone()) else {
+            return false;
+        };
+        self.membership_version = m.version;
+        self.remap(cfg);
+        true
+    }
+
+    pub fn membership_version(&self) -> u64 {
+        self.membership_version
+    }
+
+    /// Swaps in `cfg`, renaming tenants to its worker indices.
+    fn remap(&mut self, cfg: Config) {
         let new_index: Vec<Option<TenantId>> = self
             .cfg
             .workers
@@ -211,6 +251,9 @@ impl Router {
         loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<Routed, NoWorker> {
+        if self.cfg.workers.is_empty() {
+            return Err(NoWorker::NoDiscoveredWorker);
+        }
         let policy = self.cfg.policy_of(pool);
         let (model, text) = match req {
             Parsed::Routable(r) => (
@@ -345,6 +388,9 @@ impl Router {
                 }
             }
             Op::Evict => self.evict(),
+            Op::Membership(m) => {
+                self.set_membership(m);
+            }
         }
     }
 

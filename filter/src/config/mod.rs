@@ -20,7 +20,7 @@ mod workers;
 
 pub use overload::*;
 pub use ttft::*;
-pub use workers::{Pool, WorkerConfig};
+pub use workers::{Pool, WorkerConfig, WorkersFrom};
 
 pub const DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
 pub const DEFAULT_BALANCE_ABS_THRESHOLD: u64 = 64;
@@ -59,6 +59,13 @@ pub const DEFAULT_PREFILL_POLICY: Policy = Policy::CacheAware;
 /// Decode holds no prefix worth following (the KV arrives from prefill): spread the
 /// load, as SMG's PD deployments usually configure it.
 pub const DEFAULT_DECODE_POLICY: Policy = Policy::PowerOfTwo;
+/// Workers one filter knows at most, configured or discovered: every request walks
+/// them, and every shared table holds a row per worker.
+pub const DEFAULT_MAX_WORKERS: usize = 256;
+/// Discovery mode: how long a worker the collector stopped reporting keeps its
+/// tenants (it takes no new requests meanwhile), so a flapping endpoint does not lose
+/// its cache affinity. Ten collector intervals at the default 1 s.
+pub const DEFAULT_LEAVE_GRACE_MS: u64 = 10_000;
 /// How long the prefill copy of a PD request may take before the client gets a 504.
 /// SGLang's decode side waits this long for KV before giving up.
 pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 300_000;
@@ -144,6 +151,9 @@ fn default_cluster_header() -> String {
 fn default_endpoint_header() -> String {
     DEFAULT_ENDPOINT_HEADER.to_string()
 }
+fn default_max_workers() -> usize {
+    DEFAULT_MAX_WORKERS
+}
 fn default_true() -> bool {
     true
 }
@@ -174,7 +184,21 @@ pub struct Config {
     pub prefill_timeout_ms: u64,
     #[serde(default)]
     pub target: Target,
+    /// The workers (`workers_from: config`); in discovery mode the collector's
+    /// current membership, which the router swaps in (never from the plugin config).
+    #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// Where the worker list comes from: the plugin config, or the collector's
+    /// membership pushes (service discovery).
+    #[serde(default)]
+    pub workers_from: WorkersFrom,
+    /// Workers known at most, configured or discovered.
+    #[serde(default = "default_max_workers")]
+    pub max_workers: usize,
+    /// Discovery mode: how long a worker missing from the collector's membership
+    /// keeps its tenants before they are dropped (default `DEFAULT_LEAVE_GRACE_MS`).
+    #[serde(default)]
+    pub leave_grace_ms: Option<u64>,
     /// A prefix hit must cover strictly more than this share of the input's chars.
     #[serde(default = "default_cache_threshold")]
     pub cache_threshold: f64,
@@ -279,6 +303,12 @@ impl Config {
             // serde names the offending field in its message; keep it whole.
             err("configuration", format!("is not valid: {msg}"))
         })?;
+        if cfg.discovers() && !cfg.workers.is_empty() {
+            return Err(err(
+                "workers",
+                "must be left out with `workers_from: collector` (the collector's membership lists them)",
+            ));
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -466,6 +496,9 @@ impl Config {
         if self.stats_max_bytes == 0 {
             return Err(err("stats_max_bytes", "must be >= 1"));
         }
+        if !(1..=4096).contains(&self.max_workers) {
+            return Err(err("max_workers", "must be between 1 and 4096"));
+        }
         Ok(())
     }
 }
@@ -526,10 +559,9 @@ mod tests {
     fn not_json_is_an_error_not_a_panic() {
         assert_eq!(field_of(Config::from_json(b"not json")), "configuration");
         assert_eq!(field_of(Config::from_json(b"")), "configuration");
-        assert_eq!(
-            field_of(Config::from_json(br#"{"policy":"cache_aware"}"#)),
-            "configuration"
-        );
+        let e = Config::from_json(br#"{"policy":"cache_aware"}"#).unwrap_err();
+        assert_eq!(e.field, "workers");
+        assert!(e.rule.contains("workers_from: collector"), "{e}");
     }
 
     #[test]
@@ -778,6 +810,30 @@ mod tests {
             8000,
             "no probes: the sync interval alone"
         );
+    }
+
+    #[test]
+    fn discovery_mode_rules() {
+        let c = Config::from_json(br#"{"workers_from":"collector","stats_token":"t"}"#).unwrap();
+        assert!(c.discovers() && c.workers.is_empty());
+        assert_eq!(c.max_workers, DEFAULT_MAX_WORKERS);
+        let e = Config::from_json(br#"{"workers_from":"collector"}"#).unwrap_err();
+        assert_eq!(e.field, "stats_token", "membership arrives as pushes");
+        let listed = br#"{"workers_from":"collector","stats_token":"t","workers":[{"name":"a"}]}"#;
+        assert_eq!(field_of(Config::from_json(listed)), "workers");
+        assert_eq!(
+            field_of(with(r#","leave_grace_ms":5"#)),
+            "leave_grace_ms",
+            "the grace applies to discovered workers only"
+        );
+        assert_eq!(field_of(with(r#","max_workers":1"#)), "workers");
+        assert_eq!(field_of(with(r#","max_workers":0"#)), "max_workers");
+        assert!(with(r#","max_workers":2"#).is_ok());
+        let grown = c
+            .with_workers(Config::from_json(TWO_WORKERS.as_bytes()).unwrap().workers)
+            .unwrap();
+        assert_eq!(grown.workers.len(), 2, "a pushed list swaps in");
+        assert!(!grown.is_pd());
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! The workers of the plugin configuration: who they are, which pool they serve,
 //! how Envoy reaches them, and the rules a worker list must follow (names unique,
 //! addresses well formed, PD pools all-or-nothing, bootstrap fields on prefill
-//! workers only), so a broken list is refused before any of it is used.
+//! workers only, at most `max_workers`), so a broken list is refused before any of
+//! it is used.
+//!
+//! In discovery mode (`workers_from: collector`) the plugin config lists no workers:
+//! the collector's membership pushes do (`crate::membership`), and a pushed list
+//! passes the same rules, checked by the same code, as a configured one.
 
 use serde::Deserialize;
 
@@ -16,7 +21,18 @@ pub enum Pool {
     Decode,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Where the worker list comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkersFrom {
+    /// `workers` in the plugin config.
+    #[default]
+    Config,
+    /// The collector's membership pushes, which follow Envoy's service discovery.
+    Collector,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
     /// The worker's name: a tenant in the tree, a label in metrics and headers.
@@ -40,6 +56,11 @@ pub struct WorkerConfig {
     /// defaults to the host of `address`.
     #[serde(default)]
     pub bootstrap_host: Option<String>,
+    /// Discovery mode: when the collector stopped listing this worker. It takes no
+    /// new requests, but keeps its tenants until `leave_grace_ms` has passed, so an
+    /// endpoint that flaps back keeps its cache affinity. Never read from JSON.
+    #[serde(skip)]
+    pub leaving_since_ms: Option<u64>,
 }
 
 impl WorkerConfig {
@@ -49,6 +70,11 @@ impl WorkerConfig {
 
     pub fn serves(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+
+    /// Whether the worker takes new requests (a leaving worker does not).
+    pub fn routable(&self) -> bool {
+        self.leaving_since_ms.is_none()
     }
 
     /// Where decode engines meet this prefill worker: `bootstrap_host` or the host of
@@ -71,9 +97,61 @@ fn is_host_port(s: &str) -> bool {
 }
 
 impl Config {
+    /// Whether the workers come from the collector's membership pushes.
+    pub fn discovers(&self) -> bool {
+        self.workers_from == WorkersFrom::Collector
+    }
+
+    /// This config with `workers` as its worker list, checked by every rule a
+    /// configured list must pass (discovery mode's membership updates).
+    pub fn with_workers(&self, workers: Vec<WorkerConfig>) -> Result<Config, ConfigError> {
+        let cfg = Config {
+            workers,
+            ..self.clone()
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The mode's own rules: discovery needs the push endpoint and an empty list (an
+    /// empty list is then "no membership yet"); static mode needs a list.
+    fn validate_mode(&self) -> Result<(), ConfigError> {
+        if self.workers.len() > self.max_workers {
+            return Err(err(
+                "workers",
+                format!(
+                    "lists {} workers, more than `max_workers` ({})",
+                    self.workers.len(),
+                    self.max_workers
+                ),
+            ));
+        }
+        if !self.discovers() {
+            if self.leave_grace_ms.is_some() {
+                return Err(err(
+                    "leave_grace_ms",
+                    "applies to `workers_from: collector` only",
+                ));
+            }
+            if self.workers.is_empty() {
+                return Err(err(
+                    "workers",
+                    "must list at least one worker (or set `workers_from: collector`)",
+                ));
+            }
+        } else if self.stats_token.is_none() {
+            return Err(err(
+                "stats_token",
+                "is required with `workers_from: collector` (membership arrives as pushes)",
+            ));
+        }
+        Ok(())
+    }
+
     pub(super) fn validate_workers(&self) -> Result<(), ConfigError> {
+        self.validate_mode()?;
         if self.workers.is_empty() {
-            return Err(err("workers", "must list at least one worker"));
+            return Ok(());
         }
         for (i, w) in self.workers.iter().enumerate() {
             if w.name.is_empty() || w.name.len() > 128 {

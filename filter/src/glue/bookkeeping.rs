@@ -24,6 +24,12 @@ impl Held {
         }
     }
 
+    /// The worker, by name: what the response headers name, even if the worker list
+    /// changed (and indices moved) while the request ran.
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
     /// Gives the count back, at most once.
     pub fn release(&mut self, state: &State) {
         if std::mem::take(&mut self.counted) {

@@ -29,6 +29,9 @@ pub struct Metrics {
     pub gate_inert: Metric,
     pub pushes_accepted: Metric,
     pub pushes_rejected: Metric,
+    pub membership_updates: Metric,
+    workers_known: Metric,
+    workers_leaving: Metric,
     pub pd_pairs: Metric,
     pub pd_prefill_failures: Metric,
     pub overload_owner_filtered: Metric,
@@ -38,6 +41,7 @@ pub struct Metrics {
 
 /// One worker's stats (`llm_router_worker.<name>.<field>`).
 struct WorkerMetrics {
+    name: String,
     routed: Metric,
     /// By `Label::ALL` position.
     decisions: [Metric; Label::ALL.len()],
@@ -50,6 +54,7 @@ struct WorkerMetrics {
 impl WorkerMetrics {
     fn define(name: &str) -> WorkerMetrics {
         WorkerMetrics {
+            name: name.to_string(),
             routed: Metric::counter(&worker_metric(name, worker::ROUTED)),
             decisions: Label::ALL.map(|l| {
                 let field = format!("{}{}", worker::DECISIONS_PREFIX, l.as_str());
@@ -64,10 +69,10 @@ impl WorkerMetrics {
 
 impl Metrics {
     pub fn define(cfg: &Config) -> Metrics {
-        Metrics {
+        let mut m = Metrics {
             decisions: Label::ALL.map(|l| Metric::counter(&names::decision_metric(l))),
             reasons: Reason::ALL.map(|r| Metric::counter(&names::reason_metric(r))),
-            workers: Self::define_workers(cfg),
+            workers: Vec::new(),
             no_worker: Metric::counter(names::NO_WORKER),
             unreadable: Metric::counter(names::UNREADABLE_BODY),
             tree_chars: Metric::gauge(names::TREE_CHARS),
@@ -82,11 +87,16 @@ impl Metrics {
             gate_inert: Metric::counter(names::QUEUE_GATE_INERT),
             pushes_accepted: Metric::counter(names::STATS_PUSHES_ACCEPTED),
             pushes_rejected: Metric::counter(names::STATS_PUSHES_REJECTED),
+            membership_updates: Metric::counter(names::MEMBERSHIP_UPDATES),
+            workers_known: Metric::gauge(names::WORKERS),
+            workers_leaving: Metric::gauge(names::WORKERS_LEAVING),
             pd_pairs: Metric::counter(names::PD_PAIRS),
             pd_prefill_failures: Metric::counter(names::PD_PREFILL_FAILURES),
             overload_owner_filtered: Metric::counter(names::OVERLOAD_OWNER_FILTERED),
             predicted_ttft_ms: Metric::histogram(names::PREDICTED_TTFT_MS),
-        }
+        };
+        m.reconfigure(cfg);
+        m
     }
 
     /// Per-worker stats for `cfg`'s workers (Envoy returns the same stat for a name
@@ -100,7 +110,20 @@ impl Metrics {
 
     /// Follows a new configuration's worker list.
     pub fn reconfigure(&mut self, cfg: &Config) {
+        // A worker that left leaves no stale gauge (in flight, flags) behind.
+        for gone in self
+            .workers
+            .iter()
+            .filter(|m| !cfg.workers.iter().any(|w| w.name == m.name))
+        {
+            for g in &gone.gauges {
+                g.set(0);
+            }
+        }
         self.workers = Self::define_workers(cfg);
+        self.workers_known.set(cfg.workers.len() as u64);
+        let leaving = cfg.workers.iter().filter(|w| !w.routable()).count();
+        self.workers_leaving.set(leaving as u64);
     }
 
     /// Books one routed request: exactly one decision label and reason, the workers

@@ -5,13 +5,15 @@
 //! this Envoy thread's VM.
 //!
 //! One file per concern: `root` (configuration, tick), `state` (the VM state),
-//! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `prefill` (PD's
+//! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `membership`
+//! (discovery mode's worker list from pushes), `prefill` (PD's
 //! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
 //! `reply` (local replies), `prober` (overload probes), `metrics` and `host`.
 
 mod bookkeeping;
 mod host;
 mod hostcalls;
+mod membership;
 mod metrics;
 mod prefill;
 mod prober;

@@ -6,8 +6,9 @@
 use proxy_wasm::types::Action;
 
 use super::host::{self, request_header, HostStore};
+use super::membership::with_membership;
 use super::reply;
-use super::state::Shared;
+use super::state::{Shared, State};
 use crate::push::{parse_push, token_matches, PushError};
 
 /// What the request headers say about a push.
@@ -70,15 +71,31 @@ pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
 
 /// Stores a whole snapshot, all or nothing, and answers the collector.
 pub fn accept(state: &Shared, body: &[u8]) -> Action {
-    let slot = state.borrow();
-    let Some(state) = slot.as_ref() else {
-        return reply::json(503, "not_configured", "{\"error\":\"not configured\"}");
+    // The reply goes out after the borrow ends: Envoy runs the response callbacks of a
+    // local reply, which read the state too.
+    let outcome = match state.borrow_mut().as_mut() {
+        Some(state) => store(state, body),
+        None => return reply::json(503, "not_configured", "{\"error\":\"not configured\"}"),
     };
-    let workers = &state.router.config().workers;
+    match outcome {
+        Ok(n) => reply::json(200, "stats_accepted", &format!("{{\"accepted\":{n}}}")),
+        Err(e) => reply_refused(&e),
+    }
+}
+
+/// Checks and stores a snapshot, counting it either way; the workers it reported.
+fn store(state: &mut State, body: &[u8]) -> Result<usize, PushError> {
     let limit = state.router.config().stats_max_bytes;
-    let outcome = parse_push(body, limit, workers, host::now_ms()).and_then(|reports| {
+    let now = host::now_ms();
+    // Discovery mode: the samples are checked against the list the push's
+    // membership leaves, which is stored only if they pass.
+    let parsed = with_membership(state, body, now, |workers| {
+        let reports = parse_push(body, limit, workers, now)?;
+        Ok((workers.to_vec(), reports))
+    });
+    let outcome = parsed.and_then(|(workers, reports)| {
         let n = reports.iter().filter(|r| r.is_some()).count();
-        if state.shared.samples.write(&HostStore, workers, &reports) {
+        if state.shared.samples.write(&HostStore, &workers, &reports) {
             // What this Envoy had in flight when the engines were sampled: engine
             // load beyond it is other routers'.
             if state.router.config().uses_predicted_ttft() {
@@ -92,16 +109,11 @@ pub fn accept(state: &Shared, body: &[u8]) -> Action {
             ))
         }
     });
-    match outcome {
-        Ok(n) => {
-            state.metrics.pushes_accepted.inc();
-            reply::json(200, "stats_accepted", &format!("{{\"accepted\":{n}}}"))
-        }
-        Err(e) => {
-            state.metrics.pushes_rejected.inc();
-            reply_refused(&e)
-        }
+    match &outcome {
+        Ok(_) => state.metrics.pushes_accepted.inc(),
+        Err(_) => state.metrics.pushes_rejected.inc(),
     }
+    outcome
 }
 
 /// Refuses a push with its status and reason, and counts it.

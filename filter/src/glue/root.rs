@@ -15,7 +15,7 @@ use super::prober::Prober;
 use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::config::Config;
-use crate::shared::{Keys, Op, OpRing};
+use crate::shared::{Keys, MembershipTable, Op, OpRing};
 use crate::worker_stats::worker_gauges;
 
 pub struct Root {
@@ -75,6 +75,9 @@ impl RootContext for Root {
             .configured(&cfg);
         let ring = OpRing::new(&keys, cfg.sync_ring_slots);
         ring.init_if_missing(&HostStore);
+        if cfg.discovers() {
+            MembershipTable::new(&keys).init_if_missing(&HostStore);
+        }
         let mut slot = self.state.borrow_mut();
         match slot.as_mut() {
             Some(state) => state.reconfigure(cfg, ring),
@@ -92,6 +95,7 @@ impl RootContext for Root {
             return;
         };
         state.catch_up();
+        state.refresh_membership();
         let interval = state.router.config().eviction_interval_ms;
         if state
             .shared

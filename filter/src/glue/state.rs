@@ -14,8 +14,8 @@ use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
 use crate::router::Router;
 use crate::shared::{
-    read_loads, CostTable, EvictionClock, InflightTable, Keys, Op, OpRing, OwnAtSample,
-    SamplesTable, WorkTable,
+    read_loads, CostTable, EvictionClock, InflightTable, Keys, MembershipTable, Op, OpRing,
+    OwnAtSample, SamplesTable, WorkTable,
 };
 
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -32,6 +32,8 @@ pub struct SharedState {
     pub work: WorkTable,
     pub costs: CostTable,
     pub own_at_sample: OwnAtSample,
+    /// Discovery mode's worker list.
+    pub membership: MembershipTable,
     /// The next ring sequence this VM has not applied.
     pub cursor: u64,
 }
@@ -67,6 +69,7 @@ impl State {
                 work: WorkTable::new(&keys),
                 costs: CostTable::new(&keys),
                 own_at_sample: OwnAtSample::new(&keys),
+                membership: MembershipTable::new(&keys),
                 keys,
                 cursor,
             },
@@ -74,6 +77,7 @@ impl State {
             metrics,
             gate_inert_seen: 0,
         };
+        state.refresh_membership();
         state.catch_up();
         state
     }
@@ -84,8 +88,23 @@ impl State {
             self.shared.cursor = ring.head(&HostStore).unwrap_or(0);
             self.shared.ring = ring;
         }
-        self.metrics.reconfigure(&cfg);
         self.router.reconfigure(cfg);
+        self.refresh_membership();
+        self.metrics.reconfigure(self.router.config());
+    }
+
+    /// Discovery mode: takes the stored worker list if it is newer than this VM's.
+    /// The ring carries every change in order; this covers a VM that starts, fell
+    /// more than a ring behind, or missed a change whose append failed (the tick
+    /// calls it, one read per interval).
+    pub fn refresh_membership(&mut self) {
+        if !self.router.config().discovers() {
+            return;
+        }
+        let version = self.router.membership_version();
+        let (m, _) = self.shared.membership.read(&HostStore);
+        self.router.set_membership(&m);
+        self.follow_membership(version);
     }
 
     /// What a request routes by: every thread's in-flight counts, the collector's
@@ -123,6 +142,7 @@ impl State {
 
     /// Applies what other VMs recorded since the last call.
     pub fn catch_up(&mut self) {
+        let version = self.router.membership_version();
         let router = &mut self.router;
         let got = self
             .shared
@@ -135,7 +155,35 @@ impl State {
         }
         if got.gaps > 0 {
             self.metrics.sync_gaps.add(got.gaps);
+            self.refresh_membership();
         }
+        self.follow_membership(version);
+    }
+
+    /// Per-worker stats follow a worker list that changed since `version`, and the
+    /// change is logged (once per VM: operators see when each thread switched).
+    fn follow_membership(&mut self, version: u64) {
+        let now = self.router.membership_version();
+        if now == version {
+            return;
+        }
+        let cfg = self.router.config();
+        self.metrics.reconfigure(cfg);
+        let names = |routable: bool| {
+            cfg.workers
+                .iter()
+                .filter(|w| w.routable() == routable)
+                .map(|w| w.name.as_str())
+                .collect::<Vec<_>>()
+        };
+        host::log(
+            LogLevel::Info,
+            &format!(
+                "llm-router: discovered workers (version {now}): {:?}, leaving {:?}",
+                names(true),
+                names(false)
+            ),
+        );
     }
 
     /// Shares `op` with every VM and applies it here (in ring order).
@@ -148,7 +196,9 @@ impl State {
                     LogLevel::Warn,
                     &format!("llm-router: tree operation kept on this thread only: {e:?}"),
                 );
+                let version = self.router.membership_version();
                 self.router.apply_local(&op);
+                self.follow_membership(version);
             }
         }
     }

@@ -211,12 +211,6 @@ impl Stream {
         if !cfg.decision_headers {
             return;
         }
-        let name = |d: &Decision| {
-            cfg.workers
-                .get(d.worker as usize)
-                .map(|w| w.name.as_str())
-                .unwrap_or_default()
-        };
         let main = routed.decision;
         // In PD mode the cache decision is the prefill pool's.
         let cache = routed.prefill.as_ref().map_or(main, |leg| leg.decision);
@@ -224,7 +218,7 @@ impl Stream {
             .predicted
             .map(|p| format!("{:.1}", p.ttft_us as f64 / 1000.0));
         let mut headers = vec![
-            (WORKER_HEADER, name(&main)),
+            (WORKER_HEADER, routed.held.worker()),
             (DECISION_HEADER, cache.label().as_str()),
             (REASON_HEADER, cache.reason.as_str()),
         ];
@@ -232,7 +226,7 @@ impl Stream {
             headers.push((PREDICTED_TTFT_HEADER, ms));
         }
         if let Some(leg) = &routed.prefill {
-            headers.push((PREFILL_WORKER_HEADER, name(&leg.decision)));
+            headers.push((PREFILL_WORKER_HEADER, leg.held.worker()));
             headers.push((DECODE_REASON_HEADER, main.reason.as_str()));
         }
         for (h, v) in headers {

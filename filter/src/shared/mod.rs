@@ -8,6 +8,7 @@
 //! - `samples`: the collector's last engine samples;
 //! - `flags`: the overload flags (written by the prober lease holder only);
 //! - `lease`: which VM runs the overload prober;
+//! - `membership`: discovery mode's worker list and its version;
 //! - `work`: `predicted_ttft`'s outstanding prefill, learned costs and the
 //!   in-flight counts at the last sample.
 //!
@@ -21,6 +22,7 @@ mod eviction;
 mod flags;
 mod inflight;
 mod lease;
+mod membership;
 mod ops;
 mod ring;
 mod samples;
@@ -30,6 +32,7 @@ pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
 pub use inflight::InflightTable;
 pub use lease::{claim, Lease, ProbeLease};
+pub use membership::{Membership, MembershipTable};
 pub use ops::{truncate_text, Op};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
@@ -121,6 +124,10 @@ impl Keys {
 
     pub fn own_at_sample(&self) -> String {
         format!("{}.ttft.own_at_sample", self.prefix)
+    }
+
+    pub fn membership(&self) -> String {
+        format!("{}.membership", self.prefix)
     }
 }
 
@@ -239,6 +246,7 @@ mod tests {
         assert_eq!(k.work(), "llm_router.ttft.work");
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
+        assert_eq!(k.membership(), "llm_router.membership");
     }
 
     #[test]

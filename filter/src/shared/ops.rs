@@ -1,14 +1,17 @@
 //! Tree operations as they travel between VMs through the operation ring: insert a
-//! routing text under a worker, or evict (issued by one VM per interval). Workers
-//! are named, not indexed, so VMs momentarily on different config versions still
-//! agree. The encoding is a tag byte plus length-prefixed fields; decoding never
-//! panics and refuses unknown tags and trailing bytes.
+//! routing text under a worker, evict (issued by one VM per interval), or swap the
+//! worker list (discovery mode: joins, leaves and removals, whose tenants go with
+//! them). Workers are named, not indexed, so VMs momentarily on different config
+//! versions still agree. The encoding is a tag byte plus length-prefixed fields;
+//! decoding never panics and refuses unknown tags and trailing bytes.
 
+use super::membership::{pool_code, pool_of, Membership};
 use super::{put_bytes, Reader};
 use crate::config::Pool;
 
 const TAG_INSERT: u8 = 1;
 const TAG_EVICT: u8 = 3;
+const TAG_MEMBERSHIP: u8 = 4;
 
 /// One tree operation, as it travels between VMs. Workers are named, not indexed,
 /// so VMs that are momentarily on different config versions still agree.
@@ -23,23 +26,10 @@ pub enum Op {
     /// Periodic eviction, issued by one VM per interval so all evict at the same
     /// point of the stream.
     Evict,
-}
-
-fn pool_code(p: Pool) -> u8 {
-    match p {
-        Pool::Regular => 0,
-        Pool::Prefill => 1,
-        Pool::Decode => 2,
-    }
-}
-
-fn pool_of(code: u8) -> Option<Pool> {
-    match code {
-        0 => Some(Pool::Regular),
-        1 => Some(Pool::Prefill),
-        2 => Some(Pool::Decode),
-        _ => None,
-    }
+    /// Discovery mode: the worker list from this point of the stream on (applied
+    /// only if newer than the VM's). Workers it lacks lose their tenants, in every
+    /// VM at the same point, so trees stay identical.
+    Membership(Membership),
 }
 
 impl Op {
@@ -59,6 +49,10 @@ impl Op {
                 put_bytes(&mut out, text.as_bytes());
             }
             Op::Evict => out.push(TAG_EVICT),
+            Op::Membership(m) => {
+                out.push(TAG_MEMBERSHIP);
+                m.encode_into(&mut out);
+            }
         }
         out
     }
@@ -73,8 +67,10 @@ impl Op {
                 text: r.string()?,
             },
             TAG_EVICT => Op::Evict,
-            // Anything else (tag 2 was a worker removal that nothing ever recorded:
-            // reconfiguration remaps tenants instead) is not an operation.
+            TAG_MEMBERSHIP => Op::Membership(Membership::decode_from(&mut r)?),
+            // Anything else (tag 2 was a single worker's removal, which a whole list
+            // replaced: it cannot express a join or a worker's leaving grace) is not
+            // an operation.
             _ => return None,
         };
         r.0.is_empty().then_some(op)
@@ -111,9 +107,20 @@ mod tests {
 
     #[test]
     fn ops_round_trip_and_garbage_is_rejected() {
-        for op in [insert_op("héllo 日本", "w0"), Op::Evict] {
+        let members: Vec<crate::config::WorkerConfig> =
+            serde_json::from_str(r#"[{"name":"w0","address":"10.0.0.1:8000"},{"name":"w1"}]"#)
+                .unwrap();
+        let membership = Op::Membership(Membership {
+            version: 9,
+            workers: members,
+        });
+        for op in [insert_op("héllo 日本", "w0"), Op::Evict, membership.clone()] {
             assert_eq!(Op::decode(&op.encode()), Some(op));
         }
+        let mut bytes = membership.encode();
+        bytes.push(0);
+        assert_eq!(Op::decode(&bytes), None, "trailing bytes after a list");
+        assert_eq!(Op::decode(&[4, 1, 0]), None, "a cut list");
         let mut bytes = insert_op("x", "w").encode();
         bytes.push(0);
         assert_eq!(Op::decode(&bytes), None, "trailing bytes");
