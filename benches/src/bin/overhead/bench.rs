@@ -101,11 +101,16 @@ struct Running {
     m: Measured,
 }
 
-/// The `.wasm` of a variant: the floor guest beside the filter.
-fn wasm_of(variant: &str) -> Result<PathBuf> {
+/// A variant's policy and `.wasm`: `policy` runs the built filter (or, for
+/// `floor`, the floor guest beside it); `policy@path` runs the filter at `path`, so
+/// two builds can be compared side by side in one run.
+fn policy_and_wasm(variant: &str) -> Result<(&str, PathBuf)> {
+    if let Some((policy, path)) = variant.split_once('@') {
+        return Ok((policy, PathBuf::from(path)));
+    }
     let router = paths::wasm_path()?;
     if variant != FLOOR {
-        return Ok(router);
+        return Ok((variant, router));
     }
     let floor = router.with_file_name("llm_floor.wasm");
     if !floor.is_file() {
@@ -114,7 +119,7 @@ fn wasm_of(variant: &str) -> Result<PathBuf> {
             floor.display()
         );
     }
-    Ok(floor)
+    Ok((variant, floor))
 }
 
 /// Chat bodies of about `bytes` bytes: conversation `session`'s first turn, one of 8
@@ -156,19 +161,21 @@ fn start_envoy(
     threads: u32,
     dir: &std::path::Path,
 ) -> Result<Envoy> {
-    let policy = if variant == FLOOR {
+    let (policy, wasm) = policy_and_wasm(variant)?;
+    // The floor reads only the workers of the same plugin config.
+    let policy = if policy == FLOOR {
         "round_robin"
     } else {
-        variant
+        policy
     };
     let spec = EnvoySpec {
         upstreams: upstreams.to_vec(),
         target: Target::Cluster,
         plugin_config: json!({"policy": policy, "rng_seed": 1}),
-        wasm: wasm_of(variant)?,
+        wasm,
         concurrency: threads,
     };
-    let dir = dir.join(variant);
+    let dir = dir.join(variant.replace(['/', '@', '.'], "_"));
     std::fs::create_dir_all(&dir)?;
     envoy::start(&paths::envoy_bin()?, &spec, &dir).with_context(|| format!("Envoy with {variant}"))
 }
