@@ -7,9 +7,12 @@
 //! its last one (the cross-thread sync under churn), `predicted_ttft` beside
 //! `cache_aware` (a per-tenant match, the work and cost tables read at the decision
 //! and written at the decision, the first byte and the end), and `round_robin` for
-//! comparison (no tree, no operations to share).
+//! comparison (no tree, no operations to share), and the floor (`benches/floor`: a
+//! guest that only buffers and reads the body and sets the routing header), so the
+//! guest CPU the router adds per request is attributable without Envoy.
 //!
-//! Needs the filter's wasm: `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`.
+//! Needs the filter's and the floor's wasm:
+//! `cargo build -p llm-router -p llm-floor --target wasm32-wasip1 --profile wasm`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use host_sim::{Filter, Host, RequestSpec};
@@ -156,6 +159,18 @@ fn bench_request(c: &mut Criterion) {
 
     let mut h = host(&filter, "round_robin");
     group.bench_function("round_robin/one_conversation", |b| {
+        b.iter(|| one_request(&mut h, &bodies[0]))
+    });
+
+    let floor_path = path.with_file_name("llm_floor.wasm");
+    assert!(
+        floor_path.exists(),
+        "{} is missing; build it first with:\n    cargo build -p llm-floor --target wasm32-wasip1 --profile wasm",
+        floor_path.display()
+    );
+    let floor = Filter::load(&floor_path).expect("load the floor");
+    let mut h = host(&floor, "round_robin");
+    group.bench_function("floor/one_conversation", |b| {
         b.iter(|| one_request(&mut h, &bodies[0]))
     });
     group.finish();

@@ -350,6 +350,11 @@ pub fn tail(path: &Path) -> String {
 }
 
 impl Envoy {
+    /// The Envoy process id (the overhead benchmark reads its CPU time from `/proc`).
+    pub fn pid(&self) -> u32 {
+        self._guard.id()
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.listener)
     }

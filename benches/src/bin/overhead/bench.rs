@@ -1,0 +1,295 @@
+//! One configuration of the overhead benchmark: fake engines, one Envoy per
+//! variant (same bootstrap, same plugin config, only the `.wasm` and the policy
+//! differ), the warm-up, then the measured phases interleaved across variants.
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use llm_demo::envoy::{self, Envoy, EnvoySpec, Target, Upstream};
+use llm_demo::fleet::{start_engine, Engine, TempDir};
+use llm_demo::paths;
+use llm_load::cli::Replay;
+use llm_load::fleet::worker_name;
+use llm_load::generate::{conversation, GenerateConfig};
+use llm_load::record::Record;
+use llm_load::workload::{WorkItem, CHAT_PATH};
+use llm_router::decision::Label;
+use llm_router::metric_names as names;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::cpu;
+
+/// The filter that only buffers and reads the body.
+pub const FLOOR: &str = "floor";
+
+/// The engine mocks answer at once: no prefill or decode time, one output token.
+const ENGINE_ARGS: [&str; 8] = [
+    "--ttft-ms",
+    "0",
+    "--tpot-ms",
+    "0",
+    "--prefill-us-per-token",
+    "0",
+    "--output-tokens",
+    "1",
+];
+
+/// Chars of the user turn that varies per conversation (the rest of a body is one of
+/// 8 system prompts).
+const USER_CHARS: usize = 300;
+const SYSTEM_PROMPTS: usize = 8;
+/// Warm-up text is capped at this many bytes (10k conversations of 4 KiB): larger
+/// bodies get fewer warm conversations.
+const WARM_BYTES: usize = 10_000 * 4096;
+
+/// One point of the grid.
+#[derive(Debug, Clone, Copy)]
+pub struct Point {
+    pub workers: usize,
+    pub body_bytes: usize,
+    pub threads: u32,
+}
+
+/// How much to send.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub engines: usize,
+    pub warm: usize,
+    pub reps: usize,
+    /// Requests per repetition at `connections` (for 4 KiB bodies; scaled down for
+    /// larger ones).
+    pub requests: usize,
+    pub latency_requests: usize,
+    pub connections: usize,
+    pub variants: Vec<String>,
+}
+
+/// What one variant measured over all repetitions.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub variant: String,
+    /// Successful request latencies at one connection (ms).
+    pub latencies_ms: Vec<f64>,
+    /// Requests per second at `connections`, one per repetition.
+    pub rps: Vec<f64>,
+    /// Envoy CPU over the loaded phases and the requests they carried.
+    pub cpu: Duration,
+    pub requests: usize,
+    /// The same at one connection.
+    pub cpu_c1: Duration,
+    pub requests_c1: usize,
+    pub errors: usize,
+    pub first_error: Option<String>,
+    /// Router variants: the share of routed requests labelled `cache_hit`.
+    pub hit_rate: Option<f64>,
+}
+
+impl Measured {
+    pub fn cpu_us_per_request(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.requests.max(1) as f64
+    }
+    pub fn cpu_c1_us_per_request(&self) -> f64 {
+        self.cpu_c1.as_secs_f64() * 1e6 / self.requests_c1.max(1) as f64
+    }
+}
+
+/// Envoy with one variant.
+struct Running {
+    variant: String,
+    envoy: Envoy,
+    m: Measured,
+}
+
+/// A variant's policy and `.wasm`: `policy` runs the built filter (or, for
+/// `floor`, the floor guest beside it); `policy@path` runs the filter at `path`, so
+/// two builds can be compared side by side in one run.
+fn policy_and_wasm(variant: &str) -> Result<(&str, PathBuf)> {
+    if let Some((policy, path)) = variant.split_once('@') {
+        return Ok((policy, PathBuf::from(path)));
+    }
+    let router = paths::wasm_path()?;
+    if variant != FLOOR {
+        return Ok((variant, router));
+    }
+    let floor = router.with_file_name("llm_floor.wasm");
+    if !floor.is_file() {
+        bail!(
+            "{} missing: cargo build -p llm-floor --target wasm32-wasip1 --profile wasm",
+            floor.display()
+        );
+    }
+    Ok((variant, floor))
+}
+
+/// Chat bodies of about `bytes` bytes: conversation `session`'s first turn, one of 8
+/// system prompts plus its own user message.
+pub fn bodies(bytes: usize, sessions: std::ops::Range<usize>) -> Vec<WorkItem> {
+    let cfg = GenerateConfig {
+        system_prompts: SYSTEM_PROMPTS,
+        system_prompt_chars: bytes.saturating_sub(USER_CHARS + 120).max(64),
+        user_chars: USER_CHARS,
+        ..GenerateConfig::default()
+    };
+    sessions
+        .map(|s| {
+            let messages: Vec<Value> = conversation(&cfg, s, 0)
+                .into_iter()
+                .map(|(role, content)| json!({"role": role, "content": content}))
+                .collect();
+            let body = json!({"model": "mock", "messages": messages, "max_tokens": 1});
+            WorkItem {
+                line: s + 1,
+                body: Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+                session: None,
+                path: CHAT_PATH.to_string(),
+                stream: false,
+            }
+        })
+        .collect()
+}
+
+/// Requests scaled to the body size (same bytes as `base` requests of 4 KiB), at
+/// least `min`.
+fn scaled(base: usize, body_bytes: usize, min: usize) -> usize {
+    (base * 4096 / body_bytes.max(1)).max(min)
+}
+
+fn start_envoy(
+    variant: &str,
+    upstreams: &[Upstream],
+    threads: u32,
+    dir: &std::path::Path,
+) -> Result<Envoy> {
+    let (policy, wasm) = policy_and_wasm(variant)?;
+    // The floor reads only the workers of the same plugin config.
+    let policy = if policy == FLOOR {
+        "round_robin"
+    } else {
+        policy
+    };
+    let spec = EnvoySpec {
+        upstreams: upstreams.to_vec(),
+        target: Target::Cluster,
+        plugin_config: json!({"policy": policy, "rng_seed": 1}),
+        wasm,
+        concurrency: threads,
+    };
+    let dir = dir.join(variant.replace(['/', '@', '.'], "_"));
+    std::fs::create_dir_all(&dir)?;
+    envoy::start(&paths::envoy_bin()?, &spec, &dir).with_context(|| format!("Envoy with {variant}"))
+}
+
+fn replay(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    conns: usize,
+    items: &[WorkItem],
+) -> (Vec<Record>, Duration) {
+    let r = Replay::closed_loop(url, conns, Duration::from_secs(120));
+    let t = Instant::now();
+    let records = rt.block_on(r.records(items.to_vec()));
+    (records, t.elapsed())
+}
+
+fn note_errors(m: &mut Measured, records: &[Record]) {
+    for r in records.iter().filter(|r| !r.is_ok()) {
+        m.errors += 1;
+        if m.first_error.is_none() {
+            m.first_error = Some(format!("{:?} {:?}", r.status, r.error));
+        }
+    }
+}
+
+/// Runs one point of the grid; results in `load.variants` order.
+pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Result<Vec<Measured>> {
+    let tmp = TempDir::new("llm-overhead")?;
+    let engine_args: Vec<String> = ENGINE_ARGS.iter().map(|s| s.to_string()).collect();
+    let engines: Vec<Engine> = (0..load.engines.min(p.workers).max(1))
+        .map(|i| start_engine(&format!("e{i}"), &engine_args, &tmp.0))
+        .collect::<Result<_>>()?;
+    // Several workers share an engine when there are more workers than engines.
+    let upstreams: Vec<Upstream> = (0..p.workers)
+        .map(|i| Upstream {
+            name: worker_name(i),
+            addr: engines[i % engines.len()].addr,
+            pool: "regular",
+            bootstrap: None,
+        })
+        .collect();
+    let mut running: Vec<Running> = load
+        .variants
+        .iter()
+        .map(|v| {
+            Ok(Running {
+                variant: v.clone(),
+                envoy: start_envoy(v, &upstreams, p.threads, &tmp.0)?,
+                m: Measured {
+                    variant: v.clone(),
+                    ..Measured::default()
+                },
+            })
+        })
+        .collect::<Result<_>>()?;
+
+    let warm_n = load.warm.min(WARM_BYTES / p.body_bytes.max(1));
+    let per_rep = scaled(load.requests, p.body_bytes, 100);
+    let lat_n = scaled(load.latency_requests, p.body_bytes, 20);
+    let warm = bodies(p.body_bytes, 0..warm_n);
+    let mut next = warm_n;
+    for r in &mut running {
+        let (records, _) = replay(rt, &r.envoy.url(), load.connections, &warm);
+        let failed = records.iter().filter(|r| !r.is_ok()).count();
+        if failed > 0 {
+            bail!(
+                "{}: {failed} of {} warm-up requests failed",
+                r.variant,
+                records.len()
+            );
+        }
+    }
+    for rep in 0..load.reps {
+        let one = bodies(p.body_bytes, next..next + lat_n);
+        next += lat_n;
+        let many = bodies(p.body_bytes, next..next + per_rep);
+        next += per_rep;
+        // A different variant goes first each repetition.
+        let n = running.len();
+        for k in 0..n {
+            let r = &mut running[(rep + k) % n];
+            let pid = r.envoy.pid();
+            let url = r.envoy.url();
+            let ((records, _), cpu) = cpu::during(pid, tps, || Ok(replay(rt, &url, 1, &one)))?;
+            r.m.cpu_c1 += cpu;
+            r.m.requests_c1 += records.len();
+            r.m.latencies_ms
+                .extend(records.iter().filter(|x| x.is_ok()).map(|x| x.latency_ms));
+            note_errors(&mut r.m, &records);
+            let ((records, wall), cpu) =
+                cpu::during(pid, tps, || Ok(replay(rt, &url, load.connections, &many)))?;
+            r.m.cpu += cpu;
+            r.m.requests += records.len();
+            r.m.rps
+                .push(records.len() as f64 / wall.as_secs_f64().max(1e-9));
+            note_errors(&mut r.m, &records);
+        }
+    }
+    for r in &mut running {
+        if r.variant != FLOOR {
+            let stats = r.envoy.stats()?;
+            let stat = |name: &str| {
+                stats
+                    .get(&format!("wasmcustom.{name}"))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let routed: u64 = Label::ALL
+                .iter()
+                .map(|l| stat(&names::decision_metric(*l)))
+                .sum();
+            let hits = stat(&names::decision_metric(Label::CacheHit));
+            r.m.hit_rate = Some(hits as f64 / routed.max(1) as f64);
+        }
+    }
+    Ok(running.into_iter().map(|r| r.m).collect())
+}

@@ -1,0 +1,72 @@
+//! A process's CPU time from `/proc/<pid>/stat` (user + system, every thread), the
+//! benchmark's main figure: unlike latency it barely moves when other processes
+//! share the cores.
+
+use anyhow::{bail, Context, Result};
+use std::time::Duration;
+
+/// Clock ticks per second of `/proc` times (`getconf CLK_TCK`; 100 on Linux).
+pub fn ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(100)
+}
+
+/// utime + stime of `pid` (all its threads), in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    parse_stat(&stat).with_context(|| format!("{path}: no utime/stime"))
+}
+
+/// Fields 14 and 15 of a `stat` line; the command name (field 2) may hold spaces and
+/// parentheses, so fields are counted after its last `)`.
+fn parse_stat(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// CPU time `pid` spent while `f` ran.
+pub fn during<T>(pid: u32, tps: u64, f: impl FnOnce() -> Result<T>) -> Result<(T, Duration)> {
+    let before = cpu_ticks(pid)?;
+    let out = f()?;
+    let after = cpu_ticks(pid)?;
+    if after < before {
+        bail!("process {pid}: CPU time went backwards (restarted?)");
+    }
+    let ticks = after - before;
+    Ok((out, Duration::from_micros(ticks * 1_000_000 / tps.max(1))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_and_system_time_are_fields_14_and_15() {
+        let line = "42 (envoy (main)) S 1 42 42 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 9";
+        assert_eq!(parse_stat(line), Some(281));
+        assert_eq!(parse_stat("42 (x) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time() {
+        let busy = during(std::process::id(), ticks_per_second(), || {
+            let t = std::time::Instant::now();
+            let mut x = 0u64;
+            while t.elapsed() < Duration::from_millis(50) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            Ok(x)
+        });
+        assert!(busy.is_ok(), "{busy:?}");
+    }
+}
