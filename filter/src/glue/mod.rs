@@ -7,9 +7,11 @@
 //! One file per concern: `root` (configuration, tick), `state` (the VM state),
 //! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `prefill` (PD's
 //! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
-//! `reply` (local replies), `prober` (overload probes), `metrics` and `host`.
+//! `reply` (local replies), `prober` (overload and health probes), `health`
+//! (failed upstreams take their worker out), `metrics` and `host`.
 
 mod bookkeeping;
+mod health;
 mod host;
 mod hostcalls;
 mod metrics;

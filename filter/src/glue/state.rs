@@ -74,7 +74,10 @@ impl State {
             metrics,
             gate_inert_seen: 0,
         };
-        state.catch_up();
+        // The stats listener's instance never routes: it keeps no tree.
+        if !state.router.config().stats_only {
+            state.catch_up();
+        }
         state
     }
 
