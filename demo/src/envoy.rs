@@ -18,6 +18,11 @@ use std::time::{Duration, Instant};
 use crate::admin;
 use crate::process::{spawn, Guard};
 
+/// The environment variable the shipped example configs take the push token from
+/// (`stats_token_env`), and the token `launch` gives them.
+pub const EXAMPLE_TOKEN_ENV: &str = "LLM_ROUTER_STATS_TOKEN";
+pub const EXAMPLE_TOKEN: &str = "e2e-example-token-0123456789abcdef";
+
 /// Requests up to this size are buffered for routing (long contexts are big).
 pub const REQUEST_BODY_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -65,6 +70,9 @@ pub struct EnvoySpec {
     pub plugin_config: Value,
     pub wasm: PathBuf,
     pub concurrency: u32,
+    /// The routes' `idle_timeout` (ms): a stream with no bytes either way for this
+    /// long is ended (a frozen engine); `None`: Envoy's default (5 min).
+    pub route_idle_timeout_ms: Option<u64>,
 }
 
 use llm_load::fleet::cluster_name;
@@ -214,6 +222,10 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
             )
         }
     };
+    let mut route = route;
+    if let Some(ms) = spec.route_idle_timeout_ms {
+        route["idle_timeout"] = json!(format!("{}.{:03}s", ms / 1000, ms % 1000));
+    }
     let llm = listener(
         "llm",
         json!({"match": {"prefix": "/"}, "route": route,
@@ -267,6 +279,8 @@ pub fn launch(envoy_bin: &Path, config_path: &Path, concurrency: u32, dir: &Path
     let _ = std::fs::remove_file(&admin_path);
     let log = dir.join("envoy.log");
     let mut cmd = Command::new(envoy_bin);
+    // The shipped example configs read the collector's token from here.
+    cmd.env(EXAMPLE_TOKEN_ENV, EXAMPLE_TOKEN);
     cmd.arg("-c")
         .arg(config_path)
         .arg("--concurrency")

@@ -31,6 +31,8 @@ pub struct FleetSpec {
     pub collector_interval_ms: Option<u64>,
     /// Extra `llm-collector` arguments (e.g. `--window-s 1`).
     pub collector_args: Vec<String>,
+    /// The route's `idle_timeout` in ms (see `EnvoySpec::route_idle_timeout_ms`).
+    pub route_idle_timeout_ms: Option<u64>,
 }
 
 impl Default for FleetSpec {
@@ -45,6 +47,7 @@ impl Default for FleetSpec {
             dir: None,
             collector_interval_ms: None,
             collector_args: Vec::new(),
+            route_idle_timeout_ms: None,
         }
     }
 }
@@ -211,6 +214,7 @@ impl Fleet {
             plugin_config,
             wasm: paths::wasm_path()?,
             concurrency: spec.envoy_concurrency,
+            route_idle_timeout_ms: spec.route_idle_timeout_ms,
         };
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;

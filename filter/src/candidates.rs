@@ -5,6 +5,8 @@
 //! The screen drops flagged workers the same way for every pool and policy, unless
 //! every serving worker is flagged: then all of them stay candidates and the caller
 //! says `all_overloaded`, because refusing would turn slow answers into no answers.
+//! Down workers (`crate::health`) go first, the same way (`all_down` when every
+//! serving worker is down: a wrong verdict must not refuse a whole fleet).
 
 use crate::config::{Config, Pool};
 use crate::load::Loads;
@@ -18,19 +20,22 @@ pub struct Screened {
     /// Serving workers the flags removed (or, when all are flagged, all of them).
     pub flagged: Vec<TenantId>,
     pub all_flagged: bool,
+    /// Every serving worker was down: they all stayed.
+    pub all_down: bool,
 }
 
 /// Candidates of `pool` serving `model`, with their in-flight counts and fresh
 /// engine samples, screened by the overload flags.
 pub fn screen(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Screened {
+    let marked =
+        |marks: &[bool], c: &Candidate| marks.get(c.worker as usize).copied() == Some(true);
+    let (down, live): (Vec<Candidate>, Vec<Candidate>) = serving(cfg, pool, model, loads)
+        .into_iter()
+        .partition(|c| marked(&loads.down, c));
+    let all_down = live.is_empty() && !down.is_empty();
+    let live = if all_down { down } else { live };
     let (flagged, open): (Vec<Candidate>, Vec<Candidate>) =
-        serving(cfg, pool, model, loads).into_iter().partition(|c| {
-            loads
-                .overloaded
-                .get(c.worker as usize)
-                .copied()
-                .unwrap_or(false)
-        });
+        live.into_iter().partition(|c| marked(&loads.overloaded, c));
     let flagged_ids = flagged.iter().map(|c| c.worker).collect();
     if open.is_empty() && !flagged.is_empty() {
         // Refusing would turn slow answers into no answers.
@@ -38,12 +43,14 @@ pub fn screen(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Screened 
             candidates: flagged,
             flagged: flagged_ids,
             all_flagged: true,
+            all_down,
         };
     }
     Screened {
         candidates: open,
         flagged: flagged_ids,
         all_flagged: false,
+        all_down,
     }
 }
 
@@ -165,6 +172,42 @@ mod tests {
             "all serving workers flagged: all stay"
         );
         assert_eq!((s.flagged, s.all_flagged), (vec![0, 1], true));
+    }
+
+    #[test]
+    fn down_workers_are_screened_first_unless_all_are() {
+        let screened = |down: &[bool], overloaded: &[bool]| {
+            let loads = Loads {
+                down: down.to_vec(),
+                overloaded: overloaded.to_vec(),
+                ..Loads::inflight_only(&[0; 3])
+            };
+            screen(&cfg(), Pool::Regular, "m", &loads)
+        };
+        let ids = |s: &Screened| s.candidates.iter().map(|c| c.worker).collect::<Vec<_>>();
+        let s = screened(&[true, false, false], &[]);
+        assert_eq!(
+            (ids(&s), s.all_down, s.all_flagged),
+            (vec![1], false, false)
+        );
+        let s = screened(&[true, false, false], &[false, true]);
+        assert_eq!(
+            (ids(&s), s.all_down, s.all_flagged),
+            (vec![1], false, true),
+            "the one live worker is flagged: it stays, and a down one does not come back"
+        );
+        let s = screened(&[true, true, false], &[]);
+        assert_eq!(
+            (ids(&s), s.all_down),
+            (vec![0, 1], true),
+            "every serving worker down: all stay (c does not serve m)"
+        );
+        let s = screened(&[true, true], &[true, false]);
+        assert_eq!(
+            (ids(&s), s.all_down, s.all_flagged),
+            (vec![1], true, false),
+            "all down, then the flags screen as usual"
+        );
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub enum Reason {
     SaturationPin,
     /// Every candidate was flagged overloaded: routed among them rather than refused.
     AllOverloaded,
+    /// Every serving worker was down after failures: routed among them rather than
+    /// refused (a wrong verdict must not refuse the whole fleet).
+    AllDown,
     RoundRobin,
     Random,
     PowerOfTwo,
@@ -42,7 +45,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for per-reason counters.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::CacheHit,
         Reason::CacheMiss,
         Reason::Imbalanced,
@@ -51,6 +54,7 @@ impl Reason {
         Reason::AllQueued,
         Reason::SaturationPin,
         Reason::AllOverloaded,
+        Reason::AllDown,
         Reason::RoundRobin,
         Reason::Random,
         Reason::PowerOfTwo,
@@ -70,6 +74,7 @@ impl Reason {
             Reason::AllQueued => "all_queued",
             Reason::SaturationPin => "saturation_pin",
             Reason::AllOverloaded => "all_overloaded",
+            Reason::AllDown => "all_down",
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
             Reason::PowerOfTwo => "power_of_two",
@@ -82,12 +87,14 @@ impl Reason {
 
     /// The metric class. `all_queued` is deliberately not `cache_hit_*`, so a query
     /// on `cache_hit.*` does not read a saturated fleet as a healthy one; a fleet
-    /// that is all overloaded is saturated too.
+    /// that is all overloaded (or all down) is saturated too.
     pub fn label(self) -> Label {
         match self {
             Reason::CacheHit | Reason::TtftCache => Label::CacheHit,
             Reason::CacheWorkerQueued => Label::CacheWorkerQueued,
-            Reason::AllQueued | Reason::SaturationPin | Reason::AllOverloaded => Label::AllQueued,
+            Reason::AllQueued | Reason::SaturationPin | Reason::AllOverloaded | Reason::AllDown => {
+                Label::AllQueued
+            }
             Reason::CacheMiss
             | Reason::Imbalanced
             | Reason::Unreadable

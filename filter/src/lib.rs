@@ -6,8 +6,9 @@
 //! 1. `config` (the plugin configuration, overload settings included);
 //! 2. `rng`, `tree`, `decision`, `parse`, `load`, `metric_names`, `header_names`,
 //!    `models` (the `/v1/models` listing);
-//! 3. `overload` (the flag machine), `pd` (the bootstrap rewrite), `push` (the
-//!    collector's snapshot), `membership` (discovery mode's worker list updates);
+//! 3. `overload` (the flag machine), `health` (failures and probes), `pd` (the
+//!    bootstrap rewrite), `push` (the collector's snapshot), `membership`
+//!    (discovery mode's worker list updates);
 //! 4. `shared`: the tables in proxy-wasm shared data and their one key space;
 //! 5. `policy`, then `candidates`;
 //! 6. `router` (trees + candidates + policy);
@@ -27,6 +28,7 @@ pub mod candidates;
 pub mod config;
 pub mod decision;
 pub mod header_names;
+pub mod health;
 pub mod load;
 pub mod membership;
 pub mod metric_names;

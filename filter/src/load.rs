@@ -56,6 +56,8 @@ pub struct Loads {
     pub now_ms: u64,
     /// Overload flags by worker index (missing: not flagged).
     pub overloaded: Vec<bool>,
+    /// Down after a failure, by worker index (missing: up); see `crate::health`.
+    pub down: Vec<bool>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
     pub work: Vec<WorkerWork>,
     /// `predicted_ttft` only: learned costs by worker index.

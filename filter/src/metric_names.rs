@@ -61,6 +61,14 @@ pub const OVERLOAD_RECOVERED: &str = "llm_router_overload_recovered";
 pub const OVERLOAD_FLAGGED: &str = "llm_router_overload_flagged";
 pub const OVERLOAD_PROBES_OK: &str = "llm_router_overload_probes_ok";
 pub const OVERLOAD_PROBES_FAILED: &str = "llm_router_overload_probes_failed";
+/// Workers taken out after a failure (counted by the VM that saw it flip) and
+/// brought back by probes (counted on the prober lease holder).
+pub const HEALTH_DOWN: &str = "llm_router_health_down";
+pub const HEALTH_RECOVERED: &str = "llm_router_health_recovered";
+/// Gauge: workers down now.
+pub const HEALTH_DOWN_NOW: &str = "llm_router_health_down_now";
+/// Finished requests whose upstream failed (connect failure, reset, timeout, 5xx).
+pub const UPSTREAM_FAILURES: &str = "llm_router_upstream_failures";
 
 /// The counter of one decision label, e.g. `llm_router_decisions_cache_hit`.
 pub fn decision_metric(label: Label) -> String {
@@ -167,6 +175,7 @@ mod tests {
                 | Reason::AllQueued
                 | Reason::SaturationPin
                 | Reason::AllOverloaded
+                | Reason::AllDown
                 | Reason::RoundRobin
                 | Reason::Random
                 | Reason::PowerOfTwo

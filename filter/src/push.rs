@@ -19,7 +19,13 @@ use crate::load::{EngineSample, Report};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PushError {
     Unauthorized,
-    TooLarge { limit: usize },
+    /// Too many failed token checks lately: every push is refused for a while.
+    LockedOut {
+        retry_after_s: u64,
+    },
+    TooLarge {
+        limit: usize,
+    },
     BadRequest(String),
 }
 
@@ -27,6 +33,7 @@ impl PushError {
     pub fn status(&self) -> u32 {
         match self {
             PushError::Unauthorized => 401,
+            PushError::LockedOut { .. } => 429,
             PushError::TooLarge { .. } => 413,
             PushError::BadRequest(_) => 400,
         }
@@ -35,6 +42,9 @@ impl PushError {
     pub fn reason(&self) -> String {
         match self {
             PushError::Unauthorized => "missing or wrong bearer token".to_string(),
+            PushError::LockedOut { retry_after_s } => {
+                format!("too many failed token checks: locked out for {retry_after_s} s")
+            }
             PushError::TooLarge { limit } => format!("snapshot larger than {limit} bytes"),
             PushError::BadRequest(r) => r.clone(),
         }
@@ -60,17 +70,24 @@ struct Push {
     workers: Vec<Value>,
 }
 
+/// Sane ceilings for pushed numbers: anything above is a broken or hostile
+/// collector, not an engine (a TTFT of 1e300 would flag every worker overloaded).
+pub const MAX_PUSHED_LATENCY_S: f64 = 3600.0;
+pub const MAX_PUSHED_TPOT_S: f64 = 60.0;
+pub const MAX_PUSHED_QUEUE: u64 = 1_000_000;
+
 fn number(
     obj: &serde_json::Map<String, Value>,
     field: &str,
     name: &str,
+    max: f64,
 ) -> Result<Option<f64>, PushError> {
     match obj.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_f64() {
-            Some(v) if v.is_finite() && v >= 0.0 => Ok(Some(v)),
+            Some(v) if v.is_finite() && (0.0..=max).contains(&v) => Ok(Some(v)),
             _ => Err(PushError::BadRequest(format!(
-                "worker `{name}`: `{field}` must be a finite number >= 0"
+                "worker `{name}`: `{field}` must be a number within 0..={max}"
             ))),
         },
         Some(_) => Err(PushError::BadRequest(format!(
@@ -82,11 +99,14 @@ fn number(
 fn count(obj: &serde_json::Map<String, Value>, field: &str, name: &str) -> Result<u64, PushError> {
     match obj.get(field) {
         None | Some(Value::Null) => Ok(0),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            PushError::BadRequest(format!(
-                "worker `{name}`: `{field}` must be a non-negative integer"
-            ))
-        }),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= MAX_PUSHED_QUEUE)
+            .ok_or_else(|| {
+                PushError::BadRequest(format!(
+                    "worker `{name}`: `{field}` must be an integer within 0..={MAX_PUSHED_QUEUE}"
+                ))
+            }),
     }
 }
 
@@ -133,18 +153,13 @@ pub fn parse_push(
             }
         };
         let report = if reachable {
-            let kv_usage = number(obj, "kv_usage", label)?;
-            if kv_usage.is_some_and(|u| u > 1.0) {
-                return Err(PushError::BadRequest(format!(
-                    "worker `{label}`: `kv_usage` must be within 0..=1"
-                )));
-            }
+            let kv_usage = number(obj, "kv_usage", label, 1.0)?;
             Report::Sample(EngineSample {
                 num_waiting: count(obj, "num_waiting", label)?,
                 num_running: count(obj, "num_running", label)?,
                 kv_usage,
-                ttft_p90_s: number(obj, "ttft_p90_s", label)?,
-                tpot_p90_s: number(obj, "tpot_p90_s", label)?,
+                ttft_p90_s: number(obj, "ttft_p90_s", label, MAX_PUSHED_LATENCY_S)?,
+                tpot_p90_s: number(obj, "tpot_p90_s", label, MAX_PUSHED_TPOT_S)?,
                 at_ms: now_ms,
             })
         } else {
@@ -238,5 +253,36 @@ mod tests {
             .reason()
             .contains("twice"));
         assert!(bad(r#"{"workers":[7]}"#).reason().contains("object"));
+    }
+
+    #[test]
+    fn pushed_numbers_are_bounded_at_sane_ceilings() {
+        let w = workers();
+        let push = |field: &str, v: &str| {
+            let body = format!(r#"{{"workers":[{{"name":"w1","{field}":{v}}}]}}"#);
+            parse_push(body.as_bytes(), 4096, &w, 1)
+        };
+        // (field, at the ceiling, just over, far over)
+        let cases = [
+            ("ttft_p90_s", "3600", "3600.001", "1e300"),
+            ("tpot_p90_s", "60", "60.5", "1e300"),
+            ("kv_usage", "1", "1.0001", "1e300"),
+            ("num_waiting", "1000000", "1000001", "18446744073709551615"),
+            ("num_running", "1000000", "1000001", "18446744073709551615"),
+        ];
+        for (field, ceiling, over, far) in cases {
+            assert!(
+                push(field, ceiling).is_ok(),
+                "{field} = {ceiling} is allowed"
+            );
+            for v in [over, far] {
+                let e = push(field, v).unwrap_err();
+                assert_eq!(e.status(), 400, "{field} = {v}");
+                assert!(
+                    e.reason().contains(field),
+                    "the refusal names {field}: {e:?}"
+                );
+            }
+        }
     }
 }

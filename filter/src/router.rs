@@ -266,6 +266,7 @@ impl Router {
             candidates,
             flagged,
             all_flagged,
+            all_down,
         } = candidates::screen(&self.cfg, pool, model, loads);
         let gate_inert = candidates::gate_inert(&candidates, self.cfg.worker_queue_limit);
         let decision = match (policy, text) {
@@ -319,7 +320,9 @@ impl Router {
             (Policy::PowerOfTwo, _) => policy::power_of_two(&candidates, rng),
         };
         let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
-        if all_flagged {
+        if all_down {
+            decision.reason = Reason::AllDown;
+        } else if all_flagged {
             decision.reason = Reason::AllOverloaded;
         }
         // Only a miss can hide a filtered owner: any other reason either hit an
@@ -402,12 +405,31 @@ impl Router {
     fn insert(&mut self, pool: Pool, model: &str, text: &str, worker: TenantId, clock: u64) {
         let key = (pool, model.to_string());
         if !self.trees.contains_key(&key) && self.trees.len() >= self.cfg.max_models {
-            let oldest = self
+            // The victim is the tree worth least: one of a model no worker declares
+            // before a declared one, then the one holding the fewest chars, then the
+            // least recently used. So a stream of junk `model` names churns among
+            // its own one-request trees and never evicts the trees of real traffic;
+            // a real new model grows out of their reach with its traffic. Every VM
+            // sees the same operations, so every VM picks the same victim.
+            let declared = |m: &str| {
+                self.cfg
+                    .workers
+                    .iter()
+                    .any(|w| w.models.iter().any(|d| d == m))
+            };
+            let victim = self
                 .trees
                 .iter()
-                .min_by_key(|(k, t)| (t.last_used, (*k).clone()))
+                .min_by_key(|(k, t)| {
+                    (
+                        declared(&k.1),
+                        t.tree.stored_chars(),
+                        t.last_used,
+                        (*k).clone(),
+                    )
+                })
                 .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
+            if let Some(k) = victim {
                 self.trees.remove(&k);
             }
         }
@@ -614,6 +636,75 @@ mod tests {
             "least recently used tree dropped"
         );
         assert!(r.tree(Pool::Regular, "c").is_some());
+    }
+
+    #[test]
+    fn junk_model_names_never_evict_the_trees_of_real_traffic() {
+        // Issue 14, failure 4: ~65 tiny requests with junk `model` names wiped the
+        // real models' trees (plain LRU over `max_models`).
+        let mut r = router(r#","max_models":4"#, 1);
+        let mut rng = SplitMix64(1);
+        let mut send = |r: &mut Router, model: &str, prompt: &str| {
+            let body = format!(r#"{{"model":"{model}","prompt":"{prompt}"}}"#);
+            go(
+                r,
+                &parse("/v1/completions", body.as_bytes()),
+                &[0],
+                &mut rng,
+            )
+            .unwrap();
+        };
+        for turn in 0..5 {
+            send(
+                &mut r,
+                "real-a",
+                &format!("a long conversation, turn {turn}"),
+            );
+            send(
+                &mut r,
+                "real-b",
+                &format!("another conversation, turn {turn}"),
+            );
+        }
+        for i in 0..65 {
+            send(&mut r, &format!("junk-{i}"), "x");
+        }
+        assert!(r.tree(Pool::Regular, "real-a").is_some());
+        assert!(r.tree(Pool::Regular, "real-b").is_some());
+        assert!(
+            r.tree(Pool::Regular, "junk-64").is_some(),
+            "the newest stays"
+        );
+        assert!(
+            r.tree(Pool::Regular, "junk-0").is_none(),
+            "junk churns among itself"
+        );
+    }
+
+    #[test]
+    fn a_declared_model_outlives_bigger_undeclared_ones() {
+        let mut r = Router::new(
+            Config::from_json(
+                br#"{"workers":[{"name":"w0","models":["small"]},{"name":"w1"}],"max_models":2}"#,
+            )
+            .unwrap(),
+        );
+        let mut rng = SplitMix64(1);
+        let mut send = |r: &mut Router, model: &str, prompt: &str| {
+            let body = format!(r#"{{"model":"{model}","prompt":"{prompt}"}}"#);
+            go(
+                r,
+                &parse("/v1/completions", body.as_bytes()),
+                &[0, 0],
+                &mut rng,
+            )
+            .unwrap();
+        };
+        send(&mut r, "small", "s");
+        send(&mut r, "big", &"b".repeat(500));
+        send(&mut r, "other", &"o".repeat(500));
+        assert!(r.tree(Pool::Regular, "small").is_some(), "declared by w0");
+        assert!(r.tree(Pool::Regular, "big").is_none());
     }
 
     #[test]

@@ -14,10 +14,12 @@
 use serde::Deserialize;
 use std::fmt;
 
+mod health;
 mod overload;
 mod ttft;
 mod workers;
 
+pub use health::*;
 pub use overload::*;
 pub use ttft::*;
 pub use workers::{Pool, WorkerConfig, WorkersFrom};
@@ -243,6 +245,16 @@ pub struct Config {
     /// Bearer token of the stats push endpoint; unset disables the endpoint.
     #[serde(default)]
     pub stats_token: Option<String>,
+    /// The name of an environment variable of the VM holding the token instead
+    /// (Envoy passes it with `vm_config.environment_variables.host_env_keys`), so
+    /// the token can come from a file rather than sit in the Envoy config.
+    #[serde(default)]
+    pub stats_token_env: Option<String>,
+    /// This plugin instance is the stats listener's: it answers the collector's
+    /// pushes and nothing else (a local 404, nothing routed or recorded). Give the
+    /// client-facing listener a config without a token, so it never takes a push.
+    #[serde(default)]
+    pub stats_only: bool,
     #[serde(default = "default_stats_path")]
     pub stats_path: String,
     #[serde(default = "default_stats_max_bytes")]
@@ -263,6 +275,9 @@ pub struct Config {
     /// Latency-aware overload flags; see `crate::overload`.
     #[serde(default)]
     pub overload: OverloadConfig,
+    /// Failed workers out of rotation until probed back; see `crate::health`.
+    #[serde(default)]
+    pub health: HealthConfig,
     /// Seeds the tie-break generator so a run can be replayed decision for decision
     /// (the demo and `host-sim replay` set it); unset: the host's entropy.
     #[serde(default)]
@@ -318,6 +333,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_values()?;
         self.overload.validate()?;
+        self.health.validate()?;
         self.validate_queue_knobs()?;
         self.validate_workers()?;
         // Knobs of one policy are refused where no pool routes by it.
@@ -378,9 +394,9 @@ impl Config {
     }
 
     /// The root tick period: the ring's sync interval, or the probe interval when
-    /// that is shorter and overload probing is on.
+    /// that is shorter and overload or health probing is on.
     pub fn tick_ms(&self) -> u64 {
-        if self.overload.enabled {
+        if self.overload.enabled || self.health.enabled {
             self.sync_interval_ms.min(self.overload.probe_interval_ms)
         } else {
             self.sync_interval_ms
@@ -488,6 +504,21 @@ impl Config {
             return Err(err(
                 "stats_token",
                 "must not be empty (omit it to disable pushes)",
+            ));
+        }
+        if self.stats_token_env.as_deref() == Some("") {
+            return Err(err("stats_token_env", "must name an environment variable"));
+        }
+        if self.stats_token.is_some() && self.stats_token_env.is_some() {
+            return Err(err(
+                "stats_token_env",
+                "and `stats_token` are exclusive: give the token one way",
+            ));
+        }
+        if self.stats_only && self.stats_token.is_none() && self.stats_token_env.is_none() {
+            return Err(err(
+                "stats_only",
+                "needs `stats_token` or `stats_token_env`: a stats listener without a token answers nothing",
             ));
         }
         if !self.stats_path.starts_with('/') {
@@ -771,6 +802,17 @@ mod tests {
             ("/llm-router/stats", 1 << 20, 5000)
         );
         assert_eq!(field_of(with(r#","stats_token":"""#)), "stats_token");
+        assert_eq!(
+            field_of(with(r#","stats_token_env":"""#)),
+            "stats_token_env"
+        );
+        assert_eq!(
+            field_of(with(r#","stats_token":"t","stats_token_env":"T""#)),
+            "stats_token_env"
+        );
+        assert_eq!(field_of(with(r#","stats_only":true"#)), "stats_only");
+        let s = with(r#","stats_only":true,"stats_token_env":"LLM_ROUTER_STATS_TOKEN""#).unwrap();
+        assert!(s.stats_only);
         assert_eq!(field_of(with(r#","stats_path":"stats""#)), "stats_path");
         assert_eq!(field_of(with(r#","stats_max_bytes":0"#)), "stats_max_bytes");
         assert_eq!(field_of(with(r#","stale_after_ms":0"#)), "stale_after_ms");
@@ -806,6 +848,13 @@ mod tests {
         assert_eq!(
             tick(
                 r#","sync_interval_ms":8000,"overload":{"enabled":false,"probe_interval_ms":500}"#
+            ),
+            500,
+            "health probes still run"
+        );
+        assert_eq!(
+            tick(
+                r#","sync_interval_ms":8000,"overload":{"enabled":false,"probe_interval_ms":500},"health":{"enabled":false}"#
             ),
             8000,
             "no probes: the sync interval alone"

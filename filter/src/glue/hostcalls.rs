@@ -43,6 +43,12 @@ mod raw {
             value_size: usize,
         ) -> u32;
         pub fn proxy_remove_header_map_value(kind: u32, key: *const u8, key_size: usize) -> u32;
+        pub fn proxy_get_property(
+            path: *const u8,
+            path_size: usize,
+            data: *mut *mut u8,
+            size: *mut usize,
+        ) -> u32;
         pub fn proxy_get_shared_data(
             key: *const u8,
             key_size: usize,
@@ -203,6 +209,20 @@ pub fn get_map_value(map: MapType, key: &str) -> Result<Option<String>, Status> 
             let bytes = unsafe { take(data, size) }.unwrap_or_default();
             Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
         }
+        Err(Status::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A stream or host attribute by path segments (`["response", "flags"]`); `Ok(None)`
+/// when the host has no value for it.
+pub fn get_property(path: &[&str]) -> Result<Option<Bytes>, Status> {
+    let joined = path.join("\0");
+    let (mut data, mut size) = (null_mut(), 0);
+    let status =
+        unsafe { raw::proxy_get_property(joined.as_ptr(), joined.len(), &mut data, &mut size) };
+    match check(status) {
+        Ok(()) => Ok(unsafe { take(data, size) }),
         Err(Status::NotFound) => Ok(None),
         Err(e) => Err(e),
     }

@@ -204,3 +204,24 @@ impl OverloadMetrics {
         }
     }
 }
+
+/// Health stats: a worker going down is counted by the VM whose CAS flipped it, a
+/// recovery by the prober lease holder, so each flip is counted once per Envoy.
+pub struct HealthMetrics {
+    pub down: Metric,
+    pub recovered: Metric,
+    /// Workers down now (set on the lease holder's tick).
+    pub down_now: Metric,
+    pub upstream_failures: Metric,
+}
+
+impl HealthMetrics {
+    pub fn define() -> HealthMetrics {
+        HealthMetrics {
+            down: Metric::counter(names::HEALTH_DOWN),
+            recovered: Metric::counter(names::HEALTH_RECOVERED),
+            down_now: Metric::gauge(names::HEALTH_DOWN_NOW),
+            upstream_failures: Metric::counter(names::UPSTREAM_FAILURES),
+        }
+    }
+}

@@ -8,9 +8,11 @@
 //! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `membership`
 //! (discovery mode's worker list from pushes), `prefill` (PD's
 //! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
-//! `reply` (local replies), `prober` (overload probes), `metrics` and `host`.
+//! `reply` (local replies), `prober` (overload and health probes), `health`
+//! (failed upstreams take their worker out), `metrics` and `host`.
 
 mod bookkeeping;
+mod health;
 mod host;
 mod hostcalls;
 mod membership;

@@ -1,7 +1,9 @@
-//! The overload prober: on every root tick, the VM holding the prober lease steps the
-//! flags on the collector's latest latencies and probes each flagged worker every
+//! The prober: on every root tick, the VM holding the prober lease steps the
+//! overload flags on the collector's latest latencies and the health table on its
+//! reports (`super::health`), and probes each flagged or down worker every
 //! `probe_interval_ms` with `dispatch_http_call`; the answer comes back to this
-//! root context and steps the flag again. Every other VM only reads the flags.
+//! root context and steps both again. Every other VM only reads them (and writes a
+//! failure it sees to the health table).
 //!
 //! A probe goes to the worker's own cluster. With `target: endpoint` the pool shares
 //! one cluster, and a call to it could land on any engine, so only workers with a
@@ -12,11 +14,13 @@ use std::time::Duration;
 
 use proxy_wasm::types::{LogLevel, MapType};
 
+use super::health;
 use super::host::{self, HostStore};
 use super::hostcalls;
 use super::metrics::OverloadMetrics;
 use super::state::State;
 use crate::config::{probe_cluster, Config, OverloadConfig, WorkerConfig};
+use crate::health::Event as HealthEvent;
 use crate::overload::{observe_latencies, Event, Transition};
 use crate::shared::{FlagTable, Keys, ProbeLease};
 
@@ -74,9 +78,15 @@ impl Prober {
 
     pub fn tick(&mut self, state: &State, now_ms: u64) {
         let cfg = state.router.config();
-        if !cfg.overload.enabled {
+        let (overload, healthy) = (cfg.overload.enabled, cfg.health.enabled);
+        if !overload {
             self.flags.clear(&HostStore);
             self.metrics.flagged.set(0);
+        }
+        if !healthy {
+            health::clear(state);
+        }
+        if !overload && !healthy {
             self.pending.clear();
             return;
         }
@@ -85,32 +95,43 @@ impl Prober {
             return;
         }
         let table = state.engine_loads();
-        let probe_ok: Vec<bool> = cfg
-            .workers
-            .iter()
-            .map(|w| probe_cluster(cfg, w).is_some())
-            .collect();
-        let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
-            observe_latencies(
-                &mut f.0,
-                &table,
-                now_ms,
-                cfg.stale_after_ms,
-                &cfg.overload,
-                &probe_ok,
-            )
-        });
-        self.book(&flips, cfg);
-        let flags = self.flags.read(&HostStore, &cfg.workers);
-        self.metrics.flagged.set(flags.count() as u64);
-        for (w, flag) in cfg.workers.iter().zip(&flags.0) {
-            if let (true, Some(cluster)) = (flag.is_overloaded(), probe_cluster(cfg, w)) {
-                self.probe_if_due(cfg, w, cluster, now_ms);
+        let mut probe_wanted = vec![false; cfg.workers.len()];
+        if overload {
+            let probe_ok: Vec<bool> = cfg
+                .workers
+                .iter()
+                .map(|w| probe_cluster(cfg, w).is_some())
+                .collect();
+            let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
+                observe_latencies(
+                    &mut f.0,
+                    &table,
+                    now_ms,
+                    cfg.stale_after_ms,
+                    &cfg.overload,
+                    &probe_ok,
+                )
+            });
+            self.book(&flips, cfg);
+            let flags = self.flags.read(&HostStore, &cfg.workers);
+            self.metrics.flagged.set(flags.count() as u64);
+            probe_wanted = flags.overloaded();
+        }
+        if healthy {
+            let down = health::tick(state, &table, now_ms);
+            for (want, down) in probe_wanted.iter_mut().zip(down) {
+                *want |= down;
+            }
+        }
+        for (w, want) in cfg.workers.iter().zip(probe_wanted) {
+            if let (true, Some(cluster)) = (want, probe_cluster(cfg, w)) {
+                self.probe_if_due(state, w, cluster, now_ms);
             }
         }
     }
 
-    fn probe_if_due(&mut self, cfg: &Config, w: &WorkerConfig, cluster: &str, now_ms: u64) {
+    fn probe_if_due(&mut self, state: &State, w: &WorkerConfig, cluster: &str, now_ms: u64) {
+        let cfg = state.router.config();
         if self.pending.iter().any(|p| p.worker == w.name) {
             return;
         }
@@ -153,7 +174,7 @@ impl Prober {
                         w.name
                     ),
                 );
-                self.apply_probe(cfg, &w.name, false, now_ms);
+                self.apply_probe(state, &w.name, false, now_ms);
             }
         }
         match self.last_probe_ms.iter_mut().find(|(n, _)| *n == w.name) {
@@ -173,21 +194,29 @@ impl Prober {
             .flatten()
             .and_then(|s| s.parse::<u32>().ok());
         let ok = status.is_some_and(|s| (200..300).contains(&s));
-        let cfg = state.router.config();
-        if cfg.overload.enabled {
-            self.apply_probe(cfg, &p.worker, ok, now_ms);
-        }
+        self.apply_probe(state, &p.worker, ok, now_ms);
     }
 
-    fn apply_probe(&mut self, cfg: &Config, worker: &str, ok: bool, now_ms: u64) {
+    /// A probe's outcome steps the worker's overload flag and its health (each
+    /// ignores it unless the worker is flagged or down there).
+    fn apply_probe(&mut self, state: &State, worker: &str, ok: bool, now_ms: u64) {
         if ok {
             self.metrics.probes_ok.inc();
         } else {
             self.metrics.probes_failed.inc();
         }
+        let cfg = state.router.config();
         let Some(index) = cfg.workers.iter().position(|w| w.name == worker) else {
             return;
         };
+        if cfg.health.enabled {
+            health::step(state, Some(index), now_ms, |_| {
+                Some(HealthEvent::Probe { ok })
+            });
+        }
+        if !cfg.overload.enabled {
+            return;
+        }
         let needed = cfg.overload.probes_needed(true);
         let flips = self.flags.update(&HostStore, &cfg.workers, |f| {
             f.0.get_mut(index)

@@ -2,6 +2,13 @@
 //! (with a token configured) takes a `POST` of one snapshot. The token, method and
 //! declared size are checked on the headers, before anything is buffered; the body
 //! is checked whole (`crate::push`) and stored all or nothing.
+//!
+//! Where it answers: only a config with a token has the endpoint. The shipped
+//! configs give the stats listener its own plugin config (`stats_only`, same
+//! `vm_config`, so the same shared data) and the client-facing listener none, so no
+//! token opens a push there. A `stats_only` config answers nothing else (a local
+//! 404: nothing routed, nothing recorded). Failed token checks are limited per
+//! Envoy (`crate::shared::PushLockout`).
 
 use proxy_wasm::types::Action;
 
@@ -10,6 +17,7 @@ use super::membership::with_membership;
 use super::reply;
 use super::state::{Shared, State};
 use crate::push::{parse_push, token_matches, PushError};
+use crate::shared::{Gate, PushLockout};
 
 /// What the request headers say about a push.
 pub enum Start {
@@ -30,17 +38,33 @@ pub fn start(state: &Shared, path: &str, end_of_stream: bool) -> Start {
             cfg.stats_token.clone()?,
             cfg.stats_path.clone(),
             cfg.stats_max_bytes,
+            cfg.stats_only,
+            PushLockout::new(&s.shared.keys),
         ))
     });
-    let Some((token, stats_path, limit)) = settings else {
+    let Some((token, stats_path, limit, stats_only, lockout)) = settings else {
         return Start::NotPush;
     };
     if path.split('?').next() != Some(stats_path.as_str()) {
+        if stats_only {
+            return Start::Refused(reply::json(
+                404,
+                "not_found",
+                r#"{"error":"this listener only takes stats pushes"}"#,
+            ));
+        }
         return Start::NotPush;
     }
     let refused = |e: PushError| Start::Refused(refuse(state, &e));
+    let now = host::now_ms();
+    if let Gate::LockedOut { retry_after_ms } = lockout.gate(&HostStore, now) {
+        return refused(PushError::LockedOut {
+            retry_after_s: retry_after_ms.div_ceil(1000),
+        });
+    }
     let authorization = request_header("authorization");
     if !token_matches(Some(&authorization), &token) {
+        lockout.fail(&HostStore, now);
         return refused(PushError::Unauthorized);
     }
     if request_header(":method") != "POST" {

@@ -14,9 +14,30 @@ use super::hostcalls;
 use super::prober::Prober;
 use super::state::{Shared, State};
 use super::stream::Stream;
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::shared::{Keys, MembershipTable, Op, OpRing};
 use crate::worker_stats::worker_gauges;
+
+/// Takes the push token from the VM's environment when the config names a variable
+/// (`stats_token_env`): Envoy sets it from `vm_config.environment_variables`.
+fn with_env_token(mut cfg: Config) -> Result<Config, ConfigError> {
+    let Some(var) = cfg.stats_token_env.as_deref() else {
+        return Ok(cfg);
+    };
+    match std::env::var(var) {
+        Ok(token) if !token.trim().is_empty() => {
+            cfg.stats_token = Some(token.trim().to_string());
+            Ok(cfg)
+        }
+        _ => Err(ConfigError {
+            field: "stats_token_env".into(),
+            rule: format!(
+                "names `{var}`, which is unset or empty in the VM's environment (list it in \
+                 `vm_config.environment_variables.host_env_keys` and set it for Envoy)"
+            ),
+        }),
+    }
+}
 
 pub struct Root {
     state: Shared,
@@ -61,13 +82,21 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let cfg = match Config::from_json(&bytes) {
+        let cfg = match Config::from_json(&bytes).and_then(with_env_token) {
             Ok(c) => c,
             Err(e) => {
                 host::log(LogLevel::Error, &format!("llm-router: {e}"));
                 return false;
             }
         };
+        if cfg.stats_token.is_some() && !cfg.stats_only {
+            host::log(
+                LogLevel::Warn,
+                "llm-router: this config routes and takes stats pushes, so every listener it is \
+                 on answers pushes; give the stats listener its own config with `stats_only: true` \
+                 and leave the token out of the client-facing one",
+            );
+        }
         let keys = Keys::default();
         let tick = Duration::from_millis(cfg.tick_ms());
         self.prober
@@ -94,6 +123,10 @@ impl RootContext for Root {
         let Some(state) = slot.as_mut() else {
             return;
         };
+        // The stats listener's instance only stores pushes: no tree, no probes.
+        if state.router.config().stats_only {
+            return;
+        }
         state.catch_up();
         state.refresh_membership();
         let interval = state.router.config().eviction_interval_ms;

@@ -78,7 +78,10 @@ impl State {
             gate_inert_seen: 0,
         };
         state.refresh_membership();
-        state.catch_up();
+        // The stats listener's instance never routes: it keeps no tree.
+        if !state.router.config().stats_only {
+            state.catch_up();
+        }
         state
     }
 

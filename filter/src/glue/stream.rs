@@ -7,6 +7,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
 use super::bookkeeping::{self, Held};
+use super::health;
 use super::host::{self, request_header};
 use super::hostcalls;
 use super::prefill::{self, Leg};
@@ -188,6 +189,24 @@ impl Stream {
         }
     }
 
+    /// Takes the main worker out if its upstream failed (`super::health`); not after
+    /// the filter's own reply (a failed prefill), which is no verdict on it.
+    fn judge_upstream(&self) {
+        let (Some(routed), false) = (self.routed.as_ref(), self.replied) else {
+            return;
+        };
+        if let Some(state) = self.state.borrow().as_ref() {
+            if let Some(w) = state
+                .router
+                .config()
+                .workers
+                .get(routed.decision.worker as usize)
+            {
+                health::observe(state, &w.name);
+            }
+        }
+    }
+
     /// The first response byte: the booked prefill is done (at most once).
     fn first_byte(&mut self) {
         let Some(routed) = self.routed.as_mut() else {
@@ -348,6 +367,9 @@ impl HttpContext for Stream {
     }
 
     fn on_log(&mut self) {
+        // Before the release: a failure must take its worker out before any later
+        // request can see its count drop.
+        self.judge_upstream();
         self.release();
     }
 }

@@ -9,6 +9,8 @@
 //! - `flags`: the overload flags (written by the prober lease holder only);
 //! - `lease`: which VM runs the overload prober;
 //! - `membership`: discovery mode's worker list and its version;
+//! - `health`: the workers down after a failure (written by any VM);
+//! - `lockout`: the push endpoint's failed token checks;
 //! - `work`: `predicted_ttft`'s outstanding prefill, learned costs and the
 //!   in-flight counts at the last sample.
 //!
@@ -20,9 +22,11 @@
 
 mod eviction;
 mod flags;
+mod health;
 mod inflight;
 mod lease;
 mod membership;
+mod lockout;
 mod ops;
 mod ring;
 mod samples;
@@ -30,9 +34,11 @@ mod work;
 
 pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
+pub use health::{HealthStates, HealthTable};
 pub use inflight::InflightTable;
 pub use lease::{claim, Lease, ProbeLease};
 pub use membership::{Membership, MembershipTable};
+pub use lockout::{Gate, PushLockout};
 pub use ops::{truncate_text, Op};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
@@ -114,6 +120,14 @@ impl Keys {
         format!("{}.overload.lease", self.prefix)
     }
 
+    pub fn push_failures(&self) -> String {
+        format!("{}.push.failures", self.prefix)
+    }
+
+    pub fn health(&self) -> String {
+        format!("{}.health", self.prefix)
+    }
+
     pub fn work(&self) -> String {
         format!("{}.ttft.work", self.prefix)
     }
@@ -132,10 +146,16 @@ impl Keys {
 }
 
 /// Everything a request routes by, read once: every thread's in-flight counts, the
-/// collector's samples, and the overload flags (none when detection is off).
+/// collector's samples, the overload flags and the down workers (none when their
+/// detection is off).
 pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u64) -> Loads {
     let overloaded = if cfg.overload.enabled {
         FlagTable::new(keys).read(store, &cfg.workers).overloaded()
+    } else {
+        Vec::new()
+    };
+    let down = if cfg.health.enabled {
+        HealthTable::new(keys).read(store, &cfg.workers).down()
     } else {
         Vec::new()
     };
@@ -146,6 +166,7 @@ pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u6
         engine: SamplesTable::new(keys).read(store, &cfg.workers),
         now_ms,
         overloaded,
+        down,
         work: if ttft {
             WorkTable::new(keys).by_worker(store, &cfg.workers)
         } else {
@@ -243,6 +264,8 @@ mod tests {
         assert_eq!(k.samples(), "llm_router.samples");
         assert_eq!(k.flags(), "llm_router.overload.flags");
         assert_eq!(k.lease(), "llm_router.overload.lease");
+        assert_eq!(k.health(), "llm_router.health");
+        assert_eq!(k.push_failures(), "llm_router.push.failures");
         assert_eq!(k.work(), "llm_router.ttft.work");
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
@@ -260,6 +283,7 @@ mod tests {
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
         assert_eq!(loads.overloaded, vec![false, false]);
+        assert_eq!(loads.down, vec![false, false]);
         let off = Config::from_json(br#"{"workers":[{"name":"a"}],"overload":{"enabled":false}}"#)
             .unwrap();
         assert!(read_loads(&store, &keys, &off, 7).overloaded.is_empty());

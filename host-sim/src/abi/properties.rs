@@ -71,6 +71,10 @@ fn response_property(s: &HostState, ctx: u32, rest: &[&str]) -> Option<Vec<u8>> 
             let code: i64 = header_value(h, ":status")?.parse().ok()?;
             Some(code.to_le_bytes().to_vec())
         }
+        ["flags"] => Some(stream.response_flags.to_le_bytes().to_vec()),
+        ["code_details"] if !stream.code_details.is_empty() => {
+            Some(stream.code_details.as_bytes().to_vec())
+        }
         ["headers"] if !h.is_empty() => Some(serialize_pairs(&strings_to_pairs(h))),
         ["headers", name] => Some(
             header_value(h, &name.to_ascii_lowercase())?

@@ -22,6 +22,9 @@ pub(crate) struct Config {
     pub allow_on_headers_stop_iteration: bool,
     pub seed: u64,
     pub properties: Vec<(String, Vec<u8>)>,
+    /// The VM's environment, `NAME=value` (Envoy's
+    /// `vm_config.environment_variables`).
+    pub environ: Vec<Vec<u8>>,
     pub failure_policy: FailurePolicy,
     /// A VM's linear memory may not grow past this many bytes.
     pub max_memory_bytes: usize,

@@ -80,6 +80,11 @@ pub(crate) struct StreamState {
     pub reset: bool,
     pub finished: bool,
     pub start_ns: u64,
+    /// Envoy's stream info as `response.flags` and `response.code_details` give it:
+    /// `via_upstream` once the upstream answered, the router's details when it
+    /// failed (see `VmHandle::fail_upstream`).
+    pub response_flags: u64,
+    pub code_details: String,
 }
 
 impl StreamState {
@@ -95,6 +100,8 @@ impl StreamState {
             reset: false,
             finished: false,
             start_ns,
+            response_flags: 0,
+            code_details: String::new(),
         }
     }
 

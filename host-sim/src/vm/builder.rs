@@ -59,6 +59,7 @@ impl HostBuilder {
                 allow_on_headers_stop_iteration: false,
                 seed: 0,
                 properties: Vec::new(),
+                environ: Vec::new(),
                 failure_policy: FailurePolicy::Strict,
                 max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             },
@@ -161,6 +162,15 @@ impl HostBuilder {
     /// An extra property for `proxy_get_property`, by dotted path (e.g. "node.id").
     pub fn property(mut self, path: &str, value: impl Into<Vec<u8>>) -> Self {
         self.cfg.properties.push((path.into(), value.into()));
+        self
+    }
+
+    /// An environment variable of every VM (Envoy's
+    /// `vm_config.environment_variables`).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.cfg
+            .environ
+            .push(format!("{name}={value}").into_bytes());
         self
     }
 

@@ -91,6 +91,7 @@ impl<'a> VmHandle<'a> {
         let mut all = vec![(":status".to_string(), status.to_string())];
         all.extend(owned_headers(headers));
         stream.resp = Flow::new(all);
+        stream.code_details = "via_upstream".into();
         host.headers_phase(vm, ctx, true, body.is_empty())?;
         if !body.is_empty() {
             host.body_chunk(vm, ctx, true, body.to_vec(), true)?;
@@ -98,6 +99,39 @@ impl<'a> VmHandle<'a> {
         host.pump()?;
         let stream = host.state(vm).streams.get(&ctx).expect("checked");
         Ok(response_outcome(&stream.resp))
+    }
+
+    /// The upstream failed (Envoy's router saw a refused connection, a reset, a
+    /// timeout): `flags` and `details` go into the stream info (`response.flags`,
+    /// `response.code_details`); if no response started, the router's own reply
+    /// (`status`, e.g. 503) runs through the filter's response callbacks; then the
+    /// stream completes (`proxy_on_log`...). A response already under way keeps its
+    /// status and is cut.
+    pub fn fail_upstream(
+        &mut self,
+        handle: StreamHandle,
+        status: u32,
+        flags: u64,
+        details: &str,
+    ) -> Result<()> {
+        let (host, vm) = (&mut *self.host, self.vm);
+        let ctx = host.stream_ctx(vm, handle)?;
+        let stream = host.state(vm).streams.get_mut(&ctx).expect("checked");
+        if stream.finished || stream.reset || stream.local_reply.is_some() {
+            bail!("stream {ctx} already ended (finished, reset or answered locally)");
+        }
+        if stream.req.fwd_headers.is_none() {
+            bail!("stream {ctx} was not sent upstream: the filter still holds its request");
+        }
+        stream.response_flags = flags;
+        stream.code_details = details.to_string();
+        let started = stream.resp.hstate != HeaderState::Pending;
+        if !started {
+            stream.resp = Flow::new(vec![(":status".to_string(), status.to_string())]);
+            host.headers_phase(vm, ctx, true, true)?;
+        }
+        host.end_stream(vm, ctx, started)?;
+        host.pump()
     }
 
     /// Completes the stream: `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`. A no-op if

@@ -201,6 +201,7 @@ impl Host {
             }
         }
         let body = std::mem::take(&mut reply.body);
+        stream.code_details = reply.details.clone();
         stream.local_reply = Some(reply);
         stream.resp = Flow::new(headers);
         self.headers_phase(vm, ctx, true, body.is_empty())?;

@@ -1,6 +1,6 @@
 //! WASI inside a filter VM, as Envoy provides it: output becomes log lines, time is the
-//! host's virtual clock, randomness is the VM's seeded generator, no args, no
-//! environment, no blocking.
+//! host's virtual clock, randomness is the VM's seeded generator, no args, the
+//! configured environment (`HostBuilder::env`), no blocking.
 
 use super::WasiHost;
 use crate::state::{lock, HostState};
@@ -13,7 +13,7 @@ impl WasiHost for HostState {
     }
 
     fn environ(&self) -> &[Vec<u8>] {
-        &[]
+        &self.cfg.environ
     }
 
     fn output(&mut self, fd: i32, data: &[u8]) -> bool {
