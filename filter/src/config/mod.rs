@@ -15,10 +15,12 @@ use serde::Deserialize;
 use std::fmt;
 
 mod overload;
+mod replicas;
 mod ttft;
 mod workers;
 
 pub use overload::*;
+pub use replicas::*;
 pub use ttft::*;
 pub use workers::{Pool, WorkerConfig};
 
@@ -239,6 +241,9 @@ pub struct Config {
     /// Latency-aware overload flags; see `crate::overload`.
     #[serde(default)]
     pub overload: OverloadConfig,
+    /// The replica bridge's endpoint (`crate::replica`).
+    #[serde(default)]
+    pub replicas: ReplicasConfig,
     /// Seeds the tie-break generator so a run can be replayed decision for decision
     /// (the demo and `host-sim replay` set it); unset: the host's entropy.
     #[serde(default)]
@@ -288,6 +293,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_values()?;
         self.overload.validate()?;
+        self.replicas.validate(&self.stats_path)?;
         self.validate_queue_knobs()?;
         self.validate_workers()?;
         // Knobs of one policy are refused where no pool routes by it.

@@ -7,7 +7,7 @@
 //! One file per concern: `root` (configuration, tick), `state` (the VM state),
 //! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `prefill` (PD's
 //! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
-//! `reply` (local replies), `prober` (overload probes), `metrics` and `host`.
+//! `replica` (the replica bridge's endpoint), `reply` (local replies), `prober` (overload probes), `metrics` and `host`.
 
 mod bookkeeping;
 mod host;
@@ -16,6 +16,7 @@ mod metrics;
 mod prefill;
 mod prober;
 mod push;
+mod replica;
 mod reply;
 mod root;
 mod state;

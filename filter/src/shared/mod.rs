@@ -8,6 +8,7 @@
 //! - `samples`: the collector's last engine samples;
 //! - `flags`: the overload flags (written by the prober lease holder only);
 //! - `lease`: which VM runs the overload prober;
+//! - `peers`: peer replicas' in-flight counts (`crate::replica`);
 //! - `work`: `predicted_ttft`'s outstanding prefill, learned costs and the
 //!   in-flight counts at the last sample.
 //!
@@ -22,6 +23,7 @@ mod flags;
 mod inflight;
 mod lease;
 mod ops;
+mod peers;
 mod ring;
 mod samples;
 mod work;
@@ -30,7 +32,8 @@ pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
 pub use inflight::InflightTable;
 pub use lease::{claim, Lease, ProbeLease};
-pub use ops::{truncate_text, Op};
+pub use ops::{is_local_insert, truncate_text, Op};
+pub use peers::{PeerLoads, PeerReport};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
 pub use work::{CostTable, OwnAtSample, WorkTable};
@@ -111,6 +114,10 @@ impl Keys {
         format!("{}.overload.lease", self.prefix)
     }
 
+    pub fn peer_inflight(&self) -> String {
+        format!("{}.replicas.inflight", self.prefix)
+    }
+
     pub fn work(&self) -> String {
         format!("{}.ttft.work", self.prefix)
     }
@@ -134,8 +141,11 @@ pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u6
     };
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
+    let stale = cfg.replicas.peer_stale_after_ms;
+    let (peer_inflight, _) = PeerLoads::new(keys).by_worker(store, &cfg.workers, now_ms, stale);
     Loads {
         inflight: InflightTable::new(keys).by_worker(store, &cfg.workers),
+        peer_inflight,
         engine: SamplesTable::new(keys).read(store, &cfg.workers),
         now_ms,
         overloaded,
@@ -236,6 +246,7 @@ mod tests {
         assert_eq!(k.samples(), "llm_router.samples");
         assert_eq!(k.flags(), "llm_router.overload.flags");
         assert_eq!(k.lease(), "llm_router.overload.lease");
+        assert_eq!(k.peer_inflight(), "llm_router.replicas.inflight");
         assert_eq!(k.work(), "llm_router.ttft.work");
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
