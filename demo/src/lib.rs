@@ -12,3 +12,4 @@ pub mod envoy;
 pub mod fleet;
 pub mod paths;
 pub mod process;
+pub mod replicas;

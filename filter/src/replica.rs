@@ -280,7 +280,7 @@ impl Batch {
     }
 }
 
-/// Reads this replica's own inserts from the ring after `after`: at most
+/// Reads this replica's own inserts from the ring from `after` on: at most
 /// `max_ops`, about `max_bytes` encoded (texts cut to a quarter of it), and the
 /// cursor to ask from next.
 pub fn export(
@@ -292,7 +292,10 @@ pub fn export(
     inflight: Vec<(String, u64)>,
 ) -> Batch {
     let max_text = max_bytes / 4;
-    let mut cursor = after;
+    // A cursor past the head is from before this Envoy restarted (its ring began
+    // again at 0): read the new ring from its oldest operation.
+    let restarted = ring.head(store).is_some_and(|head| after > head);
+    let mut cursor = if restarted { 0 } else { after };
     let mut ops: Vec<Op> = Vec::new();
     let mut bytes = 1 + 8 + 8 + 4 + 4;
     let mut full_at: Option<u64> = None;
@@ -542,6 +545,17 @@ mod tests {
         let big = export(&ring, &store, 10, 16, 400, Vec::new());
         assert_eq!(big.next, 11);
         assert!(matches!(&big.ops[0], Op::Insert { text, .. } if text.len() == 100));
+    }
+
+    #[test]
+    fn a_cursor_from_before_a_restart_reads_the_new_ring() {
+        let store = MemStore::default();
+        let ring = ring(&store, 64);
+        ring.append(&store, &insert("after restart", "w0").encode())
+            .unwrap();
+        let b = export(&ring, &store, 5000, 16, 1 << 20, Vec::new());
+        assert_eq!(b.ops, vec![insert("after restart", "w0")]);
+        assert_eq!(b.next, 1);
     }
 
     #[test]

@@ -97,7 +97,9 @@ pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
     (body_size > limit).then(|| refuse(s, &ReplicaError::TooLarge { limit }))
 }
 
-/// This replica's own inserts since `after`, and its in-flight counts.
+/// This replica's own inserts since `after`, and its in-flight counts. A batch
+/// takes at most half the stats limit, so it fits a peer's import limit and the
+/// bus's message size (NATS's default is 1 MiB) with room to spare.
 fn answer_export(s: &State, after: u64) -> Action {
     let cfg = s.router.config();
     let inflight = s.shared.inflight.read(&HostStore);
@@ -106,7 +108,7 @@ fn answer_export(s: &State, after: u64) -> Action {
         &HostStore,
         after,
         cfg.replicas.batch_limit(cfg.sync_ring_slots),
-        cfg.stats_max_bytes,
+        cfg.stats_max_bytes / 2,
         inflight,
     );
     s.replica_metrics.exported.add(batch.ops.len() as u64);
