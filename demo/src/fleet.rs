@@ -130,8 +130,44 @@ pub fn start_engine_in(
     })
 }
 
+/// The engines of `spec` (`w0..`, or `p0..` and `d0..` with PD), started in `dir`.
+pub fn start_engines(spec: &FleetSpec, dir: &Path) -> Result<Vec<Engine>> {
+    let roster: Vec<(String, &'static str)> = match spec.pd {
+        None => (0..spec.workers)
+            .map(|i| (llm_load::fleet::worker_name(i), "regular"))
+            .collect(),
+        Some((prefill, decode)) => (0..prefill)
+            .map(|i| (format!("p{i}"), "prefill"))
+            .chain((0..decode).map(|i| (format!("d{i}"), "decode")))
+            .collect(),
+    };
+    roster
+        .iter()
+        .map(|(name, pool)| start_engine_in(name, pool, &spec.engine_args, dir))
+        .collect()
+}
+
+/// An Envoy in front of `engines` as `spec` says, with `plugin_config`.
+pub fn envoy_spec(spec: &FleetSpec, engines: &[Engine], plugin_config: Value) -> Result<EnvoySpec> {
+    Ok(EnvoySpec {
+        upstreams: engines
+            .iter()
+            .map(|e| Upstream {
+                name: e.name.clone(),
+                addr: e.addr,
+                pool: e.pool,
+                bootstrap: e.bootstrap,
+            })
+            .collect(),
+        target: spec.target,
+        plugin_config,
+        wasm: paths::wasm_path()?,
+        concurrency: spec.envoy_concurrency,
+    })
+}
+
 /// A value for tokens and names that must not collide between runs.
-fn random_u64() -> u64 {
+pub fn random_u64() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::process::id())
 }
@@ -175,19 +211,7 @@ impl Fleet {
                 (t.0.clone(), Some(t))
             }
         };
-        let roster: Vec<(String, &'static str)> = match spec.pd {
-            None => (0..spec.workers)
-                .map(|i| (llm_load::fleet::worker_name(i), "regular"))
-                .collect(),
-            Some((prefill, decode)) => (0..prefill)
-                .map(|i| (format!("p{i}"), "prefill"))
-                .chain((0..decode).map(|i| (format!("d{i}"), "decode")))
-                .collect(),
-        };
-        let engines = roster
-            .iter()
-            .map(|(name, pool)| start_engine_in(name, pool, &spec.engine_args, &dir))
-            .collect::<Result<Vec<_>>>()?;
+        let engines = start_engines(spec, &dir)?;
         let mut plugin_config = spec.plugin_config.clone();
         let token = format!("{:016x}", random_u64());
         if spec.collector_interval_ms.is_some() {
@@ -200,22 +224,7 @@ impl Fleet {
             .as_str()
             .unwrap_or(&token)
             .to_string();
-        let envoy_spec = EnvoySpec {
-            upstreams: engines
-                .iter()
-                .map(|e| Upstream {
-                    name: e.name.clone(),
-                    addr: e.addr,
-                    pool: e.pool,
-                    bootstrap: e.bootstrap,
-                })
-                .collect(),
-            target: spec.target,
-            plugin_config,
-            wasm: paths::wasm_path()?,
-            concurrency: spec.envoy_concurrency,
-            route_idle_timeout_ms: spec.route_idle_timeout_ms,
-        };
+        let envoy_spec = envoy_spec(spec, &engines, plugin_config)?;
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;
         let collector = match spec.collector_interval_ms {

@@ -13,3 +13,4 @@ pub mod envoy;
 pub mod fleet;
 pub mod paths;
 pub mod process;
+pub mod replicas;

@@ -65,7 +65,7 @@ fn serving(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidat
         .filter(|(_, w)| w.routable())
         .map(|(i, _)| Candidate {
             worker: i as TenantId,
-            inflight: loads.inflight.get(i).copied().unwrap_or(0),
+            inflight: loads.fleet_inflight(i),
             engine: loads
                 .engine
                 .fresh(i, loads.now_ms, cfg.stale_after_ms)

@@ -39,6 +39,7 @@ pub mod pd;
 pub mod plan;
 pub mod policy;
 pub mod push;
+pub mod replica;
 pub mod rng;
 pub mod router;
 pub mod shared;

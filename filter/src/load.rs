@@ -1,5 +1,6 @@
 //! What the router knows of the workers' load when it decides: its own in-flight
-//! counts (shared by every thread), the collector's last engine samples, and the
+//! counts (shared by every thread) plus peer replicas' (`crate::replica`), the
+//! collector's last engine samples, and the
 //! overload flags, gathered once per request into a `Loads` snapshot
 //! (`crate::shared::read_loads`).
 //!
@@ -51,6 +52,9 @@ impl LoadTable {
 pub struct Loads {
     /// Router-side in-flight requests by worker index (missing: 0).
     pub inflight: Vec<u64>,
+    /// Peer replicas' in-flight requests by worker index, from their fresh reports
+    /// (`crate::replica`; missing: 0).
+    pub peer_inflight: Vec<u64>,
     /// The collector's last reports.
     pub engine: LoadTable,
     pub now_ms: u64,
@@ -67,6 +71,15 @@ pub struct Loads {
     pub own_at_sample: Vec<u64>,
 }
 
+impl Loads {
+    /// The fleet's in-flight requests on `worker`: this Envoy's and its peers'.
+    pub fn fleet_inflight(&self, worker: usize) -> u64 {
+        let own = self.inflight.get(worker).copied().unwrap_or(0);
+        let peers = self.peer_inflight.get(worker).copied().unwrap_or(0);
+        own.saturating_add(peers)
+    }
+}
+
 #[cfg(test)]
 impl Loads {
     /// No engine samples, no flags: the router's own counts only.
@@ -81,6 +94,17 @@ impl Loads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fleet_inflight_adds_the_peers() {
+        let loads = Loads {
+            peer_inflight: vec![0, 5],
+            ..Loads::inflight_only(&[2, 1])
+        };
+        assert_eq!(loads.fleet_inflight(0), 2);
+        assert_eq!(loads.fleet_inflight(1), 6);
+        assert_eq!(loads.fleet_inflight(7), 0);
+    }
 
     #[test]
     fn freshness_is_strictly_younger_than_the_limit() {

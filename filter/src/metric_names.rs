@@ -70,6 +70,20 @@ pub const HEALTH_DOWN_NOW: &str = "llm_router_health_down_now";
 /// Finished requests whose upstream failed (connect failure, reset, timeout, 5xx).
 pub const UPSTREAM_FAILURES: &str = "llm_router_upstream_failures";
 
+/// Replica bridge (`crate::replica`): local inserts exported to the bridge.
+pub const REPLICA_OPS_EXPORTED: &str = "llm_router_replica_ops_exported";
+/// Peer inserts imported into the ring.
+pub const REPLICA_OPS_IMPORTED: &str = "llm_router_replica_ops_imported";
+/// Peer inserts naming a worker this replica does not configure.
+pub const REPLICA_OPS_SKIPPED: &str = "llm_router_replica_ops_skipped";
+/// Local inserts the ring overwrote before the bridge exported them.
+pub const REPLICA_EXPORT_GAPS: &str = "llm_router_replica_export_gaps";
+/// Requests to the replicas endpoint refused (token, method, shape, size).
+pub const REPLICA_REQUESTS_REFUSED: &str = "llm_router_replica_requests_refused";
+/// Gauge: peer replicas whose in-flight report is fresh (0: alone, or the bus is
+/// down).
+pub const REPLICA_PEERS: &str = "llm_router_replica_peers";
+
 /// The counter of one decision label, e.g. `llm_router_decisions_cache_hit`.
 pub fn decision_metric(label: Label) -> String {
     format!("{DECISIONS_PREFIX}{}", label.as_str())

@@ -44,6 +44,11 @@ pub struct RunArgs {
     /// Base URL, e.g. http://127.0.0.1:10000 (workload paths are appended).
     #[arg(long)]
     pub url: String,
+    /// More base URLs (repeatable; Envoy replicas behind no load balancer): requests
+    /// go round robin over `--url` and these, each on a new connection, so a
+    /// conversation's turns land on different replicas.
+    #[arg(long = "spread-url")]
+    pub spread_urls: Vec<String>,
     /// Workload file: one `{"body":{..},"session":"..","path":".."}` per line.
     #[arg(long)]
     pub workload: PathBuf,
@@ -157,6 +162,11 @@ pub fn generate_cmd(args: &GenerateArgs) -> Result<()> {
 /// and returns the summary.
 pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
     let base = normalize_base_url(&args.url)?;
+    let spread = args
+        .spread_urls
+        .iter()
+        .map(|u| normalize_base_url(u))
+        .collect::<Result<Vec<_>>>()?;
     if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
         bail!(
             "--timeout-s must be a positive number, got {}",
@@ -173,8 +183,13 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
         Some(r) => format!("{r} req/s Poisson, at most {} in flight", args.concurrency),
         None => format!("concurrency {}", args.concurrency),
     };
+    let against = if spread.is_empty() {
+        base.clone()
+    } else {
+        format!("{base} and {} (round robin)", spread.join(", "))
+    };
     eprintln!(
-        "llm-load: replaying {} requests against {base} ({pace}, timeout {}s)",
+        "llm-load: replaying {} requests against {against} ({pace}, timeout {}s)",
         items.len(),
         args.timeout_s
     );
@@ -185,6 +200,7 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
             timeout: Duration::from_secs_f64(args.timeout_s),
         },
         concurrency: usize::try_from(args.concurrency)?,
+        spread,
         arrivals,
         progress: match args.progress.as_str() {
             "always" => true,
@@ -231,6 +247,9 @@ pub struct Replay {
     pub target: Target,
     /// Requests in flight at most.
     pub concurrency: usize,
+    /// More bases: requests go round robin over `target.base` and these, each on a
+    /// new connection (empty: every request to `target.base`, connections kept).
+    pub spread: Vec<String>,
     /// Open-loop arrivals; `None`: closed loop.
     pub arrivals: Option<Arrivals>,
     /// Report progress on stderr while running.
@@ -248,9 +267,20 @@ impl Replay {
                 timeout,
             },
             concurrency,
+            spread: Vec::new(),
             arrivals: None,
             progress: false,
         }
+    }
+
+    /// The same replay spread round robin over `bases` (the first is the target's),
+    /// a new connection per request.
+    pub fn spread_over(mut self, bases: &[String]) -> Self {
+        if let Some((first, more)) = bases.split_first() {
+            self.target.base = first.clone();
+            self.spread = more.to_vec();
+        }
+        self
     }
 
     /// Replays `items` and summarises what happened.
@@ -265,8 +295,23 @@ impl Replay {
         let sessions: Vec<Option<String>> = items.iter().map(|it| it.session.clone()).collect();
         let total = items.len();
         let items = Arc::new(items);
-        let client = build_client(self.concurrency);
-        let target = Arc::new(self.target.clone());
+        let idle = if self.spread.is_empty() {
+            self.concurrency.max(1)
+        } else {
+            0
+        };
+        let client = build_client(idle);
+        // The `n`th request sent goes to the `n % len`th base.
+        let targets: Arc<Vec<Target>> = Arc::new(
+            std::iter::once(&self.target.base)
+                .chain(&self.spread)
+                .map(|base| Target {
+                    base: base.clone(),
+                    ..self.target.clone()
+                })
+                .collect(),
+        );
+        let sent = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicUsize::new(0));
         let failed = Arc::new(AtomicUsize::new(0));
         let run_start = Instant::now();
@@ -281,13 +326,15 @@ impl Replay {
             self.arrivals.clone(),
             move |i| {
                 let client = client.clone();
-                let target = Arc::clone(&target);
+                let targets = Arc::clone(&targets);
+                let n = sent.fetch_add(1, Ordering::Relaxed);
                 let items = Arc::clone(&items);
                 let (done, failed) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
                 async move {
-                    let rec = match items.get(i) {
-                        Some(item) => send(&client, &target, item, run_start).await,
-                        None => Record::default(),
+                    let target = targets.get(n % targets.len().max(1));
+                    let rec = match (items.get(i), target) {
+                        (Some(item), Some(target)) => send(&client, target, item, run_start).await,
+                        _ => Record::default(),
                     };
                     if !rec.is_ok() {
                         failed.fetch_add(1, Ordering::Relaxed);

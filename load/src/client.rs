@@ -29,10 +29,11 @@ pub const ROUTED_WORKER_HEADER: &str = "x-llm-router-worker";
 /// Pooled keep-alive HTTP/1.1 client, `http://` or `https://`.
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Builds the client; the idle pool is sized to the concurrency so every worker task
-/// can keep its connection. TLS trusts the system's roots, or Mozilla's where the
-/// system has none.
-pub fn build_client(concurrency: usize) -> HttpClient {
+/// Builds the client; the idle pool keeps `idle` connections per host (the
+/// concurrency, so every worker task can keep its connection; 0: a new connection
+/// per request). TLS trusts the system's roots, or Mozilla's where the system has
+/// none.
+pub fn build_client(idle: usize) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.enforce_http(false);
@@ -42,7 +43,7 @@ pub fn build_client(concurrency: usize) -> HttpClient {
     };
     let https = tls.https_or_http().enable_http1().wrap_connector(connector);
     Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(concurrency.max(1))
+        .pool_max_idle_per_host(idle)
         .build(https)
 }
 

@@ -16,11 +16,13 @@ use std::fmt;
 
 mod health;
 mod overload;
+mod replicas;
 mod ttft;
 mod workers;
 
 pub use health::*;
 pub use overload::*;
+pub use replicas::*;
 pub use ttft::*;
 pub use workers::{Pool, WorkerConfig, WorkersFrom};
 
@@ -278,6 +280,9 @@ pub struct Config {
     /// Failed workers out of rotation until probed back; see `crate::health`.
     #[serde(default)]
     pub health: HealthConfig,
+    /// The replica bridge's endpoint (`crate::replica`).
+    #[serde(default)]
+    pub replicas: ReplicasConfig,
     /// Seeds the tie-break generator so a run can be replayed decision for decision
     /// (the demo and `host-sim replay` set it); unset: the host's entropy.
     #[serde(default)]
@@ -334,6 +339,7 @@ impl Config {
         self.validate_values()?;
         self.overload.validate()?;
         self.health.validate()?;
+        self.replicas.validate(&self.stats_path)?;
         self.validate_queue_knobs()?;
         self.validate_workers()?;
         // Knobs of one policy are refused where no pool routes by it.

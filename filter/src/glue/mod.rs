@@ -8,8 +8,9 @@
 //! `stream` (the HTTP callbacks), `push` (the collector's endpoint), `membership`
 //! (discovery mode's worker list from pushes), `prefill` (PD's
 //! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
-//! `reply` (local replies), `prober` (overload and health probes), `health`
-//! (failed upstreams take their worker out), `metrics` and `host`.
+//! `replica` (the replica bridge's endpoint), `reply` (local replies), `prober`
+//! (overload and health probes), `health` (failed upstreams take their worker out),
+//! `metrics` and `host`.
 
 mod bookkeeping;
 mod health;
@@ -20,6 +21,7 @@ mod metrics;
 mod prefill;
 mod prober;
 mod push;
+mod replica;
 mod reply;
 mod root;
 mod state;

@@ -147,6 +147,7 @@ impl RootContext for Root {
         state.metrics.inflight.set(loads.inflight.iter().sum());
         let gauges = worker_gauges(state.router.config(), &loads);
         state.metrics.set_worker_gauges(&gauges);
+        super::replica::tick(state);
         if let Some(prober) = self.prober.as_mut() {
             prober.tick(state, host::now_ms());
         }

@@ -9,6 +9,7 @@ use proxy_wasm::types::LogLevel;
 
 use super::host::{self, HostStore};
 use super::metrics::Metrics;
+use super::replica::ReplicaMetrics;
 use crate::config::Config;
 use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
@@ -44,6 +45,7 @@ pub struct State {
     pub shared: SharedState,
     pub rng: SplitMix64,
     pub metrics: Metrics,
+    pub replica_metrics: ReplicaMetrics,
     /// Requests routed with the gate blind, for the sampled warning.
     gate_inert_seen: u64,
 }
@@ -75,6 +77,7 @@ impl State {
             },
             rng: SplitMix64(seed),
             metrics,
+            replica_metrics: ReplicaMetrics::define(),
             gate_inert_seen: 0,
         };
         state.refresh_membership();

@@ -12,6 +12,7 @@ use super::host::{self, request_header};
 use super::hostcalls;
 use super::prefill::{self, Leg};
 use super::push::{self, Start};
+use super::replica;
 use super::reply;
 use super::state::Shared;
 use crate::decision::Decision;
@@ -40,6 +41,8 @@ pub struct Stream {
     path: String,
     /// An authorised stats push from the collector, answered by the filter itself.
     push: bool,
+    /// A peer replica's batch from the bridge, answered by the filter itself.
+    replica: Option<replica::Import>,
     /// Set once a worker was chosen; its counts are released when the stream ends.
     routed: Option<Routed>,
     /// The filter answered the client itself after routing (a failed prefill).
@@ -54,6 +57,7 @@ impl Stream {
             state,
             path: String::new(),
             push: false,
+            replica: None,
             routed: None,
             replied: false,
             response_started: false,
@@ -311,6 +315,14 @@ impl HttpContext for Stream {
                 return Action::Pause;
             }
         }
+        match replica::start(&self.state, &self.path, end_of_stream) {
+            replica::Start::NotReplica => {}
+            replica::Start::Answered(action) => return action,
+            replica::Start::Accepting(import) => {
+                self.replica = Some(import);
+                return Action::Pause;
+            }
+        }
         // The model listing is the router's own: the union of the workers' models.
         if models::is_list_request(&request_header(":method"), &self.path) {
             let listing = self
@@ -335,6 +347,12 @@ impl HttpContext for Stream {
                 return refused;
             }
         }
+        if self.replica.is_some() {
+            if let Some(refused) = replica::check_size(&self.state, body_size) {
+                self.replica = None;
+                return refused;
+            }
+        }
         if !end_of_stream {
             return Action::Pause;
         }
@@ -344,6 +362,9 @@ impl HttpContext for Stream {
             .unwrap_or_default();
         if self.push {
             return push::accept(&self.state, &body);
+        }
+        if let Some(import) = self.replica.take() {
+            return replica::accept(&self.state, import, &body);
         }
         self.route(&body)
     }

@@ -12,7 +12,7 @@ pub struct InflightTable {
     key: String,
 }
 
-fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
+pub(super) fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
     for (name, n) in counts {
@@ -22,7 +22,7 @@ fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
     out
 }
 
-fn decode_counts(bytes: &[u8]) -> Vec<(String, u64)> {
+pub(super) fn decode_counts(bytes: &[u8]) -> Vec<(String, u64)> {
     let mut r = Reader(bytes);
     let Some(n) = r.u32() else {
         return Vec::new();

@@ -11,6 +11,7 @@
 //! - `membership`: discovery mode's worker list and its version;
 //! - `health`: the workers down after a failure (written by any VM);
 //! - `lockout`: the push endpoint's failed token checks;
+//! - `peers`: peer replicas' in-flight counts (`crate::replica`);
 //! - `work`: `predicted_ttft`'s outstanding prefill, learned costs and the
 //!   in-flight counts at the last sample.
 //!
@@ -28,6 +29,7 @@ mod lease;
 mod membership;
 mod lockout;
 mod ops;
+mod peers;
 mod ring;
 mod samples;
 mod work;
@@ -39,7 +41,8 @@ pub use inflight::InflightTable;
 pub use lease::{claim, Lease, ProbeLease};
 pub use membership::{Membership, MembershipTable};
 pub use lockout::{Gate, PushLockout};
-pub use ops::{truncate_text, Op};
+pub use ops::{is_local_insert, truncate_text, Op};
+pub use peers::{PeerLoads, PeerReport};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
 pub use work::{CostTable, OwnAtSample, WorkTable};
@@ -128,6 +131,10 @@ impl Keys {
         format!("{}.health", self.prefix)
     }
 
+    pub fn peer_inflight(&self) -> String {
+        format!("{}.replicas.inflight", self.prefix)
+    }
+
     pub fn work(&self) -> String {
         format!("{}.ttft.work", self.prefix)
     }
@@ -161,8 +168,11 @@ pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u6
     };
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
+    let stale = cfg.replicas.peer_stale_after_ms;
+    let (peer_inflight, _) = PeerLoads::new(keys).by_worker(store, &cfg.workers, now_ms, stale);
     Loads {
         inflight: InflightTable::new(keys).by_worker(store, &cfg.workers),
+        peer_inflight,
         engine: SamplesTable::new(keys).read(store, &cfg.workers),
         now_ms,
         overloaded,
@@ -266,6 +276,7 @@ mod tests {
         assert_eq!(k.lease(), "llm_router.overload.lease");
         assert_eq!(k.health(), "llm_router.health");
         assert_eq!(k.push_failures(), "llm_router.push.failures");
+        assert_eq!(k.peer_inflight(), "llm_router.replicas.inflight");
         assert_eq!(k.work(), "llm_router.ttft.work");
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");

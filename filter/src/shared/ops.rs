@@ -3,7 +3,10 @@
 //! worker list (discovery mode: joins, leaves and removals, whose tenants go with
 //! them). Workers are named, not indexed, so VMs momentarily on different config
 //! versions still agree. The encoding is a tag byte plus length-prefixed fields;
-//! decoding never panics and refuses unknown tags and trailing bytes.
+//! decoding never panics and refuses unknown tags and trailing bytes. An insert
+//! imported from a peer replica (`crate::replica`) has its own tag: every VM applies
+//! it like a local one, but the replica export skips it, so no operation travels back
+//! to where it came from.
 
 use super::membership::{pool_code, pool_of, Membership};
 use super::{put_bytes, Reader};
@@ -12,6 +15,7 @@ use crate::config::Pool;
 const TAG_INSERT: u8 = 1;
 const TAG_EVICT: u8 = 3;
 const TAG_MEMBERSHIP: u8 = 4;
+const TAG_PEER_INSERT: u8 = 5;
 
 /// One tree operation, as it travels between VMs. Workers are named, not indexed,
 /// so VMs that are momentarily on different config versions still agree.
@@ -34,6 +38,17 @@ pub enum Op {
 
 impl Op {
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_tagged(TAG_INSERT)
+    }
+
+    /// The encoding of an operation imported from a peer replica: applied like any
+    /// other, never exported again (only inserts travel between replicas; each
+    /// replica evicts on its own clock).
+    pub fn encode_imported(&self) -> Vec<u8> {
+        self.encode_tagged(TAG_PEER_INSERT)
+    }
+
+    fn encode_tagged(&self, insert_tag: u8) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
             Op::Insert {
@@ -42,7 +57,7 @@ impl Op {
                 worker,
                 text,
             } => {
-                out.push(TAG_INSERT);
+                out.push(insert_tag);
                 out.push(pool_code(*pool));
                 put_bytes(&mut out, model.as_bytes());
                 put_bytes(&mut out, worker.as_bytes());
@@ -60,7 +75,7 @@ impl Op {
     pub fn decode(bytes: &[u8]) -> Option<Op> {
         let mut r = Reader(bytes);
         let op = match r.u8()? {
-            TAG_INSERT => Op::Insert {
+            TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
                 pool: pool_of(r.u8()?)?,
                 model: r.string()?,
                 worker: r.string()?,
@@ -75,6 +90,12 @@ impl Op {
         };
         r.0.is_empty().then_some(op)
     }
+}
+
+/// Whether encoded `bytes` are an insert routed by this replica (not a peer's, not
+/// an eviction): what the replica export carries.
+pub fn is_local_insert(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&TAG_INSERT)
 }
 
 /// The longest prefix of `text` of at most `max_bytes` bytes that ends on a char
@@ -133,6 +154,15 @@ mod tests {
             None,
             "length past the end"
         );
+    }
+
+    #[test]
+    fn imported_inserts_apply_alike_but_are_not_local() {
+        let op = insert_op("t", "w");
+        assert_eq!(Op::decode(&op.encode_imported()), Some(op.clone()));
+        assert!(is_local_insert(&op.encode()));
+        assert!(!is_local_insert(&op.encode_imported()), "echo");
+        assert!(!is_local_insert(&Op::Evict.encode()));
     }
 
     #[test]

@@ -128,6 +128,28 @@ impl OpRing {
         cursor: &mut u64,
         mut apply: impl FnMut(u64, Op),
     ) -> CatchUp {
+        self.walk(store, cursor, u64::MAX, |seq, bytes| {
+            match Op::decode(bytes) {
+                Some(op) => {
+                    apply(seq, op);
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    /// Reads the raw operations from `*cursor` up to the head, at most `max` of
+    /// them, and moves the cursor past them. `read(seq, bytes)` returns whether the
+    /// operation was well formed (garbage counts as a gap). The replica export reads
+    /// this way: it stops early, and skips what is not its own.
+    pub fn walk(
+        &self,
+        store: &dyn SharedStore,
+        cursor: &mut u64,
+        max: u64,
+        mut read: impl FnMut(u64, &[u8]) -> bool,
+    ) -> CatchUp {
         let mut out = CatchUp::default();
         let Some(head) = self.head(store) else {
             return out;
@@ -140,19 +162,18 @@ impl OpRing {
             out.gaps += oldest - *cursor;
             *cursor = oldest;
         }
-        while *cursor < head {
+        let end = head.min(cursor.saturating_add(max));
+        while *cursor < end {
             let seq = *cursor;
-            let op = store
+            let ok = store
                 .get(self.slot_key(seq))
                 .filter(|(v, _)| seq_of(v) == Some(seq))
-                .and_then(|(v, _)| Op::decode(v.get(8..)?));
-            match op {
-                Some(op) => {
-                    apply(seq, op);
-                    out.applied += 1;
-                }
+                .is_some_and(|(v, _)| v.get(8..).is_some_and(|op| read(seq, op)));
+            if ok {
+                out.applied += 1;
+            } else {
                 // Overwritten by a writer a whole ring ahead, or garbage.
-                None => out.gaps += 1,
+                out.gaps += 1;
             }
             *cursor += 1;
         }
