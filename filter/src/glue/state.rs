@@ -192,9 +192,16 @@ impl State {
         );
     }
 
-    /// Shares `op` with every VM and applies it here (in ring order).
+    /// Shares `op` with every VM and applies it here (in ring order). When this VM
+    /// had applied everything before it, `op` is applied from hand: reading it back
+    /// from shared data would copy and decode the whole routing text again.
     pub fn record(&mut self, op: Op) {
         match self.shared.ring.append(&HostStore, &op.encode()) {
+            Ok(seq) if seq == self.shared.cursor => {
+                self.router.apply(seq, &op);
+                self.shared.cursor = seq.saturating_add(1);
+                self.metrics.sync_applied.inc();
+            }
             Ok(_) => self.catch_up(),
             Err(e) => {
                 self.metrics.sync_append_failures.inc();
