@@ -198,9 +198,11 @@ impl State {
     pub fn record(&mut self, op: Op) {
         match self.shared.ring.append(&HostStore, &op.encode()) {
             Ok(seq) if seq == self.shared.cursor => {
+                let version = self.router.membership_version();
                 self.router.apply(seq, &op);
                 self.shared.cursor = seq.saturating_add(1);
                 self.metrics.sync_applied.inc();
+                self.follow_membership(version);
             }
             Ok(_) => self.catch_up(),
             Err(e) => {
