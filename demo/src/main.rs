@@ -280,6 +280,7 @@ fn run_policy(
             Some(_) => vec!["--window-s".into(), SLOW_WINDOW_S.to_string()],
             None => Vec::new(),
         },
+        route_idle_timeout_ms: None,
     };
     let engines = match args.pd.pools() {
         Some((prefill, decode)) => format!("{prefill} prefill + {decode} decode"),
