@@ -11,6 +11,8 @@ use std::time::Duration;
     version,
     about = "Shares one Envoy replica's routing state with its peers over NATS"
 )]
+// A flag given twice takes its last value (as a supervisor appending overrides expects).
+#[command(args_override_self = true)]
 #[command(group = clap::ArgGroup::new("auth").required(true).args(["token", "token_file"]))]
 pub struct Args {
     /// The filter's replicas endpoint on this replica's loopback listener, e.g.

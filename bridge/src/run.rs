@@ -105,7 +105,7 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let asks = client.subscribe(catchup_subject.clone()).await?;
     tracing::info!(replica = %s.replica, nats = %s.nats, envoy = %s.envoy_url, "bridge started");
     // The one stdout line: supervisors (and the demo) wait for it.
-    println!("llm-bridge {} started", s.replica);
+    println!("llm-bridge started (replica {})", s.replica);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(export_loop(
         s.clone(),

@@ -128,9 +128,19 @@ struct Args {
     /// Membership from service discovery: the filter lists no workers, Envoy reads
     /// the engines from a watched EDS file, the collector pushes what Envoy knows;
     /// mid-run an engine joins and `w0` leaves. No baseline run.
-    #[arg(long, conflicts_with_all = ["slow_worker", "baseline"])]
+    #[arg(long, conflicts_with_all = ["slow_worker", "baseline", "envoys"])]
     discovery: bool,
+    /// Several Envoy replicas (N >= 2): the workload spreads round robin over them,
+    /// a new connection per request, with sharing through NATS and without, beside
+    /// one Envoy (see `replicas_demo`).
+    #[arg(long, default_value_t = 1)]
+    envoys: usize,
+    /// With `--envoys`: one more shared run with the bus stopped for its middle third.
+    #[arg(long)]
+    bus_outage: bool,
 }
+
+mod replicas_demo;
 
 const DEFAULT_SYSTEM_PROMPTS: usize = 8;
 
@@ -261,27 +271,7 @@ fn run_policy(
         (RING_HASH, main) => main,
         (p, _) => p,
     };
-    let spec = FleetSpec {
-        workers: args.workers,
-        pd: args.pd.pools(),
-        engine_args: [format!(
-            "--prefill-us-per-token={}",
-            args.prefill_us_per_token
-        )]
-        .into_iter()
-        .chain(args.engine_args.iter().cloned())
-        .collect(),
-        target,
-        plugin_config: plugin_config(args, filter_policy, no_gate)?,
-        envoy_concurrency: args.envoy_concurrency,
-        dir: Some(args.dir.join(&label)),
-        collector_interval_ms: Some(args.collector_interval_ms),
-        collector_args: match args.slow_worker {
-            Some(_) => vec!["--window-s".into(), SLOW_WINDOW_S.to_string()],
-            None => Vec::new(),
-        },
-        route_idle_timeout_ms: None,
-    };
+    let spec = fleet_spec(args, filter_policy, no_gate, target, &label)?;
     let engines = match args.pd.pools() {
         Some((prefill, decode)) => format!("{prefill} prefill + {decode} decode"),
         None => args.workers.to_string(),
@@ -359,6 +349,37 @@ fn run_policy(
         overload.add_to(&mut result);
     }
     Ok(result)
+}
+
+/// The fleet of one run (`label` names its directory).
+fn fleet_spec(
+    args: &Args,
+    filter_policy: &str,
+    no_gate: bool,
+    target: Target,
+    label: &str,
+) -> Result<FleetSpec> {
+    Ok(FleetSpec {
+        workers: args.workers,
+        pd: args.pd.pools(),
+        engine_args: [format!(
+            "--prefill-us-per-token={}",
+            args.prefill_us_per_token
+        )]
+        .into_iter()
+        .chain(args.engine_args.iter().cloned())
+        .collect(),
+        target,
+        plugin_config: plugin_config(args, filter_policy, no_gate)?,
+        envoy_concurrency: args.envoy_concurrency,
+        dir: Some(args.dir.join(label)),
+        collector_interval_ms: Some(args.collector_interval_ms),
+        collector_args: match args.slow_worker {
+            Some(_) => vec!["--window-s".into(), SLOW_WINDOW_S.to_string()],
+            None => Vec::new(),
+        },
+        route_idle_timeout_ms: None,
+    })
 }
 
 /// `worker`'s share of the responses in `s` (0 when there were none).
@@ -553,6 +574,9 @@ fn real_main(args: &Args) -> Result<bool> {
     std::fs::create_dir_all(&args.dir)?;
     let rt = tokio::runtime::Runtime::new()?;
     let items = workload(args)?;
+    if args.envoys > 1 {
+        return replicas_demo::run(args, &items, &rt);
+    }
     if args.discovery {
         let (result, checks) = discovery_run::run(args, &items, &rt)?;
         run::print_report(

@@ -248,7 +248,7 @@ pub fn start_bridge(
         .arg(name);
     let log = dir.join("bridge.log");
     let (guard, ()) = spawn_until("llm-bridge", cmd, &log, Duration::from_secs(30), |line| {
-        line.contains("bridge started").then_some(())
+        line.starts_with("llm-bridge started").then_some(())
     })?;
     Ok(guard)
 }

@@ -91,11 +91,14 @@ async fn handle(
 }
 
 async fn start_server() -> u16 {
-    start_server_with(None).await
+    start_server_with(None, Arc::default()).await
 }
 
-/// The test server, over TLS when given an acceptor.
-async fn start_server_with(tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
+/// The test server, over TLS when given an acceptor; `accepted` counts connections.
+async fn start_server_with(
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    accepted: Arc<AtomicUsize>,
+) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let counter = Arc::new(AtomicUsize::new(0));
@@ -104,6 +107,7 @@ async fn start_server_with(tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            accepted.fetch_add(1, Ordering::SeqCst);
             let counter = Arc::clone(&counter);
             let tls = tls.clone();
             tokio::spawn(async move {
@@ -185,6 +189,44 @@ async fn generate(out: &PathBuf) {
         .await
         .unwrap();
     assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_urls_get_requests_round_robin_each_on_a_new_connection() {
+    let accepted: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
+    let mut ports = Vec::new();
+    for a in &accepted {
+        ports.push(start_server_with(None, Arc::clone(a)).await);
+    }
+    let workload = scratch("spread.jsonl");
+    generate(&workload).await;
+    let url = |p: u16| format!("http://127.0.0.1:{p}");
+    let out = Command::new(BIN)
+        .args(["run", "--url", &url(ports[0])])
+        .args([
+            "--spread-url",
+            &url(ports[1]),
+            "--spread-url",
+            &url(ports[2]),
+        ])
+        .args(["--concurrency", "2"])
+        .arg("--workload")
+        .arg(&workload)
+        .env("OPENAI_API_KEY", API_KEY)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts: Vec<usize> = accepted.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    assert_eq!(
+        counts,
+        vec![4, 4, 4],
+        "12 requests round robin over 3 URLs, a connection each"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,7 +399,7 @@ async fn open_loop_run_writes_records_and_counts_router_named_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_runs_against_a_server_the_system_store_trusts() {
     let (ca_pem, acceptor) = private_ca();
-    let port = start_server_with(Some(acceptor)).await;
+    let port = start_server_with(Some(acceptor), Arc::default()).await;
     let ca_file = scratch("ca.pem");
     std::fs::write(&ca_file, ca_pem).unwrap();
     let workload = scratch("tls.jsonl");
