@@ -125,6 +125,8 @@ impl DiscoveryFleet {
             wasm: paths::wasm_path()?,
             concurrency: spec.envoy_concurrency,
         })?;
+        // xDS from files still names the node, as a management server would see it.
+        bootstrap["node"] = json!({"id": "llm-demo", "cluster": "llm-demo"});
         let pool = bootstrap["static_resources"]["clusters"]
             .as_array_mut()
             .and_then(|cs| cs.iter_mut().find(|c| c["name"] == POOL_CLUSTER))
