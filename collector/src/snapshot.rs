@@ -213,9 +213,12 @@ mod tests {
         let clusters = r#"{"cluster_statuses":[
             {"name":"engine_w0","host_statuses":[{"address":{"socket_address":{"address":"127.0.0.1","port_value":8001}}}]},
             {"name":"pool","host_statuses":[{"address":{"socket_address":{"address":"10.0.0.8","port_value":8000}}}]}]}"#;
-        let (workers, _) =
-            crate::membership::parse_envoy_clusters(clusters.as_bytes(), "engine_", &["pool".into()])
-                .unwrap();
+        let (workers, _) = crate::membership::parse_envoy_clusters(
+            clusters.as_bytes(),
+            "engine_",
+            &["pool".into()],
+        )
+        .unwrap();
         let s = Snapshot {
             collector: COLLECTOR_NAME,
             seq: 1,

@@ -124,7 +124,10 @@ impl DiscoveryFleet {
             plugin_config: cfg,
             wasm: paths::wasm_path()?,
             concurrency: spec.envoy_concurrency,
+            route_idle_timeout_ms: spec.route_idle_timeout_ms,
         })?;
+        // xDS from files still names the node, as a management server would see it.
+        bootstrap["node"] = json!({"id": "llm-demo", "cluster": "llm-demo"});
         let pool = bootstrap["static_resources"]["clusters"]
             .as_array_mut()
             .and_then(|cs| cs.iter_mut().find(|c| c["name"] == POOL_CLUSTER))

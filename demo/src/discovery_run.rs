@@ -35,6 +35,63 @@ fn part_with(
     rt: &tokio::runtime::Runtime,
     change: impl FnOnce(&mut DiscoveryFleet) -> Result<Duration>,
 ) -> Result<(Vec<Record>, Duration)> {
+    let replay = Replay::closed_loop(
+        &fleet.url(),
+        args.concurrency,
+        Duration::from_secs_f64(args.timeout_s),
+    );
+    let items = part.to_vec();
+    let load = rt.spawn(async move { replay.records(items).await });
+    let heard = change(fleet)?;
+    let mut records = rt.block_on(load)?;
+    for r in &mut records {
+        r.start_ms += offset.as_secs_f64() * 1000.0;
+    }
+    Ok((records, heard))
+}
+
+pub fn run(
+    args: &Args,
+    items: &[WorkItem],
+    rt: &tokio::runtime::Runtime,
+) -> Result<(RunResult, bool)> {
+    let overrides = crate::plugin_config(args, &args.policy, false)?;
+    // The demo's config lists its own workers; discovery mode lists none.
+    let overrides = match overrides {
+        serde_json::Value::Object(mut m) => {
+            m.remove("workers");
+            m.remove("target");
+            serde_json::Value::Object(m)
+        }
+        other => other,
+    };
+    let spec = DiscoverySpec {
+        workers: args.workers,
+        engine_args: [format!(
+            "--prefill-us-per-token={}",
+            args.prefill_us_per_token
+        )]
+        .into_iter()
+        .chain(args.engine_args.iter().cloned())
+        .collect(),
+        plugin_config: overrides,
+        envoy_concurrency: args.envoy_concurrency,
+        collector_interval_ms: args.collector_interval_ms,
+        dir: Some(args.dir.join("discovery")),
+    };
+    eprintln!(
+        "llm-demo: discovery: {} engine mocks listed in a watched EDS file, Envoy ({} thread(s), target endpoint), the collector following Envoy's clusters",
+        args.workers, args.envoy_concurrency
+    );
+    let mut fleet = DiscoveryFleet::start(&spec)?;
+    let first = fleet.wait_workers(CHANGE_DEADLINE, |known, _| known == args.workers as u64)?;
+    eprintln!(
+        "llm-demo: the filter knows {} workers ({:.1} s after start)",
+        args.workers,
+        first.as_secs_f64()
+    );
+    let joiner = llm_load::fleet::worker_name(args.workers);
+    let leaver = llm_load::fleet::worker_name(0);
     let third = items.len().div_ceil(3).max(1);
     let parts: Vec<&[WorkItem]> = items.chunks(third).collect();
     let part = |i: usize| parts.get(i).copied().unwrap_or(&[]);

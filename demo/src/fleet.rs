@@ -163,6 +163,7 @@ pub fn envoy_spec(spec: &FleetSpec, engines: &[Engine], plugin_config: Value) ->
         plugin_config,
         wasm: paths::wasm_path()?,
         concurrency: spec.envoy_concurrency,
+        route_idle_timeout_ms: spec.route_idle_timeout_ms,
     })
 }
 

@@ -65,7 +65,11 @@ fn before_the_first_push_requests_get_a_503_that_says_why() {
         Some("no_discovered_worker")
     );
     accepted(&mut h, 1, &["w0"]);
-    assert_eq!(route(&mut h, 2, "hi").0, "engine_w0", "routable on every thread");
+    assert_eq!(
+        route(&mut h, 2, "hi").0,
+        "engine_w0",
+        "routable on every thread"
+    );
 }
 
 #[test]
@@ -124,7 +128,10 @@ fn a_leaver_takes_nothing_new_keeps_its_tenants_for_the_grace_then_loses_them() 
     h.advance_time(GRACE_MS - 1).unwrap();
     accepted(&mut h, 2, &["w0", "w1"]);
     let (cluster, reason) = route(&mut h, 0, &format!("{DOC} in flight, continued"));
-    assert_eq!((cluster.as_str(), reason.as_str()), (home.as_str(), "cache_hit"));
+    assert_eq!(
+        (cluster.as_str(), reason.as_str()),
+        (home.as_str(), "cache_hit")
+    );
 
     // It leaves for longer than the grace: removed, and its tenants with it.
     accepted(&mut h, 0, &[stays]);
@@ -195,7 +202,8 @@ fn a_bad_membership_push_is_refused_whole_and_changes_nothing() {
 fn static_workers_ignore_pushed_membership() {
     let config = support::fleet_config(2, r#","stats_token":"tok""#);
     let mut h = support::host(&config, 1, 3, &support::fleet_clusters(2));
-    let body = r#"{"membership":[{"name":"w0"},{"name":"w1"},{"name":"w9"}],"workers":[{"name":"w0"}]}"#;
+    let body =
+        r#"{"membership":[{"name":"w0"},{"name":"w1"},{"name":"w9"}],"workers":[{"name":"w0"}]}"#;
     assert_eq!(push(&mut h, 0, "tok", body).0, 200);
     assert_eq!(h.shared_data("llm_router.membership"), None);
     let (status, reply) = push(&mut h, 0, "tok", r#"{"workers":[{"name":"w9"}]}"#);

@@ -50,7 +50,10 @@ fn engines_join_and_leave_through_envoys_service_discovery() {
     assert!(to_new > 0, "the joined engine takes new conversations");
     let again = post(listener, "/v1/completions", &turn(1));
     assert_eq!(
-        (header(&again, "x-engine-worker"), header(&again, "x-llm-router-decision")),
+        (
+            header(&again, "x-engine-worker"),
+            header(&again, "x-llm-router-decision")
+        ),
         (home.clone(), "cache_hit".to_string()),
         "a join moves no conversation"
     );
