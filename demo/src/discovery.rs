@@ -124,7 +124,7 @@ impl DiscoveryFleet {
             plugin_config: cfg,
             wasm: paths::wasm_path()?,
             concurrency: spec.envoy_concurrency,
-            route_idle_timeout_ms: spec.route_idle_timeout_ms,
+            route_idle_timeout_ms: None,
         })?;
         // xDS from files still names the node, as a management server would see it.
         bootstrap["node"] = json!({"id": "llm-demo", "cluster": "llm-demo"});

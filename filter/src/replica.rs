@@ -23,8 +23,10 @@
 //!   worker this replica does not configure are skipped and counted (replicas in a
 //!   rollout may differ), everything else malformed is a 400 and changes nothing.
 
-use crate::config::{Pool, WorkerConfig};
-use crate::shared::{is_local_insert, put_bytes, truncate_text, Op, OpRing, Reader, SharedStore};
+use crate::config::WorkerConfig;
+use crate::shared::{
+    is_local_insert, pool_code, pool_of, put_bytes, truncate_text, Op, OpRing, Reader, SharedStore,
+};
 
 /// The batch encoding's version byte.
 pub const BATCH_VERSION: u8 = 1;
@@ -138,20 +140,6 @@ fn common_prefix(a: &str, b: &str) -> usize {
         n -= 1;
     }
     n
-}
-
-fn pool_code(p: Pool) -> u8 {
-    match p {
-        Pool::Regular => 0,
-        Pool::Prefill => 1,
-        Pool::Decode => 2,
-    }
-}
-
-fn pool_of(code: u8) -> Option<Pool> {
-    [Pool::Regular, Pool::Prefill, Pool::Decode]
-        .into_iter()
-        .find(|p| pool_code(*p) == code)
 }
 
 /// The size an insert adds to a batch after `prev_text`.
@@ -382,6 +370,7 @@ pub fn import(batch: &Batch, workers: &[WorkerConfig], max_text: usize) -> (Vec<
 mod tests {
     use super::*;
     use crate::config::testing::workers;
+    use crate::config::Pool;
     use crate::shared::testing::MemStore;
     use crate::shared::Keys;
 

@@ -174,6 +174,7 @@ fn start_envoy(
         plugin_config: json!({"policy": policy, "rng_seed": 1}),
         wasm,
         concurrency: threads,
+        route_idle_timeout_ms: None,
     };
     let dir = dir.join(variant.replace(['/', '@', '.'], "_"));
     std::fs::create_dir_all(&dir)?;
