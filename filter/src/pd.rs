@@ -474,6 +474,17 @@ mod tests {
     }
 
     #[test]
+    fn numbers_past_f64_pass_through_as_the_client_wrote_them() {
+        let body = r#"{"prompt":"x","temperature":1e6313}"#;
+        let out = inject_bootstrap(None, body.as_bytes(), P, &mut SplitMix64(7)).unwrap();
+        let text = String::from_utf8(out.body).unwrap();
+        assert!(
+            text.starts_with(r#"{"prompt":"x","temperature":1e6313,"#),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn duplicate_members_pass_through_and_the_last_decides_the_batch() {
         let (v, rooms) = rewrite(
             "/v1/completions",
