@@ -61,8 +61,14 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaError {
     Unauthorized,
+    /// Too many failed token checks lately (the push endpoint's lockout, shared).
+    LockedOut {
+        retry_after_s: u64,
+    },
     MethodNotAllowed,
-    TooLarge { limit: usize },
+    TooLarge {
+        limit: usize,
+    },
     BadRequest(String),
 }
 
@@ -70,6 +76,7 @@ impl ReplicaError {
     pub fn status(&self) -> u32 {
         match self {
             ReplicaError::Unauthorized => 401,
+            ReplicaError::LockedOut { .. } => 429,
             ReplicaError::MethodNotAllowed => 405,
             ReplicaError::TooLarge { .. } => 413,
             ReplicaError::BadRequest(_) => 400,
@@ -79,6 +86,9 @@ impl ReplicaError {
     pub fn reason(&self) -> String {
         match self {
             ReplicaError::Unauthorized => "missing or wrong bearer token".into(),
+            ReplicaError::LockedOut { retry_after_s } => {
+                format!("too many failed token checks: locked out for {retry_after_s} s")
+            }
             ReplicaError::MethodNotAllowed => "the replicas endpoint takes GET or POST".into(),
             ReplicaError::TooLarge { limit } => format!("batch larger than {limit} bytes"),
             ReplicaError::BadRequest(r) => r.clone(),

@@ -43,8 +43,15 @@ fn ttft_candidate(
         .engine
         .fresh(i, loads.now_ms, stale_after_ms)
         .map_or(0, |s| {
+            // Peer replicas' requests are already in the candidate's (fleet) in-flight
+            // count, so they are not "others" too: without this, a fleet of replicas
+            // counted each other's load twice until the next sample.
             let own = loads.own_at_sample.get(i).copied().unwrap_or(0);
-            policy::others_load(s.num_waiting.saturating_add(s.num_running), own)
+            let peers = loads.peer_inflight.get(i).copied().unwrap_or(0);
+            policy::others_load(
+                s.num_waiting.saturating_add(s.num_running),
+                own.saturating_add(peers),
+            )
         });
     TtftCandidate {
         work: loads.work.get(i).copied().unwrap_or_default(),
@@ -482,6 +489,43 @@ mod tests {
             .collect();
         let json = format!(r#"{{"workers":[{}]{extra}}}"#, ws.join(","));
         Router::new(Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
+        use crate::load::{EngineSample, LoadTable, Report};
+        let sample = |waiting_running: u64| {
+            Some(Report::Sample(EngineSample {
+                num_waiting: waiting_running,
+                num_running: 0,
+                kv_usage: None,
+                ttft_p90_s: None,
+                tpot_p90_s: None,
+                at_ms: 1000,
+            }))
+        };
+        let loads = Loads {
+            peer_inflight: vec![3, 0],
+            own_at_sample: vec![2, 2],
+            engine: LoadTable {
+                reports: vec![sample(10), sample(1)],
+            },
+            now_ms: 1000,
+            ..Loads::inflight_only(&[2, 2])
+        };
+        let c = |worker: TenantId| Candidate {
+            worker,
+            inflight: loads.fleet_inflight(worker as usize),
+            engine: None,
+        };
+        let w0 = ttft_candidate(&c(0), &loads, &[], 5000);
+        assert_eq!(
+            (w0.inflight, w0.others),
+            (5, 5),
+            "10 on the engine: 2 ours, 3 peers'"
+        );
+        let w1 = ttft_candidate(&c(1), &loads, &[], 5000);
+        assert_eq!(w1.others, 0, "never negative");
     }
 
     /// Routes and records locally, as a single VM without sharing would.

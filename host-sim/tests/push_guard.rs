@@ -120,3 +120,38 @@ fn absurd_numbers_are_refused_naming_the_field() {
         "no state change"
     );
 }
+
+/// The replica bridge's endpoint sits beside the push endpoint: the `stats_only`
+/// config answers it (and still nothing else), and token guesses on it spend the
+/// same lockout budget, so the replicas path is no side door for guessing.
+#[test]
+fn the_replicas_endpoint_answers_on_the_stats_listener_and_shares_the_lockout() {
+    let mut h = host(r#","stats_only":true,"stats_token":"tok""#, 1);
+    let export = |h: &mut Host, token: &str| {
+        let auth = format!("Bearer {token}");
+        let spec = RequestSpec {
+            headers: vec![
+                (":method", "GET"),
+                (":path", "/llm-router/replicas?after=0"),
+                (":authority", "x"),
+                ("authorization", &auth),
+            ],
+            body: Vec::new(),
+            body_chunks: 1,
+        };
+        let out = h.vm(0).request(spec).unwrap();
+        out.local_response.expect("answered locally").status
+    };
+    assert_eq!(export(&mut h, "tok"), 200, "the export answers");
+    for _ in 0..10 {
+        assert_eq!(export(&mut h, "guess"), 401);
+    }
+    assert_eq!(export(&mut h, "tok"), 429, "locked out, the right token included");
+    assert_eq!(
+        support::push(&mut h, 0, "tok", SNAPSHOT).0,
+        429,
+        "the push endpoint shares the budget"
+    );
+    h.advance_time(60_000).unwrap();
+    assert_eq!(export(&mut h, "tok"), 200);
+}

@@ -39,14 +39,17 @@ pub fn start(state: &Shared, path: &str, end_of_stream: bool) -> Start {
             cfg.stats_path.clone(),
             cfg.stats_max_bytes,
             cfg.stats_only,
+            cfg.replicas.path.clone(),
             PushLockout::new(&s.shared.keys),
         ))
     });
-    let Some((token, stats_path, limit, stats_only, lockout)) = settings else {
+    let Some((token, stats_path, limit, stats_only, replicas_path, lockout)) = settings else {
         return Start::NotPush;
     };
-    if path.split('?').next() != Some(stats_path.as_str()) {
-        if stats_only {
+    let endpoint = path.split('?').next();
+    if endpoint != Some(stats_path.as_str()) {
+        // The replica bridge's endpoint lives on the stats listener too.
+        if stats_only && endpoint != Some(replicas_path.as_str()) {
             return Start::Refused(reply::json(
                 404,
                 "not_found",

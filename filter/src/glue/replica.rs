@@ -14,7 +14,7 @@ use crate::header_names::REASON_HEADER;
 use crate::metric_names as names;
 use crate::push::token_matches;
 use crate::replica::{export, import, request_of, Batch, ReplicaError, Request};
-use crate::shared::{PeerLoads, PeerReport};
+use crate::shared::{Gate, PeerLoads, PeerReport, PushLockout};
 
 /// The endpoint's stats.
 pub struct ReplicaMetrics {
@@ -68,7 +68,16 @@ pub fn start(state: &Shared, path: &str, end_of_stream: bool) -> Start {
     let Some(request) = request_of(&method, path, &cfg.replicas.path) else {
         return Start::NotReplica;
     };
+    // Token guesses here count against the push endpoint's lockout: one budget of
+    // failed attempts for everything the token opens.
+    let lockout = PushLockout::new(&s.shared.keys);
+    let now = host::now_ms();
+    if let Gate::LockedOut { retry_after_ms } = lockout.gate(&HostStore, now) {
+        let retry_after_s = retry_after_ms.div_ceil(1000);
+        return Start::Answered(refuse(s, &ReplicaError::LockedOut { retry_after_s }));
+    }
     if !token_matches(Some(&request_header("authorization")), token) {
+        lockout.fail(&HostStore, now);
         return Start::Answered(refuse(s, &ReplicaError::Unauthorized));
     }
     let limit = cfg.stats_max_bytes;
