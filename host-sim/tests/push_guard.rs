@@ -146,7 +146,11 @@ fn the_replicas_endpoint_answers_on_the_stats_listener_and_shares_the_lockout() 
     for _ in 0..10 {
         assert_eq!(export(&mut h, "guess"), 401);
     }
-    assert_eq!(export(&mut h, "tok"), 429, "locked out, the right token included");
+    assert_eq!(
+        export(&mut h, "tok"),
+        429,
+        "locked out, the right token included"
+    );
     assert_eq!(
         support::push(&mut h, 0, "tok", SNAPSHOT).0,
         429,

@@ -225,3 +225,26 @@ impl HealthMetrics {
         }
     }
 }
+
+/// The replica bridge endpoint's counters (`super::replica`).
+pub struct ReplicaMetrics {
+    pub exported: Metric,
+    pub imported: Metric,
+    pub skipped: Metric,
+    pub export_gaps: Metric,
+    pub refused: Metric,
+    pub peers: Metric,
+}
+
+impl ReplicaMetrics {
+    pub fn define() -> ReplicaMetrics {
+        ReplicaMetrics {
+            exported: Metric::counter(names::REPLICA_OPS_EXPORTED),
+            imported: Metric::counter(names::REPLICA_OPS_IMPORTED),
+            skipped: Metric::counter(names::REPLICA_OPS_SKIPPED),
+            export_gaps: Metric::counter(names::REPLICA_EXPORT_GAPS),
+            refused: Metric::counter(names::REPLICA_REQUESTS_REFUSED),
+            peers: Metric::gauge(names::REPLICA_PEERS),
+        }
+    }
+}

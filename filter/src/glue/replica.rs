@@ -6,39 +6,16 @@
 
 use proxy_wasm::types::{Action, LogLevel};
 
-use super::host::{self, request_header, HostStore, Metric};
+use super::host::{self, request_header, HostStore};
 use super::hostcalls;
 use super::reply;
 use super::state::{Shared, State};
 use crate::header_names::REASON_HEADER;
-use crate::metric_names as names;
 use crate::push::token_matches;
 use crate::replica::{export, import, request_of, Batch, ReplicaError, Request};
 use crate::shared::{Gate, PeerLoads, PeerReport, PushLockout};
 
 /// The endpoint's stats.
-pub struct ReplicaMetrics {
-    exported: Metric,
-    imported: Metric,
-    skipped: Metric,
-    export_gaps: Metric,
-    refused: Metric,
-    pub peers: Metric,
-}
-
-impl ReplicaMetrics {
-    pub fn define() -> ReplicaMetrics {
-        ReplicaMetrics {
-            exported: Metric::counter(names::REPLICA_OPS_EXPORTED),
-            imported: Metric::counter(names::REPLICA_OPS_IMPORTED),
-            skipped: Metric::counter(names::REPLICA_OPS_SKIPPED),
-            export_gaps: Metric::counter(names::REPLICA_EXPORT_GAPS),
-            refused: Metric::counter(names::REPLICA_REQUESTS_REFUSED),
-            peers: Metric::gauge(names::REPLICA_PEERS),
-        }
-    }
-}
-
 /// A peer batch being received.
 pub struct Import {
     replica: String,

@@ -8,8 +8,7 @@ use std::rc::Rc;
 use proxy_wasm::types::LogLevel;
 
 use super::host::{self, HostStore};
-use super::metrics::Metrics;
-use super::replica::ReplicaMetrics;
+use super::metrics::{Metrics, ReplicaMetrics};
 use crate::config::Config;
 use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
