@@ -1,17 +1,17 @@
 //! The overload flag table: every worker's `Flag` (see `crate::overload`) in one
-//! key, as a JSON object keyed by worker name, so VMs on another config version
-//! still find their workers. Only the prober lease holder writes it; every request
-//! reads it (through `crate::shared::read_loads`).
+//! key (`super::worker_states`), every worker stored. Only the prober lease holder
+//! writes it; every request reads it (through `crate::shared::read_loads`).
 
 use serde_json::{json, Value};
 
-use super::{Keys, SetOutcome, SharedStore, CAS_ATTEMPTS};
-use crate::config::WorkerConfig;
-use crate::overload::{EnterReason, Flag, Transition};
+use super::worker_states::{StateTable, States, WorkerState};
+use super::Keys;
+use crate::overload::{EnterReason, Flag};
 
 /// Every worker's flag, by worker index.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Flags(pub Vec<Flag>);
+pub type Flags = States<Flag>;
+/// The flag table in shared data.
+pub type FlagTable = StateTable<Flag>;
 
 impl Flags {
     /// Overloaded or not, by worker index, as the router takes it.
@@ -22,104 +22,39 @@ impl Flags {
     pub fn count(&self) -> usize {
         self.0.iter().filter(|f| f.is_overloaded()).count()
     }
-
-    /// Stored form: worker name -> flag, so VMs on another config version still find
-    /// their workers.
-    pub fn encode(&self, workers: &[WorkerConfig]) -> Vec<u8> {
-        let mut map = serde_json::Map::new();
-        for (w, f) in workers.iter().zip(&self.0) {
-            let v = match f {
-                Flag::Healthy { since_ms } => json!({"since": since_ms}),
-                Flag::Overloaded {
-                    since_ms,
-                    reason,
-                    probe_successes,
-                    latency_recovered,
-                } => json!({"since": since_ms, "reason": reason.as_str(),
-                            "probes_ok": probe_successes, "latency_ok": latency_recovered}),
-            };
-            map.insert(w.name.clone(), v);
-        }
-        serde_json::to_vec(&Value::Object(map)).unwrap_or_default()
-    }
-
-    /// Reads a stored table for `workers` (absent or garbled entries: healthy).
-    pub fn decode(bytes: &[u8], workers: &[WorkerConfig]) -> Flags {
-        let map: serde_json::Map<String, Value> = serde_json::from_slice(bytes).unwrap_or_default();
-        Flags(
-            workers
-                .iter()
-                .map(|w| {
-                    let v = map.get(&w.name)?;
-                    let since_ms = v.get("since")?.as_u64()?;
-                    let Some(reason) = v.get("reason") else {
-                        return Some(Flag::Healthy { since_ms });
-                    };
-                    Some(Flag::Overloaded {
-                        since_ms,
-                        reason: EnterReason::parse(reason.as_str()?)?,
-                        probe_successes: u32::try_from(v.get("probes_ok")?.as_u64()?).ok()?,
-                        latency_recovered: v.get("latency_ok")?.as_bool()?,
-                    })
-                })
-                .map(Option::unwrap_or_default)
-                .collect(),
-        )
-    }
-}
-
-/// The flag table in shared data (one key).
-#[derive(Debug, Clone)]
-pub struct FlagTable {
-    key: String,
 }
 
 impl FlagTable {
     pub fn new(keys: &Keys) -> FlagTable {
-        FlagTable { key: keys.flags() }
+        StateTable::with_key(keys.flags())
+    }
+}
+
+impl WorkerState for Flag {
+    fn to_json(&self) -> Option<Value> {
+        Some(match self {
+            Flag::Healthy { since_ms } => json!({"since": since_ms}),
+            Flag::Overloaded {
+                since_ms,
+                reason,
+                probe_successes,
+                latency_recovered,
+            } => json!({"since": since_ms, "reason": reason.as_str(),
+                        "probes_ok": probe_successes, "latency_ok": latency_recovered}),
+        })
     }
 
-    pub fn read(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Flags {
-        store
-            .get(&self.key)
-            .map(|(v, _)| Flags::decode(&v, workers))
-            .unwrap_or_else(|| Flags(vec![Flag::default(); workers.len()]))
-    }
-
-    /// Applies `change` to the stored flags with CAS retries and returns the
-    /// transitions it made (worker index, transition). Nothing is written when
-    /// nothing changed, so a steady state costs one `get`.
-    pub fn update(
-        &self,
-        store: &dyn SharedStore,
-        workers: &[WorkerConfig],
-        mut change: impl FnMut(&mut Flags) -> Vec<(usize, Transition)>,
-    ) -> Vec<(usize, Transition)> {
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut flags, cas) = match store.get(&self.key) {
-                Some((v, cas)) => (Flags::decode(&v, workers), cas),
-                None => (Flags(vec![Flag::default(); workers.len()]), 0),
-            };
-            let before = flags.clone();
-            let flips = change(&mut flags);
-            if flags == before {
-                return flips;
-            }
-            match store.set(&self.key, &flags.encode(workers), cas) {
-                SetOutcome::Stored => return flips,
-                SetOutcome::CasMismatch => continue,
-                SetOutcome::Failed => return Vec::new(),
-            }
-        }
-        Vec::new()
-    }
-
-    /// Forgets every flag (overload detection switched off): no stale flag is left
-    /// for when it is switched on again.
-    pub fn clear(&self, store: &dyn SharedStore) {
-        if store.get(&self.key).is_some_and(|(v, _)| v != b"{}") {
-            store.set(&self.key, b"{}", 0);
-        }
+    fn from_json(v: &Value) -> Option<Flag> {
+        let since_ms = v.get("since")?.as_u64()?;
+        let Some(reason) = v.get("reason") else {
+            return Some(Flag::Healthy { since_ms });
+        };
+        Some(Flag::Overloaded {
+            since_ms,
+            reason: EnterReason::parse(reason.as_str()?)?,
+            probe_successes: u32::try_from(v.get("probes_ok")?.as_u64()?).ok()?,
+            latency_recovered: v.get("latency_ok")?.as_bool()?,
+        })
     }
 }
 
@@ -127,6 +62,8 @@ impl FlagTable {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    use crate::config::WorkerConfig;
+    use crate::overload::Transition;
 
     use crate::overload::observe_latencies;
     use crate::overload::testing::{cfg, sample};
@@ -147,7 +84,7 @@ mod tests {
             probe_successes: 1,
             latency_recovered: true,
         };
-        let flags = Flags(vec![
+        let flags = States(vec![
             Flag::default(),
             flagged,
             Flag::Healthy { since_ms: 9 },

@@ -33,6 +33,7 @@ mod peers;
 mod ring;
 mod samples;
 mod work;
+mod worker_states;
 
 pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
