@@ -30,6 +30,21 @@ fn chat(session: usize, turn: usize) -> Value {
     json!({"model": "mock", "messages": messages})
 }
 
+/// The first turns of `n` conversations, sent at once.
+fn burst(listener: std::net::SocketAddr, n: usize) -> Vec<Response> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|session| {
+                s.spawn(move || post(listener, "/v1/chat/completions", &chat(session, 0)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread"))
+            .collect()
+    })
+}
+
 #[test]
 fn a_hot_prefix_spreads_and_conversations_stay_with_their_cache() {
     let f = start(&FleetSpec {
@@ -46,17 +61,7 @@ fn a_hot_prefix_spreads_and_conversations_stay_with_their_cache() {
     });
     let listener = f.envoy.listener;
     // 12 conversations start at once.
-    let first: Vec<Response> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..12)
-            .map(|session| {
-                s.spawn(move || post(listener, "/v1/chat/completions", &chat(session, 0)))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("request thread"))
-            .collect()
-    });
+    let first = burst(listener, 12);
     let mut home = BTreeMap::new();
     for (session, r) in first.iter().enumerate() {
         assert_eq!(r.status, 200, "{r:?}");
@@ -123,17 +128,7 @@ fn in_pd_the_prefill_pool_spreads_a_burst_and_keeps_conversations() {
         ..FleetSpec::default()
     });
     let listener = f.envoy.listener;
-    let first: Vec<Response> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|session| {
-                s.spawn(move || post(listener, "/v1/chat/completions", &chat(session, 0)))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("request thread"))
-            .collect()
-    });
+    let first = burst(listener, 8);
     let mut home = BTreeMap::new();
     for (session, r) in first.iter().enumerate() {
         assert_eq!(r.status, 200, "{r:?}");
