@@ -67,13 +67,7 @@ pub fn run(
     };
     let spec = DiscoverySpec {
         workers: args.workers,
-        engine_args: [format!(
-            "--prefill-us-per-token={}",
-            args.prefill_us_per_token
-        )]
-        .into_iter()
-        .chain(args.engine_args.iter().cloned())
-        .collect(),
+        engine_args: args.engine_flags(),
         plugin_config: overrides,
         envoy_concurrency: args.envoy_concurrency,
         collector_interval_ms: args.collector_interval_ms,

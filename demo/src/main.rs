@@ -140,6 +140,19 @@ struct Args {
     bus_outage: bool,
 }
 
+impl Args {
+    /// Every engine mock's flags: the prefill cost, then `--engine-arg`s.
+    fn engine_flags(&self) -> Vec<String> {
+        [format!(
+            "--prefill-us-per-token={}",
+            self.prefill_us_per_token
+        )]
+        .into_iter()
+        .chain(self.engine_args.iter().cloned())
+        .collect()
+    }
+}
+
 mod replicas_demo;
 
 const DEFAULT_SYSTEM_PROMPTS: usize = 8;
@@ -362,13 +375,7 @@ fn fleet_spec(
     Ok(FleetSpec {
         workers: args.workers,
         pd: args.pd.pools(),
-        engine_args: [format!(
-            "--prefill-us-per-token={}",
-            args.prefill_us_per_token
-        )]
-        .into_iter()
-        .chain(args.engine_args.iter().cloned())
-        .collect(),
+        engine_args: args.engine_flags(),
         target,
         plugin_config: plugin_config(args, filter_policy, no_gate)?,
         envoy_concurrency: args.envoy_concurrency,

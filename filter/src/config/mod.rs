@@ -553,6 +553,14 @@ pub(crate) mod testing {
         .unwrap();
         cfg.workers
     }
+
+    /// `n` workers `w0`, `w1`, ... with nothing but names.
+    pub(crate) fn named_workers(n: usize) -> Vec<WorkerConfig> {
+        let ws: Vec<String> = (0..n).map(|i| format!(r#"{{"name":"w{i}"}}"#)).collect();
+        Config::from_json(format!(r#"{{"workers":[{}]}}"#, ws.join(",")).as_bytes())
+            .unwrap()
+            .workers
+    }
 }
 
 #[cfg(test)]

@@ -62,18 +62,12 @@ impl WorkerState for Flag {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
     use crate::overload::Transition;
 
     use crate::overload::observe_latencies;
     use crate::overload::testing::{cfg, sample};
-
-    fn workers(n: usize) -> Vec<WorkerConfig> {
-        let ws: Vec<String> = (0..n).map(|i| format!(r#"{{"name":"w{i}"}}"#)).collect();
-        crate::config::Config::from_json(format!(r#"{{"workers":[{}]}}"#, ws.join(",")).as_bytes())
-            .unwrap()
-            .workers
-    }
 
     #[test]
     fn flags_round_trip_by_name() {

@@ -61,16 +61,10 @@ impl WorkerState for Health {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
     use crate::health::Transition;
     use crate::health::{Event, Recovery};
-
-    fn workers(n: usize) -> Vec<WorkerConfig> {
-        let ws: Vec<String> = (0..n).map(|i| format!(r#"{{"name":"w{i}"}}"#)).collect();
-        crate::config::Config::from_json(format!(r#"{{"workers":[{}]}}"#, ws.join(",")).as_bytes())
-            .unwrap()
-            .workers
-    }
 
     #[test]
     fn states_round_trip_by_name_and_store_only_the_down() {

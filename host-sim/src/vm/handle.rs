@@ -79,12 +79,7 @@ impl<'a> VmHandle<'a> {
         let (host, vm) = (&mut *self.host, self.vm);
         let ctx = host.stream_ctx(vm, handle)?;
         let stream = host.state(vm).streams.get_mut(&ctx).expect("checked");
-        if stream.finished || stream.reset || stream.local_reply.is_some() {
-            bail!("stream {ctx} already ended (finished, reset or answered locally)");
-        }
-        if stream.req.fwd_headers.is_none() {
-            bail!("stream {ctx} was not sent upstream: the filter still holds its request");
-        }
+        upstream_open(stream, ctx)?;
         if stream.resp.hstate != HeaderState::Pending {
             bail!("stream {ctx} already has a response");
         }
@@ -117,12 +112,7 @@ impl<'a> VmHandle<'a> {
         let (host, vm) = (&mut *self.host, self.vm);
         let ctx = host.stream_ctx(vm, handle)?;
         let stream = host.state(vm).streams.get_mut(&ctx).expect("checked");
-        if stream.finished || stream.reset || stream.local_reply.is_some() {
-            bail!("stream {ctx} already ended (finished, reset or answered locally)");
-        }
-        if stream.req.fwd_headers.is_none() {
-            bail!("stream {ctx} was not sent upstream: the filter still holds its request");
-        }
+        upstream_open(stream, ctx)?;
         stream.response_flags = flags;
         stream.code_details = details.to_string();
         let started = stream.resp.hstate != HeaderState::Pending;
@@ -172,4 +162,15 @@ impl<'a> VmHandle<'a> {
             .get(self.vm)
             .map_or(0, |s| s.store.data().tick_period_ms)
     }
+}
+
+/// A response can only come for a stream still open whose request went upstream.
+fn upstream_open(stream: &StreamState, ctx: u32) -> Result<()> {
+    if stream.finished || stream.reset || stream.local_reply.is_some() {
+        bail!("stream {ctx} already ended (finished, reset or answered locally)");
+    }
+    if stream.req.fwd_headers.is_none() {
+        bail!("stream {ctx} was not sent upstream: the filter still holds its request");
+    }
+    Ok(())
 }
