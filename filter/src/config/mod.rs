@@ -14,9 +14,11 @@
 use serde::Deserialize;
 use std::fmt;
 
+mod gate;
 mod health;
 mod overload;
 mod replicas;
+mod stats;
 mod ttft;
 mod workers;
 
@@ -430,35 +432,6 @@ impl Config {
         }
     }
 
-    /// The limit's value, then the floor's dependency on the limit, its own value,
-    /// and its bound by the limit: each error names the first thing to fix, so an
-    /// operator never fixes a value only to learn it needed another field.
-    fn validate_queue_knobs(&self) -> Result<(), ConfigError> {
-        if self.worker_queue_limit == Some(0) {
-            return Err(err("worker_queue_limit", "must be at least 1"));
-        }
-        if let Some(floor) = self.saturation_queue_floor {
-            let Some(limit) = self.worker_queue_limit else {
-                return Err(err(
-                    "saturation_queue_floor",
-                    "requires `worker_queue_limit` (there is no diversion to cancel without it)",
-                ));
-            };
-            if floor == 0 {
-                return Err(err("saturation_queue_floor", "must be at least 1"));
-            }
-            // Above the limit, the fleet would be called saturated while the gate
-            // still admits some workers.
-            if floor > limit {
-                return Err(err(
-                    "saturation_queue_floor",
-                    format!("({floor}) must be at most `worker_queue_limit` ({limit})"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     fn validate_values(&self) -> Result<(), ConfigError> {
         if !(0.0..=1.0).contains(&self.cache_threshold) {
             return Err(err("cache_threshold", "must be between 0 and 1"));
@@ -506,33 +479,7 @@ impl Config {
         if self.stale_after_ms == 0 {
             return Err(err("stale_after_ms", "must be >= 1"));
         }
-        if self.stats_token.as_deref() == Some("") {
-            return Err(err(
-                "stats_token",
-                "must not be empty (omit it to disable pushes)",
-            ));
-        }
-        if self.stats_token_env.as_deref() == Some("") {
-            return Err(err("stats_token_env", "must name an environment variable"));
-        }
-        if self.stats_token.is_some() && self.stats_token_env.is_some() {
-            return Err(err(
-                "stats_token_env",
-                "and `stats_token` are exclusive: give the token one way",
-            ));
-        }
-        if self.stats_only && self.stats_token.is_none() && self.stats_token_env.is_none() {
-            return Err(err(
-                "stats_only",
-                "needs `stats_token` or `stats_token_env`: a stats listener without a token answers nothing",
-            ));
-        }
-        if !self.stats_path.starts_with('/') {
-            return Err(err("stats_path", "must start with `/`"));
-        }
-        if self.stats_max_bytes == 0 {
-            return Err(err("stats_max_bytes", "must be >= 1"));
-        }
+        self.validate_stats_endpoint()?;
         if !(1..=4096).contains(&self.max_workers) {
             return Err(err("max_workers", "must be between 1 and 4096"));
         }
