@@ -79,6 +79,7 @@ impl State {
             replica_metrics: ReplicaMetrics::define(),
             gate_inert_seen: 0,
         };
+        state.shared.inflight.ensure(&HostStore);
         state.refresh_membership();
         // The stats listener's instance never routes: it keeps no tree.
         if !state.router.config().stats_only {

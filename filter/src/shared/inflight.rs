@@ -73,6 +73,18 @@ impl InflightTable {
             .collect()
     }
 
+    /// Creates the table empty if no VM has yet. Envoy's shared data has no
+    /// "create if absent": a `set` on a missing key succeeds whatever the CAS, so two
+    /// threads counting the very first requests at once could both create it, and
+    /// one count was lost for good (a stuck in-flight gauge). A VM calls this when it
+    /// is configured, before it takes requests, so every count is a CAS update of an
+    /// existing key; VMs creating it together both write the same empty table.
+    pub fn ensure(&self, store: &dyn SharedStore) {
+        if store.get(&self.key).is_none() {
+            store.set(&self.key, &encode_counts(&[]), 0);
+        }
+    }
+
     /// Adds `delta` to `worker`'s count, saturating at zero. Returns whether it was
     /// stored.
     pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: i64) -> bool {
@@ -101,6 +113,17 @@ impl InflightTable {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+
+    #[test]
+    fn ensure_creates_an_empty_table_once_and_never_resets_counts() {
+        let store = MemStore::default();
+        let t = InflightTable::new(&Keys::new("t"));
+        t.ensure(&store);
+        assert!(store.get(&t.key).is_some(), "created");
+        assert!(t.add(&store, "w0", 2));
+        t.ensure(&store);
+        assert_eq!(t.read(&store), vec![("w0".to_string(), 2)], "kept");
+    }
 
     #[test]
     fn inflight_counts_add_and_saturate() {
