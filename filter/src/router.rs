@@ -27,7 +27,7 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{TenantId, Tree};
+use crate::tree::{TenantId, TenantMatches, Tree};
 
 /// What `predicted_ttft` knows of one candidate: the router's own work there, the
 /// engine's load beyond this Envoy's (fresh samples only), its share of the
@@ -35,7 +35,7 @@ use crate::tree::{TenantId, Tree};
 fn ttft_candidate(
     c: &Candidate,
     loads: &Loads,
-    held: &[(TenantId, usize)],
+    held: &TenantMatches,
     stale_after_ms: u64,
 ) -> TtftCandidate {
     let i = c.worker as usize;
@@ -57,9 +57,11 @@ fn ttft_candidate(
         work: loads.work.get(i).copied().unwrap_or_default(),
         others,
         cached_chars: held
+            .depths
             .iter()
             .find(|(t, _)| *t == c.worker)
             .map_or(0, |(_, n)| *n as u64),
+        continues: held.continued.contains(&c.worker),
         costs: loads.costs.get(i).copied().unwrap_or_default(),
         ..TtftCandidate::of(c)
     }
@@ -307,7 +309,10 @@ impl Router {
                     .unwrap_or_default();
                 let ttft: Vec<TtftCandidate> = candidates
                     .iter()
-                    .map(|c| ttft_candidate(c, loads, &held, self.cfg.stale_after_ms))
+                    .map(|c| TtftCandidate {
+                        conversations: tree.map_or(0, |t| t.tree.tenant_leaves(c.worker) as u64),
+                        ..ttft_candidate(c, loads, &held, self.cfg.stale_after_ms)
+                    })
                     .collect();
                 let input = text.chars().count() as u64;
                 policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng)
@@ -518,13 +523,13 @@ mod tests {
             inflight: loads.fleet_inflight(worker as usize),
             engine: None,
         };
-        let w0 = ttft_candidate(&c(0), &loads, &[], 5000);
+        let w0 = ttft_candidate(&c(0), &loads, &TenantMatches::default(), 5000);
         assert_eq!(
             (w0.inflight, w0.others),
             (5, 5),
             "10 on the engine: 2 ours, 3 peers'"
         );
-        let w1 = ttft_candidate(&c(1), &loads, &[], 5000);
+        let w1 = ttft_candidate(&c(1), &loads, &TenantMatches::default(), 5000);
         assert_eq!(w1.others, 0, "never negative");
     }
 

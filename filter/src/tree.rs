@@ -15,7 +15,12 @@
 //!   bounds;
 //! - the clock is a caller-supplied `u64` (a sequence number, not wall time), so that
 //!   every VM that applies the same operations with the same clocks evicts the same
-//!   way.
+//!   way;
+//! - a tenant's leaves are its conversations: every text routed to it ends in one
+//!   (a conversation's next turn extends its leaf instead of adding one), so the
+//!   count says how much future work a worker has taken on, which `predicted_ttft`
+//!   balances. Each hold keeps how many of the node's children the tenant also
+//!   holds, so the count and the leaf test are O(1).
 //!
 //! Nodes live in an arena (`Vec`) with a free list: no `Rc`, no locking, which a
 //! single-threaded Wasm VM does not need.
@@ -38,16 +43,30 @@ struct Node {
     /// `text.chars().count()`, cached because sizes are accounted in chars.
     chars: usize,
     children: HashMap<char, NodeIdx>,
-    /// Tenants holding this node and when they last inserted through it. Few tenants
-    /// share a node in practice, so a vector beats a map.
-    tenants: Vec<(TenantId, u64)>,
+    /// Tenants holding this node. Few tenants share a node in practice, so a vector
+    /// beats a map.
+    tenants: Vec<Hold>,
     parent: NodeIdx,
     live: bool,
 }
 
+/// One tenant's hold on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hold {
+    tenant: TenantId,
+    /// Children of the node the tenant holds too: 0 makes the node its leaf.
+    children: u32,
+    /// When the tenant last inserted through the node.
+    clock: u64,
+}
+
 impl Node {
     fn tenant_pos(&self, tenant: TenantId) -> Option<usize> {
-        self.tenants.iter().position(|(t, _)| *t == tenant)
+        self.tenants.iter().position(|h| h.tenant == tenant)
+    }
+
+    fn hold_mut(&mut self, tenant: TenantId) -> Option<&mut Hold> {
+        self.tenants.iter_mut().find(|h| h.tenant == tenant)
     }
 }
 
@@ -74,12 +93,27 @@ impl PrefixMatch {
     }
 }
 
+/// Each tenant's share of one text (`Tree::tenant_matches`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TenantMatches {
+    /// Chars of the text each tenant holds as a prefix, sorted by tenant; tenants
+    /// holding nothing of it are absent.
+    pub depths: Vec<(TenantId, usize)>,
+    /// Tenants holding a stored text that the text continues: it matched all of a
+    /// leaf, a text nobody else's extends, as a conversation's next turn resends the
+    /// turns before it. A shared prefix (a system prompt several texts extend) is
+    /// not a leaf, so a new conversation under it continues nobody. Sorted.
+    pub continued: Vec<TenantId>,
+}
+
 /// The radix tree for one (pool, model).
 #[derive(Debug)]
 pub struct Tree {
     nodes: Vec<Node>,
     free: Vec<NodeIdx>,
     tenant_chars: HashMap<TenantId, usize>,
+    /// Non-root nodes each tenant holds and none of whose children it holds.
+    tenant_leaves: HashMap<TenantId, usize>,
     stored_chars: usize,
 }
 
@@ -123,6 +157,7 @@ impl Tree {
             }],
             free: Vec::new(),
             tenant_chars: HashMap::new(),
+            tenant_leaves: HashMap::new(),
             stored_chars: 0,
         }
     }
@@ -135,6 +170,12 @@ impl Tree {
     /// Chars attributed to `tenant` (SMG's per-tenant tree size).
     pub fn tenant_chars(&self, tenant: TenantId) -> usize {
         self.tenant_chars.get(&tenant).copied().unwrap_or(0)
+    }
+
+    /// The conversations `tenant` holds: its leaves, the ends of the texts routed
+    /// to it that no later text of it extends.
+    pub fn tenant_leaves(&self, tenant: TenantId) -> usize {
+        self.tenant_leaves.get(&tenant).copied().unwrap_or(0)
     }
 
     /// Tenants that hold anything, sorted.
@@ -171,15 +212,36 @@ impl Tree {
 
     /// Marks `tenant` on `idx` at `clock`, accounting its chars when new there. The
     /// clock only moves forward, so inserts commute.
+    /// `insert` touches a path top down, so the parent already holds the tenant and
+    /// stops being its leaf when this node becomes one.
     fn touch(&mut self, idx: NodeIdx, tenant: TenantId, clock: u64) {
         let node = self.node_mut(idx);
-        match node.tenant_pos(tenant) {
-            Some(pos) => node.tenants[pos].1 = node.tenants[pos].1.max(clock),
-            None => {
-                node.tenants.push((tenant, clock));
-                let chars = node.chars;
-                *self.tenant_chars.entry(tenant).or_insert(0) += chars;
+        if let Some(hold) = node.hold_mut(tenant) {
+            hold.clock = hold.clock.max(clock);
+            return;
+        }
+        node.tenants.push(Hold {
+            tenant,
+            children: 0,
+            clock,
+        });
+        let (chars, parent) = (node.chars, node.parent);
+        *self.tenant_chars.entry(tenant).or_insert(0) += chars;
+        if idx == ROOT {
+            return;
+        }
+        *self.tenant_leaves.entry(tenant).or_insert(0) += 1;
+        if let Some(hold) = self.node_mut(parent).hold_mut(tenant) {
+            hold.children += 1;
+            if hold.children == 1 && parent != ROOT {
+                self.drop_leaf(tenant);
             }
+        }
+    }
+
+    fn drop_leaf(&mut self, tenant: TenantId) {
+        if let Some(n) = self.tenant_leaves.get_mut(&tenant) {
+            *n = n.saturating_sub(1);
         }
     }
 
@@ -195,7 +257,13 @@ impl Tree {
                 .unwrap_or((c.text.as_str(), ""));
             let (head, tail) = (head.to_string(), tail.to_string());
             let first = head.chars().next().unwrap_or_default();
-            (c.parent, head, tail, c.tenants.clone(), first)
+            // Every tenant of the child holds the child below the new parent.
+            let tenants = c
+                .tenants
+                .iter()
+                .map(|h| Hold { children: 1, ..*h })
+                .collect::<Vec<_>>();
+            (c.parent, head, tail, tenants, first)
         };
         let tail_first = tail.chars().next().unwrap_or_default();
         let total = self.node(child).chars;
@@ -254,9 +322,10 @@ impl Tree {
     }
 
     /// Walks the path `text` matches from the root, calling `visit` with each node on
-    /// it and the chars matched once that node is counted; returns the last node
-    /// reached (the root when nothing matched) and the chars matched in all.
-    fn walk(&self, text: &str, mut visit: impl FnMut(&Node, usize)) -> (NodeIdx, usize) {
+    /// it, the chars matched once that node is counted and whether its whole edge
+    /// matched; returns the last node reached (the root when nothing matched) and the
+    /// chars matched in all.
+    fn walk(&self, text: &str, mut visit: impl FnMut(&Node, usize, bool)) -> (NodeIdx, usize) {
         let mut cur = ROOT;
         let mut matched = 0usize;
         let mut rest = text;
@@ -267,7 +336,7 @@ impl Tree {
             let node = self.node(child);
             let (bytes, chars) = common_prefix(&node.text, rest);
             matched += chars;
-            visit(node, matched);
+            visit(node, matched, bytes == node.text.len());
             cur = child;
             if bytes < node.text.len() {
                 break;
@@ -279,8 +348,8 @@ impl Tree {
 
     /// The longest prefix of `text` the tree holds and who holds it.
     pub fn prefix_match(&self, text: &str) -> PrefixMatch {
-        let (last, matched) = self.walk(text, |_, _| {});
-        let mut owners: Vec<TenantId> = self.node(last).tenants.iter().map(|(t, _)| *t).collect();
+        let (last, matched) = self.walk(text, |_, _, _| {});
+        let mut owners: Vec<TenantId> = self.node(last).tenants.iter().map(|h| h.tenant).collect();
         owners.sort_unstable();
         PrefixMatch {
             matched_chars: matched,
@@ -290,25 +359,32 @@ impl Tree {
     }
 
     /// How many chars of `text` each tenant holds as a prefix (its own match
-    /// depth, not only the deepest owner's), sorted by tenant; tenants holding
-    /// nothing of it are absent. A tenant on a node holds the whole path to it, so
-    /// its depth is the matched length at the deepest node of the path it holds.
-    pub fn tenant_matches(&self, text: &str) -> Vec<(TenantId, usize)> {
+    /// depth, not only the deepest owner's), and which tenants' texts `text`
+    /// continues. A tenant on a node holds the whole path to it, so its depth is the
+    /// matched length at the deepest node of the path it holds.
+    pub fn tenant_matches(&self, text: &str) -> TenantMatches {
         let mut depths: Vec<(TenantId, usize)> = Vec::new();
-        self.walk(text, |node, matched| {
-            for (t, _) in &node.tenants {
-                match depths.iter_mut().find(|(d, _)| d == t) {
+        let mut continued: Vec<TenantId> = Vec::new();
+        self.walk(text, |node, matched, whole| {
+            for h in &node.tenants {
+                match depths.iter_mut().find(|(d, _)| *d == h.tenant) {
                     Some(entry) => entry.1 = matched,
-                    None => depths.push((*t, matched)),
+                    None => depths.push((h.tenant, matched)),
                 }
+            }
+            // A leaf is the last node of any walk: only it can be continued.
+            if whole && node.children.is_empty() {
+                continued.extend(node.tenants.iter().map(|h| h.tenant));
             }
         });
         depths.sort_unstable();
-        depths
+        continued.sort_unstable();
+        TenantMatches { depths, continued }
     }
 
     /// Removes `tenant` from every node; nodes left without tenants go.
     pub fn remove_tenant(&mut self, tenant: TenantId) {
+        self.tenant_leaves.remove(&tenant);
         if self.tenant_chars.remove(&tenant).is_none() {
             return;
         }
@@ -342,7 +418,7 @@ impl Tree {
             node.tenants = node
                 .tenants
                 .iter()
-                .filter_map(|&(t, c)| f(t).map(|n| (n, c)))
+                .filter_map(|h| f(h.tenant).map(|tenant| Hold { tenant, ..*h }))
                 .collect();
             if node.tenants.len() < before {
                 emptied.push(i as NodeIdx);
@@ -350,6 +426,11 @@ impl Tree {
         }
         self.tenant_chars = self
             .tenant_chars
+            .iter()
+            .filter_map(|(&t, &c)| f(t).map(|n| (n, c)))
+            .collect();
+        self.tenant_leaves = self
+            .tenant_leaves
             .iter()
             .filter_map(|(&t, &c)| f(t).map(|n| (n, c)))
             .collect();
@@ -387,13 +468,12 @@ impl Tree {
 
     /// Whether `tenant` holds `idx` but none of its children (an evictable leaf).
     fn is_tenant_leaf(&self, idx: NodeIdx, tenant: TenantId) -> bool {
-        let node = self.node(idx);
         idx != ROOT
-            && node.tenant_pos(tenant).is_some()
-            && node
-                .children
-                .values()
-                .all(|&c| self.node(c).tenant_pos(tenant).is_none())
+            && self
+                .node(idx)
+                .tenants
+                .iter()
+                .any(|h| h.tenant == tenant && h.children == 0)
     }
 
     /// Removes `tenant` from leaf `idx`; returns the parent if it became a leaf of the
@@ -407,8 +487,15 @@ impl Tree {
         if let Some(total) = self.tenant_chars.get_mut(&tenant) {
             *total = total.saturating_sub(chars);
         }
+        self.drop_leaf(tenant);
         self.free_if_unused(idx);
-        self.is_tenant_leaf(parent, tenant).then_some(parent)
+        let hold = self.node_mut(parent).hold_mut(tenant)?;
+        hold.children = hold.children.saturating_sub(1);
+        if hold.children > 0 || parent == ROOT {
+            return None;
+        }
+        *self.tenant_leaves.entry(tenant).or_insert(0) += 1;
+        Some(parent)
     }
 
     fn leaves_heap(&self, only: Option<TenantId>) -> BinaryHeap<Reverse<(u64, TenantId, NodeIdx)>> {
@@ -418,9 +505,9 @@ impl Tree {
             if !node.live || idx == ROOT {
                 continue;
             }
-            for &(tenant, clock) in &node.tenants {
-                if only.is_none_or(|t| t == tenant) && self.is_tenant_leaf(idx, tenant) {
-                    heap.push(Reverse((clock, tenant, idx)));
+            for h in &node.tenants {
+                if only.is_none_or(|t| t == h.tenant) && h.children == 0 {
+                    heap.push(Reverse((h.clock, h.tenant, idx)));
                 }
             }
         }
@@ -444,9 +531,10 @@ impl Tree {
             if let Some(parent) = self.evict_leaf(idx, tenant) {
                 let clock = self
                     .node(parent)
-                    .tenant_pos(tenant)
-                    .and_then(|p| self.node(parent).tenants.get(p))
-                    .map_or(0, |t| t.1);
+                    .tenants
+                    .iter()
+                    .find(|h| h.tenant == tenant)
+                    .map_or(0, |h| h.clock);
                 heap.push(Reverse((clock, tenant, parent)));
             }
         }
@@ -459,8 +547,9 @@ impl Tree {
             .collect();
         self.node_mut(ROOT)
             .tenants
-            .retain(|(t, _)| !gone.contains(t));
+            .retain(|h| !gone.contains(&h.tenant));
         self.tenant_chars.retain(|_, c| *c > 0);
+        self.tenant_leaves.retain(|t, _| !gone.contains(t));
     }
 
     /// SMG's `evict_tenant_by_size`: trims every tenant to at most `max_chars`, least
@@ -502,6 +591,7 @@ mod tests {
     fn check_invariants(t: &Tree) {
         let mut stored = 0;
         let mut per_tenant: HashMap<TenantId, usize> = HashMap::new();
+        let mut leaves: HashMap<TenantId, usize> = HashMap::new();
         for (i, n) in t.nodes.iter().enumerate() {
             if !n.live {
                 continue;
@@ -509,8 +599,20 @@ mod tests {
             let idx = i as NodeIdx;
             assert_eq!(n.chars, n.text.chars().count(), "cached char count");
             stored += n.chars;
-            for &(tenant, _) in &n.tenants {
+            for &Hold {
+                tenant, children, ..
+            } in &n.tenants
+            {
                 *per_tenant.entry(tenant).or_default() += n.chars;
+                let held_below = n
+                    .children
+                    .values()
+                    .filter(|&&c| t.node(c).tenant_pos(tenant).is_some())
+                    .count();
+                assert_eq!(children as usize, held_below, "child count of {tenant}");
+                if idx != ROOT && held_below == 0 {
+                    *leaves.entry(tenant).or_default() += 1;
+                }
                 if idx != ROOT {
                     assert!(
                         t.node(n.parent).tenant_pos(tenant).is_some(),
@@ -534,6 +636,16 @@ mod tests {
         for (tenant, chars) in per_tenant {
             assert_eq!(t.tenant_chars(tenant), chars, "tenant {tenant} size");
         }
+        for (&tenant, &n) in &t.tenant_leaves {
+            assert_eq!(
+                leaves.get(&tenant).copied().unwrap_or(0),
+                n,
+                "leaves of {tenant}"
+            );
+        }
+        for (tenant, n) in leaves {
+            assert_eq!(t.tenant_leaves(tenant), n, "leaves of {tenant}");
+        }
     }
 
     #[test]
@@ -554,24 +666,90 @@ mod tests {
         t.insert("other", 3, 4);
         let m = t.tenant_matches("system prompt|alice hello again");
         assert_eq!(
-            m,
+            m.depths,
             vec![(0, 25), (1, 14), (2, 6)],
             "alice's worker holds all of her history, bob's the shared prompt, w2 a part; w3 nothing"
         );
         let deepest = t.prefix_match("system prompt|alice hello again");
         assert_eq!(deepest.matched_chars, 25);
         assert_eq!(deepest.owners, vec![0]);
-        assert!(Tree::new().tenant_matches("x").is_empty());
-        assert!(
-            t.tenant_matches("").is_empty(),
+        assert_eq!(Tree::new().tenant_matches("x"), TenantMatches::default());
+        assert_eq!(
+            t.tenant_matches(""),
+            TenantMatches::default(),
             "an empty text matches nothing"
         );
         // A match ending inside an edge counts the chars up to the divergence.
-        assert_eq!(t.tenant_matches("systXm"), vec![(0, 4), (1, 4), (2, 4)]);
+        assert_eq!(
+            t.tenant_matches("systXm").depths,
+            vec![(0, 4), (1, 4), (2, 4)]
+        );
         // Multi-byte chars are counted as chars.
         let mut u = Tree::new();
         u.insert("héllo wörld", 5, 1);
-        assert_eq!(u.tenant_matches("héllo wörlx"), vec![(5, 10)]);
+        assert_eq!(u.tenant_matches("héllo wörlx").depths, vec![(5, 10)]);
+    }
+
+    #[test]
+    fn a_next_turn_continues_its_leaf_and_a_new_conversation_continues_nobody() {
+        let mut t = Tree::new();
+        t.insert("system|alice", 0, 1);
+        t.insert("system|bob", 1, 2);
+        let next = t.tenant_matches("system|alice|reply|again");
+        assert_eq!(
+            next.continued,
+            vec![0],
+            "alice's next turn extends her text"
+        );
+        assert_eq!(next.depths, vec![(0, 12), (1, 7)]);
+        let new = t.tenant_matches("system|carol");
+        assert!(
+            new.continued.is_empty(),
+            "the shared prompt is extended by others"
+        );
+        assert!(
+            t.tenant_matches("system|ali").continued.is_empty(),
+            "a match ending inside a text continues nothing"
+        );
+        assert_eq!(
+            t.tenant_matches("system|alice").continued,
+            vec![0],
+            "the same text again"
+        );
+        // Both workers hold alice's text (she moved once): both are continued.
+        t.insert("system|alice", 1, 3);
+        assert_eq!(t.tenant_matches("system|alice|x").continued, vec![0, 1]);
+        // Once a later text extends her leaf, the old end is not a leaf any more.
+        t.insert("system|alice|reply|again", 0, 4);
+        assert_eq!(
+            t.tenant_matches("system|alice|y").continued,
+            Vec::<TenantId>::new()
+        );
+    }
+
+    #[test]
+    fn leaves_count_each_tenants_conversations() {
+        let mut t = Tree::new();
+        t.insert("system|alice", 0, 1);
+        t.insert("system|bob", 0, 2);
+        t.insert("system|alice|again", 0, 3);
+        t.insert("system|carol", 1, 4);
+        assert_eq!(
+            t.tenant_leaves(0),
+            2,
+            "alice and bob; alice's turns are one"
+        );
+        assert_eq!(t.tenant_leaves(1), 1);
+        assert_eq!(t.tenant_leaves(7), 0);
+        t.insert("system", 2, 5);
+        assert_eq!(
+            t.tenant_leaves(2),
+            1,
+            "a prefix of others' texts is this tenant's leaf"
+        );
+        t.evict_tenants_over(0);
+        assert_eq!((t.tenant_leaves(0), t.tenant_leaves(1)), (0, 0));
+        check_invariants(&t);
     }
 
     #[test]
@@ -807,6 +985,12 @@ mod tests {
                     0 => t.remove_tenant(tenant),
                     1 => t.evict_tenants_over(rng.below(20)),
                     2 => t.evict_to_budget(rng.below(40)),
+                    3 => t.remap_tenants(|old| match old {
+                        0 => Some(1),
+                        1 => Some(0),
+                        3 => None,
+                        other => Some(other),
+                    }),
                     _ => {
                         t.insert(&text, tenant, clock);
                         let m = t.prefix_match(&text);

@@ -23,32 +23,50 @@
 //!   first byte and stream duration (moving averages, `learn`), the configured
 //!   priors until then.
 //!
-//! Rungs:
-//! 1. **Bounded load** (consistent hashing with bounded loads, Envoy's
-//!    `hash_balance_factor`): a worker is eligible only if taking this request keeps
-//!    it at or below `ceil((1 + load_factor) * mean) + 1`, where `mean` is the
-//!    candidates' in-flight requests including this one. Some worker is always at or
-//!    below the mean, so some worker is always eligible.
-//! 2. **Stay with the cache** (Preble's exploit rule, bounded by the queue): an
-//!    eligible holder of the request's longest match, whose cached part is longer
-//!    than its missing tail, keeps the request while its prediction is at most
-//!    `stay_factor` times the best one (the least predicted such holder). Moving a
-//!    conversation costs its whole history once more, and the prediction of the
-//!    queue is an estimate: small predicted gains do not pay for that.
-//! 3. **Least predicted TTFT** among the eligible; near-ties (within 2% of the
-//!    minimum) are broken at random, so an idle fleet spreads.
+//! Rungs. `best` is the least prediction among the workers under the cap; "within
+//! the stay factor" means predicted at most `stay_factor` times `best`; among the
+//! workers a rung keeps, the one with the fewest conversations wins, then the least
+//! predicted, near-ties (2%) at random:
+//! 1. **The conversation's worker**: a request that continues a text a worker holds
+//!    (the tree's leaf: a conversation's next turn resends the turns before it)
+//!    stays there while it is within the stay factor, even above the cap. A
+//!    conversation is one request at a time, so it cannot herd by itself, and moving
+//!    it costs its whole history once more: this is what keeps the cached ratio at
+//!    what affinity (ring hash on a session id) gets.
+//! 2. **The prefix's holders** (Preble's exploit rule): workers under the cap
+//!    holding the request's longest match, whose cached part is longer than their
+//!    missing tail, within the stay factor, and not past the cap on conversations.
+//! 3. **The fleet**: every worker under the cap within the stay factor.
+//!
+//! Two bounds keep the load even (consistent hashing with bounded loads, Envoy's
+//! `hash_balance_factor`):
+//! - **Requests now**: a worker is under the cap if taking this request keeps it at
+//!   or below `ceil((1 + load_factor) * mean) + 1`, where `mean` is the candidates'
+//!   in-flight requests including this one. Some worker is always under it.
+//! - **Work to come**: a worker's conversations are its leaves in the tree (every
+//!   new conversation adds one, later turns extend it), the same on every Envoy
+//!   thread. A holder may take a new conversation only while it has fewer than
+//!   `ceil((1 + load_factor) * fewest) + 1`, `fewest` being the least any worker
+//!   under the cap has. Placing by the queue of the moment would not do: with
+//!   conversations that stay, a worker that looked idle while others prefilled a
+//!   long shared prompt would keep the extra conversations it took for the rest of
+//!   their lives, and its queue with them.
+//!
+//! Matches within 2% of the input of each other count as equal (two users'
+//! questions that begin alike are no reason to prefer a worker), and one no longer
+//! than that is no match.
 //!
 //! Reasons (labels): `ttft_cache` (the winner holds this request's longest match
-//! among the candidates; `cache_hit`), `ttft_spread` (a holder was eligible but
-//! predicted slower: moved for load), `ttft_capped` (every holder was above the
-//! cap), `ttft_cold` (nobody holds any of it); all three `cache_miss`.
+//! among the candidates; `cache_hit`), `ttft_spread` (a holder was under the cap
+//! but slower or already holding too many conversations: moved for load),
+//! `ttft_capped` (every holder was above the cap), `ttft_cold` (nobody holds any of
+//! it); all three `cache_miss`.
 //!
-//! The effect on a hot prefix: the first holder wins while its queue is short; once
-//! its queue costs more than the prefix is worth, the next request prefills the
-//! prefix elsewhere, which becomes a second holder, and so on until the prefix is
-//! replicated on as many workers as its traffic needs. A conversation's own
-//! history is a long match only its worker holds, so it stays unless that worker is
-//! far busier.
+//! The effect on a hot prefix: the first holder takes new conversations while its
+//! queue is short and its conversations are few; then the prefix is prefilled
+//! elsewhere, which becomes a second holder, and so on until the prefix is
+//! replicated on as many workers as its traffic needs, each with an even share of
+//! the conversations, which then stay where their history is.
 
 use super::{decide, Candidate};
 pub use crate::config::TtftParams;
@@ -94,6 +112,9 @@ pub struct TtftCandidate {
     pub others: u64,
     /// Chars of this request's routing text the worker holds.
     pub cached_chars: u64,
+    /// The request continues a text this worker holds (a conversation's next turn).
+    pub continues: bool,
+    pub conversations: u64,
     pub costs: WorkerCosts,
 }
 
@@ -106,6 +127,8 @@ impl TtftCandidate {
             work: WorkerWork::default(),
             others: 0,
             cached_chars: 0,
+            continues: false,
+            conversations: 0,
             costs: WorkerCosts::default(),
         }
     }
@@ -145,7 +168,10 @@ pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
     engine_waiting_running.saturating_sub(own_at_sample)
 }
 
-/// Chooses the candidate with the least predicted TTFT under the bounded-load cap.
+/// Chooses where the request goes: its conversation's worker, else the holders of
+/// its prefix, else the fleet, each time the one with the fewest conversations
+/// among the workers predicted within `stay_factor` of the fastest (see the module
+/// docs for the rungs).
 pub fn predicted_ttft(
     params: &TtftParams,
     input_chars: u64,
@@ -157,52 +183,63 @@ pub fn predicted_ttft(
     let eligible = |c: &TtftCandidate| c.inflight.saturating_add(1) <= cap;
     let scored: Vec<(&TtftCandidate, f64)> = candidates
         .iter()
-        .filter(|c| eligible(c))
         .map(|c| (c, c.predict_us(params, input_chars)))
         .collect();
-    let min = scored.iter().map(|(_, t)| *t).fold(f64::INFINITY, f64::min);
-    let tol = min * NEAR_TIE_SHARE;
-    let tied: Vec<&(&TtftCandidate, f64)> =
-        scored.iter().filter(|(_, t)| *t <= min + tol).collect();
-    if tied.is_empty() {
-        return None;
-    }
-    let longest = candidates.iter().map(|c| c.cached_chars).max().unwrap_or(0);
-    // Stay: an eligible holder of the longest match whose cached part outweighs its
-    // missing tail keeps the request while its prediction is within `stay_factor`
-    // of the best (Preble's exploit rule, bounded by the queue).
-    // Several holders (a prefix already replicated): the least predicted, near-ties
-    // at random, so new conversations of a hot prefix spread over its holders.
-    let holders: Vec<&(&TtftCandidate, f64)> = scored
+    let best = scored
         .iter()
-        .filter(|(c, t)| {
-            longest > 0
-                && c.cached_chars == longest
-                && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
-                && *t <= min * params.stay_factor + tol
-        })
-        .collect();
-    let best_holder = holders
-        .iter()
+        .filter(|(c, _)| eligible(c))
         .map(|(_, t)| *t)
         .fold(f64::INFINITY, f64::min);
-    let stay: Vec<&(&TtftCandidate, f64)> = holders
-        .into_iter()
-        .filter(|(_, t)| *t <= best_holder + best_holder * NEAR_TIE_SHARE)
-        .collect();
-    let (winner, ttft) = if stay.is_empty() {
-        **tied.get(rng.below(tied.len()))?
-    } else {
-        **stay.get(rng.below(stay.len()))?
+    let within = |t: f64| t <= best * params.stay_factor + best * NEAR_TIE_SHARE;
+    // A few chars of a match (two users' questions that start alike) are no reason
+    // to prefer a worker: matches within `margin` of each other are equal, and one
+    // no longer than it is no match.
+    let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
+    let holds = |c: &TtftCandidate, longest: u64| {
+        longest > margin && c.cached_chars.saturating_add(margin) >= longest
     };
-    let reason = if longest == 0 {
-        Reason::TtftCold
-    } else if winner.cached_chars == longest {
-        Reason::TtftCache
-    } else if candidates
+    let longest_eligible = candidates
         .iter()
-        .any(|c| c.cached_chars == longest && eligible(c))
-    {
+        .filter(|c| eligible(c))
+        .map(|c| c.cached_chars)
+        .max()
+        .unwrap_or(0);
+    let fewest = candidates
+        .iter()
+        .filter(|c| eligible(c))
+        .map(|c| c.conversations)
+        .min()
+        .unwrap_or(0);
+    let conversation_cap = ((1.0 + params.load_factor) * fewest as f64).ceil() as u64 + 1;
+    let rung = |keep: &dyn Fn(&TtftCandidate, f64) -> bool| -> Vec<(&TtftCandidate, f64)> {
+        scored
+            .iter()
+            .copied()
+            .filter(|(c, t)| keep(c, *t))
+            .collect()
+    };
+    let continuing = rung(&|c, t| c.continues && within(t));
+    let holders = rung(&|c, t| {
+        eligible(c)
+            && within(t)
+            && holds(c, longest_eligible)
+            && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
+            && c.conversations.saturating_add(1) <= conversation_cap
+    });
+    let group = if !continuing.is_empty() {
+        continuing
+    } else if !holders.is_empty() {
+        holders
+    } else {
+        rung(&|c, t| eligible(c) && within(t))
+    };
+    let (winner, ttft) = least_loaded(&group, rng)?;
+    let longest = candidates.iter().map(|c| c.cached_chars).max().unwrap_or(0);
+    let reason = if longest <= margin {
+        Reason::TtftCold
+    } else if holds(winner, longest) {
+        Reason::TtftCache
+    } else if candidates.iter().any(|c| holds(c, longest) && eligible(c)) {
         Reason::TtftSpread
     } else {
         Reason::TtftCapped
@@ -219,6 +256,25 @@ pub fn predicted_ttft(
         ahead_chars: winner.work.ahead_chars,
     });
     Some(d)
+}
+
+/// The fewest conversations first (the work a worker has taken on), then the least
+/// predicted TTFT, near-ties at random.
+fn least_loaded<'a>(
+    group: &[(&'a TtftCandidate, f64)],
+    rng: &mut dyn Rng,
+) -> Option<(&'a TtftCandidate, f64)> {
+    let fewest = group.iter().map(|(c, _)| c.conversations).min()?;
+    let least = group
+        .iter()
+        .filter(|(c, _)| c.conversations == fewest)
+        .map(|(_, t)| *t)
+        .fold(f64::INFINITY, f64::min);
+    let tied: Vec<&(&TtftCandidate, f64)> = group
+        .iter()
+        .filter(|(c, t)| c.conversations == fewest && *t <= least + least * NEAR_TIE_SHARE)
+        .collect();
+    tied.get(rng.below(tied.len())).map(|&&pair| pair)
 }
 
 /// One moving-average step; the first observation is taken as is.
@@ -268,6 +324,8 @@ mod tests {
             work: WorkerWork::default(),
             others: 0,
             cached_chars: cached,
+            continues: false,
+            conversations: 0,
             costs: WorkerCosts::default(),
         }
     }
@@ -481,6 +539,113 @@ mod tests {
         holder.cached_chars = 2001; // now it stays, 100x slack
         let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+    }
+
+    #[test]
+    fn a_conversation_keeps_its_worker_above_the_cap_within_the_stay_factor() {
+        // w0 holds the conversation and is over the cap (4 of 5 in flight, cap
+        // ceil(1.25 * 6 / 3) + 1 = 4): a new request could not go there, its
+        // conversation's next turn does. 5 us * (300 ahead + 100) = 2 ms; w1, holding
+        // the shared prompt: 5 us * 1000 = 5 ms.
+        let mut owner = cand(0, 4, 3900);
+        owner.continues = true;
+        owner.work = WorkerWork {
+            prefilling: 4,
+            ahead_chars: 300,
+        };
+        let mut prompt = cand(1, 1, 3000);
+        prompt.work.prefilling = 1;
+        let d = run(4000, &[owner, prompt, cand(2, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        // Without the continuation it is only a capped holder.
+        owner.continues = false;
+        let d = run(4000, &[owner, prompt, cand(2, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftCapped));
+        // Beyond stay_factor (1 here) of the best it moves: 5 us * 1200 = 6 ms.
+        owner.continues = true;
+        owner.work.ahead_chars = 1100;
+        let d = run(4000, &[owner, prompt, cand(2, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftCapped));
+    }
+
+    #[test]
+    fn a_new_conversation_goes_to_the_holder_with_the_fewest_conversations() {
+        let p = TtftParams {
+            stay_factor: 2.0,
+            ..P
+        };
+        // Both hold the prompt; w0 is a little faster but has taken on more
+        // conversations: the work still to come decides.
+        let mut w0 = cand(0, 0, 3000);
+        w0.conversations = 6;
+        let mut w1 = cand(1, 0, 3000);
+        w1.conversations = 5;
+        w1.work.ahead_chars = 500;
+        let d = predicted_ttft(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftCache));
+        // Not when it is predicted beyond stay_factor of the fastest.
+        w1.work.ahead_chars = 6000;
+        let d = predicted_ttft(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        // Equal conversations: the faster.
+        w1.conversations = 6;
+        w1.work.ahead_chars = 500;
+        let d = predicted_ttft(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        assert_eq!(d.worker, 0);
+    }
+
+    #[test]
+    fn holders_with_too_many_conversations_replicate_the_prefix() {
+        // The prompt is on w0 and w1, with 9 conversations each; w2 holds nothing and
+        // has 6: the cap on conversations is ceil(1.25 * 6) + 1 = 9, so a holder may
+        // not take a tenth and the prompt is prefilled on w2, predicted within 2x.
+        let p = TtftParams {
+            stay_factor: 2.0,
+            ..P
+        };
+        let mut a = cand(0, 0, 3000);
+        a.conversations = 9;
+        let mut b = cand(1, 0, 3000);
+        b.conversations = 9;
+        let mut c = cand(2, 0, 0);
+        c.conversations = 6;
+        c.work.ahead_chars = 0;
+        // w0: 5 us * 1000 = 5 ms; w2: 5 us * 4000 = 20 ms: beyond 2x, stays.
+        let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
+        assert_eq!(d.reason, Reason::TtftCache);
+        // A shorter prompt (2001 of 4000 held: w0 and w1 10 ms, w2 20 ms) is worth
+        // less than the balance: within 2x, it is replicated on w2.
+        a.cached_chars = 2001;
+        b.cached_chars = 2001;
+        let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (2, Reason::TtftSpread));
+        // With 8 they may take one more.
+        a.conversations = 8;
+        let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+    }
+
+    #[test]
+    fn a_few_chars_more_of_a_match_are_no_preference() {
+        // 2% of 4000 = 80 chars: w0's 3050 and w1's 3000 are the same match.
+        let p = TtftParams {
+            stay_factor: 2.0,
+            ..P
+        };
+        let mut w0 = cand(0, 0, 3050);
+        w0.conversations = 3;
+        let w1 = cand(1, 0, 3000);
+        let d = predicted_ttft(&p, 4000, &[w0, w1], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftCache));
+        // A match no longer than the margin is no match.
+        let d = predicted_ttft(
+            &P,
+            4000,
+            &[cand(0, 0, 80), cand(1, 0, 0)],
+            &mut SplitMix64(1),
+        )
+        .unwrap();
+        assert_eq!(d.reason, Reason::TtftCold);
     }
 
     #[test]

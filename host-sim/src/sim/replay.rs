@@ -56,6 +56,8 @@ pub struct Replay {
 /// metrics, logs, engine caches).
 pub struct ReplayRun {
     pub summary: Summary,
+    /// Every request's outcome, in completion order.
+    pub records: Vec<Record>,
     pub host: Host,
     pub fleet: SimFleet,
 }
@@ -335,6 +337,7 @@ impl Replay {
         let summary = summarize(&records, Duration::from_secs_f64(now / 1000.0));
         Ok(ReplayRun {
             summary,
+            records,
             host,
             fleet,
         })
