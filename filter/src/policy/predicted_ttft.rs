@@ -24,9 +24,9 @@
 //!   priors until then.
 //!
 //! Rungs. `best` is the least prediction among the workers under the cap; "within
-//! the stay factor" means predicted at most `stay_factor` times `best`; among the
-//! workers a rung keeps, the one with the fewest conversations wins, then the least
-//! predicted, near-ties (2%) at random:
+//! the stay factor" means predicted at most `stay_factor` times `best`, "near" at
+//! most `1 + load_factor` times; among the workers a rung keeps, the one with the
+//! fewest conversations wins, then the least predicted, near-ties (2%) at random:
 //! 1. **The conversation's worker**: a request that continues a text a worker holds
 //!    (the tree's leaf: a conversation's next turn resends the turns before it)
 //!    stays there while it is within the stay factor, even above the cap. A
@@ -36,7 +36,9 @@
 //! 2. **The prefix's holders** (Preble's exploit rule): workers under the cap
 //!    holding the request's longest match, whose cached part is longer than their
 //!    missing tail, within the stay factor, and not past the cap on conversations.
-//! 3. **The fleet**: every worker under the cap within the stay factor.
+//! 3. **The fleet**: every worker under the cap and near. Balance may cost a new
+//!    conversation a slower first token, but only by what bounded load allows: the
+//!    stay factor is for keeping a cache, not for spreading.
 //!
 //! Two bounds keep the load even (consistent hashing with bounded loads, Envoy's
 //! `hash_balance_factor`):
@@ -46,8 +48,9 @@
 //! - **Work to come**: a worker's conversations are its leaves in the tree (every
 //!   new conversation adds one, later turns extend it), the same on every Envoy
 //!   thread. A holder may take a new conversation only while it has fewer than
-//!   `ceil((1 + load_factor) * fewest) + 1`, `fewest` being the least any worker
-//!   under the cap has. Placing by the queue of the moment would not do: with
+//!   `ceil((1 + load_factor) * fewest) + 1`, `fewest` being the least any near
+//!   worker under the cap has (one far slower for this request, say one that would
+//!   prefill a long prompt the others hold while they are idle, is no alternative). Placing by the queue of the moment would not do: with
 //!   conversations that stay, a worker that looked idle while others prefilled a
 //!   long shared prompt would keep the extra conversations it took for the rest of
 //!   their lives, and its queue with them.
@@ -170,8 +173,7 @@ pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
 
 /// Chooses where the request goes: its conversation's worker, else the holders of
 /// its prefix, else the fleet, each time the one with the fewest conversations
-/// among the workers predicted within `stay_factor` of the fastest (see the module
-/// docs for the rungs).
+/// among those the rung keeps (see the module docs for the rungs).
 pub fn predicted_ttft(
     params: &TtftParams,
     input_chars: u64,
@@ -191,6 +193,7 @@ pub fn predicted_ttft(
         .map(|(_, t)| *t)
         .fold(f64::INFINITY, f64::min);
     let within = |t: f64| t <= best * params.stay_factor + best * NEAR_TIE_SHARE;
+    let near = |t: f64| t <= best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE;
     // A few chars of a match (two users' questions that start alike) are no reason
     // to prefer a worker: matches within `margin` of each other are equal, and one
     // no longer than it is no match.
@@ -204,10 +207,10 @@ pub fn predicted_ttft(
         .map(|c| c.cached_chars)
         .max()
         .unwrap_or(0);
-    let fewest = candidates
+    let fewest = scored
         .iter()
-        .filter(|c| eligible(c))
-        .map(|c| c.conversations)
+        .filter(|(c, t)| eligible(c) && near(*t))
+        .map(|(c, _)| c.conversations)
         .min()
         .unwrap_or(0);
     let conversation_cap = ((1.0 + params.load_factor) * fewest as f64).ceil() as u64 + 1;
@@ -231,7 +234,7 @@ pub fn predicted_ttft(
     } else if !holders.is_empty() {
         holders
     } else {
-        rung(&|c, t| eligible(c) && within(t))
+        rung(&|c, t| eligible(c) && near(t))
     };
     let (winner, ttft) = least_loaded(&group, rng)?;
     let longest = candidates.iter().map(|c| c.cached_chars).max().unwrap_or(0);
@@ -596,30 +599,38 @@ mod tests {
 
     #[test]
     fn holders_with_too_many_conversations_replicate_the_prefix() {
-        // The prompt is on w0 and w1, with 9 conversations each; w2 holds nothing and
-        // has 6: the cap on conversations is ceil(1.25 * 6) + 1 = 9, so a holder may
-        // not take a tenth and the prompt is prefilled on w2, predicted within 2x.
+        // The prompt is on w0 and w1, with 9 conversations each and 1500 chars of
+        // prefill ahead; w2 is idle, holds nothing and has 6 conversations.
         let p = TtftParams {
             stay_factor: 2.0,
             ..P
         };
-        let mut a = cand(0, 0, 3000);
-        a.conversations = 9;
-        let mut b = cand(1, 0, 3000);
-        b.conversations = 9;
+        let holder = |w, conversations| {
+            let mut h = cand(w, 1, 3000);
+            h.work = WorkerWork {
+                prefilling: 1,
+                ahead_chars: 1500,
+            };
+            h.conversations = conversations;
+            h
+        };
+        let (a, b) = (holder(0, 9), holder(1, 9));
         let mut c = cand(2, 0, 0);
         c.conversations = 6;
-        c.work.ahead_chars = 0;
-        // w0: 5 us * 1000 = 5 ms; w2: 5 us * 4000 = 20 ms: beyond 2x, stays.
+        // Holders 5 us * (1500 + 1000) = 12.5 ms, w2 5 us * 4000 = 20 ms: not near
+        // (1.25x), so no alternative: the holders keep the prompt's conversations.
         let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!(d.reason, Reason::TtftCache);
-        // A shorter prompt (2001 of 4000 held: w0 and w1 10 ms, w2 20 ms) is worth
-        // less than the balance: within 2x, it is replicated on w2.
+        assert_ne!(d.worker, 2);
+        // A shorter prompt (2001 held: holders 17.5 ms) puts w2 near; the cap on
+        // conversations is ceil(1.25 * 6) + 1 = 9, so a holder may not take a
+        // tenth, and the prompt is replicated on w2.
+        let (mut a, mut b) = (a, b);
         a.cached_chars = 2001;
         b.cached_chars = 2001;
         let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (2, Reason::TtftSpread));
-        // With 8 they may take one more.
+        // With 8 a holder may take one more.
         a.conversations = 8;
         let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
