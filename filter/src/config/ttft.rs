@@ -5,8 +5,9 @@
 
 use super::{err, Config, ConfigError};
 
-/// `predicted_ttft`'s bounded-load cap: no worker above
-/// `ceil((1 + load_factor) * mean in-flight) + 1`.
+/// `predicted_ttft`'s bounded load: no worker above
+/// `ceil((1 + load_factor) * mean in-flight) + 1`, no holder taking a new
+/// conversation at `ceil((1 + load_factor) * fewest) + 1` conversations.
 pub const DEFAULT_LOAD_FACTOR: f64 = 0.25;
 /// `predicted_ttft`'s prefill cost per uncached char before any observation
 /// (about 20 us per token at 4 chars per token).
@@ -14,8 +15,9 @@ pub const DEFAULT_PREFILL_US_PER_CHAR: f64 = 5.0;
 /// `predicted_ttft`'s time one request ahead occupies the engine after its first
 /// byte, before any observation.
 pub const DEFAULT_SERVICE_MS: f64 = 20.0;
-/// `predicted_ttft`: a holder of the request's longest match keeps it while its
-/// predicted TTFT is at most this many times the best worker's.
+/// `predicted_ttft`: a conversation's worker (or a holder of the request's longest
+/// match) keeps it while its predicted TTFT is at most this many times the best
+/// worker's.
 pub const DEFAULT_STAY_FACTOR: f64 = 2.0;
 
 /// The policy's settings, defaults filled in (`Config::ttft_params`).
