@@ -325,6 +325,7 @@ fn run_policy(
     let title = format!("envoy/demo: {label}");
     std::fs::write(&charts, html::page(&title, &summary, &records))
         .with_context(|| format!("writing {}", charts.display()))?;
+    llm_load::record::write_jsonl(&args.dir.join(format!("{label}.jsonl")), &records)?;
     let stats = fleet.envoy.stats()?;
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new(label, summary, stat);

@@ -213,7 +213,7 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
     let summary = summarize(&records, started.elapsed());
 
     if let Some(path) = &args.records_out {
-        write_records(path, &records)?;
+        crate::record::write_jsonl(path, &records)?;
     }
     if let Some(path) = &args.html_out {
         let title = format!("llm-load: {}", args.workload.display());
@@ -229,16 +229,6 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
     print!("{}", human(&summary));
     println!("{json}");
     Ok(summary)
-}
-
-/// One JSON object per line, in workload order.
-fn write_records(path: &std::path::Path, records: &[Record]) -> Result<()> {
-    let mut out = String::new();
-    for r in records {
-        out += &serde_json::to_string(r)?;
-        out.push('\n');
-    }
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
 /// A replay: where to send, how many at once, how fast.

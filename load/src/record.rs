@@ -36,6 +36,18 @@ pub struct Record {
     pub error: Option<String>,
 }
 
+/// Writes `records` as one JSON object per line (`--records-out`, the demo's
+/// `.demo/<run>.jsonl`, `host-sim replay --records-dir`).
+pub fn write_jsonl(path: &std::path::Path, records: &[Record]) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut out = String::new();
+    for r in records {
+        out += &serde_json::to_string(r)?;
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
 impl Record {
     /// A request counts as successful only if it got a 2xx with usage; see `error`.
     pub fn is_ok(&self) -> bool {

@@ -54,9 +54,9 @@ pub(crate) struct ReplayArgs {
     #[arg(long, default_value_t = 0.0)]
     decode_ms_per_token: f64,
     /// Write every request's record (workload line, worker, decision label,
-    /// latencies, tokens) to this JSONL file, the main run's then the baseline's.
+    /// latencies, tokens) to `DIR/<run>.jsonl`, as the demo does in `.demo/`.
     #[arg(long)]
-    records: Option<PathBuf>,
+    records_dir: Option<PathBuf>,
     /// Engine concurrent requests at most (0: unlimited), like `--engine-arg=--max-running=N`.
     #[arg(long, default_value_t = 0)]
     max_running: usize,
@@ -125,8 +125,11 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             args.concurrency
         );
         let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
-        if let Some(path) = &args.records {
-            write_records(path, &label, &done.records)?;
+        if let Some(dir) = &args.records_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let mut records = done.records.clone();
+            records.sort_by_key(|r| r.line);
+            llm_load::record::write_jsonl(&dir.join(format!("{label}.jsonl")), &records)?;
         }
         let mut result = RunResult::new(label, done.summary, |name| done.host.metric(name));
         if args.pd.pd {
@@ -156,9 +159,6 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         }
         Ok(result)
     };
-    if let Some(path) = &args.records {
-        std::fs::write(path, "").with_context(|| format!("writing {}", path.display()))?;
-    }
     let main_run = run_policy(&args.policy, false)?;
     let baseline_name = match &args.baseline {
         Some(b) => b.clone(),
@@ -172,23 +172,4 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
     };
     run::print_report(&main_run, baseline.as_ref(), args.vms as u32, engines, None);
     Ok(main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors))
-}
-
-/// Appends `records` to `path` as JSONL, each line tagged with its run's label.
-fn write_records(
-    path: &std::path::Path,
-    run: &str,
-    records: &[llm_load::record::Record],
-) -> Result<()> {
-    use std::io::Write as _;
-    let mut out = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    for r in records {
-        let mut line = serde_json::to_value(r)?;
-        line["run"] = Value::from(run);
-        writeln!(out, "{line}")?;
-    }
-    Ok(())
 }
