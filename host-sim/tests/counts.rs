@@ -12,7 +12,7 @@
 
 mod support;
 
-use host_sim::{Fault, Host, RequestSpec, StreamHandle};
+use host_sim::{FailurePolicy, Fault, Host, RequestSpec, StreamHandle};
 
 const WORKERS: usize = 4;
 /// The tick (`sync_interval_ms`) and the owner expiry it implies: 10 ticks, at
@@ -31,7 +31,9 @@ fn host(vms: usize, extra: &str) -> Host {
                 "overload":{{"probe_interval_ms":{TICK_MS},"probe_timeout_ms":500}}{extra}"#
         ),
     );
-    support::host(&config, vms, 11, &support::fleet_clusters(WORKERS))
+    let clusters = support::fleet_clusters(WORKERS);
+    let builder = support::builder(&config, vms, 11, &clusters);
+    support::build(builder.failure_policy(FailurePolicy::FailReload), &config)
 }
 
 fn stat(h: &Host, name: &str) -> u64 {
@@ -45,12 +47,16 @@ fn open(h: &mut Host, vm: usize, prompt: &str) -> (String, StreamHandle) {
     (cluster, out.handle)
 }
 
-/// `vm` routes `n` fresh prompts (answered 200) that share no prefix, so each goes
-/// least-load; how many went to `cluster`.
+/// `vm` routes `n` fresh prompts (answered 200) that share no prefix worth a cache
+/// hit, so each goes least-load with random ties; how many went to `cluster`.
 fn routed_to(h: &mut Host, vm: usize, tag: &str, n: usize, cluster: &str) -> usize {
-    (0..n)
+    let seed = tag
+        .bytes()
+        .fold(7u64, |a, b| a.wrapping_mul(31).wrapping_add(u64::from(b)));
+    (0..n as u64)
         .filter(|i| {
-            let prompt = format!("{tag} {i} {}", "x".repeat(*i));
+            let key = seed.wrapping_mul(1_000_003).wrapping_add(*i);
+            let prompt = format!("{:016x} {tag}", key.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             support::route_completion(h, vm, &prompt).0 == cluster
         })
         .count()
