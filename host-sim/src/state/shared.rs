@@ -42,6 +42,9 @@ pub(crate) struct Queue {
     pub items: VecDeque<Vec<u8>>,
 }
 
+/// A shared-data entry: the value and its CAS.
+pub(crate) type Entry = (Vec<u8>, u32);
+
 /// State shared by all VMs of one host.
 pub(crate) struct Shared {
     pub now_ns: u64,
@@ -49,7 +52,7 @@ pub(crate) struct Shared {
     pub data: HashMap<String, (Vec<u8>, u32)>,
     /// `(vm, key)` reads answered from an earlier state until that VM writes the key
     /// (`Host::pin_reads`).
-    pub pinned_reads: HashMap<(usize, String), Option<(Vec<u8>, u32)>>,
+    pub pinned_reads: HashMap<(usize, String), Option<Entry>>,
     pub next_cas: u32,
     pub queue_names: HashMap<(String, String), u32>,
     pub queues: HashMap<u32, Queue>,
@@ -92,7 +95,7 @@ impl Shared {
     }
 
     /// Envoy's `SharedData::get`, or what `Host::pin_reads` pinned for `vm`.
-    pub fn get_data(&self, vm: usize, key: &str) -> Option<(Vec<u8>, u32)> {
+    pub fn get_data(&self, vm: usize, key: &str) -> Option<Entry> {
         match self.pinned_reads.get(&(vm, key.to_string())) {
             Some(pinned) => pinned.clone(),
             None => self.data.get(key).cloned(),
