@@ -13,6 +13,10 @@ use crate::decision::{Label, Reason};
 
 /// Decision counters are this prefix plus `Label::as_str()` (see `decision_metric`).
 pub const DECISIONS_PREFIX: &str = "llm_router_decisions_";
+/// Routed requests no engine served (the upstream failed, or the filter answered
+/// after routing): their decisions were counted when made, their tree records are
+/// undone. Served requests are the decisions minus these.
+pub const UNSERVED: &str = "llm_router_unserved";
 /// Requests refused with a 503 because no worker could be chosen.
 pub const NO_WORKER: &str = "llm_router_no_worker";
 /// Bodies without routing text (routed by load).

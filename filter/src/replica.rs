@@ -164,7 +164,7 @@ fn encoded_op_len(op: &Op, prev_text: &str) -> usize {
             1 + 4 + model.len() + 4 + worker.len() + 4 + 4 + text.len()
                 - common_prefix(prev_text, text)
         }
-        Op::Evict | Op::Membership(_) => 0,
+        Op::Forget { .. } | Op::Evict | Op::Membership(_) => 0,
     }
 }
 
@@ -188,7 +188,7 @@ impl Batch {
                     worker,
                     text,
                 } => Some((pool, model, worker, text)),
-                Op::Evict | Op::Membership(_) => None,
+                Op::Forget { .. } | Op::Evict | Op::Membership(_) => None,
             })
             .collect();
         out.extend_from_slice(&(inserts.len() as u32).to_le_bytes());
@@ -443,7 +443,7 @@ mod tests {
             .iter()
             .map(|op| match op {
                 Op::Insert { text, .. } => text.len(),
-                Op::Evict | Op::Membership(_) => 0,
+                Op::Forget { .. } | Op::Evict | Op::Membership(_) => 0,
             })
             .sum();
         assert!(

@@ -402,10 +402,33 @@ impl Router {
                     self.insert(*pool, model, text, idx, clock);
                 }
             }
+            Op::Forget {
+                pool,
+                model,
+                worker,
+                text,
+                keep_chars,
+                seq,
+            } => {
+                let idx = self.worker_index(*pool, worker);
+                if let (Some(idx), Some(t)) = (idx, self.trees.get_mut(&(*pool, model.clone()))) {
+                    let keep = usize::try_from(*keep_chars).unwrap_or(usize::MAX);
+                    t.tree.forget(text, idx, keep, seq.saturating_add(1));
+                }
+            }
             Op::Evict => self.evict(),
             Op::Membership(m) => {
                 self.set_membership(m);
             }
+        }
+    }
+
+    /// How many chars of `text` `worker` holds in the (pool, model) tree: what an
+    /// `Op::Forget` of the insert about to be recorded keeps.
+    pub fn held_chars(&self, pool: Pool, model: &str, worker: &str, text: &str) -> u64 {
+        match (self.worker_index(pool, worker), self.tree(pool, model)) {
+            (Some(idx), Some(t)) => t.tenant_depth(text, idx) as u64,
+            _ => 0,
         }
     }
 
@@ -570,6 +593,57 @@ mod tests {
             let d = go(&mut r, &chat(&[sys, "q1", &q]), &[0; 4], &mut rng).unwrap();
             assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit));
         }
+    }
+
+    #[test]
+    fn a_forgotten_insert_leaves_no_owner_but_what_the_worker_held() {
+        let mut r = router("", 4);
+        let mut rng = SplitMix64(11);
+        let sys = "a long shared system prompt that dominates the text";
+        let first = go(&mut r, &chat(&[sys, "q1"]), &[0; 4], &mut rng).unwrap();
+        let name = format!("w{}", first.worker);
+        // The next turn goes to the same worker, whose engine then fails.
+        let next = chat(&[sys, "q1", "q2"]);
+        let routed = r
+            .route(&next, &Loads::inflight_only(&[0; 4]), &mut rng)
+            .unwrap();
+        let Some(Op::Insert {
+            pool,
+            model,
+            worker,
+            text,
+        }) = routed.record
+        else {
+            panic!("cache_aware records its text")
+        };
+        assert_eq!(worker, name);
+        let keep = r.held_chars(pool, &model, &worker, &text);
+        let tree = |r: &Router| r.tree(pool, &model).unwrap().prefix_match(&text);
+        let before = tree(&r).matched_chars as u64;
+        assert_eq!(keep, before, "it held the first turn");
+        let insert = Op::Insert {
+            pool,
+            model: model.clone(),
+            worker: worker.clone(),
+            text: text.clone(),
+        };
+        r.apply(100, &insert);
+        assert_eq!(tree(&r).input_chars, tree(&r).matched_chars);
+        let forget = Op::Forget {
+            pool,
+            model: model.clone(),
+            worker,
+            text: text.clone(),
+            keep_chars: keep,
+            seq: 100,
+        };
+        r.apply(101, &forget);
+        assert_eq!(
+            tree(&r).matched_chars as u64,
+            before,
+            "only what it held before the failed request"
+        );
+        assert_eq!(tree(&r).owners, vec![first.worker]);
     }
 
     #[test]

@@ -382,6 +382,65 @@ impl Tree {
         TenantMatches { depths, continued }
     }
 
+    /// How many chars of `text` `tenant` holds as a prefix (what `tenant_matches`
+    /// says for it), stopping at the first node on the path it does not hold.
+    pub fn tenant_depth(&self, text: &str, tenant: TenantId) -> usize {
+        let mut depth = 0;
+        let mut held = true;
+        self.walk(text, |node, matched, _| {
+            held = held && node.tenant_pos(tenant).is_some();
+            if held {
+                depth = matched;
+            }
+        });
+        depth
+    }
+
+    /// Undoes the insert of `text` under `tenant` at `clock` for a request no
+    /// worker served: `tenant` leaves the nodes of the path past its first
+    /// `keep_chars` chars (what it held before that insert) that no later insert of
+    /// it touched (their clock for it is still `clock`). A later insert through a
+    /// node passed through its ancestors too, so the tenant keeps a whole path, and
+    /// nodes left without tenants go. Nodes the path only partly covers (the tree
+    /// changed since) are kept.
+    pub fn forget(&mut self, text: &str, tenant: TenantId, keep_chars: usize, clock: u64) {
+        let mut path = Vec::new();
+        let mut cur = ROOT;
+        let mut start = 0usize;
+        let mut rest = text;
+        while let Some(first) = rest.chars().next() {
+            let Some(&child) = self.node(cur).children.get(&first) else {
+                break;
+            };
+            let node = self.node(child);
+            let (bytes, _) = common_prefix(&node.text, rest);
+            if bytes < node.text.len() {
+                break;
+            }
+            if start >= keep_chars {
+                path.push(child);
+            }
+            start += node.chars;
+            rest = rest.get(bytes..).unwrap_or_default();
+            cur = child;
+        }
+        // Deepest first: a node is freed after its children.
+        for idx in path.into_iter().rev() {
+            let Some(hold) = self.node(idx).tenants.iter().find(|h| h.tenant == tenant) else {
+                continue;
+            };
+            if hold.clock != clock || hold.children > 0 {
+                break;
+            }
+            self.evict_leaf(idx, tenant);
+        }
+        if self.tenant_chars.get(&tenant) == Some(&0) {
+            self.tenant_chars.remove(&tenant);
+            self.tenant_leaves.remove(&tenant);
+            self.node_mut(ROOT).tenants.retain(|h| h.tenant != tenant);
+        }
+    }
+
     /// Removes `tenant` from every node; nodes left without tenants go.
     pub fn remove_tenant(&mut self, tenant: TenantId) {
         self.tenant_leaves.remove(&tenant);
@@ -965,6 +1024,68 @@ mod tests {
         check_invariants(&t);
     }
 
+    #[test]
+    fn forget_undoes_what_the_insert_added_and_nothing_else() {
+        let mut t = Tree::new();
+        t.insert("system prompt, then question one", 0, 1);
+        t.insert("system prompt, then question one", 1, 2);
+        let before = t.tenant_chars(0);
+        // Worker 0 held the first turn; a request extending it fails.
+        let held = "system prompt, then question one".len();
+        let text = "system prompt, then question one and two";
+        let keep = t.tenant_depth(text, 0);
+        assert_eq!(keep, held);
+        t.insert(text, 0, 3);
+        assert_eq!(t.prefix_match(text).owners, vec![0]);
+        t.forget(text, 0, keep, 3);
+        check_invariants(&t);
+        assert_eq!(t.tenant_depth(text, 0), keep, "what it held before stays");
+        assert_eq!(t.tenant_chars(0), before);
+        assert_eq!(
+            t.prefix_match(text).matched_chars,
+            held,
+            "the failed request's own text is gone from the tree"
+        );
+        assert_eq!(
+            t.prefix_match("system prompt, then question one").owners,
+            vec![0, 1]
+        );
+        // A worker that held nothing of it loses all of it, root included.
+        let keep = t.tenant_depth("fresh text", 2);
+        t.insert("fresh text", 2, 4);
+        t.forget("fresh text", 2, keep, 4);
+        check_invariants(&t);
+        assert_eq!(t.prefix_match("fresh text").matched_chars, 0);
+        assert!(!t.tenants().contains(&2), "tenant 2 holds nothing");
+    }
+
+    #[test]
+    fn forget_keeps_what_a_later_insert_touched() {
+        let mut t = Tree::new();
+        let text = "a conversation retried";
+        t.insert(text, 0, 1);
+        // The retry of the same text on the same worker succeeds (clock 2); the
+        // first attempt's failure is undone after it.
+        t.insert(text, 0, 2);
+        t.forget(text, 0, 0, 1);
+        check_invariants(&t);
+        assert_eq!(
+            t.prefix_match(text).owners,
+            vec![0],
+            "the retry's entry stays"
+        );
+        // A later, longer text through the same nodes keeps them too.
+        t.insert("shared start, then x", 1, 3);
+        t.insert("shared start, then x and more", 1, 4);
+        t.forget("shared start, then x", 1, 0, 3);
+        check_invariants(&t);
+        assert_eq!(
+            t.tenant_depth("shared start, then x and more", 1),
+            29,
+            "nodes a later insert passed through are kept"
+        );
+    }
+
     /// Property test: random inserts, removals and evictions over a small alphabet
     /// (with multi-byte chars) keep the invariants, and a just-inserted text always
     /// matches whole under its tenant.
@@ -981,7 +1102,7 @@ mod tests {
                     .map(|_| alphabet[rng.below(alphabet.len())])
                     .collect();
                 let tenant = rng.below(4) as TenantId;
-                match rng.below(10) {
+                match rng.below(13) {
                     0 => t.remove_tenant(tenant),
                     1 => t.evict_tenants_over(rng.below(20)),
                     2 => t.evict_to_budget(rng.below(40)),
@@ -991,6 +1112,19 @@ mod tests {
                         3 => None,
                         other => Some(other),
                     }),
+                    4 => {
+                        // An insert whose request failed, undone at once or later.
+                        let keep = t.tenant_depth(&text, tenant);
+                        t.insert(&text, tenant, clock);
+                        if rng.below(2) == 0 {
+                            t.forget(&text, tenant, keep, clock);
+                            assert!(
+                                t.tenant_depth(&text, tenant) == keep,
+                                "round {round}: undone back to what it held"
+                            );
+                        }
+                    }
+                    5 => t.forget(&text, tenant, rng.below(6), rng.below(60) as u64),
                     _ => {
                         t.insert(&text, tenant, clock);
                         let m = t.prefix_match(&text);

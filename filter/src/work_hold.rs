@@ -29,7 +29,7 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkHold {
     worker: String,
-    /// Uncached chars booked (0 when the booking could not be stored).
+    /// Uncached chars booked.
     chars: u64,
     /// The prefill the prediction put before this request's first byte (ahead plus
     /// its own): what the observed time to first byte is divided by.
@@ -48,12 +48,13 @@ impl WorkHold {
         now_ms: u64,
     ) -> WorkHold {
         let chars = i64::try_from(p.uncached_chars).unwrap_or(i64::MAX);
-        let booked = work.add(store, worker, 1, chars);
+        // Kept in this VM's counts even if the publication failed (`WorkTable`).
+        work.add(store, worker, 1, chars, now_ms);
         WorkHold {
             worker: worker.to_string(),
             chars: p.uncached_chars,
             work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
-            booked,
+            booked: true,
             phase: Phase::Prefilling { since_ms: now_ms },
         }
     }
@@ -62,10 +63,10 @@ impl WorkHold {
         self.phase
     }
 
-    fn release_prefill(&mut self, store: &dyn SharedStore, work: &WorkTable) {
+    fn release_prefill(&mut self, store: &dyn SharedStore, work: &WorkTable, now_ms: u64) {
         if std::mem::take(&mut self.booked) {
             let chars = i64::try_from(self.chars).unwrap_or(i64::MAX);
-            work.add(store, &self.worker, -1, -chars);
+            work.add(store, &self.worker, -1, -chars, now_ms);
         }
     }
 
@@ -81,7 +82,7 @@ impl WorkHold {
         let Phase::Prefilling { since_ms } = self.phase else {
             return;
         };
-        self.release_prefill(store, work);
+        self.release_prefill(store, work, now_ms);
         let ttfb_us = now_ms.saturating_sub(since_ms) as f64 * 1000.0;
         let work_chars = self.work_chars;
         if learn_prefill(None, ttfb_us, work_chars).is_some() {
@@ -104,7 +105,7 @@ impl WorkHold {
         now_ms: u64,
     ) {
         match self.phase {
-            Phase::Prefilling { .. } => self.release_prefill(store, work),
+            Phase::Prefilling { .. } => self.release_prefill(store, work, now_ms),
             Phase::Streaming { since_ms } => {
                 let span_ms = now_ms.saturating_sub(since_ms) as f64;
                 costs.learn(store, &self.worker, |c| WorkerCosts {
@@ -136,14 +137,14 @@ mod tests {
         let keys = Keys::new("t");
         Fixture {
             store: MemStore::default(),
-            work: WorkTable::new(&keys),
+            work: WorkTable::new(&keys, 1, 60_000),
             costs: CostTable::new(&keys),
         }
     }
 
     impl Fixture {
         fn w0(&self) -> WorkerWork {
-            self.work.by_worker(&self.store, &workers())[0]
+            self.work.by_worker(&self.store, &workers(), 0)[0]
         }
         fn costs0(&self) -> WorkerCosts {
             self.costs.by_worker(&self.store, &workers())[0]

@@ -220,3 +220,39 @@ fn health_off_takes_nobody_out() {
     assert!(routed_to(&mut h, "x", 40, &cluster) > 0);
     assert_eq!(stat(&h, "health_down"), 0);
 }
+
+/// Issue 14, failure 5: a request whose engine was dead still left its text in the
+/// tree under that worker. Now the worker keeps only what it held before it.
+#[test]
+fn a_request_no_engine_served_leaves_no_tree_entry_under_its_worker() {
+    let mut h = host(2, "");
+    let first = "a conversation's first turn, long enough to matter ".repeat(3);
+    let second = format!("{first}and its second turn, which meets a dead engine");
+    let (owner, _) = support::route_completion(&mut h, 0, &first);
+    let matched = |h: &Host| stat(h, &format!("worker.w{}.matched_chars", &owner[7..]));
+    // The second turn follows its first to the same worker, whose engine died.
+    let (again, handle) = open(&mut h, 0, &second);
+    assert_eq!(again, owner, "cache hit on the first turn's owner");
+    h.vm(0)
+        .fail_upstream(handle, 503, UF, CONNECT_FAILURE)
+        .unwrap();
+    assert_eq!(stat(&h, "unserved"), 1, "counted as unserved");
+    h.advance_time(1000).unwrap();
+    answer_probe(&mut h, &owner, 200);
+    // Back in rotation: the same second turn, on the other VM, still finds the
+    // first turn under its worker, and no more than that.
+    let before = matched(&h);
+    let spec = RequestSpec::post_json("/v1/completions", support::completion("m", &second));
+    let (cluster, out) = support::open(&mut h, 1, spec);
+    assert_eq!(cluster, owner, "what it served before is still its own");
+    assert_eq!(
+        matched(&h) - before,
+        first.chars().count() as u64,
+        "the failed request's own text was forgotten on every VM"
+    );
+    support::answer(&mut h, 1, out.handle);
+    // A request that was served is recorded: the next one matches all of it.
+    let before = matched(&h);
+    support::route_completion(&mut h, 0, &second);
+    assert_eq!(matched(&h) - before, second.chars().count() as u64);
+}

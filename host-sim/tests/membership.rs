@@ -205,7 +205,11 @@ fn static_workers_ignore_pushed_membership() {
     let body =
         r#"{"membership":[{"name":"w0"},{"name":"w1"},{"name":"w9"}],"workers":[{"name":"w0"}]}"#;
     assert_eq!(push(&mut h, 0, "tok", body).0, 200);
-    assert_eq!(h.shared_data("llm_router.membership"), None);
+    assert_eq!(
+        h.shared_data("llm_router.membership"),
+        Some(vec![0; 12]),
+        "only the empty list every VM creates (version 0, no workers): nothing pushed"
+    );
     let (status, reply) = push(&mut h, 0, "tok", r#"{"workers":[{"name":"w9"}]}"#);
     assert_eq!(status, 400, "the config's list decides: {reply}");
 }

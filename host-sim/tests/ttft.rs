@@ -15,7 +15,7 @@ use host_sim::{Host, RequestSpec, StreamHandle};
 
 const WORKERS: usize = 4;
 const VMS: usize = 4;
-const WORK_KEY: &str = "llm_router.ttft.work";
+const WORK_KEY: &str = "llm_router.ttft.work.by_vm";
 
 fn host(extra: &str) -> Host {
     let config = support::fleet_config(WORKERS, &format!(r#","policy":"predicted_ttft"{extra}"#));

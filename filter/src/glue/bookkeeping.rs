@@ -1,26 +1,32 @@
 //! A routed request's bookkeeping on the host: the in-flight counts it holds until
-//! its stream ends, its metrics (`crate::bookkeeping::Booking`) and the tree
-//! operations its plan records.
+//! its stream ends, its metrics (`crate::bookkeeping::Booking`), the tree
+//! operations its plan records, and their undoing if no engine served it.
 
 use super::host::HostStore;
 use super::state::State;
 use crate::bookkeeping::booking;
 use crate::decision::Decision;
 use crate::plan::Plan;
+use crate::shared::Op;
 use crate::work_hold::WorkHold;
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
-/// released correctly even if a config update reorders the workers meanwhile.
+/// released correctly even if a config update reorders the workers meanwhile. The
+/// count is this VM's (`crate::shared::InflightTable`): kept in memory even when
+/// its publication failed, so it is released whatever happened to the write.
 pub struct Held {
     worker: String,
     counted: bool,
 }
 
 impl Held {
+    /// Stamped with the clock the decision read (`State::loads`): no hostcall.
     pub fn take(state: &State, worker: &str) -> Held {
+        let now = state.shared.recent_ms.get();
+        state.shared.inflight.add(&HostStore, worker, 1, now);
         Held {
             worker: worker.to_string(),
-            counted: state.shared.inflight.add(&HostStore, worker, 1),
+            counted: true,
         }
     }
 
@@ -33,7 +39,8 @@ impl Held {
     /// Gives the count back, at most once.
     pub fn release(&mut self, state: &State) {
         if std::mem::take(&mut self.counted) {
-            state.shared.inflight.add(&HostStore, &self.worker, -1);
+            let now = state.shared.recent_ms.get();
+            state.shared.inflight.add(&HostStore, &self.worker, -1, now);
         }
     }
 }
@@ -67,11 +74,69 @@ pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
     }
 }
 
+/// What undoes a routed request's tree records if no engine serves it: per insert,
+/// its `Op::Forget` (the text, what the worker held of it before, the insert's
+/// sequence). The texts are the records' own, moved here, not copies.
+#[derive(Default)]
+pub struct Undo {
+    forgets: Vec<Op>,
+}
+
 /// Counts the routed request (whose routing text had `text_chars` chars) and records
-/// its tree operations (shared with every VM, applied here in ring order).
-pub fn book(state: &mut State, plan: Plan, text_chars: usize) {
+/// its tree operations (shared with every VM, applied here in ring order); returns
+/// their undoing. An insert kept on this VM only (the ring refused it) is not
+/// undone.
+pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
+    let mut undo = Undo::default();
     for op in plan.records {
-        state.record(op);
+        let keep = match &op {
+            Op::Insert {
+                pool,
+                model,
+                worker,
+                text,
+            } => Some(state.router.held_chars(*pool, model, worker, text)),
+            _ => None,
+        };
+        let seq = state.record(&op);
+        if let (
+            Op::Insert {
+                pool,
+                model,
+                worker,
+                text,
+            },
+            Some(keep_chars),
+            Some(seq),
+        ) = (op, keep, seq)
+        {
+            undo.forgets.push(Op::Forget {
+                pool,
+                model,
+                worker,
+                text,
+                keep_chars,
+                seq,
+            });
+        }
+    }
+    undo
+}
+
+/// A routed request no engine served: counts it (`llm_router_unserved`) and
+/// forgets what it recorded under `worker` (its main upstream failed; a prefill
+/// that served its part keeps it), or under every worker (`None`: the filter
+/// answered it after routing).
+pub fn unserved(state: &mut State, undo: Undo, worker: Option<&str>) {
+    state.metrics.unserved.inc();
+    for op in undo.forgets {
+        let ours = match (&op, worker) {
+            (Op::Forget { worker: w, .. }, Some(only)) => w == only,
+            _ => true,
+        };
+        if ours {
+            state.record(&op);
+        }
     }
 }

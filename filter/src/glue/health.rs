@@ -92,11 +92,12 @@ pub fn step(
 }
 
 /// Judges a routed stream that just ended on `worker` and takes the worker out if
-/// its upstream failed.
-pub fn observe(state: &State, worker: &str) {
+/// its upstream failed; whether it failed (never judged with health off: the
+/// judgement costs property reads on every stream).
+pub fn observe(state: &State, worker: &str) -> bool {
     let cfg = state.router.config();
     if !cfg.health.enabled {
-        return;
+        return false;
     }
     let flags = int_property(&["response", "flags"]).unwrap_or(0);
     let status = int_property(&["response", "code"]);
@@ -111,15 +112,15 @@ pub fn observe(state: &State, worker: &str) {
         "via_upstream".to_string()
     };
     let Outcome::Failed(reason) = classify(status, flags, &details) else {
-        return;
+        return false;
     };
     HealthMetrics::define().upstream_failures.inc();
-    let Some(index) = cfg.workers.iter().position(|w| w.name == worker) else {
-        return;
-    };
-    step(state, Some(index), host::now_ms(), |_| {
-        Some(Event::Failed(reason))
-    });
+    if let Some(index) = cfg.workers.iter().position(|w| w.name == worker) {
+        step(state, Some(index), host::now_ms(), |_| {
+            Some(Event::Failed(reason))
+        });
+    }
+    true
 }
 
 /// The lease holder's tick: the collector's fresh reports and the passing of time;

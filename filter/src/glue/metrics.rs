@@ -15,6 +15,7 @@ pub struct Metrics {
     /// By worker index of the current configuration.
     workers: Vec<WorkerMetrics>,
     pub no_worker: Metric,
+    pub unserved: Metric,
     pub unreadable: Metric,
     pub tree_chars: Metric,
     /// In-flight requests of the whole Envoy (each VM's tick writes the same value).
@@ -74,6 +75,7 @@ impl Metrics {
             reasons: Reason::ALL.map(|r| Metric::counter(&names::reason_metric(r))),
             workers: Vec::new(),
             no_worker: Metric::counter(names::NO_WORKER),
+            unserved: Metric::counter(names::UNSERVED),
             unreadable: Metric::counter(names::UNREADABLE_BODY),
             tree_chars: Metric::gauge(names::TREE_CHARS),
             inflight: Metric::gauge(names::INFLIGHT),

@@ -126,8 +126,8 @@ fn store(state: &mut State, body: &[u8]) -> Result<usize, PushError> {
             // What this Envoy had in flight when the engines were sampled: engine
             // load beyond it is other routers'.
             if state.router.config().uses_predicted_ttft() {
-                let inflight = state.shared.keys.inflight();
-                state.shared.own_at_sample.snapshot(&HostStore, &inflight);
+                let s = &state.shared;
+                s.own_at_sample.snapshot(&HostStore, &s.inflight, now);
             }
             Ok(n)
         } else {

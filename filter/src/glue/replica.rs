@@ -88,7 +88,7 @@ pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
 /// bus's message size (NATS's default is 1 MiB) with room to spare.
 fn answer_export(s: &State, after: u64) -> Action {
     let cfg = s.router.config();
-    let inflight = s.shared.inflight.read(&HostStore);
+    let inflight = s.shared.inflight.read(&HostStore, super::host::now_ms());
     let batch = export(
         &s.shared.ring,
         &HostStore,

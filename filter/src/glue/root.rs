@@ -15,7 +15,7 @@ use super::prober::Prober;
 use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::config::{Config, ConfigError};
-use crate::shared::{Keys, MembershipTable, Op, OpRing};
+use crate::shared::{ensure_tables, Keys, Op, OpRing};
 use crate::worker_stats::worker_gauges;
 
 /// Takes the push token from the VM's environment when the config names a variable
@@ -102,11 +102,10 @@ impl RootContext for Root {
         self.prober
             .get_or_insert_with(|| Prober::new(host::random_seed(), &keys))
             .configured(&cfg);
+        // Before this VM takes requests: every read-modify-write is then a CAS update.
+        ensure_tables(&HostStore, &keys, host::now_ms());
         let ring = OpRing::new(&keys, cfg.sync_ring_slots);
         ring.init_if_missing(&HostStore);
-        if cfg.discovers() {
-            MembershipTable::new(&keys).init_if_missing(&HostStore);
-        }
         let mut slot = self.state.borrow_mut();
         match slot.as_mut() {
             Some(state) => state.reconfigure(cfg, ring),
@@ -129,13 +128,14 @@ impl RootContext for Root {
         }
         state.catch_up();
         state.refresh_membership();
+        let now = host::now_ms();
+        state.shared.recent_ms.set(now);
+        // This VM's counts stay fresh while it lives (`crate::shared::owned`).
+        state.shared.inflight.refresh(&HostStore, now);
+        state.shared.work.refresh(&HostStore, now);
         let interval = state.router.config().eviction_interval_ms;
-        if state
-            .shared
-            .eviction
-            .claim(&HostStore, host::now_ms(), interval)
-        {
-            state.record(Op::Evict);
+        if state.shared.eviction.claim(&HostStore, now, interval) {
+            state.record(&Op::Evict);
         }
         state
             .metrics

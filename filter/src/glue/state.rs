@@ -2,7 +2,7 @@
 //! VM's handles on the shared tables and its place in the operation ring, the
 //! tie-break generator and the stats.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use proxy_wasm::types::LogLevel;
@@ -14,8 +14,8 @@ use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
 use crate::router::Router;
 use crate::shared::{
-    read_loads, CostTable, EvictionClock, InflightTable, Keys, MembershipTable, Op, OpRing,
-    OwnAtSample, SamplesTable, WorkTable,
+    owner_expiry_ms, read_loads, CostTable, EvictionClock, InflightTable, Keys, MembershipTable,
+    Op, OpRing, OwnAtSample, SamplesTable, WorkTable,
 };
 
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -36,6 +36,9 @@ pub struct SharedState {
     pub membership: MembershipTable,
     /// The next ring sequence this VM has not applied.
     pub cursor: u64,
+    /// The host's clock as last read (by `State::loads` or the tick): a count's
+    /// release is stamped with it, which costs no hostcall.
+    pub recent_ms: Cell<u64>,
 }
 
 /// Everything the streams of this VM share.
@@ -60,26 +63,29 @@ impl State {
         let cursor = head.saturating_sub(ring.slots() as u64);
         let seed = cfg.rng_seed.unwrap_or_else(host::random_seed);
         let metrics = Metrics::define(&cfg);
+        // This VM instance's id in the tables it owns counts in (0 is the readers').
+        let vm = host::random_seed().max(1);
+        let expiry = owner_expiry_ms(cfg.tick_ms());
         let mut state = State {
             router: Router::new(cfg),
             shared: SharedState {
                 ring,
-                inflight: InflightTable::new(&keys),
+                inflight: InflightTable::new(&keys, vm, expiry),
                 eviction: EvictionClock::new(&keys),
                 samples: SamplesTable::new(&keys),
-                work: WorkTable::new(&keys),
+                work: WorkTable::new(&keys, vm, expiry),
                 costs: CostTable::new(&keys),
                 own_at_sample: OwnAtSample::new(&keys),
                 membership: MembershipTable::new(&keys),
                 keys,
                 cursor,
+                recent_ms: Cell::new(host::now_ms()),
             },
             rng: SplitMix64(seed),
             metrics,
             replica_metrics: ReplicaMetrics::define(),
             gate_inert_seen: 0,
         };
-        state.shared.inflight.ensure(&HostStore);
         state.refresh_membership();
         // The stats listener's instance never routes: it keeps no tree.
         if !state.router.config().stats_only {
@@ -94,6 +100,9 @@ impl State {
             self.shared.cursor = ring.head(&HostStore).unwrap_or(0);
             self.shared.ring = ring;
         }
+        let expiry = owner_expiry_ms(cfg.tick_ms());
+        self.shared.inflight.set_expiry(expiry);
+        self.shared.work.set_expiry(expiry);
         self.router.reconfigure(cfg);
         self.refresh_membership();
         self.metrics.reconfigure(self.router.config());
@@ -116,12 +125,9 @@ impl State {
     /// What a request routes by: every thread's in-flight counts, the collector's
     /// samples and the overload flags, read once.
     pub fn loads(&self) -> Loads {
-        read_loads(
-            &HostStore,
-            &self.shared.keys,
-            self.router.config(),
-            host::now_ms(),
-        )
+        let now = host::now_ms();
+        self.shared.recent_ms.set(now);
+        read_loads(&HostStore, &self.shared.keys, self.router.config(), now)
     }
 
     /// The collector's last snapshot, for this config's workers.
@@ -192,19 +198,24 @@ impl State {
         );
     }
 
-    /// Shares `op` with every VM and applies it here (in ring order). When this VM
-    /// had applied everything before it, `op` is applied from hand: reading it back
-    /// from shared data would copy and decode the whole routing text again.
-    pub fn record(&mut self, op: Op) {
+    /// Shares `op` with every VM and applies it here (in ring order); its sequence
+    /// number, or `None` when it could only be applied here. When this VM had
+    /// applied everything before it, `op` is applied from hand: reading it back from
+    /// shared data would copy and decode the whole routing text again.
+    pub fn record(&mut self, op: &Op) -> Option<u64> {
         match self.shared.ring.append(&HostStore, &op.encode()) {
             Ok(seq) if seq == self.shared.cursor => {
                 let version = self.router.membership_version();
-                self.router.apply(seq, &op);
+                self.router.apply(seq, op);
                 self.shared.cursor = seq.saturating_add(1);
                 self.metrics.sync_applied.inc();
                 self.follow_membership(version);
+                Some(seq)
             }
-            Ok(_) => self.catch_up(),
+            Ok(seq) => {
+                self.catch_up();
+                Some(seq)
+            }
             Err(e) => {
                 self.metrics.sync_append_failures.inc();
                 host::log(
@@ -212,8 +223,9 @@ impl State {
                     &format!("llm-router: tree operation kept on this thread only: {e:?}"),
                 );
                 let version = self.router.membership_version();
-                self.router.apply_local(&op);
+                self.router.apply_local(op);
                 self.follow_membership(version);
+                None
             }
         }
     }

@@ -6,7 +6,7 @@
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
-use super::bookkeeping::{self, Held};
+use super::bookkeeping::{self, Held, Undo};
 use super::health;
 use super::host::{self, request_header};
 use super::hostcalls;
@@ -34,6 +34,8 @@ struct Routed {
     /// `predicted_ttft`: the prefill booked on the worker until the first byte.
     work: Option<WorkHold>,
     prefill: Option<Leg>,
+    /// Undoes the tree records if no engine serves the request.
+    undo: Undo,
 }
 
 pub struct Stream {
@@ -159,12 +161,13 @@ impl Stream {
             }
             Parsed::Unroutable { .. } => 0,
         };
-        bookkeeping::book(state, plan, text_chars);
+        let undo = bookkeeping::book(state, plan, text_chars);
         self.routed = Some(Routed {
             decision,
             held,
             work,
             prefill,
+            undo,
         });
         drop(slot);
         // The route was chosen before the header existed; make Envoy look again.
@@ -194,20 +197,21 @@ impl Stream {
     }
 
     /// Takes the main worker out if its upstream failed (`super::health`); not after
-    /// the filter's own reply (a failed prefill), which is no verdict on it.
-    fn judge_upstream(&self) {
-        let (Some(routed), false) = (self.routed.as_ref(), self.replied) else {
+    /// the filter's own reply (a failed prefill), which is no verdict on it. Either
+    /// way no engine served the request: what it recorded is undone.
+    fn judge_upstream(&mut self) {
+        let Some(routed) = self.routed.as_mut() else {
             return;
         };
-        if let Some(state) = self.state.borrow().as_ref() {
-            if let Some(w) = state
-                .router
-                .config()
-                .workers
-                .get(routed.decision.worker as usize)
-            {
-                health::observe(state, &w.name);
-            }
+        let mut slot = self.state.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return;
+        };
+        let worker = routed.held.worker();
+        if self.replied {
+            bookkeeping::unserved(state, std::mem::take(&mut routed.undo), None);
+        } else if health::observe(state, worker) {
+            bookkeeping::unserved(state, std::mem::take(&mut routed.undo), Some(worker));
         }
     }
 

@@ -1,16 +1,17 @@
-//! The in-flight table: requests in flight per worker for the whole Envoy, in one
-//! key (worker name -> count), changed with CAS retries and saturating at zero, so
-//! the imbalance rule sees every thread's load. Counts are keyed by name, so a count
-//! taken before a config update is released on the same worker after it.
+//! The in-flight table: requests in flight per worker for the whole Envoy, so the
+//! imbalance rule sees every thread's load. Each VM owns the counts it took
+//! (`super::owned`: a VM Envoy reloaded stops counting after the expiry); counts
+//! are keyed by name, so a count taken before a config update is released on the
+//! same worker after it. Also the plain (worker name -> count) encoding that peer
+//! reports and the counts at sample time use.
 
-use super::{put_bytes, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::owned::{Counts, OwnedCounts};
+use super::{put_bytes, Keys, Reader, SharedStore};
 use crate::config::WorkerConfig;
 
-/// In-flight requests per worker for the whole Envoy, in one key.
-#[derive(Debug, Clone)]
-pub struct InflightTable {
-    key: String,
-}
+/// In-flight requests per worker for the whole Envoy, and this VM's own.
+#[derive(Debug)]
+pub struct InflightTable(OwnedCounts<1>);
 
 pub(super) fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -37,75 +38,54 @@ pub(super) fn decode_counts(bytes: &[u8]) -> Vec<(String, u64)> {
     out
 }
 
+fn flat(counts: Counts<1>) -> Vec<(String, u64)> {
+    counts.into_iter().map(|(n, [c])| (n, c)).collect()
+}
+
 impl InflightTable {
-    pub fn new(keys: &Keys) -> InflightTable {
-        InflightTable {
-            key: keys.inflight(),
-        }
+    /// The table as VM `vm` writes it, its rows living `expiry_ms` past their last
+    /// write (`super::owner_expiry_ms`).
+    pub fn new(keys: &Keys, vm: u64, expiry_ms: u64) -> InflightTable {
+        InflightTable(OwnedCounts::new(keys.inflight(), vm, expiry_ms))
     }
 
-    /// A table of the same encoding under another key (a snapshot of this one).
-    pub(crate) fn with_key(key: &str) -> InflightTable {
-        InflightTable {
-            key: key.to_string(),
-        }
+    pub fn set_expiry(&mut self, expiry_ms: u64) {
+        self.0.set_expiry(expiry_ms);
     }
 
-    /// Every worker's count (workers never counted are absent).
-    pub fn read(&self, store: &dyn SharedStore) -> Vec<(String, u64)> {
-        store
-            .get(&self.key)
-            .map(|(v, _)| decode_counts(&v))
-            .unwrap_or_default()
+    /// Every VM's counts summed (workers never counted are absent).
+    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Vec<(String, u64)> {
+        flat(self.0.read(store, now_ms))
     }
 
     /// Counts by worker index, for `workers` (never counted: 0).
-    pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<u64> {
-        let counts = self.read(store);
-        workers
-            .iter()
-            .map(|w| {
-                counts
-                    .iter()
-                    .find(|(n, _)| *n == w.name)
-                    .map_or(0, |(_, c)| *c)
-            })
+    pub fn by_worker(
+        &self,
+        store: &dyn SharedStore,
+        workers: &[WorkerConfig],
+        now_ms: u64,
+    ) -> Vec<u64> {
+        self.0
+            .by_worker(store, workers, now_ms)
+            .into_iter()
+            .map(|[c]| c)
             .collect()
     }
 
-    /// Creates the table empty if no VM has yet. Envoy's shared data has no
-    /// "create if absent": a `set` on a missing key succeeds whatever the CAS, so two
-    /// threads counting the very first requests at once could both create it, and
-    /// one count was lost for good (a stuck in-flight gauge). A VM calls this when it
-    /// is configured, before it takes requests, so every count is a CAS update of an
-    /// existing key; VMs creating it together both write the same empty table.
-    pub fn ensure(&self, store: &dyn SharedStore) {
-        if store.get(&self.key).is_none() {
-            store.set(&self.key, &encode_counts(&[]), 0);
-        }
+    /// What this VM holds.
+    pub fn mine(&self) -> Vec<(String, u64)> {
+        flat(self.0.mine())
     }
 
-    /// Adds `delta` to `worker`'s count, saturating at zero. Returns whether it was
-    /// stored.
-    pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: i64) -> bool {
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut counts, cas) = match store.get(&self.key) {
-                Some((v, cas)) => (decode_counts(&v), cas),
-                None => (Vec::new(), 0),
-            };
-            match counts.iter_mut().find(|(n, _)| n == worker) {
-                Some((_, c)) => *c = c.saturating_add_signed(delta),
-                None => counts.push((worker.to_string(), 0u64.saturating_add_signed(delta))),
-            }
-            // Zero entries are dropped so names of removed workers do not pile up.
-            counts.retain(|(_, c)| *c > 0);
-            match store.set(&self.key, &encode_counts(&counts), cas) {
-                SetOutcome::Stored => return true,
-                SetOutcome::CasMismatch => continue,
-                SetOutcome::Failed => return false,
-            }
-        }
-        false
+    /// Adds `delta` to this VM's count for `worker`, saturating at zero. Whether it
+    /// was published (it is kept either way: the tick retries).
+    pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: i64, now_ms: u64) -> bool {
+        self.0.add(store, worker, [delta], now_ms)
+    }
+
+    /// The tick's heartbeat (`OwnedCounts::refresh`).
+    pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
+        self.0.refresh(store, now_ms)
     }
 }
 
@@ -115,30 +95,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ensure_creates_an_empty_table_once_and_never_resets_counts() {
+    fn inflight_counts_add_and_saturate() {
         let store = MemStore::default();
-        let t = InflightTable::new(&Keys::new("t"));
-        t.ensure(&store);
-        assert!(store.get(&t.key).is_some(), "created");
-        assert!(t.add(&store, "w0", 2));
-        t.ensure(&store);
-        assert_eq!(t.read(&store), vec![("w0".to_string(), 2)], "kept");
+        let t = InflightTable::new(&Keys::new("t"), 1, 5000);
+        assert!(t.read(&store, 0).is_empty());
+        assert!(t.add(&store, "w0", 1, 0));
+        assert!(t.add(&store, "w0", 1, 0));
+        assert!(t.add(&store, "w1", 1, 0));
+        assert_eq!(
+            t.read(&store, 0),
+            vec![("w0".to_string(), 2), ("w1".to_string(), 1)]
+        );
+        assert!(t.add(&store, "w1", -1, 0));
+        assert!(t.add(&store, "w1", -1, 0), "never below zero");
+        assert_eq!(t.read(&store, 0), vec![("w0".to_string(), 2)]);
+        assert_eq!(t.mine(), t.read(&store, 0));
     }
 
     #[test]
-    fn inflight_counts_add_and_saturate() {
-        let store = MemStore::default();
-        let t = InflightTable::new(&Keys::new("t"));
-        assert!(t.read(&store).is_empty());
-        assert!(t.add(&store, "w0", 1));
-        assert!(t.add(&store, "w0", 1));
-        assert!(t.add(&store, "w1", 1));
-        assert_eq!(
-            t.read(&store),
-            vec![("w0".to_string(), 2), ("w1".to_string(), 1)]
-        );
-        assert!(t.add(&store, "w1", -1));
-        assert!(t.add(&store, "w1", -1), "never below zero");
-        assert_eq!(t.read(&store), vec![("w0".to_string(), 2)]);
+    fn plain_counts_round_trip() {
+        let counts = vec![("a".to_string(), 3), ("日".to_string(), 0)];
+        assert_eq!(decode_counts(&encode_counts(&counts)), counts);
+        assert!(decode_counts(&[1, 0]).is_empty());
     }
 }

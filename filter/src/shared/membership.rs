@@ -174,14 +174,6 @@ impl MembershipTable {
             .unwrap_or_default()
     }
 
-    /// Stores an empty list (version 0) if there is none, so the first push's write
-    /// is conditional like every later one (CAS 0 would overwrite unconditionally).
-    pub fn init_if_missing(&self, store: &dyn SharedStore) {
-        if store.get(&self.key).is_none() {
-            store.set(&self.key, &Membership::default().encode(), 0);
-        }
-    }
-
     /// Replaces the list if nobody did since `cas` was read.
     pub fn write(&self, store: &dyn SharedStore, m: &Membership, cas: u32) -> SetOutcome {
         store.set(&self.key, &m.encode(), cas)

@@ -3,7 +3,8 @@
 //! with its encoding:
 //!
 //! - `ring`: the operation ring, tree operations (`ops`) in one order for every VM;
-//! - `inflight`: requests in flight per worker;
+//! - `inflight`: requests in flight per worker, each VM owning its own
+//!   (`owned`: a VM Envoy reloaded stops counting after an expiry);
 //! - `eviction`: the eviction clock, one `Op::Evict` per interval;
 //! - `samples`: the collector's last engine samples;
 //! - `flags`: the overload flags (written by the prober lease holder only);
@@ -18,6 +19,11 @@
 //! Keys are a small fixed set (ABI 0.2.1 cannot delete keys), all built by `Keys`
 //! here and nowhere else. `read_loads` gathers what one request routes by.
 //!
+//! Every table that is read, changed and written back with CAS exists before any VM
+//! writes it (`ensure_tables`, when each VM is configured): Envoy's `set` on a
+//! missing key succeeds whatever the CAS, so two threads whose first writes both
+//! found the key missing would both create it, and one change would be lost.
+//!
 //! The module is sans-IO: `SharedStore` is implemented by the glue over hostcalls
 //! and by an in-memory map in tests.
 
@@ -29,6 +35,7 @@ mod lease;
 mod lockout;
 mod membership;
 mod ops;
+mod owned;
 mod peers;
 mod ring;
 mod samples;
@@ -44,6 +51,7 @@ pub use lockout::{Gate, PushLockout};
 pub(crate) use membership::{pool_code, pool_of};
 pub use membership::{Membership, MembershipTable};
 pub use ops::{is_local_insert, truncate_text, Op};
+pub use owned::{owner_expiry_ms, MIN_OWNER_EXPIRY_MS, OWNER_EXPIRY_TICKS};
 pub use peers::{PeerLoads, PeerReport};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
@@ -105,8 +113,10 @@ impl Keys {
         format!("{}.ring.slot.{i}", self.prefix)
     }
 
+    /// In-flight counts by owning VM (`owned`'s encoding; the plain one lived at
+    /// `.inflight`, so VMs of an older build never read the other's format).
     pub fn inflight(&self) -> String {
-        format!("{}.inflight", self.prefix)
+        format!("{}.inflight.by_vm", self.prefix)
     }
 
     pub fn eviction(&self) -> String {
@@ -137,8 +147,9 @@ impl Keys {
         format!("{}.replicas.inflight", self.prefix)
     }
 
+    /// Outstanding prefill by owning VM (as `inflight`).
     pub fn work(&self) -> String {
-        format!("{}.ttft.work", self.prefix)
+        format!("{}.ttft.work.by_vm", self.prefix)
     }
 
     pub fn costs(&self) -> String {
@@ -152,6 +163,44 @@ impl Keys {
     pub fn membership(&self) -> String {
         format!("{}.membership", self.prefix)
     }
+}
+
+/// Creates `key` holding `empty` if no VM has yet. Envoy's shared data has no
+/// "create if absent": a `set` on a missing key succeeds whatever the CAS. Every VM
+/// calls this when it is configured, before it takes requests, so every later
+/// read-modify-write is a CAS update of an existing key; VMs creating a key together
+/// both write the same empty value.
+pub(crate) fn create_if_missing(store: &dyn SharedStore, key: &str, empty: &[u8]) {
+    if store.get(key).is_none() {
+        store.set(key, empty, 0);
+    }
+}
+
+/// Creates every table that is read, changed and written back with CAS (see the
+/// module comment), each in its empty state: the in-flight and work tables, the
+/// learned costs, the overload flags, the health table, the push lockout, the probe
+/// lease, the peers' counts, the discovered worker list, and the eviction clock
+/// (started at `now_ms`: the first eviction is one interval after the first VM was
+/// configured). The operation ring's keys depend on its size: `OpRing::init_if_missing`.
+pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
+    let no_rows = 0u32.to_le_bytes();
+    for key in [
+        keys.inflight(),
+        keys.work(),
+        keys.costs(),
+        keys.peer_inflight(),
+    ] {
+        create_if_missing(store, &key, &no_rows);
+    }
+    for key in [keys.flags(), keys.health()] {
+        create_if_missing(store, &key, b"{}");
+    }
+    // No failures and no lease read as absent ones.
+    for key in [keys.push_failures(), keys.lease()] {
+        create_if_missing(store, &key, b"");
+    }
+    create_if_missing(store, &keys.membership(), &Membership::default().encode());
+    create_if_missing(store, &keys.eviction(), &now_ms.to_le_bytes());
 }
 
 /// Everything a request routes by, read once: every thread's in-flight counts, the
@@ -172,15 +221,17 @@ pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u6
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
     let (peer_inflight, _) = PeerLoads::new(keys).by_worker(store, &cfg.workers, now_ms, stale);
+    // Readers own nothing: VM id 0 is never written.
+    let expiry = owner_expiry_ms(cfg.tick_ms());
     Loads {
-        inflight: InflightTable::new(keys).by_worker(store, &cfg.workers),
+        inflight: InflightTable::new(keys, 0, expiry).by_worker(store, &cfg.workers, now_ms),
         peer_inflight,
         engine: SamplesTable::new(keys).read(store, &cfg.workers),
         now_ms,
         overloaded,
         down,
         work: if ttft {
-            WorkTable::new(keys).by_worker(store, &cfg.workers)
+            WorkTable::new(keys, 0, expiry).by_worker(store, &cfg.workers, now_ms)
         } else {
             Vec::new()
         },
@@ -259,6 +310,38 @@ pub mod testing {
             SetOutcome::Stored
         }
     }
+
+    /// Another thread's whole write, landing between one writer's read and its write.
+    type Racer<'a> = Box<dyn FnOnce(&MemStore) + 'a>;
+
+    /// A store where `racer` runs just before the first `set`: the interleaving of
+    /// two threads whose writes both read the key before either wrote it.
+    pub struct Racing<'a> {
+        pub inner: MemStore,
+        racer: RefCell<Option<Racer<'a>>>,
+    }
+
+    impl<'a> Racing<'a> {
+        pub fn new(inner: MemStore, racer: impl FnOnce(&MemStore) + 'a) -> Racing<'a> {
+            Racing {
+                inner,
+                racer: RefCell::new(Some(Box::new(racer))),
+            }
+        }
+    }
+
+    impl SharedStore for Racing<'_> {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.inner.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
+            let racer = self.racer.borrow_mut().take();
+            if let Some(racer) = racer {
+                racer(&self.inner);
+            }
+            self.inner.set(key, value, cas)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -271,7 +354,7 @@ mod tests {
         let k = Keys::default();
         assert_eq!(k.ring_head(), "llm_router.ring.head");
         assert_eq!(k.ring_slot(3), "llm_router.ring.slot.3");
-        assert_eq!(k.inflight(), "llm_router.inflight");
+        assert_eq!(k.inflight(), "llm_router.inflight.by_vm");
         assert_eq!(k.eviction(), "llm_router.evict.last_ms");
         assert_eq!(k.samples(), "llm_router.samples");
         assert_eq!(k.flags(), "llm_router.overload.flags");
@@ -279,10 +362,148 @@ mod tests {
         assert_eq!(k.health(), "llm_router.health");
         assert_eq!(k.push_failures(), "llm_router.push.failures");
         assert_eq!(k.peer_inflight(), "llm_router.replicas.inflight");
-        assert_eq!(k.work(), "llm_router.ttft.work");
+        assert_eq!(k.work(), "llm_router.ttft.work.by_vm");
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
         assert_eq!(k.membership(), "llm_router.membership");
+    }
+
+    /// Runs `write(store, 1)` with `write(store, 2)` landing between its read and
+    /// its write, on a fresh store (tables ensured first if `ensure`), and returns
+    /// the store.
+    fn race(ensure: bool, write: impl Fn(&dyn SharedStore, u64)) -> MemStore {
+        let store = MemStore::default();
+        if ensure {
+            ensure_tables(&store, &Keys::new("t"), 0);
+        }
+        let racing = testing::Racing::new(store, |s| write(s, 2));
+        write(&racing, 1);
+        racing.inner
+    }
+
+    #[test]
+    fn first_writes_racing_on_every_table_both_count_once_the_tables_exist() {
+        use crate::config::testing::named_workers;
+        use crate::health::{DownReason, Event, Recovery};
+        let keys = Keys::new("t");
+        let w = named_workers(3);
+        // Each table's first write from two threads, and whether both landed.
+        type Check<'a> = Box<dyn Fn(bool) -> bool + 'a>;
+        let inflight = |vm| InflightTable::new(&keys, vm, 5000);
+        let work = |vm| WorkTable::new(&keys, vm, 5000);
+        let checks: Vec<(&str, Check)> = vec![
+            (
+                "inflight",
+                Box::new(|e| {
+                    let s = race(e, |s, vm| {
+                        inflight(vm).add(s, "w0", 1, 0);
+                    });
+                    inflight(9).read(&s, 0) == vec![("w0".to_string(), 2)]
+                }),
+            ),
+            (
+                "work",
+                Box::new(|e| {
+                    let s = race(e, |s, vm| {
+                        work(vm).add(s, "w0", 1, 100, 0);
+                    });
+                    work(9).by_worker(&s, &w, 0)[0].ahead_chars == 200
+                }),
+            ),
+            (
+                "costs",
+                Box::new(|e| {
+                    let s = race(e, |s, vm| {
+                        let name = format!("w{vm}");
+                        CostTable::new(&keys).learn(s, &name, |c| crate::policy::WorkerCosts {
+                            service_ms: Some(1.0),
+                            ..c
+                        });
+                    });
+                    let c = CostTable::new(&keys).by_worker(&s, &w);
+                    c[1].service_ms.is_some() && c[2].service_ms.is_some()
+                }),
+            ),
+            (
+                "health",
+                Box::new(|e| {
+                    let r = Recovery {
+                        probes_needed: 1,
+                        hold_ms: 0,
+                    };
+                    let s = race(e, |s, vm| {
+                        HealthTable::new(&keys).update(s, &w, |st| {
+                            st.0.get_mut(vm as usize)
+                                .and_then(|h| h.step(Event::Failed(DownReason::Reset), 1, r))
+                                .map(|t| vec![t])
+                                .unwrap_or_default()
+                        });
+                    });
+                    HealthTable::new(&keys).read(&s, &w).down() == vec![false, true, true]
+                }),
+            ),
+            (
+                "peers",
+                Box::new(|e| {
+                    let s = race(e, |s, vm| {
+                        let report = PeerReport {
+                            replica: format!("r{vm}"),
+                            at_ms: 1,
+                            counts: vec![("w0".into(), 1)],
+                        };
+                        PeerLoads::new(&keys).store(s, report);
+                    });
+                    PeerLoads::new(&keys).read(&s).len() == 2
+                }),
+            ),
+            (
+                "lockout",
+                Box::new(|e| {
+                    let s = race(e, |s, _| PushLockout::new(&keys).fail(s, 1));
+                    s.get("t.push.failures").map(|(v, _)| v) == Some(b"1:2".to_vec())
+                }),
+            ),
+            (
+                "lease",
+                Box::new(|e| {
+                    let held = std::cell::Cell::new(0);
+                    race(e, |s, vm| {
+                        if ProbeLease::new(&keys).acquire(s, vm, 1, 1000) {
+                            held.set(held.get() + 1);
+                        }
+                    });
+                    held.get() == 1
+                }),
+            ),
+        ];
+        for (table, both_landed) in &checks {
+            assert!(
+                both_landed(true),
+                "{table}: with the table created first, both first writes count"
+            );
+            assert!(
+                !both_landed(false),
+                "{table}: without it, Envoy's set on a missing key loses one (the race \
+                 this guards against)"
+            );
+        }
+    }
+
+    #[test]
+    fn ensuring_tables_never_resets_one() {
+        let keys = Keys::new("t");
+        let store = MemStore::default();
+        ensure_tables(&store, &keys, 10);
+        let inflight = InflightTable::new(&keys, 1, 5000);
+        inflight.add(&store, "w0", 2, 10);
+        assert!(!EvictionClock::new(&keys).claim(&store, 10, 100));
+        ensure_tables(&store, &keys, 500);
+        assert_eq!(inflight.read(&store, 10), vec![("w0".to_string(), 2)]);
+        assert!(
+            EvictionClock::new(&keys).claim(&store, 110, 100),
+            "the clock started with the first VM, not the last"
+        );
+        assert_eq!(MembershipTable::new(&keys).read(&store).0.version, 0);
     }
 
     #[test]
@@ -290,7 +511,7 @@ mod tests {
         let cfg = Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap();
         let keys = Keys::new("t");
         let store = MemStore::default();
-        InflightTable::new(&keys).add(&store, "b", 2);
+        InflightTable::new(&keys, 1, 5000).add(&store, "b", 2, 7);
         let loads = read_loads(&store, &keys, &cfg, 7);
         assert_eq!(loads.inflight, vec![0, 2]);
         assert_eq!(loads.engine.reports, vec![None, None]);

@@ -1,7 +1,7 @@
 //! Tree operations as they travel between VMs through the operation ring: insert a
-//! routing text under a worker, evict (issued by one VM per interval), or swap the
-//! worker list (discovery mode: joins, leaves and removals, whose tenants go with
-//! them). Workers are named, not indexed, so VMs momentarily on different config
+//! routing text under a worker, forget such an insert (its request was never served),
+//! evict (issued by one VM per interval), or swap the worker list (discovery mode:
+//! joins, leaves and removals, whose tenants go with them). Workers are named, not indexed, so VMs momentarily on different config
 //! versions still agree. The encoding is a tag byte plus length-prefixed fields;
 //! decoding never panics and refuses unknown tags and trailing bytes. An insert
 //! imported from a peer replica (`crate::replica`) has its own tag: every VM applies
@@ -16,6 +16,7 @@ const TAG_INSERT: u8 = 1;
 const TAG_EVICT: u8 = 3;
 const TAG_MEMBERSHIP: u8 = 4;
 const TAG_PEER_INSERT: u8 = 5;
+const TAG_FORGET: u8 = 6;
 
 /// One tree operation, as it travels between VMs. Workers are named, not indexed,
 /// so VMs that are momentarily on different config versions still agree.
@@ -26,6 +27,18 @@ pub enum Op {
         model: String,
         worker: String,
         text: String,
+    },
+    /// Undoes the insert of sequence `seq` (`text` under `worker`), whose request
+    /// no engine served: the worker keeps the first `keep_chars` chars it held
+    /// before (`crate::tree::Tree::forget`). Local to this replica: a peer applied
+    /// the insert at another sequence of its own, so it is never exported.
+    Forget {
+        pool: Pool,
+        model: String,
+        worker: String,
+        text: String,
+        keep_chars: u64,
+        seq: u64,
     },
     /// Periodic eviction, issued by one VM per interval so all evict at the same
     /// point of the stream.
@@ -63,6 +76,22 @@ impl Op {
                 put_bytes(&mut out, worker.as_bytes());
                 put_bytes(&mut out, text.as_bytes());
             }
+            Op::Forget {
+                pool,
+                model,
+                worker,
+                text,
+                keep_chars,
+                seq,
+            } => {
+                out.push(TAG_FORGET);
+                out.push(pool_code(*pool));
+                put_bytes(&mut out, model.as_bytes());
+                put_bytes(&mut out, worker.as_bytes());
+                put_bytes(&mut out, text.as_bytes());
+                out.extend_from_slice(&keep_chars.to_le_bytes());
+                out.extend_from_slice(&seq.to_le_bytes());
+            }
             Op::Evict => out.push(TAG_EVICT),
             Op::Membership(m) => {
                 out.push(TAG_MEMBERSHIP);
@@ -81,6 +110,14 @@ impl Op {
                 worker: r.string()?,
                 text: r.string()?,
             },
+            TAG_FORGET => Op::Forget {
+                pool: pool_of(r.u8()?)?,
+                model: r.string()?,
+                worker: r.string()?,
+                text: r.string()?,
+                keep_chars: r.u64()?,
+                seq: r.u64()?,
+            },
             TAG_EVICT => Op::Evict,
             TAG_MEMBERSHIP => Op::Membership(Membership::decode_from(&mut r)?),
             // Anything else (tag 2 was a single worker's removal, which a whole list
@@ -93,7 +130,7 @@ impl Op {
 }
 
 /// Whether encoded `bytes` are an insert routed by this replica (not a peer's, not
-/// an eviction): what the replica export carries.
+/// an eviction, not a forget): what the replica export carries.
 pub fn is_local_insert(bytes: &[u8]) -> bool {
     bytes.first() == Some(&TAG_INSERT)
 }
@@ -135,12 +172,30 @@ mod tests {
             version: 9,
             workers: members,
         });
-        for op in [insert_op("héllo 日本", "w0"), Op::Evict, membership.clone()] {
+        let forget = Op::Forget {
+            pool: Pool::Decode,
+            model: "m".into(),
+            worker: "w1".into(),
+            text: "héllo 日本".into(),
+            keep_chars: 3,
+            seq: 41,
+        };
+        for op in [
+            insert_op("héllo 日本", "w0"),
+            Op::Evict,
+            membership.clone(),
+            forget.clone(),
+        ] {
             assert_eq!(Op::decode(&op.encode()), Some(op));
         }
         let mut bytes = membership.encode();
         bytes.push(0);
         assert_eq!(Op::decode(&bytes), None, "trailing bytes after a list");
+        let bytes = forget.encode();
+        for cut in 0..bytes.len() {
+            assert_eq!(Op::decode(&bytes[..cut]), None, "a forget cut at {cut}");
+        }
+        assert!(!is_local_insert(&bytes), "a forget is never exported");
         assert_eq!(Op::decode(&[4, 1, 0]), None, "a cut list");
         let mut bytes = insert_op("x", "w").encode();
         bytes.push(0);

@@ -11,7 +11,7 @@
 //! changed, catching up costs one `get` of the head. A VM that falls more than
 //! `slots` behind skips what was overwritten and counts the gap.
 
-use super::{Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 
 const EMPTY_SEQ: u64 = u64::MAX;
 
@@ -71,13 +71,9 @@ impl OpRing {
     pub fn init_if_missing(&self, store: &dyn SharedStore) {
         let empty = EMPTY_SEQ.to_le_bytes();
         for key in &self.slot_keys {
-            if store.get(key).is_none() {
-                store.set(key, &empty, 0);
-            }
+            create_if_missing(store, key, &empty);
         }
-        if store.get(&self.head_key).is_none() {
-            store.set(&self.head_key, &0u64.to_le_bytes(), 0);
-        }
+        create_if_missing(store, &self.head_key, &0u64.to_le_bytes());
     }
 
     /// The next sequence number (operations ever appended).

@@ -1,16 +1,18 @@
-//! `predicted_ttft`'s shared tables, each one key of (worker name -> two numbers),
-//! changed with CAS retries like the in-flight table:
+//! `predicted_ttft`'s shared tables, each one key changed with CAS retries:
 //!
 //! - `WorkTable`: per worker, requests sent whose first byte has not come back and
 //!   their uncached prefill chars. Booked at the decision, the prefill part released
 //!   at the first response byte (or when the stream ends first), saturating at zero,
-//!   so every thread's next decision sees it at once;
-//! - `CostTable`: per worker, the learned prefill cost per char (us) and service
+//!   so every thread's next decision sees it at once. Each VM owns what it booked,
+//!   like the in-flight counts (`super::owned`), so a reloaded VM's bookings expire;
+//! - `CostTable`: (worker name -> two numbers): per worker, the learned prefill cost per char (us) and service
 //!   time (ms), moving averages every thread updates and reads;
 //! - the in-flight counts as they were when the collector's last sample arrived
 //!   (`own_at_sample`), so engine load beyond them reads as other routers' load.
 
-use super::{put_bytes, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::inflight::{decode_counts, encode_counts};
+use super::owned::OwnedCounts;
+use super::{put_bytes, InflightTable, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 use crate::config::WorkerConfig;
 use crate::policy::{WorkerCosts, WorkerWork};
 
@@ -98,38 +100,53 @@ impl PairTable {
     }
 }
 
-/// Prefill work outstanding per worker for the whole Envoy.
-#[derive(Debug, Clone)]
-pub struct WorkTable(PairTable);
+/// Prefill work outstanding per worker for the whole Envoy, and this VM's own.
+#[derive(Debug)]
+pub struct WorkTable(OwnedCounts<2>);
 
 impl WorkTable {
-    pub fn new(keys: &Keys) -> WorkTable {
-        WorkTable(PairTable { key: keys.work() })
+    /// The table as VM `vm` writes it (see `InflightTable::new`).
+    pub fn new(keys: &Keys, vm: u64, expiry_ms: u64) -> WorkTable {
+        WorkTable(OwnedCounts::new(keys.work(), vm, expiry_ms))
+    }
+
+    pub fn set_expiry(&mut self, expiry_ms: u64) {
+        self.0.set_expiry(expiry_ms);
     }
 
     /// Outstanding work by worker index (never booked: none).
-    pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<WorkerWork> {
+    pub fn by_worker(
+        &self,
+        store: &dyn SharedStore,
+        workers: &[WorkerConfig],
+        now_ms: u64,
+    ) -> Vec<WorkerWork> {
         self.0
-            .by_worker(store, workers)
+            .by_worker(store, workers, now_ms)
             .into_iter()
-            .map(|v| {
-                v.map_or(WorkerWork::default(), |[p, c]| WorkerWork {
-                    prefilling: p,
-                    ahead_chars: c,
-                })
+            .map(|[p, c]| WorkerWork {
+                prefilling: p,
+                ahead_chars: c,
             })
             .collect()
     }
 
-    /// Adds (or with negative deltas, releases) one request's prefill, saturating at
-    /// zero. Whether it was stored.
-    pub fn add(&self, store: &dyn SharedStore, worker: &str, requests: i64, chars: i64) -> bool {
-        self.0.update(store, worker, [0, 0], |[p, c]| {
-            [
-                p.saturating_add_signed(requests),
-                c.saturating_add_signed(chars),
-            ]
-        })
+    /// Adds (or with negative deltas, releases) one request's prefill on this VM,
+    /// saturating at zero. Whether it was published (kept either way).
+    pub fn add(
+        &self,
+        store: &dyn SharedStore,
+        worker: &str,
+        requests: i64,
+        chars: i64,
+        now_ms: u64,
+    ) -> bool {
+        self.0.add(store, worker, [requests, chars], now_ms)
+    }
+
+    /// The tick's heartbeat (`super::owned::OwnedCounts::refresh`).
+    pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
+        self.0.refresh(store, now_ms)
     }
 }
 
@@ -196,33 +213,44 @@ impl OwnAtSample {
         }
     }
 
-    /// Copies the in-flight table as it is now (called when a push is stored).
-    pub fn snapshot(&self, store: &dyn SharedStore, inflight_key: &str) -> bool {
-        let now = store.get(inflight_key).map(|(v, _)| v).unwrap_or_default();
-        store.set(&self.key, &now, 0) == SetOutcome::Stored
+    /// Copies the in-flight counts as they are now (called when a push is stored).
+    pub fn snapshot(&self, store: &dyn SharedStore, inflight: &InflightTable, now_ms: u64) -> bool {
+        let counts = encode_counts(&inflight.read(store, now_ms));
+        store.set(&self.key, &counts, 0) == SetOutcome::Stored
     }
 
     pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<u64> {
-        super::InflightTable::with_key(&self.key).by_worker(store, workers)
+        let counts = store
+            .get(&self.key)
+            .map(|(v, _)| decode_counts(&v))
+            .unwrap_or_default();
+        workers
+            .iter()
+            .map(|w| {
+                counts
+                    .iter()
+                    .find(|(n, _)| *n == w.name)
+                    .map_or(0, |(_, c)| *c)
+            })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::testing::MemStore;
-    use super::super::InflightTable;
     use super::*;
     use crate::config::testing::workers;
 
     #[test]
     fn work_is_booked_released_and_never_negative() {
         let store = MemStore::default();
-        let t = WorkTable::new(&Keys::new("t"));
+        let t = WorkTable::new(&Keys::new("t"), 1, 5000);
         let ws = workers();
-        assert_eq!(t.by_worker(&store, &ws), vec![WorkerWork::default(); 2]);
-        assert!(t.add(&store, "w0", 1, 4000));
-        assert!(t.add(&store, "w0", 1, 100));
-        let w0 = |s: &MemStore| t.by_worker(s, &ws)[0];
+        assert_eq!(t.by_worker(&store, &ws, 0), vec![WorkerWork::default(); 2]);
+        assert!(t.add(&store, "w0", 1, 4000, 0));
+        assert!(t.add(&store, "w0", 1, 100, 0));
+        let w0 = |s: &MemStore| t.by_worker(s, &ws, 0)[0];
         assert_eq!(
             w0(&store),
             WorkerWork {
@@ -230,7 +258,7 @@ mod tests {
                 ahead_chars: 4100
             }
         );
-        assert!(t.add(&store, "w0", -1, -4000), "first byte of the first");
+        assert!(t.add(&store, "w0", -1, -4000, 0), "first byte of the first");
         assert_eq!(
             w0(&store),
             WorkerWork {
@@ -238,10 +266,13 @@ mod tests {
                 ahead_chars: 100
             }
         );
-        assert!(t.add(&store, "w0", -1, -100));
-        assert!(t.add(&store, "w0", -1, -100), "a double release saturates");
+        assert!(t.add(&store, "w0", -1, -100, 0));
+        assert!(
+            t.add(&store, "w0", -1, -100, 0),
+            "a double release saturates"
+        );
         assert_eq!(w0(&store), WorkerWork::default());
-        assert!(t.0.read(&store).is_empty(), "empty rows are dropped");
+        assert!(t.0.read(&store, 0).is_empty(), "empty rows are dropped");
     }
 
     #[test]
@@ -276,11 +307,11 @@ mod tests {
     fn own_load_at_sample_time_is_a_copy_of_the_inflight_table() {
         let store = MemStore::default();
         let keys = Keys::new("t");
-        let inflight = InflightTable::new(&keys);
-        inflight.add(&store, "w1", 3);
+        let inflight = InflightTable::new(&keys, 1, 5000);
+        inflight.add(&store, "w1", 3, 0);
         let own = OwnAtSample::new(&keys);
-        assert!(own.snapshot(&store, &keys.inflight()));
-        inflight.add(&store, "w1", 5);
+        assert!(own.snapshot(&store, &inflight, 0));
+        inflight.add(&store, "w1", 5, 0);
         assert_eq!(own.by_worker(&store, &workers()), vec![0, 3]);
     }
 }

@@ -1,6 +1,7 @@
 //! Shared data and shared queues: one store for all VMs of the host (Envoy's is per
 //! process, scoped by `vm_id`), with Envoy's CAS rules (`cas = 0` is unconditional, a
-//! mismatch is CasMismatch); a queue delivers to its last registrant.
+//! mismatch is CasMismatch, a missing key is created whatever the CAS); a queue
+//! delivers to its last registrant.
 
 use super::{st, C};
 use crate::hostcall::{Guest, Registry};
@@ -15,7 +16,8 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
         |mut c: C, key_ptr: i32, key_len: i32, ptr_ptr: i32, size_ptr: i32, cas_ptr: i32| {
             let mut g = Guest::new(&mut c);
             let key = g.read_string(key_ptr, key_len)?;
-            let entry = lock(&g.state().shared).data.get(&key).cloned();
+            let vm = g.state().vm;
+            let entry = lock(&g.state().shared).get_data(vm, &key);
             let Some((value, cas)) = entry else {
                 return st(Status::NotFound);
             };
@@ -30,7 +32,8 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
             let mut g = Guest::new(&mut c);
             let key = g.read_string(key_ptr, key_len)?;
             let value = g.read(ptr, len)?;
-            let status = lock(&g.state().shared).set_data(&key, value, cas as u32);
+            let vm = g.state().vm;
+            let status = lock(&g.state().shared).set_data_from(vm, &key, value, cas as u32);
             st(status)
         },
     )?;

@@ -42,11 +42,17 @@ pub(crate) struct Queue {
     pub items: VecDeque<Vec<u8>>,
 }
 
+/// A shared-data entry: the value and its CAS.
+pub(crate) type Entry = (Vec<u8>, u32);
+
 /// State shared by all VMs of one host.
 pub(crate) struct Shared {
     pub now_ns: u64,
     pub start_ns: u64,
     pub data: HashMap<String, (Vec<u8>, u32)>,
+    /// `(vm, key)` reads answered from an earlier state until that VM writes the key
+    /// (`Host::pin_reads`).
+    pub pinned_reads: HashMap<(usize, String), Option<Entry>>,
     pub next_cas: u32,
     pub queue_names: HashMap<(String, String), u32>,
     pub queues: HashMap<u32, Queue>,
@@ -67,6 +73,7 @@ impl Shared {
             now_ns: start_ns,
             start_ns,
             data: HashMap::new(),
+            pinned_reads: HashMap::new(),
             next_cas: 1,
             queue_names: HashMap::new(),
             queues: HashMap::new(),
@@ -87,7 +94,22 @@ impl Shared {
         cas
     }
 
-    /// Envoy's `SharedData::set`.
+    /// Envoy's `SharedData::get`, or what `Host::pin_reads` pinned for `vm`.
+    pub fn get_data(&self, vm: usize, key: &str) -> Option<Entry> {
+        match self.pinned_reads.get(&(vm, key.to_string())) {
+            Some(pinned) => pinned.clone(),
+            None => self.data.get(key).cloned(),
+        }
+    }
+
+    /// A write of `key` by `vm`: its pinned reads end, then Envoy's `set`.
+    pub fn set_data_from(&mut self, vm: usize, key: &str, value: Vec<u8>, cas: u32) -> Status {
+        self.pinned_reads.remove(&(vm, key.to_string()));
+        self.set_data(key, value, cas)
+    }
+
+    /// Envoy's `SharedData::set` (proxy-wasm-cpp-host): the CAS is checked only
+    /// against a key that exists; a missing key is created whatever the CAS.
     pub fn set_data(&mut self, key: &str, value: Vec<u8>, cas: u32) -> Status {
         if let Some((_, current)) = self.data.get(key) {
             if cas != 0 && cas != *current {

@@ -161,6 +161,18 @@ impl Host {
         Ok(())
     }
 
+    /// Makes VM `vm`'s reads of `key` answer what the key holds now (`NotFound` if
+    /// missing, with its CAS otherwise) until that VM next writes the key, whatever
+    /// other VMs write meanwhile: a thread that read the key now and writes it only
+    /// after them. The write itself meets the real store (a stale CAS mismatches),
+    /// and later reads are real. With two VMs this reproduces, one step at a time,
+    /// two Envoy threads racing a read-modify-write of one key.
+    pub fn pin_reads(&mut self, vm: usize, key: &str) {
+        let mut shared = lock(&self.shared);
+        let now = shared.data.get(key).cloned();
+        shared.pinned_reads.insert((vm, key.to_string()), now);
+    }
+
     /// Sets shared data unconditionally (as another plugin would), bumping the CAS.
     pub fn set_shared_data(&mut self, key: &str, value: impl Into<Vec<u8>>) {
         lock(&self.shared).set_data(key, value.into(), 0);

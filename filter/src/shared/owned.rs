@@ -1,0 +1,370 @@
+//! Counts that every VM of the Envoy adds to, each VM owning what it added: requests
+//! in flight per worker (`InflightTable`) and `predicted_ttft`'s outstanding prefill
+//! (`WorkTable`). A count is released by the stream that took it, on the VM that took
+//! it; when Envoy reloads a VM that trapped (`FAIL_RELOAD`), the streams in flight on
+//! it are cut and their releases never run, so a count without an owner would shun
+//! its worker forever.
+//!
+//! So one key holds one row per VM: the VM's id (random per VM instance: a reloaded
+//! VM is a new owner), when the row was last written (`at_ms`, the host's clock) and
+//! the VM's counts by worker name. Each VM keeps its own counts in memory (the truth)
+//! and publishes them whole: every change replaces its row with CAS retries (one
+//! `get` and one `set`, as a shared delta cost before), and its tick rewrites the row
+//! once it is a third of the expiry old while it holds anything (`refresh`). Readers
+//! sum the rows written within `expiry_ms`; every writer drops rows older than that.
+//! A dead VM's counts therefore stop counting `expiry_ms` after its last write. A live
+//! VM whose row expired (its thread blocked past the expiry) loses nothing: its next
+//! write or tick publishes its whole count again.
+//!
+//! Encoding: the row count, then per row the id, `at_ms`, the entry count and per
+//! entry the worker name (length-prefixed) and `N` numbers, all little-endian.
+//! Decoding never panics; a garbled table reads as empty and the next write
+//! replaces it.
+
+use std::cell::{Cell, RefCell};
+
+use super::{put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use crate::config::WorkerConfig;
+
+/// Ticks a VM's row lives without a write, and the least time that may be: a
+/// thread busy with one large body must not lose its counts to others' readers.
+pub const OWNER_EXPIRY_TICKS: u64 = 10;
+pub const MIN_OWNER_EXPIRY_MS: u64 = 5_000;
+
+/// How long a VM's counts outlive its last write, for a VM ticking every `tick_ms`.
+pub fn owner_expiry_ms(tick_ms: u64) -> u64 {
+    tick_ms
+        .saturating_mul(OWNER_EXPIRY_TICKS)
+        .max(MIN_OWNER_EXPIRY_MS)
+}
+
+/// Counts by worker name.
+pub type Counts<const N: usize> = Vec<(String, [u64; N])>;
+
+/// One VM's published counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row<const N: usize> {
+    vm: u64,
+    at_ms: u64,
+    counts: Counts<N>,
+}
+
+fn encode<const N: usize>(rows: &[Row<N>]) -> Vec<u8> {
+    let mut out = (rows.len() as u32).to_le_bytes().to_vec();
+    for r in rows {
+        out.extend_from_slice(&r.vm.to_le_bytes());
+        out.extend_from_slice(&r.at_ms.to_le_bytes());
+        out.extend_from_slice(&(r.counts.len() as u32).to_le_bytes());
+        for (name, values) in &r.counts {
+            put_bytes(&mut out, name.as_bytes());
+            for v in values {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+fn decode<const N: usize>(bytes: &[u8]) -> Vec<Row<N>> {
+    let mut r = Reader(bytes);
+    let mut rows = Vec::new();
+    for _ in 0..r.u32().unwrap_or(0) {
+        let (Some(vm), Some(at_ms), Some(n)) = (r.u64(), r.u64(), r.u32()) else {
+            break;
+        };
+        let mut counts = Vec::new();
+        for _ in 0..n {
+            let Some(name) = r.string() else {
+                return rows;
+            };
+            let mut values = [0u64; N];
+            for v in &mut values {
+                let Some(x) = r.u64() else {
+                    return rows;
+                };
+                *v = x;
+            }
+            counts.push((name, values));
+        }
+        rows.push(Row { vm, at_ms, counts });
+    }
+    rows
+}
+
+fn fresh(at_ms: u64, now_ms: u64, expiry_ms: u64) -> bool {
+    now_ms.saturating_sub(at_ms) < expiry_ms
+}
+
+/// A table of counts owned per VM, and this VM's own counts.
+#[derive(Debug)]
+pub struct OwnedCounts<const N: usize> {
+    key: String,
+    /// This VM instance's id.
+    vm: u64,
+    expiry_ms: u64,
+    /// What this VM holds: the truth its row publishes.
+    mine: RefCell<Counts<N>>,
+    /// When this VM's row was last stored.
+    written_at: Cell<u64>,
+    /// The last write failed: the next tick retries it.
+    unpublished: Cell<bool>,
+}
+
+impl<const N: usize> OwnedCounts<N> {
+    pub fn new(key: String, vm: u64, expiry_ms: u64) -> OwnedCounts<N> {
+        OwnedCounts {
+            key,
+            vm,
+            expiry_ms,
+            mine: RefCell::new(Vec::new()),
+            written_at: Cell::new(0),
+            unpublished: Cell::new(false),
+        }
+    }
+
+    /// Takes a new expiry (a configuration with another tick).
+    pub fn set_expiry(&mut self, expiry_ms: u64) {
+        self.expiry_ms = expiry_ms;
+    }
+
+    /// Every fresh row's counts summed by worker name (workers never counted are
+    /// absent).
+    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
+        let mut sums: Counts<N> = Vec::new();
+        let Some((bytes, _)) = store.get(&self.key) else {
+            return sums;
+        };
+        for row in decode::<N>(&bytes) {
+            if !fresh(row.at_ms, now_ms, self.expiry_ms) {
+                continue;
+            }
+            for (name, values) in row.counts {
+                let slot = match sums.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, s)) => s,
+                    None => {
+                        sums.push((name, [0; N]));
+                        match sums.last_mut() {
+                            Some((_, s)) => s,
+                            None => continue,
+                        }
+                    }
+                };
+                for (s, v) in slot.iter_mut().zip(values) {
+                    *s = s.saturating_add(v);
+                }
+            }
+        }
+        sums
+    }
+
+    /// Summed counts by worker index, for `workers` (never counted: zeros).
+    pub fn by_worker(
+        &self,
+        store: &dyn SharedStore,
+        workers: &[WorkerConfig],
+        now_ms: u64,
+    ) -> Vec<[u64; N]> {
+        let sums = self.read(store, now_ms);
+        workers
+            .iter()
+            .map(|w| {
+                sums.iter()
+                    .find(|(n, _)| *n == w.name)
+                    .map_or([0; N], |(_, v)| *v)
+            })
+            .collect()
+    }
+
+    /// What this VM holds.
+    pub fn mine(&self) -> Counts<N> {
+        self.mine.borrow().clone()
+    }
+
+    /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
+    /// zeros are dropped) and publishes them. Whether the publication was stored; the
+    /// change is kept either way and published by the next write or tick.
+    pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: [i64; N], now_ms: u64) -> bool {
+        {
+            let mut mine = self.mine.borrow_mut();
+            let pos = match mine.iter().position(|(n, _)| n == worker) {
+                Some(pos) => pos,
+                None => {
+                    mine.push((worker.to_string(), [0; N]));
+                    mine.len() - 1
+                }
+            };
+            if let Some((_, values)) = mine.get_mut(pos) {
+                for (v, d) in values.iter_mut().zip(delta) {
+                    *v = v.saturating_add_signed(d);
+                }
+            }
+            mine.retain(|(_, v)| v.iter().any(|x| *x > 0));
+        }
+        self.publish(store, now_ms)
+    }
+
+    /// The tick: rewrites this VM's row when it is due (a third of the expiry old
+    /// while it holds anything, or after a failed write), so live counts never
+    /// expire. Whether it wrote.
+    pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
+        let stale = now_ms.saturating_sub(self.written_at.get()) >= self.expiry_ms / 3;
+        let due = self.unpublished.get() || (stale && !self.mine.borrow().is_empty());
+        due && self.publish(store, now_ms)
+    }
+
+    /// Replaces this VM's row with its counts (none: the row goes) and drops
+    /// expired rows, with CAS retries.
+    fn publish(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
+        let mine = self.mine.borrow().clone();
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut rows, cas) = match store.get(&self.key) {
+                Some((v, cas)) => (decode::<N>(&v), cas),
+                None => (Vec::new(), 0),
+            };
+            rows.retain(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
+            if !mine.is_empty() {
+                rows.push(Row {
+                    vm: self.vm,
+                    at_ms: now_ms,
+                    counts: mine.clone(),
+                });
+            }
+            match store.set(&self.key, &encode(&rows), cas) {
+                SetOutcome::Stored => {
+                    self.written_at.set(now_ms);
+                    self.unpublished.set(false);
+                    return true;
+                }
+                SetOutcome::CasMismatch => continue,
+                SetOutcome::Failed => break,
+            }
+        }
+        self.unpublished.set(true);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::MemStore;
+    use super::*;
+    use crate::config::testing::workers;
+
+    const EXPIRY: u64 = 5000;
+
+    fn table(vm: u64) -> OwnedCounts<1> {
+        OwnedCounts::new("t.owned".into(), vm, EXPIRY)
+    }
+
+    #[test]
+    fn every_vms_counts_add_up_and_each_releases_its_own() {
+        let store = MemStore::default();
+        let (a, b) = (table(1), table(2));
+        assert!(a.add(&store, "w0", [1], 0));
+        assert!(a.add(&store, "w0", [1], 1));
+        assert!(b.add(&store, "w0", [1], 2));
+        assert!(b.add(&store, "w1", [1], 3));
+        assert_eq!(a.by_worker(&store, &workers(), 4), vec![[3], [1]]);
+        assert!(b.add(&store, "w1", [-1], 5));
+        assert!(b.add(&store, "w1", [-1], 6), "never below zero");
+        assert_eq!(a.read(&store, 7), vec![("w0".to_string(), [3])]);
+        assert_eq!(b.mine(), vec![("w0".to_string(), [1])]);
+        for _ in 0..2 {
+            a.add(&store, "w0", [-1], 8);
+        }
+        b.add(&store, "w0", [-1], 9);
+        assert_eq!(
+            store.get("t.owned").map(|(v, _)| v),
+            Some(vec![0, 0, 0, 0]),
+            "a VM holding nothing has no row"
+        );
+    }
+
+    #[test]
+    fn a_dead_vms_counts_expire_and_its_row_is_dropped() {
+        let store = MemStore::default();
+        let (dead, live) = (table(1), table(2));
+        dead.add(&store, "w0", [5], 1000);
+        live.add(&store, "w0", [1], 1000);
+        assert_eq!(
+            live.by_worker(&store, &workers(), 1000 + EXPIRY - 1)[0],
+            [6]
+        );
+        // The live VM's tick keeps its row fresh; the dead one never writes again.
+        assert!(!live.refresh(&store, 1000 + EXPIRY / 3 - 1), "not due yet");
+        assert!(live.refresh(&store, 1000 + EXPIRY / 3));
+        assert_eq!(
+            live.by_worker(&store, &workers(), 1000 + EXPIRY)[0],
+            [1],
+            "the dead VM's counts no longer count"
+        );
+        live.add(&store, "w1", [1], 1000 + EXPIRY);
+        let (bytes, _) = store.get("t.owned").unwrap();
+        assert_eq!(decode::<1>(&bytes).len(), 1, "the expired row was dropped");
+    }
+
+    #[test]
+    fn a_live_vm_whose_row_expired_publishes_it_whole_again() {
+        let store = MemStore::default();
+        let (slow, other) = (table(1), table(2));
+        slow.add(&store, "w0", [2], 0);
+        other.add(&store, "w1", [1], EXPIRY);
+        assert_eq!(other.read(&store, EXPIRY), vec![("w1".to_string(), [1])]);
+        assert!(slow.refresh(&store, EXPIRY + 1));
+        assert_eq!(
+            other.by_worker(&store, &workers(), EXPIRY + 1),
+            vec![[2], [1]]
+        );
+    }
+
+    /// A store whose every write fails.
+    struct Failing;
+
+    impl SharedStore for Failing {
+        fn get(&self, _: &str) -> Option<(Vec<u8>, u32)> {
+            None
+        }
+        fn set(&self, _: &str, _: &[u8], _: u32) -> SetOutcome {
+            SetOutcome::Failed
+        }
+    }
+
+    #[test]
+    fn a_failed_write_is_kept_and_retried_by_the_tick() {
+        let store = MemStore::default();
+        let t = table(1);
+        assert!(!t.add(&Failing, "w0", [1], 0));
+        assert_eq!(t.mine(), vec![("w0".to_string(), [1])], "kept in memory");
+        assert!(t.refresh(&store, 1), "a failed write is due at once");
+        assert_eq!(t.read(&store, 1), vec![("w0".to_string(), [1])]);
+        assert!(
+            !t.refresh(&store, 2),
+            "then only when a third of the expiry old"
+        );
+        store
+            .map
+            .borrow_mut()
+            .insert("t.owned".into(), (b"junk".to_vec(), 99));
+        assert!(t.read(&store, 3).is_empty(), "garbled: nothing counts");
+        assert!(
+            t.add(&store, "w0", [1], 3),
+            "and the next write replaces it"
+        );
+        assert_eq!(t.read(&store, 3), vec![("w0".to_string(), [2])]);
+    }
+
+    #[test]
+    fn pairs_and_garbage_decode_safely() {
+        let rows = vec![Row::<2> {
+            vm: 9,
+            at_ms: 3,
+            counts: vec![("wé".into(), [1, 4000])],
+        }];
+        let bytes = encode(&rows);
+        assert_eq!(decode::<2>(&bytes), rows);
+        for cut in 0..bytes.len() {
+            assert!(decode::<2>(&bytes[..cut]).is_empty(), "cut at {cut}");
+        }
+        assert!(decode::<2>(&[255, 255, 255, 255]).is_empty());
+    }
+}
