@@ -224,7 +224,8 @@ mod tests {
                 v["model"].as_str().is_some_and(|m| m.starts_with("junk-"))
             })
             .count();
-        assert!((90..=100).contains(&junk), "about 1 in 10 junk: {junk}");
+        // 1 in 10 is junk, less those that are disconnects too (i % 50 == 49).
+        assert_eq!(junk, 100 - 20, "1 in 10 junk among the items");
         assert!(b.items.iter().filter(|it| it.stream).count() > 200);
     }
 

@@ -214,7 +214,7 @@ fn run(a: &Args) -> Result<bool> {
     first.elapsed_s = 0.0;
     let ids: Vec<String> = first.vms.keys().cloned().collect();
     println!(
-        "\n| requests | s | req/s | errors | Envoy RSS MiB | VM memory MiB ({}) | VM tree M chars |",
+        "\n| requests | s | mean req/s | errors | Envoy RSS MiB | VM memory MiB ({}) | VM tree M chars |",
         ids.join(", ")
     );
     println!("|---|---|---|---|---|---|---|");

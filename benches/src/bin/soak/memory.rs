@@ -9,7 +9,7 @@
 //! are within `bound_pct` percent of what they were then, and no VM was replaced (a
 //! VM that trapped is reloaded under a new id, starting small again).
 
-use llm_router::metric_names::{vm, VM_PREFIX};
+use llm_router::metric_names::{split_vm_metric, vm};
 use std::collections::BTreeMap;
 
 /// One VM's gauges.
@@ -46,13 +46,9 @@ pub fn rss(pid: u32) -> anyhow::Result<u64> {
 
 /// The per-VM gauges among Envoy's `/stats` (`wasmcustom.llm_router_vm.<id>.<field>`).
 pub fn vm_gauges(stats: &BTreeMap<String, u64>) -> BTreeMap<String, Vm> {
-    let prefix = format!("wasmcustom.{VM_PREFIX}");
     let mut out: BTreeMap<String, Vm> = BTreeMap::new();
     for (name, value) in stats {
-        let Some((id, field)) = name
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.split_once('.'))
-        else {
+        let Some((id, field)) = name.strip_prefix("wasmcustom.").and_then(split_vm_metric) else {
             continue;
         };
         let entry = out.entry(id.to_string()).or_default();
