@@ -5,25 +5,31 @@
    configuration it produces (see recipes.py) and must satisfy the invariants the
    filter needs: every Wasm filter has allow_on_headers_stop_iteration: true and
    failure_policy: FAIL_RELOAD and runs before the router; the public and the stats
-   listener run the same filter config with the same vm_id; the stats listener is
-   loopback only; engine routes have timeout 0s and the body buffer is raised; every
-   worker's cluster exists and is what its route sends to; the collector's token,
-   push URL and engine names agree with the plugin config, and its readiness and
-   liveness probes ask /healthz on its --listen port, listening beyond loopback.
+   listener run the filter in one VM (same vm_config); the public listener's plugin
+   config holds no push token and the stats listener's is `stats_only` with the token
+   from Envoy's environment (`stats_token_env`, in host_env_keys), set from the Secret
+   the collector reads; no recipe ships a token; the stats listener is loopback only;
+   engine routes have timeout 0s and the body buffer is raised; every worker's
+   cluster exists and is what its route sends to; the collector's push URL and engine
+   names agree with the plugin configs, and its readiness and liveness probes ask
+   /healthz on its --listen port, listening beyond loopback.
 3. The rendered configuration passes `envoy --mode validate` (which loads the .wasm
    and runs its on_configure, so the plugin config is checked by the filter too), and
    each plugin config passes `host-sim check-config`.
 4. Live: each rendered configuration runs in a real Envoy in front of engine mocks
    (OS-chosen ports): requests are routed to the engine the filter chose and a
-   conversation sticks; llm-collector's push is accepted on the stats listener and a
-   wrong token is refused. The xDS example runs from its own files, and a new
+   conversation sticks; with a fresh token in Envoy's environment, llm-collector's push
+   is accepted on the stats listener and a wrong token is refused there, the same push
+   with the right token is not taken on the client-facing listener, and a chat request
+   on the stats listener is a local 404. The xDS example runs from its own files, and a new
    ecds.yaml is applied without a restart while a config the filter rejects is not.
 5. The OCI image layout: built, verified, rebuilt to the same digest; with skopeo
    installed, `skopeo inspect` reads it.
 6. Self-test: broken copies of the recipes (allow_on_headers_stop_iteration removed,
-   FAIL_OPEN, no route timeout, the filter after the router, a token mismatch, the
-   old listener name, a corrupted blob, collector probes missing or on loopback...)
-   must each fail.
+   FAIL_OPEN, no route timeout, the filter after the router, a token in the
+   client-facing config, a shipped `change-me` Secret, Envoy's token from another
+   Secret, the old listener name, a corrupted blob, collector probes missing or on
+   loopback...) must each fail.
 """
 
 import argparse
@@ -33,6 +39,7 @@ import http.client
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -114,8 +121,9 @@ def invariants(r):
     if pub["config"]["vm_config"].get("vm_id") != st["config"]["vm_config"].get("vm_id"):
         errs.append("the public and stats listeners' filters have different vm_ids: pushes "
                     "would not reach the router's shared data")
-    if plugin_config_text(pub) != plugin_config_text(st):
-        errs.append("the public and stats listeners' filters have different plugin configs")
+    elif pub["config"]["vm_config"] != st["config"]["vm_config"]:
+        errs.append("the public and stats listeners' filters have different vm_configs: they "
+                    "would run in different VMs, and pushes would not reach the router's data")
     stats_addr = listeners[r.stats_listener]["address"]["socket_address"]["address"]
     if stats_addr not in ("127.0.0.1", "::1"):
         errs.append(f"stats listener {r.stats_listener} binds {stats_addr}, not loopback")
@@ -137,9 +145,10 @@ def invariants(r):
                         "or the listener's per_connection_buffer_limit_bytes")
 
     try:
-        pc = plugin_config(pub)
+        pc, spc = plugin_config(pub), plugin_config(st)
     except RecipeError as e:
         return errs + [str(e)]
+    errs.extend(push_endpoint_problems(r, pc, spc, st["config"]["vm_config"]))
     header = pc.get("cluster_header", "x-llm-router-cluster")
     if pc.get("target", "cluster") != "cluster":
         errs.append("the recipes use target: cluster")
@@ -156,13 +165,6 @@ def invariants(r):
     if r.route_style == "cluster_header" and not any(
             rt["route"].get("cluster_header") == header for rt in routes):
         errs.append(f"no route reads the cluster from {header}")
-    token = pc.get("stats_token")
-    if not token:
-        errs.append("no stats_token: the filter's push endpoint is off, the collector "
-                    "cannot feed it")
-    if r.secret_token is not None and token != r.secret_token:
-        errs.append("the collector's Secret token differs from the plugin config's "
-                    "stats_token: every push would get 401")
     if r.collector_args is not None:
         push, engines = _collector_flags(r.collector_args)
         m = re.fullmatch(r"http://(127\.0\.0\.1|localhost|\[::1\]):(\d+)(/.*)", push or "")
@@ -172,14 +174,63 @@ def invariants(r):
             if int(m.group(2)) != _port_of(listeners[r.stats_listener]):
                 errs.append(f"collector pushes to port {m.group(2)}, the stats listener is on "
                             f"{_port_of(listeners[r.stats_listener])}")
-            if m.group(3) != pc.get("stats_path", "/llm-router/stats"):
+            if m.group(3) != spc.get("stats_path", "/llm-router/stats"):
                 errs.append(f"collector pushes to {m.group(3)}, the filter answers "
-                            f"{pc.get('stats_path', '/llm-router/stats')}")
+                            f"{spc.get('stats_path', '/llm-router/stats')}")
         names = sorted(w["name"] for w in pc.get("workers", []))
         if sorted(engines) != names:
             errs.append(f"collector engines {sorted(engines)} are not the workers {names}")
     if r.collector is not None:
         errs.extend(probe_problems(r.collector))
+    return errs
+
+
+def push_endpoint_problems(r, pc, spc, vm_config):
+    """The push endpoint only where it belongs: the client-facing listener's plugin
+    config (`pc`) holds no token, so no push is answered there whatever the token; the
+    stats listener's (`spc`) is `stats_only` and takes the token from Envoy's
+    environment, which Kubernetes recipes fill from the Secret the collector reads. No
+    recipe ships a token (a `change-me` is the token users keep)."""
+    errs = []
+    for field in ("stats_token", "stats_token_env"):
+        if field in pc:
+            errs.append(f"the client-facing listener's plugin config has `{field}`: the push "
+                        "endpoint would answer there; only the stats listener's config may "
+                        "hold the token")
+    if pc.get("stats_only"):
+        errs.append("the client-facing listener's plugin config is `stats_only`: it would "
+                    "route nothing")
+    if spc.get("stats_only") is not True:
+        errs.append("the stats listener's plugin config is not `stats_only: true`: it would "
+                    "route requests too")
+    if "stats_token" in spc:
+        errs.append(f"the stats listener's plugin config carries the token inline "
+                    f"(stats_token: {spc['stats_token']!r}): take it from Envoy's environment "
+                    "with `stats_token_env`, fed from a Secret or a file")
+    var = spc.get("stats_token_env")
+    if not var:
+        errs.append("the stats listener's plugin config has no `stats_token_env`: no push "
+                    "endpoint, the collector cannot feed the router")
+    elif var not in ((vm_config.get("environment_variables") or {}).get("host_env_keys") or []):
+        errs.append(f"the VM does not get {var} (vm_config.environment_variables."
+                    "host_env_keys): the stats listener's config would be refused")
+    if spc.get("workers") != pc.get("workers"):
+        errs.append("the stats listener's plugin config lists other workers than the "
+                    "router's: pushes naming the router's workers would be refused")
+    if r.envoy_env is not None and var:
+        src = r.envoy_env.get(var)
+        if src is None:
+            errs.append(f"Envoy's container does not set {var} from a Secret: the stats "
+                        "listener's config would be refused")
+        elif r.collector_secret is not None and src != r.collector_secret:
+            errs.append(f"Envoy's {var} comes from Secret {src[0]} key {src[1]}, the "
+                        f"collector's --token-file from Secret {r.collector_secret[0]} key "
+                        f"{r.collector_secret[1]}: every push would get 401")
+    for name, token in r.secrets.items():
+        if token is not None:
+            what = "`change-me`" if token == "change-me" else "an example token"
+            errs.append(f"Secret {name} ships {what}, a token users keep: ship no Secret, "
+                        "create it with a generated token (openssl rand -hex 32)")
     return errs
 
 
@@ -271,12 +322,14 @@ def start_engines(procs, names, tmp):
     return ports
 
 
-def start_envoy(procs, envoy, config_path, tmp, tag):
+def start_envoy(procs, envoy, config_path, tmp, tag, env):
+    """Envoy with `env` added to its environment (the push token, as the recipes hand
+    it over)."""
     admin_path = os.path.join(tmp, f"{tag}.admin")
     log = open(os.path.join(tmp, f"{tag}.envoy.log"), "w")
     p = procs.start([envoy, "-c", config_path, "--admin-address-path", admin_path,
                      "--use-dynamic-base-id", "--concurrency", "1", "--log-level", "warning"],
-                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+                    stdout=log, stderr=subprocess.STDOUT, cwd=tmp, env=dict(os.environ, **env))
 
     def admin_port():
         if p.poll() is not None:
@@ -345,12 +398,18 @@ def route_conversations(port, sessions=8):
     return used
 
 
-def push_from_collector(procs, tmp, stats_port, stats_path, token, engines, admin):
+def push_checks(procs, tmp, ports, stats_path, token, engines, admin):
+    """The push endpoint only where it belongs: llm-collector's push with the token is
+    accepted on the stats listener and a wrong token refused (401); on the client-facing
+    listener the same push with the right token is not answered by the push endpoint
+    (nothing accepted or refused there: it is just a request); a chat request on the
+    stats listener is a local 404, routed nowhere."""
+    public, stats = ports
     token_file = os.path.join(tmp, "collector-token")
     with open(token_file, "w") as f:
         f.write(token + "\n")
     args = [os.path.join(BIN, "llm-collector"), "--once",
-            f"--push-url=http://127.0.0.1:{stats_port}{stats_path}", f"--token-file={token_file}"]
+            f"--push-url=http://127.0.0.1:{stats}{stats_path}", f"--token-file={token_file}"]
     args += [f"--engine={n}=http://127.0.0.1:{p}" for n, p in sorted(engines.items())]
     p = procs.start(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=30)
@@ -358,29 +417,61 @@ def push_from_collector(procs, tmp, stats_port, stats_path, token, engines, admi
         raise CheckFailed(f"llm-collector --once failed: {err[-1000:]}")
     wait_for("the filter to count the collector's push as accepted",
              lambda: counter(admin, "llm_router_stats_pushes_accepted") >= 1)
-    status, _, _ = request(stats_port, "POST", stats_path, json.loads(out),
+    snapshot = json.loads(out)
+    accepted = counter(admin, "llm_router_stats_pushes_accepted")
+    rejected = counter(admin, "llm_router_stats_pushes_rejected")
+    status, _, body = request(public, "POST", stats_path, snapshot,
+                              {"authorization": f"Bearer {token}"})
+    if status == 200 or counter(admin, "llm_router_stats_pushes_accepted") != accepted:
+        raise CheckFailed(f"the client-facing listener took a push with the token ({status}: "
+                          f"{body[:200]!r}): the push endpoint must answer on the stats "
+                          "listener only")
+    if counter(admin, "llm_router_stats_pushes_rejected") != rejected:
+        raise CheckFailed("the client-facing listener's filter checked a push token: it has a "
+                          "push endpoint")
+    status, _, _ = request(stats, "POST", stats_path, snapshot,
                            {"authorization": "Bearer not-the-token"})
     if status != 401:
         raise CheckFailed(f"a push with a wrong token got {status}, not 401")
+    status, h, _ = request(stats, "POST", "/v1/chat/completions", chat(0, 0))
+    if status != 404 or "x-llm-router-worker" in h:
+        raise CheckFailed(f"a chat request on the stats listener got {status} "
+                          f"(worker {h.get('x-llm-router-worker')}), not a local 404")
+    return ("push accepted on the stats listener only (client listener: not a push "
+            "endpoint; wrong token: 401; chat on the stats listener: 404)")
 
 
-def live_static(r, envoy, tmp):
-    """Runs a rendered recipe in a real Envoy in front of engine mocks."""
-    doc = copy.deepcopy(r.bootstrap)
-    res = doc["static_resources"]
-    listeners = {li["name"]: li for li in res["listeners"]}
-    pub_tc = next(f["typed_config"] for h in hcms(listeners[r.public_listener])
-                  for f in h["http_filters"] if f.get("typed_config", {}).get("@type") == recipes.WASM_TYPE)
-    pc = plugin_config(pub_tc)
-    # Seeded tie-breaks: the same requests always take the same workers.
-    pc["rng_seed"] = 7
-    text = json.dumps(pc)
-    for li in res["listeners"]:
-        li["address"]["socket_address"]["port_value"] = 0
+def token_env(spc):
+    """The stats config's token variable, with a fresh token for this run."""
+    return {spc["stats_token_env"]: secrets.token_hex(32)}
+
+
+def wasm_filters(doc):
+    for li in doc["static_resources"]["listeners"]:
         for h in hcms(li):
             for f in h["http_filters"]:
                 if f.get("typed_config", {}).get("@type") == recipes.WASM_TYPE:
-                    f["typed_config"]["config"]["configuration"]["value"] = text
+                    yield li["name"], f["typed_config"]
+
+
+def live_static(r, envoy, tmp):
+    """Runs a rendered recipe in a real Envoy in front of engine mocks, with a fresh
+    token in Envoy's environment as the recipe's Secret would put it there."""
+    doc = copy.deepcopy(r.bootstrap)
+    res = doc["static_resources"]
+    pc = spc = None
+    for lname, tc in wasm_filters(doc):
+        value = tc["config"]["configuration"]
+        if lname == r.public_listener:
+            pc = json.loads(value["value"])
+            # Seeded tie-breaks: the same requests always take the same workers.
+            pc["rng_seed"] = 7
+            value["value"] = json.dumps(pc)
+        elif lname == r.stats_listener:
+            spc = json.loads(value["value"])
+    for li in res["listeners"]:
+        li["address"]["socket_address"]["port_value"] = 0
+    env = token_env(spc)
     procs = Procs()
     try:
         engines = start_engines(procs, [w["name"] for w in pc["workers"]], tmp)
@@ -391,14 +482,15 @@ def live_static(r, envoy, tmp):
         path = os.path.join(tmp, f"{r.name}.live.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)
-        _, admin = start_envoy(procs, envoy, path, tmp, r.name)
+        _, admin = start_envoy(procs, envoy, path, tmp, r.name, env)
         ports = listener_ports(admin)
         used = route_conversations(ports[r.public_listener])
         if len(used) < 2:
             raise CheckFailed(f"every conversation went to {used}: routing is not spreading")
-        push_from_collector(procs, tmp, ports[r.stats_listener],
-                            pc.get("stats_path", "/llm-router/stats"), pc["stats_token"], engines, admin)
-        return f"{len(used)} workers used, conversations stick, collector push accepted"
+        note = push_checks(procs, tmp, (ports[r.public_listener], ports[r.stats_listener]),
+                           spc.get("stats_path", "/llm-router/stats"), next(iter(env.values())),
+                           engines, admin)
+        return f"{len(used)} workers used, conversations stick, {note}"
     finally:
         procs.stop()
 
@@ -409,13 +501,17 @@ def live_xds(xds_dir, envoy, tmp):
     os.makedirs(os.path.join(etc, "xds"))
     shutil.copy(WASM, os.path.join(etc, "plugin.wasm"))
     files = {}
-    for name in ("bootstrap", "lds", "cds", "ecds"):
+    for name in recipes.XDS_FILES:
         with open(os.path.join(xds_dir, name + ".yaml")) as f:
             files[name] = yaml.safe_load(f.read().replace(recipes.XDS_PREFIX + "/", etc + "/"))
-    ecds_cfg = files["ecds"]["resources"][0]["typed_config"]["config"]
+    by_name = {files[n]["resources"][0]["name"]: files[n]["resources"][0]["typed_config"]["config"]
+               for n in recipes.ECDS_FILES}
+    ecds_cfg = by_name["llm-router"]
     pc = json.loads(ecds_cfg["configuration"]["value"])
     pc["rng_seed"] = 7
     ecds_cfg["configuration"]["value"] = json.dumps(pc)
+    spc = json.loads(by_name["llm-router-stats"]["configuration"]["value"])
+    env = token_env(spc)
     for li in files["lds"]["resources"]:
         li["address"]["socket_address"]["port_value"] = 0
     files["bootstrap"]["admin"]["address"]["socket_address"]["port_value"] = 0
@@ -431,7 +527,8 @@ def live_xds(xds_dir, envoy, tmp):
         _, _, body = request(admin, "GET", "/config_dump")
         for c in json.loads(body)["configs"]:
             if c.get("@type", "").endswith("EcdsConfigDump"):
-                return {e.get("version_info") for e in c.get("ecds_filters", [])}
+                return {e.get("version_info") for e in c.get("ecds_filters", [])
+                        if e.get("ecds_filter", {}).get("name") == "llm-router"}
         return set()
 
     try:
@@ -441,15 +538,17 @@ def live_xds(xds_dir, envoy, tmp):
             c["type"] = "STATIC"
             sa = c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
             sa["address"], sa["port_value"] = "127.0.0.1", by_cluster[c["name"]]
-        for name in ("lds", "cds", "ecds", "bootstrap"):
+        for name in ("lds", "cds", "ecds", "ecds-stats", "bootstrap"):
             write(name, files[name])
-        envoy_proc, admin = start_envoy(procs, envoy, os.path.join(etc, "bootstrap.yaml"), tmp, "xds")
+        envoy_proc, admin = start_envoy(procs, envoy, os.path.join(etc, "bootstrap.yaml"), tmp,
+                                        "xds", env)
         ports = wait_for("both listeners from lds.yaml", lambda: (lambda p: p if len(p) == 2 else None)(
             listener_ports(admin)))
         public = next(n for n in ports if n != "llm_stats")
         used = route_conversations(ports[public])
-        push_from_collector(procs, tmp, ports["llm_stats"], pc.get("stats_path", "/llm-router/stats"),
-                            pc["stats_token"], engines, admin)
+        push_checks(procs, tmp, (ports[public], ports["llm_stats"]),
+                    spc.get("stats_path", "/llm-router/stats"), next(iter(env.values())), engines,
+                    admin)
         # A new plugin config through ECDS: applied in place, no restart.
         pc2 = dict(pc, policy="round_robin")
         ecds_cfg["configuration"]["value"] = json.dumps(pc2)
@@ -483,7 +582,8 @@ def live_xds(xds_dir, envoy, tmp):
                               "not version 2's round_robin")
         if envoy_proc.poll() is not None:
             raise CheckFailed("Envoy exited during the updates")
-        return (f"{len(used)} workers used, collector push accepted, ecds.yaml v2 applied live "
+        return (f"{len(used)} workers used, push accepted on the stats listener only, ecds.yaml "
+                "v2 applied live "
                 "(round_robin over all workers), v3 with a bad policy rejected, v2 still serving")
     finally:
         procs.stop()
@@ -493,14 +593,27 @@ def live_xds(xds_dir, envoy, tmp):
 # Envoy and host-sim
 
 
+# The push token's variable as the recipes name it, set for `envoy --mode validate` (the
+# stats listener's plugin config is refused without it, as in production).
+TOKEN_ENV = "LLM_ROUTER_STATS_TOKEN"
+
+
 def envoy_validate(envoy, path):
     p = subprocess.run([envoy, "--mode", "validate", "-c", path, "--log-level", "error"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, **{TOKEN_ENV: secrets.token_hex(32)}))
     if p.returncode != 0 or " OK" not in p.stdout + p.stderr:
         raise CheckFailed(f"envoy --mode validate -c {path} failed:\n{(p.stdout + p.stderr)[-3000:]}")
 
 
 def host_sim_check(text, tmp, tag):
+    """host-sim has no VM environment: a token variable becomes a literal token, the
+    rest of the config is checked as it is."""
+    pc = json.loads(text)
+    if "stats_token_env" in pc:
+        del pc["stats_token_env"]
+        pc["stats_token"] = secrets.token_hex(32)
+        text = json.dumps(pc)
     path = os.path.join(tmp, f"{tag}.plugin.json")
     with open(path, "w") as f:
         f.write(text)
@@ -584,10 +697,41 @@ def mutations():
         _istio_ext(d).pop("allow_on_headers_stop_iteration", None)
 
     def istio_after_router(d):
-        find(d, "EnvoyFilter")["spec"]["configPatches"][1]["patch"]["operation"] = "INSERT_AFTER"
+        patch = next(cp for cp in find(d, "EnvoyFilter")["spec"]["configPatches"]
+                     if cp["applyTo"] == "HTTP_FILTER")
+        patch["patch"]["operation"] = "INSERT_AFTER"
 
-    def istio_token(d):
-        find(d, "Secret")["stringData"]["token"] = "something-else"
+    def istio_token_elsewhere(d):
+        pod = find(d, "Deployment")["spec"]["template"]["spec"]
+        proxy = recipes.container_named(pod["containers"], "istio-proxy")
+        proxy["env"][0]["valueFrom"]["secretKeyRef"]["name"] = "something-else"
+
+    def istio_change_me(d):
+        d.append(("gateway.yaml", {"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": "llm-collector-token", "namespace": "llm"}, "stringData": {"token": "change-me"}}))
+
+    def eg_public_token(d):
+        cfg = _eg_filter(d)["value"]["typed_config"]["config"]["configuration"]
+        cfg["value"] = json.dumps(dict(json.loads(cfg["value"]), stats_token="change-me"))
+
+    def eg_no_env(d):
+        dep = find(d, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+        del dep["container"]["env"]
+
+    def _xds_stats(d):
+        return d["ecds-stats"]["resources"][0]["typed_config"]["config"]["configuration"]
+
+    def xds_stats_routes(d):
+        cfg = _xds_stats(d)
+        pc = json.loads(cfg["value"])
+        del pc["stats_only"]
+        cfg["value"] = json.dumps(pc)
+
+    def xds_inline_token(d):
+        cfg = _xds_stats(d)
+        pc = json.loads(cfg["value"])
+        del pc["stats_token_env"]
+        cfg["value"] = json.dumps(dict(pc, stats_token="change-me"))
 
     def istio_push_port(d):
         dep = find(d, "Deployment")
@@ -626,7 +770,12 @@ def mutations():
         ("envoy-gateway", "Envoy 1.34 pinned", eg_old_envoy, ">= 1.35"),
         ("istio", "allow_on_headers_stop_iteration removed", istio_no_allow, "allow_on_headers_stop_iteration"),
         ("istio", "INSERT_AFTER the router", istio_after_router, "router"),
-        ("istio", "Secret token differs", istio_token, "stats_token"),
+        ("istio", "Envoy's token from another Secret than the collector's", istio_token_elsewhere, "401"),
+        ("istio", "a Secret shipping change-me", istio_change_me, "change-me"),
+        ("envoy-gateway", "a token in the client-facing config", eg_public_token, "client-facing"),
+        ("envoy-gateway", "Envoy's token env removed", eg_no_env, "does not set"),
+        ("xds", "the stats config routes (no stats_only)", xds_stats_routes, "stats_only"),
+        ("xds", "the stats config's token inline", xds_inline_token, "inline"),
         ("istio", "collector pushes to another port", istio_push_port, "stats listener"),
         ("istio", "collector readiness probe removed", istio_no_readiness, "readinessProbe"),
         ("envoy-gateway", "collector listens on loopback", eg_probe_loopback, "loopback"),
@@ -745,7 +894,7 @@ def main():
         etc = os.path.join(tmp, "xds-validate")
         os.makedirs(os.path.join(etc, "xds"))
         shutil.copy(WASM, os.path.join(etc, "plugin.wasm"))
-        for name in ("bootstrap", "lds", "cds", "ecds"):
+        for name in recipes.XDS_FILES:
             with open(os.path.join(DEPLOY, "xds", name + ".yaml")) as f:
                 text = f.read().replace(recipes.XDS_PREFIX + "/", etc + "/")
             with open(os.path.join(etc, ("xds/" if name != "bootstrap" else "") + name + ".yaml"), "w") as f:

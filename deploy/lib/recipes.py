@@ -13,6 +13,7 @@ know about the recipe (the public and stats listeners, the plugin configs, the
 collector's flags, the token in the Secret).
 """
 
+import base64
 import copy
 import json
 import os
@@ -42,7 +43,9 @@ class Rendered:
         self.bootstrap = bootstrap
         self.public_listener = public_listener
         self.stats_listener = stats_listener
-        self.secret_token = None       # the collector's token as the recipe stores it
+        self.secrets = {}              # token of each Secret the recipe ships, by name
+        self.collector_secret = None   # (Secret, key) the collector's --token-file reads
+        self.envoy_env = None          # {variable: (Secret, key)} of Envoy's container
         self.collector_args = None     # the collector container's args
         self.collector = None          # the collector container, probes included
         self.route_style = "header_match"  # or "cluster_header"
@@ -218,21 +221,37 @@ def point_wasm_at(bootstrap_doc, wasm_path, expected_prefix):
         code["local"]["filename"] = wasm_path
 
 
-def secret_token(docs, name):
+def shipped_secrets(docs):
+    """The `token` of every Secret the recipe itself carries, by Secret name (the
+    recipes ship none: the user creates the Secret with a generated token)."""
+    out = {}
     for s in kinds(docs, "Secret"):
-        if s["metadata"]["name"] == name:
-            data = s.get("stringData", {}).get("token")
-            if data is None:
-                raise RecipeError(f"Secret {name} has no stringData.token")
-            return data
-    raise RecipeError(f"no Secret {name}")
+        token = (s.get("stringData") or {}).get("token")
+        if token is None and "token" in (s.get("data") or {}):
+            token = base64.b64decode(s["data"]["token"]).decode(errors="replace")
+        out[s["metadata"]["name"]] = token
+    return out
+
+
+def secret_env(container):
+    """{variable: (Secret, key)} of a container's env taken from Secrets."""
+    out = {}
+    for e in container.get("env") or []:
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            out[e["name"]] = (ref.get("name"), ref.get("key"))
+    return out
+
+
+def container_named(containers, name):
+    for c in containers:
+        if c.get("name") == name:
+            return c
+    raise RecipeError(f"no {name} container")
 
 
 def collector_container(containers):
-    for c in containers:
-        if c.get("name") == "llm-collector":
-            return c
-    raise RecipeError("no llm-collector container")
+    return container_named(containers, "llm-collector")
 
 
 def token_secret_of(collector, volumes):
@@ -362,8 +381,9 @@ def render_envoy_gateway(docs, wasm_path):
     patch_containers = (dep.get("patch", {}).get("value", {}).get("spec", {})
                         .get("template", {}).get("spec", {}).get("containers", []))
     collector = collector_container(patch_containers)
-    secret, _ = token_secret_of(collector, dep.get("pod", {}).get("volumes", []))
-    r.secret_token = secret_token(docs, secret)
+    r.collector_secret = token_secret_of(collector, dep.get("pod", {}).get("volumes", []))
+    r.secrets = shipped_secrets(docs)
+    r.envoy_env = secret_env(dep.get("container", {}))
     r.collector_args = collector["args"]
     r.collector = collector
     image = dep.get("container", {}).get("image")
@@ -562,8 +582,9 @@ def render_istio(docs, wasm_path):
     r = Rendered("istio", doc, listener_name, stats[0])
     pod = deployment["spec"]["template"]["spec"]
     collector = collector_container(pod["containers"])
-    secret, _ = token_secret_of(collector, pod.get("volumes", []))
-    r.secret_token = secret_token(docs, secret)
+    r.collector_secret = token_secret_of(collector, pod.get("volumes", []))
+    r.secrets = shipped_secrets(docs)
+    r.envoy_env = secret_env(container_named(pod["containers"], "istio-proxy"))
     r.collector_args = collector["args"]
     r.collector = collector
     return r
@@ -576,10 +597,16 @@ def render_istio(docs, wasm_path):
 XDS_PREFIX = "/etc/llm-router"
 
 
+# The example's files (without .yaml); `ecds*` hold one filter config each (Envoy's
+# ECDS takes exactly one resource per response, and a file is one response).
+XDS_FILES = ("bootstrap", "lds", "cds", "ecds", "ecds-stats")
+ECDS_FILES = ("ecds", "ecds-stats")
+
+
 def load_xds(directory):
-    """The example's four files, parsed."""
+    """The example's files, parsed."""
     out = {}
-    for name in ("bootstrap", "lds", "cds", "ecds"):
+    for name in XDS_FILES:
         with open(os.path.join(directory, name + ".yaml")) as f:
             out[name] = yaml.safe_load(f)
     return out
@@ -610,7 +637,12 @@ def render_xds(files, wasm_path):
                               "file would not be noticed")
     listeners = copy.deepcopy(_resources(files["lds"], LISTENER_TYPE, "lds.yaml"))
     clusters = copy.deepcopy(_resources(files["cds"], CLUSTER_TYPE, "cds.yaml"))
-    ecds = {e["name"]: e for e in _resources(files["ecds"], ECDS_TYPE, "ecds.yaml")}
+    ecds = {}
+    for fname in ECDS_FILES:
+        res = _resources(files[fname], ECDS_TYPE, f"{fname}.yaml")
+        if len(res) != 1:
+            raise RecipeError(f"{fname}.yaml holds {len(res)} configs: ECDS takes one per file")
+        ecds[f"{XDS_PREFIX}/xds/{fname}.yaml"] = res[0]
     for li in listeners:
         li.pop("@type")
         for h in hcms(li):
@@ -619,12 +651,14 @@ def render_xds(files, wasm_path):
                 if cd is None:
                     continue
                 pcs = cd.get("config_source", {}).get("path_config_source", {})
-                if pcs.get("path") != f"{XDS_PREFIX}/xds/ecds.yaml":
-                    raise RecipeError(f"filter {f['name']}: config_discovery does not read ecds.yaml")
-                if f["name"] not in ecds:
-                    raise RecipeError(f"filter {f['name']}: ecds.yaml has no config of that name")
+                ext = ecds.get(pcs.get("path"))
+                if ext is None:
+                    raise RecipeError(f"filter {f['name']}: config_discovery reads "
+                                      f"{pcs.get('path')}, not one of the ecds files")
+                if ext["name"] != f["name"]:
+                    raise RecipeError(f"filter {f['name']}: {pcs['path']} holds {ext['name']}")
                 h["http_filters"][i] = {"name": f["name"],
-                                        "typed_config": copy.deepcopy(ecds[f["name"]]["typed_config"])}
+                                        "typed_config": copy.deepcopy(ext["typed_config"])}
     for c in clusters:
         c.pop("@type")
         c["type"] = "STATIC"

@@ -147,6 +147,29 @@ pub fn worker_metric(worker: &str, field: &str) -> String {
     format!("{WORKER_PREFIX}{worker}.{field}")
 }
 
+/// Per-VM gauges are `llm_router_vm.<id>.<field>`: a gauge of one name is one value
+/// for all VMs (the last writer wins), so each VM names its own with a random id
+/// (VMs are clones; nothing else tells them apart). Read by `benches/soak`.
+pub const VM_PREFIX: &str = "llm_router_vm.";
+
+/// The fields of a VM's gauges.
+pub mod vm {
+    /// The VM's Wasm linear memory in bytes (it only grows: a high-water mark).
+    pub const MEMORY_BYTES: &str = "memory_bytes";
+    /// Chars held by the VM's trees.
+    pub const TREE_CHARS: &str = "tree_chars";
+}
+
+/// One gauge of one VM, e.g. `llm_router_vm.1a2b3c4d.memory_bytes`.
+pub fn vm_metric(id: &str, field: &str) -> String {
+    format!("{VM_PREFIX}{id}.{field}")
+}
+
+/// The VM id and field of a [`vm_metric`] name; `None` for any other stat.
+pub fn split_vm_metric(name: &str) -> Option<(&str, &str)> {
+    name.strip_prefix(VM_PREFIX)?.split_once('.')
+}
+
 /// Envoy `stats_config.stats_tags` entries `(tag_name, regex)` that turn the name
 /// dimensions into labels. Each regex's first group is cut from the name and its
 /// second is the label's value. A worker name may contain dots: the field after the
@@ -204,6 +227,14 @@ mod tests {
             };
             assert!(listed);
         }
+    }
+
+    #[test]
+    fn vm_gauge_names_split_back_into_id_and_field() {
+        let name = vm_metric("1a2b3c4d", vm::MEMORY_BYTES);
+        assert_eq!(name, "llm_router_vm.1a2b3c4d.memory_bytes");
+        assert_eq!(split_vm_metric(&name), Some(("1a2b3c4d", vm::MEMORY_BYTES)));
+        assert_eq!(split_vm_metric("llm_router_worker.w0.routed"), None);
     }
 
     #[test]

@@ -9,12 +9,13 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 
-use super::host::{self, HostStore};
+use super::host::{self, HostStore, Metric};
 use super::hostcalls;
 use super::prober::Prober;
 use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::config::{Config, ConfigError};
+use crate::metric_names::{vm, vm_metric};
 use crate::shared::{ensure_tables, Keys, Op, OpRing};
 use crate::worker_stats::worker_gauges;
 
@@ -43,6 +44,24 @@ pub struct Root {
     state: Shared,
     /// Created with the first configuration (it needs the host's entropy).
     prober: Option<Prober>,
+    /// Defined on the first routing tick (it needs the host's entropy).
+    vm_gauges: Option<VmGauges>,
+}
+
+/// This VM's own gauges (see `metric_names::VM_PREFIX`), for memory soaks.
+struct VmGauges {
+    memory_bytes: Metric,
+    tree_chars: Metric,
+}
+
+impl VmGauges {
+    fn define() -> VmGauges {
+        let id = format!("{:08x}", host::random_seed() as u32);
+        VmGauges {
+            memory_bytes: Metric::gauge(&vm_metric(&id, vm::MEMORY_BYTES)),
+            tree_chars: Metric::gauge(&vm_metric(&id, vm::TREE_CHARS)),
+        }
+    }
 }
 
 impl Root {
@@ -50,6 +69,7 @@ impl Root {
         Root {
             state: Rc::new(RefCell::new(None)),
             prober: None,
+            vm_gauges: None,
         }
     }
 }
@@ -137,10 +157,12 @@ impl RootContext for Root {
         if state.shared.eviction.claim(&HostStore, now, interval) {
             state.record(&Op::Evict);
         }
-        state
-            .metrics
-            .tree_chars
-            .set(state.router.tree_chars() as u64);
+        let tree_chars = state.router.tree_chars() as u64;
+        state.metrics.tree_chars.set(tree_chars);
+        let vm_gauges = self.vm_gauges.get_or_insert_with(VmGauges::define);
+        vm_gauges.tree_chars.set(tree_chars);
+        let pages = core::arch::wasm32::memory_size::<0>() as u64;
+        vm_gauges.memory_bytes.set(pages * 65536);
         // One read of the shared tables serves the whole Envoy's in-flight gauge and
         // the per-worker ones.
         let loads = state.loads();
