@@ -11,6 +11,11 @@
 //! guest that only buffers and reads the body and sets the routing header), so the
 //! guest CPU the router adds per request is attributable without Envoy.
 //!
+//! Before the timings, each build's hostcalls per request are printed by name
+//! (host-sim's counts over 64 requests after 64 of warm-up). `LLM_BENCH_BEFORE=<path to
+//! another llm_router.wasm>` measures that build too, as `before/...`, side by side in
+//! the same run; `LLM_ROUTER_WASM` picks the build under test.
+//!
 //! Needs the filter's and the floor's wasm:
 //! `cargo build -p llm-router -p llm-floor --target wasm32-wasip1 --profile wasm`.
 
@@ -89,6 +94,87 @@ fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
         .expect("host")
 }
 
+/// Hostcalls per request by name, over `n` requests after a warm-up of as many (so a
+/// VM's one-off work, such as defining its metrics, is not counted).
+fn hostcalls_per_request(filter: &Filter, policy: &str, vms: usize, bodies: &[Vec<u8>]) {
+    let n = 64;
+    let mut h = host_with_vms(filter, policy, vms);
+    for i in 0..n {
+        request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
+    }
+    let before = h.hostcall_counts();
+    for i in 0..n {
+        request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
+    }
+    let after = h.hostcall_counts();
+    if policy == "cache_aware" {
+        assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
+    }
+    if vms > 1 {
+        assert!(
+            h.metric("wasmcustom.llm_router_sync_applied") > Some(0),
+            "the VMs applied each other's operations"
+        );
+    }
+    let per: Vec<(String, f64)> = after
+        .iter()
+        .map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0);
+            (
+                k.trim_start_matches("proxy_").to_string(),
+                d as f64 / n as f64,
+            )
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    let total: f64 = per.iter().map(|(_, d)| d).sum();
+    let list: Vec<String> = per.iter().map(|(k, d)| format!("{k} {d}")).collect();
+    eprintln!(
+        "hostcalls per request, {policy} on {vms} VM(s): {total} ({})",
+        list.join(", ")
+    );
+}
+
+/// The cases every build is measured on; `tag` names the build (`""`: this one).
+fn bench_build(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    tag: &str,
+    filter: &Filter,
+    bodies: &[Vec<u8>],
+) {
+    let name = |case: &str| format!("{tag}{case}");
+    for (policy, vms) in [("cache_aware", 1), ("cache_aware", 4), ("round_robin", 1)] {
+        hostcalls_per_request(filter, policy, vms, bodies);
+    }
+    let mut h = host(filter, "cache_aware");
+    group.bench_function(name("cache_aware/one_conversation"), |b| {
+        b.iter(|| one_request(&mut h, &bodies[0]))
+    });
+
+    let mut h = host(filter, "cache_aware");
+    let mut i = 0;
+    group.bench_function(name("cache_aware/64_conversations"), |b| {
+        b.iter(|| {
+            i += 1;
+            one_request(&mut h, &bodies[i % bodies.len()])
+        })
+    });
+
+    let mut h = host_with_vms(filter, "cache_aware", 4);
+    let mut i = 0;
+    group.bench_function(name("cache_aware/64_conversations_4_vms_in_turn"), |b| {
+        b.iter(|| {
+            i += 1;
+            request_on(&mut h, i % 4, &bodies[i % bodies.len()])
+        })
+    });
+
+    let mut h = host(filter, "round_robin");
+    group.bench_function(name("round_robin/one_conversation"), |b| {
+        b.iter(|| one_request(&mut h, &bodies[0]))
+    });
+}
+
 fn bench_request(c: &mut Criterion) {
     let path = host_sim::built_filter_path();
     assert!(
@@ -105,39 +191,22 @@ fn bench_request(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2))
         .throughput(Throughput::Elements(1));
 
-    let mut h = host(&filter, "cache_aware");
-    group.bench_function("cache_aware/one_conversation", |b| {
-        b.iter(|| one_request(&mut h, &bodies[0]))
-    });
-    assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
-
-    let mut h = host(&filter, "cache_aware");
-    let mut i = 0;
-    group.bench_function("cache_aware/64_conversations", |b| {
-        b.iter(|| {
-            i += 1;
-            one_request(&mut h, &bodies[i % bodies.len()])
-        })
-    });
-
-    let mut h = host_with_vms(&filter, "cache_aware", 4);
-    let mut i = 0;
-    group.bench_function("cache_aware/64_conversations_4_vms_in_turn", |b| {
-        b.iter(|| {
-            i += 1;
-            request_on(&mut h, i % 4, &bodies[i % bodies.len()])
-        })
-    });
-    assert!(
-        h.metric("wasmcustom.llm_router_sync_applied") > Some(0),
-        "the VMs applied each other's operations"
-    );
+    bench_build(&mut group, "", &filter, &bodies);
+    // Another build of the filter beside this one, in the same run (a shared machine's
+    // timings compare only side by side): LLM_BENCH_BEFORE=/tmp/before.wasm.
+    if let Some(before) = std::env::var_os("LLM_BENCH_BEFORE") {
+        let old = Filter::load(std::path::Path::new(&before)).expect("load LLM_BENCH_BEFORE");
+        bench_build(&mut group, "before/", &old, &bodies);
+    }
 
     let mut h = host(&filter, "predicted_ttft");
+    let mut ran = false;
     group.bench_function("predicted_ttft/one_conversation", |b| {
+        ran = true;
         b.iter(|| one_request(&mut h, &bodies[0]))
     });
-    assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
+    // (a filtered run skips the case)
+    assert!(!ran || h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
 
     let mut h = host(&filter, "predicted_ttft");
     let mut i = 0;
@@ -157,11 +226,6 @@ fn bench_request(c: &mut Criterion) {
         })
     });
 
-    let mut h = host(&filter, "round_robin");
-    group.bench_function("round_robin/one_conversation", |b| {
-        b.iter(|| one_request(&mut h, &bodies[0]))
-    });
-
     let floor_path = path.with_file_name("llm_floor.wasm");
     assert!(
         floor_path.exists(),
@@ -169,6 +233,7 @@ fn bench_request(c: &mut Criterion) {
         floor_path.display()
     );
     let floor = Filter::load(&floor_path).expect("load the floor");
+    hostcalls_per_request(&floor, "round_robin", 1, &bodies);
     let mut h = host(&floor, "round_robin");
     group.bench_function("floor/one_conversation", |b| {
         b.iter(|| one_request(&mut h, &bodies[0]))

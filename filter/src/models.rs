@@ -9,10 +9,11 @@ use serde_json::json;
 use std::collections::BTreeSet;
 
 /// Whether this is a model listing request (`GET` on a path ending in `/v1/models`,
-/// query ignored).
-pub fn is_list_request(method: &str, path: &str) -> bool {
+/// query ignored). The method is asked for only on that path: reading it is a
+/// hostcall, which every other request is spared.
+pub fn is_list_request(path: &str, method: impl FnOnce() -> String) -> bool {
     let path = path.split('?').next().unwrap_or(path);
-    method == "GET" && path.ends_with("/v1/models")
+    path.ends_with("/v1/models") && method() == "GET"
 }
 
 /// The OpenAI-style list of every declared model, or `None` when some worker
@@ -65,10 +66,20 @@ mod tests {
 
     #[test]
     fn only_a_get_on_the_models_path_is_a_listing() {
-        assert!(is_list_request("GET", "/v1/models"));
-        assert!(is_list_request("GET", "/openai/v1/models?x=1"));
-        assert!(!is_list_request("POST", "/v1/models"));
-        assert!(!is_list_request("GET", "/v1/models/m1"));
-        assert!(!is_list_request("GET", "/v1/chat/completions"));
+        assert!(is_list_request("/v1/models", || "GET".into()));
+        assert!(is_list_request("/openai/v1/models?x=1", || "GET".into()));
+        assert!(!is_list_request("/v1/models", || "POST".into()));
+        assert!(!is_list_request("/v1/models/m1", || "GET".into()));
+        assert!(!is_list_request("/v1/chat/completions", || "GET".into()));
+        let asked = std::cell::Cell::new(false);
+        let method = || {
+            asked.set(true);
+            "POST".to_string()
+        };
+        assert!(!is_list_request("/v1/chat/completions", method));
+        assert!(
+            !asked.get(),
+            "the method (a hostcall) is read only on the listing path"
+        );
     }
 }

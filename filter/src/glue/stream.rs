@@ -328,7 +328,7 @@ impl HttpContext for Stream {
             }
         }
         // The model listing is the router's own: the union of the workers' models.
-        if models::is_list_request(&request_header(":method"), &self.path) {
+        if models::is_list_request(&self.path, || request_header(":method")) {
             let listing = self
                 .state
                 .borrow()

@@ -11,6 +11,8 @@
 //! changed, catching up costs one `get` of the head. A VM that falls more than
 //! `slots` behind skips what was overwritten and counts the gap.
 
+use std::cell::Cell;
+
 use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 
 const EMPTY_SEQ: u64 = u64::MAX;
@@ -38,6 +40,11 @@ pub enum AppendError {
 pub struct OpRing {
     head_key: String,
     slot_keys: Vec<String>,
+    /// The head and its CAS as this VM last read them: a request catches up, then
+    /// appends, and the append starts from this instead of reading the head again.
+    /// A stale hint is safe: the slot's CAS and sequence decide, as for any writer
+    /// that read the head a while ago, and a failed attempt reads the head afresh.
+    head_hint: Cell<Option<(u64, u32)>>,
 }
 
 fn seq_of(slot: &[u8]) -> Option<u64> {
@@ -49,6 +56,7 @@ impl OpRing {
         OpRing {
             head_key: keys.ring_head(),
             slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
+            head_hint: Cell::new(None),
         }
     }
 
@@ -78,16 +86,24 @@ impl OpRing {
 
     /// The next sequence number (operations ever appended).
     pub fn head(&self, store: &dyn SharedStore) -> Option<u64> {
-        let (v, _) = store.get(&self.head_key)?;
-        Reader(&v).u64()
+        self.read_head(store).map(|(head, _)| head)
+    }
+
+    /// The head and its CAS, kept as the next append's hint.
+    fn read_head(&self, store: &dyn SharedStore) -> Option<(u64, u32)> {
+        let (v, cas) = store.get(&self.head_key)?;
+        let head = Reader(&v).u64()?;
+        self.head_hint.set(Some((head, cas)));
+        Some((head, cas))
     }
 
     /// Appends `op`, returning its sequence number.
     pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
         for _ in 0..CAS_ATTEMPTS {
-            let (head_bytes, head_cas) =
-                store.get(&self.head_key).ok_or(AppendError::Unavailable)?;
-            let head = Reader(&head_bytes).u64().ok_or(AppendError::Unavailable)?;
+            let (head, head_cas) = match self.head_hint.take() {
+                Some(hint) => hint,
+                None => self.read_head(store).ok_or(AppendError::Unavailable)?,
+            };
             let key = self.slot_key(head);
             let (slot, slot_cas) = store.get(key).ok_or(AppendError::Unavailable)?;
             match seq_of(&slot) {
@@ -208,6 +224,37 @@ mod tests {
         assert_eq!(seen[3], (3, insert_op("t3", "w")));
         let again = ring.catch_up(&store, &mut cursor, |_, _| panic!("nothing new"));
         assert_eq!(again, CatchUp::default());
+    }
+
+    #[test]
+    fn an_append_after_a_stale_head_read_never_overwrites_and_keeps_the_order() {
+        let store = MemStore::default();
+        let (a, b) = (
+            OpRing::new(&Keys::new("t"), 4),
+            OpRing::new(&Keys::new("t"), 4),
+        );
+        a.init_if_missing(&store);
+        let op = |i: u64| insert_op(&format!("t{i}"), "w").encode();
+        let mut cursor = 0;
+        // VM `a` reads the head (its hint), then VM `b` appends past it: once, then
+        // more than a whole ring, before `a` appends from its stale hint.
+        for others in [1, 9] {
+            a.catch_up(&store, &mut cursor, |_, _| {});
+            let start = a.head(&store).unwrap();
+            for i in 0..others {
+                assert_eq!(b.append(&store, &op(start + i)), Ok(start + i));
+            }
+            let mine = start + others;
+            assert_eq!(a.append(&store, &op(mine)), Ok(mine), "the next sequence");
+            assert_eq!(a.head(&store), Some(mine + 1));
+            let mut read = mine.saturating_sub(3);
+            let mut seen = Vec::new();
+            a.catch_up(&store, &mut read, |seq, op| seen.push((seq, op)));
+            let want: Vec<_> = (mine.saturating_sub(3)..=mine)
+                .map(|i| (i, insert_op(&format!("t{i}"), "w")))
+                .collect();
+            assert_eq!(seen, want, "every sequence holds its own operation");
+        }
     }
 
     #[test]
