@@ -248,6 +248,21 @@ pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u6
     }
 }
 
+/// `rows`' values in `workers`' order (`missing` for a worker without a row). One
+/// map, not a search per worker: a fleet of 256 made that 65k name comparisons per
+/// table per request.
+pub(crate) fn by_worker_name<T: Copy>(
+    rows: &[(String, T)],
+    workers: &[crate::config::WorkerConfig],
+    missing: T,
+) -> Vec<T> {
+    let by_name: hashbrown::HashMap<&str, T> = rows.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    workers
+        .iter()
+        .map(|w| by_name.get(w.name.as_str()).copied().unwrap_or(missing))
+        .collect()
+}
+
 pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_le_bytes());
     out.extend_from_slice(b);

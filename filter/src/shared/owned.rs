@@ -23,7 +23,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use super::{put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{by_worker_name, put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 use crate::config::WorkerConfig;
 
 /// Ticks a VM's row lives without a write, and the least time that may be: a
@@ -134,23 +134,20 @@ impl<const N: usize> OwnedCounts<N> {
         let Some((bytes, _)) = store.get(&self.key) else {
             return sums;
         };
+        let mut at: hashbrown::HashMap<String, usize> = hashbrown::HashMap::new();
         for row in decode::<N>(&bytes) {
             if !fresh(row.at_ms, now_ms, self.expiry_ms) {
                 continue;
             }
             for (name, values) in row.counts {
-                let slot = match sums.iter_mut().find(|(n, _)| *n == name) {
-                    Some((_, s)) => s,
-                    None => {
-                        sums.push((name, [0; N]));
-                        match sums.last_mut() {
-                            Some((_, s)) => s,
-                            None => continue,
-                        }
+                let i = *at.entry(name).or_insert_with_key(|name| {
+                    sums.push((name.clone(), [0; N]));
+                    sums.len() - 1
+                });
+                if let Some((_, slot)) = sums.get_mut(i) {
+                    for (s, v) in slot.iter_mut().zip(values) {
+                        *s = s.saturating_add(v);
                     }
-                };
-                for (s, v) in slot.iter_mut().zip(values) {
-                    *s = s.saturating_add(v);
                 }
             }
         }
@@ -164,15 +161,7 @@ impl<const N: usize> OwnedCounts<N> {
         workers: &[WorkerConfig],
         now_ms: u64,
     ) -> Vec<[u64; N]> {
-        let sums = self.read(store, now_ms);
-        workers
-            .iter()
-            .map(|w| {
-                sums.iter()
-                    .find(|(n, _)| *n == w.name)
-                    .map_or([0; N], |(_, v)| *v)
-            })
-            .collect()
+        by_worker_name(&self.read(store, now_ms), workers, [0; N])
     }
 
     /// What this VM holds.

@@ -12,7 +12,9 @@
 
 use super::inflight::{decode_counts, encode_counts};
 use super::owned::OwnedCounts;
-use super::{put_bytes, InflightTable, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{
+    by_worker_name, put_bytes, InflightTable, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
+};
 use crate::config::WorkerConfig;
 use crate::policy::{WorkerCosts, WorkerWork};
 
@@ -64,11 +66,12 @@ impl PairTable {
         store: &dyn SharedStore,
         workers: &[WorkerConfig],
     ) -> Vec<Option<[u64; 2]>> {
-        let rows = self.read(store);
-        workers
-            .iter()
-            .map(|w| rows.iter().find(|(n, _)| *n == w.name).map(|(_, v)| *v))
-            .collect()
+        let rows: Vec<(String, Option<[u64; 2]>)> = self
+            .read(store)
+            .into_iter()
+            .map(|(n, v)| (n, Some(v)))
+            .collect();
+        by_worker_name(&rows, workers, None)
     }
 
     /// Changes `worker`'s row with `f` (a missing row starts as `empty`); rows equal
@@ -224,15 +227,7 @@ impl OwnAtSample {
             .get(&self.key)
             .map(|(v, _)| decode_counts(&v))
             .unwrap_or_default();
-        workers
-            .iter()
-            .map(|w| {
-                counts
-                    .iter()
-                    .find(|(n, _)| *n == w.name)
-                    .map_or(0, |(_, c)| *c)
-            })
-            .collect()
+        by_worker_name(&counts, workers, 0)
     }
 }
 
