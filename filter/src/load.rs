@@ -7,7 +7,8 @@
 //! Samples are stamped with the filter's clock when they arrive (the collector's
 //! clock may differ) and are fresh while younger than `stale_after_ms`.
 
-use crate::policy::{WorkerCosts, WorkerWork};
+use crate::policy::{others_load, Candidate, TtftCandidate, WorkerCosts, WorkerWork};
+use crate::tree::TenantMatches;
 
 /// One engine's load as last reported.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,6 +81,46 @@ impl Loads {
     }
 }
 
+impl Loads {
+    /// What `predicted_ttft` knows of one candidate: the router's own work there,
+    /// the engine's load beyond this Envoy's (fresh samples only), its share of the
+    /// request's prefix (`held`) and its learned costs.
+    pub fn ttft_candidate(
+        &self,
+        c: &Candidate,
+        held: &TenantMatches,
+        stale_after_ms: u64,
+    ) -> TtftCandidate {
+        let i = c.worker as usize;
+        let others = self
+            .engine
+            .fresh(i, self.now_ms, stale_after_ms)
+            .map_or(0, |s| {
+                // Peer replicas' requests are already in the candidate's (fleet)
+                // in-flight count, so they are not "others" too: without this, a fleet
+                // of replicas counted each other's load twice until the next sample.
+                let own = self.own_at_sample.get(i).copied().unwrap_or(0);
+                let peers = self.peer_inflight.get(i).copied().unwrap_or(0);
+                others_load(
+                    s.num_waiting.saturating_add(s.num_running),
+                    own.saturating_add(peers),
+                )
+            });
+        TtftCandidate {
+            work: self.work.get(i).copied().unwrap_or_default(),
+            others,
+            cached_chars: held
+                .depths
+                .iter()
+                .find(|(t, _)| *t == c.worker)
+                .map_or(0, |(_, n)| *n as u64),
+            continues: held.continued.contains(&c.worker),
+            costs: self.costs.get(i).copied().unwrap_or_default(),
+            ..TtftCandidate::of(c)
+        }
+    }
+}
+
 #[cfg(test)]
 impl Loads {
     /// No engine samples, no flags: the router's own counts only.
@@ -130,5 +171,41 @@ mod tests {
         );
         assert!(t.fresh(2, 1000, 1000).is_none());
         assert!(t.fresh(9, 1000, 1000).is_none());
+    }
+
+    #[test]
+    fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
+        let sample = |waiting_running: u64| {
+            Some(Report::Sample(EngineSample {
+                num_waiting: waiting_running,
+                num_running: 0,
+                kv_usage: None,
+                ttft_p90_s: None,
+                tpot_p90_s: None,
+                at_ms: 1000,
+            }))
+        };
+        let loads = Loads {
+            peer_inflight: vec![3, 0],
+            own_at_sample: vec![2, 2],
+            engine: LoadTable {
+                reports: vec![sample(10), sample(1)],
+            },
+            now_ms: 1000,
+            ..Loads::inflight_only(&[2, 2])
+        };
+        let c = |worker: crate::tree::TenantId| Candidate {
+            worker,
+            inflight: loads.fleet_inflight(worker as usize),
+            engine: None,
+        };
+        let w0 = loads.ttft_candidate(&c(0), &TenantMatches::default(), 5000);
+        assert_eq!(
+            (w0.inflight, w0.others),
+            (5, 5),
+            "10 on the engine: 2 ours, 3 peers'"
+        );
+        let w1 = loads.ttft_candidate(&c(1), &TenantMatches::default(), 5000);
+        assert_eq!(w1.others, 0, "never negative");
     }
 }

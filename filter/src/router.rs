@@ -27,45 +27,7 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{TenantId, TenantMatches, Tree};
-
-/// What `predicted_ttft` knows of one candidate: the router's own work there, the
-/// engine's load beyond this Envoy's (fresh samples only), its share of the
-/// request's prefix and its learned costs.
-fn ttft_candidate(
-    c: &Candidate,
-    loads: &Loads,
-    held: &TenantMatches,
-    stale_after_ms: u64,
-) -> TtftCandidate {
-    let i = c.worker as usize;
-    let others = loads
-        .engine
-        .fresh(i, loads.now_ms, stale_after_ms)
-        .map_or(0, |s| {
-            // Peer replicas' requests are already in the candidate's (fleet) in-flight
-            // count, so they are not "others" too: without this, a fleet of replicas
-            // counted each other's load twice until the next sample.
-            let own = loads.own_at_sample.get(i).copied().unwrap_or(0);
-            let peers = loads.peer_inflight.get(i).copied().unwrap_or(0);
-            policy::others_load(
-                s.num_waiting.saturating_add(s.num_running),
-                own.saturating_add(peers),
-            )
-        });
-    TtftCandidate {
-        work: loads.work.get(i).copied().unwrap_or_default(),
-        others,
-        cached_chars: held
-            .depths
-            .iter()
-            .find(|(t, _)| *t == c.worker)
-            .map_or(0, |(_, n)| *n as u64),
-        continues: held.continued.contains(&c.worker),
-        costs: loads.costs.get(i).copied().unwrap_or_default(),
-        ..TtftCandidate::of(c)
-    }
-}
+use crate::tree::{TenantId, Tree};
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,7 +273,7 @@ impl Router {
                     .iter()
                     .map(|c| TtftCandidate {
                         conversations: tree.map_or(0, |t| t.tree.tenant_leaves(c.worker) as u64),
-                        ..ttft_candidate(c, loads, &held, self.cfg.stale_after_ms)
+                        ..loads.ttft_candidate(c, &held, self.cfg.stale_after_ms)
                     })
                     .collect();
                 let input = text.chars().count() as u64;
@@ -517,43 +479,6 @@ mod tests {
             .collect();
         let json = format!(r#"{{"workers":[{}]{extra}}}"#, ws.join(","));
         Router::new(Config::from_json(json.as_bytes()).unwrap())
-    }
-
-    #[test]
-    fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
-        use crate::load::{EngineSample, LoadTable, Report};
-        let sample = |waiting_running: u64| {
-            Some(Report::Sample(EngineSample {
-                num_waiting: waiting_running,
-                num_running: 0,
-                kv_usage: None,
-                ttft_p90_s: None,
-                tpot_p90_s: None,
-                at_ms: 1000,
-            }))
-        };
-        let loads = Loads {
-            peer_inflight: vec![3, 0],
-            own_at_sample: vec![2, 2],
-            engine: LoadTable {
-                reports: vec![sample(10), sample(1)],
-            },
-            now_ms: 1000,
-            ..Loads::inflight_only(&[2, 2])
-        };
-        let c = |worker: TenantId| Candidate {
-            worker,
-            inflight: loads.fleet_inflight(worker as usize),
-            engine: None,
-        };
-        let w0 = ttft_candidate(&c(0), &loads, &TenantMatches::default(), 5000);
-        assert_eq!(
-            (w0.inflight, w0.others),
-            (5, 5),
-            "10 on the engine: 2 ours, 3 peers'"
-        );
-        let w1 = ttft_candidate(&c(1), &loads, &TenantMatches::default(), 5000);
-        assert_eq!(w1.others, 0, "never negative");
     }
 
     /// Routes and records locally, as a single VM without sharing would.
