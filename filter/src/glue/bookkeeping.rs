@@ -100,25 +100,8 @@ pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
             _ => None,
         };
         let seq = state.record(&op);
-        if let (
-            Op::Insert {
-                pool,
-                model,
-                worker,
-                text,
-            },
-            Some(keep_chars),
-            Some(seq),
-        ) = (op, keep, seq)
-        {
-            undo.forgets.push(Op::Forget {
-                pool,
-                model,
-                worker,
-                text,
-                keep_chars,
-                seq,
-            });
+        if let (Some(keep_chars), Some(seq)) = (keep, seq) {
+            undo.forgets.extend(op.into_forget(keep_chars, seq));
         }
     }
     undo

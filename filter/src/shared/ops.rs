@@ -50,6 +50,27 @@ pub enum Op {
 }
 
 impl Op {
+    /// The `Forget` that undoes this insert (recorded at `seq`, its worker holding
+    /// `keep_chars` of the text before); other operations have none.
+    pub fn into_forget(self, keep_chars: u64, seq: u64) -> Option<Op> {
+        match self {
+            Op::Insert {
+                pool,
+                model,
+                worker,
+                text,
+            } => Some(Op::Forget {
+                pool,
+                model,
+                worker,
+                text,
+                keep_chars,
+                seq,
+            }),
+            _ => None,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         self.encode_tagged(TAG_INSERT)
     }
@@ -162,6 +183,22 @@ pub(crate) fn insert_op(text: &str, worker: &str) -> Op {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_insert_turns_into_its_forget_and_nothing_else_does() {
+        assert_eq!(
+            insert_op("hello", "w1").into_forget(2, 9),
+            Some(Op::Forget {
+                pool: Pool::Regular,
+                model: "m".into(),
+                worker: "w1".into(),
+                text: "hello".into(),
+                keep_chars: 2,
+                seq: 9,
+            })
+        );
+        assert_eq!(Op::Evict.into_forget(2, 9), None);
+    }
 
     #[test]
     fn ops_round_trip_and_garbage_is_rejected() {
