@@ -127,9 +127,7 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
         if let Some(dir) = &args.records_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let mut records = done.records.clone();
-            records.sort_by_key(|r| r.line);
-            llm_load::record::write_jsonl(&dir.join(format!("{label}.jsonl")), &records)?;
+            llm_load::record::write_jsonl(&dir.join(format!("{label}.jsonl")), &done.records)?;
         }
         let mut result = RunResult::new(label, done.summary, |name| done.host.metric(name));
         if args.pd.pd {

@@ -56,7 +56,7 @@ pub struct Replay {
 /// metrics, logs, engine caches).
 pub struct ReplayRun {
     pub summary: Summary,
-    /// Every request's outcome, in completion order.
+    /// Every request's outcome, in workload order (kept by item index).
     pub records: Vec<Record>,
     pub host: Host,
     pub fleet: SimFleet,
