@@ -33,14 +33,8 @@ fn bodies_of_millions_of_numbers_are_routed_without_a_trap() {
         let out = host
             .vm(0)
             .request(RequestSpec {
-                headers: vec![
-                    (":method", "POST"),
-                    (":path", "/v1/chat/completions"),
-                    (":authority", "x"),
-                    ("content-type", "application/json"),
-                ],
-                body: numbers_body(mb),
                 body_chunks: 8,
+                ..RequestSpec::post_json("/v1/chat/completions", numbers_body(mb))
             })
             .unwrap_or_else(|e| panic!("{mb} MB: the filter trapped: {e:#}"));
         assert!(out.continued, "{mb} MB routed: {out:?}");
@@ -86,14 +80,8 @@ fn pd_rewrites_bodies_of_millions_of_numbers_without_a_trap() {
     let out = host
         .vm(0)
         .request(RequestSpec {
-            headers: vec![
-                (":method", "POST"),
-                (":path", "/v1/chat/completions"),
-                (":authority", "x"),
-                ("content-type", "application/json"),
-            ],
-            body: body.clone(),
             body_chunks: 8,
+            ..RequestSpec::post_json("/v1/chat/completions", body.clone())
         })
         .unwrap_or_else(|e| panic!("the filter trapped: {e:#}"));
     assert!(out.continued, "routed: {:?}", out.local_response);
