@@ -153,14 +153,42 @@ fn in_flight_counts_are_shared_and_return_to_zero() {
 #[test]
 fn a_vm_that_fell_a_ring_behind_counts_the_gap_and_carries_on() {
     let mut h = host(2, r#","sync_ring_slots":8"#);
+    route(&mut h, 1, chat(99, 0));
     for conv in 0..20 {
         route(&mut h, 0, chat(conv, 0));
     }
     assert_eq!(support::stat(&h, "llm_router_sync_gaps"), 0);
-    // VM 1 never ticked nor routed: 20 operations, the ring holds the last 8.
+    // VM 1 then neither ticked nor routed: 20 operations, the ring holds the last 8.
     let (_, reason) = route(&mut h, 1, chat(19, 1));
     assert_eq!(reason, "cache_hit", "the recent operations are still there");
     assert_eq!(support::stat(&h, "llm_router_sync_gaps"), 12);
     let (_, reason) = route(&mut h, 1, chat(0, 1));
     assert_eq!(reason, "cache_miss", "the overwritten one is lost on VM 1");
+}
+
+#[test]
+fn a_root_context_without_streams_keeps_no_tree_until_its_first_one() {
+    let mut h = host(2, r#","sync_ring_slots":8"#);
+    for conv in 0..20 {
+        route(&mut h, 0, chat(conv, 0));
+        h.advance_time(1_000).unwrap();
+    }
+    // VM 1 ticked all along but had no stream (as Envoy's main thread, or a
+    // listener nobody calls): it copied nothing, and missed nothing either.
+    assert_eq!(support::stat(&h, "llm_router_sync_applied"), 20);
+    let (_, reason) = route(&mut h, 1, chat(19, 1));
+    assert_eq!(
+        reason, "cache_hit",
+        "its first stream catches up with the ring"
+    );
+    let (_, reason) = route(&mut h, 1, chat(0, 1));
+    assert_eq!(
+        reason, "cache_miss",
+        "what the ring no longer holds is not there"
+    );
+    assert_eq!(
+        support::stat(&h, "llm_router_sync_gaps"),
+        0,
+        "a start, not a gap"
+    );
 }

@@ -33,6 +33,8 @@ fn every_vm_reports_its_own_memory_and_tree_chars_on_its_tick() {
     let config = support::fleet_config(2, "");
     let mut host = support::host::<&str>(&config, 2, 7, &[]);
     let prompt = "a prompt long enough to be worth caching ".repeat(50);
+    // A VM keeps the tree once it has had a stream (Envoy's main thread never does).
+    support::route_completion(&mut host, 1, "hi");
     support::route_completion(&mut host, 0, &prompt);
     // Every VM ticks (sync_interval_ms is 1 s): VM 1 catches up with VM 0's insert.
     host.advance_time(2_000).expect("ticks");

@@ -82,11 +82,15 @@ impl crate::shared::SharedStore for HostStore {
     fn set(&self, key: &str, value: &[u8], cas: u32) -> crate::shared::SetOutcome {
         use crate::shared::SetOutcome;
         let cas = (cas != 0).then_some(cas);
-        match hostcalls::set_shared_data(key, Some(value), cas) {
+        let outcome = match hostcalls::set_shared_data(key, Some(value), cas) {
             Ok(()) => SetOutcome::Stored,
             Err(proxy_wasm::types::Status::CasMismatch) => SetOutcome::CasMismatch,
             Err(_) => SetOutcome::Failed,
-        }
+        };
+        // Every VM's copy of the cached tables follows this write.
+        let keys = crate::shared::Keys::default();
+        crate::shared::stamp_after_write(self, &keys, key, outcome);
+        outcome
     }
 }
 

@@ -146,8 +146,12 @@ impl RootContext for Root {
         if state.router.config().stats_only {
             return;
         }
-        state.catch_up();
+        if state.serving() {
+            state.catch_up();
+        }
         state.refresh_membership();
+        // A lost generation stamp leaves a copy stale for one tick at most.
+        state.shared.tables.clear();
         let now = host::now_ms();
         state.shared.recent_ms.set(now);
         // This VM's counts stay fresh while it lives (`crate::shared::owned`).
@@ -157,10 +161,12 @@ impl RootContext for Root {
         if state.shared.eviction.claim(&HostStore, now, interval) {
             state.record(&Op::Evict);
         }
-        let tree_chars = state.router.tree_chars() as u64;
-        state.metrics.tree_chars.set(tree_chars);
         let vm_gauges = self.vm_gauges.get_or_insert_with(VmGauges::define);
-        vm_gauges.tree_chars.set(tree_chars);
+        if state.serving() {
+            let tree_chars = state.router.tree_chars() as u64;
+            state.metrics.tree_chars.set(tree_chars);
+            vm_gauges.tree_chars.set(tree_chars);
+        }
         let pages = core::arch::wasm32::memory_size::<0>() as u64;
         vm_gauges.memory_bytes.set(pages * 65536);
         // One read of the shared tables serves the whole Envoy's in-flight gauge and
@@ -176,6 +182,9 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        if let Some(state) = self.state.borrow_mut().as_mut() {
+            state.serve();
+        }
         Some(Box::new(Stream::new(self.state.clone())))
     }
 

@@ -15,7 +15,7 @@ use crate::rng::SplitMix64;
 use crate::router::Router;
 use crate::shared::{
     owner_expiry_ms, read_loads, CostTable, EvictionClock, InflightTable, Keys, MembershipTable,
-    Op, OpRing, OwnAtSample, SamplesTable, WorkTable,
+    Op, OpRing, OwnAtSample, SamplesTable, TableCache, WorkTable,
 };
 
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -34,6 +34,8 @@ pub struct SharedState {
     pub own_at_sample: OwnAtSample,
     /// Discovery mode's worker list.
     pub membership: MembershipTable,
+    /// This VM's copy of the tables few requests change (`crate::shared::generation`).
+    pub tables: TableCache,
     /// The next ring sequence this VM has not applied.
     pub cursor: u64,
     /// The host's clock as last read (by `State::loads` or the tick): a count's
@@ -50,6 +52,12 @@ pub struct State {
     pub replica_metrics: ReplicaMetrics,
     /// Requests routed with the gate blind, for the sampled warning.
     gate_inert_seen: u64,
+    /// Whether this root context has had a stream (`serve`). Envoy configures the
+    /// plugin on its main thread too, and every listener's plugin config is a root
+    /// context of its own on every thread; those that never see a request kept a
+    /// full copy of the tree by catching up on every tick, which cost the Envoy as
+    /// much CPU as routing (every routed text inserted once more per such copy).
+    serving: bool,
 }
 
 /// The VM state, absent until the first configuration is accepted.
@@ -77,6 +85,7 @@ impl State {
                 costs: CostTable::new(&keys),
                 own_at_sample: OwnAtSample::new(&keys),
                 membership: MembershipTable::new(&keys),
+                tables: TableCache::default(),
                 keys,
                 cursor,
                 recent_ms: Cell::new(host::now_ms()),
@@ -85,13 +94,29 @@ impl State {
             metrics,
             replica_metrics: ReplicaMetrics::define(),
             gate_inert_seen: 0,
+            serving: false,
         };
         state.refresh_membership();
-        // The stats listener's instance never routes: it keeps no tree.
-        if !state.router.config().stats_only {
-            state.catch_up();
-        }
         state
+    }
+
+    /// Whether this root context keeps the tree (`serving`).
+    pub fn serving(&self) -> bool {
+        self.serving
+    }
+
+    /// A stream arrived: from now on this root context keeps the tree, starting
+    /// from the operations the ring still holds (as a new VM does); the stream's own
+    /// routing catches up with them.
+    pub fn serve(&mut self) {
+        if self.serving {
+            return;
+        }
+        self.serving = true;
+        if let Some(head) = self.shared.ring.head(&HostStore) {
+            let oldest = head.saturating_sub(self.shared.ring.slots() as u64);
+            self.shared.cursor = self.shared.cursor.max(oldest);
+        }
     }
 
     /// Takes a new configuration; a resized ring is a new stream, read from its head.
@@ -104,6 +129,7 @@ impl State {
         self.shared.inflight.set_expiry(expiry);
         self.shared.work.set_expiry(expiry);
         self.router.reconfigure(cfg);
+        self.shared.tables.clear();
         self.refresh_membership();
         self.metrics.reconfigure(self.router.config());
     }
@@ -127,7 +153,16 @@ impl State {
     pub fn loads(&self) -> Loads {
         let now = host::now_ms();
         self.shared.recent_ms.set(now);
-        read_loads(&HostStore, &self.shared.keys, self.router.config(), now)
+        let s = &self.shared;
+        let cfg = self.router.config();
+        read_loads(
+            &HostStore,
+            &s.keys,
+            cfg,
+            now,
+            (&s.inflight, &s.work),
+            &s.tables,
+        )
     }
 
     /// The collector's last snapshot, for this config's workers.
@@ -179,6 +214,8 @@ impl State {
         if now == version {
             return;
         }
+        // The cached tables are by worker index.
+        self.shared.tables.clear();
         let cfg = self.router.config();
         self.metrics.reconfigure(cfg);
         let names = |routable: bool| {
@@ -204,6 +241,8 @@ impl State {
     /// shared data would copy and decode the whole routing text again.
     pub fn record(&mut self, op: &Op) -> Option<u64> {
         match self.shared.ring.append(&HostStore, &op.encode()) {
+            // Shared for every VM; a root context without streams keeps no tree.
+            Ok(seq) if !self.serving => Some(seq),
             Ok(seq) if seq == self.shared.cursor => {
                 let version = self.router.membership_version();
                 self.router.apply(seq, op);

@@ -29,6 +29,7 @@
 
 mod eviction;
 mod flags;
+mod generation;
 mod health;
 mod inflight;
 mod lease;
@@ -44,6 +45,7 @@ mod worker_states;
 
 pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
+pub use generation::{stamp_after_write, TableCache, Tables};
 pub use health::{HealthStates, HealthTable};
 pub use inflight::InflightTable;
 pub use lease::{claim, Lease, ProbeLease};
@@ -56,6 +58,8 @@ pub use peers::{PeerLoads, PeerReport};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
 pub use work::{CostTable, OwnAtSample, WorkTable};
+
+use std::borrow::Cow;
 
 use crate::config::Config;
 use crate::load::Loads;
@@ -84,23 +88,43 @@ pub const CAS_ATTEMPTS: usize = 64;
 /// other plugin's in the same VM id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
-    prefix: String,
+    prefix: Cow<'static, str>,
 }
+
+/// The cached tables' keys after the prefix (`generation`).
+const SAMPLES: &str = ".samples";
+const FLAGS: &str = ".overload.flags";
+const HEALTH: &str = ".health";
+const PEER_INFLIGHT: &str = ".replicas.inflight";
 
 /// The filter's key prefix.
 pub const KEY_PREFIX: &str = "llm_router";
 
 impl Default for Keys {
     fn default() -> Self {
-        Keys::new(KEY_PREFIX)
+        Keys {
+            prefix: Cow::Borrowed(KEY_PREFIX),
+        }
     }
 }
 
 impl Keys {
     pub fn new(prefix: &str) -> Keys {
         Keys {
-            prefix: prefix.to_string(),
+            prefix: Cow::Owned(prefix.to_string()),
         }
+    }
+
+    /// Whether `key` is one of the tables `generation` caches (without building
+    /// any key: the store asks on every write).
+    pub fn is_cached_table(&self, key: &str) -> bool {
+        key.strip_prefix(self.prefix.as_ref())
+            .is_some_and(|rest| [SAMPLES, FLAGS, HEALTH, PEER_INFLIGHT].contains(&rest))
+    }
+
+    /// Stamped on every write of a cached table (`generation`).
+    pub fn generation(&self) -> String {
+        format!("{}.tables.generation", self.prefix)
     }
 
     /// The ring's next sequence number.
@@ -124,11 +148,11 @@ impl Keys {
     }
 
     pub fn samples(&self) -> String {
-        format!("{}.samples", self.prefix)
+        format!("{}{}", self.prefix, SAMPLES)
     }
 
     pub fn flags(&self) -> String {
-        format!("{}.overload.flags", self.prefix)
+        format!("{}{}", self.prefix, FLAGS)
     }
 
     pub fn lease(&self) -> String {
@@ -140,11 +164,11 @@ impl Keys {
     }
 
     pub fn health(&self) -> String {
-        format!("{}.health", self.prefix)
+        format!("{}{}", self.prefix, HEALTH)
     }
 
     pub fn peer_inflight(&self) -> String {
-        format!("{}.replicas.inflight", self.prefix)
+        format!("{}{}", self.prefix, PEER_INFLIGHT)
     }
 
     /// Outstanding prefill by owning VM (as `inflight`).
@@ -205,33 +229,37 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
 
 /// Everything a request routes by, read once: every thread's in-flight counts, the
 /// collector's samples, the overload flags and the down workers (none when their
-/// detection is off).
-pub fn read_loads(store: &dyn SharedStore, keys: &Keys, cfg: &Config, now_ms: u64) -> Loads {
-    let overloaded = if cfg.overload.enabled {
-        FlagTable::new(keys).read(store, &cfg.workers).overloaded()
-    } else {
-        Vec::new()
-    };
-    let down = if cfg.health.enabled {
-        HealthTable::new(keys).read(store, &cfg.workers).down()
-    } else {
-        Vec::new()
-    };
+/// detection is off), the last four through this VM's copy (`generation`).
+/// `inflight` and `work` are this VM's own tables: reading through them lets the
+/// write that books the chosen worker reuse the read (`owned`).
+pub fn read_loads(
+    store: &dyn SharedStore,
+    keys: &Keys,
+    cfg: &Config,
+    now_ms: u64,
+    (inflight, work): (&InflightTable, &WorkTable),
+    cache: &TableCache,
+) -> Loads {
+    let tables = cache.tables(store, keys, cfg);
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
-    let (peer_inflight, _) = PeerLoads::new(keys).by_worker(store, &cfg.workers, now_ms, stale);
-    // Readers own nothing: VM id 0 is never written.
-    let expiry = owner_expiry_ms(cfg.tick_ms());
+    let (peer_inflight, _) = PeerLoads::sum_by_worker(&tables.peers, &cfg.workers, now_ms, stale);
+    let Tables {
+        overloaded,
+        down,
+        engine,
+        ..
+    } = Tables::clone(&tables);
     Loads {
-        inflight: InflightTable::new(keys, 0, expiry).by_worker(store, &cfg.workers, now_ms),
+        inflight: inflight.by_worker(store, &cfg.workers, now_ms),
         peer_inflight,
-        engine: SamplesTable::new(keys).read(store, &cfg.workers),
+        engine,
         now_ms,
         overloaded,
         down,
         work: if ttft {
-            WorkTable::new(keys, 0, expiry).by_worker(store, &cfg.workers, now_ms)
+            work.by_worker(store, &cfg.workers, now_ms)
         } else {
             Vec::new()
         },
@@ -527,7 +555,11 @@ mod tests {
         let keys = Keys::new("t");
         let store = MemStore::default();
         InflightTable::new(&keys, 1, 5000).add(&store, "b", 2, 7);
-        let loads = read_loads(&store, &keys, &cfg, 7);
+        let own = (
+            &InflightTable::new(&keys, 2, 5000),
+            &WorkTable::new(&keys, 2, 5000),
+        );
+        let loads = read_loads(&store, &keys, &cfg, 7, own, &TableCache::default());
         assert_eq!(loads.inflight, vec![0, 2]);
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
@@ -535,6 +567,10 @@ mod tests {
         assert_eq!(loads.down, vec![false, false]);
         let off = Config::from_json(br#"{"workers":[{"name":"a"}],"overload":{"enabled":false}}"#)
             .unwrap();
-        assert!(read_loads(&store, &keys, &off, 7).overloaded.is_empty());
+        assert!(
+            read_loads(&store, &keys, &off, 7, own, &TableCache::default())
+                .overloaded
+                .is_empty()
+        );
     }
 }

@@ -108,6 +108,12 @@ pub struct OwnedCounts<const N: usize> {
     written_at: Cell<u64>,
     /// The last write failed: the next tick retries it.
     unpublished: Cell<bool>,
+    /// The table as this VM last read it, and its CAS: the next write starts from it
+    /// instead of reading again. A request reads the table to choose its worker and
+    /// writes it right after; when nobody wrote in between, the CAS still holds and
+    /// that is one shared-data read fewer, and when somebody did, the write fails its
+    /// CAS and the loop reads afresh.
+    last_read: RefCell<Option<(Vec<Row<N>>, u32)>>,
 }
 
 impl<const N: usize> OwnedCounts<N> {
@@ -119,6 +125,7 @@ impl<const N: usize> OwnedCounts<N> {
             mine: RefCell::new(Vec::new()),
             written_at: Cell::new(0),
             unpublished: Cell::new(false),
+            last_read: RefCell::new(None),
         }
     }
 
@@ -131,26 +138,29 @@ impl<const N: usize> OwnedCounts<N> {
     /// absent).
     pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
         let mut sums: Counts<N> = Vec::new();
-        let Some((bytes, _)) = store.get(&self.key) else {
+        let Some((bytes, cas)) = store.get(&self.key) else {
             return sums;
         };
-        let mut at: hashbrown::HashMap<String, usize> = hashbrown::HashMap::new();
-        for row in decode::<N>(&bytes) {
+        let rows = decode::<N>(&bytes);
+        let mut at: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
+        for row in &rows {
             if !fresh(row.at_ms, now_ms, self.expiry_ms) {
                 continue;
             }
-            for (name, values) in row.counts {
-                let i = *at.entry(name).or_insert_with_key(|name| {
-                    sums.push((name.clone(), [0; N]));
+            for (name, values) in &row.counts {
+                let i = *at.entry(name.as_str()).or_insert_with_key(|name| {
+                    sums.push((name.to_string(), [0; N]));
                     sums.len() - 1
                 });
                 if let Some((_, slot)) = sums.get_mut(i) {
                     for (s, v) in slot.iter_mut().zip(values) {
-                        *s = s.saturating_add(v);
+                        *s = s.saturating_add(*v);
                     }
                 }
             }
         }
+        drop(at);
+        *self.last_read.borrow_mut() = Some((rows, cas));
         sums
     }
 
@@ -206,10 +216,10 @@ impl<const N: usize> OwnedCounts<N> {
     fn publish(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
         let mine = self.mine.borrow().clone();
         for _ in 0..CAS_ATTEMPTS {
-            let (mut rows, cas) = match store.get(&self.key) {
-                Some((v, cas)) => (decode::<N>(&v), cas),
-                None => (Vec::new(), 0),
-            };
+            let last = self.last_read.borrow_mut().take();
+            let (mut rows, cas) = last
+                .or_else(|| store.get(&self.key).map(|(v, cas)| (decode::<N>(&v), cas)))
+                .unwrap_or_default();
             rows.retain(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
             if !mine.is_empty() {
                 rows.push(Row {
@@ -303,6 +313,44 @@ mod tests {
         assert_eq!(
             other.by_worker(&store, &workers(), EXPIRY + 1),
             vec![[2], [1]]
+        );
+    }
+
+    /// A `MemStore` that counts its reads.
+    #[derive(Default)]
+    struct Counting {
+        store: MemStore,
+        gets: Cell<usize>,
+    }
+
+    impl SharedStore for Counting {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.gets.set(self.gets.get() + 1);
+            self.store.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
+            self.store.set(key, value, cas)
+        }
+    }
+
+    #[test]
+    fn a_write_right_after_a_read_reuses_it_and_a_stale_one_reads_again() {
+        let store = Counting::default();
+        let (a, b) = (table(1), table(2));
+        assert!(a.add(&store, "w0", [1], 0));
+        store.gets.set(0);
+        a.read(&store, 1);
+        assert!(a.add(&store, "w0", [1], 1));
+        assert_eq!(store.gets.get(), 1, "the write reused the read");
+        assert!(a.add(&store, "w1", [1], 2));
+        assert_eq!(store.gets.get(), 2, "a read is used at most once");
+        a.read(&store, 3);
+        assert!(b.add(&store, "w1", [4], 3), "another VM writes in between");
+        assert!(a.add(&store, "w0", [-1], 3));
+        assert_eq!(
+            a.by_worker(&store, &workers(), 4),
+            vec![[1], [5]],
+            "the stale read failed its CAS; nothing was lost"
         );
     }
 

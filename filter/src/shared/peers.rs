@@ -101,22 +101,38 @@ impl PeerLoads {
         now_ms: u64,
         stale_after_ms: u64,
     ) -> (Vec<u64>, usize) {
+        Self::sum_by_worker(&self.read(store), workers, now_ms, stale_after_ms)
+    }
+
+    /// `reports`' fresh counts summed by worker index, for `workers`, and how many
+    /// reports are fresh.
+    pub fn sum_by_worker(
+        reports: &[PeerReport],
+        workers: &[WorkerConfig],
+        now_ms: u64,
+        stale_after_ms: u64,
+    ) -> (Vec<u64>, usize) {
         let mut sums = vec![0u64; workers.len()];
-        let mut fresh = 0;
-        for r in self.read(store) {
-            if now_ms.saturating_sub(r.at_ms) >= stale_after_ms {
-                continue;
-            }
-            fresh += 1;
+        let fresh: Vec<&PeerReport> = reports
+            .iter()
+            .filter(|r| now_ms.saturating_sub(r.at_ms) < stale_after_ms)
+            .collect();
+        if fresh.is_empty() {
+            return (sums, 0);
+        }
+        let index: hashbrown::HashMap<&str, usize> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.name.as_str(), i))
+            .collect();
+        for r in &fresh {
             for (name, n) in &r.counts {
-                if let Some(i) = workers.iter().position(|w| w.name == *name) {
-                    if let Some(s) = sums.get_mut(i) {
-                        *s = s.saturating_add(*n);
-                    }
+                if let Some(s) = index.get(name.as_str()).and_then(|&i| sums.get_mut(i)) {
+                    *s = s.saturating_add(*n);
                 }
             }
         }
-        (sums, fresh)
+        (sums, fresh.len())
     }
 }
 

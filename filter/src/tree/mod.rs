@@ -126,8 +126,7 @@ impl Default for Tree {
 /// Length in bytes of the longest common prefix of `a` and `b` that ends on a char
 /// boundary of both, and its length in chars.
 fn common_prefix(a: &str, b: &str) -> (usize, usize) {
-    let (ab, bb) = (a.as_bytes(), b.as_bytes());
-    let mut n = ab.iter().zip(bb).take_while(|(x, y)| x == y).count();
+    let mut n = equal_bytes(a.as_bytes(), b.as_bytes());
     while n > 0 && !(a.is_char_boundary(n) && b.is_char_boundary(n)) {
         n -= 1;
     }
@@ -138,6 +137,29 @@ fn common_prefix(a: &str, b: &str) -> (usize, usize) {
         prefix.chars().count()
     };
     (n, chars)
+}
+
+/// How many leading bytes `a` and `b` share. Eight at a time: every routed request
+/// walks its whole text (kilobytes) down the tree two or three times, and a byte at a
+/// time that was the largest part of the filter's own CPU in a profile.
+fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
+    let mut n = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        let (Ok(x), Ok(y)) = (<[u8; 8]>::try_from(x), <[u8; 8]>::try_from(y)) else {
+            break;
+        };
+        let diff = u64::from_le_bytes(x) ^ u64::from_le_bytes(y);
+        if diff != 0 {
+            // Little-endian: the lowest set bit is in the first differing byte.
+            return n + (diff.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    let (a, b) = (
+        a.get(n..).unwrap_or_default(),
+        b.get(n..).unwrap_or_default(),
+    );
+    n + a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 fn char_len(s: &str) -> usize {
@@ -638,6 +660,21 @@ mod tests {
         t.insert("🦀🦐", 6, 6);
         assert_eq!(t.prefix_match("🦀🦀").matched_chars, 2);
         check_invariants(&t);
+    }
+
+    #[test]
+    fn equal_bytes_finds_the_first_difference_at_any_offset() {
+        let a: Vec<u8> = (0..40u8).collect();
+        for len in 0..=a.len() {
+            let x = &a[..len];
+            assert_eq!(equal_bytes(x, &a), len, "a prefix of the other");
+            assert_eq!(equal_bytes(&a, x), len);
+            for at in 0..len {
+                let mut y = x.to_vec();
+                y[at] ^= 0x80;
+                assert_eq!(equal_bytes(x, &y), at, "differs at {at} of {len}");
+            }
+        }
     }
 
     #[test]

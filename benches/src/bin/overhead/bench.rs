@@ -75,6 +75,9 @@ pub struct Measured {
     pub rps: Vec<f64>,
     /// Envoy CPU over the loaded phases and the requests they carried.
     pub cpu: Duration,
+    /// Envoy CPU per request (us) of each repetition's loaded phase: their spread
+    /// is the run's noise.
+    pub cpu_runs: Vec<f64>,
     pub requests: usize,
     /// The same at one connection.
     pub cpu_c1: Duration,
@@ -92,13 +95,6 @@ impl Measured {
     pub fn cpu_c1_us_per_request(&self) -> f64 {
         self.cpu_c1.as_secs_f64() * 1e6 / self.requests_c1.max(1) as f64
     }
-}
-
-/// Envoy with one variant.
-struct Running {
-    variant: String,
-    envoy: Envoy,
-    m: Measured,
 }
 
 /// A variant's policy and `.wasm`: `policy` runs the built filter (or, for
@@ -203,6 +199,11 @@ fn note_errors(m: &mut Measured, records: &[Record]) {
 }
 
 /// Runs one point of the grid; results in `load.variants` order.
+///
+/// Every measurement has an Envoy of its own, started, warmed and stopped around
+/// it: with every variant's Envoy running for the whole point, the one started
+/// first cost up to 70 us a request more than an identical build started last,
+/// which swamped the differences this benchmark is for.
 pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Result<Vec<Measured>> {
     let tmp = TempDir::new("llm-overhead")?;
     let engine_args: Vec<String> = ENGINE_ARGS.iter().map(|s| s.to_string()).collect();
@@ -218,79 +219,86 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
             bootstrap: None,
         })
         .collect();
-    let mut running: Vec<Running> = load
+    let mut measured: Vec<Measured> = load
         .variants
         .iter()
-        .map(|v| {
-            Ok(Running {
-                variant: v.clone(),
-                envoy: start_envoy(v, &upstreams, p.threads, &tmp.0)?,
-                m: Measured {
-                    variant: v.clone(),
-                    ..Measured::default()
-                },
-            })
+        .map(|v| Measured {
+            variant: v.clone(),
+            ..Measured::default()
         })
-        .collect::<Result<_>>()?;
+        .collect();
+    let mut hits = vec![(0u64, 0u64); measured.len()];
 
     let warm_n = load.warm.min(WARM_BYTES / p.body_bytes.max(1));
     let per_rep = scaled(load.requests, p.body_bytes, 100);
     let lat_n = scaled(load.latency_requests, p.body_bytes, 20);
     let warm = bodies(p.body_bytes, 0..warm_n);
     let mut next = warm_n;
-    for r in &mut running {
-        let (records, _) = replay(rt, &r.envoy.url(), load.connections, &warm);
-        let failed = records.iter().filter(|r| !r.is_ok()).count();
-        if failed > 0 {
-            bail!(
-                "{}: {failed} of {} warm-up requests failed",
-                r.variant,
-                records.len()
-            );
-        }
-    }
     for rep in 0..load.reps {
         let one = bodies(p.body_bytes, next..next + lat_n);
         next += lat_n;
         let many = bodies(p.body_bytes, next..next + per_rep);
         next += per_rep;
         // A different variant goes first each repetition.
-        let n = running.len();
+        let n = measured.len();
         for k in 0..n {
-            let r = &mut running[(rep + k) % n];
-            let pid = r.envoy.pid();
-            let url = r.envoy.url();
+            let i = (rep + k) % n;
+            let m = &mut measured[i];
+            let dir = tmp.0.join(format!("rep{rep}"));
+            let envoy = start_envoy(&m.variant, &upstreams, p.threads, &dir)?;
+            let url = envoy.url();
+            let (records, _) = replay(rt, &url, load.connections, &warm);
+            let failed = records.iter().filter(|r| !r.is_ok()).count();
+            if failed > 0 {
+                bail!(
+                    "{}: {failed} of {} warm-up requests failed",
+                    m.variant,
+                    records.len()
+                );
+            }
+            let pid = envoy.pid();
             let ((records, _), cpu) = cpu::during(pid, tps, || Ok(replay(rt, &url, 1, &one)))?;
-            r.m.cpu_c1 += cpu;
-            r.m.requests_c1 += records.len();
-            r.m.latencies_ms
+            m.cpu_c1 += cpu;
+            m.requests_c1 += records.len();
+            m.latencies_ms
                 .extend(records.iter().filter(|x| x.is_ok()).map(|x| x.latency_ms));
-            note_errors(&mut r.m, &records);
+            note_errors(m, &records);
             let ((records, wall), cpu) =
                 cpu::during(pid, tps, || Ok(replay(rt, &url, load.connections, &many)))?;
-            r.m.cpu += cpu;
-            r.m.requests += records.len();
-            r.m.rps
+            m.cpu += cpu;
+            m.cpu_runs
+                .push(cpu.as_secs_f64() * 1e6 / records.len().max(1) as f64);
+            m.requests += records.len();
+            m.rps
                 .push(records.len() as f64 / wall.as_secs_f64().max(1e-9));
-            note_errors(&mut r.m, &records);
+            note_errors(m, &records);
+            if m.variant != FLOOR {
+                let (h, routed) = decisions(&envoy)?;
+                hits[i].0 += h;
+                hits[i].1 += routed;
+            }
         }
     }
-    for r in &mut running {
-        if r.variant != FLOOR {
-            let stats = r.envoy.stats()?;
-            let stat = |name: &str| {
-                stats
-                    .get(&format!("wasmcustom.{name}"))
-                    .copied()
-                    .unwrap_or(0)
-            };
-            let routed: u64 = Label::ALL
-                .iter()
-                .map(|l| stat(&names::decision_metric(*l)))
-                .sum();
-            let hits = stat(&names::decision_metric(Label::CacheHit));
-            r.m.hit_rate = Some(hits as f64 / routed.max(1) as f64);
+    for (m, (h, routed)) in measured.iter_mut().zip(hits) {
+        if m.variant != FLOOR {
+            m.hit_rate = Some(h as f64 / routed.max(1) as f64);
         }
     }
-    Ok(running.into_iter().map(|r| r.m).collect())
+    Ok(measured)
+}
+
+/// An Envoy's `cache_hit` decisions and all its routed requests.
+fn decisions(envoy: &Envoy) -> Result<(u64, u64)> {
+    let stats = envoy.stats()?;
+    let stat = |name: &str| {
+        stats
+            .get(&format!("wasmcustom.{name}"))
+            .copied()
+            .unwrap_or(0)
+    };
+    let routed: u64 = Label::ALL
+        .iter()
+        .map(|l| stat(&names::decision_metric(*l)))
+        .sum();
+    Ok((stat(&names::decision_metric(Label::CacheHit)), routed))
 }

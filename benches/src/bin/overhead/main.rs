@@ -147,6 +147,7 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             "req_per_s": rps,
             "req_per_s_runs": m.rps,
             "cpu_us_per_req": cpu,
+            "cpu_us_per_req_runs": m.cpu_runs,
             "cpu_us_per_req_1_conn": m.cpu_c1_us_per_request(),
             "requests": m.requests,
             "errors": m.errors,

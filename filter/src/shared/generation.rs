@@ -1,0 +1,217 @@
+//! The tables every request reads but few requests change: the collector's engine
+//! samples, the overload flags, the health table and the peer replicas' counts.
+//! Reading and decoding all four on every request was four shared-data reads (each a
+//! copy out of Envoy and an allocation in the VM) and, at 256 workers, kilobytes of
+//! JSON to parse.
+//!
+//! So every write of one of them also moves a generation counter on
+//! (`stamp_after_write`, called by the store after each write), and each VM
+//! keeps what it last decoded of them (`TableCache`) and decodes them again only when
+//! the generation it reads differs from the one it decoded under: one small read per
+//! request while nothing changes. A table is written before its stamp, so a VM that
+//! sees the new stamp reads the new table; one that read the old stamp a moment
+//! before the write uses its copy for that request only.
+//!
+//! A stamp that is lost (its write failed after the table's succeeded) would leave
+//! copies stale, so the tick drops every copy (`TableCache::clear`): a copy is never
+//! older than one tick. A worker list that changed (a new configuration, discovery)
+//! drops them too: the tables are decoded by worker index.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use super::{FlagTable, HealthTable, Keys, PeerLoads, PeerReport, SamplesTable};
+use super::{Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use crate::config::Config;
+use crate::load::LoadTable;
+
+/// After `store` wrote `key`: moves the generation on when `key` is one of the
+/// cached tables and the write was stored. An increment under CAS, so two writers
+/// never leave the same generation behind them (and no randomness is drawn: the
+/// host's random stream stays the routing's own).
+pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcome: SetOutcome) {
+    if outcome != SetOutcome::Stored || !keys.is_cached_table(key) {
+        return;
+    }
+    let key = keys.generation();
+    for _ in 0..CAS_ATTEMPTS {
+        let (current, cas) = store.get(&key).unwrap_or_default();
+        let next = Reader(&current).u64().unwrap_or(0).wrapping_add(1);
+        if store.set(&key, &next.to_le_bytes(), cas) != SetOutcome::CasMismatch {
+            return;
+        }
+    }
+}
+
+/// The cached tables, decoded for one worker list.
+#[derive(Debug, Clone, Default)]
+pub struct Tables {
+    /// Overloaded by worker index (empty: overload detection off).
+    pub overloaded: Vec<bool>,
+    /// Down by worker index (empty: health off).
+    pub down: Vec<bool>,
+    /// The engines' samples by worker index.
+    pub engine: LoadTable,
+    /// Every peer's report: which are fresh depends on the time of the request.
+    pub peers: Vec<PeerReport>,
+}
+
+/// This VM's copy of the tables and the generation it was decoded under.
+#[derive(Debug, Default)]
+pub struct TableCache {
+    copy: RefCell<Option<(Vec<u8>, Rc<Tables>)>>,
+}
+
+impl TableCache {
+    /// The tables for `cfg`'s workers: this VM's copy when the generation has not
+    /// moved since it was decoded, else read and decoded afresh.
+    pub fn tables(&self, store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Rc<Tables> {
+        let generation = store
+            .get(&keys.generation())
+            .map(|(v, _)| v)
+            .unwrap_or_default();
+        if let Some((seen, tables)) = self.copy.borrow().as_ref() {
+            if *seen == generation {
+                return Rc::clone(tables);
+            }
+        }
+        let tables = Rc::new(read(store, keys, cfg));
+        *self.copy.borrow_mut() = Some((generation, Rc::clone(&tables)));
+        tables
+    }
+
+    /// Drops the copy: the next request reads every table.
+    pub fn clear(&self) {
+        self.copy.borrow_mut().take();
+    }
+}
+
+fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
+    Tables {
+        overloaded: if cfg.overload.enabled {
+            FlagTable::new(keys).read(store, &cfg.workers).overloaded()
+        } else {
+            Vec::new()
+        },
+        down: if cfg.health.enabled {
+            HealthTable::new(keys).read(store, &cfg.workers).down()
+        } else {
+            Vec::new()
+        },
+        engine: SamplesTable::new(keys).read(store, &cfg.workers),
+        peers: PeerLoads::new(keys).read(store),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::MemStore;
+    use super::*;
+    use crate::health::{DownReason, Health};
+    use std::cell::Cell;
+
+    /// A `MemStore` that stamps as the glue's store does and counts its reads.
+    #[derive(Default)]
+    struct Stamping {
+        store: MemStore,
+        gets: Cell<usize>,
+    }
+
+    impl SharedStore for Stamping {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.gets.set(self.gets.get() + 1);
+            self.store.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
+            let outcome = self.store.set(key, value, cas);
+            stamp_after_write(&self.store, &Keys::new("t"), key, outcome);
+            outcome
+        }
+    }
+
+    fn config() -> Config {
+        Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap()
+    }
+
+    #[test]
+    fn unchanged_tables_cost_one_read_and_a_write_anywhere_is_seen_next() {
+        let (store, keys, cfg) = (Stamping::default(), Keys::new("t"), config());
+        let cache = TableCache::default();
+        assert_eq!(cache.tables(&store, &keys, &cfg).down, vec![false, false]);
+        store.gets.set(0);
+        cache.tables(&store, &keys, &cfg);
+        assert_eq!(store.gets.get(), 1, "only the generation was read");
+
+        // Another VM takes worker b out.
+        HealthTable::new(&keys).update(&store, &cfg.workers, |s| {
+            if let Some(h) = s.0.get_mut(1) {
+                *h = Health::Down {
+                    since_ms: 5,
+                    reason: DownReason::ConnectFailure,
+                    probe_successes: 0,
+                    collector_ok: true,
+                };
+            }
+            Vec::<()>::new()
+        });
+        assert_eq!(
+            store.store.get(&keys.generation()).map(|(v, _)| v),
+            Some(1u64.to_le_bytes().to_vec()),
+            "the write moved the generation on"
+        );
+        assert_eq!(cache.tables(&store, &keys, &cfg).down, vec![false, true]);
+    }
+
+    #[test]
+    fn a_write_without_a_stamp_is_seen_after_the_copy_is_dropped() {
+        let (store, keys, cfg) = (MemStore::default(), Keys::new("t"), config());
+        let cache = TableCache::default();
+        assert_eq!(
+            cache.tables(&store, &keys, &cfg).overloaded,
+            vec![false, false]
+        );
+        FlagTable::new(&keys).update(&store, &cfg.workers, |f| {
+            if let Some(flag) = f.0.get_mut(0) {
+                *flag = crate::overload::Flag::Overloaded {
+                    since_ms: 1,
+                    reason: crate::overload::EnterReason::Ttft,
+                    probe_successes: 0,
+                    latency_recovered: false,
+                };
+            }
+            Vec::<()>::new()
+        });
+        assert_eq!(
+            cache.tables(&store, &keys, &cfg).overloaded,
+            vec![false, false],
+            "no stamp: the copy stands"
+        );
+        cache.clear();
+        assert_eq!(
+            cache.tables(&store, &keys, &cfg).overloaded,
+            vec![true, false]
+        );
+    }
+
+    #[test]
+    fn only_the_cached_tables_stamp() {
+        let keys = Keys::new("t");
+        let store = MemStore::default();
+        let stamp = |key: &str, outcome| {
+            stamp_after_write(&store, &keys, key, outcome);
+            store.get(&keys.generation()).is_some()
+        };
+        assert!(!stamp(&keys.inflight(), SetOutcome::Stored));
+        assert!(!stamp(&keys.ring_head(), SetOutcome::Stored));
+        assert!(!stamp(&keys.health(), SetOutcome::CasMismatch));
+        for key in [
+            keys.samples(),
+            keys.flags(),
+            keys.health(),
+            keys.peer_inflight(),
+        ] {
+            store.map.borrow_mut().clear();
+            assert!(stamp(&key, SetOutcome::Stored), "{key}");
+        }
+    }
+}
