@@ -125,6 +125,19 @@ pub fn classify(status: Option<u64>, flags: u64, details: &str) -> Outcome {
     }
 }
 
+/// What a finished stream's own callbacks already tell, before any property is read
+/// (two property reads on every stream cost Envoy more than any other hostcall the
+/// filter makes): a response that reached its end with a 2xx status came whole from
+/// the engine, so it was served. `None`: the properties decide (`classify`). Envoy's
+/// local replies for a failed upstream are never 2xx, and an upstream reset leaves
+/// the response without its end.
+pub fn served_by_callbacks(status: Option<u64>, complete: bool) -> Option<Outcome> {
+    match status {
+        Some(s) if complete && (200..300).contains(&s) => Some(Outcome::Served),
+        _ => None,
+    }
+}
+
 /// What the machine is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -241,6 +254,27 @@ mod tests {
     use super::flag::*;
     use super::*;
     use crate::load::EngineSample;
+
+    #[test]
+    fn only_a_whole_2xx_response_is_judged_without_properties() {
+        assert_eq!(served_by_callbacks(Some(200), true), Some(Outcome::Served));
+        assert_eq!(served_by_callbacks(Some(299), true), Some(Outcome::Served));
+        for (status, complete) in [
+            (Some(200), false), // reset mid-stream: the flags say how
+            (Some(199), true),
+            (Some(300), true),
+            (Some(408), true), // Envoy's stream idle timeout
+            (Some(503), true), // a connect failure's local reply, or the engine's own
+            (None, true),
+            (None, false),
+        ] {
+            assert_eq!(
+                served_by_callbacks(status, complete),
+                None,
+                "{status:?} {complete}"
+            );
+        }
+    }
 
     #[test]
     fn classify_boundaries() {

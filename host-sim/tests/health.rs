@@ -152,7 +152,7 @@ fn resets_timeouts_and_5xx_take_a_worker_out_but_clients_and_4xx_do_not() {
 fn a_stream_cut_after_its_headers_counts_as_a_failure() {
     let mut h = host(2, "");
     let (cluster, handle) = open(&mut h, 1, "a long generation");
-    h.vm(1).respond(handle, 200, &[], b"").unwrap();
+    h.vm(1).respond_headers(handle, 200, &[]).unwrap();
     h.vm(1)
         .fail_upstream(
             handle,

@@ -12,9 +12,30 @@ use super::hostcalls;
 use super::metrics::HealthMetrics;
 use super::state::State;
 use crate::config::{probe_cluster, Config};
-use crate::health::{classify, report_event, Event, Outcome, Recovery, Transition};
+use crate::health::{
+    classify, report_event, served_by_callbacks, Event, Outcome, Recovery, Transition,
+};
 use crate::load::LoadTable;
 use crate::shared::HealthTable;
+
+/// What a routed stream's response callbacks saw: its status (read only with health
+/// on) and whether the response reached its end.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seen {
+    pub status: Option<u64>,
+    pub complete: bool,
+}
+
+/// The response's `:status`, read once its headers arrive (health on only).
+pub fn response_status(state: &State) -> Option<u64> {
+    if !state.router.config().health.enabled {
+        return None;
+    }
+    hostcalls::get_map_value(proxy_wasm::types::MapType::HttpResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|s| s.parse().ok())
+}
 
 /// An integer property (8 bytes little-endian, as Envoy encodes them).
 fn int_property(path: &[&str]) -> Option<u64> {
@@ -94,9 +115,9 @@ pub fn step(
 /// Judges a routed stream that just ended on `worker` and takes the worker out if
 /// its upstream failed; whether it failed (never judged with health off: the
 /// judgement costs property reads on every stream).
-pub fn observe(state: &State, worker: &str) -> bool {
+pub fn observe(state: &State, worker: &str, seen: Seen) -> bool {
     let cfg = state.router.config();
-    if !cfg.health.enabled {
+    if !cfg.health.enabled || served_by_callbacks(seen.status, seen.complete).is_some() {
         return false;
     }
     let flags = int_property(&["response", "flags"]).unwrap_or(0);

@@ -51,6 +51,8 @@ pub struct Stream {
     replied: bool,
     /// Response headers went to the client: too late for a local reply.
     response_started: bool,
+    /// The response as its callbacks saw it, for the health verdict.
+    seen: health::Seen,
 }
 
 impl Stream {
@@ -63,6 +65,7 @@ impl Stream {
             routed: None,
             replied: false,
             response_started: false,
+            seen: health::Seen::default(),
         }
     }
 
@@ -210,7 +213,7 @@ impl Stream {
         let worker = routed.held.worker();
         if self.replied {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), None);
-        } else if health::observe(state, worker) {
+        } else if health::observe(state, worker, self.seen) {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), Some(worker));
         }
     }
@@ -375,6 +378,12 @@ impl HttpContext for Stream {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         self.response_started = true;
+        self.seen.complete = end_of_stream;
+        if self.routed.is_some() {
+            if let Some(state) = self.state.borrow().as_ref() {
+                self.seen.status = health::response_status(state);
+            }
+        }
         if end_of_stream {
             self.first_byte();
         }
@@ -385,7 +394,8 @@ impl HttpContext for Stream {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        self.seen.complete |= end_of_stream;
         // The first body bytes are the first token (a stream) or the whole answer.
         self.first_byte();
         Action::Continue

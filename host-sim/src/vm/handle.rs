@@ -76,6 +76,39 @@ impl<'a> VmHandle<'a> {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<ResponseOutcome> {
+        let ctx = self.response_headers(handle, status, headers, body.is_empty())?;
+        let (host, vm) = (&mut *self.host, self.vm);
+        if !body.is_empty() {
+            host.body_chunk(vm, ctx, true, body.to_vec(), true)?;
+        }
+        host.pump()?;
+        let stream = host.state(vm).streams.get(&ctx).expect("checked");
+        Ok(response_outcome(&stream.resp))
+    }
+
+    /// The upstream's response headers (`:status` first) with more to come: the
+    /// start of a response that `fail_upstream` can still cut, as a reset engine does.
+    pub fn respond_headers(
+        &mut self,
+        handle: StreamHandle,
+        status: u32,
+        headers: &[(&str, &str)],
+    ) -> Result<ResponseOutcome> {
+        let ctx = self.response_headers(handle, status, headers, false)?;
+        let (host, vm) = (&mut *self.host, self.vm);
+        host.pump()?;
+        let stream = host.state(vm).streams.get(&ctx).expect("checked");
+        Ok(response_outcome(&stream.resp))
+    }
+
+    /// `proxy_on_response_headers` of an upstream answer; the stream's context.
+    fn response_headers(
+        &mut self,
+        handle: StreamHandle,
+        status: u32,
+        headers: &[(&str, &str)],
+        end_of_stream: bool,
+    ) -> Result<u32> {
         let (host, vm) = (&mut *self.host, self.vm);
         let ctx = host.stream_ctx(vm, handle)?;
         let stream = host.state(vm).streams.get_mut(&ctx).expect("checked");
@@ -87,13 +120,8 @@ impl<'a> VmHandle<'a> {
         all.extend(owned_headers(headers));
         stream.resp = Flow::new(all);
         stream.code_details = "via_upstream".into();
-        host.headers_phase(vm, ctx, true, body.is_empty())?;
-        if !body.is_empty() {
-            host.body_chunk(vm, ctx, true, body.to_vec(), true)?;
-        }
-        host.pump()?;
-        let stream = host.state(vm).streams.get(&ctx).expect("checked");
-        Ok(response_outcome(&stream.resp))
+        host.headers_phase(vm, ctx, true, end_of_stream)?;
+        Ok(ctx)
     }
 
     /// The upstream failed (Envoy's router saw a refused connection, a reset, a
