@@ -11,8 +11,10 @@
 //! guest that only buffers and reads the body and sets the routing header), so the
 //! guest CPU the router adds per request is attributable without Envoy.
 //!
-//! Before the timings, each build's hostcalls per request are printed by name
-//! (host-sim's counts over 64 requests after 64 of warm-up). `LLM_BENCH_BEFORE=<path to
+//! Before the timings, each build's hostcalls per request are printed by name, with
+//! the Wasm instructions its guest runs per request (host-sim's counts over 64
+//! requests after 64 of warm-up, the filter loaded with `Filter::metered`): exact
+//! figures, where the timings move with whatever else the machine runs. `LLM_BENCH_BEFORE=<path to
 //! another llm_router.wasm>` measures that build too, as `before/...`, side by side in
 //! the same run; `LLM_ROUTER_WASM` picks the build under test.
 //!
@@ -21,6 +23,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use host_sim::{Filter, Host, RequestSpec};
+use std::path::Path;
 use std::time::Duration;
 
 fn config(policy: &str) -> String {
@@ -94,19 +97,23 @@ fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
         .expect("host")
 }
 
-/// Hostcalls per request by name, over `n` requests after a warm-up of as many (so a
-/// VM's one-off work, such as defining its metrics, is not counted).
-fn hostcalls_per_request(filter: &Filter, policy: &str, vms: usize, bodies: &[Vec<u8>]) {
+/// Hostcalls per request by name and the Wasm instructions the guest runs per
+/// request (exact, unlike any timing here), over `n` requests after a warm-up of as
+/// many (so a VM's one-off work, such as defining its metrics, is not counted).
+fn hostcalls_per_request(path: &Path, policy: &str, vms: usize, bodies: &[Vec<u8>]) {
     let n = 64;
-    let mut h = host_with_vms(filter, policy, vms);
+    let filter = Filter::metered(path).expect("load the filter metered");
+    let mut h = host_with_vms(&filter, policy, vms);
     for i in 0..n {
         request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
     }
     let before = h.hostcall_counts();
+    let fuel = h.guest_instructions().expect("metered");
     for i in 0..n {
         request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
     }
     let after = h.hostcall_counts();
+    let instructions = (h.guest_instructions().expect("metered") - fuel) / n as u64;
     if policy == "cache_aware" {
         assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
     }
@@ -130,7 +137,7 @@ fn hostcalls_per_request(filter: &Filter, policy: &str, vms: usize, bodies: &[Ve
     let total: f64 = per.iter().map(|(_, d)| d).sum();
     let list: Vec<String> = per.iter().map(|(k, d)| format!("{k} {d}")).collect();
     eprintln!(
-        "hostcalls per request, {policy} on {vms} VM(s): {total} ({})",
+        "hostcalls per request, {policy} on {vms} VM(s): {total} ({}); guest Wasm instructions per request: {instructions}",
         list.join(", ")
     );
 }
@@ -139,12 +146,17 @@ fn hostcalls_per_request(filter: &Filter, policy: &str, vms: usize, bodies: &[Ve
 fn bench_build(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     tag: &str,
-    filter: &Filter,
+    (filter, path): (&Filter, &Path),
     bodies: &[Vec<u8>],
 ) {
     let name = |case: &str| format!("{tag}{case}");
-    for (policy, vms) in [("cache_aware", 1), ("cache_aware", 4), ("round_robin", 1)] {
-        hostcalls_per_request(filter, policy, vms, bodies);
+    for (policy, vms) in [
+        ("cache_aware", 1),
+        ("cache_aware", 4),
+        ("round_robin", 1),
+        ("predicted_ttft", 1),
+    ] {
+        hostcalls_per_request(path, policy, vms, bodies);
     }
     let mut h = host(filter, "cache_aware");
     group.bench_function(name("cache_aware/one_conversation"), |b| {
@@ -191,12 +203,13 @@ fn bench_request(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2))
         .throughput(Throughput::Elements(1));
 
-    bench_build(&mut group, "", &filter, &bodies);
+    bench_build(&mut group, "", (&filter, &path), &bodies);
     // Another build of the filter beside this one, in the same run (a shared machine's
     // timings compare only side by side): LLM_BENCH_BEFORE=/tmp/before.wasm.
     if let Some(before) = std::env::var_os("LLM_BENCH_BEFORE") {
-        let old = Filter::load(std::path::Path::new(&before)).expect("load LLM_BENCH_BEFORE");
-        bench_build(&mut group, "before/", &old, &bodies);
+        let before = Path::new(&before);
+        let old = Filter::load(before).expect("load LLM_BENCH_BEFORE");
+        bench_build(&mut group, "before/", (&old, before), &bodies);
     }
 
     let mut h = host(&filter, "predicted_ttft");
@@ -233,7 +246,7 @@ fn bench_request(c: &mut Criterion) {
         floor_path.display()
     );
     let floor = Filter::load(&floor_path).expect("load the floor");
-    hostcalls_per_request(&floor, "round_robin", 1, &bodies);
+    hostcalls_per_request(&floor_path, "round_robin", 1, &bodies);
     let mut h = host(&floor, "round_robin");
     group.bench_function("floor/one_conversation", |b| {
         b.iter(|| one_request(&mut h, &bodies[0]))

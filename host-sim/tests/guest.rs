@@ -374,3 +374,32 @@ fn host_can_move_to_another_thread() {
     let handle = std::thread::spawn(move || host.vm(0).request(get("/x")).unwrap().continued);
     assert!(handle.join().unwrap());
 }
+
+#[test]
+fn a_metered_filter_counts_the_instructions_its_vms_run_and_the_same_work_counts_the_same() {
+    assert_eq!(
+        Host::builder_for(&filter())
+            .build()
+            .unwrap()
+            .guest_instructions(),
+        None,
+        "not metered"
+    );
+    let metered = Filter::metered(guest_wasm()).unwrap();
+    let run = |requests: usize| {
+        let mut host = Host::builder_for(&metered).vms(2).build().unwrap();
+        let start = host.guest_instructions().expect("metered");
+        assert!(start > 0, "starting the VMs ran code");
+        for i in 0..requests {
+            host.vm(i % 2).request(get("/metered")).unwrap();
+        }
+        host.guest_instructions().expect("metered") - start
+    };
+    let (one, three) = (run(1), run(3));
+    assert!(one > 0);
+    assert_eq!(run(1), one, "deterministic");
+    assert!(
+        three > one,
+        "more requests, more instructions: {three} vs {one}"
+    );
+}

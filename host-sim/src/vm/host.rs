@@ -250,6 +250,16 @@ impl Host {
         lock(&self.shared).faults.fired
     }
 
+    /// Wasm instructions the VMs ran so far (fuel, one unit per instruction), over all
+    /// VMs; `None` unless the filter was loaded with [`Filter::metered`](crate::Filter::metered).
+    /// A VM replaced after a trap starts counting again.
+    pub fn guest_instructions(&self) -> Option<u64> {
+        self.vms
+            .iter()
+            .map(|s| s.store.get_fuel().ok().map(|left| u64::MAX - left))
+            .sum()
+    }
+
     /// Calls per hostcall so far, over all VMs (faulted calls included).
     pub fn hostcall_counts(&self) -> BTreeMap<String, u64> {
         let shared = lock(&self.shared);

@@ -63,6 +63,9 @@ impl Slot {
     ) -> Result<Self> {
         let mut store = Store::new(&filter.engine, HostState::new(vm, cfg, shared));
         store.limiter(|s| &mut s.limits);
+        if filter.metered {
+            store.set_fuel(u64::MAX).map_err(wasm_err)?;
+        }
         let instance = filter.pre.instantiate(&mut store).map_err(wasm_err)?;
         let memory = instance.get_memory(&mut store, "memory");
         let alloc = match export::<i32, i32>(&instance, &mut store, "proxy_on_memory_allocate")? {
