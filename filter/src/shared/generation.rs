@@ -105,26 +105,21 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::MemStore;
+    use super::super::testing::{Counting, MemStore};
     use super::*;
     use crate::health::{DownReason, Health};
-    use std::cell::Cell;
 
-    /// A `MemStore` that stamps as the glue's store does and counts its reads.
+    /// A store that stamps as the glue's store does, and counts its reads.
     #[derive(Default)]
-    struct Stamping {
-        store: MemStore,
-        gets: Cell<usize>,
-    }
+    struct Stamping(Counting);
 
     impl SharedStore for Stamping {
         fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.gets.set(self.gets.get() + 1);
-            self.store.get(key)
+            self.0.get(key)
         }
         fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
-            let outcome = self.store.set(key, value, cas);
-            stamp_after_write(&self.store, &Keys::new("t"), key, outcome);
+            let outcome = self.0.store.set(key, value, cas);
+            stamp_after_write(&self.0.store, &Keys::new("t"), key, outcome);
             outcome
         }
     }
@@ -138,9 +133,9 @@ mod tests {
         let (store, keys, cfg) = (Stamping::default(), Keys::new("t"), config());
         let cache = TableCache::default();
         assert_eq!(cache.tables(&store, &keys, &cfg).down, vec![false, false]);
-        store.gets.set(0);
+        store.0.gets.set(0);
         cache.tables(&store, &keys, &cfg);
-        assert_eq!(store.gets.get(), 1, "only the generation was read");
+        assert_eq!(store.0.gets.get(), 1, "only the generation was read");
 
         // Another VM takes worker b out.
         HealthTable::new(&keys).update(&store, &cfg.workers, |s| {
@@ -155,7 +150,7 @@ mod tests {
             Vec::<()>::new()
         });
         assert_eq!(
-            store.store.get(&keys.generation()).map(|(v, _)| v),
+            store.0.store.get(&keys.generation()).map(|(v, _)| v),
             Some(1u64.to_le_bytes().to_vec()),
             "the write moved the generation on"
         );

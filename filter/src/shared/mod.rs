@@ -354,6 +354,23 @@ pub mod testing {
         }
     }
 
+    /// A `MemStore` that counts its reads.
+    #[derive(Default)]
+    pub struct Counting {
+        pub store: MemStore,
+        pub gets: std::cell::Cell<usize>,
+    }
+
+    impl SharedStore for Counting {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.gets.set(self.gets.get() + 1);
+            self.store.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
+            self.store.set(key, value, cas)
+        }
+    }
+
     /// Another thread's whole write, landing between one writer's read and its write.
     type Racer<'a> = Box<dyn FnOnce(&MemStore) + 'a>;
 

@@ -245,7 +245,7 @@ impl<const N: usize> OwnedCounts<N> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::MemStore;
+    use super::super::testing::{Counting, MemStore};
     use super::*;
     use crate::config::testing::workers;
 
@@ -314,23 +314,6 @@ mod tests {
             other.by_worker(&store, &workers(), EXPIRY + 1),
             vec![[2], [1]]
         );
-    }
-
-    /// A `MemStore` that counts its reads.
-    #[derive(Default)]
-    struct Counting {
-        store: MemStore,
-        gets: Cell<usize>,
-    }
-
-    impl SharedStore for Counting {
-        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.gets.set(self.gets.get() + 1);
-            self.store.get(key)
-        }
-        fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome {
-            self.store.set(key, value, cas)
-        }
     }
 
     #[test]
