@@ -193,6 +193,8 @@ fn answered_requests_teach_costs_and_record_the_prediction() {
         h.advance_time(40).unwrap();
         answer(&mut h, conv % VMS, handle);
     }
+    // Each VM shares what it learned on its tick.
+    h.advance_time(1_000).unwrap();
     let costs = h.shared_data("llm_router.ttft.costs").unwrap_or_default();
     assert!(
         costs.len() > 4,

@@ -157,6 +157,10 @@ impl RootContext for Root {
         // This VM's counts stay fresh while it lives (`crate::shared::owned`).
         state.shared.inflight.refresh(&HostStore, now);
         state.shared.work.refresh(&HostStore, now);
+        if state.router.config().uses_predicted_ttft() {
+            // What this VM learned goes to the others, and theirs comes in.
+            state.shared.costs.publish(&HostStore);
+        }
         let interval = state.router.config().eviction_interval_ms;
         if state.shared.eviction.claim(&HostStore, now, interval) {
             state.record(&Op::Evict);

@@ -160,7 +160,7 @@ impl State {
             &s.keys,
             cfg,
             now,
-            (&s.inflight, &s.work),
+            (&s.inflight, &s.work, &s.costs),
             &s.tables,
         )
     }

@@ -231,13 +231,14 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
 /// collector's samples, the overload flags and the down workers (none when their
 /// detection is off), the last four through this VM's copy (`generation`).
 /// `inflight` and `work` are this VM's own tables: reading through them lets the
-/// write that books the chosen worker reuse the read (`owned`).
+/// write that books the chosen worker reuse the read (`owned`); `costs` is this VM's
+/// copy of the learned costs (`work::CostTable`).
 pub fn read_loads(
     store: &dyn SharedStore,
     keys: &Keys,
     cfg: &Config,
     now_ms: u64,
-    (inflight, work): (&InflightTable, &WorkTable),
+    (inflight, work, costs): (&InflightTable, &WorkTable, &CostTable),
     cache: &TableCache,
 ) -> Loads {
     let tables = cache.tables(store, keys, cfg);
@@ -264,7 +265,7 @@ pub fn read_loads(
             Vec::new()
         },
         costs: if ttft {
-            CostTable::new(keys).by_worker(store, &cfg.workers)
+            costs.by_worker(store, &cfg.workers)
         } else {
             Vec::new()
         },
@@ -475,10 +476,12 @@ mod tests {
                 Box::new(|e| {
                     let s = race(e, |s, vm| {
                         let name = format!("w{vm}");
-                        CostTable::new(&keys).learn(s, &name, |c| crate::policy::WorkerCosts {
+                        let costs = CostTable::new(&keys);
+                        costs.learn(s, &name, |c| crate::policy::WorkerCosts {
                             service_ms: Some(1.0),
                             ..c
                         });
+                        costs.publish(s);
                     });
                     let c = CostTable::new(&keys).by_worker(&s, &w);
                     c[1].service_ms.is_some() && c[2].service_ms.is_some()
@@ -575,6 +578,7 @@ mod tests {
         let own = (
             &InflightTable::new(&keys, 2, 5000),
             &WorkTable::new(&keys, 2, 5000),
+            &CostTable::new(&keys),
         );
         let loads = read_loads(&store, &keys, &cfg, 7, own, &TableCache::default());
         assert_eq!(loads.inflight, vec![0, 2]);

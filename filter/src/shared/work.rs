@@ -5,10 +5,13 @@
 //!   at the first response byte (or when the stream ends first), saturating at zero,
 //!   so every thread's next decision sees it at once. Each VM owns what it booked,
 //!   like the in-flight counts (`super::owned`), so a reloaded VM's bookings expire;
-//! - `CostTable`: (worker name -> two numbers): per worker, the learned prefill cost per char (us) and service
-//!   time (ms), moving averages every thread updates and reads;
+//! - `CostTable`: (worker name -> two numbers): per worker, the learned prefill cost
+//!   per char (us) and service time (ms), moving averages each VM learns in its own
+//!   copy and shares on its tick;
 //! - the in-flight counts as they were when the collector's last sample arrived
 //!   (`own_at_sample`), so engine load beyond them reads as other routers' load.
+
+use std::cell::RefCell;
 
 use super::inflight::{decode_counts, encode_counts};
 use super::owned::OwnedCounts;
@@ -61,45 +64,33 @@ impl PairTable {
             .unwrap_or_default()
     }
 
-    fn by_worker(
+    /// Replaces the rows of `mine` (rows equal to `empty` are dropped), keeping the
+    /// others, with CAS retries. The rows as stored, or `None` if they could not be.
+    fn merge(
         &self,
         store: &dyn SharedStore,
-        workers: &[WorkerConfig],
-    ) -> Vec<Option<[u64; 2]>> {
-        let rows: Vec<(String, Option<[u64; 2]>)> = self
-            .read(store)
-            .into_iter()
-            .map(|(n, v)| (n, Some(v)))
-            .collect();
-        by_worker_name(&rows, workers, None)
-    }
-
-    /// Changes `worker`'s row with `f` (a missing row starts as `empty`); rows equal
-    /// to `empty` are dropped. Whether it was stored.
-    fn update(
-        &self,
-        store: &dyn SharedStore,
-        worker: &str,
+        mine: &[(String, [u64; 2])],
         empty: [u64; 2],
-        f: impl Fn([u64; 2]) -> [u64; 2],
-    ) -> bool {
+    ) -> Option<CostRows> {
         for _ in 0..CAS_ATTEMPTS {
             let (mut rows, cas) = match store.get(&self.key) {
                 Some((v, cas)) => (decode(&v), cas),
                 None => (Vec::new(), 0),
             };
-            match rows.iter_mut().find(|(n, _)| n == worker) {
-                Some((_, v)) => *v = f(*v),
-                None => rows.push((worker.to_string(), f(empty))),
+            for (worker, value) in mine {
+                match rows.iter_mut().find(|(n, _)| n == worker) {
+                    Some((_, v)) => *v = *value,
+                    None => rows.push((worker.clone(), *value)),
+                }
             }
             rows.retain(|(_, v)| *v != empty);
             match store.set(&self.key, &encode(&rows), cas) {
-                SetOutcome::Stored => return true,
+                SetOutcome::Stored => return Some(rows),
                 SetOutcome::CasMismatch => continue,
-                SetOutcome::Failed => return false,
+                SetOutcome::Failed => return None,
             }
         }
-        false
+        None
     }
 }
 
@@ -153,9 +144,25 @@ impl WorkTable {
     }
 }
 
-/// Learned costs per worker for the whole Envoy.
+/// Learned costs by worker name: prefill us per char and service ms, as bits.
+type CostRows = Vec<(String, [u64; 2])>;
+
+/// Learned costs per worker for the whole Envoy. Each VM learns in its own copy of
+/// the table and shares what it learned on its tick (`publish`), which also takes in
+/// what the other VMs shared: learning through shared data rewrote the whole table
+/// (every worker's row, decoded and encoded under CAS) at every first byte and stream
+/// end, and every decision decoded it again; at 256 workers that was most of
+/// `predicted_ttft`'s cost per request. Another VM's learning arrives within a tick;
+/// the costs are moving averages, which a tick's delay does not change much.
 #[derive(Debug, Clone)]
-pub struct CostTable(PairTable);
+pub struct CostTable {
+    table: PairTable,
+    /// The shared table as of this VM's last tick, with what it learned since
+    /// (`None`: not read yet).
+    view: RefCell<Option<CostRows>>,
+    /// Workers whose row this VM changed since its last publication.
+    learned: RefCell<Vec<String>>,
+}
 
 fn to_bits(v: Option<f64>) -> u64 {
     v.filter(|x| x.is_finite()).map_or(UNKNOWN, f64::to_bits)
@@ -167,39 +174,100 @@ fn from_bits(b: u64) -> Option<f64> {
         .filter(|x| x.is_finite())
 }
 
+const NOTHING_LEARNED: [u64; 2] = [UNKNOWN, UNKNOWN];
+
 impl CostTable {
     pub fn new(keys: &Keys) -> CostTable {
-        CostTable(PairTable { key: keys.costs() })
+        CostTable {
+            table: PairTable { key: keys.costs() },
+            view: RefCell::new(None),
+            learned: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// This VM's copy, read from shared data the first time.
+    fn view<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&mut CostRows) -> T) -> T {
+        let mut view = self.view.borrow_mut();
+        f(view.get_or_insert_with(|| self.table.read(store)))
     }
 
     pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<WorkerCosts> {
-        self.0
-            .by_worker(store, workers)
-            .into_iter()
-            .map(|v| {
-                v.map_or(WorkerCosts::default(), |[p, s]| WorkerCosts {
-                    prefill_us_per_char: from_bits(p),
-                    service_ms: from_bits(s),
+        self.view(store, |rows| {
+            // One map, no copies of the names: this runs at every decision.
+            let by_name: hashbrown::HashMap<&str, &[u64; 2]> =
+                rows.iter().map(|(n, v)| (n.as_str(), v)).collect();
+            workers
+                .iter()
+                .map(|w| {
+                    by_name
+                        .get(w.name.as_str())
+                        .map_or(WorkerCosts::default(), |[p, s]| WorkerCosts {
+                            prefill_us_per_char: from_bits(*p),
+                            service_ms: from_bits(*s),
+                        })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 
-    /// Applies a learning step to `worker`'s costs (read and written under CAS, so
-    /// concurrent observations all count).
+    /// Applies a learning step to `worker`'s costs in this VM's copy; the tick shares
+    /// it (`publish`).
     pub fn learn(
         &self,
         store: &dyn SharedStore,
         worker: &str,
         step: impl Fn(WorkerCosts) -> WorkerCosts,
-    ) -> bool {
-        self.0.update(store, worker, [UNKNOWN, UNKNOWN], |[p, s]| {
-            let next = step(WorkerCosts {
-                prefill_us_per_char: from_bits(p),
-                service_ms: from_bits(s),
-            });
-            [to_bits(next.prefill_us_per_char), to_bits(next.service_ms)]
-        })
+    ) {
+        self.view(store, |rows| {
+            let row = match rows.iter().position(|(n, _)| n == worker) {
+                Some(i) => i,
+                None => {
+                    rows.push((worker.to_string(), NOTHING_LEARNED));
+                    rows.len() - 1
+                }
+            };
+            if let Some((_, [p, s])) = rows.get_mut(row) {
+                let next = step(WorkerCosts {
+                    prefill_us_per_char: from_bits(*p),
+                    service_ms: from_bits(*s),
+                });
+                (*p, *s) = (to_bits(next.prefill_us_per_char), to_bits(next.service_ms));
+            }
+        });
+        let mut learned = self.learned.borrow_mut();
+        if !learned.iter().any(|w| w == worker) {
+            learned.push(worker.to_string());
+        }
+    }
+
+    /// The tick: writes the rows this VM learned into the shared table (under CAS,
+    /// keeping every other row as the other VMs left it) and takes the shared table
+    /// as its copy. Whether the shared table was read (and, with something learned,
+    /// written); what could not be written is kept for the next tick.
+    pub fn publish(&self, store: &dyn SharedStore) -> bool {
+        let learned = self.learned.borrow().clone();
+        if learned.is_empty() {
+            *self.view.borrow_mut() = Some(self.table.read(store));
+            return true;
+        }
+        let mine: CostRows = self.view(store, |rows| {
+            learned
+                .iter()
+                .map(|w| {
+                    let v = rows
+                        .iter()
+                        .find(|(n, _)| n == w)
+                        .map_or(NOTHING_LEARNED, |r| r.1);
+                    (w.clone(), v)
+                })
+                .collect()
+        });
+        let Some(rows) = self.table.merge(store, &mine, NOTHING_LEARNED) else {
+            return false;
+        };
+        *self.view.borrow_mut() = Some(rows);
+        self.learned.borrow_mut().clear();
+        true
     }
 }
 
@@ -271,15 +339,15 @@ mod tests {
     }
 
     #[test]
-    fn costs_are_learned_through_cas_and_unknown_until_then() {
+    fn costs_are_learned_in_the_vms_copy_and_unknown_until_then() {
         let store = MemStore::default();
         let t = CostTable::new(&Keys::new("t"));
         let ws = workers();
         assert_eq!(t.by_worker(&store, &ws), vec![WorkerCosts::default(); 2]);
-        assert!(t.learn(&store, "w1", |c| WorkerCosts {
+        t.learn(&store, "w1", |c| WorkerCosts {
             prefill_us_per_char: crate::policy::learn_prefill(c.prefill_us_per_char, 8000.0, 1000),
             ..c
-        }));
+        });
         assert_eq!(
             t.by_worker(&store, &ws)[1],
             WorkerCosts {
@@ -287,15 +355,54 @@ mod tests {
                 service_ms: None
             }
         );
-        assert!(t.learn(&store, "w1", |c| WorkerCosts {
+        t.learn(&store, "w1", |c| WorkerCosts {
             service_ms: Some(f64::NAN),
             ..c
-        }));
+        });
         assert_eq!(
             t.by_worker(&store, &ws)[1].service_ms,
             None,
             "a non-number is stored as unknown"
         );
+        assert_eq!(
+            store.get(&Keys::new("t").costs()),
+            None,
+            "nothing shared before the tick"
+        );
+    }
+
+    #[test]
+    fn each_vm_shares_what_it_learned_on_its_tick_and_takes_in_the_others() {
+        let store = MemStore::default();
+        let keys = Keys::new("t");
+        let (a, b) = (CostTable::new(&keys), CostTable::new(&keys));
+        let ws = workers();
+        let service = |ms: f64| {
+            move |c: WorkerCosts| WorkerCosts {
+                service_ms: Some(ms),
+                ..c
+            }
+        };
+        a.learn(&store, "w0", service(10.0));
+        b.learn(&store, "w1", service(20.0));
+        assert_eq!(
+            b.by_worker(&store, &ws)[0].service_ms,
+            None,
+            "not shared yet"
+        );
+        assert!(a.publish(&store));
+        assert!(b.publish(&store), "b's write keeps a's row (CAS merge)");
+        assert!(a.publish(&store), "nothing learned: a takes in the table");
+        for t in [&a, &b] {
+            let costs = t.by_worker(&store, &ws);
+            assert_eq!(
+                (costs[0].service_ms, costs[1].service_ms),
+                (Some(10.0), Some(20.0))
+            );
+        }
+        // A new VM starts from what is shared.
+        let c = CostTable::new(&keys);
+        assert_eq!(c.by_worker(&store, &ws)[1].service_ms, Some(20.0));
     }
 
     #[test]
