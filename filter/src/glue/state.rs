@@ -55,8 +55,8 @@ pub struct State {
     /// Whether this root context has had a stream (`serve`). Envoy configures the
     /// plugin on its main thread too, and every listener's plugin config is a root
     /// context of its own on every thread; those that never see a request kept a
-    /// full copy of the tree by catching up on every tick, which cost the Envoy as
-    /// much CPU as routing (every routed text inserted once more per such copy).
+    /// full copy of the tree by catching up on every tick: every routed text copied
+    /// out of shared data and inserted once more per such copy.
     serving: bool,
 }
 
