@@ -257,7 +257,7 @@ impl Router {
                         Some(t) => t.tree.prefix_match(text),
                         None => crate::tree::PrefixMatch {
                             matched_chars: 0,
-                            input_chars: text.chars().count(),
+                            input_chars: crate::tree::char_len(text),
                             owners: Vec::new(),
                         },
                     },
@@ -276,7 +276,7 @@ impl Router {
                         ..loads.ttft_candidate(c, &held, self.cfg.stale_after_ms)
                     })
                     .collect();
-                let input = text.chars().count() as u64;
+                let input = crate::tree::char_len(text) as u64;
                 policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng)
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {

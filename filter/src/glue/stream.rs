@@ -157,11 +157,10 @@ impl Stream {
         let work = bookkeeping::take_work(state, &target.worker, &plan.main);
         let decision = plan.main;
         let text_chars = match &parsed {
-            Parsed::Routable(r) => {
-                truncate_text(&r.text, state.router.config().max_routing_text_bytes)
-                    .chars()
-                    .count()
-            }
+            Parsed::Routable(r) => crate::tree::char_len(truncate_text(
+                &r.text,
+                state.router.config().max_routing_text_bytes,
+            )),
             Parsed::Unroutable { .. } => 0,
         };
         let undo = bookkeeping::book(state, plan, text_chars);

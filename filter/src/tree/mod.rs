@@ -162,7 +162,9 @@ fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
     n + a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn char_len(s: &str) -> usize {
+/// Chars in `s`, without decoding when it is ASCII (the common case, and a pass of
+/// whole words rather than one per char).
+pub(crate) fn char_len(s: &str) -> usize {
     if s.is_ascii() {
         s.len()
     } else {
