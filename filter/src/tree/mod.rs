@@ -346,10 +346,14 @@ impl Tree {
     }
 
     /// Walks the path `text` matches from the root, calling `visit` with each node on
-    /// it, the chars matched once that node is counted and whether its whole edge
-    /// matched; returns the last node reached (the root when nothing matched) and the
-    /// chars matched in all.
-    fn walk(&self, text: &str, mut visit: impl FnMut(&Node, usize, bool)) -> (NodeIdx, usize) {
+    /// it (its index and the node), the chars matched once that node is counted and
+    /// whether its whole edge matched; returns the last node reached (the root when
+    /// nothing matched) and the chars matched in all.
+    fn walk(
+        &self,
+        text: &str,
+        mut visit: impl FnMut(NodeIdx, &Node, usize, bool),
+    ) -> (NodeIdx, usize) {
         let mut cur = ROOT;
         let mut matched = 0usize;
         let mut rest = text;
@@ -360,7 +364,7 @@ impl Tree {
             let node = self.node(child);
             let (bytes, chars) = common_prefix(&node.text, rest);
             matched += chars;
-            visit(node, matched, bytes == node.text.len());
+            visit(child, node, matched, bytes == node.text.len());
             cur = child;
             if bytes < node.text.len() {
                 break;
@@ -372,7 +376,7 @@ impl Tree {
 
     /// The longest prefix of `text` the tree holds and who holds it.
     pub fn prefix_match(&self, text: &str) -> PrefixMatch {
-        let (last, matched) = self.walk(text, |_, _, _| {});
+        let (last, matched) = self.walk(text, |_, _, _, _| {});
         let mut owners: Vec<TenantId> = self.node(last).tenants.iter().map(|h| h.tenant).collect();
         owners.sort_unstable();
         PrefixMatch {
@@ -389,7 +393,7 @@ impl Tree {
     pub fn tenant_matches(&self, text: &str) -> TenantMatches {
         let mut depths: Vec<(TenantId, usize)> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
-        self.walk(text, |node, matched, whole| {
+        self.walk(text, |_, node, matched, whole| {
             for h in &node.tenants {
                 match depths.iter_mut().find(|(d, _)| *d == h.tenant) {
                     Some(entry) => entry.1 = matched,
@@ -411,7 +415,7 @@ impl Tree {
     pub fn tenant_depth(&self, text: &str, tenant: TenantId) -> usize {
         let mut depth = 0;
         let mut held = true;
-        self.walk(text, |node, matched, _| {
+        self.walk(text, |_, node, matched, _| {
             held = held && node.tenant_pos(tenant).is_some();
             if held {
                 depth = matched;

@@ -4,7 +4,7 @@
 //! lookups rely on: a tenant on a node holds its parent, each hold counts the
 //! children the tenant holds too, and no node survives without tenants or children.
 
-use super::{common_prefix, Hold, Node, NodeIdx, TenantId, Tree, ROOT};
+use super::{Hold, Node, NodeIdx, TenantId, Tree, ROOT};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -18,25 +18,13 @@ impl Tree {
     /// changed since) are kept.
     pub fn forget(&mut self, text: &str, tenant: TenantId, keep_chars: usize, clock: u64) {
         let mut path = Vec::new();
-        let mut cur = ROOT;
-        let mut start = 0usize;
-        let mut rest = text;
-        while let Some(first) = rest.chars().next() {
-            let Some(&child) = self.node(cur).children.get(&first) else {
-                break;
-            };
-            let node = self.node(child);
-            let (bytes, _) = common_prefix(&node.text, rest);
-            if bytes < node.text.len() {
-                break;
+        self.walk(text, |idx, node, matched, whole| {
+            // A whole edge: `matched` counts all of it, so the path before it held
+            // `matched - node.chars` chars. A partly covered node is kept.
+            if whole && matched.saturating_sub(node.chars) >= keep_chars {
+                path.push(idx);
             }
-            if start >= keep_chars {
-                path.push(child);
-            }
-            start += node.chars;
-            rest = rest.get(bytes..).unwrap_or_default();
-            cur = child;
-        }
+        });
         // Deepest first: a node is freed after its children.
         for idx in path.into_iter().rev() {
             let Some(hold) = self.node(idx).tenants.iter().find(|h| h.tenant == tenant) else {
