@@ -100,10 +100,9 @@ fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
 /// Hostcalls per request by name and the Wasm instructions the guest runs per
 /// request (exact, unlike any timing here), over `n` requests after a warm-up of as
 /// many (so a VM's one-off work, such as defining its metrics, is not counted).
-fn hostcalls_per_request(path: &Path, policy: &str, vms: usize, bodies: &[Vec<u8>]) {
+fn hostcalls_per_request(metered: &Filter, policy: &str, vms: usize, bodies: &[Vec<u8>]) {
     let n = 64;
-    let filter = Filter::metered(path).expect("load the filter metered");
-    let mut h = host_with_vms(&filter, policy, vms);
+    let mut h = host_with_vms(metered, policy, vms);
     for i in 0..n {
         request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
     }
@@ -150,13 +149,14 @@ fn bench_build(
     bodies: &[Vec<u8>],
 ) {
     let name = |case: &str| format!("{tag}{case}");
+    let metered = Filter::metered(path).expect("load the filter metered");
     for (policy, vms) in [
         ("cache_aware", 1),
         ("cache_aware", 4),
         ("round_robin", 1),
         ("predicted_ttft", 1),
     ] {
-        hostcalls_per_request(path, policy, vms, bodies);
+        hostcalls_per_request(&metered, policy, vms, bodies);
     }
     let mut h = host(filter, "cache_aware");
     group.bench_function(name("cache_aware/one_conversation"), |b| {
@@ -246,7 +246,8 @@ fn bench_request(c: &mut Criterion) {
         floor_path.display()
     );
     let floor = Filter::load(&floor_path).expect("load the floor");
-    hostcalls_per_request(&floor_path, "round_robin", 1, &bodies);
+    let metered = Filter::metered(&floor_path).expect("load the floor metered");
+    hostcalls_per_request(&metered, "round_robin", 1, &bodies);
     let mut h = host(&floor, "round_robin");
     group.bench_function("floor/one_conversation", |b| {
         b.iter(|| one_request(&mut h, &bodies[0]))

@@ -193,18 +193,11 @@ impl CostTable {
 
     pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<WorkerCosts> {
         self.view(store, |rows| {
-            // One map, no copies of the names: this runs at every decision.
-            let by_name: hashbrown::HashMap<&str, &[u64; 2]> =
-                rows.iter().map(|(n, v)| (n.as_str(), v)).collect();
-            workers
-                .iter()
-                .map(|w| {
-                    by_name
-                        .get(w.name.as_str())
-                        .map_or(WorkerCosts::default(), |[p, s]| WorkerCosts {
-                            prefill_us_per_char: from_bits(*p),
-                            service_ms: from_bits(*s),
-                        })
+            by_worker_name(rows, workers, NOTHING_LEARNED)
+                .into_iter()
+                .map(|[p, s]| WorkerCosts {
+                    prefill_us_per_char: from_bits(p),
+                    service_ms: from_bits(s),
                 })
                 .collect()
         })
