@@ -161,7 +161,7 @@ impl State {
             cfg,
             now,
             (&s.inflight, &s.work, &s.costs),
-            &s.tables,
+            (&s.tables, s.ring.generation()),
         )
     }
 

@@ -7,10 +7,11 @@
 //! So every write of one of them also moves a generation counter on
 //! (`stamp_after_write`, called by the store after each write), and each VM
 //! keeps what it last decoded of them (`TableCache`) and decodes them again only when
-//! the generation it reads differs from the one it decoded under: one small read per
-//! request while nothing changes. A table is written before its stamp, so a VM that
-//! sees the new stamp reads the new table; one that read the old stamp a moment
-//! before the write uses its copy for that request only.
+//! the generation it read differs from the one it decoded under. The counter lives
+//! in the ring's head value (`super::ring`), which every request reads to catch up:
+//! while nothing changes, the tables cost no read at all. A table is written before
+//! its stamp, so a VM that sees the new stamp reads the new table; one that read the
+//! old stamp a moment before the write uses its copy for that request only.
 //!
 //! A stamp that is lost (its write failed after the table's succeeded) would leave
 //! copies stale, so the tick drops every copy (`TableCache::clear`): a copy is never
@@ -20,24 +21,31 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use super::ring::{decode_head, encode_head};
 use super::{FlagTable, HealthTable, Keys, PeerLoads, PeerReport, SamplesTable};
-use super::{Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{SetOutcome, SharedStore, CAS_ATTEMPTS};
 use crate::config::Config;
 use crate::load::LoadTable;
 
 /// After `store` wrote `key`: moves the generation on when `key` is one of the
-/// cached tables and the write was stored. An increment under CAS, so two writers
-/// never leave the same generation behind them (and no randomness is drawn: the
-/// host's random stream stays the routing's own).
+/// cached tables and the write was stored. An increment under CAS that keeps the
+/// ring's head as it is, so two writers never leave the same generation behind them
+/// and no append is lost (and no randomness is drawn: the host's random stream
+/// stays the routing's own). Without a ring (not initialised) no VM has a copy.
 pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcome: SetOutcome) {
     if outcome != SetOutcome::Stored || !keys.is_cached_table(key) {
         return;
     }
-    let key = keys.generation();
+    let key = keys.ring_head();
     for _ in 0..CAS_ATTEMPTS {
-        let (current, cas) = store.get(&key).unwrap_or_default();
-        let next = Reader(&current).u64().unwrap_or(0).wrapping_add(1);
-        if store.set(&key, &next.to_le_bytes(), cas) != SetOutcome::CasMismatch {
+        let Some((seq, generation, cas)) = store
+            .get(&key)
+            .and_then(|(v, cas)| decode_head(&v).map(|(seq, g)| (seq, g, cas)))
+        else {
+            return;
+        };
+        let next = encode_head(seq, generation.wrapping_add(1));
+        if store.set(&key, &next, cas) != SetOutcome::CasMismatch {
             return;
         }
     }
@@ -59,24 +67,29 @@ pub struct Tables {
 /// This VM's copy of the tables and the generation it was decoded under.
 #[derive(Debug, Default)]
 pub struct TableCache {
-    copy: RefCell<Option<(Vec<u8>, Rc<Tables>)>>,
+    copy: RefCell<Option<(u64, Rc<Tables>)>>,
 }
 
 impl TableCache {
-    /// The tables for `cfg`'s workers: this VM's copy when the generation has not
-    /// moved since it was decoded, else read and decoded afresh.
-    pub fn tables(&self, store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Rc<Tables> {
-        let generation = store
-            .get(&keys.generation())
-            .map(|(v, _)| v)
-            .unwrap_or_default();
-        if let Some((seen, tables)) = self.copy.borrow().as_ref() {
-            if *seen == generation {
+    /// The tables for `cfg`'s workers: this VM's copy when `generation` (as the
+    /// ring's head last gave it) is the one it was decoded under, else read and
+    /// decoded afresh (always, when no generation was read).
+    pub fn tables(
+        &self,
+        store: &dyn SharedStore,
+        keys: &Keys,
+        cfg: &Config,
+        generation: Option<u64>,
+    ) -> Rc<Tables> {
+        if let (Some((seen, tables)), Some(now)) = (self.copy.borrow().as_ref(), generation) {
+            if *seen == now {
                 return Rc::clone(tables);
             }
         }
         let tables = Rc::new(read(store, keys, cfg));
-        *self.copy.borrow_mut() = Some((generation, Rc::clone(&tables)));
+        if let Some(now) = generation {
+            *self.copy.borrow_mut() = Some((now, Rc::clone(&tables)));
+        }
         tables
     }
 
@@ -106,6 +119,7 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{Counting, MemStore};
+    use super::super::OpRing;
     use super::*;
     use crate::health::{DownReason, Health};
 
@@ -129,15 +143,21 @@ mod tests {
     }
 
     #[test]
-    fn unchanged_tables_cost_one_read_and_a_write_anywhere_is_seen_next() {
+    fn unchanged_tables_cost_no_read_and_a_write_anywhere_is_seen_next() {
         let (store, keys, cfg) = (Stamping::default(), Keys::new("t"), config());
+        let ring = OpRing::new(&keys, 4);
+        ring.init_if_missing(&store);
         let cache = TableCache::default();
-        assert_eq!(cache.tables(&store, &keys, &cfg).down, vec![false, false]);
+        ring.head(&store);
+        assert_eq!(ring.generation(), Some(0));
+        let tables = |g| cache.tables(&store, &keys, &cfg, g);
+        assert_eq!(tables(ring.generation()).down, vec![false, false]);
         store.0.gets.set(0);
-        cache.tables(&store, &keys, &cfg);
-        assert_eq!(store.0.gets.get(), 1, "only the generation was read");
+        ring.head(&store);
+        tables(ring.generation());
+        assert_eq!(store.0.gets.get(), 1, "only the head was read");
 
-        // Another VM takes worker b out.
+        // Another VM takes worker b out, and appends in between.
         HealthTable::new(&keys).update(&store, &cfg.workers, |s| {
             if let Some(h) = s.0.get_mut(1) {
                 *h = Health::Down {
@@ -149,22 +169,38 @@ mod tests {
             }
             Vec::<()>::new()
         });
+        let other = OpRing::new(&keys, 4);
+        let op = super::super::ops::insert_op("t", "w").encode();
+        assert_eq!(other.append(&store, &op), Ok(0));
+        assert_eq!(ring.head(&store), Some(1), "the append kept its place");
         assert_eq!(
-            store.0.store.get(&keys.generation()).map(|(v, _)| v),
-            Some(1u64.to_le_bytes().to_vec()),
+            ring.generation(),
+            Some(1),
             "the write moved the generation on"
         );
-        assert_eq!(cache.tables(&store, &keys, &cfg).down, vec![false, true]);
+        assert_eq!(tables(ring.generation()).down, vec![false, true]);
+    }
+
+    #[test]
+    fn a_stamp_between_a_slot_write_and_the_head_never_strands_the_operation() {
+        let (store, keys) = (MemStore::default(), Keys::new("t"));
+        let ring = OpRing::new(&keys, 4);
+        ring.init_if_missing(&store);
+        ring.head(&store);
+        // A stamp after this VM's head read: its hint's CAS is stale.
+        stamp_after_write(&store, &keys, &keys.health(), SetOutcome::Stored);
+        let op = super::super::ops::insert_op("t", "w").encode();
+        assert_eq!(ring.append(&store, &op), Ok(0));
+        assert_eq!(ring.head(&store), Some(1), "the head moved past it");
+        assert_eq!(ring.generation(), Some(1), "and kept the stamp");
     }
 
     #[test]
     fn a_write_without_a_stamp_is_seen_after_the_copy_is_dropped() {
         let (store, keys, cfg) = (MemStore::default(), Keys::new("t"), config());
         let cache = TableCache::default();
-        assert_eq!(
-            cache.tables(&store, &keys, &cfg).overloaded,
-            vec![false, false]
-        );
+        let tables = || cache.tables(&store, &keys, &cfg, Some(0));
+        assert_eq!(tables().overloaded, vec![false, false]);
         FlagTable::new(&keys).update(&store, &cfg.workers, |f| {
             if let Some(flag) = f.0.get_mut(0) {
                 *flag = crate::overload::Flag::Overloaded {
@@ -177,14 +213,16 @@ mod tests {
             Vec::<()>::new()
         });
         assert_eq!(
-            cache.tables(&store, &keys, &cfg).overloaded,
+            tables().overloaded,
             vec![false, false],
             "no stamp: the copy stands"
         );
         cache.clear();
+        assert_eq!(tables().overloaded, vec![true, false]);
         assert_eq!(
-            cache.tables(&store, &keys, &cfg).overloaded,
-            vec![true, false]
+            cache.tables(&store, &keys, &cfg, None).overloaded,
+            vec![true, false],
+            "no generation read: decoded afresh"
         );
     }
 
@@ -192,9 +230,13 @@ mod tests {
     fn only_the_cached_tables_stamp() {
         let keys = Keys::new("t");
         let store = MemStore::default();
+        let ring = OpRing::new(&keys, 4);
         let stamp = |key: &str, outcome| {
+            store.map.borrow_mut().clear();
+            ring.init_if_missing(&store);
             stamp_after_write(&store, &keys, key, outcome);
-            store.get(&keys.generation()).is_some()
+            ring.head(&store);
+            ring.generation() == Some(1)
         };
         assert!(!stamp(&keys.inflight(), SetOutcome::Stored));
         assert!(!stamp(&keys.ring_head(), SetOutcome::Stored));
@@ -205,8 +247,10 @@ mod tests {
             keys.health(),
             keys.peer_inflight(),
         ] {
-            store.map.borrow_mut().clear();
             assert!(stamp(&key, SetOutcome::Stored), "{key}");
         }
+        store.map.borrow_mut().clear();
+        stamp_after_write(&store, &keys, &keys.health(), SetOutcome::Stored);
+        assert!(store.map.borrow().is_empty(), "no ring: nothing to stamp");
     }
 }

@@ -106,8 +106,11 @@ mod tests {
             t.read(&store, 0),
             vec![("w0".to_string(), 2), ("w1".to_string(), 1)]
         );
-        assert!(t.add(&store, "w1", -1, 0));
-        assert!(t.add(&store, "w1", -1, 0), "never below zero");
+        assert!(
+            !t.add(&store, "w1", -1, 0),
+            "a release rides on the next write"
+        );
+        assert!(!t.add(&store, "w1", -1, 0), "never below zero");
         assert_eq!(t.read(&store, 0), vec![("w0".to_string(), 2)]);
         assert_eq!(t.mine(), t.read(&store, 0));
     }

@@ -122,11 +122,6 @@ impl Keys {
             .is_some_and(|rest| [SAMPLES, FLAGS, HEALTH, PEER_INFLIGHT].contains(&rest))
     }
 
-    /// Stamped on every write of a cached table (`generation`).
-    pub fn generation(&self) -> String {
-        format!("{}.tables.generation", self.prefix)
-    }
-
     /// The ring's next sequence number.
     pub fn ring_head(&self) -> String {
         format!("{}.ring.head", self.prefix)
@@ -239,9 +234,9 @@ pub fn read_loads(
     cfg: &Config,
     now_ms: u64,
     (inflight, work, costs): (&InflightTable, &WorkTable, &CostTable),
-    cache: &TableCache,
+    (cache, generation): (&TableCache, Option<u64>),
 ) -> Loads {
-    let tables = cache.tables(store, keys, cfg);
+    let tables = cache.tables(store, keys, cfg, generation);
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
@@ -580,7 +575,7 @@ mod tests {
             &WorkTable::new(&keys, 2, 5000),
             &CostTable::new(&keys),
         );
-        let loads = read_loads(&store, &keys, &cfg, 7, own, &TableCache::default());
+        let loads = read_loads(&store, &keys, &cfg, 7, own, (&TableCache::default(), None));
         assert_eq!(loads.inflight, vec![0, 2]);
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
@@ -589,7 +584,7 @@ mod tests {
         let off = Config::from_json(br#"{"workers":[{"name":"a"}],"overload":{"enabled":false}}"#)
             .unwrap();
         assert!(
-            read_loads(&store, &keys, &off, 7, own, &TableCache::default())
+            read_loads(&store, &keys, &off, 7, own, (&TableCache::default(), None))
                 .overloaded
                 .is_empty()
         );

@@ -8,10 +8,21 @@
 //! So one key holds one row per VM: the VM's id (random per VM instance: a reloaded
 //! VM is a new owner), when the row was last written (`at_ms`, the host's clock) and
 //! the VM's counts by worker name. Each VM keeps its own counts in memory (the truth)
-//! and publishes them whole: every change replaces its row with CAS retries (one
-//! `get` and one `set`, as a shared delta cost before), and its tick rewrites the row
-//! once it is a third of the expiry old while it holds anything (`refresh`). Readers
-//! sum the rows written within `expiry_ms`; every writer drops rows older than that.
+//! and publishes them whole: a change that takes a count replaces its row with CAS
+//! retries, and its tick rewrites the row once it is a third of the expiry old while
+//! it holds anything (`refresh`). Readers sum the rows written within `expiry_ms`,
+//! with their own VM's counts from memory; every writer drops rows older than that.
+//!
+//! A change that only gives counts back while the VM still holds others is not
+//! published by itself: it rides on the VM's next publication (its next taken count,
+//! or its tick). Each publication is a `get` and a `set`, and in Envoy a `get` that
+//! returns data costs about as much as the rest of a request's hostcalls together
+//! (the host calls back into the VM to allocate), so publishing every release made
+//! the table cost twice what routing needs. A busy VM books again soon, so the
+//! others see its workers busier than they are only for a moment (they steer away a
+//! little longer, never onto them); a VM whose last request ends publishes at once,
+//! so an idle VM never shows load it does not hold. Taken counts are what must be
+//! seen at once (they keep two threads from herding onto one worker), and they are.
 //! A dead VM's counts therefore stop counting `expiry_ms` after its last write. A live
 //! VM whose row expired (its thread blocked past the expiry) loses nothing: its next
 //! write or tick publishes its whole count again.
@@ -106,7 +117,8 @@ pub struct OwnedCounts<const N: usize> {
     mine: RefCell<Counts<N>>,
     /// When this VM's row was last stored.
     written_at: Cell<u64>,
-    /// The last write failed: the next tick retries it.
+    /// `mine` differs from the published row (a release waits, or the last write
+    /// failed): the next tick publishes it, if no taken count did first.
     unpublished: Cell<bool>,
     /// The table as this VM last read it, and its CAS: the next write starts from it
     /// instead of reading again. A request reads the table to choose its worker and
@@ -138,16 +150,18 @@ impl<const N: usize> OwnedCounts<N> {
     /// absent).
     pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
         let mut sums: Counts<N> = Vec::new();
-        let Some((bytes, cas)) = store.get(&self.key) else {
-            return sums;
-        };
-        let rows = decode::<N>(&bytes);
+        let read = store
+            .get(&self.key)
+            .map(|(bytes, cas)| (decode::<N>(&bytes), cas));
+        let rows = read.as_ref().map_or(&[][..], |(rows, _)| rows.as_slice());
+        let mine = self.mine.borrow();
+        let others = rows
+            .iter()
+            .filter(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
         let mut at: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
-        for row in &rows {
-            if !fresh(row.at_ms, now_ms, self.expiry_ms) {
-                continue;
-            }
-            for (name, values) in &row.counts {
+        // This VM's own counts from memory: its row may lag a release.
+        for counts in others.map(|r| &r.counts).chain(std::iter::once(&*mine)) {
+            for (name, values) in counts {
                 let i = *at.entry(name.as_str()).or_insert_with_key(|name| {
                     sums.push((name.to_string(), [0; N]));
                     sums.len() - 1
@@ -160,7 +174,8 @@ impl<const N: usize> OwnedCounts<N> {
             }
         }
         drop(at);
-        *self.last_read.borrow_mut() = Some((rows, cas));
+        drop(mine);
+        *self.last_read.borrow_mut() = read;
         sums
     }
 
@@ -180,8 +195,10 @@ impl<const N: usize> OwnedCounts<N> {
     }
 
     /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
-    /// zeros are dropped) and publishes them. Whether the publication was stored; the
-    /// change is kept either way and published by the next write or tick.
+    /// zeros are dropped) and publishes them, unless it only gives counts back while
+    /// the VM holds others: that waits for the next publication (see the module's
+    /// doc). Whether a publication was stored now; the change is kept either way and
+    /// published by the next write or tick.
     pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: [i64; N], now_ms: u64) -> bool {
         {
             let mut mine = self.mine.borrow_mut();
@@ -198,6 +215,11 @@ impl<const N: usize> OwnedCounts<N> {
                 }
             }
             mine.retain(|(_, v)| v.iter().any(|x| *x > 0));
+        }
+        let releases_only = delta.iter().all(|d| *d <= 0);
+        if releases_only && !self.mine.borrow().is_empty() {
+            self.unpublished.set(true);
+            return false;
         }
         self.publish(store, now_ms)
     }
@@ -264,14 +286,24 @@ mod tests {
         assert!(b.add(&store, "w0", [1], 2));
         assert!(b.add(&store, "w1", [1], 3));
         assert_eq!(a.by_worker(&store, &workers(), 4), vec![[3], [1]]);
-        assert!(b.add(&store, "w1", [-1], 5));
-        assert!(b.add(&store, "w1", [-1], 6), "never below zero");
-        assert_eq!(a.read(&store, 7), vec![("w0".to_string(), [3])]);
+        assert!(!b.add(&store, "w1", [-1], 5), "a release waits");
+        assert!(!b.add(&store, "w1", [-1], 6), "never below zero");
         assert_eq!(b.mine(), vec![("w0".to_string(), [1])]);
-        for _ in 0..2 {
-            a.add(&store, "w0", [-1], 8);
-        }
-        b.add(&store, "w0", [-1], 9);
+        assert_eq!(
+            b.read(&store, 6),
+            vec![("w0".to_string(), [3])],
+            "its own VM sees it at once"
+        );
+        assert_eq!(
+            a.by_worker(&store, &workers(), 7),
+            vec![[3], [1]],
+            "the others once it is published"
+        );
+        assert!(b.refresh(&store, 7), "the tick publishes it");
+        assert_eq!(a.read(&store, 7), vec![("w0".to_string(), [3])]);
+        assert!(!a.add(&store, "w0", [-1], 8), "a still holds one");
+        assert!(a.add(&store, "w0", [-1], 8), "its last release publishes");
+        assert!(b.add(&store, "w0", [-1], 9));
         assert_eq!(
             store.get("t.owned").map(|(v, _)| v),
             Some(vec![0, 0, 0, 0]),
@@ -329,7 +361,7 @@ mod tests {
         assert_eq!(store.gets.get(), 2, "a read is used at most once");
         a.read(&store, 3);
         assert!(b.add(&store, "w1", [4], 3), "another VM writes in between");
-        assert!(a.add(&store, "w0", [-1], 3));
+        assert!(a.add(&store, "w0", [-1], 3) || a.refresh(&store, 3));
         assert_eq!(
             a.by_worker(&store, &workers(), 4),
             vec![[1], [5]],
@@ -365,7 +397,11 @@ mod tests {
             .map
             .borrow_mut()
             .insert("t.owned".into(), (b"junk".to_vec(), 99));
-        assert!(t.read(&store, 3).is_empty(), "garbled: nothing counts");
+        assert_eq!(
+            t.read(&store, 3),
+            vec![("w0".to_string(), [1])],
+            "garbled: only its own VM's counts, from memory"
+        );
         assert!(
             t.add(&store, "w0", [1], 3),
             "and the next write replaces it"

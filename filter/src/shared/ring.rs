@@ -10,6 +10,12 @@
 //! prefix of the stream hold identical trees and evict identically. When nothing
 //! changed, catching up costs one `get` of the head. A VM that falls more than
 //! `slots` behind skips what was overwritten and counts the gap.
+//!
+//! The head's value also carries the cached tables' generation (`super::generation`):
+//! every request reads the head anyway, and in Envoy each read that returns data
+//! costs a call back into the VM, so the generation rides along instead of having a
+//! key of its own. A writer that advances the head keeps the generation it read, and
+//! a stamp keeps the head: whichever writes second fails its CAS and retries.
 
 use std::cell::Cell;
 
@@ -40,11 +46,39 @@ pub enum AppendError {
 pub struct OpRing {
     head_key: String,
     slot_keys: Vec<String>,
-    /// The head and its CAS as this VM last read them: a request catches up, then
-    /// appends, and the append starts from this instead of reading the head again.
-    /// A stale hint is safe: the slot's CAS and sequence decide, as for any writer
-    /// that read the head a while ago, and a failed attempt reads the head afresh.
-    head_hint: Cell<Option<(u64, u32)>>,
+    /// The head as this VM last read it: a request catches up, then appends, and the
+    /// append starts from this instead of reading the head again. A stale hint is
+    /// safe: the slot's CAS and sequence decide, as for any writer that read the
+    /// head a while ago, and a failed attempt reads the head afresh.
+    head_hint: Cell<Option<Head>>,
+    /// The tables' generation as of this VM's last read of the head.
+    generation: Cell<Option<u64>>,
+}
+
+/// The head key's value as read: the next sequence number, the cached tables'
+/// generation, and the key's CAS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Head {
+    seq: u64,
+    generation: u64,
+    cas: u32,
+}
+
+/// The head key's value: the next sequence number, then the tables' generation.
+pub(super) fn encode_head(seq: u64, generation: u64) -> [u8; 16] {
+    let mut out = [0; 16];
+    let (a, b) = out.split_at_mut(8);
+    a.copy_from_slice(&seq.to_le_bytes());
+    b.copy_from_slice(&generation.to_le_bytes());
+    out
+}
+
+/// The sequence number and generation of a head value (a head without a
+/// generation, as an older build wrote it, is at generation 0).
+pub(super) fn decode_head(value: &[u8]) -> Option<(u64, u64)> {
+    let mut r = Reader(value);
+    let seq = r.u64()?;
+    Some((seq, r.u64().unwrap_or(0)))
 }
 
 fn seq_of(slot: &[u8]) -> Option<u64> {
@@ -57,6 +91,7 @@ impl OpRing {
             head_key: keys.ring_head(),
             slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
             head_hint: Cell::new(None),
+            generation: Cell::new(None),
         }
     }
 
@@ -81,35 +116,69 @@ impl OpRing {
         for key in &self.slot_keys {
             create_if_missing(store, key, &empty);
         }
-        create_if_missing(store, &self.head_key, &0u64.to_le_bytes());
+        create_if_missing(store, &self.head_key, &encode_head(0, 0));
     }
 
     /// The next sequence number (operations ever appended).
     pub fn head(&self, store: &dyn SharedStore) -> Option<u64> {
-        self.read_head(store).map(|(head, _)| head)
+        self.read_head(store).map(|h| h.seq)
     }
 
-    /// The head and its CAS, kept as the next append's hint.
-    fn read_head(&self, store: &dyn SharedStore) -> Option<(u64, u32)> {
-        let (v, cas) = store.get(&self.head_key)?;
-        let head = Reader(&v).u64()?;
-        self.head_hint.set(Some((head, cas)));
-        Some((head, cas))
+    /// The cached tables' generation as of this VM's last read of the head (`None`:
+    /// never read, or unreadable).
+    pub fn generation(&self) -> Option<u64> {
+        self.generation.get()
+    }
+
+    /// The head, kept as the next append's hint and as the generation seen.
+    fn read_head(&self, store: &dyn SharedStore) -> Option<Head> {
+        let read = store.get(&self.head_key).and_then(|(v, cas)| {
+            let (seq, generation) = decode_head(&v)?;
+            Some(Head {
+                seq,
+                generation,
+                cas,
+            })
+        });
+        self.head_hint.set(read);
+        self.generation.set(read.map(|h| h.generation));
+        read
+    }
+
+    /// Moves the head past `claimed`, whose slot is written: from `head` as read,
+    /// keeping its generation, and again from a fresh read when a stamp moved the
+    /// generation in between (the head must not stay behind a written slot: readers
+    /// would not see the operation until the next append).
+    fn advance_past(&self, store: &dyn SharedStore, claimed: u64, mut head: Head) {
+        for _ in 0..CAS_ATTEMPTS {
+            if head.seq > claimed {
+                return;
+            }
+            let value = encode_head(claimed + 1, head.generation);
+            if store.set(&self.head_key, &value, head.cas) != SetOutcome::CasMismatch {
+                return;
+            }
+            let Some(fresh) = self.read_head(store) else {
+                return;
+            };
+            head = fresh;
+        }
     }
 
     /// Appends `op`, returning its sequence number.
     pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
         for _ in 0..CAS_ATTEMPTS {
-            let (head, head_cas) = match self.head_hint.take() {
+            let read = match self.head_hint.take() {
                 Some(hint) => hint,
                 None => self.read_head(store).ok_or(AppendError::Unavailable)?,
             };
+            let head = read.seq;
             let key = self.slot_key(head);
             let (slot, slot_cas) = store.get(key).ok_or(AppendError::Unavailable)?;
             match seq_of(&slot) {
                 // Someone wrote `head` but has not advanced the head yet: help.
                 Some(s) if s == head => {
-                    store.set(&self.head_key, &(head + 1).to_le_bytes(), head_cas);
+                    self.advance_past(store, head, read);
                     continue;
                 }
                 // Our view of the head is stale.
@@ -121,8 +190,7 @@ impl OpRing {
             value.extend_from_slice(op);
             match store.set(key, &value, slot_cas) {
                 SetOutcome::Stored => {
-                    // A failure means another writer already advanced it for us.
-                    store.set(&self.head_key, &(head + 1).to_le_bytes(), head_cas);
+                    self.advance_past(store, head, read);
                     return Ok(head);
                 }
                 SetOutcome::CasMismatch => continue,

@@ -314,7 +314,10 @@ mod tests {
                 ahead_chars: 4100
             }
         );
-        assert!(t.add(&store, "w0", -1, -4000, 0), "first byte of the first");
+        assert!(
+            !t.add(&store, "w0", -1, -4000, 0),
+            "first byte of the first"
+        );
         assert_eq!(
             w0(&store),
             WorkerWork {
@@ -322,7 +325,7 @@ mod tests {
                 ahead_chars: 100
             }
         );
-        assert!(t.add(&store, "w0", -1, -100, 0));
+        assert!(t.add(&store, "w0", -1, -100, 0), "the last one publishes");
         assert!(
             t.add(&store, "w0", -1, -100, 0),
             "a double release saturates"
