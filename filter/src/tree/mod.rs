@@ -123,6 +123,19 @@ impl Default for Tree {
     }
 }
 
+/// Length in bytes of the longest common prefix of `node`'s edge and `text` that
+/// ends on a char boundary of both, and its length in chars. An ASCII edge (its
+/// cached char count is its length) needs neither the boundary nor the char count:
+/// whatever of `text` equals part of it is whole ASCII chars, which spares every
+/// walk a pass over the kilobytes it matched.
+fn edge_prefix(node: &Node, text: &str) -> (usize, usize) {
+    if node.chars == node.text.len() {
+        let n = equal_bytes(node.text.as_bytes(), text.as_bytes());
+        return (n, n);
+    }
+    common_prefix(&node.text, text)
+}
+
 /// Length in bytes of the longest common prefix of `a` and `b` that ends on a char
 /// boundary of both, and its length in chars.
 fn common_prefix(a: &str, b: &str) -> (usize, usize) {
@@ -333,7 +346,7 @@ impl Tree {
                 self.touch(leaf, tenant, clock);
                 return;
             };
-            let (bytes, chars) = common_prefix(&self.node(child).text, rest);
+            let (bytes, chars) = edge_prefix(self.node(child), rest);
             let next = if bytes < self.node(child).text.len() {
                 self.split(child, bytes, chars)
             } else {
@@ -362,7 +375,7 @@ impl Tree {
                 break;
             };
             let node = self.node(child);
-            let (bytes, chars) = common_prefix(&node.text, rest);
+            let (bytes, chars) = edge_prefix(node, rest);
             matched += chars;
             visit(child, node, matched, bytes == node.text.len());
             cur = child;
@@ -679,6 +692,35 @@ mod tests {
                 let mut y = x.to_vec();
                 y[at] ^= 0x80;
                 assert_eq!(equal_bytes(x, &y), at, "differs at {at} of {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_edges_prefix_is_the_common_prefix_whether_or_not_it_is_ascii() {
+        let texts = [
+            "",
+            "abc",
+            "abé",
+            "ab",
+            "日本語",
+            "日本",
+            "a日",
+            "abcdefghij",
+            "abcdefgh日",
+        ];
+        for edge in texts {
+            let node = Node {
+                text: edge.to_string(),
+                chars: edge.chars().count(),
+                ..Node::default()
+            };
+            for text in texts {
+                assert_eq!(
+                    edge_prefix(&node, text),
+                    common_prefix(edge, text),
+                    "{edge:?} / {text:?}"
+                );
             }
         }
     }
