@@ -15,9 +15,10 @@ use llm_load::workload::{WorkItem, CHAT_PATH};
 use llm_router::decision::Label;
 use llm_router::metric_names as names;
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::callgrind::Counter;
 use crate::cpu;
 
 /// The filter that only buffers and reads the body.
@@ -151,11 +152,23 @@ fn scaled(base: usize, body_bytes: usize, min: usize) -> usize {
     (base * 4096 / body_bytes.max(1)).max(min)
 }
 
+/// The directory of the `i`th variant's Envoy (its config, log, and callgrind's
+/// files), its own even when a variant is listed twice (two copies of one build
+/// show the noise).
+fn variant_dir(rep_dir: &Path, i: usize, variant: &str) -> Result<PathBuf> {
+    let dir = rep_dir.join(format!("{i}-{}", variant.replace(['/', '@', '.'], "_")));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Starts `envoy_bin` (Envoy, or a script that runs it under callgrind) with
+/// `variant`'s filter, its files in `dir`.
 fn start_envoy(
     variant: &str,
     upstreams: &[Upstream],
     threads: u32,
-    dir: &std::path::Path,
+    dir: &Path,
+    envoy_bin: &Path,
 ) -> Result<Envoy> {
     let (policy, wasm) = policy_and_wasm(variant)?;
     // The floor reads only the workers of the same plugin config.
@@ -172,9 +185,7 @@ fn start_envoy(
         concurrency: threads,
         route_idle_timeout_ms: None,
     };
-    let dir = dir.join(variant.replace(['/', '@', '.'], "_"));
-    std::fs::create_dir_all(&dir)?;
-    envoy::start(&paths::envoy_bin()?, &spec, &dir).with_context(|| format!("Envoy with {variant}"))
+    envoy::start(envoy_bin, &spec, dir).with_context(|| format!("Envoy with {variant}"))
 }
 
 fn replay(
@@ -189,6 +200,26 @@ fn replay(
     (records, t.elapsed())
 }
 
+/// Sends the warm-up; any failure ends the run (the measurement after it would be of
+/// a broken setup).
+fn warm_up(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    conns: usize,
+    items: &[WorkItem],
+    variant: &str,
+) -> Result<()> {
+    let (records, _) = replay(rt, url, conns, items);
+    let failed = records.iter().filter(|r| !r.is_ok()).count();
+    if failed > 0 {
+        bail!(
+            "{variant}: {failed} of {} warm-up requests failed",
+            records.len()
+        );
+    }
+    Ok(())
+}
+
 fn note_errors(m: &mut Measured, records: &[Record]) {
     for r in records.iter().filter(|r| !r.is_ok()) {
         m.errors += 1;
@@ -196,6 +227,24 @@ fn note_errors(m: &mut Measured, records: &[Record]) {
             m.first_error = Some(format!("{:?} {:?}", r.status, r.error));
         }
     }
+}
+
+/// The engine mocks of one point, and the workers, which share them round robin when
+/// there are more workers than engines.
+fn engines(p: Point, load: &Load, dir: &Path) -> Result<(Vec<Engine>, Vec<Upstream>)> {
+    let engine_args: Vec<String> = ENGINE_ARGS.iter().map(|s| s.to_string()).collect();
+    let engines: Vec<Engine> = (0..load.engines.min(p.workers).max(1))
+        .map(|i| start_engine(&format!("e{i}"), &engine_args, dir))
+        .collect::<Result<_>>()?;
+    let upstreams = (0..p.workers)
+        .map(|i| Upstream {
+            name: worker_name(i),
+            addr: engines[i % engines.len()].addr,
+            pool: "regular",
+            bootstrap: None,
+        })
+        .collect();
+    Ok((engines, upstreams))
 }
 
 /// Runs one point of the grid; results in `load.variants` order.
@@ -206,19 +255,8 @@ fn note_errors(m: &mut Measured, records: &[Record]) {
 /// which swamped the differences this benchmark is for.
 pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Result<Vec<Measured>> {
     let tmp = TempDir::new("llm-overhead")?;
-    let engine_args: Vec<String> = ENGINE_ARGS.iter().map(|s| s.to_string()).collect();
-    let engines: Vec<Engine> = (0..load.engines.min(p.workers).max(1))
-        .map(|i| start_engine(&format!("e{i}"), &engine_args, &tmp.0))
-        .collect::<Result<_>>()?;
-    // Several workers share an engine when there are more workers than engines.
-    let upstreams: Vec<Upstream> = (0..p.workers)
-        .map(|i| Upstream {
-            name: worker_name(i),
-            addr: engines[i % engines.len()].addr,
-            pool: "regular",
-            bootstrap: None,
-        })
-        .collect();
+    let envoy_bin = paths::envoy_bin()?;
+    let (_engines, upstreams) = engines(p, load, &tmp.0)?;
     let mut measured: Vec<Measured> = load
         .variants
         .iter()
@@ -244,18 +282,10 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
         for k in 0..n {
             let i = (rep + k) % n;
             let m = &mut measured[i];
-            let dir = tmp.0.join(format!("rep{rep}"));
-            let envoy = start_envoy(&m.variant, &upstreams, p.threads, &dir)?;
+            let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &m.variant)?;
+            let envoy = start_envoy(&m.variant, &upstreams, p.threads, &dir, &envoy_bin)?;
             let url = envoy.url();
-            let (records, _) = replay(rt, &url, load.connections, &warm);
-            let failed = records.iter().filter(|r| !r.is_ok()).count();
-            if failed > 0 {
-                bail!(
-                    "{}: {failed} of {} warm-up requests failed",
-                    m.variant,
-                    records.len()
-                );
-            }
+            warm_up(rt, &url, load.connections, &warm, &m.variant)?;
             let pid = envoy.pid();
             let ((records, _), cpu) = cpu::during(pid, tps, || Ok(replay(rt, &url, 1, &one)))?;
             m.cpu_c1 += cpu;
@@ -285,6 +315,93 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
         }
     }
     Ok(measured)
+}
+
+/// What one variant counted under callgrind over all repetitions.
+#[derive(Debug, Clone, Default)]
+pub struct Counted {
+    pub variant: String,
+    /// Envoy's instructions per request of each repetition: their spread is the
+    /// count's own noise (Envoy's, not the machine's).
+    pub runs: Vec<f64>,
+    pub instructions: u64,
+    pub requests: usize,
+    /// Router variants: the share of routed requests labelled `cache_hit`.
+    pub hit_rate: Option<f64>,
+}
+
+impl Counted {
+    pub fn instructions_per_request(&self) -> f64 {
+        self.instructions as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// Runs one point with every Envoy under callgrind; results in `load.variants` order.
+///
+/// Each repetition of each variant has a fresh Envoy, sent the warm-up and then
+/// `load.requests` counted requests, all at one connection: valgrind runs Envoy's
+/// threads one at a time and about 50 times slower, so more connections would only
+/// add their own setup to the count. Every repetition sends the same bodies, so
+/// repetitions differ only by what Envoy itself does differently.
+pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Result<Vec<Counted>> {
+    let tmp = TempDir::new("llm-overhead")?;
+    let envoy_bin = paths::envoy_bin()?;
+    let (_engines, upstreams) = engines(p, load, &tmp.0)?;
+    let warm_n = load.warm.min(WARM_BYTES / p.body_bytes.max(1));
+    let n = scaled(load.requests, p.body_bytes, 20);
+    let warm = bodies(p.body_bytes, 0..warm_n);
+    let counted_bodies = bodies(p.body_bytes, warm_n..warm_n + n);
+    let mut counted: Vec<Counted> = load
+        .variants
+        .iter()
+        .map(|v| Counted {
+            variant: v.clone(),
+            ..Counted::default()
+        })
+        .collect();
+    let mut hits = vec![(0u64, 0u64); counted.len()];
+    for rep in 0..load.reps {
+        for (i, (c, hits)) in counted.iter_mut().zip(hits.iter_mut()).enumerate() {
+            let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &c.variant)?;
+            let counter = Counter::new(&dir, &envoy_bin)?;
+            let envoy = start_envoy(&c.variant, &upstreams, p.threads, &dir, &counter.launcher())?;
+            let url = envoy.url();
+            warm_up(rt, &url, 1, &warm, &c.variant)?;
+            let ((records, _), instructions) = counter
+                .counting(envoy.pid(), || Ok(replay(rt, &url, 1, &counted_bodies)))
+                .with_context(|| format!("counting {} (files in {})", c.variant, dir.display()))?;
+            let failed: Vec<&Record> = records.iter().filter(|r| !r.is_ok()).collect();
+            if let Some(first) = failed.first() {
+                bail!(
+                    "{}: {} of {} counted requests failed (first: {:?} {:?}); their count would be of the error path",
+                    c.variant,
+                    failed.len(),
+                    records.len(),
+                    first.status,
+                    first.error
+                );
+            }
+            let per_request = instructions as f64 / records.len().max(1) as f64;
+            eprintln!(
+                "overhead: {} rep {rep}: {per_request:.0} instructions per request",
+                c.variant
+            );
+            c.runs.push(per_request);
+            c.instructions += instructions;
+            c.requests += records.len();
+            if c.variant != FLOOR {
+                let (h, routed) = decisions(&envoy)?;
+                hits.0 += h;
+                hits.1 += routed;
+            }
+        }
+    }
+    for (c, (h, routed)) in counted.iter_mut().zip(hits) {
+        if c.variant != FLOOR {
+            c.hit_rate = Some(h as f64 / routed.max(1) as f64);
+        }
+    }
+    Ok(counted)
 }
 
 /// An Envoy's `cache_hit` decisions and all its routed requests.

@@ -13,13 +13,23 @@
 //! (steadier than latency on a shared machine), with the ratio and the difference
 //! to the floor. The last line is the whole run as JSON.
 //!
+//! `--callgrind` counts instead of timing: every Envoy runs under valgrind's
+//! callgrind, and per variant it prints Envoy's user-space instructions per request
+//! over `--requests` requests at one connection (300 by default, after a warm-up of
+//! 300), with the ratio and the difference to the floor. CPU time on the shared 2-core
+//! machine spreads over 20-30 us a request from one repetition to the next; the count
+//! repeats within about 0.1% (`predicted_ttft` within 1%), so a change worth a few
+//! us shows. It leaves out kernel time, and valgrind runs Envoy about 50 times slower
+//! (about 15 s per variant and repetition at 4 KiB).
+//!
 //! `benches/overhead` builds what it needs and runs this; `--full` is the whole grid.
 
 mod bench;
+mod callgrind;
 mod cpu;
 
 use anyhow::{bail, Result};
-use bench::{Load, Measured, Point, FLOOR};
+use bench::{Counted, Load, Measured, Point, FLOOR};
 use clap::Parser;
 use serde_json::json;
 
@@ -42,16 +52,17 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Conversations sent before measuring, so the tree is warm (capped at 40 MB of
-    /// bodies: fewer for large bodies).
-    #[arg(long, default_value_t = 10_000)]
-    warm: usize,
+    /// bodies: fewer for large bodies) [default: 10000; 300 with --callgrind].
+    #[arg(long)]
+    warm: Option<usize>,
     /// Repetitions (each variant's phases once per repetition).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Requests per repetition in the throughput phase (4 KiB bodies; scaled to the
-    /// same bytes for larger ones).
-    #[arg(long, default_value_t = 3000)]
-    requests: usize,
+    /// Requests per repetition in the throughput phase, or counted with --callgrind
+    /// (4 KiB bodies; scaled to the same bytes for larger ones) [default: 3000; 300
+    /// with --callgrind].
+    #[arg(long)]
+    requests: Option<usize>,
     /// Requests per repetition at one connection (scaled like `--requests`).
     #[arg(long, default_value_t = 200)]
     latency_requests: usize,
@@ -64,7 +75,18 @@ struct Args {
     /// Variants; the floor must be among them (ratios are to it).
     #[arg(long, value_delimiter = ',', default_values = [FLOOR, "round_robin", "cache_aware", "predicted_ttft"])]
     variants: Vec<String>,
+    /// Count Envoy's instructions per request under callgrind instead of timing it
+    /// (one connection; --latency-requests and --connections do not apply).
+    #[arg(long)]
+    callgrind: bool,
 }
+
+/// Defaults of `--warm` and `--requests`: timing needs many requests to average
+/// out the machine, counting needs few, and valgrind makes each about 50 times dearer.
+const DEFAULT_WARM: usize = 10_000;
+const DEFAULT_REQUESTS: usize = 3000;
+const CALLGRIND_WARM: usize = 300;
+const CALLGRIND_REQUESTS: usize = 300;
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let lower = s.to_ascii_lowercase();
@@ -160,6 +182,68 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
     (out, j)
 }
 
+/// `n` rounded, with thousands separated by commas (`225,609`).
+fn thousands(n: f64) -> String {
+    let digits = format!("{:.0}", n.abs());
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    let sign = if n.round() < 0.0 { "-" } else { "" };
+    format!("{sign}{out}")
+}
+
+/// The table of one point counted under callgrind, and its rows as JSON.
+fn report_callgrind(p: Point, results: &[Counted]) -> (String, serde_json::Value) {
+    let floor = results
+        .iter()
+        .find(|c| c.variant == FLOOR)
+        .map(Counted::instructions_per_request)
+        .unwrap_or(f64::NAN);
+    let mut out = format!(
+        "\n{} workers, {} bodies, Envoy --concurrency {}, under callgrind (1 connection)\n\n\
+         | variant | Envoy instructions/req | x floor | - floor | runs | cache_hit |\n\
+         |---|---|---|---|---|---|\n",
+        p.workers,
+        size_label(p.body_bytes),
+        p.threads
+    );
+    let mut rows = Vec::new();
+    for c in results {
+        let per_request = c.instructions_per_request();
+        let above = per_request - floor;
+        let runs: Vec<String> = c.runs.iter().map(|r| thousands(*r)).collect();
+        let hit = c
+            .hit_rate
+            .map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0));
+        out += &format!(
+            "| {} | {} | {:.2} | {}{} | {} | {} |\n",
+            c.variant,
+            thousands(per_request),
+            per_request / floor,
+            if above > 0.0 { "+" } else { "" },
+            thousands(above),
+            runs.join(" / "),
+            hit
+        );
+        rows.push(json!({
+            "variant": c.variant,
+            "instructions_per_req": per_request,
+            "instructions_per_req_runs": c.runs,
+            "requests": c.requests,
+            "cache_hit_rate": c.hit_rate,
+        }));
+    }
+    let j = json!({
+        "workers": p.workers, "body_bytes": p.body_bytes, "threads": p.threads,
+        "measure": "callgrind", "variants": rows
+    });
+    (out, j)
+}
+
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if args.full {
@@ -170,11 +254,19 @@ fn main() -> Result<()> {
     if !args.variants.iter().any(|v| v == FLOOR) {
         bail!("--variants must include {FLOOR}: every ratio is to it");
     }
+    if args.callgrind {
+        callgrind::check_tools()?;
+    }
+    let (warm, requests) = if args.callgrind {
+        (CALLGRIND_WARM, CALLGRIND_REQUESTS)
+    } else {
+        (DEFAULT_WARM, DEFAULT_REQUESTS)
+    };
     let load = Load {
         engines: args.engines.max(1),
-        warm: args.warm,
+        warm: args.warm.unwrap_or(warm),
         reps: args.reps.max(1),
-        requests: args.requests.max(1),
+        requests: args.requests.unwrap_or(requests).max(1),
         latency_requests: args.latency_requests.max(1),
         connections: args.connections.max(1),
         variants: args.variants.clone(),
@@ -191,8 +283,12 @@ fn main() -> Result<()> {
                     threads,
                 };
                 eprintln!("overhead: {p:?}...");
-                let results = bench::run(&rt, p, &load, tps)?;
-                let (table, j) = report(p, &results);
+                let (table, j) = if args.callgrind {
+                    let counted = bench::run_callgrind(&rt, p, &load)?;
+                    report_callgrind(p, &counted)
+                } else {
+                    report(p, &bench::run(&rt, p, &load, tps)?)
+                };
                 println!("{table}");
                 all.push(j);
             }
@@ -216,6 +312,15 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert_eq!(size_label(1 << 20), "1 MiB");
         assert_eq!(size_label(4096), "4 KiB");
+    }
+
+    #[test]
+    fn counts_read_with_thousands_separated() {
+        assert_eq!(thousands(225_609.4), "225,609");
+        assert_eq!(thousands(999.6), "1,000");
+        assert_eq!(thousands(12.0), "12");
+        assert_eq!(thousands(-151_318.0), "-151,318");
+        assert_eq!(thousands(-0.2), "0");
     }
 
     #[test]
