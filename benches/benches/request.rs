@@ -14,7 +14,9 @@
 //! Before the timings, each build's hostcalls per request are printed by name, with
 //! the Wasm instructions its guest runs per request (host-sim's counts over 64
 //! requests after 64 of warm-up, the filter loaded with `Filter::metered`): exact
-//! figures, where the timings move with whatever else the machine runs. `LLM_BENCH_BEFORE=<path to
+//! figures, where the timings move with whatever else the machine runs. `cache_aware`
+//! is counted also with 8 requests in flight at once, as on a loaded thread (a
+//! release while others are held is published with the next booking). `LLM_BENCH_BEFORE=<path to
 //! another llm_router.wasm>` measures that build too, as `before/...`, side by side in
 //! the same run; `LLM_ROUTER_WASM` picks the build under test.
 //!
@@ -22,7 +24,7 @@
 //! `cargo build -p llm-router -p llm-floor --target wasm32-wasip1 --profile wasm`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use host_sim::{Filter, Host, RequestSpec};
+use host_sim::{Filter, Host, RequestSpec, StreamHandle};
 use std::path::Path;
 use std::time::Duration;
 
@@ -65,22 +67,53 @@ fn one_request(host: &mut Host, body: &[u8]) {
 }
 
 fn request_on(host: &mut Host, vm: usize, body: &[u8]) {
-    let mut vm = host.vm(vm);
-    let out = vm
+    let handle = open_on(host, vm, body);
+    close_on(host, vm, handle);
+}
+
+/// Sends a request and leaves it in flight; its stream handle.
+fn open_on(host: &mut Host, vm: usize, body: &[u8]) -> StreamHandle {
+    let out = host
+        .vm(vm)
         .request(RequestSpec::post_json(
             "/v1/chat/completions",
             body.to_vec(),
         ))
         .expect("request");
     assert!(out.continued, "not routed: {:?}", out.local_response);
+    out.handle
+}
+
+/// Answers a request in flight and ends its stream.
+fn close_on(host: &mut Host, vm: usize, handle: StreamHandle) {
+    let mut vm = host.vm(vm);
     vm.respond(
-        out.handle,
+        handle,
         200,
         &[("content-type", "application/json")],
         RESPONSE,
     )
     .expect("respond");
-    vm.finish(out.handle).expect("finish");
+    vm.finish(handle).expect("finish");
+}
+
+/// Requests `n` to `n + count` with `depth` of them in flight at once on VM 0, as
+/// a loaded thread runs them: each new request is sent before the oldest ends.
+fn overlapped(
+    host: &mut Host,
+    bodies: &[Vec<u8>],
+    range: std::ops::Range<usize>,
+    depth: usize,
+    open: &mut std::collections::VecDeque<StreamHandle>,
+) {
+    for i in range {
+        open.push_back(open_on(host, 0, &bodies[i % bodies.len()]));
+        if open.len() > depth {
+            if let Some(h) = open.pop_front() {
+                close_on(host, 0, h);
+            }
+        }
+    }
 }
 
 fn host(filter: &Filter, policy: &str) -> Host {
@@ -100,17 +133,28 @@ fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
 /// Hostcalls per request by name and the Wasm instructions the guest runs per
 /// request (exact, unlike any timing here), over `n` requests after a warm-up of as
 /// many (so a VM's one-off work, such as defining its metrics, is not counted).
-fn hostcalls_per_request(metered: &Filter, policy: &str, vms: usize, bodies: &[Vec<u8>]) {
+fn hostcalls_per_request(
+    metered: &Filter,
+    policy: &str,
+    (vms, depth): (usize, usize),
+    bodies: &[Vec<u8>],
+) {
     let n = 64;
     let mut h = host_with_vms(metered, policy, vms);
-    for i in 0..n {
-        request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
-    }
+    let mut open = std::collections::VecDeque::new();
+    let mut run = |h: &mut Host, range: std::ops::Range<usize>| {
+        if depth > 1 {
+            overlapped(h, bodies, range, depth, &mut open);
+        } else {
+            for i in range {
+                request_on(h, i % vms, &bodies[i % bodies.len()]);
+            }
+        }
+    };
+    run(&mut h, 0..n);
     let before = h.hostcall_counts();
     let fuel = h.guest_instructions().expect("metered");
-    for i in 0..n {
-        request_on(&mut h, i % vms, &bodies[i % bodies.len()]);
-    }
+    run(&mut h, n..2 * n);
     let after = h.hostcall_counts();
     let instructions = (h.guest_instructions().expect("metered") - fuel) / n as u64;
     if policy == "cache_aware" {
@@ -135,8 +179,13 @@ fn hostcalls_per_request(metered: &Filter, policy: &str, vms: usize, bodies: &[V
         .collect();
     let total: f64 = per.iter().map(|(_, d)| d).sum();
     let list: Vec<String> = per.iter().map(|(k, d)| format!("{k} {d}")).collect();
+    let load = if depth > 1 {
+        format!(", {depth} in flight")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "hostcalls per request, {policy} on {vms} VM(s): {total} ({}); guest Wasm instructions per request: {instructions}",
+        "hostcalls per request, {policy} on {vms} VM(s){load}: {total} ({}); guest Wasm instructions per request: {instructions}",
         list.join(", ")
     );
 }
@@ -150,13 +199,14 @@ fn bench_build(
 ) {
     let name = |case: &str| format!("{tag}{case}");
     let metered = Filter::metered(path).expect("load the filter metered");
-    for (policy, vms) in [
-        ("cache_aware", 1),
-        ("cache_aware", 4),
-        ("round_robin", 1),
-        ("predicted_ttft", 1),
+    for (policy, vms, depth) in [
+        ("cache_aware", 1, 1),
+        ("cache_aware", 1, 8),
+        ("cache_aware", 4, 1),
+        ("round_robin", 1, 1),
+        ("predicted_ttft", 1, 1),
     ] {
-        hostcalls_per_request(&metered, policy, vms, bodies);
+        hostcalls_per_request(&metered, policy, (vms, depth), bodies);
     }
     let mut h = host(filter, "cache_aware");
     group.bench_function(name("cache_aware/one_conversation"), |b| {
@@ -247,7 +297,7 @@ fn bench_request(c: &mut Criterion) {
     );
     let floor = Filter::load(&floor_path).expect("load the floor");
     let metered = Filter::metered(&floor_path).expect("load the floor metered");
-    hostcalls_per_request(&metered, "round_robin", 1, &bodies);
+    hostcalls_per_request(&metered, "round_robin", (1, 1), &bodies);
     let mut h = host(&floor, "round_robin");
     group.bench_function("floor/one_conversation", |b| {
         b.iter(|| one_request(&mut h, &bodies[0]))
