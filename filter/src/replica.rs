@@ -280,11 +280,12 @@ impl Batch {
 
 /// Reads this replica's own inserts from the ring from `after` on: at most
 /// `max_ops`, about `max_bytes` encoded (texts cut to a quarter of it), and the
-/// cursor to ask from next.
+/// cursor to ask from next (`now_ms` times a slot not yet written: `OpRing::walk`).
 pub fn export(
     ring: &OpRing,
     store: &dyn SharedStore,
     after: u64,
+    now_ms: u64,
     max_ops: usize,
     max_bytes: usize,
     inflight: Vec<(String, u64)>,
@@ -300,7 +301,7 @@ pub fn export(
     let mut gaps = 0;
     while full_at.is_none() && ops.len() < max_ops {
         let step = EXPORT_STEP.min((max_ops - ops.len()) as u64);
-        let got = ring.walk(store, &mut cursor, step, |seq, raw| {
+        let got = ring.walk(store, &mut cursor, step, now_ms, |seq, raw| {
             let Some(op) = Op::decode(raw) else {
                 return false;
             };
@@ -494,14 +495,14 @@ mod tests {
         ring.append(&store, &insert("peer", "w1").encode_imported())
             .unwrap();
         ring.append(&store, &insert("b", "w1").encode()).unwrap();
-        let all = export(&ring, &store, 0, 16, 1 << 20, vec![("w0".into(), 1)]);
+        let all = export(&ring, &store, 0, 0, 16, 1 << 20, vec![("w0".into(), 1)]);
         assert_eq!(all.ops, vec![insert("a", "w0"), insert("b", "w1")]);
         assert_eq!((all.next, all.gaps), (4, 0));
         assert_eq!(all.inflight, vec![("w0".to_string(), 1)]);
-        let later = export(&ring, &store, all.next, 16, 1 << 20, Vec::new());
+        let later = export(&ring, &store, all.next, 0, 16, 1 << 20, Vec::new());
         assert!(later.ops.is_empty());
         assert_eq!(later.next, 4, "nothing new: the cursor stays");
-        let from_two = export(&ring, &store, 2, 16, 1 << 20, Vec::new());
+        let from_two = export(&ring, &store, 2, 0, 16, 1 << 20, Vec::new());
         assert_eq!(from_two.ops, vec![insert("b", "w1")]);
     }
 
@@ -516,13 +517,13 @@ mod tests {
             )
             .unwrap();
         }
-        let first = export(&ring, &store, 0, 4, 1 << 20, Vec::new());
+        let first = export(&ring, &store, 0, 0, 4, 1 << 20, Vec::new());
         assert_eq!(
             (first.ops.len(), first.next),
             (4, 4),
             "at most 4 operations"
         );
-        let small = export(&ring, &store, 0, 16, 300, Vec::new());
+        let small = export(&ring, &store, 0, 0, 16, 300, Vec::new());
         assert!(small.encode().len() <= 300 + 101, "about the byte budget");
         assert_eq!(
             small.next as usize,
@@ -532,7 +533,7 @@ mod tests {
         let mut cursor = 0;
         let mut seen = 0;
         while cursor < 10 {
-            let b = export(&ring, &store, cursor, 3, 300, Vec::new());
+            let b = export(&ring, &store, cursor, 0, 3, 300, Vec::new());
             assert!(b.next > cursor, "every export makes progress");
             seen += b.ops.len();
             cursor = b.next;
@@ -541,7 +542,7 @@ mod tests {
         // A text larger than the budget is cut, never stuck.
         ring.append(&store, &insert(&"y".repeat(5000), "w0").encode())
             .unwrap();
-        let big = export(&ring, &store, 10, 16, 400, Vec::new());
+        let big = export(&ring, &store, 10, 0, 16, 400, Vec::new());
         assert_eq!(big.next, 11);
         assert!(matches!(&big.ops[0], Op::Insert { text, .. } if text.len() == 100));
     }
@@ -552,7 +553,7 @@ mod tests {
         let ring = ring(&store, 64);
         ring.append(&store, &insert("after restart", "w0").encode())
             .unwrap();
-        let b = export(&ring, &store, 5000, 16, 1 << 20, Vec::new());
+        let b = export(&ring, &store, 5000, 0, 16, 1 << 20, Vec::new());
         assert_eq!(b.ops, vec![insert("after restart", "w0")]);
         assert_eq!(b.next, 1);
     }
@@ -565,7 +566,7 @@ mod tests {
             ring.append(&store, &insert(&i.to_string(), "w0").encode())
                 .unwrap();
         }
-        let b = export(&ring, &store, 0, 16, 1 << 20, Vec::new());
+        let b = export(&ring, &store, 0, 0, 16, 1 << 20, Vec::new());
         assert_eq!((b.gaps, b.ops.len(), b.next), (6, 4, 10));
     }
 
@@ -593,13 +594,13 @@ mod tests {
         }
         let mut cursor = 0;
         let mut applied = Vec::new();
-        ring.catch_up(&store, &mut cursor, |_, op| applied.push(op));
+        ring.catch_up(&store, &mut cursor, 0, |_, op| applied.push(op));
         assert_eq!(
             applied,
             vec![insert("from", "w0")],
             "every VM applies it (text cut to this replica's limit)"
         );
-        let out = export(&ring, &store, 0, 16, 1 << 20, Vec::new());
+        let out = export(&ring, &store, 0, 0, 16, 1 << 20, Vec::new());
         assert!(out.ops.is_empty(), "an imported insert is never exported");
         assert_eq!(out.next, 1);
     }

@@ -88,11 +88,13 @@ pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
 /// bus's message size (NATS's default is 1 MiB) with room to spare.
 fn answer_export(s: &State, after: u64) -> Action {
     let cfg = s.router.config();
-    let inflight = s.shared.inflight.read(&HostStore, super::host::now_ms());
+    let now = super::host::now_ms();
+    let inflight = s.shared.inflight.read(&HostStore, now);
     let batch = export(
         &s.shared.ring,
         &HostStore,
         after,
+        now,
         cfg.replicas.batch_limit(cfg.sync_ring_slots),
         cfg.stats_max_bytes / 2,
         inflight,

@@ -146,14 +146,14 @@ impl RootContext for Root {
         if state.router.config().stats_only {
             return;
         }
+        let now = host::now_ms();
+        state.shared.recent_ms.set(now);
         if state.serving() {
             state.catch_up();
         }
         state.refresh_membership();
         // A lost generation stamp leaves a copy stale for one tick at most.
         state.shared.tables.clear();
-        let now = host::now_ms();
-        state.shared.recent_ms.set(now);
         // This VM's counts stay fresh while it lives (`crate::shared::owned`).
         state.shared.inflight.refresh(&HostStore, now);
         state.shared.work.refresh(&HostStore, now);

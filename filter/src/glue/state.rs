@@ -187,14 +187,17 @@ impl State {
         self.gate_inert_seen += 1;
     }
 
-    /// Applies what other VMs recorded since the last call.
+    /// Applies what other VMs recorded since the last call. The clock that times a
+    /// slot not yet written is the last one read (a request's or a tick's): no
+    /// hostcall of its own for a wait counted in seconds.
     pub fn catch_up(&mut self) {
         let version = self.router.membership_version();
         let router = &mut self.router;
+        let now = self.shared.recent_ms.get();
         let got = self
             .shared
             .ring
-            .catch_up(&HostStore, &mut self.shared.cursor, |seq, op| {
+            .catch_up(&HostStore, &mut self.shared.cursor, now, |seq, op| {
                 router.apply(seq, &op)
             });
         if got.applied > 0 {

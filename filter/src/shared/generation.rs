@@ -182,12 +182,13 @@ mod tests {
     }
 
     #[test]
-    fn a_stamp_between_a_slot_write_and_the_head_never_strands_the_operation() {
+    fn an_append_after_a_stamp_keeps_its_sequence_and_the_stamp() {
         let (store, keys) = (MemStore::default(), Keys::new("t"));
         let ring = OpRing::new(&keys, 4);
         ring.init_if_missing(&store);
         ring.head(&store);
-        // A stamp after this VM's head read: its hint's CAS is stale.
+        // A stamp after this VM's head read: its hint's CAS is stale, the claim fails
+        // and is made again from a fresh read.
         stamp_after_write(&store, &keys, &keys.health(), SetOutcome::Stored);
         let op = super::super::ops::insert_op("t", "w").encode();
         assert_eq!(ring.append(&store, &op), Ok(0));

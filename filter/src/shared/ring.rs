@@ -1,27 +1,38 @@
 //! The operation ring: how tree operations reach every VM in one order.
 //!
 //! A fixed set of slot keys plus a head key holding the next sequence number. A
-//! writer claims sequence `h` by writing slot `h % slots` with that slot's CAS, then
-//! advances the head (any writer that finds slot `h` already written advances the
-//! head for it, so a stalled writer never blocks the others). Readers only read
-//! sequences below the head, which are complete. Every VM, the writer included,
-//! applies operations in sequence order to its local tree before it matches, and
-//! uses the sequence number as the tree clock, so all VMs that applied the same
-//! prefix of the stream hold identical trees and evict identically. When nothing
-//! changed, catching up costs one `get` of the head. A VM that falls more than
-//! `slots` behind skips what was overwritten and counts the gap.
+//! writer claims sequence `h` by moving the head from `h` to `h + 1` under the head's
+//! CAS, then writes slot `h % slots` (no other writer touches that slot until the head
+//! has gone a whole ring past it, so the write needs no CAS and no read before it).
+//! Every VM, the writer included, applies operations in sequence order to its local
+//! tree before it matches, and uses the sequence number as the tree clock, so all VMs
+//! that applied the same prefix of the stream hold identical trees and evict
+//! identically. When nothing changed, catching up costs one `get` of the head. A VM
+//! that falls more than `slots` behind skips what was overwritten and counts the gap.
+//!
+//! A reader can find a sequence below the head whose slot is not written yet: its
+//! writer is between its two writes (on another thread, for a few microseconds). The
+//! reader stops there and resumes at its next catch-up. A slot still unwritten after
+//! `HOLE_PATIENCE_MS` (its writer's VM died between the two writes, or the write
+//! failed) is skipped and counted as a gap. Claiming first costs one `set` of the
+//! head and one of the slot; writing the slot first needed its CAS, so a `get` of the
+//! slot before every append, and in Envoy a `get` that returns data is the dearest
+//! hostcall of a request.
 //!
 //! The head's value also carries the cached tables' generation (`super::generation`):
 //! every request reads the head anyway, and in Envoy each read that returns data
 //! costs a call back into the VM, so the generation rides along instead of having a
-//! key of its own. A writer that advances the head keeps the generation it read, and
-//! a stamp keeps the head: whichever writes second fails its CAS and retries.
+//! key of its own. A writer that claims keeps the generation it read, and a stamp
+//! keeps the head: whichever writes second fails its CAS and retries.
 
 use std::cell::Cell;
 
 use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 
 const EMPTY_SEQ: u64 = u64::MAX;
+
+/// How long a claimed sequence may stay unwritten before readers skip it as a gap.
+pub const HOLE_PATIENCE_MS: u64 = 1_000;
 
 /// The result of catching up with the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,6 +64,30 @@ pub struct OpRing {
     head_hint: Cell<Option<Head>>,
     /// The tables' generation as of this VM's last read of the head.
     generation: Cell<Option<u64>>,
+    /// The claimed but unwritten sequence this VM's reads stopped at, and when they
+    /// first did (the caller's clock).
+    hole: Cell<Option<(u64, u64)>>,
+}
+
+/// What a slot holds for the sequence a reader expects there.
+enum Slot<'a> {
+    /// The operation of that sequence.
+    Written(&'a [u8]),
+    /// Not yet: it holds an older sequence, or nothing.
+    Unwritten,
+    /// A later sequence (the reader is a ring behind), or garbage.
+    Lost,
+}
+
+fn slot_for(seq: u64, value: Option<&[u8]>) -> Slot<'_> {
+    let Some(value) = value else {
+        return Slot::Unwritten;
+    };
+    match seq_of(value) {
+        Some(s) if s == seq => Slot::Written(value.get(8..).unwrap_or_default()),
+        Some(s) if s == EMPTY_SEQ || s < seq => Slot::Unwritten,
+        _ => Slot::Lost,
+    }
 }
 
 /// The head key's value as read: the next sequence number, the cached tables'
@@ -92,6 +127,7 @@ impl OpRing {
             slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
             head_hint: Cell::new(None),
             generation: Cell::new(None),
+            hole: Cell::new(None),
         }
     }
 
@@ -145,89 +181,71 @@ impl OpRing {
         read
     }
 
-    /// Moves the head past `claimed`, whose slot is written: from `head` as read,
-    /// keeping its generation, and again from a fresh read when a stamp moved the
-    /// generation in between (the head must not stay behind a written slot: readers
-    /// would not see the operation until the next append).
-    fn advance_past(&self, store: &dyn SharedStore, claimed: u64, mut head: Head) {
-        for _ in 0..CAS_ATTEMPTS {
-            if head.seq > claimed {
-                return;
-            }
-            let value = encode_head(claimed + 1, head.generation);
-            if store.set(&self.head_key, &value, head.cas) != SetOutcome::CasMismatch {
-                return;
-            }
-            let Some(fresh) = self.read_head(store) else {
-                return;
-            };
-            head = fresh;
-        }
-    }
-
-    /// Appends `op`, returning its sequence number.
+    /// Appends `op`, returning its sequence number: claims it on the head (from the
+    /// hint of the last read, else a fresh read; a stale one fails its CAS and reads
+    /// afresh), then writes its slot.
     pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
         for _ in 0..CAS_ATTEMPTS {
-            let read = match self.head_hint.take() {
+            let head = match self.head_hint.take() {
                 Some(hint) => hint,
                 None => self.read_head(store).ok_or(AppendError::Unavailable)?,
             };
-            let head = read.seq;
-            let key = self.slot_key(head);
-            let (slot, slot_cas) = store.get(key).ok_or(AppendError::Unavailable)?;
-            match seq_of(&slot) {
-                // Someone wrote `head` but has not advanced the head yet: help.
-                Some(s) if s == head => {
-                    self.advance_past(store, head, read);
-                    continue;
-                }
-                // Our view of the head is stale.
-                Some(s) if s != EMPTY_SEQ && s > head => continue,
-                _ => {}
-            }
-            let mut value = Vec::with_capacity(8 + op.len());
-            value.extend_from_slice(&head.to_le_bytes());
-            value.extend_from_slice(op);
-            match store.set(key, &value, slot_cas) {
-                SetOutcome::Stored => {
-                    self.advance_past(store, head, read);
-                    return Ok(head);
-                }
+            let claimed = head.seq;
+            let next = encode_head(claimed.saturating_add(1), head.generation);
+            match store.set(&self.head_key, &next, head.cas) {
+                SetOutcome::Stored => {}
                 SetOutcome::CasMismatch => continue,
                 SetOutcome::Failed => return Err(AppendError::Unavailable),
             }
+            let mut value = Vec::with_capacity(8 + op.len());
+            value.extend_from_slice(&claimed.to_le_bytes());
+            value.extend_from_slice(op);
+            // The sequence is this writer's alone: no CAS (0 writes unconditionally).
+            return match store.set(self.slot_key(claimed), &value, 0) {
+                SetOutcome::Failed => Err(AppendError::Unavailable),
+                _ => Ok(claimed),
+            };
         }
         Err(AppendError::Contended)
     }
 
-    /// Applies every operation from `*cursor` up to the head, in order, and moves the
+    /// Applies every operation from `*cursor` up to the head (or up to a slot not yet
+    /// written: see the module's doc; `now_ms` times it), in order, and moves the
     /// cursor. `apply(seq, op)` gets each decodable operation.
     pub fn catch_up(
         &self,
         store: &dyn SharedStore,
         cursor: &mut u64,
+        now_ms: u64,
         mut apply: impl FnMut(u64, Op),
     ) -> CatchUp {
-        self.walk(store, cursor, u64::MAX, |seq, bytes| {
-            match Op::decode(bytes) {
+        self.walk(
+            store,
+            cursor,
+            u64::MAX,
+            now_ms,
+            |seq, bytes| match Op::decode(bytes) {
                 Some(op) => {
                     apply(seq, op);
                     true
                 }
                 None => false,
-            }
-        })
+            },
+        )
     }
 
     /// Reads the raw operations from `*cursor` up to the head, at most `max` of
-    /// them, and moves the cursor past them. `read(seq, bytes)` returns whether the
-    /// operation was well formed (garbage counts as a gap). The replica export reads
-    /// this way: it stops early, and skips what is not its own.
+    /// them, and moves the cursor past them; it stops early at a slot not yet
+    /// written, unless that has lasted `HOLE_PATIENCE_MS` by `now_ms`. `read(seq,
+    /// bytes)` returns whether the operation was well formed (garbage counts as a
+    /// gap). The replica export reads this way: it stops early, and skips what is not
+    /// its own.
     pub fn walk(
         &self,
         store: &dyn SharedStore,
         cursor: &mut u64,
         max: u64,
+        now_ms: u64,
         mut read: impl FnMut(u64, &[u8]) -> bool,
     ) -> CatchUp {
         let mut out = CatchUp::default();
@@ -245,19 +263,29 @@ impl OpRing {
         let end = head.min(cursor.saturating_add(max));
         while *cursor < end {
             let seq = *cursor;
-            let ok = store
-                .get(self.slot_key(seq))
-                .filter(|(v, _)| seq_of(v) == Some(seq))
-                .is_some_and(|(v, _)| v.get(8..).is_some_and(|op| read(seq, op)));
-            if ok {
-                out.applied += 1;
-            } else {
+            let value = store.get(self.slot_key(seq)).map(|(v, _)| v);
+            match slot_for(seq, value.as_deref()) {
+                Slot::Written(op) if read(seq, op) => out.applied += 1,
                 // Overwritten by a writer a whole ring ahead, or garbage.
-                out.gaps += 1;
+                Slot::Written(_) | Slot::Lost => out.gaps += 1,
+                Slot::Unwritten if self.waited_out(seq, now_ms) => out.gaps += 1,
+                Slot::Unwritten => break,
             }
             *cursor += 1;
         }
         out
+    }
+
+    /// Whether the unwritten slot of `seq` has kept readers waiting long enough to
+    /// be skipped; starts its clock the first time.
+    fn waited_out(&self, seq: u64, now_ms: u64) -> bool {
+        match self.hole.get() {
+            Some((s, since)) if s == seq => now_ms.saturating_sub(since) >= HOLE_PATIENCE_MS,
+            _ => {
+                self.hole.set(Some((seq, now_ms)));
+                false
+            }
+        }
     }
 }
 
@@ -280,7 +308,7 @@ mod tests {
         }
         let mut cursor = 0;
         let mut seen = Vec::new();
-        let c = ring.catch_up(&store, &mut cursor, |seq, op| seen.push((seq, op)));
+        let c = ring.catch_up(&store, &mut cursor, 0, |seq, op| seen.push((seq, op)));
         assert_eq!(
             c,
             CatchUp {
@@ -290,7 +318,7 @@ mod tests {
         );
         assert_eq!(cursor, 5);
         assert_eq!(seen[3], (3, insert_op("t3", "w")));
-        let again = ring.catch_up(&store, &mut cursor, |_, _| panic!("nothing new"));
+        let again = ring.catch_up(&store, &mut cursor, 0, |_, _| panic!("nothing new"));
         assert_eq!(again, CatchUp::default());
     }
 
@@ -307,7 +335,7 @@ mod tests {
         // VM `a` reads the head (its hint), then VM `b` appends past it: once, then
         // more than a whole ring, before `a` appends from its stale hint.
         for others in [1, 9] {
-            a.catch_up(&store, &mut cursor, |_, _| {});
+            a.catch_up(&store, &mut cursor, 0, |_, _| {});
             let start = a.head(&store).unwrap();
             for i in 0..others {
                 assert_eq!(b.append(&store, &op(start + i)), Ok(start + i));
@@ -317,7 +345,7 @@ mod tests {
             assert_eq!(a.head(&store), Some(mine + 1));
             let mut read = mine.saturating_sub(3);
             let mut seen = Vec::new();
-            a.catch_up(&store, &mut read, |seq, op| seen.push((seq, op)));
+            a.catch_up(&store, &mut read, 0, |seq, op| seen.push((seq, op)));
             let want: Vec<_> = (mine.saturating_sub(3)..=mine)
                 .map(|i| (i, insert_op(&format!("t{i}"), "w")))
                 .collect();
@@ -336,7 +364,7 @@ mod tests {
         }
         let mut cursor = 0;
         let mut seqs = Vec::new();
-        let c = ring.catch_up(&store, &mut cursor, |seq, _| seqs.push(seq));
+        let c = ring.catch_up(&store, &mut cursor, 0, |seq, _| seqs.push(seq));
         assert_eq!(
             c,
             CatchUp {
@@ -347,24 +375,78 @@ mod tests {
         assert_eq!(seqs, vec![6, 7, 8, 9], "only what the ring still holds");
     }
 
-    #[test]
-    fn a_writer_that_stalled_after_its_slot_write_is_helped() {
-        let store = MemStore::default();
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(&store);
-        // Simulate a writer that wrote slot 0 with seq 0 and died before the head.
-        let mut v = 0u64.to_le_bytes().to_vec();
-        v.extend(insert_op("stalled", "w").encode());
-        store.set("t.ring.slot.0", &v, 0);
-        assert_eq!(ring.append(&store, &insert_op("next", "w").encode()), Ok(1));
-        let mut cursor = 0;
+    fn texts(ring: &OpRing, store: &dyn SharedStore, cursor: &mut u64, now: u64) -> Vec<String> {
         let mut texts = Vec::new();
-        ring.catch_up(&store, &mut cursor, |_, op| {
+        ring.catch_up(store, cursor, now, |_, op| {
             if let Op::Insert { text, .. } = op {
                 texts.push(text)
             }
         });
-        assert_eq!(texts, vec!["stalled", "next"]);
+        texts
+    }
+
+    /// Another writer claims the next sequence and has not written its slot yet.
+    fn claim_without_writing(store: &MemStore, seq: u64) {
+        store.set("t.ring.head", &encode_head(seq + 1, 0), 0);
+    }
+
+    #[test]
+    fn readers_wait_for_a_claimed_slot_and_skip_it_once_it_is_overdue() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(&store);
+        claim_without_writing(&store, 0);
+        assert_eq!(ring.append(&store, &insert_op("next", "w").encode()), Ok(1));
+        let mut cursor = 0;
+        assert!(texts(&ring, &store, &mut cursor, 0).is_empty(), "held at 0");
+        assert_eq!(cursor, 0);
+        // The first writer's slot write lands.
+        let mut v = 0u64.to_le_bytes().to_vec();
+        v.extend(insert_op("late", "w").encode());
+        store.set("t.ring.slot.0", &v, 0);
+        assert_eq!(texts(&ring, &store, &mut cursor, 10), vec!["late", "next"]);
+
+        // A writer that never writes its slot holds readers back for the patience.
+        claim_without_writing(&store, 2);
+        assert_eq!(
+            ring.append(&store, &insert_op("after", "w").encode()),
+            Ok(3)
+        );
+        assert!(texts(&ring, &store, &mut cursor, 100).is_empty());
+        assert!(texts(&ring, &store, &mut cursor, 100 + HOLE_PATIENCE_MS - 1).is_empty());
+        let mut seen = Vec::new();
+        let got = ring.catch_up(&store, &mut cursor, 100 + HOLE_PATIENCE_MS, |seq, _| {
+            seen.push(seq)
+        });
+        assert_eq!(
+            (got, seen),
+            (
+                CatchUp {
+                    applied: 1,
+                    gaps: 1
+                },
+                vec![3]
+            )
+        );
+        assert_eq!(cursor, 4);
+    }
+
+    #[test]
+    fn an_append_after_a_catch_up_reads_nothing() {
+        let store = super::super::testing::Counting::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(&store);
+        let mut cursor = 0;
+        ring.catch_up(&store, &mut cursor, 0, |_, _| {});
+        store.gets.set(0);
+        assert_eq!(ring.append(&store, &Op::Evict.encode()), Ok(0));
+        assert_eq!(store.gets.get(), 0, "the claim used the catch-up's read");
+        assert_eq!(ring.append(&store, &Op::Evict.encode()), Ok(1));
+        assert_eq!(
+            store.gets.get(),
+            1,
+            "a read is used once: then the head is read"
+        );
     }
 
     #[test]
