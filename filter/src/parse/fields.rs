@@ -11,6 +11,7 @@
 //! its shape, and for duplicate keys the last wins.
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use std::borrow::Cow;
 use std::fmt;
 
 /// Drains what is left of a sequence or map without keeping it.
@@ -105,7 +106,7 @@ impl<'de> Visitor<'de> for ChatVisitor {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChatText, A::Error> {
         let mut out = String::new();
         let mut any = false;
-        while let Some(m) = seq.next_element::<Message>()? {
+        while let Some(m) = seq.next_element::<Message<'de>>()? {
             any = true;
             if let Message(Some((role, content))) = m {
                 out.push_str(&role);
@@ -147,24 +148,25 @@ impl<'de> Deserialize<'de> for ChatText {
 }
 
 /// One message: `(role, content text)` if it is an object (role `""` unless a
-/// string), `None` otherwise.
-pub(super) struct Message(pub(super) Option<(String, String)>);
+/// string), `None` otherwise. The content is borrowed from the body when it has no
+/// escapes: the kilobytes of a prompt are copied once, into the routing text.
+pub(super) struct Message<'de>(pub(super) Option<(String, Cow<'de, str>)>);
 
 pub(super) struct MessageVisitor;
 
 impl<'de> Visitor<'de> for MessageVisitor {
-    type Value = Message;
+    type Value = Message<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
         let mut role = String::new();
-        let mut content = String::new();
+        let mut content = Cow::Borrowed("");
         while let Some(key) = map.next_key::<Key>()? {
             match key {
                 Key::Role => role = map.next_value::<Leaf>()?.into_string().unwrap_or_default(),
-                Key::Content => content = map.next_value::<Content>()?.0,
+                Key::Content => content = map.next_value::<Content<'de>>()?.0,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -172,32 +174,32 @@ impl<'de> Visitor<'de> for MessageVisitor {
         }
         Ok(Message(Some((role, content))))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Message, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Message<'de>, A::Error> {
         drain_seq(seq)?;
         Ok(Message(None))
     }
-    fn visit_str<E>(self, _: &str) -> Result<Message, E> {
+    fn visit_str<E>(self, _: &str) -> Result<Message<'de>, E> {
         Ok(Message(None))
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Message, E> {
+    fn visit_bool<E>(self, _: bool) -> Result<Message<'de>, E> {
         Ok(Message(None))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<Message, E> {
+    fn visit_u64<E>(self, _: u64) -> Result<Message<'de>, E> {
         Ok(Message(None))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<Message, E> {
+    fn visit_i64<E>(self, _: i64) -> Result<Message<'de>, E> {
         Ok(Message(None))
     }
-    fn visit_f64<E>(self, _: f64) -> Result<Message, E> {
+    fn visit_f64<E>(self, _: f64) -> Result<Message<'de>, E> {
         Ok(Message(None))
     }
-    fn visit_unit<E>(self) -> Result<Message, E> {
+    fn visit_unit<E>(self) -> Result<Message<'de>, E> {
         Ok(Message(None))
     }
 }
 
-impl<'de> Deserialize<'de> for Message {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Message, D::Error> {
+impl<'de> Deserialize<'de> for Message<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Message<'de>, D::Error> {
         d.deserialize_any(MessageVisitor)
     }
 }
@@ -234,23 +236,26 @@ impl<'de> Deserialize<'de> for Key {
 }
 
 /// A message's content as text: a string, or an array's text parts joined by `\n`.
-struct Content(String);
+struct Content<'de>(Cow<'de, str>);
 
 struct ContentVisitor;
 
 impl<'de> Visitor<'de> for ContentVisitor {
-    type Value = Content;
+    type Value = Content<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    fn visit_str<E>(self, v: &str) -> Result<Content, E> {
-        Ok(Content(v.to_string()))
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Borrowed(v)))
     }
-    fn visit_string<E>(self, v: String) -> Result<Content, E> {
-        Ok(Content(v))
+    fn visit_str<E>(self, v: &str) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Owned(v.to_string())))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+    fn visit_string<E>(self, v: String) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Owned(v)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
         let mut out = String::new();
         let mut first = true;
         while let Some(Part(text)) = seq.next_element::<Part>()? {
@@ -262,31 +267,31 @@ impl<'de> Visitor<'de> for ContentVisitor {
                 first = false;
             }
         }
-        Ok(Content(out))
+        Ok(Content(Cow::Owned(out)))
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Content, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Content<'de>, A::Error> {
         drain_map(map)?;
-        Ok(Content(String::new()))
+        Ok(Content(Cow::Borrowed("")))
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Content, E> {
-        Ok(Content(String::new()))
+    fn visit_bool<E>(self, _: bool) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Borrowed("")))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<Content, E> {
-        Ok(Content(String::new()))
+    fn visit_u64<E>(self, _: u64) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Borrowed("")))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<Content, E> {
-        Ok(Content(String::new()))
+    fn visit_i64<E>(self, _: i64) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Borrowed("")))
     }
-    fn visit_f64<E>(self, _: f64) -> Result<Content, E> {
-        Ok(Content(String::new()))
+    fn visit_f64<E>(self, _: f64) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Borrowed("")))
     }
-    fn visit_unit<E>(self) -> Result<Content, E> {
-        Ok(Content(String::new()))
+    fn visit_unit<E>(self) -> Result<Content<'de>, E> {
+        Ok(Content(Cow::Borrowed("")))
     }
 }
 
-impl<'de> Deserialize<'de> for Content {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Content, D::Error> {
+impl<'de> Deserialize<'de> for Content<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Content<'de>, D::Error> {
         d.deserialize_any(ContentVisitor)
     }
 }

@@ -269,7 +269,9 @@ impl<'de> Deserialize<'de> for InputItem {
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<InputItem, A::Error> {
                 Ok(match MessageVisitor.visit_map(map)? {
-                    Message(Some((role, content))) => InputItem::Message(role, content),
+                    Message(Some((role, content))) => {
+                        InputItem::Message(role, content.into_owned())
+                    }
                     Message(None) => InputItem::Other,
                 })
             }
