@@ -152,12 +152,28 @@ fn common_prefix(a: &str, b: &str) -> (usize, usize) {
     (n, chars)
 }
 
-/// How many leading bytes `a` and `b` share. Eight at a time: every routed request
+/// `s` from byte `n` on (empty past its end).
+fn rest(s: &[u8], n: usize) -> &[u8] {
+    s.get(n..).unwrap_or_default()
+}
+
+/// How many leading bytes `a` and `b` share. Sixteen at a time: every routed request
 /// walks its whole text (kilobytes) down the tree two or three times, and a byte at a
 /// time that was the largest part of the filter's own CPU in a profile.
 fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
     let mut n = 0;
-    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+    // Sixteen at a time while both agree (one branch per 16 bytes), then eight at a
+    // time to find the differing byte.
+    for (x, y) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+        let (Ok(x), Ok(y)) = (<[u8; 16]>::try_from(x), <[u8; 16]>::try_from(y)) else {
+            break;
+        };
+        if u128::from_le_bytes(x) != u128::from_le_bytes(y) {
+            break;
+        }
+        n += 16;
+    }
+    for (x, y) in rest(a, n).chunks_exact(8).zip(rest(b, n).chunks_exact(8)) {
         let (Ok(x), Ok(y)) = (<[u8; 8]>::try_from(x), <[u8; 8]>::try_from(y)) else {
             break;
         };
@@ -168,10 +184,7 @@ fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
         }
         n += 8;
     }
-    let (a, b) = (
-        a.get(n..).unwrap_or_default(),
-        b.get(n..).unwrap_or_default(),
-    );
+    let (a, b) = (rest(a, n), rest(b, n));
     n + a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -683,7 +696,7 @@ mod tests {
 
     #[test]
     fn equal_bytes_finds_the_first_difference_at_any_offset() {
-        let a: Vec<u8> = (0..40u8).collect();
+        let a: Vec<u8> = (0..80u8).collect();
         for len in 0..=a.len() {
             let x = &a[..len];
             assert_eq!(equal_bytes(x, &a), len, "a prefix of the other");
