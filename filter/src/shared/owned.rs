@@ -60,13 +60,17 @@ struct Row<const N: usize> {
     counts: Counts<N>,
 }
 
-fn encode<const N: usize>(rows: &[Row<N>]) -> Vec<u8> {
-    let mut out = (rows.len() as u32).to_le_bytes().to_vec();
-    for r in rows {
-        out.extend_from_slice(&r.vm.to_le_bytes());
-        out.extend_from_slice(&r.at_ms.to_le_bytes());
-        out.extend_from_slice(&(r.counts.len() as u32).to_le_bytes());
-        for (name, values) in &r.counts {
+/// The table: `rows`, then this VM's own row when given (its counts are borrowed,
+/// not copied into a `Row`, on every publication).
+fn encode<const N: usize>(rows: &[Row<N>], own: Option<(u64, u64, &Counts<N>)>) -> Vec<u8> {
+    let n = rows.len() + usize::from(own.is_some());
+    let mut out = (n as u32).to_le_bytes().to_vec();
+    let own = own.into_iter();
+    for (vm, at_ms, counts) in rows.iter().map(|r| (r.vm, r.at_ms, &r.counts)).chain(own) {
+        out.extend_from_slice(&vm.to_le_bytes());
+        out.extend_from_slice(&at_ms.to_le_bytes());
+        out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
+        for (name, values) in counts {
             put_bytes(&mut out, name.as_bytes());
             for v in values {
                 out.extend_from_slice(&v.to_le_bytes());
@@ -236,21 +240,15 @@ impl<const N: usize> OwnedCounts<N> {
     /// Replaces this VM's row with its counts (none: the row goes) and drops
     /// expired rows, with CAS retries.
     fn publish(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        let mine = self.mine.borrow().clone();
+        let mine = self.mine.borrow();
         for _ in 0..CAS_ATTEMPTS {
             let last = self.last_read.borrow_mut().take();
             let (mut rows, cas) = last
                 .or_else(|| store.get(&self.key).map(|(v, cas)| (decode::<N>(&v), cas)))
                 .unwrap_or_default();
             rows.retain(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
-            if !mine.is_empty() {
-                rows.push(Row {
-                    vm: self.vm,
-                    at_ms: now_ms,
-                    counts: mine.clone(),
-                });
-            }
-            match store.set(&self.key, &encode(&rows), cas) {
+            let own = (!mine.is_empty()).then_some((self.vm, now_ms, &*mine));
+            match store.set(&self.key, &encode(&rows, own), cas) {
                 SetOutcome::Stored => {
                     self.written_at.set(now_ms);
                     self.unpublished.set(false);
@@ -416,8 +414,13 @@ mod tests {
             at_ms: 3,
             counts: vec![("wé".into(), [1, 4000])],
         }];
-        let bytes = encode(&rows);
+        let bytes = encode(&rows, None);
         assert_eq!(decode::<2>(&bytes), rows);
+        assert_eq!(
+            encode::<2>(&[], Some((9, 3, &rows[0].counts))),
+            bytes,
+            "the own row encodes as any other"
+        );
         for cut in 0..bytes.len() {
             assert!(decode::<2>(&bytes[..cut]).is_empty(), "cut at {cut}");
         }
