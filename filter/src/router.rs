@@ -155,16 +155,12 @@ impl Router {
 
     /// Swaps in `cfg`, renaming tenants to its worker indices.
     fn remap(&mut self, cfg: Config) {
-        let new_index: Vec<Option<TenantId>> = self
-            .cfg
+        let old = std::mem::replace(&mut self.cfg, cfg);
+        self.by_name = name_index(&self.cfg);
+        let new_index: Vec<Option<TenantId>> = old
             .workers
             .iter()
-            .map(|old| {
-                cfg.workers
-                    .iter()
-                    .position(|w| w.name == old.name && w.pool == old.pool)
-                    .map(|i| i as TenantId)
-            })
+            .map(|w| self.worker_index(w.pool, &w.name))
             .collect();
         let identity = new_index
             .iter()
@@ -176,8 +172,6 @@ impl Router {
                     .remap_tenants(|old| new_index.get(old as usize).copied().flatten());
             }
         }
-        self.by_name = name_index(&cfg);
-        self.cfg = cfg;
     }
 
     fn worker_index(&self, pool: Pool, name: &str) -> Option<TenantId> {
