@@ -143,13 +143,7 @@ fn common_prefix(a: &str, b: &str) -> (usize, usize) {
     while n > 0 && !(a.is_char_boundary(n) && b.is_char_boundary(n)) {
         n -= 1;
     }
-    let prefix = a.get(..n).unwrap_or_default();
-    let chars = if prefix.is_ascii() {
-        n
-    } else {
-        prefix.chars().count()
-    };
-    (n, chars)
+    (n, char_len(a.get(..n).unwrap_or_default()))
 }
 
 /// `s` from byte `n` on (empty past its end).
