@@ -241,19 +241,15 @@ pub fn read_loads(
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
     let (peer_inflight, _) = PeerLoads::sum_by_worker(&tables.peers, &cfg.workers, now_ms, stale);
-    let Tables {
-        overloaded,
-        down,
-        engine,
-        ..
-    } = Tables::clone(&tables);
+    // Only what `Loads` keeps is copied out of this VM's copy (not the peers'
+    // reports, already summed above).
     Loads {
         inflight: inflight.by_worker(store, &cfg.workers, now_ms),
         peer_inflight,
-        engine,
+        engine: tables.engine.clone(),
         now_ms,
-        overloaded,
-        down,
+        overloaded: tables.overloaded.clone(),
+        down: tables.down.clone(),
         work: if ttft {
             work.by_worker(store, &cfg.workers, now_ms)
         } else {
