@@ -59,8 +59,8 @@ pub struct OpRing {
     slot_keys: Vec<String>,
     /// The head as this VM last read it: a request catches up, then appends, and the
     /// append starts from this instead of reading the head again. A stale hint is
-    /// safe: the slot's CAS and sequence decide, as for any writer that read the
-    /// head a while ago, and a failed attempt reads the head afresh.
+    /// safe: its claim fails the head's CAS, and the next attempt reads the head
+    /// afresh.
     head_hint: Cell<Option<Head>>,
     /// The tables' generation as of this VM's last read of the head.
     generation: Cell<Option<u64>>,
