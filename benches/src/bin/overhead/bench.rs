@@ -265,7 +265,7 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
             ..Measured::default()
         })
         .collect();
-    let mut hits = vec![(0u64, 0u64); measured.len()];
+    let mut hits = vec![Hits::default(); measured.len()];
 
     let warm_n = load.warm.min(WARM_BYTES / p.body_bytes.max(1));
     let per_rep = scaled(load.requests, p.body_bytes, 100);
@@ -302,17 +302,13 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
             m.rps
                 .push(records.len() as f64 / wall.as_secs_f64().max(1e-9));
             note_errors(m, &records);
-            if m.variant != FLOOR {
-                let (h, routed) = decisions(&envoy)?;
-                hits[i].0 += h;
-                hits[i].1 += routed;
+            if let Some(h) = hits.get_mut(i) {
+                h.count(&m.variant, &envoy)?;
             }
         }
     }
-    for (m, (h, routed)) in measured.iter_mut().zip(hits) {
-        if m.variant != FLOOR {
-            m.hit_rate = Some(h as f64 / routed.max(1) as f64);
-        }
+    for (m, h) in measured.iter_mut().zip(hits) {
+        m.hit_rate = h.rate(&m.variant);
     }
     Ok(measured)
 }
@@ -359,7 +355,7 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             ..Counted::default()
         })
         .collect();
-    let mut hits = vec![(0u64, 0u64); counted.len()];
+    let mut hits = vec![Hits::default(); counted.len()];
     for rep in 0..load.reps {
         for (i, (c, hits)) in counted.iter_mut().zip(hits.iter_mut()).enumerate() {
             let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &c.variant)?;
@@ -389,19 +385,37 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             c.runs.push(per_request);
             c.instructions += instructions;
             c.requests += records.len();
-            if c.variant != FLOOR {
-                let (h, routed) = decisions(&envoy)?;
-                hits.0 += h;
-                hits.1 += routed;
-            }
+            hits.count(&c.variant, &envoy)?;
         }
     }
-    for (c, (h, routed)) in counted.iter_mut().zip(hits) {
-        if c.variant != FLOOR {
-            c.hit_rate = Some(h as f64 / routed.max(1) as f64);
-        }
+    for (c, h) in counted.iter_mut().zip(hits) {
+        c.hit_rate = h.rate(&c.variant);
     }
     Ok(counted)
+}
+
+/// A variant's `cache_hit` decisions and routed requests over its repetitions (the
+/// floor routes without deciding: it has none).
+#[derive(Debug, Clone, Copy, Default)]
+struct Hits {
+    hit: u64,
+    routed: u64,
+}
+
+impl Hits {
+    /// Adds what `envoy`, running `variant`, decided.
+    fn count(&mut self, variant: &str, envoy: &Envoy) -> Result<()> {
+        if variant != FLOOR {
+            let (hit, routed) = decisions(envoy)?;
+            self.hit += hit;
+            self.routed += routed;
+        }
+        Ok(())
+    }
+
+    fn rate(self, variant: &str) -> Option<f64> {
+        (variant != FLOOR).then(|| self.hit as f64 / self.routed.max(1) as f64)
+    }
 }
 
 /// An Envoy's `cache_hit` decisions and all its routed requests.

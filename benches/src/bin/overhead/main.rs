@@ -122,6 +122,11 @@ fn median(samples: &[f64]) -> f64 {
     percentile(samples, 50.0)
 }
 
+/// A variant's `cache_hit` share for the tables (`-`: the floor decides nothing).
+fn hit_label(rate: Option<f64>) -> String {
+    rate.map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0))
+}
+
 /// The table of one point, and its rows as JSON.
 fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
     let floor = results.iter().find(|m| m.variant == FLOOR);
@@ -139,9 +144,7 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
     for m in results {
         let cpu = m.cpu_us_per_request();
         let rps = median(&m.rps);
-        let hit = m
-            .hit_rate
-            .map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0));
+        let hit = hit_label(m.hit_rate);
         out += &format!(
             "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:.0} | {} |\n",
             m.variant,
@@ -216,9 +219,7 @@ fn report_callgrind(p: Point, results: &[Counted]) -> (String, serde_json::Value
         let per_request = c.instructions_per_request();
         let above = per_request - floor;
         let runs: Vec<String> = c.runs.iter().map(|r| thousands(*r)).collect();
-        let hit = c
-            .hit_rate
-            .map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0));
+        let hit = hit_label(c.hit_rate);
         out += &format!(
             "| {} | {} | {:.2} | {}{} | {} | {} |\n",
             c.variant,
