@@ -85,7 +85,7 @@ fn first_writes_racing_on_two_vms_both_count() {
     let mut h = host(2, "");
     // VM 1 reads the in-flight table now and writes it only after VM 0's first
     // count landed: its write must not replace VM 0's.
-    h.pin_reads(1, "llm_router.inflight.by_vm");
+    h.pin_reads(1, "llm_router.ring.head");
     let (a, _) = open(&mut h, 0, "first request");
     let (b, _) = open(&mut h, 1, "second request");
     h.advance_time(TICK_MS).unwrap();

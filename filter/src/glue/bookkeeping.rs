@@ -20,10 +20,9 @@ pub struct Held {
 }
 
 impl Held {
-    /// Stamped with the clock the decision read (`State::loads`): no hostcall.
+    /// Published by the request's first tree record, else at the end of `book`.
     pub fn take(state: &State, worker: &str) -> Held {
-        let now = state.shared.recent_ms.get();
-        state.shared.inflight.add(&HostStore, worker, 1, now);
+        state.shared.inflight.take(worker);
         Held {
             worker: worker.to_string(),
             counted: true,
@@ -39,8 +38,9 @@ impl Held {
     /// Gives the count back, at most once.
     pub fn release(&mut self, state: &State) {
         if std::mem::take(&mut self.counted) {
-            let now = state.shared.recent_ms.get();
-            state.shared.inflight.add(&HostStore, &self.worker, -1, now);
+            let s = &state.shared;
+            let now = s.recent_ms.get();
+            s.inflight.release(&HostStore, &s.ring, &self.worker, now);
         }
     }
 }
@@ -82,10 +82,11 @@ pub struct Undo {
     forgets: Vec<Op>,
 }
 
-/// Counts the routed request (whose routing text had `text_chars` chars) and records
-/// its tree operations (shared with every VM, applied here in ring order); returns
-/// their undoing. An insert kept on this VM only (the ring refused it) is not
-/// undone.
+/// Counts the routed request (whose routing text had `text_chars` chars), records
+/// its tree operations (shared with every VM, applied here in ring order) and
+/// publishes its in-flight counts (`Held::take`) if no record carried them; returns
+/// the records' undoing. An insert kept on this VM only (the ring refused it) is
+/// not undone.
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
     let mut undo = Undo::default();
@@ -104,6 +105,8 @@ pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
             undo.forgets.extend(op.into_forget(keep_chars, seq));
         }
     }
+    let s = &state.shared;
+    s.inflight.flush(&HostStore, &s.ring, s.recent_ms.get());
     undo
 }
 

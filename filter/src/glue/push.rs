@@ -127,7 +127,8 @@ fn store(state: &mut State, body: &[u8]) -> Result<usize, PushError> {
             // load beyond it is other routers'.
             if state.router.config().uses_predicted_ttft() {
                 let s = &state.shared;
-                s.own_at_sample.snapshot(&HostStore, &s.inflight, now);
+                s.own_at_sample
+                    .snapshot(&HostStore, (&s.inflight, &s.ring), now);
             }
             Ok(n)
         } else {

@@ -89,7 +89,7 @@ pub fn check_size(state: &Shared, body_size: usize) -> Option<Action> {
 fn answer_export(s: &State, after: u64) -> Action {
     let cfg = s.router.config();
     let now = super::host::now_ms();
-    let inflight = s.shared.inflight.read(&HostStore, now);
+    let inflight = s.shared.inflight.read(&HostStore, &s.shared.ring, now);
     let batch = export(
         &s.shared.ring,
         &HostStore,

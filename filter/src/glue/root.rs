@@ -155,7 +155,10 @@ impl RootContext for Root {
         // A lost generation stamp leaves a copy stale for one tick at most.
         state.shared.tables.clear();
         // This VM's counts stay fresh while it lives (`crate::shared::owned`).
-        state.shared.inflight.refresh(&HostStore, now);
+        state
+            .shared
+            .inflight
+            .refresh(&HostStore, &state.shared.ring, now);
         state.shared.work.refresh(&HostStore, now);
         if state.router.config().uses_predicted_ttft() {
             // What this VM learned goes to the others, and theirs comes in.

@@ -78,7 +78,7 @@ impl State {
             router: Router::new(cfg),
             shared: SharedState {
                 ring,
-                inflight: InflightTable::new(&keys, vm, expiry),
+                inflight: InflightTable::new(vm, expiry),
                 eviction: EvictionClock::new(&keys),
                 samples: SamplesTable::new(&keys),
                 work: WorkTable::new(&keys, vm, expiry),
@@ -160,7 +160,7 @@ impl State {
             &s.keys,
             cfg,
             now,
-            (&s.inflight, &s.work, &s.costs),
+            (&s.inflight, &s.ring, &s.work, &s.costs),
             (&s.tables, s.ring.generation()),
         )
     }
@@ -241,9 +241,15 @@ impl State {
     /// Shares `op` with every VM and applies it here (in ring order); its sequence
     /// number, or `None` when it could only be applied here. When this VM had
     /// applied everything before it, `op` is applied from hand: reading it back from
-    /// shared data would copy and decode the whole routing text again.
+    /// shared data would copy and decode the whole routing text again. The claim
+    /// carries this VM's in-flight counts if a change waits (a booking).
     pub fn record(&mut self, op: &Op) -> Option<u64> {
-        match self.shared.ring.append(&HostStore, &op.encode()) {
+        let appended = {
+            let s = &self.shared;
+            let riding = s.inflight.rider(s.recent_ms.get());
+            s.ring.append_riding(&HostStore, &op.encode(), &riding)
+        };
+        match appended {
             // Shared for every VM; a root context without streams keeps no tree.
             Ok(seq) if !self.serving => Some(seq),
             Ok(seq) if seq == self.shared.cursor => {

@@ -29,7 +29,7 @@ use crate::load::LoadTable;
 
 /// After `store` wrote `key`: moves the generation on when `key` is one of the
 /// cached tables and the write was stored. An increment under CAS that keeps the
-/// ring's head as it is, so two writers never leave the same generation behind them
+/// ring's head and the in-flight table riding on it as they are, so two writers never leave the same generation behind them
 /// and no append is lost (and no randomness is drawn: the host's random stream
 /// stays the routing's own). Without a ring (not initialised) no VM has a copy.
 pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcome: SetOutcome) {
@@ -38,13 +38,13 @@ pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcom
     }
     let key = keys.ring_head();
     for _ in 0..CAS_ATTEMPTS {
-        let Some((seq, generation, cas)) = store
-            .get(&key)
-            .and_then(|(v, cas)| decode_head(&v).map(|(seq, g)| (seq, g, cas)))
-        else {
+        let Some(next) = store.get(&key).and_then(|(v, cas)| {
+            let (seq, generation, tail) = decode_head(&v)?;
+            Some((encode_head(seq, generation.wrapping_add(1), tail), cas))
+        }) else {
             return;
         };
-        let next = encode_head(seq, generation.wrapping_add(1));
+        let (next, cas) = next;
         if store.set(&key, &next, cas) != SetOutcome::CasMismatch {
             return;
         }
@@ -239,7 +239,7 @@ mod tests {
             ring.head(&store);
             ring.generation() == Some(1)
         };
-        assert!(!stamp(&keys.inflight(), SetOutcome::Stored));
+        assert!(!stamp(&keys.work(), SetOutcome::Stored));
         assert!(!stamp(&keys.ring_head(), SetOutcome::Stored));
         assert!(!stamp(&keys.health(), SetOutcome::CasMismatch));
         for key in [

@@ -4,9 +4,20 @@
 //! are keyed by name, so a count taken before a config update is released on the
 //! same worker after it. Also the plain (worker name -> count) encoding that peer
 //! reports and the counts at sample time use.
+//!
+//! The table rides in the operation ring's head value (`super::ring::Rider`): a
+//! request reads the head to catch up and writes it to claim its tree operation, so
+//! its decision reads the table from the catch-up's read and its booking is
+//! published by the claim, one read and one write fewer than a key of its own. A
+//! request that records nothing (`round_robin`, a body without text) publishes its
+//! booking by a head write of its own (`flush`); so do a VM's last release and its
+//! tick.
+
+use std::cell::Ref;
 
 use super::owned::{Counts, OwnedCounts};
-use super::{put_bytes, Keys, Reader, SharedStore};
+use super::ring::OpRing;
+use super::{by_worker_name, put_bytes, Reader, SharedStore};
 use crate::config::WorkerConfig;
 
 /// In-flight requests per worker for the whole Envoy, and this VM's own.
@@ -45,31 +56,28 @@ fn flat(counts: Counts<1>) -> Vec<(String, u64)> {
 impl InflightTable {
     /// The table as VM `vm` writes it, its rows living `expiry_ms` past their last
     /// write (`super::owner_expiry_ms`).
-    pub fn new(keys: &Keys, vm: u64, expiry_ms: u64) -> InflightTable {
-        InflightTable(OwnedCounts::new(keys.inflight(), vm, expiry_ms))
+    pub fn new(vm: u64, expiry_ms: u64) -> InflightTable {
+        InflightTable(OwnedCounts::new(vm, expiry_ms))
     }
 
     pub fn set_expiry(&mut self, expiry_ms: u64) {
         self.0.set_expiry(expiry_ms);
     }
 
-    /// Every VM's counts summed (workers never counted are absent).
-    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Vec<(String, u64)> {
-        flat(self.0.read(store, now_ms))
+    fn sum(&self, tail: Ref<'_, [u8]>, now_ms: u64) -> Counts<1> {
+        self.0.sum(&tail, now_ms)
     }
 
-    /// Counts by worker index, for `workers` (never counted: 0).
-    pub fn by_worker(
-        &self,
-        store: &dyn SharedStore,
-        workers: &[WorkerConfig],
-        now_ms: u64,
-    ) -> Vec<u64> {
-        self.0
-            .by_worker(store, workers, now_ms)
-            .into_iter()
-            .map(|[c]| c)
-            .collect()
+    /// Every VM's counts summed (workers never counted are absent), read now.
+    pub fn read(&self, store: &dyn SharedStore, ring: &OpRing, now_ms: u64) -> Vec<(String, u64)> {
+        flat(self.sum(ring.read_tail(store), now_ms))
+    }
+
+    /// Counts by worker index, for `workers` (never counted: 0), as `ring`'s last
+    /// read of its head found them: no hostcall.
+    pub fn by_worker(&self, ring: &OpRing, workers: &[WorkerConfig], now_ms: u64) -> Vec<u64> {
+        let counts = flat(self.sum(ring.tail(), now_ms));
+        by_worker_name(&counts, workers, 0)
     }
 
     /// What this VM holds.
@@ -77,42 +85,175 @@ impl InflightTable {
         flat(self.0.mine())
     }
 
-    /// Adds `delta` to this VM's count for `worker`, saturating at zero. Whether it
-    /// was published (it is kept either way: the tick retries).
-    pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: i64, now_ms: u64) -> bool {
-        self.0.add(store, worker, [delta], now_ms)
+    /// Takes a count on `worker`, to be published by this VM's next write of the
+    /// ring's head: its claim (`rider`), else `flush`.
+    pub fn take(&self, worker: &str) {
+        self.0.change(worker, [1]);
     }
 
-    /// The tick's heartbeat (`OwnedCounts::refresh`).
-    pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        self.0.refresh(store, now_ms)
+    /// Gives a count on `worker` back (never below zero); published at once only
+    /// when it was this VM's last (see `super::owned`). Whether it was published.
+    pub fn release(
+        &self,
+        store: &dyn SharedStore,
+        ring: &OpRing,
+        worker: &str,
+        now_ms: u64,
+    ) -> bool {
+        self.0.change(worker, [-1]) && ring.ride(store, &self.0.riding(now_ms, false))
+    }
+
+    /// This VM's unpublished counts, to ride on a claim at `now_ms`.
+    pub fn rider(&self, now_ms: u64) -> impl super::ring::Rider + '_ {
+        self.0.riding(now_ms, false)
+    }
+
+    /// Publishes this VM's counts if a change still waits. Whether they are
+    /// published now.
+    pub fn flush(&self, store: &dyn SharedStore, ring: &OpRing, now_ms: u64) -> bool {
+        !self.0.unpublished() || ring.ride(store, &self.0.riding(now_ms, false))
+    }
+
+    /// The tick's heartbeat (`OwnedCounts::due`). Whether it wrote.
+    pub fn refresh(&self, store: &dyn SharedStore, ring: &OpRing, now_ms: u64) -> bool {
+        self.0.due(now_ms) && ring.ride(store, &self.0.riding(now_ms, true))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::MemStore;
+    use super::super::ops::insert_op;
+    use super::super::testing::{Counting, MemStore};
+    use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
+    use crate::config::testing::workers;
+
+    fn ring(store: &dyn SharedStore) -> OpRing {
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(store);
+        ring
+    }
 
     #[test]
     fn inflight_counts_add_and_saturate() {
         let store = MemStore::default();
-        let t = InflightTable::new(&Keys::new("t"), 1, 5000);
-        assert!(t.read(&store, 0).is_empty());
-        assert!(t.add(&store, "w0", 1, 0));
-        assert!(t.add(&store, "w0", 1, 0));
-        assert!(t.add(&store, "w1", 1, 0));
-        assert_eq!(
-            t.read(&store, 0),
-            vec![("w0".to_string(), 2), ("w1".to_string(), 1)]
-        );
+        let ring = ring(&store);
+        let t = InflightTable::new(1, 5000);
+        assert!(t.read(&store, &ring, 0).is_empty());
+        t.take("w0");
+        t.take("w0");
+        t.take("w1");
+        assert!(t.flush(&store, &ring, 0));
+        let other = InflightTable::new(2, 5000);
+        let all = vec![("w0".to_string(), 2), ("w1".to_string(), 1)];
+        assert_eq!(other.read(&store, &ring, 0), all);
         assert!(
-            !t.add(&store, "w1", -1, 0),
+            !t.release(&store, &ring, "w1", 0),
             "a release rides on the next write"
         );
-        assert!(!t.add(&store, "w1", -1, 0), "never below zero");
-        assert_eq!(t.read(&store, 0), vec![("w0".to_string(), 2)]);
-        assert_eq!(t.mine(), t.read(&store, 0));
+        assert!(!t.release(&store, &ring, "w1", 0), "never below zero");
+        assert_eq!(t.read(&store, &ring, 0), vec![("w0".to_string(), 2)]);
+        assert_eq!(t.mine(), t.read(&store, &ring, 0));
+        assert_eq!(other.read(&store, &ring, 0), all, "not yet published");
+        assert!(!t.release(&store, &ring, "w0", 0));
+        assert!(
+            t.release(&store, &ring, "w0", 0),
+            "the last release publishes"
+        );
+        assert!(other.read(&store, &ring, 0).is_empty());
+    }
+
+    #[test]
+    fn a_booking_rides_on_the_claim_after_the_catch_up_and_reads_nothing() {
+        let store = Counting::default();
+        let ring = ring(&store);
+        let (t, other) = (InflightTable::new(1, 5000), InflightTable::new(2, 5000));
+        other.take("w1");
+        assert!(other.flush(&store, &ring, 0));
+        let mut cursor = 0;
+        ring.catch_up(&store, &mut cursor, 0, |_, _| {});
+        store.gets.set(0);
+        assert_eq!(
+            t.by_worker(&ring, &workers(), 0),
+            vec![0, 1],
+            "the decision reads the catch-up's copy"
+        );
+        t.take("w0");
+        let op = insert_op("text", "w0").encode();
+        assert_eq!(ring.append_riding(&store, &op, &t.rider(0)), Ok(0));
+        assert!(t.flush(&store, &ring, 0), "nothing left to publish");
+        assert_eq!(store.gets.get(), 0, "no read between catch-up and claim");
+        assert_eq!(
+            other.read(&store, &ring, 0),
+            vec![("w0".to_string(), 1), ("w1".to_string(), 1)]
+        );
+        assert_eq!(ring.head(&store), Some(1), "and the claim was made");
+    }
+
+    #[test]
+    fn every_write_of_the_head_keeps_what_it_does_not_own() {
+        let store = MemStore::default();
+        let keys = Keys::new("t");
+        let ring = ring(&store);
+        let t = InflightTable::new(1, 5000);
+        t.take("w0");
+        assert!(t.flush(&store, &ring, 0));
+        let counted = vec![("w0".to_string(), 1)];
+        // A claim that carries nothing and a generation stamp.
+        let op = insert_op("text", "w1").encode();
+        assert_eq!(OpRing::new(&keys, 4).append(&store, &op), Ok(0));
+        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::Stored);
+        let other = InflightTable::new(2, 5000);
+        assert_eq!(other.read(&store, &ring, 0), counted);
+        assert_eq!((ring.head(&store), ring.generation()), (Some(1), Some(1)));
+        // A publication keeps the sequence and the generation.
+        other.take("w1");
+        assert!(other.flush(&store, &ring, 0));
+        assert_eq!((ring.head(&store), ring.generation()), (Some(1), Some(1)));
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        ring.catch_up(&store, &mut cursor, 0, |_, op| seen.push(op));
+        assert_eq!(seen, vec![insert_op("text", "w1")]);
+    }
+
+    #[test]
+    fn first_writes_racing_on_two_vms_both_count() {
+        let store = MemStore::default();
+        let ring_a = ring(&store);
+        let ring_b = OpRing::new(&Keys::new("t"), 4);
+        let (a, b) = (InflightTable::new(1, 5000), InflightTable::new(2, 5000));
+        // Both read the head, then B's booking lands before A's claim.
+        let mut cursor = 0;
+        ring_a.catch_up(&store, &mut cursor, 0, |_, _| {});
+        b.take("w0");
+        assert!(b.flush(&store, &ring_b, 0));
+        a.take("w0");
+        let op = insert_op("text", "w0").encode();
+        assert_eq!(ring_a.append_riding(&store, &op, &a.rider(0)), Ok(0));
+        let reader = InflightTable::new(3, 5000);
+        assert_eq!(
+            reader.read(&store, &ring_a, 0),
+            vec![("w0".to_string(), 2)],
+            "the stale claim failed its CAS and retried over B's row"
+        );
+    }
+
+    #[test]
+    fn a_failed_publication_waits_for_the_tick() {
+        let store = MemStore::default();
+        let ring = ring(&store);
+        let t = InflightTable::new(1, 5000);
+        t.take("w0");
+        let detached = OpRing::new(&Keys::new("elsewhere"), 4);
+        assert!(!t.flush(&store, &detached, 0), "no head to ride on");
+        assert!(t.refresh(&store, &ring, 1), "the tick publishes it");
+        assert!(!t.refresh(&store, &ring, 2), "then only when due");
+        assert!(t.refresh(&store, &ring, 5000 / 3 + 1), "a heartbeat");
+        assert_eq!(
+            InflightTable::new(2, 5000).read(&store, &ring, 5000 + 2),
+            vec![("w0".to_string(), 1)],
+            "still fresh past the first write's expiry"
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! - `ring`: the operation ring, tree operations (`ops`) in one order for every VM;
 //! - `inflight`: requests in flight per worker, each VM owning its own
-//!   (`owned`: a VM Envoy reloaded stops counting after an expiry);
+//!   (`owned`: a VM Envoy reloaded stops counting after an expiry), riding in the
+//!   ring's head value;
 //! - `eviction`: the eviction clock, one `Op::Evict` per interval;
 //! - `samples`: the collector's last engine samples;
 //! - `flags`: the overload flags (written by the prober lease holder only);
@@ -132,12 +133,6 @@ impl Keys {
         format!("{}.ring.slot.{i}", self.prefix)
     }
 
-    /// In-flight counts by owning VM (`owned`'s encoding; the plain one lived at
-    /// `.inflight`, so VMs of an older build never read the other's format).
-    pub fn inflight(&self) -> String {
-        format!("{}.inflight.by_vm", self.prefix)
-    }
-
     pub fn eviction(&self) -> String {
         format!("{}.evict.last_ms", self.prefix)
     }
@@ -196,19 +191,13 @@ pub(crate) fn create_if_missing(store: &dyn SharedStore, key: &str, empty: &[u8]
 }
 
 /// Creates every table that is read, changed and written back with CAS (see the
-/// module comment), each in its empty state: the in-flight and work tables, the
-/// learned costs, the overload flags, the health table, the push lockout, the probe
+/// module comment), each in its empty state: the work table, the learned costs, the overload flags, the health table, the push lockout, the probe
 /// lease, the peers' counts, the discovered worker list, and the eviction clock
 /// (started at `now_ms`: the first eviction is one interval after the first VM was
 /// configured). The operation ring's keys depend on its size: `OpRing::init_if_missing`.
 pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
     let no_rows = 0u32.to_le_bytes();
-    for key in [
-        keys.inflight(),
-        keys.work(),
-        keys.costs(),
-        keys.peer_inflight(),
-    ] {
+    for key in [keys.work(), keys.costs(), keys.peer_inflight()] {
         create_if_missing(store, &key, &no_rows);
     }
     for key in [keys.flags(), keys.health()] {
@@ -225,15 +214,16 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
 /// Everything a request routes by, read once: every thread's in-flight counts, the
 /// collector's samples, the overload flags and the down workers (none when their
 /// detection is off), the last four through this VM's copy (`generation`).
-/// `inflight` and `work` are this VM's own tables: reading through them lets the
-/// write that books the chosen worker reuse the read (`owned`); `costs` is this VM's
-/// copy of the learned costs (`work::CostTable`).
+/// `inflight` is read from `ring`'s last read of its head (the catch-up's), where
+/// the table rides; `work` is this VM's own table: reading through it lets the write
+/// that books the chosen worker reuse the read (`owned`); `costs` is this VM's copy
+/// of the learned costs (`work::CostTable`).
 pub fn read_loads(
     store: &dyn SharedStore,
     keys: &Keys,
     cfg: &Config,
     now_ms: u64,
-    (inflight, work, costs): (&InflightTable, &WorkTable, &CostTable),
+    (inflight, ring, work, costs): (&InflightTable, &OpRing, &WorkTable, &CostTable),
     (cache, generation): (&TableCache, Option<u64>),
 ) -> Loads {
     let tables = cache.tables(store, keys, cfg, generation);
@@ -244,7 +234,7 @@ pub fn read_loads(
     // Only what `Loads` keeps is copied out of this VM's copy (not the peers'
     // reports, already summed above).
     Loads {
-        inflight: inflight.by_worker(store, &cfg.workers, now_ms),
+        inflight: inflight.by_worker(ring, &cfg.workers, now_ms),
         peer_inflight,
         engine: tables.engine.clone(),
         now_ms,
@@ -406,7 +396,6 @@ mod tests {
         let k = Keys::default();
         assert_eq!(k.ring_head(), "llm_router.ring.head");
         assert_eq!(k.ring_slot(3), "llm_router.ring.slot.3");
-        assert_eq!(k.inflight(), "llm_router.inflight.by_vm");
         assert_eq!(k.eviction(), "llm_router.evict.last_ms");
         assert_eq!(k.samples(), "llm_router.samples");
         assert_eq!(k.flags(), "llm_router.overload.flags");
@@ -441,18 +430,8 @@ mod tests {
         let w = named_workers(3);
         // Each table's first write from two threads, and whether both landed.
         type Check<'a> = Box<dyn Fn(bool) -> bool + 'a>;
-        let inflight = |vm| InflightTable::new(&keys, vm, 5000);
         let work = |vm| WorkTable::new(&keys, vm, 5000);
         let checks: Vec<(&str, Check)> = vec![
-            (
-                "inflight",
-                Box::new(|e| {
-                    let s = race(e, |s, vm| {
-                        inflight(vm).add(s, "w0", 1, 0);
-                    });
-                    inflight(9).read(&s, 0) == vec![("w0".to_string(), 2)]
-                }),
-            ),
             (
                 "work",
                 Box::new(|e| {
@@ -548,11 +527,14 @@ mod tests {
         let keys = Keys::new("t");
         let store = MemStore::default();
         ensure_tables(&store, &keys, 10);
-        let inflight = InflightTable::new(&keys, 1, 5000);
-        inflight.add(&store, "w0", 2, 10);
+        let work = WorkTable::new(&keys, 1, 5000);
+        work.add(&store, "w0", 2, 20, 10);
         assert!(!EvictionClock::new(&keys).claim(&store, 10, 100));
         ensure_tables(&store, &keys, 500);
-        assert_eq!(inflight.read(&store, 10), vec![("w0".to_string(), 2)]);
+        assert_eq!(
+            work.by_worker(&store, &crate::config::testing::named_workers(1), 10)[0].prefilling,
+            2
+        );
         assert!(
             EvictionClock::new(&keys).claim(&store, 110, 100),
             "the clock started with the first VM, not the last"
@@ -565,9 +547,16 @@ mod tests {
         let cfg = Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap();
         let keys = Keys::new("t");
         let store = MemStore::default();
-        InflightTable::new(&keys, 1, 5000).add(&store, "b", 2, 7);
+        let ring = OpRing::new(&keys, 4);
+        ring.init_if_missing(&store);
+        let other = InflightTable::new(1, 5000);
+        other.take("b");
+        other.take("b");
+        assert!(other.flush(&store, &ring, 7));
+        ring.head(&store);
         let own = (
-            &InflightTable::new(&keys, 2, 5000),
+            &InflightTable::new(2, 5000),
+            &ring,
             &WorkTable::new(&keys, 2, 5000),
             &CostTable::new(&keys),
         );

@@ -5,9 +5,11 @@
 //! it are cut and their releases never run, so a count without an owner would shun
 //! its worker forever.
 //!
-//! So one key holds one row per VM: the VM's id (random per VM instance: a reloaded
-//! VM is a new owner), when the row was last written (`at_ms`, the host's clock) and
-//! the VM's counts by worker name. Each VM keeps its own counts in memory (the truth)
+//! So one table holds one row per VM: the VM's id (random per VM instance: a
+//! reloaded VM is a new owner), when the row was last written (`at_ms`, the host's
+//! clock) and the VM's counts by worker name. The work table has a key of its own
+//! (`KeyedCounts`); the in-flight table rides in the ring's head value
+//! (`super::inflight`). Each VM keeps its own counts in memory (the truth)
 //! and publishes them whole: a change that takes a count replaces its row with CAS
 //! retries, and its tick rewrites the row once it is a third of the expiry old while
 //! it holds anything (`refresh`). Readers sum the rows written within `expiry_ms`,
@@ -34,6 +36,7 @@
 
 use std::cell::{Cell, RefCell};
 
+use super::ring::Rider;
 use super::{by_worker_name, put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 use crate::config::WorkerConfig;
 
@@ -110,10 +113,11 @@ fn fresh(at_ms: u64, now_ms: u64, expiry_ms: u64) -> bool {
     now_ms.saturating_sub(at_ms) < expiry_ms
 }
 
-/// A table of counts owned per VM, and this VM's own counts.
+/// This VM's counts and their publication: what its row says, wherever the table
+/// is stored (a key of its own, `KeyedCounts`, or riding on the ring's head,
+/// `super::inflight`).
 #[derive(Debug)]
 pub struct OwnedCounts<const N: usize> {
-    key: String,
     /// This VM instance's id.
     vm: u64,
     expiry_ms: u64,
@@ -121,27 +125,19 @@ pub struct OwnedCounts<const N: usize> {
     mine: RefCell<Counts<N>>,
     /// When this VM's row was last stored.
     written_at: Cell<u64>,
-    /// `mine` differs from the published row (a release waits, or the last write
-    /// failed): the next tick publishes it, if no taken count did first.
+    /// `mine` differs from the published row (a change waits, or the last write
+    /// failed).
     unpublished: Cell<bool>,
-    /// The table as this VM last read it, and its CAS: the next write starts from it
-    /// instead of reading again. A request reads the table to choose its worker and
-    /// writes it right after; when nobody wrote in between, the CAS still holds and
-    /// that is one shared-data read fewer, and when somebody did, the write fails its
-    /// CAS and the loop reads afresh.
-    last_read: RefCell<Option<(Vec<Row<N>>, u32)>>,
 }
 
 impl<const N: usize> OwnedCounts<N> {
-    pub fn new(key: String, vm: u64, expiry_ms: u64) -> OwnedCounts<N> {
+    pub fn new(vm: u64, expiry_ms: u64) -> OwnedCounts<N> {
         OwnedCounts {
-            key,
             vm,
             expiry_ms,
             mine: RefCell::new(Vec::new()),
             written_at: Cell::new(0),
             unpublished: Cell::new(false),
-            last_read: RefCell::new(None),
         }
     }
 
@@ -150,20 +146,17 @@ impl<const N: usize> OwnedCounts<N> {
         self.expiry_ms = expiry_ms;
     }
 
-    /// Every fresh row's counts summed by worker name (workers never counted are
-    /// absent).
-    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
+    /// Every fresh row's counts in the encoded `table` summed by worker name, this
+    /// VM's own from memory (its row may lag a release); workers never counted are
+    /// absent.
+    pub fn sum(&self, table: &[u8], now_ms: u64) -> Counts<N> {
+        let rows = decode::<N>(table);
         let mut sums: Counts<N> = Vec::new();
-        let read = store
-            .get(&self.key)
-            .map(|(bytes, cas)| (decode::<N>(&bytes), cas));
-        let rows = read.as_ref().map_or(&[][..], |(rows, _)| rows.as_slice());
         let mine = self.mine.borrow();
         let others = rows
             .iter()
             .filter(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
         let mut at: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
-        // This VM's own counts from memory: its row may lag a release.
         for counts in others.map(|r| &r.counts).chain(std::iter::once(&*mine)) {
             for (name, values) in counts {
                 let i = *at.entry(name.as_str()).or_insert_with_key(|name| {
@@ -177,8 +170,126 @@ impl<const N: usize> OwnedCounts<N> {
                 }
             }
         }
-        drop(at);
-        drop(mine);
+        sums
+    }
+
+    /// What this VM holds.
+    pub fn mine(&self) -> Counts<N> {
+        self.mine.borrow().clone()
+    }
+
+    /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
+    /// zeros are dropped) and marks them unpublished. Whether they must be published
+    /// now: not when the change only gives counts back while the VM holds others
+    /// (see the module's doc).
+    pub fn change(&self, worker: &str, delta: [i64; N]) -> bool {
+        let mut mine = self.mine.borrow_mut();
+        let pos = match mine.iter().position(|(n, _)| n == worker) {
+            Some(pos) => pos,
+            None => {
+                mine.push((worker.to_string(), [0; N]));
+                mine.len() - 1
+            }
+        };
+        if let Some((_, values)) = mine.get_mut(pos) {
+            for (v, d) in values.iter_mut().zip(delta) {
+                *v = v.saturating_add_signed(d);
+            }
+        }
+        mine.retain(|(_, v)| v.iter().any(|x| *x > 0));
+        self.unpublished.set(true);
+        let releases_only = delta.iter().all(|d| *d <= 0);
+        !releases_only || mine.is_empty()
+    }
+
+    /// Whether this VM's row differs from what it last stored.
+    pub fn unpublished(&self) -> bool {
+        self.unpublished.get()
+    }
+
+    /// Whether the tick must rewrite this VM's row: it is unpublished, or a third
+    /// of the expiry old while it holds anything (so live counts never expire).
+    pub fn due(&self, now_ms: u64) -> bool {
+        let stale = now_ms.saturating_sub(self.written_at.get()) >= self.expiry_ms / 3;
+        self.unpublished.get() || (stale && !self.mine.borrow().is_empty())
+    }
+
+    /// The encoded `table` with this VM's row replaced by its counts (none: the row
+    /// goes) and expired rows dropped.
+    pub fn rewrite(&self, table: &[u8], now_ms: u64) -> Vec<u8> {
+        let mut rows = decode::<N>(table);
+        rows.retain(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
+        let mine = self.mine.borrow();
+        let own = (!mine.is_empty()).then_some((self.vm, now_ms, &*mine));
+        encode(&rows, own)
+    }
+
+    /// A `rewrite` at `now_ms` was stored.
+    pub fn stored(&self, now_ms: u64) {
+        self.written_at.set(now_ms);
+        self.unpublished.set(false);
+    }
+
+    /// The counts as a rider on a write of the ring's head at `now_ms`: they ride
+    /// when unpublished (`force`: always, as the tick's heartbeat).
+    pub fn riding(&self, now_ms: u64, force: bool) -> Riding<'_, N> {
+        Riding {
+            counts: self,
+            now_ms,
+            force,
+        }
+    }
+}
+
+/// A VM's counts riding on a write of the ring's head.
+pub struct Riding<'a, const N: usize> {
+    counts: &'a OwnedCounts<N>,
+    now_ms: u64,
+    force: bool,
+}
+
+impl<const N: usize> Rider for Riding<'_, N> {
+    fn rewrite(&self, tail: &[u8]) -> Option<Vec<u8>> {
+        let c = self.counts;
+        (self.force || c.unpublished()).then(|| c.rewrite(tail, self.now_ms))
+    }
+
+    fn stored(&self) {
+        self.counts.stored(self.now_ms);
+    }
+}
+
+/// A table of counts owned per VM under a key of its own.
+#[derive(Debug)]
+pub struct KeyedCounts<const N: usize> {
+    key: String,
+    counts: OwnedCounts<N>,
+    /// The table as this VM last read it, and its CAS: the next write starts from it
+    /// instead of reading again. A request reads the table to choose its worker and
+    /// writes it right after; when nobody wrote in between, the CAS still holds and
+    /// that is one shared-data read fewer, and when somebody did, the write fails its
+    /// CAS and the loop reads afresh.
+    last_read: RefCell<Option<(Vec<u8>, u32)>>,
+}
+
+impl<const N: usize> KeyedCounts<N> {
+    pub fn new(key: String, vm: u64, expiry_ms: u64) -> KeyedCounts<N> {
+        KeyedCounts {
+            key,
+            counts: OwnedCounts::new(vm, expiry_ms),
+            last_read: RefCell::new(None),
+        }
+    }
+
+    pub fn set_expiry(&mut self, expiry_ms: u64) {
+        self.counts.set_expiry(expiry_ms);
+    }
+
+    /// Every fresh row's counts summed by worker name (`OwnedCounts::sum`).
+    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
+        let read = store.get(&self.key);
+        let table = read.as_ref().map_or(&[][..], |(bytes, _)| bytes.as_slice());
+        let sums = self.counts.sum(table, now_ms);
         *self.last_read.borrow_mut() = read;
         sums
     }
@@ -193,72 +304,33 @@ impl<const N: usize> OwnedCounts<N> {
         by_worker_name(&self.read(store, now_ms), workers, [0; N])
     }
 
-    /// What this VM holds.
-    pub fn mine(&self) -> Counts<N> {
-        self.mine.borrow().clone()
-    }
-
-    /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
-    /// zeros are dropped) and publishes them, unless it only gives counts back while
-    /// the VM holds others: that waits for the next publication (see the module's
-    /// doc). Whether a publication was stored now; the change is kept either way and
-    /// published by the next write or tick.
+    /// Adds `delta` to this VM's counts for `worker` and publishes them, unless it
+    /// waits (`OwnedCounts::change`). Whether a publication was stored now; the
+    /// change is kept either way and published by the next write or tick.
     pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: [i64; N], now_ms: u64) -> bool {
-        {
-            let mut mine = self.mine.borrow_mut();
-            let pos = match mine.iter().position(|(n, _)| n == worker) {
-                Some(pos) => pos,
-                None => {
-                    mine.push((worker.to_string(), [0; N]));
-                    mine.len() - 1
-                }
-            };
-            if let Some((_, values)) = mine.get_mut(pos) {
-                for (v, d) in values.iter_mut().zip(delta) {
-                    *v = v.saturating_add_signed(d);
-                }
-            }
-            mine.retain(|(_, v)| v.iter().any(|x| *x > 0));
-        }
-        let releases_only = delta.iter().all(|d| *d <= 0);
-        if releases_only && !self.mine.borrow().is_empty() {
-            self.unpublished.set(true);
-            return false;
-        }
-        self.publish(store, now_ms)
+        self.counts.change(worker, delta) && self.publish(store, now_ms)
     }
 
-    /// The tick: rewrites this VM's row when it is due (a third of the expiry old
-    /// while it holds anything, or after a failed write), so live counts never
-    /// expire. Whether it wrote.
+    /// The tick: rewrites this VM's row when it is due (`OwnedCounts::due`).
+    /// Whether it wrote.
     pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        let stale = now_ms.saturating_sub(self.written_at.get()) >= self.expiry_ms / 3;
-        let due = self.unpublished.get() || (stale && !self.mine.borrow().is_empty());
-        due && self.publish(store, now_ms)
+        self.counts.due(now_ms) && self.publish(store, now_ms)
     }
 
-    /// Replaces this VM's row with its counts (none: the row goes) and drops
-    /// expired rows, with CAS retries.
+    /// Replaces this VM's row with its counts, with CAS retries.
     fn publish(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        let mine = self.mine.borrow();
         for _ in 0..CAS_ATTEMPTS {
             let last = self.last_read.borrow_mut().take();
-            let (mut rows, cas) = last
-                .or_else(|| store.get(&self.key).map(|(v, cas)| (decode::<N>(&v), cas)))
-                .unwrap_or_default();
-            rows.retain(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
-            let own = (!mine.is_empty()).then_some((self.vm, now_ms, &*mine));
-            match store.set(&self.key, &encode(&rows, own), cas) {
+            let (table, cas) = last.or_else(|| store.get(&self.key)).unwrap_or_default();
+            match store.set(&self.key, &self.counts.rewrite(&table, now_ms), cas) {
                 SetOutcome::Stored => {
-                    self.written_at.set(now_ms);
-                    self.unpublished.set(false);
+                    self.counts.stored(now_ms);
                     return true;
                 }
                 SetOutcome::CasMismatch => continue,
                 SetOutcome::Failed => break,
             }
         }
-        self.unpublished.set(true);
         false
     }
 }
@@ -271,8 +343,8 @@ mod tests {
 
     const EXPIRY: u64 = 5000;
 
-    fn table(vm: u64) -> OwnedCounts<1> {
-        OwnedCounts::new("t.owned".into(), vm, EXPIRY)
+    fn table(vm: u64) -> KeyedCounts<1> {
+        KeyedCounts::new("t.owned".into(), vm, EXPIRY)
     }
 
     #[test]
@@ -286,7 +358,7 @@ mod tests {
         assert_eq!(a.by_worker(&store, &workers(), 4), vec![[3], [1]]);
         assert!(!b.add(&store, "w1", [-1], 5), "a release waits");
         assert!(!b.add(&store, "w1", [-1], 6), "never below zero");
-        assert_eq!(b.mine(), vec![("w0".to_string(), [1])]);
+        assert_eq!(b.counts.mine(), vec![("w0".to_string(), [1])]);
         assert_eq!(
             b.read(&store, 6),
             vec![("w0".to_string(), [3])],
@@ -384,7 +456,11 @@ mod tests {
         let store = MemStore::default();
         let t = table(1);
         assert!(!t.add(&Failing, "w0", [1], 0));
-        assert_eq!(t.mine(), vec![("w0".to_string(), [1])], "kept in memory");
+        assert_eq!(
+            t.counts.mine(),
+            vec![("w0".to_string(), [1])],
+            "kept in memory"
+        );
         assert!(t.refresh(&store, 1), "a failed write is due at once");
         assert_eq!(t.read(&store, 1), vec![("w0".to_string(), [1])]);
         assert!(

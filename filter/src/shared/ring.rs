@@ -19,13 +19,17 @@
 //! slot before every append, and in Envoy a `get` that returns data is the dearest
 //! hostcall of a request.
 //!
-//! The head's value also carries the cached tables' generation (`super::generation`):
-//! every request reads the head anyway, and in Envoy each read that returns data
-//! costs a call back into the VM, so the generation rides along instead of having a
-//! key of its own. A writer that claims keeps the generation it read, and a stamp
-//! keeps the head: whichever writes second fails its CAS and retries.
+//! The head's value also carries the cached tables' generation (`super::generation`)
+//! and, after it, the in-flight table (`super::inflight`, the `Rider`): every request
+//! reads the head anyway and writes it to claim its operation, and in Envoy each read
+//! that returns data costs a call back into the VM, so the two ride along instead of
+//! having keys of their own. A request's booking is published by its claim. Every
+//! write of the head keeps what it does not own: a claim keeps the generation (and
+//! the table, unless it carries this VM's counts), a stamp keeps the sequence and
+//! the table, a publication of the counts keeps the sequence and the generation;
+//! whichever writes second fails its CAS and retries from a fresh read.
 
-use std::cell::Cell;
+use std::cell::{Cell, Ref, RefCell};
 
 use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 
@@ -62,6 +66,9 @@ pub struct OpRing {
     /// safe: its claim fails the head's CAS, and the next attempt reads the head
     /// afresh.
     head_hint: Cell<Option<Head>>,
+    /// The rider's bytes as this VM last read or wrote them: what its requests
+    /// route by, and what a write with the hint starts from.
+    tail: RefCell<Vec<u8>>,
     /// The tables' generation as of this VM's last read of the head.
     generation: Cell<Option<u64>>,
     /// The claimed but unwritten sequence this VM's reads stopped at, and when they
@@ -90,8 +97,8 @@ fn slot_for(seq: u64, value: Option<&[u8]>) -> Slot<'_> {
     }
 }
 
-/// The head key's value as read: the next sequence number, the cached tables'
-/// generation, and the key's CAS.
+/// The head key's value as read (its rider's bytes aside): the next sequence
+/// number, the cached tables' generation, and the key's CAS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Head {
     seq: u64,
@@ -99,21 +106,44 @@ struct Head {
     cas: u32,
 }
 
-/// The head key's value: the next sequence number, then the tables' generation.
-pub(super) fn encode_head(seq: u64, generation: u64) -> [u8; 16] {
-    let mut out = [0; 16];
-    let (a, b) = out.split_at_mut(8);
-    a.copy_from_slice(&seq.to_le_bytes());
-    b.copy_from_slice(&generation.to_le_bytes());
+/// What rides in the head's value after the sequence number and the generation:
+/// the in-flight table, published by the head writes a request makes anyway.
+pub trait Rider {
+    /// The bytes to store in place of `tail` (as read with the head), or `None` to
+    /// leave them as they are.
+    fn rewrite(&self, tail: &[u8]) -> Option<Vec<u8>>;
+    /// What `rewrite` returned was stored.
+    fn stored(&self);
+}
+
+/// A write of the head that carries nothing of its own.
+pub struct NoRider;
+
+impl Rider for NoRider {
+    fn rewrite(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+    fn stored(&self) {}
+}
+
+/// The head key's value: the next sequence number, the tables' generation, the
+/// rider's bytes.
+pub(super) fn encode_head(seq: u64, generation: u64, tail: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + tail.len());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&generation.to_le_bytes());
+    out.extend_from_slice(tail);
     out
 }
 
-/// The sequence number and generation of a head value (a head without a
-/// generation, as an older build wrote it, is at generation 0).
-pub(super) fn decode_head(value: &[u8]) -> Option<(u64, u64)> {
+/// The sequence number, generation and rider's bytes of a head value (a head
+/// without a generation, as an older build wrote it, is at generation 0 and
+/// carries nothing).
+pub(super) fn decode_head(value: &[u8]) -> Option<(u64, u64, &[u8])> {
     let mut r = Reader(value);
     let seq = r.u64()?;
-    Some((seq, r.u64().unwrap_or(0)))
+    let generation = r.u64().unwrap_or(0);
+    Some((seq, generation, value.get(16..).unwrap_or_default()))
 }
 
 fn seq_of(slot: &[u8]) -> Option<u64> {
@@ -126,6 +156,7 @@ impl OpRing {
             head_key: keys.ring_head(),
             slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
             head_hint: Cell::new(None),
+            tail: RefCell::new(Vec::new()),
             generation: Cell::new(None),
             hole: Cell::new(None),
         }
@@ -152,12 +183,12 @@ impl OpRing {
         for key in &self.slot_keys {
             create_if_missing(store, key, &empty);
         }
-        create_if_missing(store, &self.head_key, &encode_head(0, 0));
+        create_if_missing(store, &self.head_key, &encode_head(0, 0, &[]));
     }
 
     /// The next sequence number (operations ever appended).
     pub fn head(&self, store: &dyn SharedStore) -> Option<u64> {
-        self.read_head(store).map(|h| h.seq)
+        self.read_head(store)
     }
 
     /// The cached tables' generation as of this VM's last read of the head (`None`:
@@ -166,33 +197,93 @@ impl OpRing {
         self.generation.get()
     }
 
-    /// The head, kept as the next append's hint and as the generation seen.
-    fn read_head(&self, store: &dyn SharedStore) -> Option<Head> {
+    /// The head, kept as the next write's hint and as the generation seen.
+    fn read_head(&self, store: &dyn SharedStore) -> Option<u64> {
         let read = store.get(&self.head_key).and_then(|(v, cas)| {
-            let (seq, generation) = decode_head(&v)?;
+            let (seq, generation, tail) = decode_head(&v)?;
+            let mut kept = self.tail.borrow_mut();
+            kept.clear();
+            kept.extend_from_slice(tail);
             Some(Head {
                 seq,
                 generation,
                 cas,
             })
         });
+        if read.is_none() {
+            self.tail.borrow_mut().clear();
+        }
         self.head_hint.set(read);
         self.generation.set(read.map(|h| h.generation));
-        read
+        read.map(|h| h.seq)
+    }
+
+    /// The hint of the last read (taken: it serves one write), else a fresh read.
+    fn take_head(&self, store: &dyn SharedStore) -> Option<Head> {
+        if let Some(hint) = self.head_hint.take() {
+            return Some(hint);
+        }
+        self.read_head(store)?;
+        self.head_hint.take()
+    }
+
+    /// Writes the head under `head`'s CAS: `seq`, the generation read, and the
+    /// rider's `rewritten` bytes (`None`: this VM's copy of them, kept).
+    fn write_head(
+        &self,
+        store: &dyn SharedStore,
+        (head, seq): (Head, u64),
+        rewritten: Option<Vec<u8>>,
+        rider: &dyn Rider,
+    ) -> SetOutcome {
+        let outcome = {
+            let tail = self.tail.borrow();
+            let bytes = rewritten.as_deref().unwrap_or(&tail);
+            store.set(
+                &self.head_key,
+                &encode_head(seq, head.generation, bytes),
+                head.cas,
+            )
+        };
+        if let (SetOutcome::Stored, Some(bytes)) = (outcome, rewritten) {
+            *self.tail.borrow_mut() = bytes;
+            rider.stored();
+        }
+        outcome
+    }
+
+    /// The rider's bytes as this VM last read or wrote them (empty when the head
+    /// was never read, or unreadable): no hostcall.
+    pub fn tail(&self) -> Ref<'_, [u8]> {
+        Ref::map(self.tail.borrow(), Vec::as_slice)
+    }
+
+    /// Reads the head now; its rider's bytes (empty when unreadable).
+    pub fn read_tail(&self, store: &dyn SharedStore) -> Ref<'_, [u8]> {
+        self.read_head(store);
+        self.tail()
+    }
+
+    /// Appends `op`, returning its sequence number (`append_riding` with nothing
+    /// riding).
+    pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
+        self.append_riding(store, op, &NoRider)
     }
 
     /// Appends `op`, returning its sequence number: claims it on the head (from the
     /// hint of the last read, else a fresh read; a stale one fails its CAS and reads
-    /// afresh), then writes its slot.
-    pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
+    /// afresh), with `rider`'s bytes in the same write, then writes its slot.
+    pub fn append_riding(
+        &self,
+        store: &dyn SharedStore,
+        op: &[u8],
+        rider: &dyn Rider,
+    ) -> Result<u64, AppendError> {
         for _ in 0..CAS_ATTEMPTS {
-            let head = match self.head_hint.take() {
-                Some(hint) => hint,
-                None => self.read_head(store).ok_or(AppendError::Unavailable)?,
-            };
+            let head = self.take_head(store).ok_or(AppendError::Unavailable)?;
             let claimed = head.seq;
-            let next = encode_head(claimed.saturating_add(1), head.generation);
-            match store.set(&self.head_key, &next, head.cas) {
+            let rewritten = rider.rewrite(&self.tail.borrow());
+            match self.write_head(store, (head, claimed.saturating_add(1)), rewritten, rider) {
                 SetOutcome::Stored => {}
                 SetOutcome::CasMismatch => continue,
                 SetOutcome::Failed => return Err(AppendError::Unavailable),
@@ -207,6 +298,28 @@ impl OpRing {
             };
         }
         Err(AppendError::Contended)
+    }
+
+    /// Stores `rider`'s bytes in the head, keeping its sequence number and
+    /// generation (from the hint of the last read, else a fresh read; CAS retries).
+    /// Whether they were stored (or there was nothing to store).
+    pub fn ride(&self, store: &dyn SharedStore, rider: &dyn Rider) -> bool {
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(head) = self.take_head(store) else {
+                return false;
+            };
+            let Some(rewritten) = rider.rewrite(&self.tail.borrow()) else {
+                // Nothing to store: the read still serves the next write.
+                self.head_hint.set(Some(head));
+                return true;
+            };
+            match self.write_head(store, (head, head.seq), Some(rewritten), rider) {
+                SetOutcome::Stored => return true,
+                SetOutcome::CasMismatch => continue,
+                SetOutcome::Failed => return false,
+            }
+        }
+        false
     }
 
     /// Applies every operation from `*cursor` up to the head (or up to a slot not yet
@@ -387,7 +500,7 @@ mod tests {
 
     /// Another writer claims the next sequence and has not written its slot yet.
     fn claim_without_writing(store: &MemStore, seq: u64) {
-        store.set("t.ring.head", &encode_head(seq + 1, 0), 0);
+        store.set("t.ring.head", &encode_head(seq + 1, 0, &[]), 0);
     }
 
     #[test]

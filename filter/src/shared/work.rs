@@ -14,9 +14,10 @@
 use std::cell::RefCell;
 
 use super::inflight::{decode_counts, encode_counts};
-use super::owned::OwnedCounts;
+use super::owned::KeyedCounts;
 use super::{
-    by_worker_name, put_bytes, InflightTable, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
+    by_worker_name, put_bytes, InflightTable, Keys, OpRing, Reader, SetOutcome, SharedStore,
+    CAS_ATTEMPTS,
 };
 use crate::config::WorkerConfig;
 use crate::policy::{WorkerCosts, WorkerWork};
@@ -96,12 +97,12 @@ impl PairTable {
 
 /// Prefill work outstanding per worker for the whole Envoy, and this VM's own.
 #[derive(Debug)]
-pub struct WorkTable(OwnedCounts<2>);
+pub struct WorkTable(KeyedCounts<2>);
 
 impl WorkTable {
     /// The table as VM `vm` writes it (see `InflightTable::new`).
     pub fn new(keys: &Keys, vm: u64, expiry_ms: u64) -> WorkTable {
-        WorkTable(OwnedCounts::new(keys.work(), vm, expiry_ms))
+        WorkTable(KeyedCounts::new(keys.work(), vm, expiry_ms))
     }
 
     pub fn set_expiry(&mut self, expiry_ms: u64) {
@@ -138,7 +139,7 @@ impl WorkTable {
         self.0.add(store, worker, [requests, chars], now_ms)
     }
 
-    /// The tick's heartbeat (`super::owned::OwnedCounts::refresh`).
+    /// The tick's heartbeat (`super::owned::KeyedCounts::refresh`).
     pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
         self.0.refresh(store, now_ms)
     }
@@ -278,8 +279,13 @@ impl OwnAtSample {
     }
 
     /// Copies the in-flight counts as they are now (called when a push is stored).
-    pub fn snapshot(&self, store: &dyn SharedStore, inflight: &InflightTable, now_ms: u64) -> bool {
-        let counts = encode_counts(&inflight.read(store, now_ms));
+    pub fn snapshot(
+        &self,
+        store: &dyn SharedStore,
+        (inflight, ring): (&InflightTable, &OpRing),
+        now_ms: u64,
+    ) -> bool {
+        let counts = encode_counts(&inflight.read(store, ring, now_ms));
         store.set(&self.key, &counts, 0) == SetOutcome::Stored
     }
 
@@ -405,11 +411,19 @@ mod tests {
     fn own_load_at_sample_time_is_a_copy_of_the_inflight_table() {
         let store = MemStore::default();
         let keys = Keys::new("t");
-        let inflight = InflightTable::new(&keys, 1, 5000);
-        inflight.add(&store, "w1", 3, 0);
+        let ring = OpRing::new(&keys, 4);
+        ring.init_if_missing(&store);
+        let inflight = InflightTable::new(1, 5000);
+        let take = |n| {
+            for _ in 0..n {
+                inflight.take("w1");
+            }
+            assert!(inflight.flush(&store, &ring, 0));
+        };
+        take(3);
         let own = OwnAtSample::new(&keys);
-        assert!(own.snapshot(&store, &inflight, 0));
-        inflight.add(&store, "w1", 5, 0);
+        assert!(own.snapshot(&store, (&inflight, &ring), 0));
+        take(5);
         assert_eq!(own.by_worker(&store, &workers()), vec![0, 3]);
     }
 }
