@@ -42,6 +42,7 @@ pub mod push;
 pub mod replica;
 pub mod rng;
 pub mod router;
+pub mod scan;
 pub mod shared;
 pub mod target;
 pub mod tree;

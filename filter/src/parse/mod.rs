@@ -146,10 +146,13 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
     }
     // serde would read a struct from a JSON array by position; only objects count.
     let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    let Some(b) = is_object
-        .then(|| serde_json::from_slice::<Body>(body).ok())
-        .flatten()
-    else {
+    // A body checked as UTF-8 once (`scan`: ASCII sixteen bytes a step) is read as
+    // text, so serde does not check every string again; the rest as bytes.
+    let read = || match crate::scan::utf8(body) {
+        Some(text) => serde_json::from_str::<Body>(text).ok(),
+        None => serde_json::from_slice::<Body>(body).ok(),
+    };
+    let Some(b) = is_object.then(read).flatten() else {
         return Parsed::Unroutable {
             reason: Unreadable::NotJson,
             model: String::new(),

@@ -301,7 +301,7 @@ impl<'a> Reader<'a> {
     }
     pub(crate) fn string(&mut self) -> Option<String> {
         let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec()).ok()
+        crate::scan::utf8(self.take(n)?).map(str::to_owned)
     }
 }
 

@@ -25,6 +25,7 @@
 //! Nodes live in an arena (`Vec`) with a free list: no `Rc`, no locking, which a
 //! single-threaded Wasm VM does not need.
 
+use crate::scan;
 use hashbrown::HashMap;
 
 mod removal;
@@ -130,7 +131,7 @@ impl Default for Tree {
 /// walk a pass over the kilobytes it matched.
 fn edge_prefix(node: &Node, text: &str) -> (usize, usize) {
     if node.chars == node.text.len() {
-        let n = equal_bytes(node.text.as_bytes(), text.as_bytes());
+        let n = scan::common_len(node.text.as_bytes(), text.as_bytes());
         return (n, n);
     }
     common_prefix(&node.text, text)
@@ -139,53 +140,17 @@ fn edge_prefix(node: &Node, text: &str) -> (usize, usize) {
 /// Length in bytes of the longest common prefix of `a` and `b` that ends on a char
 /// boundary of both, and its length in chars.
 fn common_prefix(a: &str, b: &str) -> (usize, usize) {
-    let mut n = equal_bytes(a.as_bytes(), b.as_bytes());
+    let mut n = scan::common_len(a.as_bytes(), b.as_bytes());
     while n > 0 && !(a.is_char_boundary(n) && b.is_char_boundary(n)) {
         n -= 1;
     }
     (n, char_len(a.get(..n).unwrap_or_default()))
 }
 
-/// `s` from byte `n` on (empty past its end).
-fn rest(s: &[u8], n: usize) -> &[u8] {
-    s.get(n..).unwrap_or_default()
-}
-
-/// How many leading bytes `a` and `b` share. Sixteen at a time: every routed request
-/// walks its whole text (kilobytes) down the tree two or three times, and a byte at a
-/// time that was the largest part of the filter's own CPU in a profile.
-fn equal_bytes(a: &[u8], b: &[u8]) -> usize {
-    let mut n = 0;
-    // Sixteen at a time while both agree (one branch per 16 bytes), then eight at a
-    // time to find the differing byte.
-    for (x, y) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
-        let (Ok(x), Ok(y)) = (<[u8; 16]>::try_from(x), <[u8; 16]>::try_from(y)) else {
-            break;
-        };
-        if u128::from_le_bytes(x) != u128::from_le_bytes(y) {
-            break;
-        }
-        n += 16;
-    }
-    for (x, y) in rest(a, n).chunks_exact(8).zip(rest(b, n).chunks_exact(8)) {
-        let (Ok(x), Ok(y)) = (<[u8; 8]>::try_from(x), <[u8; 8]>::try_from(y)) else {
-            break;
-        };
-        let diff = u64::from_le_bytes(x) ^ u64::from_le_bytes(y);
-        if diff != 0 {
-            // Little-endian: the lowest set bit is in the first differing byte.
-            return n + (diff.trailing_zeros() / 8) as usize;
-        }
-        n += 8;
-    }
-    let (a, b) = (rest(a, n), rest(b, n));
-    n + a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 /// Chars in `s`, without decoding when it is ASCII (the common case, and a pass of
 /// whole words rather than one per char).
 pub(crate) fn char_len(s: &str) -> usize {
-    if s.is_ascii() {
+    if scan::is_ascii(s.as_bytes()) {
         s.len()
     } else {
         s.chars().count()
@@ -686,21 +651,6 @@ mod tests {
         t.insert("🦀🦐", 6, 6);
         assert_eq!(t.prefix_match("🦀🦀").matched_chars, 2);
         check_invariants(&t);
-    }
-
-    #[test]
-    fn equal_bytes_finds_the_first_difference_at_any_offset() {
-        let a: Vec<u8> = (0..80u8).collect();
-        for len in 0..=a.len() {
-            let x = &a[..len];
-            assert_eq!(equal_bytes(x, &a), len, "a prefix of the other");
-            assert_eq!(equal_bytes(&a, x), len);
-            for at in 0..len {
-                let mut y = x.to_vec();
-                y[at] ^= 0x80;
-                assert_eq!(equal_bytes(x, &y), at, "differs at {at} of {len}");
-            }
-        }
     }
 
     #[test]

@@ -1,0 +1,153 @@
+//! Byte scans every routed request runs over its whole prompt (kilobytes, some of
+//! them several times): the UTF-8 check of the body and of each routing text another
+//! thread recorded, and the tree's walk comparing the text with its edges. Built
+//! for wasm32 with SIMD (`.cargo/config.toml` enables `simd128`; V8 and wasmtime run
+//! it), each takes 16 bytes a step in one vector instruction, where the scalar code
+//! (and std's own checks, compiled without SIMD) takes 4 or 8 bytes a step on wasm32.
+//! Elsewhere (native tests, a build without the feature) the portable code runs, and
+//! the tests hold both to the same answers.
+
+/// Whether every byte of `bytes` is ASCII.
+pub fn is_ascii(bytes: &[u8]) -> bool {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd::is_ascii(bytes)
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        bytes.is_ascii()
+    }
+}
+
+/// `bytes` as text if they are UTF-8: ASCII (most prompts) is checked by `is_ascii`,
+/// anything else by std's full validation.
+pub fn utf8(bytes: &[u8]) -> Option<&str> {
+    if is_ascii(bytes) {
+        // SAFETY: ASCII bytes are valid UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+    } else {
+        std::str::from_utf8(bytes).ok()
+    }
+}
+
+/// How many leading bytes `a` and `b` share.
+pub fn common_len(a: &[u8], b: &[u8]) -> usize {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd::common_len(a, b)
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        portable_common_len(a, b)
+    }
+}
+
+/// `s` from byte `n` on (empty past its end).
+fn rest(s: &[u8], n: usize) -> &[u8] {
+    s.get(n..).unwrap_or_default()
+}
+
+/// `common_len` eight bytes a step.
+#[cfg_attr(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    allow(dead_code)
+)]
+fn portable_common_len(a: &[u8], b: &[u8]) -> usize {
+    let mut n = 0;
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        let (Ok(x), Ok(y)) = (<[u8; 8]>::try_from(x), <[u8; 8]>::try_from(y)) else {
+            break;
+        };
+        let diff = u64::from_le_bytes(x) ^ u64::from_le_bytes(y);
+        if diff != 0 {
+            // Little-endian: the lowest set bit is in the first differing byte.
+            return n + (diff.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    let (a, b) = (rest(a, n), rest(b, n));
+    n + a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd {
+    use core::arch::wasm32::{i8x16_eq, u8x16_bitmask, u8x16_splat, v128, v128_load, v128_or};
+
+    /// 16 bytes as a vector.
+    fn load(chunk: &[u8; 16]) -> v128 {
+        // SAFETY: the reference is valid for 16 bytes, and `v128_load` accepts any
+        // alignment.
+        unsafe { v128_load(chunk.as_ptr().cast::<v128>()) }
+    }
+
+    fn chunks(bytes: &[u8]) -> impl Iterator<Item = &[u8; 16]> {
+        bytes.chunks_exact(16).filter_map(|c| c.try_into().ok())
+    }
+
+    pub fn is_ascii(bytes: &[u8]) -> bool {
+        // The high bits of every chunk ORed together: one test at the end.
+        let high = chunks(bytes).fold(u8x16_splat(0), |acc, c| v128_or(acc, load(c)));
+        let whole = bytes.len() - bytes.len() % 16;
+        u8x16_bitmask(high) == 0 && super::rest(bytes, whole).is_ascii()
+    }
+
+    pub fn common_len(a: &[u8], b: &[u8]) -> usize {
+        let mut n = 0;
+        for (x, y) in chunks(a).zip(chunks(b)) {
+            // One bit per byte, set where they agree: the first clear bit is the
+            // first difference.
+            let same = u8x16_bitmask(i8x16_eq(load(x), load(y)));
+            if same != 0xffff {
+                return n + same.trailing_ones() as usize;
+            }
+            n += 16;
+        }
+        n + super::portable_common_len(super::rest(a, n), super::rest(b, n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_common_length_is_found_at_any_offset() {
+        let a: Vec<u8> = (0..80u8).collect();
+        for len in 0..=a.len() {
+            let x = &a[..len];
+            assert_eq!(common_len(x, &a), len, "a prefix of the other");
+            assert_eq!(common_len(&a, x), len);
+            assert_eq!(portable_common_len(x, &a), len);
+            for at in 0..len {
+                let mut y = x.to_vec();
+                y[at] ^= 0x80;
+                assert_eq!(common_len(x, &y), at, "differs at {at} of {len}");
+                assert_eq!(portable_common_len(x, &y), at);
+            }
+        }
+    }
+
+    #[test]
+    fn ascii_is_seen_in_every_chunk_and_the_tail() {
+        let text = b"x".repeat(70);
+        assert!(is_ascii(&text));
+        assert!(is_ascii(b""));
+        for at in 0..text.len() {
+            let mut t = text.clone();
+            t[at] = 0xc3;
+            assert!(!is_ascii(&t), "a high byte at {at}");
+        }
+    }
+
+    #[test]
+    fn text_is_utf8_checked_whether_or_not_it_is_ascii() {
+        assert_eq!(utf8(b"plain prompt"), Some("plain prompt"));
+        let accented = "café au lait, 日本語 and 🦀 ".repeat(3);
+        assert_eq!(utf8(accented.as_bytes()), Some(accented.as_str()));
+        let cut = &accented.as_bytes()[..accented.len() - 2];
+        assert_eq!(utf8(cut), None, "a char cut short");
+        let mut stray = b"a".repeat(20);
+        stray.push(0xff);
+        assert_eq!(utf8(&stray), None, "a byte that starts no char");
+    }
+}
