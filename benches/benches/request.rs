@@ -18,7 +18,8 @@
 //! is counted also with 8 requests in flight at once, as on a loaded thread (a
 //! release while others are held is published with the next booking). `LLM_BENCH_BEFORE=<path to
 //! another llm_router.wasm>` measures that build too, as `before/...`, side by side in
-//! the same run; `LLM_ROUTER_WASM` picks the build under test.
+//! the same run; `LLM_ROUTER_WASM` picks the build under test; `LLM_BENCH_WORKERS=256`
+//! runs every case on a fleet of that many workers instead of 4.
 //!
 //! Needs the filter's and the floor's wasm:
 //! `cargo build -p llm-router -p llm-floor --target wasm32-wasip1 --profile wasm`.
@@ -29,7 +30,11 @@ use std::path::Path;
 use std::time::Duration;
 
 fn config(policy: &str) -> String {
-    let workers: Vec<String> = (0..4)
+    let n: usize = std::env::var("LLM_BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let workers: Vec<String> = (0..n)
         .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
         .collect();
     format!(

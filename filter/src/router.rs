@@ -20,7 +20,7 @@
 use hashbrown::HashMap;
 
 use crate::candidates::{self, Screened};
-use crate::config::{Config, Policy, Pool};
+use crate::config::{Config, Policy, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::parse::Parsed;
@@ -88,23 +88,15 @@ pub struct Router {
     clock: u64,
     /// Discovery mode: the version of the worker list in `cfg` (0: none yet).
     membership_version: u64,
-    /// Worker index by name (names are unique): every applied operation names its
-    /// worker, and a scan of 256 names per operation showed in a profile.
-    by_name: HashMap<String, TenantId>,
-}
-
-fn name_index(cfg: &Config) -> HashMap<String, TenantId> {
-    cfg.workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (w.name.clone(), i as TenantId))
-        .collect()
+    /// Worker index by name: every applied operation names its worker, and a scan
+    /// of 256 names per operation showed in a profile.
+    names: WorkerNames,
 }
 
 impl Router {
     pub fn new(cfg: Config) -> Self {
         Router {
-            by_name: name_index(&cfg),
+            names: WorkerNames::new(&cfg.workers),
             cfg,
             trees: HashMap::new(),
             rr_counters: [0; 3],
@@ -156,7 +148,7 @@ impl Router {
     /// Swaps in `cfg`, renaming tenants to its worker indices.
     fn remap(&mut self, cfg: Config) {
         let old = std::mem::replace(&mut self.cfg, cfg);
-        self.by_name = name_index(&self.cfg);
+        self.names = WorkerNames::new(&self.cfg.workers);
         let new_index: Vec<Option<TenantId>> = old
             .workers
             .iter()
@@ -175,9 +167,14 @@ impl Router {
     }
 
     fn worker_index(&self, pool: Pool, name: &str) -> Option<TenantId> {
-        let i = *self.by_name.get(name)?;
-        let w = self.cfg.workers.get(i as usize)?;
-        (w.pool == pool).then_some(i)
+        let i = self.names.get(name)?;
+        let w = self.cfg.workers.get(i)?;
+        (w.pool == pool).then_some(i as TenantId)
+    }
+
+    /// The workers' indices by name.
+    pub fn names(&self) -> &WorkerNames {
+        &self.names
     }
 
     /// Chars held by all trees of this VM.

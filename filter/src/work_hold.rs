@@ -122,7 +122,7 @@ impl WorkHold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::testing::workers;
+    use crate::config::testing::names;
     use crate::policy::WorkerWork;
     use crate::shared::testing::MemStore;
     use crate::shared::Keys;
@@ -144,10 +144,10 @@ mod tests {
 
     impl Fixture {
         fn w0(&self) -> WorkerWork {
-            self.work.by_worker(&self.store, &workers(), 0)[0]
+            self.work.by_worker(&self.store, &names(), 0)[0]
         }
         fn costs0(&self) -> WorkerCosts {
-            self.costs.by_worker(&self.store, &workers())[0]
+            self.costs.by_worker(&self.store, &names())[0]
         }
         fn take(&self, uncached: u64, ahead: u64, now: u64) -> WorkHold {
             let p = Prediction {

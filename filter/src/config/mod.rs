@@ -26,7 +26,7 @@ pub use health::*;
 pub use overload::*;
 pub use replicas::*;
 pub use ttft::*;
-pub use workers::{Pool, WorkerConfig, WorkersFrom};
+pub use workers::{Pool, WorkerConfig, WorkerNames, WorkersFrom};
 
 pub const DEFAULT_CACHE_THRESHOLD: f64 = 0.3;
 pub const DEFAULT_BALANCE_ABS_THRESHOLD: u64 = 64;
@@ -490,7 +490,7 @@ impl Config {
 /// Fixtures other modules' tests share.
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::{Config, WorkerConfig};
+    use super::{Config, WorkerConfig, WorkerNames};
 
     /// Two workers: `w0` at `10.0.0.1:8000`, and `w1` with no address.
     pub(crate) fn workers() -> Vec<WorkerConfig> {
@@ -499,6 +499,11 @@ pub(crate) mod testing {
         )
         .unwrap();
         cfg.workers
+    }
+
+    /// `workers()` by name.
+    pub(crate) fn names() -> WorkerNames {
+        WorkerNames::new(&workers())
     }
 
     /// `n` workers `w0`, `w1`, ... with nothing but names.

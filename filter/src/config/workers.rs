@@ -32,6 +32,55 @@ pub enum WorkersFrom {
     Collector,
 }
 
+/// Worker index by name (names are unique), built once per worker list: every
+/// request spreads the shared tables' rows (by name) over the workers (by index),
+/// and hashing all 256 names of a large fleet to do it, once per table, showed in a
+/// profile; looking up each row instead costs what the rows hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerNames {
+    index: hashbrown::HashMap<String, u32>,
+    len: usize,
+}
+
+impl WorkerNames {
+    pub fn new(workers: &[WorkerConfig]) -> WorkerNames {
+        WorkerNames {
+            index: workers
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w.name.clone(), i as u32))
+                .collect(),
+            len: workers.len(),
+        }
+    }
+
+    /// Workers in the list.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The index of the worker named `name`.
+    pub fn get(&self, name: &str) -> Option<usize> {
+        self.index.get(name).map(|i| *i as usize)
+    }
+
+    /// `rows`' values by worker index (`missing` for a worker without a row; the
+    /// last row of a name wins).
+    pub fn spread<T: Copy>(&self, rows: &[(String, T)], missing: T) -> Vec<T> {
+        let mut out = vec![missing; self.len];
+        for (name, v) in rows {
+            if let Some(slot) = self.get(name).and_then(|i| out.get_mut(i)) {
+                *slot = *v;
+            }
+        }
+        out
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
@@ -253,5 +302,32 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::named_workers;
+    use super::*;
+
+    #[test]
+    fn rows_are_spread_by_name_over_the_workers() {
+        let names = WorkerNames::new(&named_workers(3));
+        assert_eq!(
+            (names.len(), names.get("w2"), names.get("w9")),
+            (3, Some(2), None)
+        );
+        let rows = vec![
+            ("w2".to_string(), 5),
+            ("gone".to_string(), 9),
+            ("w0".to_string(), 1),
+            ("w2".to_string(), 7),
+        ];
+        assert_eq!(
+            names.spread(&rows, 0),
+            vec![1, 0, 7],
+            "unknown names are dropped, the last row of a name wins"
+        );
+        assert!(WorkerNames::new(&[]).spread(&rows, 0).is_empty());
     }
 }

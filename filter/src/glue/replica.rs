@@ -173,7 +173,7 @@ pub fn tick(s: &State) {
     let cfg = s.router.config();
     let (_, fresh) = PeerLoads::new(&s.shared.keys).by_worker(
         &HostStore,
-        &cfg.workers,
+        s.router.names(),
         host::now_ms(),
         cfg.replicas.peer_stale_after_ms,
     );

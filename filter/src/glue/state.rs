@@ -158,7 +158,7 @@ impl State {
         read_loads(
             &HostStore,
             &s.keys,
-            cfg,
+            (cfg, self.router.names()),
             now,
             (&s.inflight, &s.ring, &s.work, &s.costs),
             (&s.tables, s.ring.generation()),

@@ -17,8 +17,8 @@ use std::cell::Ref;
 
 use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
-use super::{by_worker_name, put_bytes, Reader, SharedStore};
-use crate::config::WorkerConfig;
+use super::{put_bytes, Reader, SharedStore};
+use crate::config::WorkerNames;
 
 /// In-flight requests per worker for the whole Envoy, and this VM's own.
 #[derive(Debug)]
@@ -75,9 +75,8 @@ impl InflightTable {
 
     /// Counts by worker index, for `workers` (never counted: 0), as `ring`'s last
     /// read of its head found them: no hostcall.
-    pub fn by_worker(&self, ring: &OpRing, workers: &[WorkerConfig], now_ms: u64) -> Vec<u64> {
-        let counts = flat(self.sum(ring.tail(), now_ms));
-        by_worker_name(&counts, workers, 0)
+    pub fn by_worker(&self, ring: &OpRing, names: &WorkerNames, now_ms: u64) -> Vec<u64> {
+        names.spread(&flat(self.sum(ring.tail(), now_ms)), 0)
     }
 
     /// What this VM holds.
@@ -126,7 +125,7 @@ mod tests {
     use super::super::testing::{Counting, MemStore};
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
-    use crate::config::testing::workers;
+    use crate::config::testing::names;
 
     fn ring(store: &dyn SharedStore) -> OpRing {
         let ring = OpRing::new(&Keys::new("t"), 4);
@@ -174,7 +173,7 @@ mod tests {
         ring.catch_up(&store, &mut cursor, 0, |_, _| {});
         store.gets.set(0);
         assert_eq!(
-            t.by_worker(&ring, &workers(), 0),
+            t.by_worker(&ring, &names(), 0),
             vec![0, 1],
             "the decision reads the catch-up's copy"
         );

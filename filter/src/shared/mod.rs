@@ -62,7 +62,7 @@ pub use work::{CostTable, OwnAtSample, WorkTable};
 
 use std::borrow::Cow;
 
-use crate::config::Config;
+use crate::config::{Config, WorkerNames};
 use crate::load::Loads;
 
 /// The part of proxy-wasm shared data this module needs.
@@ -221,7 +221,7 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
 pub fn read_loads(
     store: &dyn SharedStore,
     keys: &Keys,
-    cfg: &Config,
+    (cfg, names): (&Config, &WorkerNames),
     now_ms: u64,
     (inflight, ring, work, costs): (&InflightTable, &OpRing, &WorkTable, &CostTable),
     (cache, generation): (&TableCache, Option<u64>),
@@ -230,47 +230,32 @@ pub fn read_loads(
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
-    let (peer_inflight, _) = PeerLoads::sum_by_worker(&tables.peers, &cfg.workers, now_ms, stale);
+    let (peer_inflight, _) = PeerLoads::sum_by_worker(&tables.peers, names, now_ms, stale);
     // Only what `Loads` keeps is copied out of this VM's copy (not the peers'
     // reports, already summed above).
     Loads {
-        inflight: inflight.by_worker(ring, &cfg.workers, now_ms),
+        inflight: inflight.by_worker(ring, names, now_ms),
         peer_inflight,
         engine: tables.engine.clone(),
         now_ms,
         overloaded: tables.overloaded.clone(),
         down: tables.down.clone(),
         work: if ttft {
-            work.by_worker(store, &cfg.workers, now_ms)
+            work.by_worker(store, names, now_ms)
         } else {
             Vec::new()
         },
         costs: if ttft {
-            costs.by_worker(store, &cfg.workers)
+            costs.by_worker(store, names)
         } else {
             Vec::new()
         },
         own_at_sample: if ttft {
-            OwnAtSample::new(keys).by_worker(store, &cfg.workers)
+            OwnAtSample::new(keys).by_worker(store, names)
         } else {
             Vec::new()
         },
     }
-}
-
-/// `rows`' values in `workers`' order (`missing` for a worker without a row). One
-/// map, not a search per worker: a fleet of 256 made that 65k name comparisons per
-/// table per request.
-pub(crate) fn by_worker_name<T: Copy>(
-    rows: &[(String, T)],
-    workers: &[crate::config::WorkerConfig],
-    missing: T,
-) -> Vec<T> {
-    let by_name: hashbrown::HashMap<&str, T> = rows.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-    workers
-        .iter()
-        .map(|w| by_name.get(w.name.as_str()).copied().unwrap_or(missing))
-        .collect()
 }
 
 pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -438,7 +423,7 @@ mod tests {
                     let s = race(e, |s, vm| {
                         work(vm).add(s, "w0", 1, 100, 0);
                     });
-                    work(9).by_worker(&s, &w, 0)[0].ahead_chars == 200
+                    work(9).by_worker(&s, &WorkerNames::new(&w), 0)[0].ahead_chars == 200
                 }),
             ),
             (
@@ -453,7 +438,7 @@ mod tests {
                         });
                         costs.publish(s);
                     });
-                    let c = CostTable::new(&keys).by_worker(&s, &w);
+                    let c = CostTable::new(&keys).by_worker(&s, &WorkerNames::new(&w));
                     c[1].service_ms.is_some() && c[2].service_ms.is_some()
                 }),
             ),
@@ -532,7 +517,12 @@ mod tests {
         assert!(!EvictionClock::new(&keys).claim(&store, 10, 100));
         ensure_tables(&store, &keys, 500);
         assert_eq!(
-            work.by_worker(&store, &crate::config::testing::named_workers(1), 10)[0].prefilling,
+            work.by_worker(
+                &store,
+                &WorkerNames::new(&crate::config::testing::named_workers(1)),
+                10
+            )[0]
+            .prefilling,
             2
         );
         assert!(
@@ -560,7 +550,15 @@ mod tests {
             &WorkTable::new(&keys, 2, 5000),
             &CostTable::new(&keys),
         );
-        let loads = read_loads(&store, &keys, &cfg, 7, own, (&TableCache::default(), None));
+        let names = WorkerNames::new(&cfg.workers);
+        let loads = read_loads(
+            &store,
+            &keys,
+            (&cfg, &names),
+            7,
+            own,
+            (&TableCache::default(), None),
+        );
         assert_eq!(loads.inflight, vec![0, 2]);
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
@@ -568,10 +566,15 @@ mod tests {
         assert_eq!(loads.down, vec![false, false]);
         let off = Config::from_json(br#"{"workers":[{"name":"a"}],"overload":{"enabled":false}}"#)
             .unwrap();
-        assert!(
-            read_loads(&store, &keys, &off, 7, own, (&TableCache::default(), None))
-                .overloaded
-                .is_empty()
-        );
+        assert!(read_loads(
+            &store,
+            &keys,
+            (&off, &WorkerNames::new(&off.workers)),
+            7,
+            own,
+            (&TableCache::default(), None)
+        )
+        .overloaded
+        .is_empty());
     }
 }

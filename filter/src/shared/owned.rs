@@ -37,8 +37,8 @@
 use std::cell::{Cell, RefCell};
 
 use super::ring::Rider;
-use super::{by_worker_name, put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
-use crate::config::WorkerConfig;
+use super::{put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use crate::config::WorkerNames;
 
 /// Ticks a VM's row lives without a write, and the least time that may be: a
 /// thread busy with one large body must not lose its counts to others' readers.
@@ -298,10 +298,10 @@ impl<const N: usize> KeyedCounts<N> {
     pub fn by_worker(
         &self,
         store: &dyn SharedStore,
-        workers: &[WorkerConfig],
+        names: &WorkerNames,
         now_ms: u64,
     ) -> Vec<[u64; N]> {
-        by_worker_name(&self.read(store, now_ms), workers, [0; N])
+        names.spread(&self.read(store, now_ms), [0; N])
     }
 
     /// Adds `delta` to this VM's counts for `worker` and publishes them, unless it
@@ -339,7 +339,7 @@ impl<const N: usize> KeyedCounts<N> {
 mod tests {
     use super::super::testing::{Counting, MemStore};
     use super::*;
-    use crate::config::testing::workers;
+    use crate::config::testing::names;
 
     const EXPIRY: u64 = 5000;
 
@@ -355,7 +355,7 @@ mod tests {
         assert!(a.add(&store, "w0", [1], 1));
         assert!(b.add(&store, "w0", [1], 2));
         assert!(b.add(&store, "w1", [1], 3));
-        assert_eq!(a.by_worker(&store, &workers(), 4), vec![[3], [1]]);
+        assert_eq!(a.by_worker(&store, &names(), 4), vec![[3], [1]]);
         assert!(!b.add(&store, "w1", [-1], 5), "a release waits");
         assert!(!b.add(&store, "w1", [-1], 6), "never below zero");
         assert_eq!(b.counts.mine(), vec![("w0".to_string(), [1])]);
@@ -365,7 +365,7 @@ mod tests {
             "its own VM sees it at once"
         );
         assert_eq!(
-            a.by_worker(&store, &workers(), 7),
+            a.by_worker(&store, &names(), 7),
             vec![[3], [1]],
             "the others once it is published"
         );
@@ -387,15 +387,12 @@ mod tests {
         let (dead, live) = (table(1), table(2));
         dead.add(&store, "w0", [5], 1000);
         live.add(&store, "w0", [1], 1000);
-        assert_eq!(
-            live.by_worker(&store, &workers(), 1000 + EXPIRY - 1)[0],
-            [6]
-        );
+        assert_eq!(live.by_worker(&store, &names(), 1000 + EXPIRY - 1)[0], [6]);
         // The live VM's tick keeps its row fresh; the dead one never writes again.
         assert!(!live.refresh(&store, 1000 + EXPIRY / 3 - 1), "not due yet");
         assert!(live.refresh(&store, 1000 + EXPIRY / 3));
         assert_eq!(
-            live.by_worker(&store, &workers(), 1000 + EXPIRY)[0],
+            live.by_worker(&store, &names(), 1000 + EXPIRY)[0],
             [1],
             "the dead VM's counts no longer count"
         );
@@ -413,7 +410,7 @@ mod tests {
         assert_eq!(other.read(&store, EXPIRY), vec![("w1".to_string(), [1])]);
         assert!(slow.refresh(&store, EXPIRY + 1));
         assert_eq!(
-            other.by_worker(&store, &workers(), EXPIRY + 1),
+            other.by_worker(&store, &names(), EXPIRY + 1),
             vec![[2], [1]]
         );
     }
@@ -433,7 +430,7 @@ mod tests {
         assert!(b.add(&store, "w1", [4], 3), "another VM writes in between");
         assert!(a.add(&store, "w0", [-1], 3) || a.refresh(&store, 3));
         assert_eq!(
-            a.by_worker(&store, &workers(), 4),
+            a.by_worker(&store, &names(), 4),
             vec![[1], [5]],
             "the stale read failed its CAS; nothing was lost"
         );

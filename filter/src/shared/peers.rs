@@ -7,7 +7,7 @@
 
 use super::inflight::{decode_counts, encode_counts};
 use super::{put_bytes, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
-use crate::config::WorkerConfig;
+use crate::config::WorkerNames;
 
 /// Peers kept at most.
 pub const MAX_PEERS: usize = 64;
@@ -92,27 +92,26 @@ impl PeerLoads {
         false
     }
 
-    /// Fresh peers' counts summed by worker index, for `workers`, and how many
-    /// peers are fresh.
+    /// Fresh peers' counts summed by worker index, and how many peers are fresh.
     pub fn by_worker(
         &self,
         store: &dyn SharedStore,
-        workers: &[WorkerConfig],
+        names: &WorkerNames,
         now_ms: u64,
         stale_after_ms: u64,
     ) -> (Vec<u64>, usize) {
-        Self::sum_by_worker(&self.read(store), workers, now_ms, stale_after_ms)
+        Self::sum_by_worker(&self.read(store), names, now_ms, stale_after_ms)
     }
 
-    /// `reports`' fresh counts summed by worker index, for `workers`, and how many
-    /// reports are fresh.
+    /// `reports`' fresh counts summed by worker index, and how many reports are
+    /// fresh.
     pub fn sum_by_worker(
         reports: &[PeerReport],
-        workers: &[WorkerConfig],
+        names: &WorkerNames,
         now_ms: u64,
         stale_after_ms: u64,
     ) -> (Vec<u64>, usize) {
-        let mut sums = vec![0u64; workers.len()];
+        let mut sums = vec![0u64; names.len()];
         let fresh: Vec<&PeerReport> = reports
             .iter()
             .filter(|r| now_ms.saturating_sub(r.at_ms) < stale_after_ms)
@@ -120,14 +119,9 @@ impl PeerLoads {
         if fresh.is_empty() {
             return (sums, 0);
         }
-        let index: hashbrown::HashMap<&str, usize> = workers
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.name.as_str(), i))
-            .collect();
         for r in &fresh {
             for (name, n) in &r.counts {
-                if let Some(s) = index.get(name.as_str()).and_then(|&i| sums.get_mut(i)) {
+                if let Some(s) = names.get(name).and_then(|i| sums.get_mut(i)) {
                     *s = s.saturating_add(*n);
                 }
             }
@@ -140,7 +134,7 @@ impl PeerLoads {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
-    use crate::config::testing::workers;
+    use crate::config::testing::names;
 
     fn report(replica: &str, at_ms: u64, counts: &[(&str, u64)]) -> PeerReport {
         PeerReport {
@@ -154,7 +148,7 @@ mod tests {
     fn fresh_peers_add_up_and_stale_ones_expire() {
         let store = MemStore::default();
         let t = PeerLoads::new(&Keys::new("t"));
-        let w = workers();
+        let w = names();
         assert!(t.store(&store, report("a", 1000, &[("w0", 2), ("w1", 1)])));
         assert!(t.store(&store, report("b", 1500, &[("w1", 4), ("gone", 9)])));
         assert_eq!(t.by_worker(&store, &w, 1600, 1000), (vec![2, 5], 2));

@@ -16,10 +16,9 @@ use std::cell::RefCell;
 use super::inflight::{decode_counts, encode_counts};
 use super::owned::KeyedCounts;
 use super::{
-    by_worker_name, put_bytes, InflightTable, Keys, OpRing, Reader, SetOutcome, SharedStore,
-    CAS_ATTEMPTS,
+    put_bytes, InflightTable, Keys, OpRing, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
 };
-use crate::config::WorkerConfig;
+use crate::config::WorkerNames;
 use crate::policy::{WorkerCosts, WorkerWork};
 
 /// Stored form of "unknown" for a learned cost.
@@ -113,11 +112,11 @@ impl WorkTable {
     pub fn by_worker(
         &self,
         store: &dyn SharedStore,
-        workers: &[WorkerConfig],
+        names: &WorkerNames,
         now_ms: u64,
     ) -> Vec<WorkerWork> {
         self.0
-            .by_worker(store, workers, now_ms)
+            .by_worker(store, names, now_ms)
             .into_iter()
             .map(|[p, c]| WorkerWork {
                 prefilling: p,
@@ -192,9 +191,10 @@ impl CostTable {
         f(view.get_or_insert_with(|| self.table.read(store)))
     }
 
-    pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<WorkerCosts> {
+    pub fn by_worker(&self, store: &dyn SharedStore, names: &WorkerNames) -> Vec<WorkerCosts> {
         self.view(store, |rows| {
-            by_worker_name(rows, workers, NOTHING_LEARNED)
+            names
+                .spread(rows, NOTHING_LEARNED)
                 .into_iter()
                 .map(|[p, s]| WorkerCosts {
                     prefill_us_per_char: from_bits(p),
@@ -289,12 +289,12 @@ impl OwnAtSample {
         store.set(&self.key, &counts, 0) == SetOutcome::Stored
     }
 
-    pub fn by_worker(&self, store: &dyn SharedStore, workers: &[WorkerConfig]) -> Vec<u64> {
+    pub fn by_worker(&self, store: &dyn SharedStore, names: &WorkerNames) -> Vec<u64> {
         let counts = store
             .get(&self.key)
             .map(|(v, _)| decode_counts(&v))
             .unwrap_or_default();
-        by_worker_name(&counts, workers, 0)
+        names.spread(&counts, 0)
     }
 }
 
@@ -302,13 +302,13 @@ impl OwnAtSample {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
-    use crate::config::testing::workers;
+    use crate::config::testing::names;
 
     #[test]
     fn work_is_booked_released_and_never_negative() {
         let store = MemStore::default();
         let t = WorkTable::new(&Keys::new("t"), 1, 5000);
-        let ws = workers();
+        let ws = names();
         assert_eq!(t.by_worker(&store, &ws, 0), vec![WorkerWork::default(); 2]);
         assert!(t.add(&store, "w0", 1, 4000, 0));
         assert!(t.add(&store, "w0", 1, 100, 0));
@@ -344,7 +344,7 @@ mod tests {
     fn costs_are_learned_in_the_vms_copy_and_unknown_until_then() {
         let store = MemStore::default();
         let t = CostTable::new(&Keys::new("t"));
-        let ws = workers();
+        let ws = names();
         assert_eq!(t.by_worker(&store, &ws), vec![WorkerCosts::default(); 2]);
         t.learn(&store, "w1", |c| WorkerCosts {
             prefill_us_per_char: crate::policy::learn_prefill(c.prefill_us_per_char, 8000.0, 1000),
@@ -378,7 +378,7 @@ mod tests {
         let store = MemStore::default();
         let keys = Keys::new("t");
         let (a, b) = (CostTable::new(&keys), CostTable::new(&keys));
-        let ws = workers();
+        let ws = names();
         let service = |ms: f64| {
             move |c: WorkerCosts| WorkerCosts {
                 service_ms: Some(ms),
@@ -424,6 +424,6 @@ mod tests {
         let own = OwnAtSample::new(&keys);
         assert!(own.snapshot(&store, (&inflight, &ring), 0));
         take(5);
-        assert_eq!(own.by_worker(&store, &workers()), vec![0, 3]);
+        assert_eq!(own.by_worker(&store, &names()), vec![0, 3]);
     }
 }
