@@ -26,6 +26,7 @@
 pub mod bookkeeping;
 pub mod candidates;
 pub mod config;
+pub mod counters;
 pub mod decision;
 pub mod header_names;
 pub mod health;

@@ -3,7 +3,9 @@
 //! host's shared data as the core's `SharedStore`.
 
 use super::hostcalls;
+use crate::counters::CounterBatch;
 use proxy_wasm::types::{LogLevel, MapType, MetricType};
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
@@ -31,38 +33,77 @@ pub fn entropy() -> Option<u64> {
     (errno == 0).then(|| u64::from_le_bytes(buf))
 }
 
-/// A counter, defined once per VM (Envoy shares stats of the same name across VMs).
+thread_local! {
+    /// This VM's counter increments not yet handed to the host.
+    static COUNTERS: RefCell<CounterBatch> = RefCell::new(CounterBatch::default());
+}
+
+/// Hands this VM's summed counter increments to the host if they are due
+/// (`crate::counters`; `idle`: the VM holds no request), or whatever the time
+/// (`force`, the tick).
+pub fn flush_counters(idle: bool, now_ms: u64, force: bool) {
+    let taken = COUNTERS.with(|c| {
+        let mut c = c.borrow_mut();
+        (force || c.due(idle, now_ms)).then(|| c.take(now_ms))
+    });
+    for (id, n) in taken.into_iter().flatten() {
+        // Envoy rejects non-positive increments.
+        if let Ok(n @ 1..) = i64::try_from(n) {
+            let _ = hostcalls::increment_metric(id, n);
+        }
+    }
+}
+
+/// A metric, defined once per VM (Envoy shares stats of the same name across VMs).
 #[derive(Debug, Clone, Copy)]
-pub struct Metric(Option<u32>);
+pub struct Metric {
+    id: Option<u32>,
+    kind: MetricType,
+}
 
 impl Metric {
+    fn define(kind: MetricType, name: &str) -> Metric {
+        Metric {
+            id: hostcalls::define_metric(kind, name).ok(),
+            kind,
+        }
+    }
+
     pub fn counter(name: &str) -> Metric {
-        Metric(hostcalls::define_metric(MetricType::Counter, name).ok())
+        Metric::define(MetricType::Counter, name)
     }
 
     pub fn gauge(name: &str) -> Metric {
-        Metric(hostcalls::define_metric(MetricType::Gauge, name).ok())
+        Metric::define(MetricType::Gauge, name)
     }
 
     /// Buckets are Envoy's (`stats_config.histogram_bucket_settings`).
     pub fn histogram(name: &str) -> Metric {
-        Metric(hostcalls::define_metric(MetricType::Histogram, name).ok())
+        Metric::define(MetricType::Histogram, name)
     }
 
     pub fn inc(self) {
         self.add(1);
     }
 
-    /// Envoy rejects non-positive increments; zero is skipped here.
+    /// A counter's increment waits in the VM for `flush_counters`; zero is skipped.
     pub fn add(self, n: u64) {
-        if let (Some(id), Ok(n @ 1..)) = (self.0, i64::try_from(n)) {
-            let _ = hostcalls::increment_metric(id, n);
+        match (self.id, self.kind) {
+            (Some(id), MetricType::Counter) if n > 0 => {
+                COUNTERS.with(|c| c.borrow_mut().add(id, n));
+            }
+            (Some(id), _) => {
+                if let Ok(n @ 1..) = i64::try_from(n) {
+                    let _ = hostcalls::increment_metric(id, n);
+                }
+            }
+            (None, _) => {}
         }
     }
 
     /// A gauge's value, or a histogram observation.
     pub fn set(self, value: u64) {
-        if let Some(id) = self.0 {
+        if let Some(id) = self.id {
             let _ = hostcalls::record_metric(id, value);
         }
     }

@@ -72,6 +72,58 @@ impl Root {
             vm_gauges: None,
         }
     }
+
+    /// The tick's work (`on_tick`): catching up, keeping this VM's counts fresh,
+    /// eviction, the gauges, the replica export and the prober.
+    fn tick(&mut self, now: u64) {
+        let mut slot = self.state.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return;
+        };
+        // The stats listener's instance only stores pushes: no tree, no probes.
+        if state.router.config().stats_only {
+            return;
+        }
+        state.shared.recent_ms.set(now);
+        if state.serving() {
+            state.catch_up();
+        }
+        state.refresh_membership();
+        // A lost generation stamp leaves a copy stale for one tick at most.
+        state.shared.tables.clear();
+        // This VM's counts stay fresh while it lives (`crate::shared::owned`).
+        state
+            .shared
+            .inflight
+            .refresh(&HostStore, &state.shared.ring, now);
+        state.shared.work.refresh(&HostStore, now);
+        if state.router.config().uses_predicted_ttft() {
+            // What this VM learned goes to the others, and theirs comes in.
+            state.shared.costs.publish(&HostStore);
+        }
+        let interval = state.router.config().eviction_interval_ms;
+        if state.shared.eviction.claim(&HostStore, now, interval) {
+            state.record(&Op::Evict);
+        }
+        let vm_gauges = self.vm_gauges.get_or_insert_with(VmGauges::define);
+        if state.serving() {
+            let tree_chars = state.router.tree_chars() as u64;
+            state.metrics.tree_chars.set(tree_chars);
+            vm_gauges.tree_chars.set(tree_chars);
+        }
+        let pages = core::arch::wasm32::memory_size::<0>() as u64;
+        vm_gauges.memory_bytes.set(pages * 65536);
+        // One read of the shared tables serves the whole Envoy's in-flight gauge and
+        // the per-worker ones.
+        let loads = state.loads();
+        state.metrics.inflight.set(loads.inflight.iter().sum());
+        let gauges = worker_gauges(state.router.config(), &loads);
+        state.metrics.set_worker_gauges(&gauges);
+        super::replica::tick(state);
+        if let Some(prober) = self.prober.as_mut() {
+            prober.tick(state, host::now_ms());
+        }
+    }
 }
 
 impl Context for Root {
@@ -83,9 +135,12 @@ impl Context for Root {
         _trailers: usize,
     ) {
         let slot = self.state.borrow();
+        let now = host::now_ms();
         if let (Some(state), Some(prober)) = (slot.as_ref(), self.prober.as_mut()) {
-            prober.on_response(state, token, host::now_ms());
+            prober.on_response(state, token, now);
         }
+        // A probe's answer is rare: what it counted is handed over at once.
+        host::flush_counters(true, now, true);
     }
 }
 
@@ -138,54 +193,10 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        let mut slot = self.state.borrow_mut();
-        let Some(state) = slot.as_mut() else {
-            return;
-        };
-        // The stats listener's instance only stores pushes: no tree, no probes.
-        if state.router.config().stats_only {
-            return;
-        }
         let now = host::now_ms();
-        state.shared.recent_ms.set(now);
-        if state.serving() {
-            state.catch_up();
-        }
-        state.refresh_membership();
-        // A lost generation stamp leaves a copy stale for one tick at most.
-        state.shared.tables.clear();
-        // This VM's counts stay fresh while it lives (`crate::shared::owned`).
-        state
-            .shared
-            .inflight
-            .refresh(&HostStore, &state.shared.ring, now);
-        state.shared.work.refresh(&HostStore, now);
-        if state.router.config().uses_predicted_ttft() {
-            // What this VM learned goes to the others, and theirs comes in.
-            state.shared.costs.publish(&HostStore);
-        }
-        let interval = state.router.config().eviction_interval_ms;
-        if state.shared.eviction.claim(&HostStore, now, interval) {
-            state.record(&Op::Evict);
-        }
-        let vm_gauges = self.vm_gauges.get_or_insert_with(VmGauges::define);
-        if state.serving() {
-            let tree_chars = state.router.tree_chars() as u64;
-            state.metrics.tree_chars.set(tree_chars);
-            vm_gauges.tree_chars.set(tree_chars);
-        }
-        let pages = core::arch::wasm32::memory_size::<0>() as u64;
-        vm_gauges.memory_bytes.set(pages * 65536);
-        // One read of the shared tables serves the whole Envoy's in-flight gauge and
-        // the per-worker ones.
-        let loads = state.loads();
-        state.metrics.inflight.set(loads.inflight.iter().sum());
-        let gauges = worker_gauges(state.router.config(), &loads);
-        state.metrics.set_worker_gauges(&gauges);
-        super::replica::tick(state);
-        if let Some(prober) = self.prober.as_mut() {
-            prober.tick(state, host::now_ms());
-        }
+        self.tick(now);
+        // Whatever the VM counted since its last hand-over, the tick's own included.
+        host::flush_counters(true, now, true);
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

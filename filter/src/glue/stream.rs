@@ -405,5 +405,9 @@ impl HttpContext for Stream {
         // request can see its count drop.
         self.judge_upstream();
         self.release();
+        if let Some(state) = self.state.borrow().as_ref() {
+            let s = &state.shared;
+            host::flush_counters(s.inflight.holds_nothing(), s.recent_ms.get(), false);
+        }
     }
 }

@@ -84,6 +84,11 @@ impl InflightTable {
         flat(self.0.mine())
     }
 
+    /// Whether this VM holds no request.
+    pub fn holds_nothing(&self) -> bool {
+        self.0.holds_nothing()
+    }
+
     /// Takes a count on `worker`, to be published by this VM's next write of the
     /// ring's head: its claim (`rider`), else `flush`.
     pub fn take(&self, worker: &str) {

@@ -178,6 +178,11 @@ impl<const N: usize> OwnedCounts<N> {
         self.mine.borrow().clone()
     }
 
+    /// Whether this VM holds nothing.
+    pub fn holds_nothing(&self) -> bool {
+        self.mine.borrow().is_empty()
+    }
+
     /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
     /// zeros are dropped) and marks them unpublished. Whether they must be published
     /// now: not when the change only gives counts back while the VM holds others
