@@ -15,6 +15,7 @@ use super::push::{self, Start};
 use super::replica;
 use super::reply;
 use super::state::Shared;
+use crate::config::Target;
 use crate::decision::Decision;
 use crate::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, PREDICTED_TTFT_HEADER, PREFILL_WORKER_HEADER,
@@ -301,17 +302,20 @@ impl Context for Stream {
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let (cluster_header, endpoint_header) = match self.state.borrow().as_ref() {
-            Some(s) => (
-                s.router.config().cluster_header.clone(),
-                s.router.config().endpoint_header.clone(),
-            ),
+        // A client must not pick its own upstream. The header the filter routes by
+        // is replaced on every request that goes upstream (`route`: any other gets a
+        // local reply), so only the other one is removed here.
+        let unused = match self.state.borrow().as_ref() {
+            Some(s) => {
+                let cfg = s.router.config();
+                match cfg.target {
+                    Target::Cluster => cfg.endpoint_header.clone(),
+                    Target::Endpoint => cfg.cluster_header.clone(),
+                }
+            }
             None => return reply::refusal(Refusal::NotConfigured),
         };
-        // A client must not pick its own upstream.
-        for h in [cluster_header.as_str(), endpoint_header.as_str()] {
-            let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, h);
-        }
+        let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, &unused);
         self.path = request_header(":path");
         match push::start(&self.state, &self.path, end_of_stream) {
             Start::NotPush => {}
