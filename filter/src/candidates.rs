@@ -131,7 +131,8 @@ mod tests {
             inflight: vec![3, 4],
             engine: LoadTable {
                 reports: vec![sample(2, 50), sample(9, 0)],
-            },
+            }
+            .into(),
             now_ms: 100,
             ..Loads::default()
         };

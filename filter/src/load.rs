@@ -7,6 +7,8 @@
 //! Samples are stamped with the filter's clock when they arrive (the collector's
 //! clock may differ) and are fresh while younger than `stale_after_ms`.
 
+use std::rc::Rc;
+
 use crate::policy::{others_load, Candidate, TtftCandidate, WorkerCosts, WorkerWork};
 use crate::tree::TenantMatches;
 
@@ -56,8 +58,10 @@ pub struct Loads {
     /// Peer replicas' in-flight requests by worker index, from their fresh reports
     /// (`crate::replica`; missing: 0).
     pub peer_inflight: Vec<u64>,
-    /// The collector's last reports.
-    pub engine: LoadTable,
+    /// The collector's last reports, shared with this VM's copy of the tables
+    /// (`crate::shared::TableCache`): copying them for each request cost a fleet of
+    /// 256 tens of thousands of Wasm instructions.
+    pub engine: Rc<LoadTable>,
     pub now_ms: u64,
     /// Overload flags by worker index (missing: not flagged).
     pub overloaded: Vec<bool>,
@@ -190,7 +194,8 @@ mod tests {
             own_at_sample: vec![2, 2],
             engine: LoadTable {
                 reports: vec![sample(10), sample(1)],
-            },
+            }
+            .into(),
             now_ms: 1000,
             ..Loads::inflight_only(&[2, 2])
         };

@@ -93,7 +93,8 @@ mod tests {
                     sample(9, Some(0.9), 1_000),
                     Some(Report::Unreachable { at_ms: 0 }),
                 ],
-            },
+            }
+            .into(),
             now_ms: 10_000,
             overloaded: vec![false, true],
             ..Loads::default()

@@ -59,7 +59,7 @@ pub struct Tables {
     /// Down by worker index (empty: health off).
     pub down: Vec<bool>,
     /// The engines' samples by worker index.
-    pub engine: LoadTable,
+    pub engine: Rc<LoadTable>,
     /// Every peer's report: which are fresh depends on the time of the request.
     pub peers: Vec<PeerReport>,
 }
@@ -111,7 +111,7 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
         } else {
             Vec::new()
         },
-        engine: SamplesTable::new(keys).read(store, &cfg.workers),
+        engine: Rc::new(SamplesTable::new(keys).read(store, &cfg.workers)),
         peers: PeerLoads::new(keys).read(store),
     }
 }

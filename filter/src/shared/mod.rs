@@ -236,7 +236,7 @@ pub fn read_loads(
     Loads {
         inflight: inflight.by_worker(ring, names, now_ms),
         peer_inflight,
-        engine: tables.engine.clone(),
+        engine: std::rc::Rc::clone(&tables.engine),
         now_ms,
         overloaded: tables.overloaded.clone(),
         down: tables.down.clone(),
