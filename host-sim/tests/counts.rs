@@ -180,3 +180,21 @@ fn a_dead_vms_prefill_bookings_expire() {
         "no outstanding prefill is left behind by the dead VM"
     );
 }
+
+/// A VM that has served no stream (as Envoy's main-thread VM) keeps no tree and
+/// does not catch up, yet its tick writes the same Envoy-wide in-flight gauges as
+/// the serving VMs: it must write what is in flight, not zero.
+#[test]
+fn a_vm_that_serves_nothing_still_reports_what_is_in_flight() {
+    let mut h = host(2, "");
+    let (_, a) = open(&mut h, 0, "held on the serving VM");
+    let (_, b) = open(&mut h, 0, "and another one");
+    for _ in 0..3 {
+        h.advance_time(TICK_MS).unwrap();
+        assert_eq!(stat(&h, "inflight"), 2, "after every tick of both VMs");
+    }
+    support::answer(&mut h, 0, a);
+    support::answer(&mut h, 0, b);
+    h.advance_time(TICK_MS).unwrap();
+    assert_eq!(stat(&h, "inflight"), 0);
+}

@@ -87,6 +87,11 @@ impl Root {
         state.shared.recent_ms.set(now);
         if state.serving() {
             state.catch_up();
+        } else {
+            // No tree to catch up with, but the gauges below read the in-flight
+            // counts riding on the head: a stale copy would write zeros over the
+            // serving VMs' Envoy-wide values.
+            state.shared.ring.head(&HostStore);
         }
         state.refresh_membership();
         // A lost generation stamp leaves a copy stale for one tick at most.
