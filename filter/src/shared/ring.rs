@@ -186,19 +186,16 @@ impl OpRing {
         create_if_missing(store, &self.head_key, &encode_head(0, 0, &[]));
     }
 
-    /// The next sequence number (operations ever appended).
-    pub fn head(&self, store: &dyn SharedStore) -> Option<u64> {
-        self.read_head(store)
-    }
-
     /// The cached tables' generation as of this VM's last read of the head (`None`:
     /// never read, or unreadable).
     pub fn generation(&self) -> Option<u64> {
         self.generation.get()
     }
 
-    /// The head, kept as the next write's hint and as the generation seen.
-    fn read_head(&self, store: &dyn SharedStore) -> Option<u64> {
+    /// Reads the head: the next sequence number (operations ever appended). What
+    /// it read is kept as the next write's hint, the generation seen and the
+    /// rider's bytes.
+    pub fn head(&self, store: &dyn SharedStore) -> Option<u64> {
         let read = store.get(&self.head_key).and_then(|(v, cas)| {
             let (seq, generation, tail) = decode_head(&v)?;
             let mut kept = self.tail.borrow_mut();
@@ -223,7 +220,7 @@ impl OpRing {
         if let Some(hint) = self.head_hint.take() {
             return Some(hint);
         }
-        self.read_head(store)?;
+        self.head(store)?;
         self.head_hint.take()
     }
 
@@ -260,7 +257,7 @@ impl OpRing {
 
     /// Reads the head now; its rider's bytes (empty when unreadable).
     pub fn read_tail(&self, store: &dyn SharedStore) -> Ref<'_, [u8]> {
-        self.read_head(store);
+        self.head(store);
         self.tail()
     }
 
