@@ -305,17 +305,17 @@ impl HttpContext for Stream {
         // A client must not pick its own upstream. The header the filter routes by
         // is replaced on every request that goes upstream (`route`: any other gets a
         // local reply), so only the other one is removed here.
-        let unused = match self.state.borrow().as_ref() {
+        match self.state.borrow().as_ref() {
             Some(s) => {
                 let cfg = s.router.config();
-                match cfg.target {
-                    Target::Cluster => cfg.endpoint_header.clone(),
-                    Target::Endpoint => cfg.cluster_header.clone(),
-                }
+                let unused = match cfg.target {
+                    Target::Cluster => &cfg.endpoint_header,
+                    Target::Endpoint => &cfg.cluster_header,
+                };
+                let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, unused);
             }
             None => return reply::refusal(Refusal::NotConfigured),
-        };
-        let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, &unused);
+        }
         self.path = request_header(":path");
         match push::start(&self.state, &self.path, end_of_stream) {
             Start::NotPush => {}
