@@ -1,6 +1,7 @@
 //! Byte scans every routed request runs over its whole prompt (kilobytes, some of
-//! them several times): the UTF-8 check of the body and of each routing text another
-//! thread recorded, and the tree's walk comparing the text with its edges. Built
+//! them several times): the body's JSON strings, the UTF-8 check of the text it
+//! keeps and of each routing text another thread recorded, and the tree's walk
+//! comparing the text with its edges. Built
 //! for wasm32 with SIMD (`.cargo/config.toml` enables `simd128`; V8 and wasmtime run
 //! it), each takes 16 bytes a step in one vector instruction, where the scalar code
 //! (and std's own checks, compiled without SIMD) takes 4 or 8 bytes a step on wasm32.
@@ -28,6 +29,52 @@ pub fn utf8(bytes: &[u8]) -> Option<&str> {
     } else {
         std::str::from_utf8(bytes).ok()
     }
+}
+
+/// How many leading bytes of a JSON string's contents need no attention: the index
+/// of the first quote, backslash or control byte (which ends the string, starts an
+/// escape, or makes it malformed), or `bytes.len()` if there is none.
+pub fn plain_string_len(bytes: &[u8]) -> usize {
+    plain_run(bytes).0
+}
+
+/// `plain_string_len`, and those bytes as text if they are UTF-8, checked in the
+/// same pass when they are ASCII. A string's runs between escapes can be checked
+/// one by one: they end at ASCII bytes, so no char straddles two.
+pub fn plain_string_text(bytes: &[u8]) -> (usize, Option<&str>) {
+    let (n, ascii) = plain_run(bytes);
+    let run = bytes.get(..n).unwrap_or_default();
+    let text = if ascii {
+        // SAFETY: ASCII bytes are valid UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(run) })
+    } else {
+        std::str::from_utf8(run).ok()
+    };
+    (n, text)
+}
+
+/// The plain run's length, and whether it is all ASCII.
+fn plain_run(bytes: &[u8]) -> (usize, bool) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd::plain_run(bytes)
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        portable_plain_run(bytes)
+    }
+}
+
+#[cfg_attr(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    allow(dead_code)
+)]
+fn portable_plain_run(bytes: &[u8]) -> (usize, bool) {
+    let n = bytes
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .unwrap_or(bytes.len());
+    (n, bytes.get(..n).unwrap_or_default().is_ascii())
 }
 
 /// How many leading bytes `a` and `b` share.
@@ -71,7 +118,9 @@ fn portable_common_len(a: &[u8], b: &[u8]) -> usize {
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd {
-    use core::arch::wasm32::{i8x16_eq, u8x16_bitmask, u8x16_splat, v128, v128_load, v128_or};
+    use core::arch::wasm32::{
+        i8x16_eq, u8x16_bitmask, u8x16_lt, u8x16_splat, v128, v128_load, v128_or,
+    };
 
     /// 16 bytes as a vector.
     fn load(chunk: &[u8; 16]) -> v128 {
@@ -89,6 +138,30 @@ mod simd {
         let high = chunks(bytes).fold(u8x16_splat(0), |acc, c| v128_or(acc, load(c)));
         let whole = bytes.len() - bytes.len() % 16;
         u8x16_bitmask(high) == 0 && super::rest(bytes, whole).is_ascii()
+    }
+
+    pub fn plain_run(bytes: &[u8]) -> (usize, bool) {
+        let (quote, backslash, space) = (u8x16_splat(b'"'), u8x16_splat(b'\\'), u8x16_splat(0x20));
+        let mut high = 0;
+        let mut n = 0;
+        for c in chunks(bytes) {
+            let v = load(c);
+            let stop = v128_or(
+                v128_or(i8x16_eq(v, quote), i8x16_eq(v, backslash)),
+                u8x16_lt(v, space),
+            );
+            let stops = u8x16_bitmask(stop);
+            if stops != 0 {
+                // Only the bytes before the stop count towards ASCII.
+                let before = (1u16 << stops.trailing_zeros()) - 1;
+                let ascii = high == 0 && u8x16_bitmask(v) & before == 0;
+                return (n + stops.trailing_zeros() as usize, ascii);
+            }
+            high |= u8x16_bitmask(v);
+            n += 16;
+        }
+        let (tail, ascii) = super::portable_plain_run(super::rest(bytes, n));
+        (n + tail, ascii && high == 0)
     }
 
     pub fn common_len(a: &[u8], b: &[u8]) -> usize {
@@ -125,6 +198,57 @@ mod tests {
                 assert_eq!(portable_common_len(x, &y), at);
             }
         }
+    }
+
+    #[test]
+    fn a_string_stops_at_the_first_quote_backslash_or_control_byte() {
+        let plain = "prompt text, café 日本 ".repeat(4);
+        assert_eq!(plain_string_len(plain.as_bytes()), plain.len());
+        assert_eq!(plain_string_len(b""), 0);
+        for stop in [b'"', b'\\', 0x00, 0x0a, 0x1f] {
+            for at in 0..plain.len() {
+                let mut s = plain.clone().into_bytes();
+                s[at] = stop;
+                s[plain.len() - 1] = stop;
+                assert_eq!(plain_string_len(&s), at, "byte {stop:#x} at {at}");
+                assert_eq!(portable_plain_run(&s).0, at);
+            }
+        }
+        assert_eq!(
+            plain_string_len(b" !#[]~\x7f"),
+            7,
+            "0x20 and 0x7f are plain"
+        );
+    }
+
+    #[test]
+    fn a_strings_run_is_text_only_if_it_is_utf8_up_to_the_stop() {
+        let ascii = "x".repeat(40);
+        for at in 0..ascii.len() {
+            // ASCII up to the stop, anything after it.
+            let mut s = ascii.clone().into_bytes();
+            s[at] = b'"';
+            s.push(0xff);
+            let (n, text) = plain_string_text(&s);
+            assert_eq!((n, text), (at, Some(&ascii[..at])), "stop at {at}");
+            // A high byte before the stop: checked in full.
+            if at > 0 {
+                let mut cut = s.clone();
+                cut[at - 1] = 0xc3;
+                assert_eq!(
+                    plain_string_text(&cut),
+                    (at, None),
+                    "a cut char before {at}"
+                );
+            }
+        }
+        let accented = "café 日本 ".repeat(5);
+        let mut s = accented.clone().into_bytes();
+        s.push(b'\\');
+        assert_eq!(
+            plain_string_text(&s),
+            (accented.len(), Some(accented.as_str()))
+        );
     }
 
     #[test]

@@ -3,15 +3,8 @@
 //! `/v1/responses`). A batch routes by its first element, which decides its shape;
 //! token ids read as text so identical token prompts share a prefix.
 
-use super::fields::{drain_map, drain_seq, Leaf, Message, MessageVisitor};
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use std::fmt;
-
-/// A completion prompt (or `/generate` text) as routing text: a string, or a batch's
-/// first element (a string, or token ids rendered as text so identical token prompts
-/// share a prefix: `[1,2]` and `[[1,2],[3]]` both read `"1 2 "`).
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct PromptText(pub Option<String>);
+use super::fields::{Leaf, Message};
+use super::json::{Items, Json, Read, Token};
 
 /// Appends a token id (an unsigned integer) and a space; other values add nothing.
 fn push_id(out: &mut String, leaf: &Leaf) {
@@ -21,267 +14,131 @@ fn push_id(out: &mut String, leaf: &Leaf) {
     }
 }
 
-/// A batch's first element, which decides how the batch reads.
-enum First {
+/// The rest of an array read as token ids (every element looked at).
+fn push_ids(out: &mut String, items: &mut Items, json: &mut Json) -> Read<()> {
+    while items.next(json)? {
+        push_id(out, &Leaf::read(json)?);
+    }
+    Ok(())
+}
+
+/// One element of a batch (`prompt`, `text`, `input`), by the shape that decides how
+/// the batch reads.
+enum Element<'a> {
     Str(String),
     /// A number (of any kind): the batch is one prompt of token ids.
-    Number(Leaf),
-    /// A nested array: the first prompt's token ids.
+    Number(Leaf<'a>),
+    /// A nested array: one prompt's token ids.
     Ids(String),
+    /// An object: a message item (`input` reads these as chat).
+    Message(Message<'a>),
     Other,
 }
 
-impl<'de> Deserialize<'de> for First {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<First, D::Error> {
-        struct FirstVisitor;
-        impl<'de> Visitor<'de> for FirstVisitor {
-            type Value = First;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
+/// What an object in a batch is: a message item (`input`), or nothing (`prompt`,
+/// whose objects are skipped unread but for their keys).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Objects {
+    Messages,
+    Skipped,
+}
+
+impl<'a> Element<'a> {
+    fn read(json: &mut Json<'a>, objects: Objects) -> Read<Element<'a>> {
+        Ok(match json.token()? {
+            Token::Str(s) => Element::Str(s.into_owned()),
+            Token::U64(n) => Element::Number(Leaf::U64(n)),
+            Token::OtherNumber => Element::Number(Leaf::OtherNumber),
+            Token::Array(mut items) => {
+                let mut ids = String::new();
+                push_ids(&mut ids, &mut items, json)?;
+                Element::Ids(ids)
             }
-            fn visit_str<E>(self, v: &str) -> Result<First, E> {
-                Ok(First::Str(v.to_string()))
+            Token::Object(entries) if objects == Objects::Messages => {
+                Element::Message(Message::read_entries(entries, json)?)
             }
-            fn visit_u64<E>(self, v: u64) -> Result<First, E> {
-                Ok(First::Number(Leaf::U64(v)))
+            Token::Object(entries) => {
+                entries.drain(json)?;
+                Element::Other
             }
-            fn visit_i64<E>(self, v: i64) -> Result<First, E> {
-                Ok(First::Number(
-                    u64::try_from(v).map_or(Leaf::OtherNumber, Leaf::U64),
-                ))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<First, E> {
-                Ok(First::Number(Leaf::OtherNumber))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<First, A::Error> {
-                let mut out = String::new();
-                while let Some(leaf) = seq.next_element::<Leaf>()? {
-                    push_id(&mut out, &leaf);
-                }
-                Ok(First::Ids(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<First, A::Error> {
-                drain_map(map)?;
-                Ok(First::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<First, E> {
-                Ok(First::Other)
-            }
-            fn visit_unit<E>(self) -> Result<First, E> {
-                Ok(First::Other)
-            }
+            Token::Bool(_) | Token::Null => Element::Other,
+        })
+    }
+}
+
+/// A completion prompt (or `/generate` text) as routing text: a string, or a batch's
+/// first element (a string, or token ids rendered as text so identical token prompts
+/// share a prefix: `[1,2]` and `[[1,2],[3]]` both read `"1 2 "`).
+pub(super) fn prompt_text(json: &mut Json) -> Read<Option<String>> {
+    let mut items = match json.token()? {
+        Token::Str(s) => return Ok(Some(s.into_owned())),
+        Token::Array(items) => items,
+        other => return other.drain(json).map(|()| None),
+    };
+    if !items.next(json)? {
+        return Ok(None);
+    }
+    let text = match Element::read(json, Objects::Skipped)? {
+        Element::Str(s) | Element::Ids(s) => Some(s),
+        Element::Number(leaf) => {
+            let mut out = String::new();
+            push_id(&mut out, &leaf);
+            push_ids(&mut out, &mut items, json)?;
+            return Ok(Some(out));
         }
-        d.deserialize_any(FirstVisitor)
-    }
-}
-
-struct PromptVisitor;
-
-impl<'de> Visitor<'de> for PromptVisitor {
-    type Value = PromptText;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_str<E>(self, v: &str) -> Result<PromptText, E> {
-        Ok(PromptText(Some(v.to_string())))
-    }
-    fn visit_string<E>(self, v: String) -> Result<PromptText, E> {
-        Ok(PromptText(Some(v)))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptText, A::Error> {
-        let text = match seq.next_element::<First>()? {
-            None => return Ok(PromptText(None)),
-            Some(First::Str(s)) => Some(s),
-            Some(First::Ids(ids)) => Some(ids),
-            Some(First::Number(leaf)) => {
-                let mut out = String::new();
-                push_id(&mut out, &leaf);
-                while let Some(leaf) = seq.next_element::<Leaf>()? {
-                    push_id(&mut out, &leaf);
-                }
-                Some(out)
-            }
-            Some(First::Other) => None,
-        };
-        drain_seq(seq)?;
-        Ok(PromptText(text))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PromptText, A::Error> {
-        drain_map(map)?;
-        Ok(PromptText(None))
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<PromptText, E> {
-        Ok(PromptText(None))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<PromptText, E> {
-        Ok(PromptText(None))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<PromptText, E> {
-        Ok(PromptText(None))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<PromptText, E> {
-        Ok(PromptText(None))
-    }
-    fn visit_unit<E>(self) -> Result<PromptText, E> {
-        Ok(PromptText(None))
-    }
-}
-
-impl<'de> Deserialize<'de> for PromptText {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PromptText, D::Error> {
-        d.deserialize_any(PromptVisitor)
-    }
+        Element::Message(_) | Element::Other => None,
+    };
+    items.drain(json)?;
+    Ok(text)
 }
 
 /// `input` (embeddings, `/v1/responses`) read both ways at once, since it is one pass:
 /// as a prompt (a string, or a batch's first element) and, when it is an array, as
 /// chat message items (`role: text\n` each; items that are not objects add nothing).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub(super) struct InputText {
     pub prompt: Option<String>,
     pub items: Option<String>,
 }
 
-struct InputVisitor;
-
-impl<'de> Visitor<'de> for InputVisitor {
-    type Value = InputText;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_str<E>(self, v: &str) -> Result<InputText, E> {
-        Ok(InputText {
-            prompt: Some(v.to_string()),
-            items: None,
-        })
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputText, A::Error> {
-        // The first element decides the prompt reading; messages read every element.
-        let mut prompt: Option<String> = None;
-        let mut items = String::new();
-        let mut any = false;
-        let mut ids: Option<String> = None;
-        while let Some(item) = seq.next_element::<InputItem>()? {
-            if !any {
-                match &item {
-                    InputItem::Str(s) => prompt = Some(s.clone()),
-                    InputItem::Ids(t) => prompt = Some(t.clone()),
-                    InputItem::Number(leaf) => {
-                        let mut out = String::new();
-                        push_id(&mut out, leaf);
-                        ids = Some(out);
-                    }
-                    _ => {}
+pub(super) fn input_text(json: &mut Json) -> Read<InputText> {
+    let mut elements = match json.token()? {
+        Token::Str(s) => {
+            return Ok(InputText {
+                prompt: Some(s.into_owned()),
+                items: None,
+            })
+        }
+        Token::Array(items) => items,
+        other => return other.drain(json).map(|()| InputText::default()),
+    };
+    // The first element decides the prompt reading; messages read every element.
+    let mut prompt: Option<String> = None;
+    let mut messages = Vec::new();
+    let mut any = false;
+    let mut ids: Option<String> = None;
+    while elements.next(json)? {
+        let element = Element::read(json, Objects::Messages)?;
+        if !any {
+            match &element {
+                Element::Str(s) | Element::Ids(s) => prompt = Some(s.clone()),
+                Element::Number(leaf) => {
+                    let mut out = String::new();
+                    push_id(&mut out, leaf);
+                    ids = Some(out);
                 }
-            } else if let (Some(out), InputItem::Number(leaf)) = (ids.as_mut(), &item) {
-                push_id(out, leaf);
+                _ => {}
             }
-            any = true;
-            if let InputItem::Message(role, content) = item {
-                items.push_str(&role);
-                items.push_str(": ");
-                items.push_str(&content);
-                items.push('\n');
-            }
+        } else if let (Some(out), Element::Number(leaf)) = (ids.as_mut(), &element) {
+            push_id(out, leaf);
         }
-        Ok(InputText {
-            prompt: prompt.or(ids),
-            items: (any && !items.is_empty()).then_some(items),
-        })
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<InputText, A::Error> {
-        drain_map(map)?;
-        Ok(InputText::none())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<InputText, E> {
-        Ok(InputText::none())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<InputText, E> {
-        Ok(InputText::none())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<InputText, E> {
-        Ok(InputText::none())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<InputText, E> {
-        Ok(InputText::none())
-    }
-    fn visit_unit<E>(self) -> Result<InputText, E> {
-        Ok(InputText::none())
-    }
-}
-
-impl InputText {
-    fn none() -> InputText {
-        InputText {
-            prompt: None,
-            items: None,
+        any = true;
+        if let Element::Message(m) = element {
+            messages.push(m);
         }
     }
-}
-
-impl<'de> Deserialize<'de> for InputText {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<InputText, D::Error> {
-        d.deserialize_any(InputVisitor)
-    }
-}
-
-/// One element of an `input` array.
-enum InputItem {
-    Str(String),
-    Number(Leaf),
-    /// A nested array: token ids.
-    Ids(String),
-    /// An object: a message item's role and content text.
-    Message(String, String),
-    Other,
-}
-
-impl<'de> Deserialize<'de> for InputItem {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<InputItem, D::Error> {
-        struct ItemVisitor;
-        impl<'de> Visitor<'de> for ItemVisitor {
-            type Value = InputItem;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<InputItem, E> {
-                Ok(InputItem::Str(v.to_string()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<InputItem, E> {
-                Ok(InputItem::Number(Leaf::U64(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<InputItem, E> {
-                Ok(InputItem::Number(
-                    u64::try_from(v).map_or(Leaf::OtherNumber, Leaf::U64),
-                ))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<InputItem, E> {
-                Ok(InputItem::Number(Leaf::OtherNumber))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputItem, A::Error> {
-                let mut out = String::new();
-                while let Some(leaf) = seq.next_element::<Leaf>()? {
-                    push_id(&mut out, &leaf);
-                }
-                Ok(InputItem::Ids(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<InputItem, A::Error> {
-                Ok(match MessageVisitor.visit_map(map)? {
-                    Message(Some((role, content))) => {
-                        InputItem::Message(role, content.into_owned())
-                    }
-                    Message(None) => InputItem::Other,
-                })
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<InputItem, E> {
-                Ok(InputItem::Other)
-            }
-            fn visit_unit<E>(self) -> Result<InputItem, E> {
-                Ok(InputItem::Other)
-            }
-        }
-        d.deserialize_any(ItemVisitor)
-    }
+    Ok(InputText {
+        prompt: prompt.or(ids),
+        items: (!messages.is_empty()).then(|| Message::lines(&messages)),
+    })
 }

@@ -15,10 +15,12 @@
 
 mod fields;
 mod inputs;
+mod json;
 
-use fields::{ChatText, Leaf};
-use inputs::{InputText, PromptText};
-use serde::Deserialize;
+use fields::Leaf;
+use inputs::InputText;
+use json::{Json, Malformed, Read, Token};
+use std::borrow::Cow;
 
 /// Which API shape the body was read as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,23 +98,63 @@ impl Parsed {
     }
 }
 
-/// The fields routing reads; the rest of the body is skipped unread.
-#[derive(Deserialize)]
-struct Body {
-    #[serde(default)]
-    model: Option<Leaf>,
-    #[serde(default)]
-    stream: Option<Leaf>,
-    #[serde(default)]
-    messages: Option<ChatText>,
-    #[serde(default)]
-    prompt: Option<PromptText>,
-    #[serde(default)]
-    text: Option<PromptText>,
-    #[serde(default)]
+/// The fields routing reads; the rest of the body is skipped unread. A field the
+/// body gives twice makes it malformed, and `null` counts as absent (as serde's
+/// derived struct read them).
+#[derive(Default)]
+struct Body<'a> {
+    model: Option<Leaf<'a>>,
+    stream: Option<Leaf<'a>>,
+    messages: Option<Option<String>>,
+    prompt: Option<Option<String>>,
+    text: Option<Option<String>>,
     input: Option<InputText>,
-    #[serde(default)]
-    instructions: Option<Leaf>,
+    instructions: Option<Leaf<'a>>,
+}
+
+impl<'a> Body<'a> {
+    fn read(bytes: &'a [u8]) -> Read<Body<'a>> {
+        let mut json = Json::new(bytes);
+        let Token::Object(mut entries) = json.token()? else {
+            return Err(Malformed);
+        };
+        let mut b = Body::default();
+        // Which fields were given, `null` or not: a second one is refused.
+        let mut seen = [false; 7];
+        while let Some(key) = entries.next(&mut json)? {
+            let field = match &*key {
+                "model" => 0,
+                "stream" => 1,
+                "messages" => 2,
+                "prompt" => 3,
+                "text" => 4,
+                "input" => 5,
+                "instructions" => 6,
+                _ => {
+                    json.skip()?;
+                    continue;
+                }
+            };
+            if std::mem::replace(&mut seen[field], true) {
+                return Err(Malformed);
+            }
+            if json.null()? {
+                continue;
+            }
+            let j = &mut json;
+            match field {
+                0 => b.model = Some(Leaf::read(j)?),
+                1 => b.stream = Some(Leaf::read(j)?),
+                2 => b.messages = Some(fields::chat_text(j)?),
+                3 => b.prompt = Some(inputs::prompt_text(j)?),
+                4 => b.text = Some(inputs::prompt_text(j)?),
+                5 => b.input = Some(inputs::input_text(j)?),
+                _ => b.instructions = Some(Leaf::read(j)?),
+            }
+        }
+        json.end()?;
+        Ok(b)
+    }
 }
 
 /// The API a path names, by its suffix (query string ignored).
@@ -144,30 +186,23 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
             endpoint,
         };
     }
-    // serde would read a struct from a JSON array by position; only objects count.
-    let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    // A body checked as UTF-8 once (`scan`: ASCII sixteen bytes a step) is read as
-    // text, so serde does not check every string again; the rest as bytes.
-    let read = || match crate::scan::utf8(body) {
-        Some(text) => serde_json::from_str::<Body>(text).ok(),
-        None => serde_json::from_slice::<Body>(body).ok(),
-    };
-    let Some(b) = is_object.then(read).flatten() else {
+    let Ok(b) = Body::read(body) else {
         return Parsed::Unroutable {
             reason: Unreadable::NotJson,
             model: String::new(),
             endpoint,
         };
     };
-    let model = b.model.and_then(Leaf::into_string).unwrap_or_default();
+    let model = b
+        .model
+        .and_then(Leaf::into_text)
+        .map(Cow::into_owned)
+        .unwrap_or_default();
     let stream = b.stream == Some(Leaf::Bool(true));
-    let (mut chat, mut prompt, mut text) = (
-        b.messages.and_then(|m| m.0),
-        b.prompt.and_then(|p| p.0),
-        b.text.and_then(|t| t.0),
-    );
+    let (mut chat, mut prompt, mut text) =
+        (b.messages.flatten(), b.prompt.flatten(), b.text.flatten());
     let mut input = b.input.map(|i| (i.prompt, i.items));
-    let instructions = b.instructions.and_then(Leaf::into_string);
+    let instructions = b.instructions.and_then(Leaf::into_text);
     let mut attempt = |kind: ApiKind| -> Option<String> {
         match kind {
             ApiKind::Chat => chat.take(),
