@@ -290,7 +290,7 @@ mod tests {
             let routed = r
                 .route(&chat(text), &Loads::inflight_only(&vec![0; n]), rng)
                 .unwrap();
-            if let Some(op) = &routed.record {
+            if let Some(crate::router::Record { op, .. }) = &routed.record {
                 r.apply_local(op);
             }
             let d = routed.decision;

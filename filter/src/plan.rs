@@ -18,8 +18,7 @@ use crate::load::Loads;
 use crate::parse::{Parsed, Unreadable};
 use crate::pd::{self, Bootstrap, RewriteError};
 use crate::rng::{Rng, Rooms};
-use crate::router::{NoWorker, Router};
-use crate::shared::Op;
+use crate::router::{NoWorker, Record, Router};
 use crate::target::{route_target, RouteTarget};
 
 /// Where a routed request goes and what it leaves behind.
@@ -32,7 +31,7 @@ pub struct Plan {
     /// PD with a body: the prefill leg.
     pub prefill: Option<PrefillLeg>,
     /// Tree operations to record (share with every VM, then apply).
-    pub records: Vec<Op>,
+    pub records: Vec<Record>,
 }
 
 /// PD: the prefill worker and the rewritten body both engines get.
@@ -151,7 +150,7 @@ fn decide(
         .map_err(Refusal::NoWorker)?;
     notes.gate_inert = pair.prefill.gate_inert || pair.decode.gate_inert;
     notes.owner_overloaded = pair.prefill.owner_overloaded || pair.decode.owner_overloaded;
-    let records: Vec<Op> = [pair.prefill.record, pair.decode.record]
+    let records: Vec<Record> = [pair.prefill.record, pair.decode.record]
         .into_iter()
         .flatten()
         .collect();
@@ -194,7 +193,7 @@ fn finish(
     router: &Router,
     main: Decision,
     prefill: Option<PrefillLeg>,
-    records: Vec<Op>,
+    records: Vec<Record>,
 ) -> Result<Plan, Refusal> {
     let target = route_target(router.config(), main.worker).ok_or(Refusal::UnknownWorker)?;
     Ok(Plan {
@@ -212,6 +211,7 @@ mod tests {
     use crate::decision::Reason;
     use crate::parse::parse;
     use crate::rng::SplitMix64;
+    use crate::shared::Op;
     use serde_json::Value;
 
     const REGULAR: &str = r#"{"workers":[{"name":"w0","cluster":"engine_0"},{"name":"w1"}]}"#;
@@ -258,7 +258,7 @@ mod tests {
         );
         assert!(p.prefill.is_none());
         assert!(
-            matches!(&p.records[..], [Op::Insert { worker, .. }] if *worker == name),
+            matches!(&p.records[..], [Record { op: Op::Insert { worker, .. }, .. }] if *worker == name),
             "the text is recorded under the chosen worker: {:?}",
             p.records
         );
@@ -432,7 +432,7 @@ mod tests {
         let mut r = router(REGULAR);
         let text = r#"{"prompt":"a long prompt that one worker owns"}"#;
         let first = go(&mut r, "/v1/completions", text, None).outcome.unwrap();
-        for op in &first.records {
+        for Record { op, .. } in &first.records {
             r.apply_local(op);
         }
         let mut loads = Loads::inflight_only(&[0, 0]);

@@ -58,12 +58,21 @@ struct ModelTree {
     last_used: u64,
 }
 
+/// A tree insert to record, and how many chars of its text its worker held before
+/// it: what undoing it keeps (`Op::into_forget`). The decision's own walk of the
+/// tree knows that depth, so the bookkeeping does not walk the text again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub op: Op,
+    pub held_chars: u64,
+}
+
 /// A decision and the tree operation to record for it (`cache_aware` with routing
 /// text only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Routed {
     pub decision: Decision,
-    pub record: Option<Op>,
+    pub record: Option<Record>,
     /// The queue gate is configured but no candidate has a fresh engine sample, so
     /// it cannot act: the collector is not feeding the filter.
     pub gate_inert: bool,
@@ -242,6 +251,10 @@ impl Router {
             all_down,
         } = candidates::screen(&self.cfg, pool, model, loads);
         let gate_inert = candidates::gate_inert(&candidates, self.cfg.worker_queue_limit);
+        // What the tree policies learn of the text on the way: the match (`cache_aware`)
+        // and the chosen worker's depth in it.
+        let mut matched: Option<(usize, Vec<TenantId>)> = None;
+        let mut held_chars: Option<usize> = None;
         let decision = match (policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
@@ -252,19 +265,30 @@ impl Router {
                     saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
                 let tree = self.trees.get(&(pool, model.to_string()));
-                policy::cache_aware(
+                let decision = policy::cache_aware(
                     &params,
                     &candidates,
-                    || match tree {
-                        Some(t) => t.tree.prefix_match(text),
-                        None => crate::tree::PrefixMatch {
-                            matched_chars: 0,
-                            input_chars: crate::tree::char_len(text),
-                            owners: Vec::new(),
-                        },
+                    || {
+                        let found = match tree {
+                            Some(t) => t.tree.prefix_match(text),
+                            None => crate::tree::PrefixMatch {
+                                matched_chars: 0,
+                                input_chars: crate::tree::char_len(text),
+                                owners: Vec::new(),
+                            },
+                        };
+                        matched = Some((found.matched_chars, found.owners.clone()));
+                        found
                     },
                     rng,
-                )
+                );
+                // An owner of the match holds all of it; anyone else, what a walk
+                // of its own says (a balanced fleet never walked the tree at all).
+                held_chars = decision.as_ref().map(|d| match &matched {
+                    Some((chars, owners)) if owners.contains(&d.worker) => *chars,
+                    _ => tree.map_or(0, |t| t.tree.tenant_depth(text, d.worker)),
+                });
+                decision
             }
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(&(pool, model.to_string()));
@@ -279,7 +303,14 @@ impl Router {
                     })
                     .collect();
                 let input = crate::tree::char_len(text) as u64;
-                policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng)
+                let decision = policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng);
+                held_chars = decision.as_ref().map(|d| {
+                    held.depths
+                        .iter()
+                        .find(|(t, _)| *t == d.worker)
+                        .map_or(0, |(_, depth)| *depth)
+                });
+                decision
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
                 policy::unreadable(&candidates, rng)
@@ -307,16 +338,19 @@ impl Router {
             && decision.reason == Reason::CacheMiss
             && text.is_some_and(|t| self.owners_filtered(pool, model, t, &candidates, &flagged));
         let record = match (policy, text) {
-            (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Op::Insert {
-                pool,
-                model: model.to_string(),
-                worker: self
-                    .cfg
-                    .workers
-                    .get(decision.worker as usize)
-                    .map(|w| w.name.clone())
-                    .unwrap_or_default(),
-                text: text.to_string(),
+            (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Record {
+                op: Op::Insert {
+                    pool,
+                    model: model.to_string(),
+                    worker: self
+                        .cfg
+                        .workers
+                        .get(decision.worker as usize)
+                        .map(|w| w.name.clone())
+                        .unwrap_or_default(),
+                    text: text.to_string(),
+                },
+                held_chars: held_chars.unwrap_or(0) as u64,
             }),
             _ => None,
         };
@@ -384,15 +418,6 @@ impl Router {
             Op::Membership(m) => {
                 self.set_membership(m);
             }
-        }
-    }
-
-    /// How many chars of `text` `worker` holds in the (pool, model) tree: what an
-    /// `Op::Forget` of the insert about to be recorded keeps.
-    pub fn held_chars(&self, pool: Pool, model: &str, worker: &str, text: &str) -> u64 {
-        match (self.worker_index(pool, worker), self.tree(pool, model)) {
-            (Some(idx), Some(t)) => t.tenant_depth(text, idx) as u64,
-            _ => 0,
         }
     }
 
@@ -491,7 +516,7 @@ mod tests {
         rng: &mut SplitMix64,
     ) -> Result<Decision, NoWorker> {
         let routed = r.route(req, &Loads::inflight_only(inflight), rng)?;
-        if let Some(op) = &routed.record {
+        if let Some(Record { op, .. }) = &routed.record {
             r.apply_local(op);
         }
         Ok(routed.decision)
@@ -523,6 +548,52 @@ mod tests {
     }
 
     #[test]
+    fn a_record_says_how_much_its_worker_held_however_the_worker_was_chosen() {
+        // Owners of the match, least-loaded picks of a balanced or an imbalanced
+        // fleet, and predicted_ttft: the depth travels with the record, and it is
+        // what walking the tree for that worker says.
+        for policy in ["cache_aware", "predicted_ttft"] {
+            let mut r = router(&format!(r#","policy":"{policy}""#), 4);
+            let mut rng = SplitMix64(5);
+            let mut seen = std::collections::HashSet::new();
+            for i in 0..300u64 {
+                let conv = rng.below(6);
+                let turns: Vec<String> = (0..=rng.below(4))
+                    .map(|t| format!("c{conv} t{t}"))
+                    .collect();
+                let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+                let req = chat(&turns);
+                let inflight: Vec<u64> = (0..4)
+                    .map(|_| rng.below(if i % 3 == 0 { 100 } else { 2 }) as u64)
+                    .collect();
+                let routed = r
+                    .route(&req, &Loads::inflight_only(&inflight), &mut rng)
+                    .unwrap();
+                let Some(Record { op, held_chars }) = routed.record else {
+                    panic!("{policy} records its text");
+                };
+                let Op::Insert {
+                    pool, model, text, ..
+                } = &op
+                else {
+                    panic!("an insert");
+                };
+                let worker = routed.decision.worker;
+                let walked = r
+                    .tree(*pool, model)
+                    .map_or(0, |t| t.tenant_depth(text, worker));
+                assert_eq!(held_chars, walked as u64, "{policy}, request {i}");
+                seen.insert((routed.decision.reason, held_chars > 0));
+                r.apply_local(&op);
+            }
+            assert!(
+                seen.len() >= 3,
+                "{policy}: hits, misses and depths vary: {seen:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_forgotten_insert_leaves_no_owner_but_what_the_worker_held() {
         let mut r = router("", 4);
         let mut rng = SplitMix64(11);
@@ -534,17 +605,20 @@ mod tests {
         let routed = r
             .route(&next, &Loads::inflight_only(&[0; 4]), &mut rng)
             .unwrap();
-        let Some(Op::Insert {
-            pool,
-            model,
-            worker,
-            text,
+        let Some(Record {
+            op:
+                Op::Insert {
+                    pool,
+                    model,
+                    worker,
+                    text,
+                },
+            held_chars: keep,
         }) = routed.record
         else {
             panic!("cache_aware records its text")
         };
         assert_eq!(worker, name);
-        let keep = r.held_chars(pool, &model, &worker, &text);
         let tree = |r: &Router| r.tree(pool, &model).unwrap().prefix_match(&text);
         let before = tree(&r).matched_chars as u64;
         assert_eq!(keep, before, "it held the first turn");
@@ -843,7 +917,7 @@ mod tests {
             let p = parse("/v1/completions", body.as_bytes());
             let vm = if i % 2 == 0 { &mut a } else { &mut b };
             let loads = Loads::inflight_only(&[0; 3]);
-            if let Some(op) = vm.route(&p, &loads, &mut rng).unwrap().record {
+            if let Some(Record { op, .. }) = vm.route(&p, &loads, &mut rng).unwrap().record {
                 stream.push(op);
             }
             if i % 7 == 0 {
@@ -887,7 +961,7 @@ mod tests {
             ..Loads::inflight_only(&inflight)
         };
         let routed = r.route(req, &loads, rng).unwrap();
-        if let Some(op) = &routed.record {
+        if let Some(Record { op, .. }) = &routed.record {
             r.apply_local(op);
         }
         routed
@@ -981,7 +1055,7 @@ mod tests {
         let routed = r
             .route_pd(req, &Loads::inflight_only(&[0; 4]), rng)
             .unwrap();
-        for op in [&routed.prefill.record, &routed.decode.record]
+        for Record { op, .. } in [&routed.prefill.record, &routed.decode.record]
             .into_iter()
             .flatten()
         {

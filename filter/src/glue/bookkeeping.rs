@@ -7,6 +7,7 @@ use super::state::State;
 use crate::bookkeeping::booking;
 use crate::decision::Decision;
 use crate::plan::Plan;
+use crate::router::Record;
 use crate::shared::Op;
 use crate::work_hold::WorkHold;
 
@@ -90,19 +91,9 @@ pub struct Undo {
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
     let mut undo = Undo::default();
-    for op in plan.records {
-        let keep = match &op {
-            Op::Insert {
-                pool,
-                model,
-                worker,
-                text,
-            } => Some(state.router.held_chars(*pool, model, worker, text)),
-            _ => None,
-        };
-        let seq = state.record(&op);
-        if let (Some(keep_chars), Some(seq)) = (keep, seq) {
-            undo.forgets.extend(op.into_forget(keep_chars, seq));
+    for Record { op, held_chars } in plan.records {
+        if let Some(seq) = state.record(&op) {
+            undo.forgets.extend(op.into_forget(held_chars, seq));
         }
     }
     let s = &state.shared;
