@@ -58,6 +58,25 @@ struct ModelTree {
     last_used: u64,
 }
 
+/// A tree's key, `(pool, model)`, borrowed: looking a tree up on every request does
+/// not build the `String` the map keeps. It hashes as the owned key does (a tuple
+/// struct hashes its fields in order, as a tuple; `&str` as `String`).
+#[derive(Hash)]
+struct TreeKey<'a>(Pool, &'a str);
+
+impl hashbrown::Equivalent<(Pool, String)> for TreeKey<'_> {
+    fn equivalent(&self, key: &(Pool, String)) -> bool {
+        self.0 == key.0 && self.1 == key.1
+    }
+}
+
+/// The owned key, built only when a new tree is stored.
+impl From<&TreeKey<'_>> for (Pool, String) {
+    fn from(key: &TreeKey<'_>) -> Self {
+        (key.0, key.1.to_string())
+    }
+}
+
 /// A tree insert to record, and how many chars of its text its worker held before
 /// it: what undoing it keeps (`Op::into_forget`). The decision's own walk of the
 /// tree knows that depth, so the bookkeeping does not walk the text again.
@@ -192,7 +211,7 @@ impl Router {
     }
 
     pub fn tree(&self, pool: Pool, model: &str) -> Option<&Tree> {
-        self.trees.get(&(pool, model.to_string())).map(|t| &t.tree)
+        self.trees.get(&TreeKey(pool, model)).map(|t| &t.tree)
     }
 
     /// Chooses a worker of the regular pool for `req`. For `cache_aware` with a
@@ -264,7 +283,7 @@ impl Router {
                     worker_queue_limit: self.cfg.worker_queue_limit,
                     saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
-                let tree = self.trees.get(&(pool, model.to_string()));
+                let tree = self.trees.get(&TreeKey(pool, model));
                 let decision = policy::cache_aware(
                     &params,
                     &candidates,
@@ -291,7 +310,7 @@ impl Router {
                 decision
             }
             (Policy::PredictedTtft, Some(text)) => {
-                let tree = self.trees.get(&(pool, model.to_string()));
+                let tree = self.trees.get(&TreeKey(pool, model));
                 let held = tree
                     .map(|t| t.tree.tenant_matches(text))
                     .unwrap_or_default();
@@ -372,7 +391,7 @@ impl Router {
         candidates: &[Candidate],
         flagged: &[TenantId],
     ) -> bool {
-        let Some(t) = self.trees.get(&(pool, model.to_string())) else {
+        let Some(t) = self.trees.get(&TreeKey(pool, model)) else {
             return false;
         };
         let found = t.tree.prefix_match(text);
@@ -409,7 +428,7 @@ impl Router {
                 seq,
             } => {
                 let idx = self.worker_index(*pool, worker);
-                if let (Some(idx), Some(t)) = (idx, self.trees.get_mut(&(*pool, model.clone()))) {
+                if let (Some(idx), Some(t)) = (idx, self.trees.get_mut(&TreeKey(*pool, model))) {
                     let keep = usize::try_from(*keep_chars).unwrap_or(usize::MAX);
                     t.tree.forget(text, idx, keep, seq.saturating_add(1));
                 }
@@ -427,8 +446,9 @@ impl Router {
     }
 
     fn insert(&mut self, pool: Pool, model: &str, text: &str, worker: TenantId, clock: u64) {
-        let key = (pool, model.to_string());
-        if !self.trees.contains_key(&key) && self.trees.len() >= self.cfg.max_models {
+        if !self.trees.contains_key(&TreeKey(pool, model))
+            && self.trees.len() >= self.cfg.max_models
+        {
             // The victim is the tree worth least: one of a model no worker declares
             // before a declared one, then the one holding the fewest chars, then the
             // least recently used. So a stream of junk `model` names churns among
@@ -457,10 +477,13 @@ impl Router {
                 self.trees.remove(&k);
             }
         }
-        let entry = self.trees.entry(key).or_insert_with(|| ModelTree {
-            tree: Tree::new(),
-            last_used: clock,
-        });
+        let entry = self
+            .trees
+            .entry_ref(&TreeKey(pool, model))
+            .or_insert_with(|| ModelTree {
+                tree: Tree::new(),
+                last_used: clock,
+            });
         entry.last_used = entry.last_used.max(clock);
         entry.tree.insert(text, worker, clock);
         if self.tree_chars() > self.cfg.max_total_tree_chars {
