@@ -76,7 +76,8 @@ impl InflightTable {
     /// Counts by worker index, for `workers` (never counted: 0), as `ring`'s last
     /// read of its head found them: no hostcall.
     pub fn by_worker(&self, ring: &OpRing, names: &WorkerNames, now_ms: u64) -> Vec<u64> {
-        names.spread(&flat(self.sum(ring.tail(), now_ms)), 0)
+        let sums = self.0.sum_by_worker(&ring.tail(), now_ms, names);
+        sums.into_iter().map(|[n]| n).collect()
     }
 
     /// What this VM holds.

@@ -55,21 +55,79 @@ pub fn owner_expiry_ms(tick_ms: u64) -> u64 {
 /// Counts by worker name.
 pub type Counts<const N: usize> = Vec<(String, [u64; N])>;
 
-/// One VM's published counts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Row<const N: usize> {
+/// One VM's row as stored in an encoded table, borrowed: a rewrite copies the other
+/// VMs' rows whole, and a sum reads their entries in place, so neither builds a
+/// `String` per entry (with a few dozen busy workers that was most of what a
+/// request spent on the in-flight table).
+#[derive(Debug, Clone, Copy)]
+struct RowRef<'a> {
     vm: u64,
     at_ms: u64,
-    counts: Counts<N>,
+    /// The row's entries: `n` of them.
+    n: u32,
+    entries: &'a [u8],
+    /// The whole row, as encoded.
+    bytes: &'a [u8],
 }
 
-/// The table: `rows`, then this VM's own row when given (its counts are borrowed,
-/// not copied into a `Row`, on every publication).
-fn encode<const N: usize>(rows: &[Row<N>], own: Option<(u64, u64, &Counts<N>)>) -> Vec<u8> {
+/// An entry's name and numbers, read after its length.
+fn entry<'a, const N: usize>(r: &mut Reader<'a>) -> Option<(&'a str, [u64; N])> {
+    let len = r.u32()? as usize;
+    let name = crate::scan::utf8(r.take(len)?)?;
+    let mut values = [0u64; N];
+    for v in &mut values {
+        *v = r.u64()?;
+    }
+    Some((name, values))
+}
+
+impl<'a> RowRef<'a> {
+    /// The row's counts by worker name (checked whole when the row was split off).
+    fn counts<const N: usize>(&self) -> impl Iterator<Item = (&'a str, [u64; N])> {
+        let mut r = Reader(self.entries);
+        (0..self.n).map_while(move |_| entry::<N>(&mut r))
+    }
+}
+
+/// The table's rows, up to the first that does not read whole (a garbled table
+/// reads as the rows before it).
+fn rows<const N: usize>(bytes: &[u8]) -> Vec<RowRef<'_>> {
+    let mut r = Reader(bytes);
+    let mut rows = Vec::new();
+    for _ in 0..r.u32().unwrap_or(0) {
+        let start = r.0;
+        let (Some(vm), Some(at_ms), Some(n)) = (r.u64(), r.u64(), r.u32()) else {
+            break;
+        };
+        let entries = r.0;
+        for _ in 0..n {
+            if entry::<N>(&mut r).is_none() {
+                return rows;
+            }
+        }
+        let used = start.len() - r.0.len();
+        let (Some(bytes), Some(entries)) = (start.get(..used), entries.get(..used - 20)) else {
+            return rows;
+        };
+        rows.push(RowRef {
+            vm,
+            at_ms,
+            n,
+            entries,
+            bytes,
+        });
+    }
+    rows
+}
+
+/// The table: `rows` as they were stored, then this VM's own row when given.
+fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &Counts<N>)>) -> Vec<u8> {
     let n = rows.len() + usize::from(own.is_some());
     let mut out = (n as u32).to_le_bytes().to_vec();
-    let own = own.into_iter();
-    for (vm, at_ms, counts) in rows.iter().map(|r| (r.vm, r.at_ms, &r.counts)).chain(own) {
+    for row in rows {
+        out.extend_from_slice(row.bytes);
+    }
+    if let Some((vm, at_ms, counts)) = own {
         out.extend_from_slice(&vm.to_le_bytes());
         out.extend_from_slice(&at_ms.to_le_bytes());
         out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
@@ -83,30 +141,11 @@ fn encode<const N: usize>(rows: &[Row<N>], own: Option<(u64, u64, &Counts<N>)>) 
     out
 }
 
-fn decode<const N: usize>(bytes: &[u8]) -> Vec<Row<N>> {
-    let mut r = Reader(bytes);
-    let mut rows = Vec::new();
-    for _ in 0..r.u32().unwrap_or(0) {
-        let (Some(vm), Some(at_ms), Some(n)) = (r.u64(), r.u64(), r.u32()) else {
-            break;
-        };
-        let mut counts = Vec::new();
-        for _ in 0..n {
-            let Some(name) = r.string() else {
-                return rows;
-            };
-            let mut values = [0u64; N];
-            for v in &mut values {
-                let Some(x) = r.u64() else {
-                    return rows;
-                };
-                *v = x;
-            }
-            counts.push((name, values));
-        }
-        rows.push(Row { vm, at_ms, counts });
+/// Adds `values` to `slot`, saturating.
+fn add_to<const N: usize>(slot: &mut [u64; N], values: &[u64; N]) {
+    for (s, v) in slot.iter_mut().zip(values) {
+        *s = s.saturating_add(*v);
     }
-    rows
 }
 
 fn fresh(at_ms: u64, now_ms: u64, expiry_ms: u64) -> bool {
@@ -146,31 +185,48 @@ impl<const N: usize> OwnedCounts<N> {
         self.expiry_ms = expiry_ms;
     }
 
+    /// The other VMs' fresh rows of the encoded `table`.
+    fn others<'t>(&self, table: &'t [u8], now_ms: u64) -> impl Iterator<Item = RowRef<'t>> {
+        let (vm, expiry_ms) = (self.vm, self.expiry_ms);
+        rows::<N>(table)
+            .into_iter()
+            .filter(move |r| r.vm != vm && fresh(r.at_ms, now_ms, expiry_ms))
+    }
+
     /// Every fresh row's counts in the encoded `table` summed by worker name, this
     /// VM's own from memory (its row may lag a release); workers never counted are
     /// absent.
     pub fn sum(&self, table: &[u8], now_ms: u64) -> Counts<N> {
-        let rows = decode::<N>(table);
         let mut sums: Counts<N> = Vec::new();
         let mine = self.mine.borrow();
-        let others = rows
-            .iter()
-            .filter(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
+        let own = mine.iter().map(|(name, values)| (name.as_str(), *values));
+        let others = self.others(table, now_ms).flat_map(|r| r.counts::<N>());
         let mut at: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
-        for counts in others.map(|r| &r.counts).chain(std::iter::once(&*mine)) {
-            for (name, values) in counts {
-                let i = *at.entry(name.as_str()).or_insert_with_key(|name| {
-                    sums.push((name.to_string(), [0; N]));
-                    sums.len() - 1
-                });
-                if let Some((_, slot)) = sums.get_mut(i) {
-                    for (s, v) in slot.iter_mut().zip(values) {
-                        *s = s.saturating_add(*v);
-                    }
-                }
+        for (name, values) in others.chain(own) {
+            let i = *at.entry(name).or_insert_with(|| {
+                sums.push((name.to_string(), [0; N]));
+                sums.len() - 1
+            });
+            if let Some((_, slot)) = sums.get_mut(i) {
+                add_to(slot, &values);
             }
         }
         sums
+    }
+
+    /// `sum` by worker index, for `names` (never counted: zeros), without naming
+    /// the sums: every request's decision reads the in-flight counts this way.
+    pub fn sum_by_worker(&self, table: &[u8], now_ms: u64, names: &WorkerNames) -> Vec<[u64; N]> {
+        let mut out = vec![[0; N]; names.len()];
+        let mine = self.mine.borrow();
+        let own = mine.iter().map(|(name, values)| (name.as_str(), *values));
+        let others = self.others(table, now_ms).flat_map(|r| r.counts::<N>());
+        for (name, values) in others.chain(own) {
+            if let Some(slot) = names.get(name).and_then(|i| out.get_mut(i)) {
+                add_to(slot, &values);
+            }
+        }
+        out
     }
 
     /// What this VM holds.
@@ -222,8 +278,7 @@ impl<const N: usize> OwnedCounts<N> {
     /// The encoded `table` with this VM's row replaced by its counts (none: the row
     /// goes) and expired rows dropped.
     pub fn rewrite(&self, table: &[u8], now_ms: u64) -> Vec<u8> {
-        let mut rows = decode::<N>(table);
-        rows.retain(|r| r.vm != self.vm && fresh(r.at_ms, now_ms, self.expiry_ms));
+        let rows: Vec<RowRef> = self.others(table, now_ms).collect();
         let mine = self.mine.borrow();
         let own = (!mine.is_empty()).then_some((self.vm, now_ms, &*mine));
         encode(&rows, own)
@@ -290,13 +345,18 @@ impl<const N: usize> KeyedCounts<N> {
         self.counts.set_expiry(expiry_ms);
     }
 
-    /// Every fresh row's counts summed by worker name (`OwnedCounts::sum`).
-    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
+    /// Reads the table, keeping the read for the next write (`last_read`).
+    fn fetch<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&[u8]) -> T) -> T {
         let read = store.get(&self.key);
-        let table = read.as_ref().map_or(&[][..], |(bytes, _)| bytes.as_slice());
-        let sums = self.counts.sum(table, now_ms);
+        let out = f(read.as_ref().map_or(&[][..], |(bytes, _)| bytes.as_slice()));
         *self.last_read.borrow_mut() = read;
-        sums
+        out
+    }
+
+    /// Every fresh row's counts summed by worker name (`OwnedCounts::sum`).
+    #[cfg(test)]
+    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
+        self.fetch(store, |table| self.counts.sum(table, now_ms))
     }
 
     /// Summed counts by worker index, for `workers` (never counted: zeros).
@@ -306,7 +366,9 @@ impl<const N: usize> KeyedCounts<N> {
         names: &WorkerNames,
         now_ms: u64,
     ) -> Vec<[u64; N]> {
-        names.spread(&self.read(store, now_ms), [0; N])
+        self.fetch(store, |table| {
+            self.counts.sum_by_worker(table, now_ms, names)
+        })
     }
 
     /// Adds `delta` to this VM's counts for `worker` and publishes them, unless it
@@ -403,7 +465,7 @@ mod tests {
         );
         live.add(&store, "w1", [1], 1000 + EXPIRY);
         let (bytes, _) = store.get("t.owned").unwrap();
-        assert_eq!(decode::<1>(&bytes).len(), 1, "the expired row was dropped");
+        assert_eq!(rows::<1>(&bytes).len(), 1, "the expired row was dropped");
     }
 
     #[test]
@@ -487,21 +549,42 @@ mod tests {
 
     #[test]
     fn pairs_and_garbage_decode_safely() {
-        let rows = vec![Row::<2> {
-            vm: 9,
-            at_ms: 3,
-            counts: vec![("wé".into(), [1, 4000])],
-        }];
-        let bytes = encode(&rows, None);
-        assert_eq!(decode::<2>(&bytes), rows);
+        let counts: Counts<2> = vec![("wé".into(), [1, 4000]), ("w1".into(), [0, 7])];
+        let bytes = encode::<2>(&[], Some((9, 3, &counts)));
+        let read = rows::<2>(&bytes);
+        let [row] = read.as_slice() else {
+            panic!("one row: {read:?}");
+        };
+        assert_eq!((row.vm, row.at_ms), (9, 3));
+        let back: Vec<(&str, [u64; 2])> = row.counts::<2>().collect();
+        assert_eq!(back, vec![("wé", [1, 4000]), ("w1", [0, 7])]);
         assert_eq!(
-            encode::<2>(&[], Some((9, 3, &rows[0].counts))),
-            bytes,
-            "the own row encodes as any other"
+            encode::<2>(&read, None)[4..],
+            bytes[4..],
+            "another VM's row is copied as it was stored"
         );
         for cut in 0..bytes.len() {
-            assert!(decode::<2>(&bytes[..cut]).is_empty(), "cut at {cut}");
+            assert!(rows::<2>(&bytes[..cut]).is_empty(), "cut at {cut}");
         }
-        assert!(decode::<2>(&[255, 255, 255, 255]).is_empty());
+        assert!(rows::<2>(&[255, 255, 255, 255]).is_empty());
+        let mut bad_name = bytes.clone();
+        let at = bad_name.len() - 2 * 8 - 2 - 4 - 16 - 1;
+        bad_name[at] = 0xff;
+        assert!(rows::<2>(&bad_name).is_empty(), "a name that is not UTF-8");
+    }
+
+    #[test]
+    fn sums_by_worker_index_agree_with_sums_by_name() {
+        let store = MemStore::default();
+        let (a, b) = (table(1), table(2));
+        a.add(&store, "w1", [2], 0);
+        a.add(&store, "gone", [5], 0);
+        b.add(&store, "w1", [1], 0);
+        b.add(&store, "w0", [3], 0);
+        let names = WorkerNames::new(&crate::config::testing::named_workers(3));
+        let by_name = b.read(&store, 0);
+        let spread = names.spread(&by_name, [0]);
+        assert_eq!(b.by_worker(&store, &names, 0), spread);
+        assert_eq!(spread, vec![[3], [3], [0]], "unknown names count nowhere");
     }
 }
