@@ -335,10 +335,11 @@ impl Counted {
 /// Runs one point with every Envoy under callgrind; results in `load.variants` order.
 ///
 /// Each repetition of each variant has a fresh Envoy, sent the warm-up and then
-/// `load.requests` counted requests, all at one connection: valgrind runs Envoy's
-/// threads one at a time and about 50 times slower, so more connections would only
-/// add their own setup to the count. Every repetition sends the same bodies, so
-/// repetitions differ only by what Envoy itself does differently.
+/// `load.requests` counted requests at `load.connections` (one by default: valgrind
+/// runs Envoy's threads one at a time and about 50 times slower; many count what a
+/// busy thread does per request, as every busy worker's in-flight count). Every
+/// repetition sends the same bodies, so repetitions differ only by what Envoy itself
+/// does differently.
 pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Result<Vec<Counted>> {
     let tmp = TempDir::new("llm-overhead")?;
     let envoy_bin = paths::envoy_bin()?;
@@ -364,7 +365,9 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             let url = envoy.url();
             warm_up(rt, &url, 1, &warm, &c.variant)?;
             let ((records, _), instructions) = counter
-                .counting(envoy.pid(), || Ok(replay(rt, &url, 1, &counted_bodies)))
+                .counting(envoy.pid(), || {
+                    Ok(replay(rt, &url, load.connections, &counted_bodies))
+                })
                 .with_context(|| format!("counting {} (files in {})", c.variant, dir.display()))?;
             let failed: Vec<&Record> = records.iter().filter(|r| !r.is_ok()).collect();
             if let Some(first) = failed.first() {

@@ -66,9 +66,11 @@ struct Args {
     /// Requests per repetition at one connection (scaled like `--requests`).
     #[arg(long, default_value_t = 200)]
     latency_requests: usize,
-    /// Connections in the throughput phase.
-    #[arg(long, default_value_t = 64)]
-    connections: usize,
+    /// Connections in the throughput phase [default: 64], or counted with
+    /// --callgrind [default: 1; 64 counts what a busy thread does per request, such as
+    /// the in-flight counts of every busy worker].
+    #[arg(long)]
+    connections: Option<usize>,
     /// Engine mock processes (at most one per worker).
     #[arg(long, default_value_t = 4)]
     engines: usize,
@@ -76,7 +78,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values = [FLOOR, "round_robin", "cache_aware", "predicted_ttft"])]
     variants: Vec<String>,
     /// Count Envoy's instructions per request under callgrind instead of timing it
-    /// (one connection; --latency-requests and --connections do not apply).
+    /// (--latency-requests does not apply).
     #[arg(long)]
     callgrind: bool,
 }
@@ -87,6 +89,8 @@ const DEFAULT_WARM: usize = 10_000;
 const DEFAULT_REQUESTS: usize = 3000;
 const CALLGRIND_WARM: usize = 300;
 const CALLGRIND_REQUESTS: usize = 300;
+const DEFAULT_CONNECTIONS: usize = 64;
+const CALLGRIND_CONNECTIONS: usize = 1;
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let lower = s.to_ascii_lowercase();
@@ -200,19 +204,24 @@ fn thousands(n: f64) -> String {
 }
 
 /// The table of one point counted under callgrind, and its rows as JSON.
-fn report_callgrind(p: Point, results: &[Counted]) -> (String, serde_json::Value) {
+fn report_callgrind(
+    p: Point,
+    connections: usize,
+    results: &[Counted],
+) -> (String, serde_json::Value) {
     let floor = results
         .iter()
         .find(|c| c.variant == FLOOR)
         .map(Counted::instructions_per_request)
         .unwrap_or(f64::NAN);
     let mut out = format!(
-        "\n{} workers, {} bodies, Envoy --concurrency {}, under callgrind (1 connection)\n\n\
+        "\n{} workers, {} bodies, Envoy --concurrency {}, under callgrind ({connections} connection{})\n\n\
          | variant | Envoy instructions/req | x floor | - floor | runs | cache_hit |\n\
          |---|---|---|---|---|---|\n",
         p.workers,
         size_label(p.body_bytes),
-        p.threads
+        p.threads,
+        if connections == 1 { "" } else { "s" }
     );
     let mut rows = Vec::new();
     for c in results {
@@ -240,7 +249,7 @@ fn report_callgrind(p: Point, results: &[Counted]) -> (String, serde_json::Value
     }
     let j = json!({
         "workers": p.workers, "body_bytes": p.body_bytes, "threads": p.threads,
-        "measure": "callgrind", "variants": rows
+        "measure": "callgrind", "connections": connections, "variants": rows
     });
     (out, j)
 }
@@ -258,10 +267,10 @@ fn main() -> Result<()> {
     if args.callgrind {
         callgrind::check_tools()?;
     }
-    let (warm, requests) = if args.callgrind {
-        (CALLGRIND_WARM, CALLGRIND_REQUESTS)
+    let (warm, requests, connections) = if args.callgrind {
+        (CALLGRIND_WARM, CALLGRIND_REQUESTS, CALLGRIND_CONNECTIONS)
     } else {
-        (DEFAULT_WARM, DEFAULT_REQUESTS)
+        (DEFAULT_WARM, DEFAULT_REQUESTS, DEFAULT_CONNECTIONS)
     };
     let load = Load {
         engines: args.engines.max(1),
@@ -269,7 +278,7 @@ fn main() -> Result<()> {
         reps: args.reps.max(1),
         requests: args.requests.unwrap_or(requests).max(1),
         latency_requests: args.latency_requests.max(1),
-        connections: args.connections.max(1),
+        connections: args.connections.unwrap_or(connections).max(1),
         variants: args.variants.clone(),
     };
     let tps = cpu::ticks_per_second();
@@ -286,7 +295,7 @@ fn main() -> Result<()> {
                 eprintln!("overhead: {p:?}...");
                 let (table, j) = if args.callgrind {
                     let counted = bench::run_callgrind(&rt, p, &load)?;
-                    report_callgrind(p, &counted)
+                    report_callgrind(p, load.connections, &counted)
                 } else {
                     report(p, &bench::run(&rt, p, &load, tps)?)
                 };
