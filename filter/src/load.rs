@@ -113,12 +113,8 @@ impl Loads {
         TtftCandidate {
             work: self.work.get(i).copied().unwrap_or_default(),
             others,
-            cached_chars: held
-                .depths
-                .iter()
-                .find(|(t, _)| *t == c.worker)
-                .map_or(0, |(_, n)| *n as u64),
-            continues: held.continued.contains(&c.worker),
+            cached_chars: held.depth(c.worker) as u64,
+            continues: held.continues(c.worker),
             costs: self.costs.get(i).copied().unwrap_or_default(),
             ..TtftCandidate::of(c)
         }

@@ -304,7 +304,7 @@ impl Router {
                 // An owner of the match holds all of it; anyone else, what a walk
                 // of its own says (a balanced fleet never walked the tree at all).
                 held_chars = decision.as_ref().map(|d| match &matched {
-                    Some((chars, owners)) if owners.contains(&d.worker) => *chars,
+                    Some((chars, owners)) if owners.binary_search(&d.worker).is_ok() => *chars,
                     _ => tree.map_or(0, |t| t.tree.tenant_depth(text, d.worker)),
                 });
                 decision
@@ -323,12 +323,7 @@ impl Router {
                     .collect();
                 let input = crate::tree::char_len(text) as u64;
                 let decision = policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng);
-                held_chars = decision.as_ref().map(|d| {
-                    held.depths
-                        .iter()
-                        .find(|(t, _)| *t == d.worker)
-                        .map_or(0, |(_, depth)| *depth)
-                });
+                held_chars = decision.as_ref().map(|d| held.depth(d.worker));
                 decision
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {

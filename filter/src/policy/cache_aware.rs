@@ -101,7 +101,8 @@ pub fn cache_aware(
     if found.match_rate() > params.cache_threshold {
         let owners: Vec<&Candidate> = candidates
             .iter()
-            .filter(|c| found.owners.contains(&c.worker))
+            // Owners are sorted (`PrefixMatch`): a shared prompt may have hundreds.
+            .filter(|c| found.owners.binary_search(&c.worker).is_ok())
             .collect();
         if !owners.is_empty() {
             return Some(gated_owner_choice(

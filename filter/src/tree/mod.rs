@@ -107,6 +107,23 @@ pub struct TenantMatches {
     pub continued: Vec<TenantId>,
 }
 
+impl TenantMatches {
+    /// Chars of the text `tenant` holds (both lists are sorted: each candidate of a
+    /// 256-worker fleet looks itself up in them).
+    pub fn depth(&self, tenant: TenantId) -> usize {
+        self.depths
+            .binary_search_by_key(&tenant, |(t, _)| *t)
+            .ok()
+            .and_then(|i| self.depths.get(i))
+            .map_or(0, |(_, d)| *d)
+    }
+
+    /// Whether the text continues one of `tenant`'s.
+    pub fn continues(&self, tenant: TenantId) -> bool {
+        self.continued.binary_search(&tenant).is_ok()
+    }
+}
+
 /// The radix tree for one (pool, model).
 #[derive(Debug)]
 pub struct Tree {
@@ -376,13 +393,19 @@ impl Tree {
     /// continues. A tenant on a node holds the whole path to it, so its depth is the
     /// matched length at the deepest node of the path it holds.
     pub fn tenant_matches(&self, text: &str) -> TenantMatches {
-        let mut depths: Vec<(TenantId, usize)> = Vec::new();
+        // By tenant id (ids are worker indices, so dense): at 256 workers a shared
+        // system prompt has 256 tenants on every node of its path, and a search of
+        // the depths found so far for each of them was quadratic.
+        let mut depth_of: Vec<Option<usize>> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
         self.walk(text, |_, node, matched, whole| {
             for h in &node.tenants {
-                match depths.iter_mut().find(|(d, _)| *d == h.tenant) {
-                    Some(entry) => entry.1 = matched,
-                    None => depths.push((h.tenant, matched)),
+                let i = h.tenant as usize;
+                if i >= depth_of.len() {
+                    depth_of.resize(i + 1, None);
+                }
+                if let Some(d) = depth_of.get_mut(i) {
+                    *d = Some(matched);
                 }
             }
             // A leaf is the last node of any walk: only it can be continued.
@@ -390,7 +413,10 @@ impl Tree {
                 continued.extend(node.tenants.iter().map(|h| h.tenant));
             }
         });
-        depths.sort_unstable();
+        let depths = (0..)
+            .zip(depth_of)
+            .filter_map(|(t, d)| Some((t, d?)))
+            .collect();
         continued.sort_unstable();
         TenantMatches { depths, continued }
     }
@@ -517,6 +543,42 @@ mod tests {
         let mut u = Tree::new();
         u.insert("héllo wörld", 5, 1);
         assert_eq!(u.tenant_matches("héllo wörlx").depths, vec![(5, 10)]);
+    }
+
+    #[test]
+    fn each_tenants_match_is_its_own_walk_and_is_looked_up_by_id() {
+        // 300 tenants over shared prompts: every tenant's depth is what walking the
+        // tree for it alone says, and the lookups find it.
+        let mut t = Tree::new();
+        for i in 0..300u32 {
+            let text = format!("system {}|user {}|turn {}", i % 3, i % 40, i);
+            t.insert(&text, (i * 7) % 300, u64::from(i));
+        }
+        for probe in [
+            "system 1|user 4|turn 44",
+            "system 2|user 9",
+            "system 0|",
+            "x",
+        ] {
+            let m = t.tenant_matches(probe);
+            assert!(
+                m.depths.windows(2).all(|w| w[0].0 < w[1].0),
+                "sorted by tenant"
+            );
+            for tenant in 0..310u32 {
+                assert_eq!(
+                    m.depth(tenant),
+                    t.tenant_depth(probe, tenant),
+                    "{probe} {tenant}"
+                );
+                assert_eq!(m.continues(tenant), m.continued.contains(&tenant));
+            }
+        }
+        let m = t.tenant_matches("system 2|user 4|turn 44 and more");
+        assert!(
+            m.continues((44 * 7) % 300),
+            "turn 44's worker holds the leaf it extends"
+        );
     }
 
     #[test]
