@@ -1,5 +1,6 @@
 //! The tables every request reads but few requests change: the collector's engine
-//! samples, the overload flags, the health table and the peer replicas' counts.
+//! samples, the overload flags, the health table, the peer replicas' counts and
+//! (`predicted_ttft`) this Envoy's in-flight counts as of the last sample.
 //! Reading and decoding all four on every request was four shared-data reads (each a
 //! copy out of Envoy and an allocation in the VM) and, at 256 workers, kilobytes of
 //! JSON to parse.
@@ -22,9 +23,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::ring::{decode_head, encode_head};
-use super::{FlagTable, HealthTable, Keys, PeerLoads, PeerReport, SamplesTable};
+use super::{FlagTable, HealthTable, Keys, OwnAtSample, PeerLoads, PeerReport, SamplesTable};
 use super::{SetOutcome, SharedStore, CAS_ATTEMPTS};
-use crate::config::Config;
+use crate::config::{Config, WorkerNames};
 use crate::load::LoadTable;
 
 /// After `store` wrote `key`: moves the generation on when `key` is one of the
@@ -62,6 +63,9 @@ pub struct Tables {
     pub engine: Rc<LoadTable>,
     /// Every peer's report: which are fresh depends on the time of the request.
     pub peers: Vec<PeerReport>,
+    /// This Envoy's in-flight counts when the engines were last sampled, by worker
+    /// index (empty: `predicted_ttft` unused).
+    pub own_at_sample: Vec<u64>,
 }
 
 /// This VM's copy of the tables and the generation it was decoded under.
@@ -113,6 +117,11 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
         },
         engine: Rc::new(SamplesTable::new(keys).read(store, &cfg.workers)),
         peers: PeerLoads::new(keys).read(store),
+        own_at_sample: if cfg.uses_predicted_ttft() {
+            OwnAtSample::new(keys).by_worker(store, &WorkerNames::new(&cfg.workers))
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -179,6 +188,43 @@ mod tests {
             "the write moved the generation on"
         );
         assert_eq!(tables(ring.generation()).down, vec![false, true]);
+    }
+
+    #[test]
+    fn the_in_flight_snapshot_of_a_push_is_cached_and_its_write_is_seen_next() {
+        let (store, keys) = (Stamping::default(), Keys::new("t"));
+        let cfg = Config::from_json(
+            br#"{"policy":"predicted_ttft","workers":[{"name":"a"},{"name":"b"}]}"#,
+        )
+        .unwrap();
+        let ring = OpRing::new(&keys, 4);
+        ring.init_if_missing(&store);
+        let cache = TableCache::default();
+        ring.head(&store);
+        let tables = |g| cache.tables(&store, &keys, &cfg, g);
+        assert_eq!(tables(ring.generation()).own_at_sample, vec![0, 0]);
+        store.0.gets.set(0);
+        ring.head(&store);
+        tables(ring.generation());
+        assert_eq!(store.0.gets.get(), 1, "a request reads only the head");
+
+        // A push stores the snapshot: two requests in flight on b.
+        let inflight = super::super::InflightTable::new(7, 60_000);
+        inflight.take("b");
+        inflight.take("b");
+        assert!(inflight.flush(&store, &ring, 0));
+        assert!(OwnAtSample::new(&keys).snapshot(&store, (&inflight, &ring), 0));
+        ring.head(&store);
+        assert_eq!(tables(ring.generation()).own_at_sample, vec![0, 2]);
+        let plain = Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap();
+        let other = TableCache::default();
+        assert!(
+            other
+                .tables(&store, &keys, &plain, None)
+                .own_at_sample
+                .is_empty(),
+            "other policies do not read it"
+        );
     }
 
     #[test]

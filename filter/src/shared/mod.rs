@@ -97,6 +97,7 @@ const SAMPLES: &str = ".samples";
 const FLAGS: &str = ".overload.flags";
 const HEALTH: &str = ".health";
 const PEER_INFLIGHT: &str = ".replicas.inflight";
+const OWN_AT_SAMPLE: &str = ".ttft.own_at_sample";
 
 /// The filter's key prefix.
 pub const KEY_PREFIX: &str = "llm_router";
@@ -119,8 +120,9 @@ impl Keys {
     /// Whether `key` is one of the tables `generation` caches (without building
     /// any key: the store asks on every write).
     pub fn is_cached_table(&self, key: &str) -> bool {
-        key.strip_prefix(self.prefix.as_ref())
-            .is_some_and(|rest| [SAMPLES, FLAGS, HEALTH, PEER_INFLIGHT].contains(&rest))
+        key.strip_prefix(self.prefix.as_ref()).is_some_and(|rest| {
+            [SAMPLES, FLAGS, HEALTH, PEER_INFLIGHT, OWN_AT_SAMPLE].contains(&rest)
+        })
     }
 
     /// The ring's next sequence number.
@@ -171,7 +173,7 @@ impl Keys {
     }
 
     pub fn own_at_sample(&self) -> String {
-        format!("{}.ttft.own_at_sample", self.prefix)
+        format!("{}{OWN_AT_SAMPLE}", self.prefix)
     }
 
     pub fn membership(&self) -> String {
@@ -250,11 +252,7 @@ pub fn read_loads(
         } else {
             Vec::new()
         },
-        own_at_sample: if ttft {
-            OwnAtSample::new(keys).by_worker(store, names)
-        } else {
-            Vec::new()
-        },
+        own_at_sample: tables.own_at_sample.clone(),
     }
 }
 
