@@ -193,39 +193,53 @@ impl<const N: usize> OwnedCounts<N> {
             .filter(move |r| r.vm != vm && fresh(r.at_ms, now_ms, expiry_ms))
     }
 
-    /// Every fresh row's counts in the encoded `table` summed by worker name, this
-    /// VM's own from memory (its row may lag a release); workers never counted are
-    /// absent.
-    pub fn sum(&self, table: &[u8], now_ms: u64) -> Counts<N> {
-        let mut sums: Counts<N> = Vec::new();
-        let mine = self.mine.borrow();
-        let own = mine.iter().map(|(name, values)| (name.as_str(), *values));
-        let others = self.others(table, now_ms).flat_map(|r| r.counts::<N>());
-        let mut at: hashbrown::HashMap<&str, usize> = hashbrown::HashMap::new();
-        for (name, values) in others.chain(own) {
-            let i = *at.entry(name).or_insert_with(|| {
-                sums.push((name.to_string(), [0; N]));
-                sums.len() - 1
-            });
-            if let Some((_, slot)) = sums.get_mut(i) {
-                add_to(slot, &values);
+    /// Calls `add` with every count a sum takes: the other VMs' fresh rows of the
+    /// encoded `table`, read in place, then this VM's own from memory (its row may
+    /// lag a release).
+    fn each_count(&self, table: &[u8], now_ms: u64, mut add: impl FnMut(&str, &[u64; N])) {
+        for row in self.others(table, now_ms) {
+            for (name, values) in row.counts::<N>() {
+                add(name, &values);
             }
         }
-        sums
+        for (name, values) in self.mine.borrow().iter() {
+            add(name, values);
+        }
+    }
+
+    /// Every fresh row's counts summed by worker name (`each_count`); workers never
+    /// counted are absent.
+    pub fn sum(&self, table: &[u8], now_ms: u64) -> Counts<N> {
+        // Totals in the order names were first seen; each name is built once.
+        let mut at: hashbrown::HashMap<String, usize> = hashbrown::HashMap::new();
+        let mut totals: Vec<[u64; N]> = Vec::new();
+        self.each_count(table, now_ms, |name, values| {
+            let i = *at.entry_ref(name).or_insert_with(|| {
+                totals.push([0; N]);
+                totals.len() - 1
+            });
+            if let Some(slot) = totals.get_mut(i) {
+                add_to(slot, values);
+            }
+        });
+        let mut names: Vec<(String, usize)> = at.into_iter().collect();
+        names.sort_unstable_by_key(|(_, i)| *i);
+        names
+            .into_iter()
+            .map(|(name, _)| name)
+            .zip(totals)
+            .collect()
     }
 
     /// `sum` by worker index, for `names` (never counted: zeros), without naming
     /// the sums: every request's decision reads the in-flight counts this way.
     pub fn sum_by_worker(&self, table: &[u8], now_ms: u64, names: &WorkerNames) -> Vec<[u64; N]> {
         let mut out = vec![[0; N]; names.len()];
-        let mine = self.mine.borrow();
-        let own = mine.iter().map(|(name, values)| (name.as_str(), *values));
-        let others = self.others(table, now_ms).flat_map(|r| r.counts::<N>());
-        for (name, values) in others.chain(own) {
+        self.each_count(table, now_ms, |name, values| {
             if let Some(slot) = names.get(name).and_then(|i| out.get_mut(i)) {
-                add_to(slot, &values);
+                add_to(slot, values);
             }
-        }
+        });
         out
     }
 
