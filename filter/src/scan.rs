@@ -23,8 +23,14 @@ pub fn is_ascii(bytes: &[u8]) -> bool {
 /// `bytes` as text if they are UTF-8: ASCII (most prompts) is checked by `is_ascii`,
 /// anything else by std's full validation.
 pub fn utf8(bytes: &[u8]) -> Option<&str> {
-    if is_ascii(bytes) {
-        // SAFETY: ASCII bytes are valid UTF-8.
+    text(bytes, is_ascii(bytes))
+}
+
+/// `bytes` as text, given whether a scan found them all ASCII (then no check is
+/// needed; otherwise std's full validation).
+fn text(bytes: &[u8], ascii: bool) -> Option<&str> {
+    if ascii {
+        // SAFETY: the caller's scan found every byte ASCII, and ASCII is UTF-8.
         Some(unsafe { std::str::from_utf8_unchecked(bytes) })
     } else {
         std::str::from_utf8(bytes).ok()
@@ -43,14 +49,7 @@ pub fn plain_string_len(bytes: &[u8]) -> usize {
 /// one by one: they end at ASCII bytes, so no char straddles two.
 pub fn plain_string_text(bytes: &[u8]) -> (usize, Option<&str>) {
     let (n, ascii) = plain_run(bytes);
-    let run = bytes.get(..n).unwrap_or_default();
-    let text = if ascii {
-        // SAFETY: ASCII bytes are valid UTF-8.
-        Some(unsafe { std::str::from_utf8_unchecked(run) })
-    } else {
-        std::str::from_utf8(run).ok()
-    };
-    (n, text)
+    (n, text(bytes.get(..n).unwrap_or_default(), ascii))
 }
 
 /// The plain run's length, and whether it is all ASCII.
