@@ -170,16 +170,10 @@ impl<'a> Json<'a> {
     /// One escape after its backslash, appended to `text`. A `\u` escape of a
     /// surrogate must be the first of a pair.
     fn unescape(&mut self, text: &mut String) -> Read<()> {
-        let c = match self.next()? {
-            b'"' => '"',
-            b'\\' => '\\',
-            b'/' => '/',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'n' => '\n',
-            b'r' => '\r',
-            b't' => '\t',
-            b'u' => {
+        let escape = self.next()?;
+        let c = match simple_escape(escape) {
+            Some(c) => c,
+            None if escape == b'u' => {
                 let unit = self.hex4()?;
                 let code = match unit {
                     0xD800..=0xDBFF => {
@@ -197,7 +191,7 @@ impl<'a> Json<'a> {
                 };
                 char::from_u32(code).ok_or(Malformed)?
             }
-            _ => return Err(Malformed),
+            None => return Err(Malformed),
         };
         text.push(c);
         Ok(())
@@ -308,22 +302,16 @@ impl<'a> Json<'a> {
                     self.at += 1;
                     self.skip_string()?;
                 }
-                b'[' => {
+                bracket @ (b'[' | b'{') => {
+                    let close = if bracket == b'[' { b']' } else { b'}' };
                     self.at += 1;
-                    if self.peek() == Some(b']') {
+                    if self.peek() == Some(close) {
                         self.at += 1;
                     } else {
-                        open.push(b']');
-                        continue;
-                    }
-                }
-                b'{' => {
-                    self.at += 1;
-                    if self.peek() == Some(b'}') {
-                        self.at += 1;
-                    } else {
-                        open.push(b'}');
-                        self.skip_key()?;
+                        open.push(close);
+                        if close == b'}' {
+                            self.skip_key()?;
+                        }
                         continue;
                     }
                 }
@@ -372,16 +360,32 @@ impl<'a> Json<'a> {
             match self.next()? {
                 b'"' => return Ok(()),
                 b'\\' => match self.next()? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
                     b'u' => {
                         self.hex4()?;
                     }
-                    _ => return Err(Malformed),
+                    escape if simple_escape(escape).is_none() => return Err(Malformed),
+                    _ => {}
                 },
                 _ => return Err(Malformed),
             }
         }
     }
+}
+
+/// The char a one-letter escape (after its backslash) stands for; `None` for `u`
+/// (four hex digits follow) and for anything JSON does not allow.
+fn simple_escape(escape: u8) -> Option<char> {
+    Some(match escape {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        _ => return None,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
