@@ -270,11 +270,9 @@ impl Router {
             all_down,
         } = candidates::screen(&self.cfg, pool, model, loads);
         let gate_inert = candidates::gate_inert(&candidates, self.cfg.worker_queue_limit);
-        // What the tree policies learn of the text on the way: the match (`cache_aware`)
-        // and the chosen worker's depth in it.
-        let mut matched: Option<(usize, Vec<TenantId>)> = None;
-        let mut held_chars: Option<usize> = None;
-        let decision = match (policy, text) {
+        // The tree policies also say how much of the text the chosen worker holds
+        // (what its `Record` carries); the others record nothing.
+        let (decision, held_chars) = match (policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
                     cache_threshold: self.cfg.cache_threshold,
@@ -284,6 +282,7 @@ impl Router {
                     saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
                 let tree = self.trees.get(&TreeKey(pool, model));
+                let mut matched: Option<(usize, Vec<TenantId>)> = None;
                 let decision = policy::cache_aware(
                     &params,
                     &candidates,
@@ -303,11 +302,11 @@ impl Router {
                 );
                 // An owner of the match holds all of it; anyone else, what a walk
                 // of its own says (a balanced fleet never walked the tree at all).
-                held_chars = decision.as_ref().map(|d| match &matched {
+                let held = decision.as_ref().map_or(0, |d| match &matched {
                     Some((chars, owners)) if owners.binary_search(&d.worker).is_ok() => *chars,
                     _ => tree.map_or(0, |t| t.tree.tenant_depth(text, d.worker)),
                 });
-                decision
+                (decision, held)
             }
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(&TreeKey(pool, model));
@@ -323,11 +322,11 @@ impl Router {
                     .collect();
                 let input = crate::tree::char_len(text) as u64;
                 let decision = policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng);
-                held_chars = decision.as_ref().map(|d| held.depth(d.worker));
-                decision
+                let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
+                (decision, chosen)
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
-                policy::unreadable(&candidates, rng)
+                (policy::unreadable(&candidates, rng), 0)
             }
             (Policy::RoundRobin, _) => {
                 let mut spare = 0;
@@ -335,10 +334,10 @@ impl Router {
                     .rr_counters
                     .get_mut(pool as usize)
                     .unwrap_or(&mut spare);
-                policy::round_robin(&candidates, counter)
+                (policy::round_robin(&candidates, counter), 0)
             }
-            (Policy::Random, _) => policy::random(&candidates, rng),
-            (Policy::PowerOfTwo, _) => policy::power_of_two(&candidates, rng),
+            (Policy::Random, _) => (policy::random(&candidates, rng), 0),
+            (Policy::PowerOfTwo, _) => (policy::power_of_two(&candidates, rng), 0),
         };
         let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
         if all_down {
@@ -364,7 +363,7 @@ impl Router {
                         .unwrap_or_default(),
                     text: text.to_string(),
                 },
-                held_chars: held_chars.unwrap_or(0) as u64,
+                held_chars: held_chars as u64,
             }),
             _ => None,
         };
