@@ -75,14 +75,15 @@ pub struct TableCache {
 }
 
 impl TableCache {
-    /// The tables for `cfg`'s workers: this VM's copy when `generation` (as the
-    /// ring's head last gave it) is the one it was decoded under, else read and
-    /// decoded afresh (always, when no generation was read).
+    /// The tables for `cfg`'s workers (`names`: their index, the router's): this
+    /// VM's copy when `generation` (as the ring's head last gave it) is the one it
+    /// was decoded under, else read and decoded afresh (always, when no generation
+    /// was read).
     pub fn tables(
         &self,
         store: &dyn SharedStore,
         keys: &Keys,
-        cfg: &Config,
+        (cfg, names): (&Config, &WorkerNames),
         generation: Option<u64>,
     ) -> Rc<Tables> {
         if let (Some((seen, tables)), Some(now)) = (self.copy.borrow().as_ref(), generation) {
@@ -90,7 +91,7 @@ impl TableCache {
                 return Rc::clone(tables);
             }
         }
-        let tables = Rc::new(read(store, keys, cfg));
+        let tables = Rc::new(read(store, keys, cfg, names));
         if let Some(now) = generation {
             *self.copy.borrow_mut() = Some((now, Rc::clone(&tables)));
         }
@@ -103,7 +104,7 @@ impl TableCache {
     }
 }
 
-fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
+fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames) -> Tables {
     Tables {
         overloaded: if cfg.overload.enabled {
             FlagTable::new(keys).read(store, &cfg.workers).overloaded()
@@ -118,7 +119,7 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config) -> Tables {
         engine: Rc::new(SamplesTable::new(keys).read(store, &cfg.workers)),
         peers: PeerLoads::new(keys).read(store),
         own_at_sample: if cfg.uses_predicted_ttft() {
-            OwnAtSample::new(keys).by_worker(store, &WorkerNames::new(&cfg.workers))
+            OwnAtSample::new(keys).by_worker(store, names)
         } else {
             Vec::new()
         },
@@ -159,7 +160,7 @@ mod tests {
         let cache = TableCache::default();
         ring.head(&store);
         assert_eq!(ring.generation(), Some(0));
-        let tables = |g| cache.tables(&store, &keys, &cfg, g);
+        let tables = |g| cache.tables(&store, &keys, (&cfg, &WorkerNames::new(&cfg.workers)), g);
         assert_eq!(tables(ring.generation()).down, vec![false, false]);
         store.0.gets.set(0);
         ring.head(&store);
@@ -201,7 +202,7 @@ mod tests {
         ring.init_if_missing(&store);
         let cache = TableCache::default();
         ring.head(&store);
-        let tables = |g| cache.tables(&store, &keys, &cfg, g);
+        let tables = |g| cache.tables(&store, &keys, (&cfg, &WorkerNames::new(&cfg.workers)), g);
         assert_eq!(tables(ring.generation()).own_at_sample, vec![0, 0]);
         store.0.gets.set(0);
         ring.head(&store);
@@ -220,7 +221,12 @@ mod tests {
         let other = TableCache::default();
         assert!(
             other
-                .tables(&store, &keys, &plain, None)
+                .tables(
+                    &store,
+                    &keys,
+                    (&plain, &WorkerNames::new(&plain.workers)),
+                    None
+                )
                 .own_at_sample
                 .is_empty(),
             "other policies do not read it"
@@ -246,7 +252,14 @@ mod tests {
     fn a_write_without_a_stamp_is_seen_after_the_copy_is_dropped() {
         let (store, keys, cfg) = (MemStore::default(), Keys::new("t"), config());
         let cache = TableCache::default();
-        let tables = || cache.tables(&store, &keys, &cfg, Some(0));
+        let tables = || {
+            cache.tables(
+                &store,
+                &keys,
+                (&cfg, &WorkerNames::new(&cfg.workers)),
+                Some(0),
+            )
+        };
         assert_eq!(tables().overloaded, vec![false, false]);
         FlagTable::new(&keys).update(&store, &cfg.workers, |f| {
             if let Some(flag) = f.0.get_mut(0) {
@@ -267,7 +280,9 @@ mod tests {
         cache.clear();
         assert_eq!(tables().overloaded, vec![true, false]);
         assert_eq!(
-            cache.tables(&store, &keys, &cfg, None).overloaded,
+            cache
+                .tables(&store, &keys, (&cfg, &WorkerNames::new(&cfg.workers)), None)
+                .overloaded,
             vec![true, false],
             "no generation read: decoded afresh"
         );

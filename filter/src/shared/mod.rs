@@ -228,7 +228,7 @@ pub fn read_loads(
     (inflight, ring, work, costs): (&InflightTable, &OpRing, &WorkTable, &CostTable),
     (cache, generation): (&TableCache, Option<u64>),
 ) -> Loads {
-    let tables = cache.tables(store, keys, cfg, generation);
+    let tables = cache.tables(store, keys, (cfg, names), generation);
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
