@@ -71,7 +71,7 @@ impl<'a> Json<'a> {
     }
 
     /// Reads `byte` after any whitespace.
-    fn expect(&mut self, byte: u8) -> Read<()> {
+    fn eat(&mut self, byte: u8) -> Read<()> {
         if self.peek() != Some(byte) {
             return Err(Malformed);
         }
@@ -347,9 +347,9 @@ impl<'a> Json<'a> {
 
     /// A skipped object's key and its colon.
     fn skip_key(&mut self) -> Read<()> {
-        self.expect(b'"')?;
+        self.eat(b'"')?;
         self.skip_string()?;
-        self.expect(b':')
+        self.eat(b':')
     }
 
     /// A skipped string's contents after its opening quote: escapes must be well
@@ -449,9 +449,9 @@ impl Entries {
             Some(_) if self.first => self.first = false,
             _ => return Err(Malformed),
         }
-        json.expect(b'"')?;
+        json.eat(b'"')?;
         let key = json.string()?;
-        json.expect(b':')?;
+        json.eat(b':')?;
         Ok(Some(key))
     }
 
