@@ -11,7 +11,8 @@
 //!    (discovery mode's worker list updates);
 //! 4. `shared`: the tables in proxy-wasm shared data and their one key space;
 //! 5. `policy`, then `candidates`;
-//! 6. `router` (trees + candidates + policy);
+//! 6. `model_trees` (a VM's trees and their bounds), then `router` (trees +
+//!    candidates + policy);
 //! 7. `target`, then `plan` (a request's whole decision), then `bookkeeping`, and
 //!    `worker_stats` (what each tick reports per worker).
 //!
@@ -33,6 +34,7 @@ pub mod health;
 pub mod load;
 pub mod membership;
 pub mod metric_names;
+pub mod model_trees;
 pub mod models;
 pub mod overload;
 pub mod parse;

@@ -17,17 +17,16 @@
 //! prefix goes elsewhere, the next request with it hits there instead of chasing the
 //! stale owner (re-homing).
 
-use hashbrown::HashMap;
-
 use crate::candidates::{self, Screened};
 use crate::config::{Config, Policy, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
+use crate::model_trees::{Bounds, ModelTrees};
 use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{TenantId, Tree};
+use crate::tree::TenantId;
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,30 +49,6 @@ impl NoWorker {
             NoWorker::NoDecodeWorkerForModel => "no_decode_worker_for_model",
             NoWorker::NoDiscoveredWorker => "no_discovered_worker",
         }
-    }
-}
-
-struct ModelTree {
-    tree: Tree,
-    last_used: u64,
-}
-
-/// A tree's key, `(pool, model)`, borrowed: looking a tree up on every request does
-/// not build the `String` the map keeps. It hashes as the owned key does (a tuple
-/// struct hashes its fields in order, as a tuple; `&str` as `String`).
-#[derive(Hash)]
-struct TreeKey<'a>(Pool, &'a str);
-
-impl hashbrown::Equivalent<(Pool, String)> for TreeKey<'_> {
-    fn equivalent(&self, key: &(Pool, String)) -> bool {
-        self.0 == key.0 && self.1 == key.1
-    }
-}
-
-/// The owned key, built only when a new tree is stored.
-impl From<&TreeKey<'_>> for (Pool, String) {
-    fn from(key: &TreeKey<'_>) -> Self {
-        (key.0, key.1.to_string())
     }
 }
 
@@ -109,7 +84,7 @@ pub struct PdRouted {
 
 pub struct Router {
     cfg: Config,
-    trees: HashMap<(Pool, String), ModelTree>,
+    trees: ModelTrees,
     /// Round-robin position per pool, so one pool's traffic does not skew another's.
     rr_counters: [u64; 3],
     /// One past the newest operation applied.
@@ -126,7 +101,7 @@ impl Router {
         Router {
             names: WorkerNames::new(&cfg.workers),
             cfg,
-            trees: HashMap::new(),
+            trees: ModelTrees::default(),
             rr_counters: [0; 3],
             clock: 0,
             membership_version: 0,
@@ -187,10 +162,8 @@ impl Router {
             .enumerate()
             .all(|(i, n)| *n == Some(i as TenantId));
         if !identity {
-            for t in self.trees.values_mut() {
-                t.tree
-                    .remap_tenants(|old| new_index.get(old as usize).copied().flatten());
-            }
+            self.trees
+                .remap_tenants(|old| new_index.get(old as usize).copied().flatten());
         }
     }
 
@@ -207,11 +180,11 @@ impl Router {
 
     /// Chars held by all trees of this VM.
     pub fn tree_chars(&self) -> usize {
-        self.trees.values().map(|t| t.tree.stored_chars()).sum()
+        self.trees.chars()
     }
 
-    pub fn tree(&self, pool: Pool, model: &str) -> Option<&Tree> {
-        self.trees.get(&TreeKey(pool, model)).map(|t| &t.tree)
+    pub fn tree(&self, pool: Pool, model: &str) -> Option<&crate::tree::Tree> {
+        self.trees.get(pool, model)
     }
 
     /// Chooses a worker of the regular pool for `req`. For `cache_aware` with a
@@ -281,14 +254,14 @@ impl Router {
                     worker_queue_limit: self.cfg.worker_queue_limit,
                     saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
-                let tree = self.trees.get(&TreeKey(pool, model));
+                let tree = self.trees.get(pool, model);
                 let mut matched: Option<(usize, Vec<TenantId>)> = None;
                 let decision = policy::cache_aware(
                     &params,
                     &candidates,
                     || {
                         let found = match tree {
-                            Some(t) => t.tree.prefix_match(text),
+                            Some(t) => t.prefix_match(text),
                             None => crate::tree::PrefixMatch {
                                 matched_chars: 0,
                                 input_chars: crate::tree::char_len(text),
@@ -304,19 +277,17 @@ impl Router {
                 // of its own says (a balanced fleet never walked the tree at all).
                 let held = decision.as_ref().map_or(0, |d| match &matched {
                     Some((chars, owners)) if owners.binary_search(&d.worker).is_ok() => *chars,
-                    _ => tree.map_or(0, |t| t.tree.tenant_depth(text, d.worker)),
+                    _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
                 });
                 (decision, held)
             }
             (Policy::PredictedTtft, Some(text)) => {
-                let tree = self.trees.get(&TreeKey(pool, model));
-                let held = tree
-                    .map(|t| t.tree.tenant_matches(text))
-                    .unwrap_or_default();
+                let tree = self.trees.get(pool, model);
+                let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
                 let ttft: Vec<TtftCandidate> = candidates
                     .iter()
                     .map(|c| TtftCandidate {
-                        conversations: tree.map_or(0, |t| t.tree.tenant_leaves(c.worker) as u64),
+                        conversations: tree.map_or(0, |t| t.tenant_leaves(c.worker) as u64),
                         ..loads.ttft_candidate(c, &held, self.cfg.stale_after_ms)
                     })
                     .collect();
@@ -385,10 +356,10 @@ impl Router {
         candidates: &[Candidate],
         flagged: &[TenantId],
     ) -> bool {
-        let Some(t) = self.trees.get(&TreeKey(pool, model)) else {
+        let Some(t) = self.trees.get(pool, model) else {
             return false;
         };
-        let found = t.tree.prefix_match(text);
+        let found = t.prefix_match(text);
         found.match_rate() > self.cfg.cache_threshold
             && found.owners.iter().any(|o| flagged.contains(o))
             && !found
@@ -421,10 +392,10 @@ impl Router {
                 keep_chars,
                 seq,
             } => {
-                let idx = self.worker_index(*pool, worker);
-                if let (Some(idx), Some(t)) = (idx, self.trees.get_mut(&TreeKey(*pool, model))) {
+                if let Some(idx) = self.worker_index(*pool, worker) {
                     let keep = usize::try_from(*keep_chars).unwrap_or(usize::MAX);
-                    t.tree.forget(text, idx, keep, seq.saturating_add(1));
+                    self.trees
+                        .forget((*pool, model), text, idx, keep, seq.saturating_add(1));
                 }
             }
             Op::Evict => self.evict(),
@@ -440,74 +411,22 @@ impl Router {
     }
 
     fn insert(&mut self, pool: Pool, model: &str, text: &str, worker: TenantId, clock: u64) {
-        if !self.trees.contains_key(&TreeKey(pool, model))
-            && self.trees.len() >= self.cfg.max_models
-        {
-            // The victim is the tree worth least: one of a model no worker declares
-            // before a declared one, then the one holding the fewest chars, then the
-            // least recently used. So a stream of junk `model` names churns among
-            // its own one-request trees and never evicts the trees of real traffic;
-            // a real new model grows out of their reach with its traffic. Every VM
-            // sees the same operations, so every VM picks the same victim.
-            let declared = |m: &str| {
-                self.cfg
-                    .workers
-                    .iter()
-                    .any(|w| w.models.iter().any(|d| d == m))
-            };
-            let victim = self
-                .trees
-                .iter()
-                .min_by_key(|(k, t)| {
-                    (
-                        declared(&k.1),
-                        t.tree.stored_chars(),
-                        t.last_used,
-                        (*k).clone(),
-                    )
-                })
-                .map(|(k, _)| k.clone());
-            if let Some(k) = victim {
-                self.trees.remove(&k);
-            }
-        }
-        let entry = self
-            .trees
-            .entry_ref(&TreeKey(pool, model))
-            .or_insert_with(|| ModelTree {
-                tree: Tree::new(),
-                last_used: clock,
-            });
-        entry.last_used = entry.last_used.max(clock);
-        entry.tree.insert(text, worker, clock);
-        if self.tree_chars() > self.cfg.max_total_tree_chars {
-            self.evict_to_budget();
-        }
+        let workers = &self.cfg.workers;
+        let declared = |m: &str| workers.iter().any(|w| w.models.iter().any(|d| d == m));
+        let bounds = Bounds {
+            max_models: self.cfg.max_models,
+            max_total_chars: self.cfg.max_total_tree_chars,
+            declared: &declared,
+        };
+        self.trees
+            .insert((pool, model), text, worker, clock, &bounds);
     }
 
     /// Periodic eviction (SMG's `eviction_interval`): every tenant down to
     /// `max_tree_size`, then all trees down to the VM budget.
     pub fn evict(&mut self) {
-        let per_tenant = self.cfg.max_tree_size;
-        for t in self.trees.values_mut() {
-            t.tree.evict_tenants_over(per_tenant);
-        }
-        self.evict_to_budget();
-    }
-
-    /// Shrinks every tree in proportion until the total fits the budget, to 90% of
-    /// it so that inserts do not trigger an eviction each.
-    fn evict_to_budget(&mut self) {
-        let total = self.tree_chars();
-        let budget = self.cfg.max_total_tree_chars;
-        if total <= budget {
-            return;
-        }
-        let target = budget - budget / 10;
-        for t in self.trees.values_mut() {
-            let share = (t.tree.stored_chars() as u128 * target as u128 / total as u128) as usize;
-            t.tree.evict_to_budget(share);
-        }
+        self.trees
+            .evict(self.cfg.max_tree_size, self.cfg.max_total_tree_chars);
     }
 }
 
