@@ -64,6 +64,8 @@ pub struct Load {
     pub latency_requests: usize,
     pub connections: usize,
     pub variants: Vec<String>,
+    /// `--callgrind-keep`: where the counts' dumps are kept.
+    pub keep: Option<PathBuf>,
 }
 
 /// What one variant measured over all repetitions.
@@ -379,6 +381,10 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
                     first.status,
                     first.error
                 );
+            }
+            if let Some(keep) = &load.keep {
+                let name = format!("{}w-{}-rep{rep}", p.workers, c.variant.replace('/', "_"));
+                counter.keep(keep, &name)?;
             }
             let per_request = instructions as f64 / records.len().max(1) as f64;
             eprintln!(

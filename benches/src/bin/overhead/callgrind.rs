@@ -81,6 +81,17 @@ impl Counter {
         Ok((out, instructions(&files)?))
     }
 
+    /// Copies the dumps so far to `dir` as `<name>.<k>`.
+    pub fn keep(&self, dir: &Path, name: &str) -> Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (k, file) in dumps(&self.dir)?.iter().enumerate() {
+            let to = dir.join(format!("{name}.{}", k + 1));
+            std::fs::copy(file, &to)
+                .with_context(|| format!("copying {} to {}", file.display(), to.display()))?;
+        }
+        Ok(())
+    }
+
     /// `callgrind_control ARGS pid`, which waits for valgrind to carry the command
     /// out. It exits 0 even when it found no such process, so success is its `OK.`.
     fn control(&self, pid: u32, args: &[&str]) -> Result<()> {

@@ -81,6 +81,11 @@ struct Args {
     /// (--latency-requests does not apply).
     #[arg(long)]
     callgrind: bool,
+    /// With --callgrind: keep every count's dumps in DIR, as
+    /// `<workers>w-<variant>-rep<n>.<k>`, for `callgrind_annotate` (which functions,
+    /// hostcalls or V8's code, the instructions went to).
+    #[arg(long, value_name = "DIR", requires = "callgrind")]
+    callgrind_keep: Option<std::path::PathBuf>,
 }
 
 /// Defaults of `--warm` and `--requests`: timing needs many requests to average
@@ -280,6 +285,7 @@ fn main() -> Result<()> {
         latency_requests: args.latency_requests.max(1),
         connections: args.connections.unwrap_or(connections).max(1),
         variants: args.variants.clone(),
+        keep: args.callgrind_keep.clone(),
     };
     let tps = cpu::ticks_per_second();
     let rt = tokio::runtime::Runtime::new()?;
