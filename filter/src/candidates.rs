@@ -7,9 +7,17 @@
 //! says `all_overloaded`, because refusing would turn slow answers into no answers.
 //! Down workers (`crate::health`) go first, the same way (`all_down` when every
 //! serving worker is down: a wrong verdict must not refuse a whole fleet).
+//!
+//! A screen depends on the request only through its in-flight counts: the rest
+//! (serving set, flags, which samples are fresh) changes with the configuration, the
+//! tables and time. `Screens` keeps each (pool, model)'s screen and only refills the
+//! counts while nothing else changed: at 256 workers, building the candidates was a
+//! quarter of a request's guest instructions.
+
+use std::rc::Rc;
 
 use crate::config::{Config, Pool};
-use crate::load::Loads;
+use crate::load::{LoadTable, Loads};
 use crate::policy::{Candidate, EngineQueue};
 use crate::tree::TenantId;
 
@@ -27,9 +35,19 @@ pub struct Screened {
 /// Candidates of `pool` serving `model`, with their in-flight counts and fresh
 /// engine samples, screened by the overload flags.
 pub fn screen(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Screened {
+    screen_until(cfg, pool, model, loads).0
+}
+
+/// `screen`, and the time its samples' freshness holds until: the first moment a
+/// fresh sample goes stale (a stale one stays stale).
+fn screen_until(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> (Screened, u64) {
+    let (serving, until_ms) = serving(cfg, pool, model, loads);
+    (screen_serving(serving, loads), until_ms)
+}
+
+fn screen_serving(serving: Vec<Candidate>, loads: &Loads) -> Screened {
     let marked =
         |marks: &[bool], c: &Candidate| marks.get(c.worker as usize).copied() == Some(true);
-    let serving = serving(cfg, pool, model, loads);
     // Nothing down and nothing flagged (the common case): the serving workers are
     // the candidates, without the partitions' copies (a request at 256 workers
     // spent a third of its guest time here).
@@ -66,8 +84,9 @@ pub fn screen(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Screened 
     }
 }
 
-fn serving(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidate> {
+fn serving(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> (Vec<Candidate>, u64) {
     let mut out = Vec::with_capacity(cfg.workers.len());
+    let mut until_ms = u64::MAX;
     // A body that names no model (or cannot be read) is never dropped: any worker
     // of the pool takes it, as the engine's default model. A leaving worker keeps
     // its tenants but takes nothing new.
@@ -78,20 +97,137 @@ fn serving(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Vec<Candidat
         if !serves(w) {
             continue;
         }
+        let fresh = loads.engine.fresh(i, loads.now_ms, cfg.stale_after_ms);
+        if let Some(s) = fresh {
+            until_ms = until_ms.min(s.at_ms.saturating_add(cfg.stale_after_ms));
+        }
         out.push(Candidate {
             worker: i as TenantId,
             inflight: loads.fleet_inflight(i),
-            engine: loads
-                .engine
-                .fresh(i, loads.now_ms, cfg.stale_after_ms)
-                .map(|s| EngineQueue {
-                    waiting: s.num_waiting,
-                    running: s.num_running,
-                }),
+            engine: fresh.map(|s| EngineQueue {
+                waiting: s.num_waiting,
+                running: s.num_running,
+            }),
         });
     }
-    out
+    (out, until_ms)
 }
+
+/// How many (pool, model) screens are kept; past it, the oldest kept is replaced.
+const KEPT_SCREENS: usize = 16;
+
+/// One (pool, model)'s screen and what it was built from: the tables are held, so
+/// their identity (`Rc::ptr_eq`) says whether they changed.
+struct Kept {
+    pool: Pool,
+    model: String,
+    /// The router's configuration version (`Router::reconfigure`, membership).
+    config: u64,
+    engine: Rc<LoadTable>,
+    overloaded: Rc<[bool]>,
+    down: Rc<[bool]>,
+    /// The screen holds from `since_ms` until `until_ms` (exclusive).
+    since_ms: u64,
+    until_ms: u64,
+    screened: Screened,
+}
+
+impl Kept {
+    fn holds_for(&self, config: u64, pool: Pool, model: &str, loads: &Loads) -> bool {
+        self.config == config
+            && self.pool == pool
+            && self.model == model
+            && Rc::ptr_eq(&self.engine, &loads.engine)
+            && Rc::ptr_eq(&self.overloaded, &loads.overloaded)
+            && Rc::ptr_eq(&self.down, &loads.down)
+            && (self.since_ms..self.until_ms).contains(&loads.now_ms)
+    }
+}
+
+/// This VM's screens, one per (pool, model) recently routed.
+#[derive(Default)]
+pub struct Screens {
+    kept: Vec<Kept>,
+    /// The slot the next new screen replaces once `KEPT_SCREENS` are kept.
+    next: usize,
+}
+
+impl Screens {
+    /// `screen(cfg, pool, model, loads)` for configuration version `config`: the
+    /// kept screen with this request's in-flight counts when nothing else changed.
+    pub fn screen(
+        &mut self,
+        (cfg, config): (&Config, u64),
+        pool: Pool,
+        model: &str,
+        loads: &Loads,
+    ) -> &Screened {
+        let found = self
+            .kept
+            .iter()
+            .position(|k| k.holds_for(config, pool, model, loads));
+        let at = match found {
+            Some(at) => {
+                if let Some(k) = self.kept.get_mut(at) {
+                    for c in k.screened.candidates.iter_mut() {
+                        c.inflight = loads.fleet_inflight(c.worker as usize);
+                    }
+                }
+                at
+            }
+            None => self.keep(cfg, config, pool, model, loads),
+        };
+        match self.kept.get(at) {
+            Some(k) => &k.screened,
+            None => &EMPTY,
+        }
+    }
+
+    /// Builds and keeps a screen: in place of the same (pool, model)'s, else in a
+    /// free slot, else in the oldest. Its index.
+    fn keep(&mut self, cfg: &Config, config: u64, pool: Pool, model: &str, loads: &Loads) -> usize {
+        let (screened, until_ms) = screen_until(cfg, pool, model, loads);
+        let kept = Kept {
+            pool,
+            model: model.to_string(),
+            config,
+            engine: Rc::clone(&loads.engine),
+            overloaded: Rc::clone(&loads.overloaded),
+            down: Rc::clone(&loads.down),
+            since_ms: loads.now_ms,
+            until_ms,
+            screened,
+        };
+        let same = self
+            .kept
+            .iter()
+            .position(|k| k.pool == pool && k.model == model);
+        let at = match same {
+            Some(at) => at,
+            None if self.kept.len() < KEPT_SCREENS => {
+                self.kept.push(kept);
+                return self.kept.len() - 1;
+            }
+            None => {
+                let at = self.next % KEPT_SCREENS;
+                self.next = at + 1;
+                at
+            }
+        };
+        if let Some(slot) = self.kept.get_mut(at) {
+            *slot = kept;
+        }
+        at
+    }
+}
+
+/// What `Screens::screen` answers if its own slot were missing (it never is).
+static EMPTY: Screened = Screened {
+    candidates: Vec::new(),
+    flagged: Vec::new(),
+    all_flagged: false,
+    all_down: false,
+};
 
 /// The queue gate is configured but no candidate has a fresh engine sample, so it
 /// cannot act: the collector is not feeding the filter.
@@ -171,7 +307,7 @@ mod tests {
     fn flagged_workers_are_screened_unless_all_are() {
         let flagged = |flags: &[bool]| {
             let loads = Loads {
-                overloaded: flags.to_vec(),
+                overloaded: flags.into(),
                 ..Loads::inflight_only(&[0; 3])
             };
             screen(&cfg(), Pool::Regular, "m", &loads)
@@ -195,8 +331,8 @@ mod tests {
     fn down_workers_are_screened_first_unless_all_are() {
         let screened = |down: &[bool], overloaded: &[bool]| {
             let loads = Loads {
-                down: down.to_vec(),
-                overloaded: overloaded.to_vec(),
+                down: down.into(),
+                overloaded: overloaded.into(),
                 ..Loads::inflight_only(&[0; 3])
             };
             screen(&cfg(), Pool::Regular, "m", &loads)
@@ -245,5 +381,78 @@ mod tests {
             ..blind[0]
         }];
         assert!(!gate_inert(&seen, Some(4)));
+    }
+
+    #[test]
+    fn a_kept_screen_is_the_screen_whatever_changes_between_requests() {
+        use crate::rng::{Rng, SplitMix64};
+        // Each step changes one input at random (the in-flight counts, a table, the
+        // time, the configuration, the model asked for); the kept screen must
+        // always equal a fresh one.
+        let cfgs = [
+            cfg(),
+            Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b","models":["m"]}]}"#)
+                .unwrap(),
+        ];
+        let mut rng = SplitMix64(7);
+        let mut screens = Screens::default();
+        let mut version = 0u64;
+        let mut loads = Loads {
+            engine: LoadTable {
+                reports: vec![sample(2, 50), sample(9, 0), sample(1, 120)],
+            }
+            .into(),
+            now_ms: 100,
+            ..Loads::inflight_only(&[0; 3])
+        };
+        let mut kept_for = std::collections::HashSet::new();
+        for step in 0..2000 {
+            match rng.below(7) {
+                0 => loads.inflight = (0..3).map(|_| rng.below(5) as u64).collect(),
+                1 => loads.now_ms += rng.below(60) as u64,
+                2 => {
+                    let at = loads.now_ms.saturating_sub(rng.below(150) as u64);
+                    let reports = (0..3).map(|_| sample(rng.below(3) as u64, at)).collect();
+                    loads.engine = LoadTable { reports }.into();
+                }
+                3 => loads.overloaded = (0..3).map(|_| rng.below(3) == 0).collect(),
+                4 => loads.down = (0..3).map(|_| rng.below(4) == 0).collect(),
+                5 => version += 1,
+                _ => {}
+            }
+            let cfg = &cfgs[(version % 2) as usize];
+            let pool = [Pool::Regular, Pool::Prefill][rng.below(2)];
+            let model = ["m", "x", ""][rng.below(3)];
+            let fresh = screen(cfg, pool, model, &loads);
+            let kept = screens.screen((cfg, version), pool, model, &loads).clone();
+            assert_eq!(kept, fresh, "step {step}: {pool:?} {model:?}");
+            kept_for.insert((pool, model));
+        }
+        assert_eq!(kept_for.len(), 6);
+    }
+
+    #[test]
+    fn screens_are_kept_for_a_bounded_number_of_models() {
+        let loads = Loads::inflight_only(&[1, 2, 3]);
+        let mut screens = Screens::default();
+        let cfg = cfg();
+        for round in 0..3 {
+            for m in 0..KEPT_SCREENS + 5 {
+                let model = format!("model-{m}");
+                let kept = screens
+                    .screen((&cfg, 0), Pool::Regular, &model, &loads)
+                    .clone();
+                assert_eq!(
+                    kept,
+                    screen(&cfg, Pool::Regular, &model, &loads),
+                    "{round} {m}"
+                );
+                assert!(screens.kept.len() <= KEPT_SCREENS);
+            }
+        }
+        // A model asked for again replaces its own screen, it is not kept twice.
+        screens.screen((&cfg, 1), Pool::Regular, "model-0", &loads);
+        let copies = screens.kept.iter().filter(|k| k.model == "model-0").count();
+        assert_eq!(copies, 1);
     }
 }

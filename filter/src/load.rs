@@ -63,10 +63,11 @@ pub struct Loads {
     /// 256 tens of thousands of Wasm instructions.
     pub engine: Rc<LoadTable>,
     pub now_ms: u64,
-    /// Overload flags by worker index (missing: not flagged).
-    pub overloaded: Vec<bool>,
+    /// Overload flags by worker index (missing: not flagged), shared with this VM's
+    /// copy of the tables like `engine`.
+    pub overloaded: Rc<[bool]>,
     /// Down after a failure, by worker index (missing: up); see `crate::health`.
-    pub down: Vec<bool>,
+    pub down: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
     pub work: Vec<WorkerWork>,
     /// `predicted_ttft` only: learned costs by worker index.

@@ -436,10 +436,9 @@ mod tests {
             r.apply_local(op);
         }
         let mut loads = Loads::inflight_only(&[0, 0]);
-        loads.overloaded = vec![false; 2];
-        if let Some(f) = loads.overloaded.get_mut(first.main.worker as usize) {
-            *f = true;
-        }
+        let mut flags = vec![false; 2];
+        flags[first.main.worker as usize] = true;
+        loads.overloaded = flags.into();
         let req = parse("/v1/completions", text.as_bytes());
         let again = plan(
             &mut r,

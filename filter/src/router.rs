@@ -17,7 +17,7 @@
 //! prefix goes elsewhere, the next request with it hits there instead of chasing the
 //! stale owner (re-homing).
 
-use crate::candidates::{self, Screened};
+use crate::candidates::{self, Screened, Screens};
 use crate::config::{Config, Policy, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
@@ -94,6 +94,9 @@ pub struct Router {
     /// Worker index by name: every applied operation names its worker, and a scan
     /// of 256 names per operation showed in a profile.
     names: WorkerNames,
+    /// Bumped whenever `cfg` is replaced: the kept screens were built under one.
+    cfg_version: u64,
+    screens: Screens,
 }
 
 impl Router {
@@ -105,6 +108,8 @@ impl Router {
             rr_counters: [0; 3],
             clock: 0,
             membership_version: 0,
+            cfg_version: 0,
+            screens: Screens::default(),
         }
     }
 
@@ -151,6 +156,7 @@ impl Router {
     /// Swaps in `cfg`, renaming tenants to its worker indices.
     fn remap(&mut self, cfg: Config) {
         let old = std::mem::replace(&mut self.cfg, cfg);
+        self.cfg_version += 1;
         self.names = WorkerNames::new(&self.cfg.workers);
         let new_index: Vec<Option<TenantId>> = old
             .workers
@@ -241,8 +247,11 @@ impl Router {
             flagged,
             all_flagged,
             all_down,
-        } = candidates::screen(&self.cfg, pool, model, loads);
-        let gate_inert = candidates::gate_inert(&candidates, self.cfg.worker_queue_limit);
+        } = self
+            .screens
+            .screen((&self.cfg, self.cfg_version), pool, model, loads);
+        let (all_flagged, all_down) = (*all_flagged, *all_down);
+        let gate_inert = candidates::gate_inert(candidates, self.cfg.worker_queue_limit);
         // The tree policies also say how much of the text the chosen worker holds
         // (what its `Record` carries); the others record nothing.
         let (decision, held_chars) = match (policy, text) {
@@ -258,7 +267,7 @@ impl Router {
                 let mut matched: Option<(usize, Vec<TenantId>)> = None;
                 let decision = policy::cache_aware(
                     &params,
-                    &candidates,
+                    candidates,
                     || {
                         let found = match tree {
                             Some(t) => t.prefix_match(text),
@@ -297,7 +306,7 @@ impl Router {
                 (decision, chosen)
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
-                (policy::unreadable(&candidates, rng), 0)
+                (policy::unreadable(candidates, rng), 0)
             }
             (Policy::RoundRobin, _) => {
                 let mut spare = 0;
@@ -305,10 +314,10 @@ impl Router {
                     .rr_counters
                     .get_mut(pool as usize)
                     .unwrap_or(&mut spare);
-                (policy::round_robin(&candidates, counter), 0)
+                (policy::round_robin(candidates, counter), 0)
             }
-            (Policy::Random, _) => (policy::random(&candidates, rng), 0),
-            (Policy::PowerOfTwo, _) => (policy::power_of_two(&candidates, rng), 0),
+            (Policy::Random, _) => (policy::random(candidates, rng), 0),
+            (Policy::PowerOfTwo, _) => (policy::power_of_two(candidates, rng), 0),
         };
         let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
         if all_down {
@@ -320,7 +329,10 @@ impl Router {
         // owner or never consulted the tree.
         let owner_overloaded = !flagged.is_empty()
             && decision.reason == Reason::CacheMiss
-            && text.is_some_and(|t| self.owners_filtered(pool, model, t, &candidates, &flagged));
+            && text.is_some_and(|t| {
+                let tree = self.trees.get(pool, model);
+                tree.is_some_and(|tree| owners_filtered(&self.cfg, tree, t, candidates, flagged))
+            });
         let record = match (policy, text) {
             (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Record {
                 op: Op::Insert {
@@ -344,28 +356,6 @@ impl Router {
             gate_inert,
             owner_overloaded,
         })
-    }
-
-    /// Whether `text` has owners above the cache threshold, none of them a
-    /// candidate and some of them flagged.
-    fn owners_filtered(
-        &self,
-        pool: Pool,
-        model: &str,
-        text: &str,
-        candidates: &[Candidate],
-        flagged: &[TenantId],
-    ) -> bool {
-        let Some(t) = self.trees.get(pool, model) else {
-            return false;
-        };
-        let found = t.prefix_match(text);
-        found.match_rate() > self.cfg.cache_threshold
-            && found.owners.iter().any(|o| flagged.contains(o))
-            && !found
-                .owners
-                .iter()
-                .any(|o| candidates.iter().any(|c| c.worker == *o))
     }
 
     /// Applies operation `seq` of the stream (its clock is `seq + 1`, so 0 never
@@ -428,6 +418,24 @@ impl Router {
         self.trees
             .evict(self.cfg.max_tree_size, self.cfg.max_total_tree_chars);
     }
+}
+
+/// Whether `text` has owners above the cache threshold, none of them a candidate
+/// and some of them flagged.
+fn owners_filtered(
+    cfg: &Config,
+    tree: &crate::tree::Tree,
+    text: &str,
+    candidates: &[Candidate],
+    flagged: &[TenantId],
+) -> bool {
+    let found = tree.prefix_match(text);
+    found.match_rate() > cfg.cache_threshold
+        && found.owners.iter().any(|o| flagged.contains(o))
+        && !found
+            .owners
+            .iter()
+            .any(|o| candidates.iter().any(|c| c.worker == *o))
 }
 
 #[cfg(test)]
@@ -893,7 +901,7 @@ mod tests {
     fn go_flagged(r: &mut Router, req: &Parsed, flags: &[bool], rng: &mut SplitMix64) -> Routed {
         let inflight = vec![0; flags.len()];
         let loads = Loads {
-            overloaded: flags.to_vec(),
+            overloaded: flags.into(),
             ..Loads::inflight_only(&inflight)
         };
         let routed = r.route(req, &loads, rng).unwrap();

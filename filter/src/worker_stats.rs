@@ -96,7 +96,7 @@ mod tests {
             }
             .into(),
             now_ms: 10_000,
-            overloaded: vec![false, true],
+            overloaded: vec![false, true].into(),
             ..Loads::default()
         };
         let g = worker_gauges(&cfg, &loads);

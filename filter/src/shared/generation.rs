@@ -56,9 +56,9 @@ pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcom
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
     /// Overloaded by worker index (empty: overload detection off).
-    pub overloaded: Vec<bool>,
+    pub overloaded: Rc<[bool]>,
     /// Down by worker index (empty: health off).
-    pub down: Vec<bool>,
+    pub down: Rc<[bool]>,
     /// The engines' samples by worker index.
     pub engine: Rc<LoadTable>,
     /// Every peer's report: which are fresh depends on the time of the request.
@@ -107,14 +107,20 @@ impl TableCache {
 fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames) -> Tables {
     Tables {
         overloaded: if cfg.overload.enabled {
-            FlagTable::new(keys).read(store, &cfg.workers).overloaded()
+            FlagTable::new(keys)
+                .read(store, &cfg.workers)
+                .overloaded()
+                .into()
         } else {
-            Vec::new()
+            Rc::default()
         },
         down: if cfg.health.enabled {
-            HealthTable::new(keys).read(store, &cfg.workers).down()
+            HealthTable::new(keys)
+                .read(store, &cfg.workers)
+                .down()
+                .into()
         } else {
-            Vec::new()
+            Rc::default()
         },
         engine: Rc::new(SamplesTable::new(keys).read(store, &cfg.workers)),
         peers: PeerLoads::new(keys).read(store),
@@ -161,7 +167,7 @@ mod tests {
         ring.head(&store);
         assert_eq!(ring.generation(), Some(0));
         let tables = |g| cache.tables(&store, &keys, (&cfg, &WorkerNames::new(&cfg.workers)), g);
-        assert_eq!(tables(ring.generation()).down, vec![false, false]);
+        assert_eq!(tables(ring.generation()).down[..], [false, false]);
         store.0.gets.set(0);
         ring.head(&store);
         tables(ring.generation());
@@ -188,7 +194,7 @@ mod tests {
             Some(1),
             "the write moved the generation on"
         );
-        assert_eq!(tables(ring.generation()).down, vec![false, true]);
+        assert_eq!(tables(ring.generation()).down[..], [false, true]);
     }
 
     #[test]
@@ -260,7 +266,7 @@ mod tests {
                 Some(0),
             )
         };
-        assert_eq!(tables().overloaded, vec![false, false]);
+        assert_eq!(tables().overloaded[..], [false, false]);
         FlagTable::new(&keys).update(&store, &cfg.workers, |f| {
             if let Some(flag) = f.0.get_mut(0) {
                 *flag = crate::overload::Flag::Overloaded {
@@ -273,17 +279,17 @@ mod tests {
             Vec::<()>::new()
         });
         assert_eq!(
-            tables().overloaded,
-            vec![false, false],
+            tables().overloaded[..],
+            [false, false],
             "no stamp: the copy stands"
         );
         cache.clear();
-        assert_eq!(tables().overloaded, vec![true, false]);
+        assert_eq!(tables().overloaded[..], [true, false]);
         assert_eq!(
             cache
                 .tables(&store, &keys, (&cfg, &WorkerNames::new(&cfg.workers)), None)
-                .overloaded,
-            vec![true, false],
+                .overloaded[..],
+            [true, false],
             "no generation read: decoded afresh"
         );
     }

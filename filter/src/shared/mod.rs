@@ -61,6 +61,7 @@ pub use samples::SamplesTable;
 pub use work::{CostTable, OwnAtSample, WorkTable};
 
 use std::borrow::Cow;
+use std::rc::Rc;
 
 use crate::config::{Config, WorkerNames};
 use crate::load::Loads;
@@ -238,10 +239,10 @@ pub fn read_loads(
     Loads {
         inflight: inflight.by_worker(ring, names, now_ms),
         peer_inflight,
-        engine: std::rc::Rc::clone(&tables.engine),
+        engine: Rc::clone(&tables.engine),
         now_ms,
-        overloaded: tables.overloaded.clone(),
-        down: tables.down.clone(),
+        overloaded: Rc::clone(&tables.overloaded),
+        down: Rc::clone(&tables.down),
         work: if ttft {
             work.by_worker(store, names, now_ms)
         } else {
@@ -560,8 +561,8 @@ mod tests {
         assert_eq!(loads.inflight, vec![0, 2]);
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
-        assert_eq!(loads.overloaded, vec![false, false]);
-        assert_eq!(loads.down, vec![false, false]);
+        assert_eq!(loads.overloaded[..], [false, false]);
+        assert_eq!(loads.down[..], [false, false]);
         let off = Config::from_json(br#"{"workers":[{"name":"a"}],"overload":{"enabled":false}}"#)
             .unwrap();
         assert!(read_loads(
