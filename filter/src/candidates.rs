@@ -424,6 +424,10 @@ mod tests {
             let pool = [Pool::Regular, Pool::Prefill][rng.below(2)];
             let model = ["m", "x", ""][rng.below(3)];
             let fresh = screen(cfg, pool, model, &loads);
+            assert!(
+                fresh.candidates.is_sorted_by_key(|c| c.worker),
+                "in worker order, as the policies look owners up"
+            );
             let kept = screens.screen((cfg, version), pool, model, &loads).clone();
             assert_eq!(kept, fresh, "step {step}: {pool:?} {model:?}");
             kept_for.insert((pool, model));

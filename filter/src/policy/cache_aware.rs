@@ -25,19 +25,18 @@
 use super::{decide, least_by, least_loaded, least_pressure, Candidate};
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::rng::Rng;
-use crate::tree::PrefixMatch;
+use crate::tree::{PrefixMatch, TenantId};
 
 /// SMG's imbalance test. Both conditions must hold: a small absolute gap on a busy
 /// fleet is noise, and a large ratio on an idle fleet is too.
 pub fn is_imbalanced(candidates: &[Candidate], abs_threshold: u64, rel_threshold: f64) -> bool {
-    let max = candidates.iter().map(|c| c.inflight).max();
-    let min = candidates.iter().map(|c| c.inflight).min();
-    match (max, min) {
-        (Some(max), Some(min)) => {
-            max.saturating_sub(min) > abs_threshold && (max as f64) > (min as f64 * rel_threshold)
-        }
-        _ => false,
+    if candidates.is_empty() {
+        return false;
     }
+    let (min, max) = candidates.iter().fold((u64::MAX, 0), |(min, max), c| {
+        (min.min(c.inflight), max.max(c.inflight))
+    });
+    max.saturating_sub(min) > abs_threshold && (max as f64) > (min as f64 * rel_threshold)
 }
 
 /// The queue gate's one rule. Fails open: without a fresh sample the router cannot
@@ -81,7 +80,9 @@ pub struct CacheAwareParams {
 }
 
 /// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
-/// rung passes, so an imbalanced fleet costs no tree walk.
+/// rung passes, so an imbalanced fleet costs no tree walk. `candidates` come in worker
+/// order, as `crate::candidates` screens them: the match's owners are looked up in
+/// them.
 pub fn cache_aware(
     params: &CacheAwareParams,
     candidates: &[Candidate],
@@ -99,11 +100,7 @@ pub fn cache_aware(
     let found = lookup();
     let matched = found.matched_chars;
     if found.match_rate() > params.cache_threshold {
-        let owners: Vec<&Candidate> = candidates
-            .iter()
-            // Owners are sorted (`PrefixMatch`): a shared prompt may have hundreds.
-            .filter(|c| found.owners.binary_search(&c.worker).is_ok())
-            .collect();
+        let owners = owning(candidates, &found.owners);
         if !owners.is_empty() {
             return Some(gated_owner_choice(
                 params, candidates, &owners, matched, rng,
@@ -111,6 +108,27 @@ pub fn cache_aware(
         }
     }
     least_loaded(candidates, rng).map(|w| decide(w, Reason::CacheMiss, matched, none))
+}
+
+/// The candidates among `owners`, in worker order. Both lists are sorted by worker
+/// (`PrefixMatch` sorts its owners), so the smaller is searched for in the larger: a
+/// conversation has one owner among hundreds of candidates, a shared system prompt
+/// hundreds of owners.
+fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Vec<&'c Candidate> {
+    if owners.len() < candidates.len() {
+        owners
+            .iter()
+            .filter_map(|o| {
+                let at = candidates.binary_search_by_key(o, |c| c.worker).ok()?;
+                candidates.get(at)
+            })
+            .collect()
+    } else {
+        candidates
+            .iter()
+            .filter(|c| owners.binary_search(&c.worker).is_ok())
+            .collect()
+    }
 }
 
 /// Rungs 3 and 4 for a non-empty set of owners.
@@ -485,5 +503,22 @@ mod tests {
             (0, Reason::CacheMiss),
             "a miss is least in-flight, as SMG"
         );
+    }
+
+    #[test]
+    fn owners_are_found_among_candidates_whichever_list_is_longer() {
+        let fleet = cands(&[0; 8]);
+        let ids = |found: Vec<&Candidate>| found.iter().map(|c| c.worker).collect::<Vec<_>>();
+        assert_eq!(ids(owning(&fleet, &[3])), [3], "one owner among many");
+        assert_eq!(ids(owning(&fleet, &[1, 6, 9])), [1, 6], "9 is no candidate");
+        let few = [fleet[2], fleet[5]];
+        let many: Vec<TenantId> = (0..20).collect();
+        assert_eq!(
+            ids(owning(&few, &many)),
+            [2, 5],
+            "many owners, few candidates"
+        );
+        assert!(owning(&few, &[]).is_empty());
+        assert!(owning(&[], &many).is_empty());
     }
 }

@@ -103,22 +103,23 @@ impl PeerLoads {
         Self::sum_by_worker(&self.read(store), names, now_ms, stale_after_ms)
     }
 
-    /// `reports`' fresh counts summed by worker index, and how many reports are
-    /// fresh.
+    /// `reports`' fresh counts summed by worker index (empty when none is fresh:
+    /// a missing count is 0, and a fleet of 256 needs no zeros per request), and how
+    /// many reports are fresh.
     pub fn sum_by_worker(
         reports: &[PeerReport],
         names: &WorkerNames,
         now_ms: u64,
         stale_after_ms: u64,
     ) -> (Vec<u64>, usize) {
-        let mut sums = vec![0u64; names.len()];
         let fresh: Vec<&PeerReport> = reports
             .iter()
             .filter(|r| now_ms.saturating_sub(r.at_ms) < stale_after_ms)
             .collect();
         if fresh.is_empty() {
-            return (sums, 0);
+            return (Vec::new(), 0);
         }
+        let mut sums = vec![0u64; names.len()];
         for r in &fresh {
             for (name, n) in &r.counts {
                 if let Some(s) = names.get(name).and_then(|i| sums.get_mut(i)) {
@@ -157,7 +158,7 @@ mod tests {
             (vec![0, 4], 1),
             "a's report is 1000 ms old: stale"
         );
-        assert_eq!(t.by_worker(&store, &w, 9000, 1000), (vec![0, 0], 0));
+        assert_eq!(t.by_worker(&store, &w, 9000, 1000), (vec![], 0));
         // A newer report replaces the peer's old one.
         assert!(t.store(&store, report("a", 8500, &[("w0", 1)])));
         assert_eq!(t.by_worker(&store, &w, 9000, 1000), (vec![1, 0], 1));
