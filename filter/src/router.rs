@@ -293,10 +293,13 @@ impl Router {
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(pool, model);
                 let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
+                let leaves = tree
+                    .map(|t| t.leaves_by_tenant(self.cfg.workers.len()))
+                    .unwrap_or_default();
                 let ttft: Vec<TtftCandidate> = candidates
                     .iter()
                     .map(|c| TtftCandidate {
-                        conversations: tree.map_or(0, |t| t.tenant_leaves(c.worker) as u64),
+                        conversations: leaves.get(c.worker as usize).copied().unwrap_or(0),
                         ..loads.ttft_candidate(c, &held, self.cfg.stale_after_ms)
                     })
                     .collect();

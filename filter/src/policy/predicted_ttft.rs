@@ -187,11 +187,19 @@ pub fn predicted_ttft(
         .iter()
         .map(|c| (c, c.predict_us(params, input_chars)))
         .collect();
-    let best = scored
-        .iter()
-        .filter(|(c, _)| eligible(c))
-        .map(|(_, t)| *t)
-        .fold(f64::INFINITY, f64::min);
+    // One pass for what needs no other aggregate: the best eligible prediction, the
+    // longest eligible match and the longest match of all.
+    let (best, longest_eligible, longest) = scored.iter().fold(
+        (f64::INFINITY, 0, 0),
+        |(best, longest_eligible, longest), (c, t)| {
+            let longest = longest.max(c.cached_chars);
+            if eligible(c) {
+                (best.min(*t), longest_eligible.max(c.cached_chars), longest)
+            } else {
+                (best, longest_eligible, longest)
+            }
+        },
+    );
     let within = |t: f64| t <= best * params.stay_factor + best * NEAR_TIE_SHARE;
     let near = |t: f64| t <= best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE;
     // A few chars of a match (two users' questions that start alike) are no reason
@@ -201,12 +209,6 @@ pub fn predicted_ttft(
     let holds = |c: &TtftCandidate, longest: u64| {
         longest > margin && c.cached_chars.saturating_add(margin) >= longest
     };
-    let longest_eligible = candidates
-        .iter()
-        .filter(|c| eligible(c))
-        .map(|c| c.cached_chars)
-        .max()
-        .unwrap_or(0);
     let fewest = scored
         .iter()
         .filter(|(c, t)| eligible(c) && near(*t))
@@ -214,30 +216,25 @@ pub fn predicted_ttft(
         .min()
         .unwrap_or(0);
     let conversation_cap = ((1.0 + params.load_factor) * fewest as f64).ceil() as u64 + 1;
-    let rung = |keep: &dyn Fn(&TtftCandidate, f64) -> bool| -> Vec<(&TtftCandidate, f64)> {
-        scored
-            .iter()
-            .copied()
-            .filter(|(c, t)| keep(c, *t))
-            .collect()
-    };
-    let continuing = rung(&|c, t| c.continues && within(t));
-    let holders = rung(&|c, t| {
+    let continuing = |c: &TtftCandidate, t: f64| c.continues && within(t);
+    let holder = |c: &TtftCandidate, t: f64| {
         eligible(c)
             && within(t)
             && holds(c, longest_eligible)
             && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
             && c.conversations.saturating_add(1) <= conversation_cap
-    });
-    let group = if !continuing.is_empty() {
-        continuing
-    } else if !holders.is_empty() {
-        holders
-    } else {
-        rung(&|c, t| eligible(c) && near(t))
     };
-    let (winner, ttft) = least_loaded(&group, rng)?;
-    let longest = candidates.iter().map(|c| c.cached_chars).max().unwrap_or(0);
+    let spread = |c: &TtftCandidate, t: f64| eligible(c) && near(t);
+    // The first rung anyone is on is the group, read in place rather than copied.
+    let on = |rung: &dyn Fn(&TtftCandidate, f64) -> bool| scored.iter().any(|(c, t)| rung(c, *t));
+    let group: &dyn Fn(&TtftCandidate, f64) -> bool = if on(&continuing) {
+        &continuing
+    } else if on(&holder) {
+        &holder
+    } else {
+        &spread
+    };
+    let (winner, ttft) = least_loaded(&scored, group, rng)?;
     let reason = if longest <= margin {
         Reason::TtftCold
     } else if holds(winner, longest) {
@@ -261,20 +258,20 @@ pub fn predicted_ttft(
     Some(d)
 }
 
-/// The fewest conversations first (the work a worker has taken on), then the least
-/// predicted TTFT, near-ties at random.
+/// Among the scored candidates `in_group` keeps: the fewest conversations first (the
+/// work a worker has taken on), then the least predicted TTFT, near-ties at random.
 fn least_loaded<'a>(
-    group: &[(&'a TtftCandidate, f64)],
+    scored: &[(&'a TtftCandidate, f64)],
+    in_group: &dyn Fn(&TtftCandidate, f64) -> bool,
     rng: &mut dyn Rng,
 ) -> Option<(&'a TtftCandidate, f64)> {
-    let fewest = group.iter().map(|(c, _)| c.conversations).min()?;
-    let least = group
-        .iter()
+    let group = || scored.iter().filter(|(c, t)| in_group(c, *t));
+    let fewest = group().map(|(c, _)| c.conversations).min()?;
+    let least = group()
         .filter(|(c, _)| c.conversations == fewest)
         .map(|(_, t)| *t)
         .fold(f64::INFINITY, f64::min);
-    let tied: Vec<&(&TtftCandidate, f64)> = group
-        .iter()
+    let tied: Vec<&(&TtftCandidate, f64)> = group()
         .filter(|(c, t)| c.conversations == fewest && *t <= least + least * NEAR_TIE_SHARE)
         .collect();
     tied.get(rng.below(tied.len())).map(|&&pair| pair)
