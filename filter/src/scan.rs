@@ -163,17 +163,28 @@ mod simd {
         )
     }
 
+    /// One bit per byte of a block: the high bits of its four vectors.
+    fn mask64(v: [v128; 4]) -> u64 {
+        v.iter()
+            .enumerate()
+            .fold(0, |m, (i, &x)| m | u64::from(u8x16_bitmask(x)) << (16 * i))
+    }
+
     pub fn plain_run(bytes: &[u8]) -> (usize, bool) {
         // A prompt's strings run for kilobytes: 64 bytes a step with one test while
-        // nothing stops them, then 16 a step to find where the stop is.
+        // nothing stops them; the block with the stop says where from its masks.
         let mut high = u8x16_splat(0);
         let mut n = 0;
         for b in blocks(bytes) {
-            let [v0, v1, v2, v3] = load4(b);
-            let stop = v128_or(v128_or(stops(v0), stops(v1)), v128_or(stops(v2), stops(v3)));
-            if v128_any_true(stop) {
-                break;
+            let v = load4(b);
+            let [s0, s1, s2, s3] = v.map(stops);
+            if v128_any_true(v128_or(v128_or(s0, s1), v128_or(s2, s3))) {
+                let at = mask64([s0, s1, s2, s3]).trailing_zeros();
+                let before = (1u64 << at) - 1;
+                let ascii = u8x16_bitmask(high) == 0 && mask64(v) & before == 0;
+                return (n + at as usize, ascii);
             }
+            let [v0, v1, v2, v3] = v;
             high = v128_or(high, v128_or(v128_or(v0, v1), v128_or(v2, v3)));
             n += 64;
         }
@@ -199,12 +210,15 @@ mod simd {
         let mut n = 0;
         for (x, y) in blocks(a).zip(blocks(b)) {
             let ([x0, x1, x2, x3], [y0, y1, y2, y3]) = (load4(x), load4(y));
-            let same = v128_and(
-                v128_and(i8x16_eq(x0, y0), i8x16_eq(x1, y1)),
-                v128_and(i8x16_eq(x2, y2), i8x16_eq(x3, y3)),
-            );
-            if !i8x16_all_true(same) {
-                break;
+            let eq = [
+                i8x16_eq(x0, y0),
+                i8x16_eq(x1, y1),
+                i8x16_eq(x2, y2),
+                i8x16_eq(x3, y3),
+            ];
+            let [e0, e1, e2, e3] = eq;
+            if !i8x16_all_true(v128_and(v128_and(e0, e1), v128_and(e2, e3))) {
+                return n + mask64(eq).trailing_ones() as usize;
             }
             n += 64;
         }
