@@ -83,7 +83,23 @@ impl Op {
     }
 
     fn encode_tagged(&self, insert_tag: u8) -> Vec<u8> {
-        let mut out = Vec::new();
+        // Sized up front: a routing text is kilobytes, and growing to it reallocates.
+        let fields = |m: &str, w: &str, t: &str| 2 + 12 + m.len() + w.len() + t.len();
+        let mut out = Vec::with_capacity(match self {
+            Op::Insert {
+                model,
+                worker,
+                text,
+                ..
+            } => fields(model, worker, text),
+            Op::Forget {
+                model,
+                worker,
+                text,
+                ..
+            } => fields(model, worker, text) + 16,
+            _ => 16,
+        });
         match self {
             Op::Insert {
                 pool,

@@ -69,6 +69,8 @@ pub struct OpRing {
     /// The rider's bytes as this VM last read or wrote them: what its requests
     /// route by, and what a write with the hint starts from.
     tail: RefCell<Vec<u8>>,
+    /// The buffer a slot's value is built in (sequence, then operation).
+    slot_value: RefCell<Vec<u8>>,
     /// The tables' generation as of this VM's last read of the head.
     generation: Cell<Option<u64>>,
     /// The claimed but unwritten sequence this VM's reads stopped at, and when they
@@ -157,6 +159,7 @@ impl OpRing {
             slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
             head_hint: Cell::new(None),
             tail: RefCell::new(Vec::new()),
+            slot_value: RefCell::new(Vec::new()),
             generation: Cell::new(None),
             hole: Cell::new(None),
         }
@@ -285,7 +288,10 @@ impl OpRing {
                 SetOutcome::CasMismatch => continue,
                 SetOutcome::Failed => return Err(AppendError::Unavailable),
             }
-            let mut value = Vec::with_capacity(8 + op.len());
+            // The slot's value is built in a buffer kept for it: an operation is
+            // kilobytes, and allocating as much per append showed in the counts.
+            let mut value = self.slot_value.borrow_mut();
+            value.clear();
             value.extend_from_slice(&claimed.to_le_bytes());
             value.extend_from_slice(op);
             // The sequence is this writer's alone: no CAS (0 writes unconditionally).
