@@ -26,7 +26,7 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::TenantId;
+use crate::tree::{PrefixMatch, TenantId};
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,8 +253,9 @@ impl Router {
         let (all_flagged, all_down) = (*all_flagged, *all_down);
         let gate_inert = candidates::gate_inert(candidates, self.cfg.worker_queue_limit);
         // The tree policies also say how much of the text the chosen worker holds
-        // (what its `Record` carries); the others record nothing.
-        let (decision, held_chars) = match (policy, text) {
+        // (what its `Record` carries); the others record nothing. `cache_aware` also
+        // gives the match it walked, if it walked the tree.
+        let (decision, held_chars, matched) = match (policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
                     cache_threshold: self.cfg.cache_threshold,
@@ -264,20 +265,20 @@ impl Router {
                     saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
                 let tree = self.trees.get(pool, model);
-                let mut matched: Option<(usize, Vec<TenantId>)> = None;
+                let mut matched: Option<PrefixMatch> = None;
                 let decision = policy::cache_aware(
                     &params,
                     candidates,
                     || {
                         let found = match tree {
                             Some(t) => t.prefix_match(text),
-                            None => crate::tree::PrefixMatch {
+                            None => PrefixMatch {
                                 matched_chars: 0,
                                 input_chars: crate::tree::char_len(text),
                                 owners: Vec::new(),
                             },
                         };
-                        matched = Some((found.matched_chars, found.owners.clone()));
+                        matched = Some(found.clone());
                         found
                     },
                     rng,
@@ -285,10 +286,10 @@ impl Router {
                 // An owner of the match holds all of it; anyone else, what a walk
                 // of its own says (a balanced fleet never walked the tree at all).
                 let held = decision.as_ref().map_or(0, |d| match &matched {
-                    Some((chars, owners)) if owners.binary_search(&d.worker).is_ok() => *chars,
+                    Some(m) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
                     _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
                 });
-                (decision, held)
+                (decision, held, matched)
             }
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(pool, model);
@@ -306,10 +307,10 @@ impl Router {
                 let input = crate::tree::char_len(text) as u64;
                 let decision = policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng);
                 let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
-                (decision, chosen)
+                (decision, chosen, None)
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
-                (policy::unreadable(candidates, rng), 0)
+                (policy::unreadable(candidates, rng), 0, None)
             }
             (Policy::RoundRobin, _) => {
                 let mut spare = 0;
@@ -317,10 +318,10 @@ impl Router {
                     .rr_counters
                     .get_mut(pool as usize)
                     .unwrap_or(&mut spare);
-                (policy::round_robin(candidates, counter), 0)
+                (policy::round_robin(candidates, counter), 0, None)
             }
-            (Policy::Random, _) => (policy::random(candidates, rng), 0),
-            (Policy::PowerOfTwo, _) => (policy::power_of_two(candidates, rng), 0),
+            (Policy::Random, _) => (policy::random(candidates, rng), 0, None),
+            (Policy::PowerOfTwo, _) => (policy::power_of_two(candidates, rng), 0, None),
         };
         let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
         if all_down {
@@ -329,13 +330,13 @@ impl Router {
             decision.reason = Reason::AllOverloaded;
         }
         // Only a miss can hide a filtered owner: any other reason either hit an
-        // owner or never consulted the tree.
+        // owner or never consulted the tree. A miss is `cache_aware`'s after its
+        // walk, so the match is at hand.
         let owner_overloaded = !flagged.is_empty()
             && decision.reason == Reason::CacheMiss
-            && text.is_some_and(|t| {
-                let tree = self.trees.get(pool, model);
-                tree.is_some_and(|tree| owners_filtered(&self.cfg, tree, t, candidates, flagged))
-            });
+            && matched
+                .as_ref()
+                .is_some_and(|m| owners_filtered(self.cfg.cache_threshold, m, candidates, flagged));
         let record = match (policy, text) {
             (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Record {
                 op: Op::Insert {
@@ -423,22 +424,17 @@ impl Router {
     }
 }
 
-/// Whether `text` has owners above the cache threshold, none of them a candidate
+/// Whether `found` has owners above the cache threshold, none of them a candidate
 /// and some of them flagged.
 fn owners_filtered(
-    cfg: &Config,
-    tree: &crate::tree::Tree,
-    text: &str,
+    cache_threshold: f64,
+    found: &PrefixMatch,
     candidates: &[Candidate],
     flagged: &[TenantId],
 ) -> bool {
-    let found = tree.prefix_match(text);
-    found.match_rate() > cfg.cache_threshold
+    found.match_rate() > cache_threshold
         && found.owners.iter().any(|o| flagged.contains(o))
-        && !found
-            .owners
-            .iter()
-            .any(|o| candidates.iter().any(|c| c.worker == *o))
+        && policy::owning(candidates, &found.owners).is_empty()
 }
 
 #[cfg(test)]

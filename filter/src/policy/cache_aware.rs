@@ -110,11 +110,12 @@ pub fn cache_aware(
     least_loaded(candidates, rng).map(|w| decide(w, Reason::CacheMiss, matched, none))
 }
 
-/// The candidates among `owners`, in worker order. Both lists are sorted by worker
+/// The candidates among `owners`, in worker order (also the router's test of whether a
+/// match's owners were all screened out). Both lists are sorted by worker
 /// (`PrefixMatch` sorts its owners), so the smaller is searched for in the larger: a
 /// conversation has one owner among hundreds of candidates, a shared system prompt
 /// hundreds of owners.
-fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Vec<&'c Candidate> {
+pub(crate) fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Vec<&'c Candidate> {
     if owners.len() < candidates.len() {
         owners
             .iter()

@@ -16,6 +16,7 @@ mod predicted_ttft;
 mod random;
 mod round_robin;
 
+pub(crate) use cache_aware::owning;
 pub use cache_aware::{
     any_fresh_queue_below, cache_aware, fleet_all_queued, is_imbalanced, queue_gate_admits,
     CacheAwareParams,
