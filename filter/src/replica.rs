@@ -490,11 +490,13 @@ mod tests {
     fn export_carries_local_inserts_only_from_the_cursor() {
         let store = MemStore::default();
         let ring = ring(&store, 64);
-        ring.append(&store, &insert("a", "w0").encode()).unwrap();
-        ring.append(&store, &Op::Evict.encode()).unwrap();
-        ring.append(&store, &insert("peer", "w1").encode_imported())
+        ring.append_one(&store, &insert("a", "w0").encode())
             .unwrap();
-        ring.append(&store, &insert("b", "w1").encode()).unwrap();
+        ring.append_one(&store, &Op::Evict.encode()).unwrap();
+        ring.append_one(&store, &insert("peer", "w1").encode_imported())
+            .unwrap();
+        ring.append_one(&store, &insert("b", "w1").encode())
+            .unwrap();
         let all = export(&ring, &store, 0, 0, 16, 1 << 20, vec![("w0".into(), 1)]);
         assert_eq!(all.ops, vec![insert("a", "w0"), insert("b", "w1")]);
         assert_eq!((all.next, all.gaps), (4, 0));
@@ -511,7 +513,7 @@ mod tests {
         let store = MemStore::default();
         let ring = ring(&store, 64);
         for i in 0..10 {
-            ring.append(
+            ring.append_one(
                 &store,
                 &insert(&format!("{i}{}", "x".repeat(100)), "w0").encode(),
             )
@@ -540,7 +542,7 @@ mod tests {
         }
         assert_eq!(seen, 10, "every operation exported exactly once");
         // A text larger than the budget is cut, never stuck.
-        ring.append(&store, &insert(&"y".repeat(5000), "w0").encode())
+        ring.append_one(&store, &insert(&"y".repeat(5000), "w0").encode())
             .unwrap();
         let big = export(&ring, &store, 10, 0, 16, 400, Vec::new());
         assert_eq!(big.next, 11);
@@ -551,7 +553,7 @@ mod tests {
     fn a_cursor_from_before_a_restart_reads_the_new_ring() {
         let store = MemStore::default();
         let ring = ring(&store, 64);
-        ring.append(&store, &insert("after restart", "w0").encode())
+        ring.append_one(&store, &insert("after restart", "w0").encode())
             .unwrap();
         let b = export(&ring, &store, 5000, 0, 16, 1 << 20, Vec::new());
         assert_eq!(b.ops, vec![insert("after restart", "w0")]);
@@ -563,7 +565,7 @@ mod tests {
         let store = MemStore::default();
         let ring = ring(&store, 4);
         for i in 0..10 {
-            ring.append(&store, &insert(&i.to_string(), "w0").encode())
+            ring.append_one(&store, &insert(&i.to_string(), "w0").encode())
                 .unwrap();
         }
         let b = export(&ring, &store, 0, 0, 16, 1 << 20, Vec::new());
@@ -590,7 +592,7 @@ mod tests {
         let (entries, skipped) = import(&batch, &workers(), 4);
         assert_eq!((entries.len(), skipped), (1, 2));
         for e in &entries {
-            ring.append(&store, e).unwrap();
+            ring.append_one(&store, e).unwrap();
         }
         let mut cursor = 0;
         let mut applied = Vec::new();

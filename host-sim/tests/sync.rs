@@ -32,8 +32,11 @@ fn chat(conversation: usize, turn: usize) -> Vec<u8> {
     support::chat_with_system("m", Some(&system), &turns)
 }
 
-/// Sends a request on `vm`; returns the chosen cluster and the stream (still open).
+/// Sends a request on `vm` a sync window after the last one (turns of a
+/// conversation come a whole answer apart); returns the chosen cluster and the
+/// stream (still open).
 fn open(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, StreamHandle) {
+    host.advance_time(support::SYNC_WINDOW_MS).unwrap();
     let spec = RequestSpec::post_json("/v1/chat/completions", body);
     let (cluster, out) = support::open(host, vm, spec);
     assert!(out.continued, "routed and continued: {out:?}");
@@ -191,4 +194,53 @@ fn a_root_context_without_streams_keeps_no_tree_until_its_first_one() {
         0,
         "a start, not a gap"
     );
+}
+
+/// Sends a request on `vm` at the host's current time (no window passes).
+fn open_now(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, StreamHandle) {
+    let spec = RequestSpec::post_json("/v1/chat/completions", body);
+    let (cluster, out) = support::open(host, vm, spec);
+    assert!(out.continued, "routed and continued: {out:?}");
+    (cluster, out.handle)
+}
+
+fn shared_data_reads(host: &Host) -> u64 {
+    host.hostcall_counts()
+        .get("proxy_get_shared_data")
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn within_a_window_a_thread_sees_its_own_records_and_the_others_at_its_next_sync() {
+    let mut h = host(3, "");
+    // VM 0 syncs with its first request, and keeps it open.
+    let (_, held) = open(&mut h, 0, chat(1, 0));
+    // In the same window, a new conversation on VM 0, then its next turn.
+    let reads = shared_data_reads(&h);
+    let (owner, first) = open_now(&mut h, 0, chat(2, 0));
+    let (cluster, next) = open_now(&mut h, 0, chat(2, 1));
+    assert_eq!(cluster, owner, "VM 0 sees its own record at once");
+    assert_eq!(
+        shared_data_reads(&h),
+        reads,
+        "no shared-data read inside the window"
+    );
+    // VM 1 syncs now (its first request), before VM 0 has shared.
+    let (_, other) = open_now(&mut h, 1, chat(7, 0));
+    let (_, reason) = route(&mut h, 1, chat(2, 5));
+    assert_eq!(reason, "cache_miss", "not shared before VM 0's next sync");
+    // A window later, VM 0's stream ends: that is its next sync.
+    h.advance_time(support::SYNC_WINDOW_MS).unwrap();
+    for handle in [first, next, held] {
+        h.vm(0).finish(handle).unwrap();
+    }
+    h.vm(1).finish(other).unwrap();
+    let (cluster, reason) = route(&mut h, 2, chat(2, 2));
+    assert_eq!(
+        (cluster, reason.as_str()),
+        (owner, "cache_hit"),
+        "VM 2 sees what VM 0 routed"
+    );
+    assert_eq!(support::stat(&h, "llm_router_sync_gaps"), 0);
 }

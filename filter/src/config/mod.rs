@@ -51,6 +51,10 @@ pub const DEFAULT_MAX_ROUTING_TEXT_BYTES: usize = 256 * 1024;
 /// How often each VM catches up with the ring when it routes nothing, and checks
 /// whether an eviction is due.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 1000;
+/// A thread shares its routed texts and counts with the others at most this often
+/// under load: a few requests' worth at a thread's rate, far below a turn's answer.
+pub const DEFAULT_SYNC_BATCH_MS: u64 = 2;
+pub const MAX_SYNC_BATCH_MS: u64 = 1000;
 /// An engine sample older than this is not used (the collector pushes every 1 s).
 pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;
 pub const DEFAULT_STATS_PATH: &str = "/llm-router/stats";
@@ -141,6 +145,9 @@ fn default_max_routing_text_bytes() -> usize {
 }
 fn default_sync_interval() -> u64 {
     DEFAULT_SYNC_INTERVAL_MS
+}
+fn default_sync_batch() -> u64 {
+    DEFAULT_SYNC_BATCH_MS
 }
 fn default_stale_after() -> u64 {
     DEFAULT_STALE_AFTER_MS
@@ -269,6 +276,10 @@ pub struct Config {
     pub max_routing_text_bytes: usize,
     #[serde(default = "default_sync_interval")]
     pub sync_interval_ms: u64,
+    /// How long a thread may route by what it has before it syncs with the others
+    /// (`crate::shared::Outbox`); 0 syncs on every request.
+    #[serde(default = "default_sync_batch")]
+    pub sync_batch_ms: u64,
     #[serde(default = "default_cluster_header")]
     pub cluster_header: String,
     #[serde(default = "default_endpoint_header")]
@@ -460,6 +471,9 @@ impl Config {
         if self.sync_interval_ms < 10 {
             return Err(err("sync_interval_ms", "must be >= 10"));
         }
+        if self.sync_batch_ms > MAX_SYNC_BATCH_MS {
+            return Err(err("sync_batch_ms", "must be at most 1000"));
+        }
         if !is_header_name(&self.cluster_header) {
             return Err(err(
                 "cluster_header",
@@ -603,6 +617,9 @@ mod tests {
             "sync_interval_ms"
         );
         assert!(with(r#","sync_interval_ms":10"#).is_ok());
+        assert_eq!(field_of(with(r#","sync_batch_ms":1001"#)), "sync_batch_ms");
+        assert!(with(r#","sync_batch_ms":1000"#).is_ok());
+        assert!(with(r#","sync_batch_ms":0"#).is_ok());
         assert_eq!(
             field_of(with(r#","cluster_header":"X-Bad Header""#)),
             "cluster_header"

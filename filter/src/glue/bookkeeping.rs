@@ -2,13 +2,15 @@
 //! its stream ends, its metrics (`crate::bookkeeping::Booking`), the tree
 //! operations its plan records, and their undoing if no engine served it.
 
+use std::rc::Rc;
+
 use super::host::HostStore;
 use super::state::State;
 use crate::bookkeeping::booking;
 use crate::decision::Decision;
 use crate::plan::Plan;
 use crate::router::Record;
-use crate::shared::Op;
+use crate::shared::{Op, Recorded, Stage};
 use crate::work_hold::WorkHold;
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
@@ -21,7 +23,7 @@ pub struct Held {
 }
 
 impl Held {
-    /// Published by the request's first tree record, else at the end of `book`.
+    /// Published by this VM's next sync: `book`'s, if the request syncs.
     pub fn take(state: &State, worker: &str) -> Held {
         state.shared.inflight.take(worker);
         Held {
@@ -36,12 +38,14 @@ impl Held {
         &self.worker
     }
 
-    /// Gives the count back, at most once.
+    /// Gives the count back, at most once. This VM's last count is published at
+    /// once, by the stream's `settle` when records wait (one write for both).
     pub fn release(&mut self, state: &State) {
         if std::mem::take(&mut self.counted) {
             let s = &state.shared;
-            let now = s.recent_ms.get();
-            s.inflight.release(&HostStore, &s.ring, &self.worker, now);
+            if s.inflight.release(&self.worker) && s.outbox.is_empty() {
+                s.inflight.flush(&HostStore, &s.ring, s.recent_ms.get());
+            }
         }
     }
 }
@@ -75,45 +79,65 @@ pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
     }
 }
 
-/// What undoes a routed request's tree records if no engine serves it: per insert,
-/// its `Op::Forget` (the text, what the worker held of it before, the insert's
-/// sequence). The texts are the records' own, moved here, not copies.
+/// What undoes a routed request's tree records if no engine serves it: each
+/// record's insert, moved here (not copied), with how many chars of its text its
+/// worker held before it.
 #[derive(Default)]
 pub struct Undo {
-    forgets: Vec<Op>,
+    records: Vec<(Rc<Recorded>, Op, u64)>,
 }
 
-/// Counts the routed request (whose routing text had `text_chars` chars), records
-/// its tree operations (shared with every VM, applied here in ring order) and
-/// publishes its in-flight counts (`Held::take`) if no record carried them; returns
-/// the records' undoing. An insert kept on this VM only (the ring refused it) is
-/// not undone.
+/// Counts the routed request (whose routing text had `text_chars` chars) and
+/// records its tree operations: shared now if the request syncs (its in-flight
+/// counts riding on the claim, or written alone when nothing was recorded), else
+/// at a later sync (`crate::shared::Outbox`); returns the records' undoing.
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
     let mut undo = Undo::default();
     for Record { op, held_chars } in plan.records {
-        if let Some(seq) = state.record(&op) {
-            undo.forgets.extend(op.into_forget(held_chars, seq));
-        }
+        undo.records.push((state.record(&op), op, held_chars));
     }
-    let s = &state.shared;
-    s.inflight.flush(&HostStore, &s.ring, s.recent_ms.get());
+    if state.sync_due() || state.shared.outbox.full() {
+        state.flush();
+    }
     undo
 }
 
 /// A routed request no engine served: counts it (`llm_router_unserved`) and
 /// forgets what it recorded under `worker` (its main upstream failed; a prefill
 /// that served its part keeps it), or under every worker (`None`: the filter
-/// answered it after routing).
+/// answered it after routing). A record still waiting for its sync is taken back
+/// and forgotten here only; a shared one is forgotten by every VM; one the ring
+/// refused is left.
 pub fn unserved(state: &mut State, undo: Undo, worker: Option<&str>) {
     state.metrics.unserved.inc();
-    for op in undo.forgets {
+    for (rec, op, held_chars) in undo.records {
         let ours = match (&op, worker) {
-            (Op::Forget { worker: w, .. }, Some(only)) => w == only,
+            (Op::Insert { worker: w, .. }, Some(only)) => w == only,
             _ => true,
         };
-        if ours {
-            state.record(&op);
+        if !ours {
+            continue;
+        }
+        match rec.stage() {
+            Stage::Waiting {
+                applied_at: Some(seq),
+            } => {
+                state.shared.outbox.withdraw(&rec);
+                if let Some(forget) = op.into_forget(held_chars, seq) {
+                    state.router.apply(seq, &forget);
+                }
+            }
+            Stage::Shared(seq) => {
+                if let Some(forget) = op.into_forget(held_chars, seq) {
+                    // Shared by the stream's `settle`, or a later sync.
+                    state.record(&forget);
+                }
+            }
+            // Not applied here, or kept here only (the ring refused it): left.
+            Stage::Waiting { applied_at: None } | Stage::Kept | Stage::Withdrawn => {
+                state.shared.outbox.withdraw(&rec);
+            }
         }
     }
 }

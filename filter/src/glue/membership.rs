@@ -42,7 +42,7 @@ pub fn with_membership<T>(
         match state.shared.membership.write(&HostStore, &next, cas) {
             SetOutcome::Stored => {
                 state.metrics.membership_updates.inc();
-                state.record(&Op::Membership(next));
+                state.record_now(&Op::Membership(next));
                 return Ok(out);
             }
             SetOutcome::CasMismatch => continue,

@@ -13,7 +13,7 @@ use super::state::{Shared, State};
 use crate::header_names::REASON_HEADER;
 use crate::push::token_matches;
 use crate::replica::{export, import, request_of, Batch, ReplicaError, Request};
-use crate::shared::{Gate, PeerLoads, PeerReport, PushLockout};
+use crate::shared::{Batch as RingBatch, Gate, PeerLoads, PeerReport, PushLockout};
 
 /// The endpoint's stats.
 /// A peer batch being received.
@@ -135,15 +135,15 @@ pub fn accept(state: &Shared, import_req: Import, body: &[u8]) -> Action {
         Err(e) => return refuse(s, &e),
     };
     let (entries, skipped) = import(&batch, &cfg.workers, cfg.max_routing_text_bytes);
-    let mut imported = 0u64;
+    // One sequence for the whole batch: every thread reads it with one `get`.
+    let mut shared = RingBatch::default();
     for entry in &entries {
-        match s.shared.ring.append(&HostStore, entry) {
-            Ok(_) => imported += 1,
-            // The ring is contended or gone: the rest of the batch is dropped (the
-            // peers' state is advisory), and counted as skipped.
-            Err(_) => break,
-        }
+        shared.push_encoded(entry);
     }
+    let appended = shared.is_empty() || s.shared.ring.append(&HostStore, &shared).is_ok();
+    // The ring is contended or gone: the batch is dropped (the peers' state is
+    // advisory), and counted as skipped.
+    let imported = if appended { entries.len() as u64 } else { 0 };
     let dropped = entries.len() as u64 - imported;
     if !import_req.replay {
         PeerLoads::new(&s.shared.keys).store(

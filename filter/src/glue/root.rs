@@ -87,6 +87,10 @@ impl Root {
         state.shared.recent_ms.set(now);
         if state.serving() {
             state.catch_up();
+            // What waits is shared within a tick, whatever the traffic.
+            if !state.shared.outbox.is_empty() {
+                state.flush();
+            }
         } else {
             // No tree to catch up with, but the gauges below read the in-flight
             // counts riding on the head: a stale copy would write zeros over the
@@ -108,7 +112,7 @@ impl Root {
         }
         let interval = state.router.config().eviction_interval_ms;
         if state.shared.eviction.claim(&HostStore, now, interval) {
-            state.record(&Op::Evict);
+            state.record_now(&Op::Evict);
         }
         let vm_gauges = self.vm_gauges.get_or_insert_with(VmGauges::define);
         if state.serving() {

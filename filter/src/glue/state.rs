@@ -14,8 +14,9 @@ use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
 use crate::router::Router;
 use crate::shared::{
-    owner_expiry_ms, read_loads, CostTable, EvictionClock, InflightTable, Keys, MembershipTable,
-    Op, OpRing, OwnAtSample, SamplesTable, TableCache, WorkTable,
+    owner_expiry_ms, read_loads, CostTable, EvictionClock, Flushed, InflightTable, Keys,
+    MembershipTable, Op, OpRing, Outbox, OwnAtSample, Recorded, SamplesTable, TableCache,
+    WorkTable,
 };
 
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -25,6 +26,8 @@ const GATE_INERT_LOG_SAMPLE: u64 = 64;
 pub struct SharedState {
     pub keys: Keys,
     pub ring: OpRing,
+    /// What this VM recorded since its last sync, and when that was.
+    pub outbox: Outbox,
     pub inflight: InflightTable,
     pub eviction: EvictionClock,
     pub samples: SamplesTable,
@@ -74,10 +77,12 @@ impl State {
         // This VM instance's id in the tables it owns counts in (0 is the readers').
         let vm = host::random_seed().max(1);
         let expiry = owner_expiry_ms(cfg.tick_ms());
+        let outbox = Outbox::new(cfg.sync_batch_ms);
         let mut state = State {
             router: Router::new(cfg),
             shared: SharedState {
                 ring,
+                outbox,
                 inflight: InflightTable::new(vm, expiry),
                 eviction: EvictionClock::new(&keys),
                 samples: SamplesTable::new(&keys),
@@ -128,6 +133,7 @@ impl State {
         let expiry = owner_expiry_ms(cfg.tick_ms());
         self.shared.inflight.set_expiry(expiry);
         self.shared.work.set_expiry(expiry);
+        self.shared.outbox.set_window(cfg.sync_batch_ms);
         self.router.reconfigure(cfg);
         self.shared.tables.clear();
         self.refresh_membership();
@@ -149,10 +155,10 @@ impl State {
     }
 
     /// What a request routes by: every thread's in-flight counts, the collector's
-    /// samples and the overload flags, read once.
+    /// samples and the overload flags, read once, at the time the caller last read
+    /// the clock (`recent_ms`).
     pub fn loads(&self) -> Loads {
-        let now = host::now_ms();
-        self.shared.recent_ms.set(now);
+        let now = self.shared.recent_ms.get();
         let s = &self.shared;
         let cfg = self.router.config();
         read_loads(
@@ -194,12 +200,16 @@ impl State {
         let version = self.router.membership_version();
         let router = &mut self.router;
         let now = self.shared.recent_ms.get();
-        let got = self
-            .shared
+        let s = &mut self.shared;
+        let outbox = &s.outbox;
+        // This VM's own batches were applied when they were recorded.
+        let mine = |seq| outbox.applied_ahead(seq);
+        let got = s
             .ring
-            .catch_up(&HostStore, &mut self.shared.cursor, now, |seq, op| {
+            .catch_up_past(&HostStore, &mut s.cursor, now, mine, |seq, op| {
                 router.apply(seq, &op)
             });
+        s.outbox.passed(s.cursor);
         if got.applied > 0 {
             self.metrics.sync_applied.add(got.applied);
         }
@@ -238,43 +248,94 @@ impl State {
         );
     }
 
-    /// Shares `op` with every VM and applies it here (in ring order); its sequence
-    /// number, or `None` when it could only be applied here. When this VM had
-    /// applied everything before it, `op` is applied from hand: reading it back from
-    /// shared data would copy and decode the whole routing text again. The claim
-    /// carries this VM's in-flight counts if a change waits (a booking).
-    pub fn record(&mut self, op: &Op) -> Option<u64> {
-        let appended = {
-            let s = &self.shared;
-            let riding = s.inflight.rider(s.recent_ms.get());
-            s.ring.append_riding(&HostStore, &op.encode(), &riding)
-        };
-        match appended {
-            // Shared for every VM; a root context without streams keeps no tree.
-            Ok(seq) if !self.serving => Some(seq),
-            Ok(seq) if seq == self.shared.cursor => {
+    /// Whether this VM syncs with the others now (`crate::shared::Outbox`), by the
+    /// clock as last read.
+    pub fn sync_due(&self) -> bool {
+        self.shared.outbox.due(self.shared.recent_ms.get())
+    }
+
+    /// Records a request's tree operation, shared at this VM's next sync and
+    /// applied here at once, ahead of its ring place (`crate::shared::Outbox`).
+    pub fn record(&mut self, op: &Op) -> Rc<Recorded> {
+        let applied_at = self.serving.then_some(self.shared.cursor);
+        if let Some(seq) = applied_at {
+            self.router.apply(seq, op);
+        }
+        self.shared.outbox.push(op, applied_at)
+    }
+
+    /// Records an operation every VM applies at the same point of the ring
+    /// (eviction, a new worker list) and shares it at once, after whatever waits.
+    pub fn record_now(&mut self, op: &Op) {
+        if !self.shared.outbox.is_empty() {
+            self.flush();
+        }
+        self.shared.outbox.push(op, None);
+        match self.flush() {
+            Flushed::Shared { seq, .. } if self.serving && seq == self.shared.cursor => {
                 let version = self.router.membership_version();
                 self.router.apply(seq, op);
                 self.shared.cursor = seq.saturating_add(1);
                 self.metrics.sync_applied.inc();
                 self.follow_membership(version);
-                Some(seq)
             }
-            Ok(seq) => {
-                self.catch_up();
-                Some(seq)
-            }
-            Err(e) => {
-                self.metrics.sync_append_failures.inc();
-                host::log(
-                    LogLevel::Warn,
-                    &format!("llm-router: tree operation kept on this thread only: {e:?}"),
-                );
+            Flushed::Refused { .. } => {
                 let version = self.router.membership_version();
                 self.router.apply_local(op);
                 self.follow_membership(version);
-                None
+            }
+            // Behind other VMs' operations: applied by catching up with them.
+            Flushed::Shared { .. } if self.serving => self.catch_up(),
+            _ => {}
+        }
+    }
+
+    /// The end of a stream: what waits is shared once the window has passed, or
+    /// once this VM holds no request (then nothing may come to share it until the
+    /// tick).
+    pub fn settle(&mut self) {
+        if !self.shared.outbox.is_empty()
+            && (self.shared.inflight.holds_nothing() || self.sync_due())
+        {
+            self.flush();
+        }
+    }
+
+    /// Shares what this VM recorded since its last sync as one batch, this VM's
+    /// counts riding on the claim (nothing recorded: the counts alone, if they
+    /// changed). What this VM applied ahead is not applied again; when other VMs
+    /// appended first, their operations are applied now. What it did.
+    pub fn flush(&mut self) -> Flushed {
+        let now = self.shared.recent_ms.get();
+        let s = &mut self.shared;
+        let flushed = s
+            .outbox
+            .flush(&HostStore, &s.ring, &s.inflight.rider(now), now);
+        match flushed {
+            Flushed::Nothing => {
+                s.inflight.flush(&HostStore, &s.ring, now);
+            }
+            // Shared for every VM; a root context without streams keeps no tree.
+            Flushed::Shared { .. } if !self.serving => {}
+            Flushed::Shared { seq, ops, ahead } if seq == self.shared.cursor => {
+                if ahead {
+                    self.shared.cursor = seq.saturating_add(1);
+                    self.shared.outbox.passed(self.shared.cursor);
+                    self.metrics.sync_applied.add(ops as u64);
+                }
+            }
+            // Other VMs appended first: their operations come before the batch.
+            Flushed::Shared { ahead: true, .. } => self.catch_up(),
+            // `record_now` applies its operation in ring order.
+            Flushed::Shared { .. } => {}
+            Flushed::Refused { error, ops } => {
+                self.metrics.sync_append_failures.add(ops as u64);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("llm-router: tree operations kept on this thread only: {error:?}"),
+                );
             }
         }
+        flushed
     }
 }

@@ -86,8 +86,12 @@ impl Stream {
                 &format!("llm-router: routing by load: {}", reason.as_str()),
             );
         }
-        // See every prefix any thread routed, every thread's load, and the engines'.
-        state.catch_up();
+        // See every prefix any thread routed, every thread's load, and the engines':
+        // as of now if this request syncs, else as of this VM's last sync.
+        state.shared.recent_ms.set(host::now_ms());
+        if state.sync_due() {
+            state.catch_up();
+        }
         let loads = state.loads();
         let planned = plan(
             &mut state.router,
@@ -409,6 +413,11 @@ impl HttpContext for Stream {
         // request can see its count drop.
         self.judge_upstream();
         self.release();
+        if self.routed.is_some() {
+            if let Some(state) = self.state.borrow_mut().as_mut() {
+                state.settle();
+            }
+        }
         if let Some(state) = self.state.borrow().as_ref() {
             let s = &state.shared;
             host::flush_counters(s.inflight.holds_nothing(), s.recent_ms.get(), false);

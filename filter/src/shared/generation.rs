@@ -187,7 +187,7 @@ mod tests {
         });
         let other = OpRing::new(&keys, 4);
         let op = super::super::ops::insert_op("t", "w").encode();
-        assert_eq!(other.append(&store, &op), Ok(0));
+        assert_eq!(other.append_one(&store, &op), Ok(0));
         assert_eq!(ring.head(&store), Some(1), "the append kept its place");
         assert_eq!(
             ring.generation(),
@@ -249,7 +249,7 @@ mod tests {
         // and is made again from a fresh read.
         stamp_after_write(&store, &keys, &keys.health(), SetOutcome::Stored);
         let op = super::super::ops::insert_op("t", "w").encode();
-        assert_eq!(ring.append(&store, &op), Ok(0));
+        assert_eq!(ring.append_one(&store, &op), Ok(0));
         assert_eq!(ring.head(&store), Some(1), "the head moved past it");
         assert_eq!(ring.generation(), Some(1), "and kept the stamp");
     }

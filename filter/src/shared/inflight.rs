@@ -6,12 +6,13 @@
 //! reports and the counts at sample time use.
 //!
 //! The table rides in the operation ring's head value (`super::ring::Rider`): a
-//! request reads the head to catch up and writes it to claim its tree operation, so
-//! its decision reads the table from the catch-up's read and its booking is
-//! published by the claim, one read and one write fewer than a key of its own. A
-//! request that records nothing (`round_robin`, a body without text) publishes its
-//! booking by a head write of its own (`flush`); so do a VM's last release and its
-//! tick.
+//! sync (`super::outbox`: once per window) reads the head to catch up and writes it
+//! to claim its batch, so decisions read the table from the catch-up's read and the
+//! bookings since the last sync are published by the claim, one read and one write
+//! fewer than a key of its own. A sync that records nothing (`round_robin`, bodies
+//! without text) publishes by a head write of its own (`flush`); so do a VM's last
+//! release and its tick. Between syncs a VM sees its own counts as they are and the
+//! others' as of its last read.
 
 use std::cell::Ref;
 
@@ -96,16 +97,11 @@ impl InflightTable {
         self.0.change(worker, [1]);
     }
 
-    /// Gives a count on `worker` back (never below zero); published at once only
-    /// when it was this VM's last (see `super::owned`). Whether it was published.
-    pub fn release(
-        &self,
-        store: &dyn SharedStore,
-        ring: &OpRing,
-        worker: &str,
-        now_ms: u64,
-    ) -> bool {
-        self.0.change(worker, [-1]) && ring.ride(store, &self.0.riding(now_ms, false))
+    /// Gives a count on `worker` back (never below zero). Whether it must be
+    /// published at once (`flush`): it was this VM's last (see `super::owned`);
+    /// else it rides on this VM's next write of the head.
+    pub fn release(&self, worker: &str) -> bool {
+        self.0.change(worker, [-1])
     }
 
     /// This VM's unpublished counts, to ride on a claim at `now_ms`.
@@ -128,6 +124,7 @@ impl InflightTable {
 #[cfg(test)]
 mod tests {
     use super::super::ops::insert_op;
+    use super::super::ring::Batch;
     use super::super::testing::{Counting, MemStore};
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
@@ -152,19 +149,14 @@ mod tests {
         let other = InflightTable::new(2, 5000);
         let all = vec![("w0".to_string(), 2), ("w1".to_string(), 1)];
         assert_eq!(other.read(&store, &ring, 0), all);
-        assert!(
-            !t.release(&store, &ring, "w1", 0),
-            "a release rides on the next write"
-        );
-        assert!(!t.release(&store, &ring, "w1", 0), "never below zero");
+        assert!(!t.release("w1"), "a release rides on the next write");
+        assert!(!t.release("w1"), "never below zero");
         assert_eq!(t.read(&store, &ring, 0), vec![("w0".to_string(), 2)]);
         assert_eq!(t.mine(), t.read(&store, &ring, 0));
         assert_eq!(other.read(&store, &ring, 0), all, "not yet published");
-        assert!(!t.release(&store, &ring, "w0", 0));
-        assert!(
-            t.release(&store, &ring, "w0", 0),
-            "the last release publishes"
-        );
+        assert!(!t.release("w0"));
+        assert!(t.release("w0"), "the last release is published at once");
+        assert!(t.flush(&store, &ring, 0));
         assert!(other.read(&store, &ring, 0).is_empty());
     }
 
@@ -184,7 +176,8 @@ mod tests {
             "the decision reads the catch-up's copy"
         );
         t.take("w0");
-        let op = insert_op("text", "w0").encode();
+        let mut op = Batch::default();
+        op.push(&insert_op("text", "w0"));
         assert_eq!(ring.append_riding(&store, &op, &t.rider(0)), Ok(0));
         assert!(t.flush(&store, &ring, 0), "nothing left to publish");
         assert_eq!(store.gets.get(), 0, "no read between catch-up and claim");
@@ -206,7 +199,7 @@ mod tests {
         let counted = vec![("w0".to_string(), 1)];
         // A claim that carries nothing and a generation stamp.
         let op = insert_op("text", "w1").encode();
-        assert_eq!(OpRing::new(&keys, 4).append(&store, &op), Ok(0));
+        assert_eq!(OpRing::new(&keys, 4).append_one(&store, &op), Ok(0));
         stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::Stored);
         let other = InflightTable::new(2, 5000);
         assert_eq!(other.read(&store, &ring, 0), counted);
@@ -233,7 +226,8 @@ mod tests {
         b.take("w0");
         assert!(b.flush(&store, &ring_b, 0));
         a.take("w0");
-        let op = insert_op("text", "w0").encode();
+        let mut op = Batch::default();
+        op.push(&insert_op("text", "w0"));
         assert_eq!(ring_a.append_riding(&store, &op, &a.rider(0)), Ok(0));
         let reader = InflightTable::new(3, 5000);
         assert_eq!(

@@ -2,7 +2,8 @@
 //! proxy-wasm shared data: the only thing that crosses VMs. One file per table, each
 //! with its encoding:
 //!
-//! - `ring`: the operation ring, tree operations (`ops`) in one order for every VM;
+//! - `ring`: the operation ring, tree operations (`ops`) in one order for every VM,
+//!   shared in batches once per sync window (`outbox`);
 //! - `inflight`: requests in flight per worker, each VM owning its own
 //!   (`owned`: a VM Envoy reloaded stops counting after an expiry), riding in the
 //!   ring's head value;
@@ -37,6 +38,7 @@ mod lease;
 mod lockout;
 mod membership;
 mod ops;
+mod outbox;
 mod owned;
 mod peers;
 mod ring;
@@ -54,9 +56,10 @@ pub use lockout::{Gate, PushLockout};
 pub(crate) use membership::{pool_code, pool_of};
 pub use membership::{Membership, MembershipTable};
 pub use ops::{is_local_insert, truncate_text, Op};
+pub use outbox::{Flushed, Outbox, Recorded, Stage};
 pub use owned::{owner_expiry_ms, MIN_OWNER_EXPIRY_MS, OWNER_EXPIRY_TICKS};
 pub use peers::{PeerLoads, PeerReport};
-pub use ring::{AppendError, CatchUp, OpRing};
+pub use ring::{AppendError, Batch, CatchUp, OpRing};
 pub use samples::SamplesTable;
 pub use work::{CostTable, OwnAtSample, WorkTable};
 

@@ -50,8 +50,8 @@ pub enum Op {
 }
 
 impl Op {
-    /// The `Forget` that undoes this insert (recorded at `seq`, its worker holding
-    /// `keep_chars` of the text before); other operations have none.
+    /// The `Forget` that undoes this insert (applied at the clock of `seq`, its
+    /// worker holding `keep_chars` of the text before); other operations have none.
     pub fn into_forget(self, keep_chars: u64, seq: u64) -> Option<Op> {
         match self {
             Op::Insert {
@@ -83,9 +83,16 @@ impl Op {
     }
 
     fn encode_tagged(&self, insert_tag: u8) -> Vec<u8> {
-        // Sized up front: a routing text is kilobytes, and growing to it reallocates.
+        let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_tagged_into(insert_tag, &mut out);
+        out
+    }
+
+    /// An upper bound of the encoding's length: a routing text is kilobytes, and a
+    /// buffer growing to it reallocates.
+    pub(super) fn encoded_len(&self) -> usize {
         let fields = |m: &str, w: &str, t: &str| 2 + 12 + m.len() + w.len() + t.len();
-        let mut out = Vec::with_capacity(match self {
+        match self {
             Op::Insert {
                 model,
                 worker,
@@ -99,7 +106,15 @@ impl Op {
                 ..
             } => fields(model, worker, text) + 16,
             _ => 16,
-        });
+        }
+    }
+
+    /// Appends the encoding (`encode`'s) to `out`.
+    pub(super) fn encode_into(&self, out: &mut Vec<u8>) {
+        self.encode_tagged_into(TAG_INSERT, out)
+    }
+
+    fn encode_tagged_into(&self, insert_tag: u8, out: &mut Vec<u8>) {
         match self {
             Op::Insert {
                 pool,
@@ -109,9 +124,9 @@ impl Op {
             } => {
                 out.push(insert_tag);
                 out.push(pool_code(*pool));
-                put_bytes(&mut out, model.as_bytes());
-                put_bytes(&mut out, worker.as_bytes());
-                put_bytes(&mut out, text.as_bytes());
+                put_bytes(out, model.as_bytes());
+                put_bytes(out, worker.as_bytes());
+                put_bytes(out, text.as_bytes());
             }
             Op::Forget {
                 pool,
@@ -123,19 +138,18 @@ impl Op {
             } => {
                 out.push(TAG_FORGET);
                 out.push(pool_code(*pool));
-                put_bytes(&mut out, model.as_bytes());
-                put_bytes(&mut out, worker.as_bytes());
-                put_bytes(&mut out, text.as_bytes());
+                put_bytes(out, model.as_bytes());
+                put_bytes(out, worker.as_bytes());
+                put_bytes(out, text.as_bytes());
                 out.extend_from_slice(&keep_chars.to_le_bytes());
                 out.extend_from_slice(&seq.to_le_bytes());
             }
             Op::Evict => out.push(TAG_EVICT),
             Op::Membership(m) => {
                 out.push(TAG_MEMBERSHIP);
-                m.encode_into(&mut out);
+                m.encode_into(out);
             }
         }
-        out
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Op> {

@@ -4,10 +4,10 @@
 //! writer claims sequence `h` by moving the head from `h` to `h + 1` under the head's
 //! CAS, then writes slot `h % slots` (no other writer touches that slot until the head
 //! has gone a whole ring past it, so the write needs no CAS and no read before it).
-//! Every VM, the writer included, applies operations in sequence order to its local
-//! tree before it matches, and uses the sequence number as the tree clock, so all VMs
-//! that applied the same prefix of the stream hold identical trees and evict
-//! identically. When nothing changed, catching up costs one `get` of the head. A VM
+//! Every VM applies the others' operations in sequence order to its local tree
+//! before it matches, and uses the sequence number as the tree clock; the writer
+//! applied its own when it recorded them (`super::outbox`), at the clock of the
+//! sequence it then claims unless another VM claimed first. When nothing changed, catching up costs one `get` of the head. A VM
 //! that falls more than `slots` behind skips what was overwritten and counts the gap.
 //!
 //! A reader can find a sequence below the head whose slot is not written yet: its
@@ -20,10 +20,12 @@
 //! hostcall of a request.
 //!
 //! The head's value also carries the cached tables' generation (`super::generation`)
-//! and, after it, the in-flight table (`super::inflight`, the `Rider`): every request
-//! reads the head anyway and writes it to claim its operation, and in Envoy each read
-//! that returns data costs a call back into the VM, so the two ride along instead of
-//! having keys of their own. A request's booking is published by its claim. Every
+//! and, after it, the in-flight table (`super::inflight`, the `Rider`): every sync
+//! (`super::outbox`) reads the head anyway and writes it to claim its batch, and in
+//! Envoy each read that returns data costs a call back into the VM, so the two ride
+//! along instead of having keys of their own. The bookings since a VM's last sync
+//! are published by its claim. A sequence holds a batch: the operations one VM
+//! recorded in one sync window, read by every other VM with one `get`. Every
 //! write of the head keeps what it does not own: a claim keeps the generation (and
 //! the table, unless it carries this VM's counts), a stamp keeps the sequence and
 //! the table, a publication of the counts keeps the sequence and the generation;
@@ -31,9 +33,16 @@
 
 use std::cell::{Cell, Ref, RefCell};
 
-use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{
+    create_if_missing, put_bytes, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
+};
 
 const EMPTY_SEQ: u64 = u64::MAX;
+
+/// The first byte of a slot's payload that holds a batch: no operation's tag is 0,
+/// so a payload of one bare operation (as builds before batches wrote it) still
+/// reads as one.
+const BATCH_MARK: u8 = 0;
 
 /// How long a claimed sequence may stay unwritten before readers skip it as a gap.
 pub const HOLE_PATIENCE_MS: u64 = 1_000;
@@ -126,6 +135,92 @@ impl Rider for NoRider {
         None
     }
     fn stored(&self) {}
+}
+
+/// The operations one append shares under one sequence, each length-prefixed. A
+/// thread shares what it routed during a sync window (`sync_batch_ms`) with one
+/// claim and one slot write, and every other thread reads them with one `get`:
+/// in Envoy the reads and writes, not the bytes, are what a request pays for.
+#[derive(Debug, Default)]
+pub struct Batch {
+    bytes: Vec<u8>,
+    ops: usize,
+}
+
+impl Batch {
+    /// Adds `op`; where its frame is (start, length) for `remove`.
+    pub fn push(&mut self, op: &Op) -> (usize, usize) {
+        let at = self.bytes.len();
+        self.bytes.reserve(4 + op.encoded_len());
+        self.bytes.extend_from_slice(&[0; 4]);
+        op.encode_into(&mut self.bytes);
+        let len = self.bytes.len() - at;
+        if let Some(prefix) = self.bytes.get_mut(at..at + 4) {
+            prefix.copy_from_slice(&((len - 4) as u32).to_le_bytes());
+        }
+        self.ops += 1;
+        (at, len)
+    }
+
+    /// Takes out the frame `push` placed at (start, length).
+    pub fn remove(&mut self, start: usize, len: usize) {
+        let end = start.saturating_add(len).min(self.bytes.len());
+        if start < end {
+            self.bytes.drain(start..end);
+            self.ops = self.ops.saturating_sub(1);
+        }
+    }
+
+    /// Adds an operation already encoded (`Op::encode`, `Op::encode_imported`).
+    pub fn push_encoded(&mut self, op: &[u8]) {
+        put_bytes(&mut self.bytes, op);
+        self.ops += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops == 0
+    }
+
+    /// Its encoded size, operations and their prefixes.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.ops = 0;
+    }
+}
+
+/// Feeds each operation of a slot's payload to `read`: a batch, or one bare
+/// operation. How many `read` took and how many were garbage.
+fn read_payload(seq: u64, payload: &[u8], read: &mut impl FnMut(u64, &[u8]) -> bool) -> CatchUp {
+    let mut got = CatchUp::default();
+    let mut tally = |ok: bool| {
+        if ok {
+            got.applied += 1;
+        } else {
+            got.gaps += 1;
+        }
+    };
+    let Some((&BATCH_MARK, frames)) = payload.split_first() else {
+        tally(read(seq, payload));
+        return got;
+    };
+    let mut r = Reader(frames);
+    while !r.0.is_empty() {
+        let Some(op) = r.u32().and_then(|n| r.take(n as usize)) else {
+            // A cut frame: the rest cannot be delimited.
+            tally(false);
+            break;
+        };
+        tally(read(seq, op));
+    }
+    got
 }
 
 /// The head key's value: the next sequence number, the tables' generation, the
@@ -264,19 +359,27 @@ impl OpRing {
         self.tail()
     }
 
-    /// Appends `op`, returning its sequence number (`append_riding` with nothing
-    /// riding).
-    pub fn append(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
-        self.append_riding(store, op, &NoRider)
+    /// Appends one encoded operation as a batch of its own, for tests.
+    #[cfg(test)]
+    pub fn append_one(&self, store: &dyn SharedStore, op: &[u8]) -> Result<u64, AppendError> {
+        let mut batch = Batch::default();
+        batch.push_encoded(op);
+        self.append(store, &batch)
     }
 
-    /// Appends `op`, returning its sequence number: claims it on the head (from the
-    /// hint of the last read, else a fresh read; a stale one fails its CAS and reads
-    /// afresh), with `rider`'s bytes in the same write, then writes its slot.
+    /// Appends `batch` with nothing riding (`append_riding`).
+    pub fn append(&self, store: &dyn SharedStore, batch: &Batch) -> Result<u64, AppendError> {
+        self.append_riding(store, batch, &NoRider)
+    }
+
+    /// Appends `batch` under one sequence number, which it returns: claims it on
+    /// the head (from the hint of the last read, else a fresh read; a stale one
+    /// fails its CAS and reads afresh), with `rider`'s bytes in the same write,
+    /// then writes its slot.
     pub fn append_riding(
         &self,
         store: &dyn SharedStore,
-        op: &[u8],
+        batch: &Batch,
         rider: &dyn Rider,
     ) -> Result<u64, AppendError> {
         for _ in 0..CAS_ATTEMPTS {
@@ -288,12 +391,13 @@ impl OpRing {
                 SetOutcome::CasMismatch => continue,
                 SetOutcome::Failed => return Err(AppendError::Unavailable),
             }
-            // The slot's value is built in a buffer kept for it: an operation is
+            // The slot's value is built in a buffer kept for it: a batch is
             // kilobytes, and allocating as much per append showed in the counts.
             let mut value = self.slot_value.borrow_mut();
             value.clear();
             value.extend_from_slice(&claimed.to_le_bytes());
-            value.extend_from_slice(op);
+            value.push(BATCH_MARK);
+            value.extend_from_slice(&batch.bytes);
             // The sequence is this writer's alone: no CAS (0 writes unconditionally).
             return match store.set(self.slot_key(claimed), &value, 0) {
                 SetOutcome::Failed => Err(AppendError::Unavailable),
@@ -333,13 +437,27 @@ impl OpRing {
         store: &dyn SharedStore,
         cursor: &mut u64,
         now_ms: u64,
+        apply: impl FnMut(u64, Op),
+    ) -> CatchUp {
+        self.catch_up_past(store, cursor, now_ms, |_| false, apply)
+    }
+
+    /// `catch_up`, passing over the sequences `mine` names without reading them
+    /// (batches the caller applied when it recorded them: reading one back is a
+    /// `get` of kilobytes and a decode of every text in it, for nothing).
+    pub fn catch_up_past(
+        &self,
+        store: &dyn SharedStore,
+        cursor: &mut u64,
+        now_ms: u64,
+        mine: impl Fn(u64) -> bool,
         mut apply: impl FnMut(u64, Op),
     ) -> CatchUp {
-        self.walk(
+        self.walk_past(
             store,
             cursor,
-            u64::MAX,
-            now_ms,
+            (u64::MAX, now_ms),
+            mine,
             |seq, bytes| match Op::decode(bytes) {
                 Some(op) => {
                     apply(seq, op);
@@ -350,18 +468,30 @@ impl OpRing {
         )
     }
 
-    /// Reads the raw operations from `*cursor` up to the head, at most `max` of
-    /// them, and moves the cursor past them; it stops early at a slot not yet
-    /// written, unless that has lasted `HOLE_PATIENCE_MS` by `now_ms`. `read(seq,
-    /// bytes)` returns whether the operation was well formed (garbage counts as a
-    /// gap). The replica export reads this way: it stops early, and skips what is not
-    /// its own.
+    /// Reads the raw operations from `*cursor` up to the head, at most `max`
+    /// sequences of them (a sequence holds a batch: one operation or more), and moves
+    /// the cursor past them; it stops early at a slot not yet written, unless that
+    /// has lasted `HOLE_PATIENCE_MS` by `now_ms`. `read(seq, bytes)` gets each
+    /// operation and returns whether it was well formed (garbage counts as a gap).
+    /// The replica export reads this way: it stops early, and skips what is not its
+    /// own.
     pub fn walk(
         &self,
         store: &dyn SharedStore,
         cursor: &mut u64,
         max: u64,
         now_ms: u64,
+        read: impl FnMut(u64, &[u8]) -> bool,
+    ) -> CatchUp {
+        self.walk_past(store, cursor, (max, now_ms), |_| false, read)
+    }
+
+    fn walk_past(
+        &self,
+        store: &dyn SharedStore,
+        cursor: &mut u64,
+        (max, now_ms): (u64, u64),
+        mine: impl Fn(u64) -> bool,
         mut read: impl FnMut(u64, &[u8]) -> bool,
     ) -> CatchUp {
         let mut out = CatchUp::default();
@@ -379,11 +509,19 @@ impl OpRing {
         let end = head.min(cursor.saturating_add(max));
         while *cursor < end {
             let seq = *cursor;
+            if mine(seq) {
+                *cursor += 1;
+                continue;
+            }
             let value = store.get(self.slot_key(seq)).map(|(v, _)| v);
             match slot_for(seq, value.as_deref()) {
-                Slot::Written(op) if read(seq, op) => out.applied += 1,
+                Slot::Written(payload) => {
+                    let got = read_payload(seq, payload, &mut read);
+                    out.applied += got.applied;
+                    out.gaps += got.gaps;
+                }
                 // Overwritten by a writer a whole ring ahead, or garbage.
-                Slot::Written(_) | Slot::Lost => out.gaps += 1,
+                Slot::Lost => out.gaps += 1,
                 Slot::Unwritten if self.waited_out(seq, now_ms) => out.gaps += 1,
                 Slot::Unwritten => break,
             }
@@ -418,7 +556,7 @@ mod tests {
         ring.init_if_missing(&store);
         for i in 0..5 {
             assert_eq!(
-                ring.append(&store, &insert_op(&format!("t{i}"), "w").encode()),
+                ring.append_one(&store, &insert_op(&format!("t{i}"), "w").encode()),
                 Ok(i)
             );
         }
@@ -454,10 +592,14 @@ mod tests {
             a.catch_up(&store, &mut cursor, 0, |_, _| {});
             let start = a.head(&store).unwrap();
             for i in 0..others {
-                assert_eq!(b.append(&store, &op(start + i)), Ok(start + i));
+                assert_eq!(b.append_one(&store, &op(start + i)), Ok(start + i));
             }
             let mine = start + others;
-            assert_eq!(a.append(&store, &op(mine)), Ok(mine), "the next sequence");
+            assert_eq!(
+                a.append_one(&store, &op(mine)),
+                Ok(mine),
+                "the next sequence"
+            );
             assert_eq!(a.head(&store), Some(mine + 1));
             let mut read = mine.saturating_sub(3);
             let mut seen = Vec::new();
@@ -475,7 +617,7 @@ mod tests {
         let ring = OpRing::new(&Keys::new("t"), 4);
         ring.init_if_missing(&store);
         for i in 0..10 {
-            ring.append(&store, &insert_op(&format!("t{i}"), "w").encode())
+            ring.append_one(&store, &insert_op(&format!("t{i}"), "w").encode())
                 .unwrap();
         }
         let mut cursor = 0;
@@ -512,7 +654,10 @@ mod tests {
         let ring = OpRing::new(&Keys::new("t"), 4);
         ring.init_if_missing(&store);
         claim_without_writing(&store, 0);
-        assert_eq!(ring.append(&store, &insert_op("next", "w").encode()), Ok(1));
+        assert_eq!(
+            ring.append_one(&store, &insert_op("next", "w").encode()),
+            Ok(1)
+        );
         let mut cursor = 0;
         assert!(texts(&ring, &store, &mut cursor, 0).is_empty(), "held at 0");
         assert_eq!(cursor, 0);
@@ -525,7 +670,7 @@ mod tests {
         // A writer that never writes its slot holds readers back for the patience.
         claim_without_writing(&store, 2);
         assert_eq!(
-            ring.append(&store, &insert_op("after", "w").encode()),
+            ring.append_one(&store, &insert_op("after", "w").encode()),
             Ok(3)
         );
         assert!(texts(&ring, &store, &mut cursor, 100).is_empty());
@@ -555,9 +700,9 @@ mod tests {
         let mut cursor = 0;
         ring.catch_up(&store, &mut cursor, 0, |_, _| {});
         store.gets.set(0);
-        assert_eq!(ring.append(&store, &Op::Evict.encode()), Ok(0));
+        assert_eq!(ring.append_one(&store, &Op::Evict.encode()), Ok(0));
         assert_eq!(store.gets.get(), 0, "the claim used the catch-up's read");
-        assert_eq!(ring.append(&store, &Op::Evict.encode()), Ok(1));
+        assert_eq!(ring.append_one(&store, &Op::Evict.encode()), Ok(1));
         assert_eq!(
             store.gets.get(),
             1,
@@ -566,11 +711,74 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_reads_as_a_batch_as_a_bare_operation_and_counts_a_cut_frame() {
+        let store = MemStore::default();
+        let ring = OpRing::new(&Keys::new("t"), 4);
+        ring.init_if_missing(&store);
+        let mut batch = Batch::default();
+        batch.push(&insert_op("a", "w"));
+        batch.push_encoded(&insert_op("b", "w").encode());
+        assert_eq!((batch.len(), batch.is_empty()), (2, false));
+        assert_eq!(ring.append_riding(&store, &batch, &NoRider), Ok(0));
+        // A bare operation, as builds before batches wrote one, at sequence 1.
+        claim_without_writing(&store, 1);
+        let mut bare = 1u64.to_le_bytes().to_vec();
+        bare.extend(insert_op("c", "w").encode());
+        store.set("t.ring.slot.1", &bare, 0);
+        // A batch whose second frame is cut short, at sequence 2.
+        claim_without_writing(&store, 2);
+        let mut cut = 2u64.to_le_bytes().to_vec();
+        cut.push(BATCH_MARK);
+        put_bytes(&mut cut, &insert_op("d", "w").encode());
+        cut.extend_from_slice(&100u32.to_le_bytes());
+        cut.extend_from_slice(b"short");
+        store.set("t.ring.slot.2", &cut, 0);
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        let got = ring.catch_up(&store, &mut cursor, 0, |seq, op| {
+            if let Op::Insert { text, .. } = op {
+                seen.push((seq, text));
+            }
+        });
+        assert_eq!((got.applied, got.gaps, cursor), (4, 1, 3));
+        let want = [(0, "a"), (0, "b"), (1, "c"), (2, "d")];
+        let want: Vec<_> = want.iter().map(|(q, t)| (*q, t.to_string())).collect();
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn catching_up_passes_over_the_callers_own_batches_without_reading_them() {
+        let store = super::super::testing::Counting::default();
+        let ring = OpRing::new(&Keys::new("t"), 8);
+        ring.init_if_missing(&store);
+        for text in ["a", "mine", "b"] {
+            ring.append_one(&store, &insert_op(text, "w").encode())
+                .unwrap();
+        }
+        store.gets.set(0);
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        let got = ring.catch_up_past(
+            &store,
+            &mut cursor,
+            0,
+            |seq| seq == 1,
+            |seq, op| seen.push((seq, op)),
+        );
+        assert_eq!((got.applied, got.gaps, cursor), (2, 0, 3));
+        assert_eq!(
+            seen,
+            vec![(0, insert_op("a", "w")), (2, insert_op("b", "w"))]
+        );
+        assert_eq!(store.gets.get(), 3, "the head and the two others' slots");
+    }
+
+    #[test]
     fn init_does_not_wipe_a_live_ring() {
         let store = MemStore::default();
         let ring = OpRing::new(&Keys::new("t"), 4);
         ring.init_if_missing(&store);
-        ring.append(&store, &Op::Evict.encode()).unwrap();
+        ring.append_one(&store, &Op::Evict.encode()).unwrap();
         ring.init_if_missing(&store);
         assert_eq!(ring.head(&store), Some(1));
     }
@@ -580,12 +788,12 @@ mod tests {
         let store = MemStore::default();
         OpRing::new(&Keys::new("t"), 2).init_if_missing(&store);
         let small = OpRing::new(&Keys::new("t"), 2);
-        small.append(&store, &Op::Evict.encode()).unwrap();
+        small.append_one(&store, &Op::Evict.encode()).unwrap();
         let big = OpRing::new(&Keys::new("t"), 8);
         big.init_if_missing(&store);
         assert_eq!(big.head(&store), Some(1), "the head survives");
         for _ in 0..6 {
-            big.append(&store, &Op::Evict.encode()).unwrap();
+            big.append_one(&store, &Op::Evict.encode()).unwrap();
         }
         assert_eq!(big.head(&store), Some(7));
     }
@@ -595,7 +803,7 @@ mod tests {
         let store = MemStore::default();
         let ring = OpRing::new(&Keys::new("t"), 4);
         assert_eq!(
-            ring.append(&store, &Op::Evict.encode()),
+            ring.append_one(&store, &Op::Evict.encode()),
             Err(AppendError::Unavailable)
         );
     }

@@ -956,6 +956,12 @@ mod tests {
             vec![0],
             "the retry's entry stays"
         );
+        // An insert applied ahead of its ring place, at an earlier clock than the
+        // one its forget names, is undone all the same.
+        t.insert("applied ahead", 2, 2);
+        t.forget("applied ahead", 2, 0, 5);
+        check_invariants(&t);
+        assert_eq!(t.tenant_depth("applied ahead", 2), 0);
         // A later, longer text through the same nodes keeps them too.
         t.insert("shared start, then x", 1, 3);
         t.insert("shared start, then x and more", 1, 4);

@@ -12,10 +12,12 @@ impl Tree {
     /// Undoes the insert of `text` under `tenant` at `clock` for a request no
     /// worker served: `tenant` leaves the nodes of the path past its first
     /// `keep_chars` chars (what it held before that insert) that no later insert of
-    /// it touched (their clock for it is still `clock`). A later insert through a
-    /// node passed through its ancestors too, so the tenant keeps a whole path, and
-    /// nodes left without tenants go. Nodes the path only partly covers (the tree
-    /// changed since) are kept.
+    /// it touched (their clock for it is not past `clock`; the VM that recorded the
+    /// insert applied it ahead of its ring place, at an earlier clock:
+    /// `crate::shared::Outbox`). A later insert through a node passed through its
+    /// ancestors too, so the tenant keeps a whole path, and nodes left without
+    /// tenants go. Nodes the path only partly covers (the tree changed since) are
+    /// kept.
     pub fn forget(&mut self, text: &str, tenant: TenantId, keep_chars: usize, clock: u64) {
         let mut path = Vec::new();
         self.walk(text, |idx, node, matched, whole| {
@@ -30,7 +32,7 @@ impl Tree {
             let Some(hold) = self.node(idx).tenants.iter().find(|h| h.tenant == tenant) else {
                 continue;
             };
-            if hold.clock != clock || hold.children > 0 {
+            if hold.clock > clock || hold.children > 0 {
                 break;
             }
             self.evict_leaf(idx, tenant);

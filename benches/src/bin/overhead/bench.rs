@@ -121,6 +121,23 @@ fn policy_and_wasm(variant: &str) -> Result<(&str, PathBuf)> {
     Ok((variant, floor))
 }
 
+/// A variant's policy and the plugin settings it adds: `policy+key=value+...` (a
+/// value is read as JSON, else as a string), so one build can be measured with a
+/// setting and without, side by side.
+fn policy_settings(policy: &str) -> Result<(&str, serde_json::Map<String, Value>)> {
+    let mut parts = policy.split('+');
+    let policy = parts.next().unwrap_or_default();
+    let mut settings = serde_json::Map::new();
+    for part in parts {
+        let Some((key, value)) = part.split_once('=') else {
+            bail!("variant setting `{part}`: expected key=value");
+        };
+        let value = serde_json::from_str(value).unwrap_or_else(|_| Value::from(value));
+        settings.insert(key.to_string(), value);
+    }
+    Ok((policy, settings))
+}
+
 /// Chat bodies of about `bytes` bytes: conversation `session`'s first turn, one of 8
 /// system prompts plus its own user message.
 pub fn bodies(bytes: usize, sessions: std::ops::Range<usize>) -> Vec<WorkItem> {
@@ -158,7 +175,10 @@ fn scaled(base: usize, body_bytes: usize, min: usize) -> usize {
 /// files), its own even when a variant is listed twice (two copies of one build
 /// show the noise).
 fn variant_dir(rep_dir: &Path, i: usize, variant: &str) -> Result<PathBuf> {
-    let dir = rep_dir.join(format!("{i}-{}", variant.replace(['/', '@', '.'], "_")));
+    let dir = rep_dir.join(format!(
+        "{i}-{}",
+        variant.replace(['/', '@', '.', '+', '='], "_")
+    ));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
@@ -173,16 +193,21 @@ fn start_envoy(
     envoy_bin: &Path,
 ) -> Result<Envoy> {
     let (policy, wasm) = policy_and_wasm(variant)?;
+    let (policy, settings) = policy_settings(policy)?;
     // The floor reads only the workers of the same plugin config.
     let policy = if policy == FLOOR {
         "round_robin"
     } else {
         policy
     };
+    let mut plugin_config = json!({"policy": policy, "rng_seed": 1});
+    if let Some(config) = plugin_config.as_object_mut() {
+        config.extend(settings);
+    }
     let spec = EnvoySpec {
         upstreams: upstreams.to_vec(),
         target: Target::Cluster,
-        plugin_config: json!({"policy": policy, "rng_seed": 1}),
+        plugin_config,
         wasm,
         concurrency: threads,
         route_idle_timeout_ms: None,
