@@ -44,8 +44,6 @@ fn a_push_on_one_thread_gates_routing_on_every_thread() {
     let mut waiting = [0; 3];
     waiting[owner_index] = 2;
     assert_eq!(push(&mut h, 1, "tok", &queues(waiting)).0, 200);
-    // Every thread reads it at its next sync.
-    h.advance_time(support::SYNC_WINDOW_MS).unwrap();
     let (diverted, reason) = route(&mut h, 2, &format!("{DOC}Alpha"));
     assert_eq!(
         reason, "cache_worker_queued",

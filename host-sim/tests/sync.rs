@@ -9,6 +9,9 @@ mod support;
 use host_sim::{Host, RequestSpec, StreamHandle};
 
 const WORKERS: usize = 4;
+/// The sync window of `within_a_window_...` (`sync_batch_ms`); the other tests run
+/// with the default, and space their requests by it all the same.
+const WINDOW_MS: u64 = 2;
 
 fn host(vms: usize, extra: &str) -> Host {
     let config = support::fleet_config(WORKERS, extra);
@@ -36,7 +39,7 @@ fn chat(conversation: usize, turn: usize) -> Vec<u8> {
 /// conversation come a whole answer apart); returns the chosen cluster and the
 /// stream (still open).
 fn open(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, StreamHandle) {
-    host.advance_time(support::SYNC_WINDOW_MS).unwrap();
+    host.advance_time(WINDOW_MS).unwrap();
     let spec = RequestSpec::post_json("/v1/chat/completions", body);
     let (cluster, out) = support::open(host, vm, spec);
     assert!(out.continued, "routed and continued: {out:?}");
@@ -213,7 +216,7 @@ fn shared_data_reads(host: &Host) -> u64 {
 
 #[test]
 fn within_a_window_a_thread_sees_its_own_records_and_the_others_at_its_next_sync() {
-    let mut h = host(3, "");
+    let mut h = host(3, &format!(r#","sync_batch_ms":{WINDOW_MS}"#));
     // VM 0 syncs with its first request, and keeps it open.
     let (_, held) = open(&mut h, 0, chat(1, 0));
     // In the same window, a new conversation on VM 0, then its next turn.
@@ -231,7 +234,7 @@ fn within_a_window_a_thread_sees_its_own_records_and_the_others_at_its_next_sync
     let (_, reason) = route(&mut h, 1, chat(2, 5));
     assert_eq!(reason, "cache_miss", "not shared before VM 0's next sync");
     // A window later, VM 0's stream ends: that is its next sync.
-    h.advance_time(support::SYNC_WINDOW_MS).unwrap();
+    h.advance_time(WINDOW_MS).unwrap();
     for handle in [first, next, held] {
         h.vm(0).finish(handle).unwrap();
     }
