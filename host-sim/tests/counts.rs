@@ -120,9 +120,11 @@ fn a_dead_vms_requests_stop_counting_after_the_expiry() {
     let mut h = host(2, "");
     // VM 0 sends six requests with one text: the first goes least-load, the rest
     // follow it to the same worker, and all stay in flight.
+    // They come a sync window apart, so each one's booking is published.
     let text = "one conversation everyone continues ".repeat(8);
     let (hot, _) = open(&mut h, 0, &text);
     for _ in 0..5 {
+        h.advance_time(support::SYNC_WINDOW_MS).unwrap();
         assert_eq!(open(&mut h, 0, &text).0, hot, "cache hits on the owner");
     }
     // VM 1 holds one request of its own elsewhere.

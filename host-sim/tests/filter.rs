@@ -520,10 +520,15 @@ fn an_imbalanced_fleet_honours_configured_thresholds() {
 }
 
 /// One router per Envoy: the prefix tree and the in-flight counts are shared by the
-/// VMs (worker threads), so what VM 0 routed and holds open steers VM 1.
+/// VMs (worker threads), so what VM 0 routed and holds open steers VM 1. Every
+/// request syncs here (`sync_batch_ms` 0): `tests/sync.rs` covers the window.
 #[test]
 fn in_flight_and_prefixes_are_shared_across_vms() {
-    let mut host = host_with(&fleet(2, r#","balance_abs_threshold":2"#), 2, 3);
+    let mut host = host_with(
+        &fleet(2, r#","balance_abs_threshold":2,"sync_batch_ms":0"#),
+        2,
+        3,
+    );
     let body = chat("m", &[&system_prompt("vm"), "shared"]);
     let first = send(&mut host, 0, spec("/v1/chat/completions", body.clone(), 1));
     assert_eq!(first.reason, "cache_miss");

@@ -51,7 +51,9 @@ fn a_push_on_one_thread_gates_routing_on_every_thread() {
     );
     assert_ne!(diverted, owner);
     // The diverted turn was recorded under its new worker, which now holds the
-    // document too and is not queued: the next turn, on another VM, hits it there.
+    // document too and is not queued: the next turn, on another VM (a sync window
+    // later, as a turn comes after an answer), hits it there.
+    h.advance_time(support::SYNC_WINDOW_MS).unwrap();
     let (cluster, reason) = route(&mut h, 0, &format!("{DOC}Bravo"));
     assert_eq!((cluster, reason.as_str()), (diverted, "cache_hit"));
     assert_eq!(
@@ -62,6 +64,24 @@ fn a_push_on_one_thread_gates_routing_on_every_thread() {
         h.metric("wasmcustom.llm_router_stats_pushes_accepted"),
         Some(1)
     );
+}
+
+#[test]
+fn a_push_reaches_a_thread_inside_its_sync_window() {
+    let mut h = host(2, r#","worker_queue_limit":2,"sync_batch_ms":50"#);
+    let (owner, reason) = route(&mut h, 0, DOC);
+    assert_eq!(reason, "cache_miss");
+    let owner_index: usize = owner[1..].parse().unwrap();
+    let (cluster, reason) = route(&mut h, 0, &format!("{DOC}Alpha"));
+    assert_eq!((&cluster, reason.as_str()), (&owner, "cache_hit"));
+    let mut waiting = [0; 3];
+    waiting[owner_index] = 2;
+    assert_eq!(push(&mut h, 1, "tok", &queues(waiting)).0, 200);
+    // VM 0 synced a moment ago and will not again for 50 ms, but the push rang the
+    // tables' bell, which every request listens to.
+    let (diverted, reason) = route(&mut h, 0, &format!("{DOC}Bravo"));
+    assert_eq!(reason, "cache_worker_queued", "VM 0 sees the push at once");
+    assert_ne!(diverted, owner);
 }
 
 #[test]

@@ -115,6 +115,8 @@ fn a_leaver_takes_nothing_new_keeps_its_tenants_for_the_grace_then_loses_them() 
 
     accepted(&mut h, 1, &[stays]);
     assert_eq!(stat(&h, "llm_router_workers_leaving"), 1);
+    // Every thread takes the new list at its next sync.
+    h.advance_time(support::SYNC_WINDOW_MS).unwrap();
     for vm in 0..VMS {
         let (cluster, _) = route(&mut h, vm, &format!("{DOC} on {vm}"));
         assert_eq!(

@@ -51,11 +51,10 @@ pub const DEFAULT_MAX_ROUTING_TEXT_BYTES: usize = 256 * 1024;
 /// How often each VM catches up with the ring when it routes nothing, and checks
 /// whether an eviction is due.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 1000;
-/// Every request syncs by default: a window makes what one thread routed, and a
-/// stats push, reach the other threads up to a window later, which a client that
-/// sends its next request within a millisecond of an answer can see (see
-/// `crate::shared::Outbox`).
-pub const DEFAULT_SYNC_BATCH_MS: u64 = 0;
+/// A thread shares its routed texts and counts with the others at most this often
+/// under load: a few requests' worth at a thread's rate, far below a turn's answer.
+/// Tables (stats pushes, flags, health) reach it at once whatever the window.
+pub const DEFAULT_SYNC_BATCH_MS: u64 = 2;
 pub const MAX_SYNC_BATCH_MS: u64 = 1000;
 /// An engine sample older than this is not used (the collector pushes every 1 s).
 pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;

@@ -120,6 +120,12 @@ impl crate::shared::SharedStore for HostStore {
         }
     }
 
+    fn version(&self, key: &str) -> Option<u32> {
+        hostcalls::get_shared_data(key)
+            .ok()
+            .and_then(|(_, cas)| cas)
+    }
+
     fn set(&self, key: &str, value: &[u8], cas: u32) -> crate::shared::SetOutcome {
         use crate::shared::SetOutcome;
         let cas = (cas != 0).then_some(cas);

@@ -14,7 +14,7 @@ use crate::load::{LoadTable, Loads};
 use crate::rng::SplitMix64;
 use crate::router::Router;
 use crate::shared::{
-    owner_expiry_ms, read_loads, CostTable, EvictionClock, Flushed, InflightTable, Keys,
+    owner_expiry_ms, read_loads, BellWatch, CostTable, EvictionClock, Flushed, InflightTable, Keys,
     MembershipTable, Op, OpRing, Outbox, OwnAtSample, Recorded, SamplesTable, TableCache,
     WorkTable,
 };
@@ -39,6 +39,8 @@ pub struct SharedState {
     pub membership: MembershipTable,
     /// This VM's copy of the tables few requests change (`crate::shared::generation`).
     pub tables: TableCache,
+    /// Their bell as this VM last heard it (sync windows only).
+    pub bell: BellWatch,
     /// The next ring sequence this VM has not applied.
     pub cursor: u64,
     /// The host's clock as last read (by `State::loads` or the tick): a count's
@@ -91,6 +93,7 @@ impl State {
                 own_at_sample: OwnAtSample::new(&keys),
                 membership: MembershipTable::new(&keys),
                 tables: TableCache::default(),
+                bell: BellWatch::default(),
                 keys,
                 cursor,
                 recent_ms: Cell::new(host::now_ms()),
@@ -252,6 +255,19 @@ impl State {
     /// clock as last read.
     pub fn sync_due(&self) -> bool {
         self.shared.outbox.due(self.shared.recent_ms.get())
+    }
+
+    /// What a request sees of the others: as of now if it syncs; else as of this
+    /// VM's last sync, but with the tables a stats push, a flag or a health change
+    /// rewrote since (their bell: one read that copies nothing into the VM).
+    pub fn sync_or_listen(&mut self) {
+        if self.sync_due() {
+            self.catch_up();
+        }
+        let s = &self.shared;
+        if s.outbox.windowed() && s.bell.moved(&HostStore, &s.keys) {
+            s.tables.clear();
+        }
     }
 
     /// Records a request's tree operation, shared at this VM's next sync and

@@ -14,6 +14,12 @@
 //! its stamp, so a VM that sees the new stamp reads the new table; one that read the
 //! old stamp a moment before the write uses its copy for that request only.
 //!
+//! A VM inside a sync window (`super::outbox`) does not read the head; it asks the
+//! tables' bell instead (`Keys::tables_bell`, an empty key every stamp rewrites),
+//! whose version Envoy returns without a copy into the VM, and drops its copy when
+//! the bell moved (`BellWatch`): a stats push or a flag reaches every thread at its
+//! next request, whatever the window.
+//!
 //! A stamp that is lost (its write failed after the table's succeeded) would leave
 //! copies stale, so the tick drops every copy (`TableCache::clear`): a copy is never
 //! older than one tick. A worker list that changed (a new configuration, discovery)
@@ -46,9 +52,29 @@ pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcom
             return;
         };
         let (next, cas) = next;
-        if store.set(&key, &next, cas) != SetOutcome::CasMismatch {
-            return;
+        match store.set(&key, &next, cas) {
+            SetOutcome::CasMismatch => continue,
+            SetOutcome::Stored => {
+                store.set(&keys.tables_bell(), &[], 0);
+                return;
+            }
+            SetOutcome::Failed => return,
         }
+    }
+}
+
+/// The tables' bell as this VM last heard it.
+#[derive(Debug, Default)]
+pub struct BellWatch {
+    heard: std::cell::Cell<Option<u32>>,
+}
+
+impl BellWatch {
+    /// Whether the bell moved since the last call (the first call hears it, and
+    /// says so). A missing bell (no tables yet) never moves.
+    pub fn moved(&self, store: &dyn SharedStore, keys: &Keys) -> bool {
+        let now = store.version(&keys.tables_bell());
+        now.is_some() && self.heard.replace(now) != now
     }
 }
 
@@ -129,6 +155,36 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames)
         } else {
             Vec::new()
         },
+    }
+}
+
+#[cfg(test)]
+mod bell_tests {
+    use super::super::testing::MemStore;
+    use super::*;
+
+    #[test]
+    fn a_stamp_moves_the_bell_and_nothing_else_does() {
+        let store = MemStore::default();
+        let keys = Keys::new("t");
+        super::super::ring::OpRing::new(&keys, 4).init_if_missing(&store);
+        let watch = BellWatch::default();
+        assert!(!watch.moved(&store, &keys), "no bell yet: never moves");
+        super::super::ensure_tables(&store, &keys, 0);
+        assert!(watch.moved(&store, &keys), "first heard");
+        assert!(!watch.moved(&store, &keys));
+        // A write of a table that is not cached leaves it.
+        stamp_after_write(&store, &keys, &keys.eviction(), SetOutcome::Stored);
+        assert!(!watch.moved(&store, &keys));
+        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::CasMismatch);
+        assert!(
+            !watch.moved(&store, &keys),
+            "a refused write stamps nothing"
+        );
+        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::Stored);
+        assert!(watch.moved(&store, &keys), "a stored table write rings it");
+        assert!(!watch.moved(&store, &keys));
+        assert_eq!(store.get(&keys.tables_bell()).map(|(v, _)| v), Some(vec![]));
     }
 }
 

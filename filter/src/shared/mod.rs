@@ -48,7 +48,7 @@ mod worker_states;
 
 pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
-pub use generation::{stamp_after_write, TableCache, Tables};
+pub use generation::{stamp_after_write, BellWatch, TableCache, Tables};
 pub use health::{HealthStates, HealthTable};
 pub use inflight::InflightTable;
 pub use lease::{claim, Lease, ProbeLease};
@@ -73,6 +73,12 @@ use crate::load::Loads;
 pub trait SharedStore {
     /// The value and its CAS token; `None` when missing (or unreadable).
     fn get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
+    /// The CAS token alone (`None`: missing). Of a key whose value is empty, Envoy
+    /// returns it without calling into the VM to copy a value out, which makes it
+    /// the cheapest read there is.
+    fn version(&self, key: &str) -> Option<u32> {
+        self.get(key).map(|(_, cas)| cas)
+    }
     /// Sets `value` if the key's CAS is still `cas` (`0`: unconditionally).
     fn set(&self, key: &str, value: &[u8], cas: u32) -> SetOutcome;
 }
@@ -127,6 +133,12 @@ impl Keys {
         key.strip_prefix(self.prefix.as_ref()).is_some_and(|rest| {
             [SAMPLES, FLAGS, HEALTH, PEER_INFLIGHT, OWN_AT_SAMPLE].contains(&rest)
         })
+    }
+
+    /// Empty, rewritten after every stamp of the cached tables: its CAS token
+    /// tells a VM inside a sync window that a table changed (`generation`).
+    pub fn tables_bell(&self) -> String {
+        format!("{}.tables.bell", self.prefix)
     }
 
     /// The ring's next sequence number.
@@ -209,8 +221,8 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
     for key in [keys.flags(), keys.health()] {
         create_if_missing(store, &key, b"{}");
     }
-    // No failures and no lease read as absent ones.
-    for key in [keys.push_failures(), keys.lease()] {
+    // No failures and no lease read as absent ones; the bell is always empty.
+    for key in [keys.push_failures(), keys.lease(), keys.tables_bell()] {
         create_if_missing(store, &key, b"");
     }
     create_if_missing(store, &keys.membership(), &Membership::default().encode());

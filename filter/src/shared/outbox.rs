@@ -104,6 +104,11 @@ impl Outbox {
         self.window_ms = window_ms;
     }
 
+    /// Whether requests sync less often than each one (a window above 0).
+    pub fn windowed(&self) -> bool {
+        self.window_ms > 0
+    }
+
     /// Whether a request at `now_ms` syncs: the window has passed since the last
     /// sync (always, for a window of 0).
     pub fn due(&self, now_ms: u64) -> bool {

@@ -17,6 +17,9 @@ use std::sync::OnceLock;
 
 /// The request header the filter routes by (`target: cluster`).
 pub const CLUSTER_HEADER: &str = "x-llm-router-cluster";
+/// The filter's default sync window (`sync_batch_ms`): a thread sees what the
+/// others did at its first request this long after its last sync.
+pub const SYNC_WINDOW_MS: u64 = llm_router::config::DEFAULT_SYNC_BATCH_MS;
 
 /// The real routing filter, compiled once per test binary.
 pub fn filter() -> Filter {
