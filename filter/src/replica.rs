@@ -298,6 +298,8 @@ pub fn export(
     let mut ops: Vec<Op> = Vec::new();
     let mut bytes = 1 + 8 + 8 + 4 + 4;
     let mut full_at: Option<u64> = None;
+    // The sequence being read, and where its operations begin in `ops`.
+    let mut current = (u64::MAX, 0);
     let mut gaps = 0;
     while full_at.is_none() && ops.len() < max_ops {
         let step = EXPORT_STEP.min((max_ops - ops.len()) as u64);
@@ -305,7 +307,19 @@ pub fn export(
             let Some(op) = Op::decode(raw) else {
                 return false;
             };
-            if full_at.is_some() || !is_local_insert(raw) {
+            if full_at.is_some() {
+                return true;
+            }
+            if seq != current.0 {
+                current = (seq, ops.len());
+            }
+            if !is_local_insert(raw) {
+                return true;
+            }
+            // A sequence holds a batch of operations: a step of sequences can
+            // bring more than the operations left.
+            if ops.len() >= max_ops {
+                full_at = Some(seq);
                 return true;
             }
             let Op::Insert {
@@ -341,8 +355,20 @@ pub fn export(
             break;
         }
     }
+    let next = match full_at {
+        // The batch that did not fit is sent whole next time, so what was taken
+        // of it goes back; when it is all there is, the rest of it is skipped.
+        Some(seq) if current == (seq, 0) => seq.saturating_add(1),
+        Some(seq) => {
+            if current.0 == seq {
+                ops.truncate(current.1);
+            }
+            seq
+        }
+        None => cursor,
+    };
     Batch {
-        next: full_at.unwrap_or(cursor),
+        next,
         gaps,
         inflight,
         ops,
@@ -506,6 +532,39 @@ mod tests {
         assert_eq!(later.next, 4, "nothing new: the cursor stays");
         let from_two = export(&ring, &store, 2, 0, 16, 1 << 20, Vec::new());
         assert_eq!(from_two.ops, vec![insert("b", "w1")]);
+    }
+
+    #[test]
+    fn a_batch_is_exported_whole_or_not_at_all_and_exactly_once() {
+        let store = MemStore::default();
+        let ring = ring(&store, 64);
+        for b in 0..4 {
+            let mut batch = crate::shared::Batch::default();
+            for i in 0..3 {
+                batch.push(&insert(&format!("batch {b} op {i}"), "w0"));
+            }
+            ring.append(&store, &batch).unwrap();
+        }
+        let first = export(&ring, &store, 0, 0, 4, 1 << 20, Vec::new());
+        assert_eq!((first.ops.len(), first.next), (3, 1), "batch 1 did not fit");
+        let mut cursor = 0;
+        let mut texts = Vec::new();
+        while cursor < 4 {
+            let b = export(&ring, &store, cursor, 0, 4, 1 << 20, Vec::new());
+            assert!(b.next > cursor, "every export makes progress");
+            texts.extend(b.ops.into_iter().map(|op| match op {
+                Op::Insert { text, .. } => text,
+                other => panic!("{other:?}"),
+            }));
+            cursor = b.next;
+        }
+        let want: Vec<String> = (0..4)
+            .flat_map(|b| (0..3).map(move |i| format!("batch {b} op {i}")))
+            .collect();
+        assert_eq!(texts, want, "every operation exported exactly once");
+        // A batch larger than an export: what fits, and the rest skipped.
+        let big = export(&ring, &store, 0, 0, 2, 1 << 20, Vec::new());
+        assert_eq!((big.ops.len(), big.next), (2, 1));
     }
 
     #[test]
