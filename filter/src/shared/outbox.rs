@@ -70,8 +70,9 @@ pub enum Flushed {
 }
 
 /// A batch this big is shared at once, whatever the window: a slot's value is
-/// copied whole by every reader.
-const MAX_BATCH_BYTES: usize = 256 * 1024;
+/// copied whole by every reader, and the guest's count per request measured lower
+/// at 64 KiB than at 256 KiB (85.0k against 88.7k, 8 requests in flight).
+const MAX_BATCH_BYTES: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub struct Outbox {
