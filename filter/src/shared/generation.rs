@@ -159,36 +159,6 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames)
 }
 
 #[cfg(test)]
-mod bell_tests {
-    use super::super::testing::MemStore;
-    use super::*;
-
-    #[test]
-    fn a_stamp_moves_the_bell_and_nothing_else_does() {
-        let store = MemStore::default();
-        let keys = Keys::new("t");
-        super::super::ring::OpRing::new(&keys, 4).init_if_missing(&store);
-        let watch = BellWatch::default();
-        assert!(!watch.moved(&store, &keys), "no bell yet: never moves");
-        super::super::ensure_tables(&store, &keys, 0);
-        assert!(watch.moved(&store, &keys), "first heard");
-        assert!(!watch.moved(&store, &keys));
-        // A write of a table that is not cached leaves it.
-        stamp_after_write(&store, &keys, &keys.eviction(), SetOutcome::Stored);
-        assert!(!watch.moved(&store, &keys));
-        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::CasMismatch);
-        assert!(
-            !watch.moved(&store, &keys),
-            "a refused write stamps nothing"
-        );
-        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::Stored);
-        assert!(watch.moved(&store, &keys), "a stored table write rings it");
-        assert!(!watch.moved(&store, &keys));
-        assert_eq!(store.get(&keys.tables_bell()).map(|(v, _)| v), Some(vec![]));
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::super::testing::{Counting, MemStore};
     use super::super::OpRing;
@@ -376,5 +346,29 @@ mod tests {
         store.map.borrow_mut().clear();
         stamp_after_write(&store, &keys, &keys.health(), SetOutcome::Stored);
         assert!(store.map.borrow().is_empty(), "no ring: nothing to stamp");
+    }
+
+    #[test]
+    fn a_stamp_moves_the_bell_and_nothing_else_does() {
+        let store = MemStore::default();
+        let keys = Keys::new("t");
+        super::super::ring::OpRing::new(&keys, 4).init_if_missing(&store);
+        let watch = BellWatch::default();
+        assert!(!watch.moved(&store, &keys), "no bell yet: never moves");
+        super::super::ensure_tables(&store, &keys, 0);
+        assert!(watch.moved(&store, &keys), "first heard");
+        assert!(!watch.moved(&store, &keys));
+        // A write of a table that is not cached leaves it.
+        stamp_after_write(&store, &keys, &keys.eviction(), SetOutcome::Stored);
+        assert!(!watch.moved(&store, &keys));
+        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::CasMismatch);
+        assert!(
+            !watch.moved(&store, &keys),
+            "a refused write stamps nothing"
+        );
+        stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::Stored);
+        assert!(watch.moved(&store, &keys), "a stored table write rings it");
+        assert!(!watch.moved(&store, &keys));
+        assert_eq!(store.get(&keys.tables_bell()).map(|(v, _)| v), Some(vec![]));
     }
 }

@@ -123,8 +123,8 @@ impl InflightTable {
 
 #[cfg(test)]
 mod tests {
+    use super::super::batch::Batch;
     use super::super::ops::insert_op;
-    use super::super::ring::Batch;
     use super::super::testing::{Counting, MemStore};
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;

@@ -3,7 +3,7 @@
 //! with its encoding:
 //!
 //! - `ring`: the operation ring, tree operations (`ops`) in one order for every VM,
-//!   shared in batches once per sync window (`outbox`);
+//!   shared in batches (`batch`) once per sync window (`outbox`);
 //! - `inflight`: requests in flight per worker, each VM owning its own
 //!   (`owned`: a VM Envoy reloaded stops counting after an expiry), riding in the
 //!   ring's head value;
@@ -29,6 +29,7 @@
 //! The module is sans-IO: `SharedStore` is implemented by the glue over hostcalls
 //! and by an in-memory map in tests.
 
+mod batch;
 mod eviction;
 mod flags;
 mod generation;
@@ -46,6 +47,7 @@ mod samples;
 mod work;
 mod worker_states;
 
+pub use batch::Batch;
 pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
 pub use generation::{stamp_after_write, BellWatch, TableCache, Tables};
@@ -59,7 +61,7 @@ pub use ops::{is_local_insert, truncate_text, Op};
 pub use outbox::{Flushed, Outbox, Recorded, Stage};
 pub use owned::{owner_expiry_ms, MIN_OWNER_EXPIRY_MS, OWNER_EXPIRY_TICKS};
 pub use peers::{PeerLoads, PeerReport};
-pub use ring::{AppendError, Batch, CatchUp, OpRing};
+pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
 pub use work::{CostTable, OwnAtSample, WorkTable};
 

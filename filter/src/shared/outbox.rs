@@ -23,7 +23,8 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use super::ring::{AppendError, Batch, OpRing, Rider};
+use super::batch::Batch;
+use super::ring::{AppendError, OpRing, Rider};
 use super::{Op, SharedStore};
 
 /// Where a recorded operation is on its way to the other VMs.

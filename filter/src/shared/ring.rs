@@ -7,8 +7,10 @@
 //! Every VM applies the others' operations in sequence order to its local tree
 //! before it matches, and uses the sequence number as the tree clock; the writer
 //! applied its own when it recorded them (`super::outbox`), at the clock of the
-//! sequence it then claims unless another VM claimed first. When nothing changed, catching up costs one `get` of the head. A VM
-//! that falls more than `slots` behind skips what was overwritten and counts the gap.
+//! sequence it then claims unless another VM claimed first. A sequence's slot holds
+//! a batch (`super::batch`). When nothing changed, catching up costs one `get` of
+//! the head. A VM that falls more than `slots` behind skips what was overwritten
+//! and counts the gap.
 //!
 //! A reader can find a sequence below the head whose slot is not written yet: its
 //! writer is between its two writes (on another thread, for a few microseconds). The
@@ -24,8 +26,7 @@
 //! (`super::outbox`) reads the head anyway and writes it to claim its batch, and in
 //! Envoy each read that returns data costs a call back into the VM, so the two ride
 //! along instead of having keys of their own. The bookings since a VM's last sync
-//! are published by its claim. A sequence holds a batch: the operations one VM
-//! recorded in one sync window, read by every other VM with one `get`. Every
+//! are published by its claim. Every
 //! write of the head keeps what it does not own: a claim keeps the generation (and
 //! the table, unless it carries this VM's counts), a stamp keeps the sequence and
 //! the table, a publication of the counts keeps the sequence and the generation;
@@ -33,16 +34,10 @@
 
 use std::cell::{Cell, Ref, RefCell};
 
-use super::{
-    create_if_missing, put_bytes, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
-};
+use super::batch::{read_payload, Batch};
+use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 
 const EMPTY_SEQ: u64 = u64::MAX;
-
-/// The first byte of a slot's payload that holds a batch: no operation's tag is 0,
-/// so a payload of one bare operation (as builds before batches wrote it) still
-/// reads as one.
-const BATCH_MARK: u8 = 0;
 
 /// How long a claimed sequence may stay unwritten before readers skip it as a gap.
 pub const HOLE_PATIENCE_MS: u64 = 1_000;
@@ -135,92 +130,6 @@ impl Rider for NoRider {
         None
     }
     fn stored(&self) {}
-}
-
-/// The operations one append shares under one sequence, each length-prefixed. A
-/// thread shares what it routed during a sync window (`sync_batch_ms`) with one
-/// claim and one slot write, and every other thread reads them with one `get`:
-/// in Envoy the reads and writes, not the bytes, are what a request pays for.
-#[derive(Debug, Default)]
-pub struct Batch {
-    bytes: Vec<u8>,
-    ops: usize,
-}
-
-impl Batch {
-    /// Adds `op`; where its frame is (start, length) for `remove`.
-    pub fn push(&mut self, op: &Op) -> (usize, usize) {
-        let at = self.bytes.len();
-        self.bytes.reserve(4 + op.encoded_len());
-        self.bytes.extend_from_slice(&[0; 4]);
-        op.encode_into(&mut self.bytes);
-        let len = self.bytes.len() - at;
-        if let Some(prefix) = self.bytes.get_mut(at..at + 4) {
-            prefix.copy_from_slice(&((len - 4) as u32).to_le_bytes());
-        }
-        self.ops += 1;
-        (at, len)
-    }
-
-    /// Takes out the frame `push` placed at (start, length).
-    pub fn remove(&mut self, start: usize, len: usize) {
-        let end = start.saturating_add(len).min(self.bytes.len());
-        if start < end {
-            self.bytes.drain(start..end);
-            self.ops = self.ops.saturating_sub(1);
-        }
-    }
-
-    /// Adds an operation already encoded (`Op::encode`, `Op::encode_imported`).
-    pub fn push_encoded(&mut self, op: &[u8]) {
-        put_bytes(&mut self.bytes, op);
-        self.ops += 1;
-    }
-
-    pub fn len(&self) -> usize {
-        self.ops
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ops == 0
-    }
-
-    /// Its encoded size, operations and their prefixes.
-    pub fn bytes(&self) -> usize {
-        self.bytes.len()
-    }
-
-    pub fn clear(&mut self) {
-        self.bytes.clear();
-        self.ops = 0;
-    }
-}
-
-/// Feeds each operation of a slot's payload to `read`: a batch, or one bare
-/// operation. How many `read` took and how many were garbage.
-fn read_payload(seq: u64, payload: &[u8], read: &mut impl FnMut(u64, &[u8]) -> bool) -> CatchUp {
-    let mut got = CatchUp::default();
-    let mut tally = |ok: bool| {
-        if ok {
-            got.applied += 1;
-        } else {
-            got.gaps += 1;
-        }
-    };
-    let Some((&BATCH_MARK, frames)) = payload.split_first() else {
-        tally(read(seq, payload));
-        return got;
-    };
-    let mut r = Reader(frames);
-    while !r.0.is_empty() {
-        let Some(op) = r.u32().and_then(|n| r.take(n as usize)) else {
-            // A cut frame: the rest cannot be delimited.
-            tally(false);
-            break;
-        };
-        tally(read(seq, op));
-    }
-    got
 }
 
 /// The head key's value: the next sequence number, the tables' generation, the
@@ -396,8 +305,7 @@ impl OpRing {
             let mut value = self.slot_value.borrow_mut();
             value.clear();
             value.extend_from_slice(&claimed.to_le_bytes());
-            value.push(BATCH_MARK);
-            value.extend_from_slice(&batch.bytes);
+            batch.encode_into(&mut value);
             // The sequence is this writer's alone: no CAS (0 writes unconditionally).
             return match store.set(self.slot_key(claimed), &value, 0) {
                 SetOutcome::Failed => Err(AppendError::Unavailable),
@@ -516,9 +424,9 @@ impl OpRing {
             let value = store.get(self.slot_key(seq)).map(|(v, _)| v);
             match slot_for(seq, value.as_deref()) {
                 Slot::Written(payload) => {
-                    let got = read_payload(seq, payload, &mut read);
-                    out.applied += got.applied;
-                    out.gaps += got.gaps;
+                    let (applied, gaps) = read_payload(payload, |op| read(seq, op));
+                    out.applied += applied;
+                    out.gaps += gaps;
                 }
                 // Overwritten by a writer a whole ring ahead, or garbage.
                 Slot::Lost => out.gaps += 1,
@@ -718,7 +626,6 @@ mod tests {
         let mut batch = Batch::default();
         batch.push(&insert_op("a", "w"));
         batch.push_encoded(&insert_op("b", "w").encode());
-        assert_eq!((batch.len(), batch.is_empty()), (2, false));
         assert_eq!(ring.append_riding(&store, &batch, &NoRider), Ok(0));
         // A bare operation, as builds before batches wrote one, at sequence 1.
         claim_without_writing(&store, 1);
@@ -728,8 +635,9 @@ mod tests {
         // A batch whose second frame is cut short, at sequence 2.
         claim_without_writing(&store, 2);
         let mut cut = 2u64.to_le_bytes().to_vec();
-        cut.push(BATCH_MARK);
-        put_bytes(&mut cut, &insert_op("d", "w").encode());
+        let mut first = Batch::default();
+        first.push(&insert_op("d", "w"));
+        first.encode_into(&mut cut);
         cut.extend_from_slice(&100u32.to_le_bytes());
         cut.extend_from_slice(b"short");
         store.set("t.ring.slot.2", &cut, 0);
