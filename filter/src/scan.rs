@@ -171,6 +171,19 @@ mod simd {
     }
 
     pub fn plain_run(bytes: &[u8]) -> (usize, bool) {
+        // Most strings a body has are short (keys, roles, model names): one vector
+        // says where they end.
+        if let Some(first) = bytes.first_chunk::<16>() {
+            let v = load(first);
+            let stops = u8x16_bitmask(stops(v));
+            if stops != 0 {
+                let before = (1u16 << stops.trailing_zeros()) - 1;
+                return (
+                    stops.trailing_zeros() as usize,
+                    u8x16_bitmask(v) & before == 0,
+                );
+            }
+        }
         // A prompt's strings run for kilobytes: 64 bytes a step with one test while
         // nothing stops them; the block with the stop says where from its masks.
         let mut high = u8x16_splat(0);

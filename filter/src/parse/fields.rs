@@ -57,7 +57,14 @@ pub(super) fn chat_text(json: &mut Json) -> Read<Option<String>> {
     let mut any = false;
     while items.next(json)? {
         any = true;
-        messages.extend(Message::read(json)?);
+        if let Some((role, content)) = json.plain_message() {
+            messages.push(Message {
+                role: Cow::Borrowed(role),
+                content: Cow::Borrowed(content),
+            });
+        } else {
+            messages.extend(Message::read(json)?);
+        }
     }
     Ok(any.then(|| Message::lines(&messages)))
 }

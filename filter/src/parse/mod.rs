@@ -452,7 +452,14 @@ mod tests {
             }
         }
         fn message(rng: &mut SplitMix64) -> String {
-            match rng.below(4) {
+            match rng.below(6) {
+                // The shapes `Json::plain_message` takes when both are plain strings.
+                4 => format!("{{\"role\":{},\"content\":{}}}", scalar(rng), content(rng)),
+                5 => format!(
+                    "{{ \"content\" : {} ,\n\"role\":{} }}",
+                    content(rng),
+                    scalar(rng)
+                ),
                 0 => scalar(rng),
                 1 => format!("{{\"content\":{},\"role\":{}}}", content(rng), scalar(rng)),
                 2 => format!(
