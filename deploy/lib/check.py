@@ -286,6 +286,8 @@ def request(port, method, path, body=None, headers=None, timeout=10):
     try:
         data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
         h = {"content-type": "application/json"} if data is not None else {}
+        # The checks read the router's decision headers: ask for them.
+        h["x-llm-router-explain"] = "1"
         h.update(headers or {})
         conn.request(method, path, body=data, headers=h)
         resp = conn.getresponse()

@@ -1,6 +1,10 @@
 //! The headers the filter adds to responses (with `decision_headers`, and on its
-//! own local replies), in one place for the glue and for tools that read them.
+//! own local replies), and the one a request asks for them with, in one place for
+//! the glue and for tools that read them.
 
+/// A request header asking for the decision headers on the response (any value;
+/// `decision_headers: "on_request"`, the default).
+pub const EXPLAIN_HEADER: &str = "x-llm-router-explain";
 /// The worker that served the request (in PD, the decode worker).
 pub const WORKER_HEADER: &str = "x-llm-router-worker";
 /// The decision label (`cache_hit`, `cache_miss`, ...).

@@ -36,10 +36,11 @@ fn my_host() -> Host {
 /// decision header and the worker that served it.
 fn turn(host: &mut Host, fleet: &mut SimFleet, vm: usize, messages: &str) -> (String, String) {
     let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
-    let out = host
-        .vm(vm)
-        .request(RequestSpec::post_json("/v1/chat/completions", body.clone()))
-        .expect("no trap");
+    let mut spec = RequestSpec::post_json("/v1/chat/completions", body.clone());
+    // Ask for the decision headers on the response (by default only a request that
+    // asks gets them; `"decision_headers": true` puts them on every response).
+    spec.headers.push(("x-llm-router-explain", "1"));
+    let out = host.vm(vm).request(spec).expect("no trap");
     assert!(out.continued, "the request went upstream");
     let engine = fleet
         .find(out.header("x-llm-router-cluster"), None)

@@ -257,10 +257,9 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
     );
     assert!(host.failure(0).is_some(), "the VM failed");
     host.clear_faults();
-    let out = host
-        .vm(0)
-        .request(RequestSpec::post_json("/v1/chat/completions", chat(1)))
-        .expect("next request");
+    let mut spec = RequestSpec::post_json("/v1/chat/completions", chat(1));
+    spec.headers.push(("x-llm-router-explain", "1"));
+    let out = host.vm(0).request(spec).expect("next request");
     assert_eq!(host.reloads(0), 1, "the next stream started a fresh VM");
     assert!(host.failure(0).is_none());
     assert!(out.continued, "the fresh VM routes");

@@ -10,6 +10,7 @@
 mod support;
 
 use host_sim::{Host, RequestSpec, StreamHandle, StreamOutcome};
+use llm_router::header_names::EXPLAIN_HEADER;
 use llm_router::rng::{Rng as _, SplitMix64};
 use std::collections::{BTreeMap, BTreeSet};
 use support::{chat, completion, filter, fleet_config as fleet, metric, CLUSTER_HEADER};
@@ -30,9 +31,12 @@ fn host(config: &str) -> Host {
     host_with(config, 1, 7)
 }
 
+/// A request that asks for the decision headers (`x-llm-router-explain`), which
+/// these tests read the decision from.
 fn spec(path: &str, body: Vec<u8>, chunks: usize) -> RequestSpec<'_> {
     let mut s = RequestSpec::post_json(path, body);
     s.body_chunks = chunks;
+    s.headers.push((EXPLAIN_HEADER, "1"));
     s
 }
 
@@ -285,6 +289,7 @@ fn unreadable_and_empty_bodies_are_still_routed() {
             (":method", "GET"),
             (":path", "/v1/models"),
             (":authority", "host-sim"),
+            (EXPLAIN_HEADER, "1"),
         ],
         body: Vec::new(),
         body_chunks: 0,
@@ -711,7 +716,50 @@ fn invalid_plugin_config_fails_build_and_names_the_field() {
     assert_eq!(
         resp.header("x-llm-router-decision"),
         None,
-        "decision_headers off"
+        "decision_headers off, even for a request that asks"
+    );
+}
+
+#[test]
+fn decision_headers_go_to_requests_that_ask_unless_configured_otherwise() {
+    let config = |extra: &str| format!(r#"{{"workers":[{{"name":"w0","cluster":"c0"}}]{extra}}}"#);
+    for (extra, asks, expected) in [
+        ("", false, None),
+        ("", true, Some("w0")),
+        (r#","decision_headers":"on_request""#, false, None),
+        (r#","decision_headers":"on_request""#, true, Some("w0")),
+        (r#","decision_headers":true"#, false, Some("w0")),
+        (r#","decision_headers":false"#, true, None),
+    ] {
+        let mut host = host(&config(extra));
+        let mut s = RequestSpec::post_json("/v1/completions", completion("m", "p"));
+        if asks {
+            s.headers.push((EXPLAIN_HEADER, ""));
+        }
+        let out = host.vm(0).request(s).unwrap();
+        assert!(out.continued);
+        let resp = host.vm(0).respond(out.handle, 200, &[], b"{}").unwrap();
+        let case = format!("config {extra:?}, the request asks: {asks}");
+        assert_eq!(resp.header("x-llm-router-worker"), expected, "{case}");
+        assert_eq!(
+            resp.header("x-llm-router-decision").is_some(),
+            expected.is_some(),
+            "{case}"
+        );
+        assert_eq!(
+            resp.header("x-llm-router-reason").is_some(),
+            expected.is_some(),
+            "{case}"
+        );
+    }
+    let err = Host::builder_for(&filter())
+        .plugin_config(config(r#","decision_headers":"always""#).into_bytes())
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("decision_headers must be true, false or \"on_request\""),
+        "{err:#}"
     );
 }
 

@@ -209,13 +209,12 @@ fn an_all_flagged_fleet_is_still_served_and_says_so() {
     h.vm(0).request(spec).unwrap();
     h.advance_time(1000).unwrap();
     assert_eq!(stat(&h, "flagged"), 3);
-    let out = h
-        .vm(1)
-        .request(RequestSpec::post_json(
-            "/v1/completions",
-            br#"{"model":"m","prompt":"hello"}"#.to_vec(),
-        ))
-        .unwrap();
+    let mut spec = RequestSpec::post_json(
+        "/v1/completions",
+        br#"{"model":"m","prompt":"hello"}"#.to_vec(),
+    );
+    spec.headers.push(("x-llm-router-explain", "1"));
+    let out = h.vm(1).request(spec).unwrap();
     assert!(out.local_response.is_none(), "routed, not refused");
     let resp = h.vm(1).respond(out.handle, 200, &[], b"{}").unwrap();
     assert_eq!(resp.header("x-llm-router-reason"), Some("all_overloaded"));

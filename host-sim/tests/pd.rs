@@ -33,6 +33,8 @@ fn send(host: &mut Host, path: &str, body: Vec<u8>) -> (StreamOutcome, HttpCall)
     let length = body.len().to_string();
     let mut spec = RequestSpec::post_json(path, body);
     spec.headers.push(("content-length", &length));
+    // Asks for the decision headers, which the tests read.
+    spec.headers.push(("x-llm-router-explain", "1"));
     let out = host.vm(0).request(spec).expect("request");
     assert!(
         out.continued,

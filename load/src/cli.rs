@@ -69,6 +69,10 @@ pub struct RunArgs {
     /// Per-request timeout in seconds, covering the whole response body.
     #[arg(long, default_value_t = 120.0)]
     pub timeout_s: f64,
+    /// Do not send `x-llm-router-explain` (which asks the router for its decision
+    /// headers, the source of the report's decisions and workers).
+    #[arg(long)]
+    pub no_explain: bool,
     /// Also write the JSON summary to this file.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
@@ -198,6 +202,7 @@ pub async fn run_cmd(args: &RunArgs) -> Result<Summary> {
             base,
             api_key: args.api_key.clone(),
             timeout: Duration::from_secs_f64(args.timeout_s),
+            explain: !args.no_explain,
         },
         concurrency: usize::try_from(args.concurrency)?,
         spread,
@@ -248,13 +253,15 @@ pub struct Replay {
 
 impl Replay {
     /// A closed-loop replay against `base` (an `http(s)://host:port` URL without a
-    /// trailing slash), without credentials or progress.
+    /// trailing slash), without credentials or progress, asking for the router's
+    /// decision headers.
     pub fn closed_loop(base: &str, concurrency: usize, timeout: Duration) -> Self {
         Self {
             target: Target {
                 base: base.to_string(),
                 api_key: None,
                 timeout,
+                explain: true,
             },
             concurrency,
             spread: Vec::new(),

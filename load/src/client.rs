@@ -21,6 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Response header carrying the routing filter's decision label.
 pub const DECISION_HEADER: &str = "x-llm-router-decision";
+/// Request header asking the routing filter for its decision headers.
+pub const EXPLAIN_HEADER: &str = "x-llm-router-explain";
 /// Response header an engine may use to name itself (fallback to the body's `worker`).
 pub const WORKER_HEADER: &str = "x-engine-worker";
 /// Response header naming the worker the routing filter chose.
@@ -78,6 +80,9 @@ pub struct Target {
     pub api_key: Option<String>,
     /// Covers the whole exchange, body included.
     pub timeout: Duration,
+    /// Sends `x-llm-router-explain`, which asks the router for its decision headers
+    /// (by default it puts them only on the responses to requests that ask).
+    pub explain: bool,
 }
 
 /// Sends one request and records status, timings, worker, decision and usage.
@@ -130,6 +135,9 @@ async fn exchange(
         .header(ACCEPT, accept);
     if let Some(key) = &target.api_key {
         req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+    }
+    if target.explain {
+        req = req.header(EXPLAIN_HEADER, "1");
     }
     // What a proxy without this router hashes on (Envoy `ring_hash` on a header).
     // Ids that are no valid header value are not sent rather than failing the request.

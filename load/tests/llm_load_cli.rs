@@ -28,12 +28,14 @@ const API_KEY: &str = "sk-test-key";
 /// without usage, `model: "slow"` answers after the client's timeout;
 /// `/v1/completions` names the worker only in the `x-engine-worker` header, and
 /// `model: "routed"` only in the router's `x-llm-router-worker` (as a real engine
-/// behind the filter does).
+/// behind the filter does). Like the router, it adds `x-llm-router-decision` only
+/// when the request asks with `x-llm-router-explain`.
 async fn handle(
     req: Request<Incoming>,
     counter: Arc<AtomicUsize>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
+    let explain = req.headers().contains_key("x-llm-router-explain");
     let authorized = req
         .headers()
         .get("authorization")
@@ -51,7 +53,10 @@ async fn handle(
     let worker = format!("w{}", counter.fetch_add(1, Ordering::SeqCst) % 2);
     let usage = json!({"prompt_tokens": 100, "completion_tokens": 5,
                        "prompt_tokens_details": {"cached_tokens": 40}});
-    let builder = Response::builder().header("x-llm-router-decision", "prefix");
+    let mut builder = Response::builder();
+    if explain {
+        builder = builder.header("x-llm-router-decision", "prefix");
+    }
     let resp = match v["model"].as_str() {
         Some("fail") => Response::builder()
             .status(StatusCode::INTERNAL_SERVER_ERROR)
@@ -302,6 +307,22 @@ async fn replays_workload_and_reports_json_summary() {
 
     let file: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
     assert_eq!(file, summary);
+
+    // A production client's view: no decision asked for, none seen.
+    let out = Command::new(BIN)
+        .args(["run", "--url", &format!("http://127.0.0.1:{port}")])
+        .arg("--workload")
+        .arg(&again)
+        .arg("--no-explain")
+        .env("OPENAI_API_KEY", API_KEY)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["requests"], 12, "{summary}");
+    assert_eq!(summary["decisions_seen"], json!({}), "{summary}");
 }
 
 #[tokio::test]

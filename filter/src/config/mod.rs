@@ -14,6 +14,7 @@
 use serde::Deserialize;
 use std::fmt;
 
+mod decision_headers;
 mod gate;
 mod health;
 mod overload;
@@ -22,6 +23,7 @@ mod stats;
 mod ttft;
 mod workers;
 
+pub use decision_headers::DecisionHeaders;
 pub use health::*;
 pub use overload::*;
 pub use replicas::*;
@@ -168,9 +170,6 @@ fn default_endpoint_header() -> String {
 fn default_max_workers() -> usize {
     DEFAULT_MAX_WORKERS
 }
-fn default_true() -> bool {
-    true
-}
 fn default_prefill_policy() -> Policy {
     DEFAULT_PREFILL_POLICY
 }
@@ -285,9 +284,9 @@ pub struct Config {
     pub cluster_header: String,
     #[serde(default = "default_endpoint_header")]
     pub endpoint_header: String,
-    /// Adds `x-llm-router-worker`, `-decision` and `-reason` to responses.
-    #[serde(default = "default_true")]
-    pub decision_headers: bool,
+    /// Which responses get `x-llm-router-worker`, `-decision` and `-reason`.
+    #[serde(default)]
+    pub decision_headers: DecisionHeaders,
     /// Latency-aware overload flags; see `crate::overload`.
     #[serde(default)]
     pub overload: OverloadConfig,

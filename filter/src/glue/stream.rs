@@ -15,11 +15,11 @@ use super::push::{self, Start};
 use super::replica;
 use super::reply;
 use super::state::Shared;
-use crate::config::Target;
+use crate::config::{DecisionHeaders, Target};
 use crate::decision::Decision;
 use crate::header_names::{
-    DECISION_HEADER, DECODE_REASON_HEADER, PREDICTED_TTFT_HEADER, PREFILL_WORKER_HEADER,
-    REASON_HEADER, WORKER_HEADER,
+    DECISION_HEADER, DECODE_REASON_HEADER, EXPLAIN_HEADER, PREDICTED_TTFT_HEADER,
+    PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
 };
 use crate::models;
 use crate::parse::{parse, Parsed};
@@ -54,6 +54,8 @@ pub struct Stream {
     response_started: bool,
     /// The response as its callbacks saw it, for the health verdict.
     seen: health::Seen,
+    /// The response gets the decision headers (`decision_headers`).
+    explain: bool,
 }
 
 impl Stream {
@@ -67,6 +69,7 @@ impl Stream {
             replied: false,
             response_started: false,
             seen: health::Seen::default(),
+            explain: false,
         }
     }
 
@@ -235,12 +238,7 @@ impl Stream {
         let Some(routed) = self.routed.as_ref() else {
             return;
         };
-        let slot = self.state.borrow();
-        let Some(state) = slot.as_ref() else {
-            return;
-        };
-        let cfg = state.router.config();
-        if !cfg.decision_headers {
+        if !self.explain {
             return;
         }
         let main = routed.decision;
@@ -315,6 +313,15 @@ impl HttpContext for Stream {
                     Target::Endpoint => &cfg.cluster_header,
                 };
                 let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, unused);
+                self.explain = match cfg.decision_headers {
+                    DecisionHeaders::Always => true,
+                    DecisionHeaders::Never => false,
+                    // Absent, as it mostly is, the lookup copies nothing into the VM.
+                    DecisionHeaders::OnRequest => {
+                        hostcalls::get_map_value(MapType::HttpRequestHeaders, EXPLAIN_HEADER)
+                            .is_ok_and(|v| v.is_some())
+                    }
+                };
             }
             None => return reply::refusal(Refusal::NotConfigured),
         }

@@ -24,11 +24,10 @@ use llm_load::response::{parse_json_body, snippet};
 use llm_load::scheduler::Dispatch;
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::WorkItem;
+use llm_router::header_names::{DECISION_HEADER, EXPLAIN_HEADER};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// The decision header the filter adds to responses.
-const DECISION_HEADER: &str = "x-llm-router-decision";
 /// Virtual time between the last answer and reading the stats: more than a sync tick.
 const SETTLE_MS: f64 = 1_000.0;
 /// The stats push token replay configures when the config has none.
@@ -355,6 +354,8 @@ impl Replay {
         let length = item.body.len().to_string();
         let mut spec = RequestSpec::post_json(&item.path, item.body.to_vec());
         spec.headers.push(("content-length", &length));
+        // The replay reports each request's decision: it asks for the headers.
+        spec.headers.push((EXPLAIN_HEADER, "1"));
         let out = host.vm(vm).request(spec)?;
         self.route((host, fleet, calls), (i, item), &out, now, now)
     }

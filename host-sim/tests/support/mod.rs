@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 use host_sim::{Filter, Host, HostBuilder, RequestSpec, StreamHandle, StreamOutcome};
+use llm_router::header_names::EXPLAIN_HEADER;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -162,7 +163,9 @@ pub fn push(host: &mut Host, vm: usize, token: &str, body: &str) -> (u32, String
 
 /// Sends `spec` on `vm`; returns the cluster the filter chose and the outcome (the
 /// stream stays open).
-pub fn open(host: &mut Host, vm: usize, spec: RequestSpec<'_>) -> (String, StreamOutcome) {
+pub fn open(host: &mut Host, vm: usize, mut spec: RequestSpec<'_>) -> (String, StreamOutcome) {
+    // The tests read the decision off the response, so they ask for it.
+    spec.headers.push((EXPLAIN_HEADER, "1"));
     let out = host.vm(vm).request(spec).expect("request runs");
     let cluster = out
         .header(CLUSTER_HEADER)

@@ -50,6 +50,7 @@ use host_sim::replay::Calls;
 use host_sim::{Filter, Host, RequestSpec};
 use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_router::header_names::EXPLAIN_HEADER;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -458,7 +459,9 @@ impl Scenario {
                 }
                 Step::Request(r) => {
                     let (path, body) = Self::request(r)?;
-                    let out = host.vm(0).request(RequestSpec::post_json(&path, body))?;
+                    let mut spec = RequestSpec::post_json(&path, body);
+                    spec.headers.push((EXPLAIN_HEADER, "1"));
+                    let out = host.vm(0).request(spec)?;
                     if let Some(reply) = &out.local_response {
                         seen[i] = observe(reply.status, |h| reply.header(h));
                         continue;
@@ -575,7 +578,7 @@ impl Scenario {
                             addr,
                             "POST",
                             &path,
-                            &[("content-type", "application/json")],
+                            &[("content-type", "application/json"), (EXPLAIN_HEADER, "1")],
                             &body,
                         )
                     };

@@ -4,6 +4,7 @@
 
 use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_router::header_names::EXPLAIN_HEADER;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -17,15 +18,19 @@ pub fn start(spec: &FleetSpec) -> Fleet {
     Fleet::start(spec).unwrap_or_else(|e| panic!("cannot start the fleet: {e:#}"))
 }
 
-/// `POST path` with a body and extra headers (`content-type: application/json` is
-/// added).
+/// A JSON request's headers, asking for the router's decision headers
+/// (`x-llm-router-explain`), which the tests read.
+pub const EXPLAINED_JSON: &[(&str, &str)] =
+    &[("content-type", "application/json"), (EXPLAIN_HEADER, "1")];
+
+/// `POST path` with a body and extra headers ([`EXPLAINED_JSON`]'s are added).
 pub fn send(
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
     body: impl AsRef<[u8]>,
 ) -> Response {
-    let mut all = vec![("content-type", "application/json")];
+    let mut all = EXPLAINED_JSON.to_vec();
     all.extend_from_slice(headers);
     admin::request(addr, "POST", path, &all, body.as_ref())
         .unwrap_or_else(|e| panic!("POST {path} on {addr}: {e:#}"))

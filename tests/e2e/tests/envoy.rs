@@ -5,7 +5,7 @@
 //! Every fleet runs on OS-chosen ports and is stopped when its test ends, pass or
 //! fail.
 
-use e2e::support::{cached_tokens, header, post, send, start, wait_until};
+use e2e::support::{cached_tokens, header, post, send, start, wait_until, EXPLAINED_JSON};
 use llm_demo::admin::{self, Response};
 use llm_demo::envoy::Target;
 use llm_demo::fleet::{Fleet, FleetSpec};
@@ -135,7 +135,7 @@ fn imbalanced_fleet_goes_least_load() {
                     listener,
                     "POST",
                     "/v1/chat/completions",
-                    &[("content-type", "application/json")],
+                    EXPLAINED_JSON,
                     body.as_bytes(),
                 )
                 .unwrap()
@@ -424,7 +424,7 @@ fn shipped_example_configs_route_for_real() {
                 envoy.listener,
                 "POST",
                 "/v1/chat/completions",
-                &[("content-type", "application/json")],
+                EXPLAINED_JSON,
                 chat(&system, 0, turn).to_string().as_bytes(),
             )
             .unwrap();

@@ -9,7 +9,7 @@
 //! Prints the measured numbers (the README quotes them):
 //! `cargo test -p e2e --test failures -- --nocapture`.
 
-use e2e::support::{start, wait_for};
+use e2e::support::{start, wait_for, EXPLAINED_JSON};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::json;
@@ -58,7 +58,7 @@ impl Load {
                             addr,
                             "POST",
                             "/v1/completions",
-                            &[("content-type", "application/json")],
+                            EXPLAINED_JSON,
                             body.to_string().as_bytes(),
                         );
                         let (status, worker) = match &r {

@@ -3,7 +3,7 @@
 //! server, exactly as SGLang engines do. A pair only completes if the filter gave
 //! both the same room and the decode the chosen prefill's bootstrap address.
 
-use e2e::support::{cached_tokens, header, post, start};
+use e2e::support::{cached_tokens, header, post, start, EXPLAINED_JSON};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::{json, Value};
@@ -153,7 +153,7 @@ fn a_body_that_cannot_carry_a_room_is_refused_with_a_reason() {
         f.envoy.listener,
         "POST",
         "/v1/completions",
-        &[("content-type", "application/json")],
+        EXPLAINED_JSON,
         b"[\"not an object\"]",
     )
     .unwrap();
@@ -185,7 +185,7 @@ fn the_shipped_pd_config_routes_pairs() {
             envoy.listener,
             "POST",
             "/v1/chat/completions",
-            &[("content-type", "application/json")],
+            EXPLAINED_JSON,
             chat(0, turn).to_string().as_bytes(),
         )
         .unwrap();

@@ -221,7 +221,10 @@ fn replay(
     conns: usize,
     items: &[WorkItem],
 ) -> (Vec<Record>, Duration) {
-    let r = Replay::closed_loop(url, conns, Duration::from_secs(120));
+    // As a production client: no decision headers asked for (the `cache_hit` share
+    // comes from Envoy's stats).
+    let mut r = Replay::closed_loop(url, conns, Duration::from_secs(120));
+    r.target.explain = false;
     let t = Instant::now();
     let records = rt.block_on(r.records(items.to_vec()));
     (records, t.elapsed())
