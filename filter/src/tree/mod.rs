@@ -97,9 +97,11 @@ impl PrefixMatch {
 /// Each tenant's share of one text (`Tree::tenant_matches`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TenantMatches {
-    /// Chars of the text each tenant holds as a prefix, sorted by tenant; tenants
-    /// holding nothing of it are absent.
-    pub depths: Vec<(TenantId, usize)>,
+    /// Chars of the text each tenant holds as a prefix, by tenant id (ids are
+    /// worker indices, so dense), 0 for none of it. Every candidate of a fleet
+    /// looks itself up here: at 256 workers a binary search each showed in a
+    /// profile.
+    depth_of: Vec<usize>,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
     /// turns before it. A shared prefix (a system prompt several texts extend) is
@@ -108,19 +110,24 @@ pub struct TenantMatches {
 }
 
 impl TenantMatches {
-    /// Chars of the text `tenant` holds (both lists are sorted: each candidate of a
-    /// 256-worker fleet looks itself up in them).
+    /// Chars of the text `tenant` holds.
     pub fn depth(&self, tenant: TenantId) -> usize {
-        self.depths
-            .binary_search_by_key(&tenant, |(t, _)| *t)
-            .ok()
-            .and_then(|i| self.depths.get(i))
-            .map_or(0, |(_, d)| *d)
+        self.depth_of.get(tenant as usize).copied().unwrap_or(0)
     }
 
     /// Whether the text continues one of `tenant`'s.
     pub fn continues(&self, tenant: TenantId) -> bool {
         self.continued.binary_search(&tenant).is_ok()
+    }
+
+    /// The tenants holding any of the text and how much, by tenant.
+    #[cfg(test)]
+    pub fn depths(&self) -> Vec<(TenantId, usize)> {
+        (0..)
+            .zip(&self.depth_of)
+            .filter(|(_, &d)| d > 0)
+            .map(|(t, &d)| (t, d))
+            .collect()
     }
 }
 
@@ -409,16 +416,16 @@ impl Tree {
         // By tenant id (ids are worker indices, so dense): at 256 workers a shared
         // system prompt has 256 tenants on every node of its path, and a search of
         // the depths found so far for each of them was quadratic.
-        let mut depth_of: Vec<Option<usize>> = Vec::new();
+        let mut depth_of: Vec<usize> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
         self.walk(text, |_, node, matched, whole| {
             for h in &node.tenants {
                 let i = h.tenant as usize;
                 if i >= depth_of.len() {
-                    depth_of.resize(i + 1, None);
+                    depth_of.resize(i + 1, 0);
                 }
                 if let Some(d) = depth_of.get_mut(i) {
-                    *d = Some(matched);
+                    *d = matched;
                 }
             }
             // A leaf is the last node of any walk: only it can be continued.
@@ -426,12 +433,11 @@ impl Tree {
                 continued.extend(node.tenants.iter().map(|h| h.tenant));
             }
         });
-        let depths = (0..)
-            .zip(depth_of)
-            .filter_map(|(t, d)| Some((t, d?)))
-            .collect();
         continued.sort_unstable();
-        TenantMatches { depths, continued }
+        TenantMatches {
+            depth_of,
+            continued,
+        }
     }
 
     /// How many chars of `text` `tenant` holds as a prefix (what `tenant_matches`
@@ -542,7 +548,7 @@ mod tests {
         t.insert("other", 3, 4);
         let m = t.tenant_matches("system prompt|alice hello again");
         assert_eq!(
-            m.depths,
+            m.depths(),
             vec![(0, 25), (1, 14), (2, 6)],
             "alice's worker holds all of her history, bob's the shared prompt, w2 a part; w3 nothing"
         );
@@ -557,13 +563,13 @@ mod tests {
         );
         // A match ending inside an edge counts the chars up to the divergence.
         assert_eq!(
-            t.tenant_matches("systXm").depths,
+            t.tenant_matches("systXm").depths(),
             vec![(0, 4), (1, 4), (2, 4)]
         );
         // Multi-byte chars are counted as chars.
         let mut u = Tree::new();
         u.insert("héllo wörld", 5, 1);
-        assert_eq!(u.tenant_matches("héllo wörlx").depths, vec![(5, 10)]);
+        assert_eq!(u.tenant_matches("héllo wörlx").depths(), vec![(5, 10)]);
     }
 
     #[test]
@@ -582,10 +588,6 @@ mod tests {
             "x",
         ] {
             let m = t.tenant_matches(probe);
-            assert!(
-                m.depths.windows(2).all(|w| w[0].0 < w[1].0),
-                "sorted by tenant"
-            );
             for tenant in 0..310u32 {
                 assert_eq!(
                     m.depth(tenant),
@@ -613,7 +615,7 @@ mod tests {
             vec![0],
             "alice's next turn extends her text"
         );
-        assert_eq!(next.depths, vec![(0, 12), (1, 7)]);
+        assert_eq!(next.depths(), vec![(0, 12), (1, 7)]);
         let new = t.tenant_matches("system|carol");
         assert!(
             new.continued.is_empty(),
