@@ -408,8 +408,7 @@ mod tests {
     use super::*;
     use crate::config::testing::workers;
     use crate::config::Pool;
-    use crate::shared::testing::MemStore;
-    use crate::shared::Keys;
+    use crate::shared::testing::{ring, MemStore};
 
     fn insert(text: &str, worker: &str) -> Op {
         Op::Insert {
@@ -418,12 +417,6 @@ mod tests {
             worker: worker.into(),
             text: text.into(),
         }
-    }
-
-    fn ring(store: &MemStore, slots: usize) -> OpRing {
-        let ring = OpRing::new(&Keys::new("t"), slots);
-        ring.init_if_missing(store);
-        ring
     }
 
     #[test]

@@ -125,21 +125,15 @@ impl InflightTable {
 mod tests {
     use super::super::batch::Batch;
     use super::super::ops::insert_op;
-    use super::super::testing::{Counting, MemStore};
+    use super::super::testing::{ring, Counting, MemStore};
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
     use crate::config::testing::names;
 
-    fn ring(store: &dyn SharedStore) -> OpRing {
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(store);
-        ring
-    }
-
     #[test]
     fn inflight_counts_add_and_saturate() {
         let store = MemStore::default();
-        let ring = ring(&store);
+        let ring = ring(&store, 4);
         let t = InflightTable::new(1, 5000);
         assert!(t.read(&store, &ring, 0).is_empty());
         t.take("w0");
@@ -163,7 +157,7 @@ mod tests {
     #[test]
     fn a_booking_rides_on_the_claim_after_the_catch_up_and_reads_nothing() {
         let store = Counting::default();
-        let ring = ring(&store);
+        let ring = ring(&store, 4);
         let (t, other) = (InflightTable::new(1, 5000), InflightTable::new(2, 5000));
         other.take("w1");
         assert!(other.flush(&store, &ring, 0));
@@ -192,7 +186,7 @@ mod tests {
     fn every_write_of_the_head_keeps_what_it_does_not_own() {
         let store = MemStore::default();
         let keys = Keys::new("t");
-        let ring = ring(&store);
+        let ring = ring(&store, 4);
         let t = InflightTable::new(1, 5000);
         t.take("w0");
         assert!(t.flush(&store, &ring, 0));
@@ -217,7 +211,7 @@ mod tests {
     #[test]
     fn first_writes_racing_on_two_vms_both_count() {
         let store = MemStore::default();
-        let ring_a = ring(&store);
+        let ring_a = ring(&store, 4);
         let ring_b = OpRing::new(&Keys::new("t"), 4);
         let (a, b) = (InflightTable::new(1, 5000), InflightTable::new(2, 5000));
         // Both read the head, then B's booking lands before A's claim.
@@ -240,7 +234,7 @@ mod tests {
     #[test]
     fn a_failed_publication_waits_for_the_tick() {
         let store = MemStore::default();
-        let ring = ring(&store);
+        let ring = ring(&store, 4);
         let t = InflightTable::new(1, 5000);
         t.take("w0");
         let detached = OpRing::new(&Keys::new("elsewhere"), 4);

@@ -337,6 +337,13 @@ pub mod testing {
         }
     }
 
+    /// A ring of `slots` under the tests' keys, its head written.
+    pub fn ring(store: &dyn SharedStore, slots: usize) -> OpRing {
+        let ring = OpRing::new(&Keys::new("t"), slots);
+        ring.init_if_missing(store);
+        ring
+    }
+
     /// A `MemStore` that counts its reads.
     #[derive(Default)]
     pub struct Counting {

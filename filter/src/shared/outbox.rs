@@ -210,20 +210,14 @@ impl Outbox {
 mod tests {
     use super::super::ops::insert_op;
     use super::super::ring::NoRider;
-    use super::super::testing::{Counting, MemStore};
+    use super::super::testing::{ring, Counting, MemStore};
     use super::super::Keys;
     use super::*;
-
-    fn ring(store: &dyn SharedStore) -> OpRing {
-        let ring = OpRing::new(&Keys::new("t"), 8);
-        ring.init_if_missing(store);
-        ring
-    }
 
     #[test]
     fn a_window_of_zero_is_always_due_and_a_window_runs_from_the_last_sync() {
         let store = MemStore::default();
-        let ring = ring(&store);
+        let ring = ring(&store, 8);
         assert!(Outbox::new(0).due(0));
         let mut out = Outbox::new(5);
         assert!(out.due(100), "never synced");
@@ -249,7 +243,7 @@ mod tests {
     #[test]
     fn a_flush_shares_what_waits_as_one_batch_in_order_without_what_was_withdrawn() {
         let store = Counting::default();
-        let ring = ring(&store);
+        let ring = ring(&store, 8);
         let mut out = Outbox::new(5);
         let a = out.push(&insert_op("a", "w1"), Some(0));
         let b = out.push(&insert_op("bb", "w2"), Some(0));

@@ -454,14 +454,13 @@ impl OpRing {
 #[cfg(test)]
 mod tests {
     use super::super::ops::insert_op;
-    use super::super::testing::MemStore;
+    use super::super::testing::{ring, MemStore};
     use super::*;
 
     #[test]
     fn appended_ops_are_read_in_order_by_every_reader() {
         let store = MemStore::default();
-        let ring = OpRing::new(&Keys::new("t"), 8);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 8);
         for i in 0..5 {
             assert_eq!(
                 ring.append_one(&store, &insert_op(&format!("t{i}"), "w").encode()),
@@ -522,8 +521,7 @@ mod tests {
     #[test]
     fn a_reader_a_ring_behind_counts_the_gap() {
         let store = MemStore::default();
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 4);
         for i in 0..10 {
             ring.append_one(&store, &insert_op(&format!("t{i}"), "w").encode())
                 .unwrap();
@@ -559,8 +557,7 @@ mod tests {
     #[test]
     fn readers_wait_for_a_claimed_slot_and_skip_it_once_it_is_overdue() {
         let store = MemStore::default();
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 4);
         claim_without_writing(&store, 0);
         assert_eq!(
             ring.append_one(&store, &insert_op("next", "w").encode()),
@@ -603,8 +600,7 @@ mod tests {
     #[test]
     fn an_append_after_a_catch_up_reads_nothing() {
         let store = super::super::testing::Counting::default();
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 4);
         let mut cursor = 0;
         ring.catch_up(&store, &mut cursor, 0, |_, _| {});
         store.gets.set(0);
@@ -621,8 +617,7 @@ mod tests {
     #[test]
     fn a_slot_reads_as_a_batch_as_a_bare_operation_and_counts_a_cut_frame() {
         let store = MemStore::default();
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 4);
         let mut batch = Batch::default();
         batch.push(&insert_op("a", "w"));
         batch.push_encoded(&insert_op("b", "w").encode());
@@ -657,8 +652,7 @@ mod tests {
     #[test]
     fn catching_up_passes_over_the_callers_own_batches_without_reading_them() {
         let store = super::super::testing::Counting::default();
-        let ring = OpRing::new(&Keys::new("t"), 8);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 8);
         for text in ["a", "mine", "b"] {
             ring.append_one(&store, &insert_op(text, "w").encode())
                 .unwrap();
@@ -684,8 +678,7 @@ mod tests {
     #[test]
     fn init_does_not_wipe_a_live_ring() {
         let store = MemStore::default();
-        let ring = OpRing::new(&Keys::new("t"), 4);
-        ring.init_if_missing(&store);
+        let ring = ring(&store, 4);
         ring.append_one(&store, &Op::Evict.encode()).unwrap();
         ring.init_if_missing(&store);
         assert_eq!(ring.head(&store), Some(1));
