@@ -57,13 +57,9 @@ pub(super) fn chat_text(json: &mut Json) -> Read<Option<String>> {
     let mut any = false;
     while items.next(json)? {
         any = true;
-        if let Some((role, content)) = json.plain_message() {
-            messages.push(Message {
-                role: Cow::Borrowed(role),
-                content: Cow::Borrowed(content),
-            });
-        } else {
-            messages.extend(Message::read(json)?);
+        match Message::read_plain(json) {
+            Some(m) => messages.push(m),
+            None => messages.extend(Message::read(json)?),
         }
     }
     Ok(any.then(|| Message::lines(&messages)))
@@ -84,6 +80,25 @@ impl<'a> Message<'a> {
             Token::Object(entries) => Message::read_entries(entries, json).map(Some),
             other => other.drain(json).map(|()| None),
         }
+    }
+
+    /// A message written the way clients write them, `{"role":"…","content":"…"}`
+    /// in either order, both strings free of escapes (`Json::plain_pair`), read in
+    /// one pass; `None` (nothing read) for any other shape, which `read` takes and
+    /// reads into the same two strings.
+    pub(super) fn read_plain(json: &mut Json<'a>) -> Option<Message<'a>> {
+        let mut past = *json;
+        let [(k1, v1), (k2, v2)] = past.plain_pair()?;
+        let (role, content) = match (k1, k2) {
+            (b"role", b"content") => (v1, v2),
+            (b"content", b"role") => (v2, v1),
+            _ => return None,
+        };
+        *json = past;
+        Some(Message {
+            role: Cow::Borrowed(role),
+            content: Cow::Borrowed(content),
+        })
     }
 
     /// The rest of an object whose `{` has been read.
@@ -160,4 +175,42 @@ fn part<'a>(json: &mut Json<'a>) -> Read<Option<Cow<'a, str>>> {
         _ => true,
     };
     Ok(is_text.then(|| text.and_then(Leaf::into_text)).flatten())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_message_is_a_role_and_a_content_in_either_order_or_nothing_read() {
+        for (body, want) in [
+            (r#"{"role":"user","content":"hi"}"#, Some(("user", "hi"))),
+            (r#"{"content":"hi","role":"user"}"#, Some(("user", "hi"))),
+            (
+                r#" { "role" : "u" , "content" : "日本" } "#,
+                Some(("u", "日本")),
+            ),
+            // Two plain members, but not the message's two: left to `read`.
+            (r#"{"role":"user","role":"x"}"#, None),
+            (r#"{"content":"x","content":"y"}"#, None),
+            (r#"{"role":"user","name":"n"}"#, None),
+            (r#"{"type":"text","text":"x"}"#, None),
+            // Not two plain members at all.
+            (r#"{"role":"user","content":"x","name":"n"}"#, None),
+            (r#"{"role":"user","content":["x"]}"#, None),
+        ] {
+            let mut json = Json::new(body.as_bytes());
+            let got = Message::read_plain(&mut json);
+            assert_eq!(
+                got.as_ref().map(|m| (&*m.role, &*m.content)),
+                want,
+                "{body}"
+            );
+            if got.is_none() {
+                // Nothing read: the general reader takes the whole message.
+                let general = Message::read(&mut json).map(|m| m.is_some());
+                assert_eq!(general, Ok(true), "{body}");
+            }
+        }
+    }
 }

@@ -13,6 +13,8 @@
 //!   escapes must be well formed, but its strings' bytes and its numbers' sizes are
 //!   not looked at.
 
+mod plain;
+
 use crate::scan;
 use std::borrow::Cow;
 
@@ -48,7 +50,8 @@ impl Token<'_> {
     }
 }
 
-/// A body being read, and how far.
+/// A body being read, and how far. A copy is a place to come back to.
+#[derive(Clone, Copy)]
 pub(super) struct Json<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -61,22 +64,32 @@ impl<'a> Json<'a> {
 
     /// The next byte that is not JSON whitespace, left unread.
     fn peek(&mut self) -> Option<u8> {
-        while let Some(&b) = self.bytes.get(self.at) {
-            if !matches!(b, b' ' | b'\n' | b'\t' | b'\r') {
-                return Some(b);
-            }
-            self.at += 1;
-        }
-        None
+        self.at = self.skip_space(self.at);
+        self.bytes.get(self.at).copied()
     }
 
     /// Reads `byte` after any whitespace.
     fn eat(&mut self, byte: u8) -> Read<()> {
-        if self.peek() != Some(byte) {
-            return Err(Malformed);
-        }
-        self.at += 1;
+        self.at = self.after(self.at, byte).ok_or(Malformed)?;
         Ok(())
+    }
+
+    /// Past `byte` if it is the first non-whitespace byte from `at`.
+    fn after(&self, at: usize, byte: u8) -> Option<usize> {
+        let at = self.skip_space(at);
+        (self.bytes.get(at) == Some(&byte)).then_some(at + 1)
+    }
+
+    /// The first index from `at` that is not JSON whitespace.
+    fn skip_space(&self, mut at: usize) -> usize {
+        while self
+            .bytes
+            .get(at)
+            .is_some_and(|b| matches!(b, b' ' | b'\n' | b'\t' | b'\r'))
+        {
+            at += 1;
+        }
+        at
     }
 
     /// Whether the next value is `null`, reading it if so (serde's `Option`).
@@ -212,61 +225,6 @@ impl<'a> Json<'a> {
         }
         self.at += 4;
         Ok(unit)
-    }
-
-    /// A message written the way clients write them, `{"role":"…","content":"…"}`
-    /// or `{"content":"…","role":"…"}` (JSON whitespace allowed between tokens),
-    /// its keys and strings free of escapes: its role and content, borrowed from the
-    /// body. Anything else gives `None` and reads nothing, for the general readers to
-    /// take: they give such a message the same two strings, at several times the
-    /// cost per key and token.
-    pub(super) fn plain_message(&mut self) -> Option<(&'a str, &'a str)> {
-        let (at, first, a) = self.plain_member(self.at, b'{')?;
-        let (at, second, b) = self.plain_member(at, b',')?;
-        let end = self.after(at, b'}')?;
-        let (role, content) = match (first, second) {
-            (b"role", b"content") => (a, b),
-            (b"content", b"role") => (b, a),
-            _ => return None,
-        };
-        self.at = end;
-        Some((role, content))
-    }
-
-    /// `lead "key" : "value"` from `at`, whitespace allowed between, the key and
-    /// the value free of escapes: where it ends, the key's bytes and the value.
-    fn plain_member(&self, at: usize, lead: u8) -> Option<(usize, &'a [u8], &'a str)> {
-        let at = self.after(at, lead)?;
-        let (at, key) = self.plain_string(self.after(at, b'"')?)?;
-        let at = self.after(at, b':')?;
-        let (at, value) = self.plain_string(self.after(at, b'"')?)?;
-        Some((at, key.as_bytes(), value))
-    }
-
-    /// A string's contents from `at` (past its opening quote) when they run to its
-    /// closing quote without an escape and are UTF-8: where it ends, and the text.
-    fn plain_string(&self, at: usize) -> Option<(usize, &'a str)> {
-        let rest = self.bytes.get(at..)?;
-        let (n, text) = scan::plain_string_text(rest);
-        (rest.get(n) == Some(&b'"')).then_some((at + n + 1, text?))
-    }
-
-    /// Past `byte` if it is the first non-whitespace byte from `at`.
-    fn after(&self, at: usize, byte: u8) -> Option<usize> {
-        let at = self.skip_space(at);
-        (self.bytes.get(at) == Some(&byte)).then_some(at + 1)
-    }
-
-    /// The first index from `at` that is not JSON whitespace.
-    fn skip_space(&self, mut at: usize) -> usize {
-        while self
-            .bytes
-            .get(at)
-            .is_some_and(|b| matches!(b, b' ' | b'\n' | b'\t' | b'\r'))
-        {
-            at += 1;
-        }
-        at
     }
 
     fn rest(&self) -> &'a [u8] {
@@ -552,45 +510,6 @@ mod tests {
         let v = value(&mut json)?;
         json.end()?;
         Ok(v)
-    }
-
-    #[test]
-    fn a_plain_message_is_read_whole_or_not_at_all() {
-        for (body, want) in [
-            (r#"{"role":"user","content":"hi"}"#, Some(("user", "hi"))),
-            (r#"{"content":"hi","role":"user"}"#, Some(("user", "hi"))),
-            (
-                " { \"role\" :\t\"u\" ,\n\"content\": \"日本\" } ",
-                Some(("u", "日本")),
-            ),
-            (r#"{"role":"","content":""}"#, Some(("", ""))),
-            // Everything else is left to the general readers.
-            (r#"{"role":"user","content":"a\"b"}"#, None),
-            (r#"{"role":"user","content":["x"]}"#, None),
-            (r#"{"role":"user","content":"x","name":"n"}"#, None),
-            (r#"{"role":"user"}"#, None),
-            (r#"{"role":"user","role":"x"}"#, None),
-            (r#"{"content":"x","content":"y"}"#, None),
-            (r#"{"rol\u0065":"user","content":"x"}"#, None),
-            (r#"{"role":1,"content":"x"}"#, None),
-            ("{\"role\":\"u\u{1}\",\"content\":\"x\"}", None),
-            (r#"{"role":"user","content":"x""#, None),
-            (r#"["role","content"]"#, None),
-        ] {
-            let mut json = Json::new(body.as_bytes());
-            let got = json.plain_message();
-            assert_eq!(got, want, "{body}");
-            let end = if got.is_some() {
-                body.trim_end().len()
-            } else {
-                0
-            };
-            assert_eq!(json.at, end, "read past the object, or nothing: {body}");
-        }
-        // Not UTF-8: the general reader refuses it.
-        let mut json = Json::new(b"{\"role\":\"\xff\",\"content\":\"x\"}");
-        assert_eq!(json.plain_message(), None);
-        assert_eq!(json.at, 0);
     }
 
     fn skipped(body: &[u8]) -> Read<()> {
