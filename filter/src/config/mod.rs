@@ -20,6 +20,7 @@ mod health;
 mod overload;
 mod replicas;
 mod stats;
+mod target;
 mod ttft;
 mod workers;
 
@@ -27,6 +28,7 @@ pub use decision_headers::DecisionHeaders;
 pub use health::*;
 pub use overload::*;
 pub use replicas::*;
+pub use target::*;
 pub use ttft::*;
 pub use workers::{Pool, WorkerConfig, WorkerNames, WorkersFrom};
 
@@ -62,10 +64,6 @@ pub const MAX_SYNC_BATCH_MS: u64 = 1000;
 pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;
 pub const DEFAULT_STATS_PATH: &str = "/llm-router/stats";
 pub const DEFAULT_STATS_MAX_BYTES: usize = 1 << 20;
-pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-router-cluster";
-/// The Gateway API Inference Extension's header, read by Envoy's `override_host`
-/// load balancing policy.
-pub const DEFAULT_ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 /// The prefill pool is where prompts are cached, so it follows prefixes (SMG's
 /// default for both pools).
 pub const DEFAULT_PREFILL_POLICY: Policy = Policy::CacheAware;
@@ -105,18 +103,6 @@ impl Policy {
             Policy::PredictedTtft => "predicted_ttft",
         }
     }
-}
-
-/// How the chosen worker reaches Envoy's router.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Target {
-    /// One Envoy cluster per worker; the route reads `cluster_header`.
-    #[default]
-    Cluster,
-    /// One cluster for the pool with the `override_host` policy reading
-    /// `endpoint_header: ip:port`.
-    Endpoint,
 }
 
 fn default_cache_threshold() -> f64 {
@@ -160,12 +146,6 @@ fn default_stats_path() -> String {
 }
 fn default_stats_max_bytes() -> usize {
     DEFAULT_STATS_MAX_BYTES
-}
-fn default_cluster_header() -> String {
-    DEFAULT_CLUSTER_HEADER.to_string()
-}
-fn default_endpoint_header() -> String {
-    DEFAULT_ENDPOINT_HEADER.to_string()
 }
 fn default_max_workers() -> usize {
     DEFAULT_MAX_WORKERS
@@ -280,9 +260,9 @@ pub struct Config {
     /// (`crate::shared::Outbox`); 0 syncs on every request.
     #[serde(default = "default_sync_batch")]
     pub sync_batch_ms: u64,
-    #[serde(default = "default_cluster_header")]
+    #[serde(default = "target::default_cluster_header")]
     pub cluster_header: String,
-    #[serde(default = "default_endpoint_header")]
+    #[serde(default = "target::default_endpoint_header")]
     pub endpoint_header: String,
     /// Which responses get `x-llm-router-worker`, `-decision` and `-reason`.
     #[serde(default)]
@@ -320,12 +300,6 @@ fn err(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
         field: field.into(),
         rule: rule.into(),
     }
-}
-
-fn is_header_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 impl Config {
@@ -474,18 +448,7 @@ impl Config {
         if self.sync_batch_ms > MAX_SYNC_BATCH_MS {
             return Err(err("sync_batch_ms", "must be at most 1000"));
         }
-        if !is_header_name(&self.cluster_header) {
-            return Err(err(
-                "cluster_header",
-                "must be a lowercase HTTP header name",
-            ));
-        }
-        if !is_header_name(&self.endpoint_header) {
-            return Err(err(
-                "endpoint_header",
-                "must be a lowercase HTTP header name",
-            ));
-        }
+        self.validate_target_headers()?;
         if self.prefill_timeout_ms == 0 {
             return Err(err("prefill_timeout_ms", "must be >= 1"));
         }
