@@ -120,6 +120,8 @@ impl crate::shared::SharedStore for HostStore {
         }
     }
 
+    /// Not `get`'s: an empty value comes back as no bytes, which `get` reads as
+    /// missing, and the tables' bell is an empty value.
     fn version(&self, key: &str) -> Option<u32> {
         hostcalls::get_shared_data(key)
             .ok()
