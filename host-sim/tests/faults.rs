@@ -10,6 +10,7 @@
 mod support;
 
 use host_sim::{envoy_failures, FailurePolicy, Fault, Host, RequestSpec, Status};
+use llm_router::header_names::EXPLAIN_HEADER;
 
 const CONFIG: &str = r#"{"workers":[{"name":"w0","cluster":"c0"},{"name":"w1","cluster":"c1"},
     {"name":"w2","cluster":"c2"}],"stats_token":"tok","worker_queue_limit":2,
@@ -258,7 +259,7 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
     assert!(host.failure(0).is_some(), "the VM failed");
     host.clear_faults();
     let mut spec = RequestSpec::post_json("/v1/chat/completions", chat(1));
-    spec.headers.push(("x-llm-router-explain", "1"));
+    spec.headers.push((EXPLAIN_HEADER, "1"));
     let out = host.vm(0).request(spec).expect("next request");
     assert_eq!(host.reloads(0), 1, "the next stream started a fresh VM");
     assert!(host.failure(0).is_none());

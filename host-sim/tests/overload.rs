@@ -9,6 +9,7 @@
 mod support;
 
 use host_sim::{Host, HttpCall, RequestSpec};
+use llm_router::header_names::EXPLAIN_HEADER;
 
 const LEASE_KEY: &str = "llm_router.overload.lease";
 
@@ -213,7 +214,7 @@ fn an_all_flagged_fleet_is_still_served_and_says_so() {
         "/v1/completions",
         br#"{"model":"m","prompt":"hello"}"#.to_vec(),
     );
-    spec.headers.push(("x-llm-router-explain", "1"));
+    spec.headers.push((EXPLAIN_HEADER, "1"));
     let out = h.vm(1).request(spec).unwrap();
     assert!(out.local_response.is_none(), "routed, not refused");
     let resp = h.vm(1).respond(out.handle, 200, &[], b"{}").unwrap();

@@ -7,6 +7,7 @@
 mod support;
 
 use host_sim::{Host, HttpCall, RequestSpec, StreamOutcome};
+use llm_router::header_names::EXPLAIN_HEADER;
 use serde_json::Value;
 use support::CLUSTER_HEADER;
 const PAIRS: &str = "wasmcustom.llm_router_pd_pairs";
@@ -34,7 +35,7 @@ fn send(host: &mut Host, path: &str, body: Vec<u8>) -> (StreamOutcome, HttpCall)
     let mut spec = RequestSpec::post_json(path, body);
     spec.headers.push(("content-length", &length));
     // Asks for the decision headers, which the tests read.
-    spec.headers.push(("x-llm-router-explain", "1"));
+    spec.headers.push((EXPLAIN_HEADER, "1"));
     let out = host.vm(0).request(spec).expect("request");
     assert!(
         out.continued,

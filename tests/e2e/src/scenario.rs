@@ -42,6 +42,7 @@
 //! Envoy runs one worker thread: with several, which thread takes a connection is
 //! the kernel's choice, not the scenario's.
 
+use crate::support::EXPLAINED_JSON;
 use anyhow::{bail, Context, Result};
 use engine_model::engine::EngineSpec;
 use engine_model::latency::Latency;
@@ -573,15 +574,7 @@ impl Scenario {
                 Step::Request(r) => {
                     let (path, body) = Self::request(r)?;
                     let addr = envoy.listener;
-                    let send = move || {
-                        admin::request(
-                            addr,
-                            "POST",
-                            &path,
-                            &[("content-type", "application/json"), (EXPLAIN_HEADER, "1")],
-                            &body,
-                        )
-                    };
+                    let send = move || admin::request(addr, "POST", &path, EXPLAINED_JSON, &body);
                     if r.hold {
                         held.push((i, std::thread::spawn(send)));
                         // The next step must see this request routed and in flight.
