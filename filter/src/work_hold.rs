@@ -1,4 +1,4 @@
-//! One `predicted_ttft` request's booking in the shared work table, as a small
+//! One `predicted_ttft` request's prefill booking in the in-flight table, as a small
 //! state machine: booked at the decision (one request prefilling, its uncached
 //! chars ahead of whoever comes next), the prefill part released at the first
 //! response byte, which also teaches the worker's prefill cost per char, and the
@@ -6,13 +6,15 @@
 //! before its first byte (reset, client gone, local reply) releases the prefill part
 //! then and teaches nothing. Every release happens at most once, and the table
 //! saturates at zero, so no count goes negative whatever the order of callbacks.
+//! A release says whether it gave back this VM's last count, which the caller
+//! publishes at once (`crate::shared::InflightTable::release`).
 //!
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
 
 use crate::decision::Prediction;
 use crate::policy::{learn_prefill, learn_service, WorkerCosts};
-use crate::shared::{CostTable, SharedStore, WorkTable};
+use crate::shared::{CostTable, InflightTable, SharedStore};
 
 /// Where a booked request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,16 +42,8 @@ pub struct WorkHold {
 
 impl WorkHold {
     /// Books the request at the decision.
-    pub fn take(
-        store: &dyn SharedStore,
-        work: &WorkTable,
-        worker: &str,
-        p: &Prediction,
-        now_ms: u64,
-    ) -> WorkHold {
-        let chars = i64::try_from(p.uncached_chars).unwrap_or(i64::MAX);
-        // Kept in this VM's counts even if the publication failed (`WorkTable`).
-        work.add(store, worker, 1, chars, now_ms);
+    pub fn take(work: &InflightTable, worker: &str, p: &Prediction, now_ms: u64) -> WorkHold {
+        work.book_prefill(worker, p.uncached_chars);
         WorkHold {
             worker: worker.to_string(),
             chars: p.uncached_chars,
@@ -63,26 +57,24 @@ impl WorkHold {
         self.phase
     }
 
-    fn release_prefill(&mut self, store: &dyn SharedStore, work: &WorkTable, now_ms: u64) {
-        if std::mem::take(&mut self.booked) {
-            let chars = i64::try_from(self.chars).unwrap_or(i64::MAX);
-            work.add(store, &self.worker, -1, -chars, now_ms);
-        }
+    /// Whether it gave back this VM's last count.
+    fn release_prefill(&mut self, work: &InflightTable) -> bool {
+        std::mem::take(&mut self.booked) && work.release_prefill(&self.worker, self.chars)
     }
 
     /// The first response byte: the prefill is done. Releases the prefill part and
-    /// teaches the prefill cost. Only the first call counts.
+    /// teaches the prefill cost. Only the first call counts. Whether this VM's last
+    /// count was given back.
     pub fn first_byte(
         &mut self,
         store: &dyn SharedStore,
-        work: &WorkTable,
-        costs: &CostTable,
+        (work, costs): (&InflightTable, &CostTable),
         now_ms: u64,
-    ) {
+    ) -> bool {
         let Phase::Prefilling { since_ms } = self.phase else {
-            return;
+            return false;
         };
-        self.release_prefill(store, work, now_ms);
+        let last = self.release_prefill(work);
         let ttfb_us = now_ms.saturating_sub(since_ms) as f64 * 1000.0;
         let work_chars = self.work_chars;
         if learn_prefill(None, ttfb_us, work_chars).is_some() {
@@ -93,19 +85,21 @@ impl WorkHold {
             });
         }
         self.phase = Phase::Streaming { since_ms: now_ms };
+        last
     }
 
     /// The stream ended, however it ended. Releases what is still booked; a stream
     /// that had its first byte teaches the service time. Only the first call counts.
+    /// Whether this VM's last count was given back.
     pub fn end(
         &mut self,
         store: &dyn SharedStore,
-        work: &WorkTable,
-        costs: &CostTable,
+        (work, costs): (&InflightTable, &CostTable),
         now_ms: u64,
-    ) {
+    ) -> bool {
+        let mut last = false;
         match self.phase {
-            Phase::Prefilling { .. } => self.release_prefill(store, work, now_ms),
+            Phase::Prefilling { .. } => last = self.release_prefill(work),
             Phase::Streaming { since_ms } => {
                 let span_ms = now_ms.saturating_sub(since_ms) as f64;
                 costs.learn(store, &self.worker, |c| WorkerCosts {
@@ -116,6 +110,7 @@ impl WorkHold {
             Phase::Done => {}
         }
         self.phase = Phase::Done;
+        last
     }
 }
 
@@ -124,27 +119,29 @@ mod tests {
     use super::*;
     use crate::config::testing::names;
     use crate::policy::WorkerWork;
-    use crate::shared::testing::MemStore;
-    use crate::shared::Keys;
+    use crate::shared::testing::{ring, MemStore};
+    use crate::shared::{Keys, OpRing};
 
     struct Fixture {
         store: MemStore,
-        work: WorkTable,
+        ring: OpRing,
+        work: InflightTable,
         costs: CostTable,
     }
 
     fn fixture() -> Fixture {
-        let keys = Keys::new("t");
+        let store = MemStore::default();
         Fixture {
-            store: MemStore::default(),
-            work: WorkTable::new(&keys, 1, 60_000),
-            costs: CostTable::new(&keys),
+            ring: ring(&store, 4),
+            store,
+            work: InflightTable::new(1, 60_000),
+            costs: CostTable::new(&Keys::new("t")),
         }
     }
 
     impl Fixture {
         fn w0(&self) -> WorkerWork {
-            self.work.by_worker(&self.store, &names(), 0)[0]
+            self.work.by_worker(&self.ring, &names(), 0, true).work[0]
         }
         fn costs0(&self) -> WorkerCosts {
             self.costs.by_worker(&self.store, &names())[0]
@@ -155,7 +152,7 @@ mod tests {
                 uncached_chars: uncached,
                 ahead_chars: ahead,
             };
-            WorkHold::take(&self.store, &self.work, "w0", &p, now)
+            WorkHold::take(&self.work, "w0", &p, now)
         }
     }
 
@@ -173,7 +170,7 @@ mod tests {
         );
         let mut b = f.take(1000, 4000, 101);
         assert_eq!(f.w0().ahead_chars, 5000);
-        a.first_byte(&f.store, &f.work, &f.costs, 120);
+        a.first_byte(&f.store, (&f.work, &f.costs), 120);
         assert_eq!(
             f.w0(),
             WorkerWork {
@@ -187,22 +184,22 @@ mod tests {
             "20 ms over 4000 chars"
         );
         assert_eq!(a.phase(), Phase::Streaming { since_ms: 120 });
-        a.first_byte(&f.store, &f.work, &f.costs, 500);
+        a.first_byte(&f.store, (&f.work, &f.costs), 500);
         assert_eq!(
             f.w0().ahead_chars,
             1000,
             "a second first byte releases nothing"
         );
-        a.end(&f.store, &f.work, &f.costs, 150);
+        a.end(&f.store, (&f.work, &f.costs), 150);
         assert_eq!(f.costs0().service_ms, Some(30.0));
-        a.end(&f.store, &f.work, &f.costs, 900);
+        a.end(&f.store, (&f.work, &f.costs), 900);
         assert_eq!(f.costs0().service_ms, Some(30.0), "ends once");
         assert_eq!(a.phase(), Phase::Done);
         // 5000 chars of work before b's first byte at 101 + 50 ms: 10 us per char;
         // the average moves 5 -> 6.
-        b.first_byte(&f.store, &f.work, &f.costs, 151);
+        b.first_byte(&f.store, (&f.work, &f.costs), 151);
         assert_eq!(f.costs0().prefill_us_per_char, Some(6.0));
-        b.end(&f.store, &f.work, &f.costs, 151);
+        b.end(&f.store, (&f.work, &f.costs), 151);
         assert_eq!(f.w0(), WorkerWork::default());
     }
 
@@ -210,11 +207,14 @@ mod tests {
     fn a_reset_before_the_first_byte_releases_and_teaches_nothing() {
         let f = fixture();
         let mut a = f.take(4000, 0, 100);
-        a.end(&f.store, &f.work, &f.costs, 5000);
+        assert!(
+            a.end(&f.store, (&f.work, &f.costs), 5000),
+            "this VM's last count: to be published at once"
+        );
         assert_eq!(f.w0(), WorkerWork::default());
         assert_eq!(f.costs0(), WorkerCosts::default());
-        a.first_byte(&f.store, &f.work, &f.costs, 6000);
-        a.end(&f.store, &f.work, &f.costs, 7000);
+        a.first_byte(&f.store, (&f.work, &f.costs), 6000);
+        a.end(&f.store, (&f.work, &f.costs), 7000);
         assert_eq!(f.w0(), WorkerWork::default(), "never negative, never twice");
         assert_eq!(f.costs0(), WorkerCosts::default());
     }
@@ -223,7 +223,7 @@ mod tests {
     fn a_short_prefill_does_not_teach_the_per_char_cost() {
         let f = fixture();
         let mut a = f.take(10, 0, 0);
-        a.first_byte(&f.store, &f.work, &f.costs, 40);
+        a.first_byte(&f.store, (&f.work, &f.costs), 40);
         assert_eq!(f.costs0().prefill_us_per_char, None);
         assert_eq!(f.w0(), WorkerWork::default());
     }
@@ -237,9 +237,9 @@ mod tests {
             uncached_chars: 700,
             ahead_chars: 0,
         };
-        let mut b = WorkHold::take(&f.store, &f.work, "w1", &p, 0);
-        b.end(&f.store, &f.work, &f.costs, 1);
-        b.end(&f.store, &f.work, &f.costs, 2);
+        let mut b = WorkHold::take(&f.work, "w1", &p, 0);
+        b.end(&f.store, (&f.work, &f.costs), 1);
+        b.end(&f.store, (&f.work, &f.costs), 2);
         assert_eq!(f.w0().ahead_chars, 300);
     }
 }

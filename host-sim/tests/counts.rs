@@ -164,21 +164,24 @@ fn a_dead_vms_requests_stop_counting_after_the_expiry() {
 
 #[test]
 fn a_dead_vms_prefill_bookings_expire() {
-    const WORK_KEY: &str = "llm_router.ttft.work.by_vm";
     let mut h = host(2, r#","policy":"predicted_ttft""#);
     for i in 0..3 {
         open(&mut h, 0, &format!("prompt {i} {}", "words ".repeat(200)));
     }
-    let booked = h.shared_data(WORK_KEY).expect("booked");
-    assert!(booked.len() > 4, "VM 0's bookings are in the table");
+    h.advance_time(TICK_MS).unwrap();
+    assert_eq!(
+        support::outstanding_prefill(&h).0,
+        3,
+        "VM 0's bookings are in the table"
+    );
     crash(&mut h, 0);
     h.advance_time(EXPIRY_MS).unwrap();
     // The next booking on a live VM drops the expired row; once answered, nothing
     // is left.
     support::route_completion(&mut h, 1, "a request on the live VM");
     assert_eq!(
-        h.shared_data(WORK_KEY),
-        Some(vec![0, 0, 0, 0]),
+        support::outstanding_prefill(&h),
+        (0, 0),
         "no outstanding prefill is left behind by the dead VM"
     );
 }

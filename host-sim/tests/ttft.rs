@@ -15,7 +15,6 @@ use host_sim::{Host, RequestSpec, StreamHandle};
 
 const WORKERS: usize = 4;
 const VMS: usize = 4;
-const WORK_KEY: &str = "llm_router.ttft.work.by_vm";
 
 fn host(extra: &str) -> Host {
     let config = support::fleet_config(WORKERS, &format!(r#","policy":"predicted_ttft"{extra}"#));
@@ -68,12 +67,13 @@ fn answer(h: &mut Host, vm: usize, handle: StreamHandle) -> (String, Option<Stri
     (reason, predicted)
 }
 
-/// The shared work table is empty: nothing booked is left behind.
+/// No VM's row of the shared in-flight table declares prefill: nothing booked is
+/// left behind.
 fn assert_no_work_left(h: &Host, when: &str) {
-    let bytes = h.shared_data(WORK_KEY).unwrap_or_default();
-    assert!(
-        bytes.is_empty() || bytes == [0, 0, 0, 0],
-        "{when}: outstanding prefill left in the work table: {bytes:?}"
+    assert_eq!(
+        support::outstanding_prefill(h),
+        (0, 0),
+        "{when}: outstanding prefill left in the in-flight table"
     );
 }
 
@@ -143,10 +143,12 @@ fn a_booking_on_one_thread_is_seen_by_the_next_decision_on_another() {
     answer(&mut h, 3, w);
     // A conversation opens on VM 0 and stays unanswered: its prefill is booked.
     let (first, a) = open(&mut h, 0, chat(100, 0));
-    let bytes = h
-        .shared_data(WORK_KEY)
-        .expect("the booking is in shared data");
-    assert!(bytes.len() > 4, "booked at the decision: {bytes:?}");
+    let (prefilling, chars) = support::outstanding_prefill(&h);
+    assert_eq!(
+        prefilling, 1,
+        "booked at the decision, published with the request"
+    );
+    assert!(chars > 0, "its uncached chars (the system prompt is held)");
     // The same text again on VM 1 (a retry): the tree says `first` holds all of it,
     // and the prediction there counts the first one's prefill ahead of it.
     let (second, b) = open(&mut h, 1, chat(100, 0));

@@ -42,21 +42,28 @@ impl Held {
     /// once, by the stream's `settle` when records wait (one write for both).
     pub fn release(&mut self, state: &State) {
         if std::mem::take(&mut self.counted) {
-            let s = &state.shared;
-            if s.inflight.release(&self.worker) && s.outbox.is_empty() {
-                s.inflight.flush(&HostStore, &s.ring, s.recent_ms.get());
-            }
+            let last = state.shared.inflight.release(&self.worker);
+            publish_last(state, last);
         }
     }
 }
 
-/// Books a `predicted_ttft` decision's prefill on `worker` (other policies: none).
+/// Publishes this VM's counts when a release gave back its last (`last`), unless
+/// records wait: the stream's `settle` then writes both at once.
+fn publish_last(state: &State, last: bool) {
+    let s = &state.shared;
+    if last && s.outbox.is_empty() {
+        s.inflight.flush(&HostStore, &s.ring, s.recent_ms.get());
+    }
+}
+
+/// Books a `predicted_ttft` decision's prefill on `worker` (other policies: none),
+/// published with the request's in-flight count.
 pub fn take_work(state: &State, worker: &str, d: &Decision) -> Option<WorkHold> {
     let p = d.predicted?;
     state.metrics.predicted_ttft_ms.set(p.ttft_us / 1000);
     Some(WorkHold::take(
-        &HostStore,
-        &state.shared.work,
+        &state.shared.inflight,
         worker,
         &p,
         super::host::now_ms(),
@@ -67,7 +74,8 @@ pub fn take_work(state: &State, worker: &str, d: &Decision) -> Option<WorkHold> 
 pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
     if let Some(h) = hold.as_mut() {
         let s = &state.shared;
-        h.first_byte(&HostStore, &s.work, &s.costs, super::host::now_ms());
+        let last = h.first_byte(&HostStore, (&s.inflight, &s.costs), super::host::now_ms());
+        publish_last(state, last);
     }
 }
 
@@ -75,7 +83,8 @@ pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
 pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
     if let Some(h) = hold.as_mut() {
         let s = &state.shared;
-        h.end(&HostStore, &s.work, &s.costs, super::host::now_ms());
+        let last = h.end(&HostStore, (&s.inflight, &s.costs), super::host::now_ms());
+        publish_last(state, last);
     }
 }
 

@@ -105,7 +105,6 @@ impl Root {
             .shared
             .inflight
             .refresh(&HostStore, &state.shared.ring, now);
-        state.shared.work.refresh(&HostStore, now);
         if state.router.config().uses_predicted_ttft() {
             // What this VM learned goes to the others, and theirs comes in.
             state.shared.costs.publish(&HostStore);

@@ -16,7 +16,6 @@ use crate::router::Router;
 use crate::shared::{
     owner_expiry_ms, read_loads, BellWatch, CostTable, EvictionClock, Flushed, InflightTable, Keys,
     MembershipTable, Op, OpRing, Outbox, OwnAtSample, Recorded, SamplesTable, TableCache,
-    WorkTable,
 };
 
 /// The "gate configured but blind" warning fires once per this many requests.
@@ -28,11 +27,11 @@ pub struct SharedState {
     pub ring: OpRing,
     /// What this VM recorded since its last sync, and when that was.
     pub outbox: Outbox,
+    /// In-flight counts, with `predicted_ttft`'s outstanding prefill.
     pub inflight: InflightTable,
     pub eviction: EvictionClock,
     pub samples: SamplesTable,
-    /// `predicted_ttft`: outstanding prefill, learned costs, in-flight at sample time.
-    pub work: WorkTable,
+    /// `predicted_ttft`: learned costs, in-flight at sample time.
     pub costs: CostTable,
     pub own_at_sample: OwnAtSample,
     /// Discovery mode's worker list.
@@ -88,7 +87,6 @@ impl State {
                 inflight: InflightTable::new(vm, expiry),
                 eviction: EvictionClock::new(&keys),
                 samples: SamplesTable::new(&keys),
-                work: WorkTable::new(&keys, vm, expiry),
                 costs: CostTable::new(&keys),
                 own_at_sample: OwnAtSample::new(&keys),
                 membership: MembershipTable::new(&keys),
@@ -135,7 +133,6 @@ impl State {
         }
         let expiry = owner_expiry_ms(cfg.tick_ms());
         self.shared.inflight.set_expiry(expiry);
-        self.shared.work.set_expiry(expiry);
         self.shared.outbox.set_window(cfg.sync_batch_ms);
         self.router.reconfigure(cfg);
         self.shared.tables.clear();
@@ -169,7 +166,7 @@ impl State {
             &s.keys,
             (cfg, self.router.names()),
             now,
-            (&s.inflight, &s.ring, &s.work, &s.costs),
+            (&s.inflight, &s.ring, &s.costs),
             (&s.tables, s.ring.generation()),
         )
     }

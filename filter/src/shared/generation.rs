@@ -332,7 +332,7 @@ mod tests {
             ring.head(&store);
             ring.generation() == Some(1)
         };
-        assert!(!stamp(&keys.work(), SetOutcome::Stored));
+        assert!(!stamp(&keys.costs(), SetOutcome::Stored));
         assert!(!stamp(&keys.ring_head(), SetOutcome::Stored));
         assert!(!stamp(&keys.health(), SetOutcome::CasMismatch));
         for key in [

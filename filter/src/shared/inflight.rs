@@ -1,9 +1,11 @@
 //! The in-flight table: requests in flight per worker for the whole Envoy, so the
-//! imbalance rule sees every thread's load. Each VM owns the counts it took
-//! (`super::owned`: a VM Envoy reloaded stops counting after the expiry); counts
-//! are keyed by name, so a count taken before a config update is released on the
-//! same worker after it. Also the plain (worker name -> count) encoding that peer
-//! reports and the counts at sample time use.
+//! imbalance rule sees every thread's load, and of them those still prefilling with
+//! their uncached chars (`predicted_ttft`'s work ahead: booked at the decision, the
+//! prefill part released at the first response byte). Each VM owns the counts it
+//! took (`super::owned`: a VM Envoy reloaded stops counting after the expiry);
+//! counts are keyed by name, so a count taken before a config update is released on
+//! the same worker after it. Also the plain (worker name -> count) encoding that
+//! peer reports and the counts at sample time use.
 //!
 //! The table rides in the operation ring's head value (`super::ring::Rider`): a
 //! sync (`super::outbox`: once per window) reads the head to catch up and writes it
@@ -13,6 +15,12 @@
 //! without text) publishes by a head write of its own (`flush`); so do a VM's last
 //! release and its tick. Between syncs a VM sees its own counts as they are and the
 //! others' as of its last read.
+//!
+//! The prefill work rides with the requests rather than in a key of its own: a
+//! key of its own was read and rewritten at every decision, two shared-data calls
+//! (one copying the table into the VM) that cost `predicted_ttft` more than its
+//! whole policy at 4 workers. Another thread now sees a booking up to one sync
+//! window late, as it sees the request's in-flight count.
 
 use std::cell::Ref;
 
@@ -20,10 +28,24 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
+use crate::policy::WorkerWork;
 
-/// In-flight requests per worker for the whole Envoy, and this VM's own.
+/// Columns of a row's entry: requests in flight, of them those prefilling, and
+/// their uncached prefill chars.
+const COLUMNS: usize = 3;
+
+/// In-flight requests (and their prefill) per worker for the whole Envoy, and this
+/// VM's own.
 #[derive(Debug)]
-pub struct InflightTable(OwnedCounts<1>);
+pub struct InflightTable(OwnedCounts<COLUMNS>);
+
+/// The table by worker index, as one request reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ByWorker {
+    pub inflight: Vec<u64>,
+    /// Empty unless asked for (`predicted_ttft`).
+    pub work: Vec<WorkerWork>,
+}
 
 pub(super) fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -50,8 +72,17 @@ pub(super) fn decode_counts(bytes: &[u8]) -> Vec<(String, u64)> {
     out
 }
 
-fn flat(counts: Counts<1>) -> Vec<(String, u64)> {
-    counts.into_iter().map(|(n, [c])| (n, c)).collect()
+/// The requests in flight of `counts` (workers with none are left out).
+fn requests(counts: Counts<COLUMNS>) -> Vec<(String, u64)> {
+    counts
+        .into_iter()
+        .filter(|(_, [n, ..])| *n > 0)
+        .map(|(name, [n, ..])| (name, n))
+        .collect()
+}
+
+fn to_delta(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl InflightTable {
@@ -65,25 +96,44 @@ impl InflightTable {
         self.0.set_expiry(expiry_ms);
     }
 
-    fn sum(&self, tail: Ref<'_, [u8]>, now_ms: u64) -> Counts<1> {
+    fn sum(&self, tail: Ref<'_, [u8]>, now_ms: u64) -> Counts<COLUMNS> {
         self.0.sum(&tail, now_ms)
     }
 
-    /// Every VM's counts summed (workers never counted are absent), read now.
+    /// Every VM's requests in flight summed (workers without any are absent), read
+    /// now.
     pub fn read(&self, store: &dyn SharedStore, ring: &OpRing, now_ms: u64) -> Vec<(String, u64)> {
-        flat(self.sum(ring.read_tail(store), now_ms))
+        requests(self.sum(ring.read_tail(store), now_ms))
     }
 
-    /// Counts by worker index, for `workers` (never counted: 0), as `ring`'s last
-    /// read of its head found them: no hostcall.
-    pub fn by_worker(&self, ring: &OpRing, names: &WorkerNames, now_ms: u64) -> Vec<u64> {
+    /// The table by worker index, for `names` (never counted: 0), as `ring`'s last
+    /// read of its head found it: no hostcall. The prefill work only if `work`.
+    pub fn by_worker(
+        &self,
+        ring: &OpRing,
+        names: &WorkerNames,
+        now_ms: u64,
+        work: bool,
+    ) -> ByWorker {
         let sums = self.0.sum_by_worker(&ring.tail(), now_ms, names);
-        sums.into_iter().map(|[n]| n).collect()
+        ByWorker {
+            inflight: sums.iter().map(|[n, ..]| *n).collect(),
+            work: if work {
+                sums.iter()
+                    .map(|&[_, prefilling, ahead_chars]| WorkerWork {
+                        prefilling,
+                        ahead_chars,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        }
     }
 
-    /// What this VM holds.
+    /// The requests this VM holds.
     pub fn mine(&self) -> Vec<(String, u64)> {
-        flat(self.0.mine())
+        requests(self.0.mine())
     }
 
     /// Whether this VM holds no request.
@@ -94,14 +144,25 @@ impl InflightTable {
     /// Takes a count on `worker`, to be published by this VM's next write of the
     /// ring's head: its claim (`rider`), else `flush`.
     pub fn take(&self, worker: &str) {
-        self.0.change(worker, [1]);
+        self.0.change(worker, [1, 0, 0]);
     }
 
     /// Gives a count on `worker` back (never below zero). Whether it must be
     /// published at once (`flush`): it was this VM's last (see `super::owned`);
     /// else it rides on this VM's next write of the head.
     pub fn release(&self, worker: &str) -> bool {
-        self.0.change(worker, [-1])
+        self.0.change(worker, [-1, 0, 0])
+    }
+
+    /// Books one request's prefill of `chars` uncached chars on `worker`, published
+    /// like `take`.
+    pub fn book_prefill(&self, worker: &str, chars: u64) {
+        self.0.change(worker, [0, 1, to_delta(chars)]);
+    }
+
+    /// Gives a booked prefill back (never below zero), published like `release`.
+    pub fn release_prefill(&self, worker: &str, chars: u64) -> bool {
+        self.0.change(worker, [0, -1, -to_delta(chars)])
     }
 
     /// This VM's unpublished counts, to ride on a claim at `now_ms`.
@@ -165,7 +226,7 @@ mod tests {
         ring.catch_up(&store, &mut cursor, 0, |_, _| {});
         store.gets.set(0);
         assert_eq!(
-            t.by_worker(&ring, &names(), 0),
+            t.by_worker(&ring, &names(), 0, false).inflight,
             vec![0, 1],
             "the decision reads the catch-up's copy"
         );
@@ -247,6 +308,62 @@ mod tests {
             vec![("w0".to_string(), 1)],
             "still fresh past the first write's expiry"
         );
+    }
+
+    #[test]
+    fn prefill_is_booked_released_and_never_negative() {
+        let store = MemStore::default();
+        let ring = ring(&store, 4);
+        let t = InflightTable::new(1, 5000);
+        let work = |t: &InflightTable| t.by_worker(&ring, &names(), 0, true).work[0];
+        t.take("w0");
+        t.book_prefill("w0", 4000);
+        t.take("w0");
+        t.book_prefill("w0", 100);
+        assert_eq!(
+            work(&t),
+            WorkerWork {
+                prefilling: 2,
+                ahead_chars: 4100
+            },
+            "this VM sees its bookings at once"
+        );
+        assert!(t.flush(&store, &ring, 0));
+        let other = InflightTable::new(2, 5000);
+        ring.head(&store);
+        assert_eq!(work(&other).ahead_chars, 4100, "published with the counts");
+        assert!(!t.release_prefill("w0", 4000), "a first byte rides");
+        assert_eq!(
+            work(&t),
+            WorkerWork {
+                prefilling: 1,
+                ahead_chars: 100
+            }
+        );
+        assert!(!t.release_prefill("w0", 100));
+        assert!(!t.release_prefill("w0", 100), "a double release saturates");
+        assert_eq!(work(&t), WorkerWork::default());
+        assert_eq!(t.mine(), vec![("w0".to_string(), 2)], "still in flight");
+        assert_eq!(
+            t.by_worker(&ring, &names(), 0, false).work,
+            Vec::new(),
+            "the work only when asked"
+        );
+        assert!(!t.release("w0"));
+        assert!(t.release("w0"), "the last release is published at once");
+        assert!(t.holds_nothing());
+    }
+
+    #[test]
+    fn a_booking_that_outlives_its_request_keeps_the_vm_counted_until_released() {
+        let t = InflightTable::new(1, 5000);
+        t.take("w0");
+        t.book_prefill("w0", 10);
+        assert!(!t.release("w0"), "the prefill is still held");
+        assert!(t.mine().is_empty(), "no request in flight");
+        assert!(!t.holds_nothing());
+        assert!(t.release_prefill("w0", 10), "the last release is published");
+        assert!(t.holds_nothing());
     }
 
     #[test]

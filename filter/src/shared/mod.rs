@@ -63,7 +63,7 @@ pub use owned::{owner_expiry_ms, MIN_OWNER_EXPIRY_MS, OWNER_EXPIRY_TICKS};
 pub use peers::{PeerLoads, PeerReport};
 pub use ring::{AppendError, CatchUp, OpRing};
 pub use samples::SamplesTable;
-pub use work::{CostTable, OwnAtSample, WorkTable};
+pub use work::{CostTable, OwnAtSample};
 
 use std::borrow::Cow;
 use std::rc::Rc;
@@ -181,11 +181,6 @@ impl Keys {
         format!("{}{}", self.prefix, PEER_INFLIGHT)
     }
 
-    /// Outstanding prefill by owning VM (as `inflight`).
-    pub fn work(&self) -> String {
-        format!("{}.ttft.work.by_vm", self.prefix)
-    }
-
     pub fn costs(&self) -> String {
         format!("{}.ttft.costs", self.prefix)
     }
@@ -211,13 +206,13 @@ pub(crate) fn create_if_missing(store: &dyn SharedStore, key: &str, empty: &[u8]
 }
 
 /// Creates every table that is read, changed and written back with CAS (see the
-/// module comment), each in its empty state: the work table, the learned costs, the overload flags, the health table, the push lockout, the probe
+/// module comment), each in its empty state: the learned costs, the overload flags, the health table, the push lockout, the probe
 /// lease, the peers' counts, the discovered worker list, and the eviction clock
 /// (started at `now_ms`: the first eviction is one interval after the first VM was
 /// configured). The operation ring's keys depend on its size: `OpRing::init_if_missing`.
 pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
     let no_rows = 0u32.to_le_bytes();
-    for key in [keys.work(), keys.costs(), keys.peer_inflight()] {
+    for key in [keys.costs(), keys.peer_inflight()] {
         create_if_missing(store, &key, &no_rows);
     }
     for key in [keys.flags(), keys.health()] {
@@ -234,16 +229,15 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
 /// Everything a request routes by, read once: every thread's in-flight counts, the
 /// collector's samples, the overload flags and the down workers (none when their
 /// detection is off), the last four through this VM's copy (`generation`).
-/// `inflight` is read from `ring`'s last read of its head (the catch-up's), where
-/// the table rides; `work` is this VM's own table: reading through it lets the write
-/// that books the chosen worker reuse the read (`owned`); `costs` is this VM's copy
+/// `inflight` (with `predicted_ttft`'s work ahead) is read from `ring`'s last read
+/// of its head (the catch-up's), where the table rides; `costs` is this VM's copy
 /// of the learned costs (`work::CostTable`).
 pub fn read_loads(
     store: &dyn SharedStore,
     keys: &Keys,
     (cfg, names): (&Config, &WorkerNames),
     now_ms: u64,
-    (inflight, ring, work, costs): (&InflightTable, &OpRing, &WorkTable, &CostTable),
+    (inflight, ring, costs): (&InflightTable, &OpRing, &CostTable),
     (cache, generation): (&TableCache, Option<u64>),
 ) -> Loads {
     let tables = cache.tables(store, keys, (cfg, names), generation);
@@ -251,20 +245,17 @@ pub fn read_loads(
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
     let (peer_inflight, _) = PeerLoads::sum_by_worker(&tables.peers, names, now_ms, stale);
+    let counts = inflight.by_worker(ring, names, now_ms, ttft);
     // Only what `Loads` keeps is copied out of this VM's copy (not the peers'
     // reports, already summed above).
     Loads {
-        inflight: inflight.by_worker(ring, names, now_ms),
+        inflight: counts.inflight,
         peer_inflight,
         engine: Rc::clone(&tables.engine),
         now_ms,
         overloaded: Rc::clone(&tables.overloaded),
         down: Rc::clone(&tables.down),
-        work: if ttft {
-            work.by_worker(store, names, now_ms)
-        } else {
-            Vec::new()
-        },
+        work: counts.work,
         costs: if ttft {
             costs.by_worker(store, names)
         } else {
@@ -411,7 +402,6 @@ mod tests {
         assert_eq!(k.health(), "llm_router.health");
         assert_eq!(k.push_failures(), "llm_router.push.failures");
         assert_eq!(k.peer_inflight(), "llm_router.replicas.inflight");
-        assert_eq!(k.work(), "llm_router.ttft.work.by_vm");
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
         assert_eq!(k.membership(), "llm_router.membership");
@@ -438,17 +428,7 @@ mod tests {
         let w = named_workers(3);
         // Each table's first write from two threads, and whether both landed.
         type Check<'a> = Box<dyn Fn(bool) -> bool + 'a>;
-        let work = |vm| WorkTable::new(&keys, vm, 5000);
         let checks: Vec<(&str, Check)> = vec![
-            (
-                "work",
-                Box::new(|e| {
-                    let s = race(e, |s, vm| {
-                        work(vm).add(s, "w0", 1, 100, 0);
-                    });
-                    work(9).by_worker(&s, &WorkerNames::new(&w), 0)[0].ahead_chars == 200
-                }),
-            ),
             (
                 "costs",
                 Box::new(|e| {
@@ -535,18 +515,21 @@ mod tests {
         let keys = Keys::new("t");
         let store = MemStore::default();
         ensure_tables(&store, &keys, 10);
-        let work = WorkTable::new(&keys, 1, 5000);
-        work.add(&store, "w0", 2, 20, 10);
+        let costs = CostTable::new(&keys);
+        costs.learn(&store, "w0", |c| crate::policy::WorkerCosts {
+            service_ms: Some(3.0),
+            ..c
+        });
+        assert!(costs.publish(&store));
         assert!(!EvictionClock::new(&keys).claim(&store, 10, 100));
         ensure_tables(&store, &keys, 500);
         assert_eq!(
-            work.by_worker(
+            CostTable::new(&keys).by_worker(
                 &store,
-                &WorkerNames::new(&crate::config::testing::named_workers(1)),
-                10
+                &WorkerNames::new(&crate::config::testing::named_workers(1))
             )[0]
-            .prefilling,
-            2
+            .service_ms,
+            Some(3.0)
         );
         assert!(
             EvictionClock::new(&keys).claim(&store, 110, 100),
@@ -567,12 +550,7 @@ mod tests {
         other.take("b");
         assert!(other.flush(&store, &ring, 7));
         ring.head(&store);
-        let own = (
-            &InflightTable::new(2, 5000),
-            &ring,
-            &WorkTable::new(&keys, 2, 5000),
-            &CostTable::new(&keys),
-        );
+        let own = (&InflightTable::new(2, 5000), &ring, &CostTable::new(&keys));
         let names = WorkerNames::new(&cfg.workers);
         let loads = read_loads(
             &store,

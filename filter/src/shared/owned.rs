@@ -1,15 +1,14 @@
 //! Counts that every VM of the Envoy adds to, each VM owning what it added: requests
-//! in flight per worker (`InflightTable`) and `predicted_ttft`'s outstanding prefill
-//! (`WorkTable`). A count is released by the stream that took it, on the VM that took
+//! in flight per worker and `predicted_ttft`'s outstanding prefill
+//! (`super::InflightTable`). A count is released by the stream that took it, on the VM that took
 //! it; when Envoy reloads a VM that trapped (`FAIL_RELOAD`), the streams in flight on
 //! it are cut and their releases never run, so a count without an owner would shun
 //! its worker forever.
 //!
 //! So one table holds one row per VM: the VM's id (random per VM instance: a
 //! reloaded VM is a new owner), when the row was last written (`at_ms`, the host's
-//! clock) and the VM's counts by worker name. The work table has a key of its own
-//! (`KeyedCounts`); the in-flight table rides in the ring's head value
-//! (`super::inflight`). Each VM keeps its own counts in memory (the truth)
+//! clock) and the VM's counts by worker name. The table rides in the ring's head
+//! value (`super::inflight`). Each VM keeps its own counts in memory (the truth)
 //! and publishes them whole: a change that takes a count replaces its row with CAS
 //! retries, and its tick rewrites the row once it is a third of the expiry old while
 //! it holds anything (`refresh`). Readers sum the rows written within `expiry_ms`,
@@ -37,7 +36,7 @@
 use std::cell::{Cell, RefCell};
 
 use super::ring::Rider;
-use super::{put_bytes, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{put_bytes, Reader};
 use crate::config::WorkerNames;
 
 /// Ticks a VM's row lives without a write, and the least time that may be: a
@@ -152,9 +151,8 @@ fn fresh(at_ms: u64, now_ms: u64, expiry_ms: u64) -> bool {
     now_ms.saturating_sub(at_ms) < expiry_ms
 }
 
-/// This VM's counts and their publication: what its row says, wherever the table
-/// is stored (a key of its own, `KeyedCounts`, or riding on the ring's head,
-/// `super::inflight`).
+/// This VM's counts and their publication: what its row says, riding on the
+/// ring's head (`super::inflight`).
 #[derive(Debug)]
 pub struct OwnedCounts<const N: usize> {
     /// This VM instance's id.
@@ -333,105 +331,66 @@ impl<const N: usize> Rider for Riding<'_, N> {
     }
 }
 
-/// A table of counts owned per VM under a key of its own.
-#[derive(Debug)]
-pub struct KeyedCounts<const N: usize> {
-    key: String,
-    counts: OwnedCounts<N>,
-    /// The table as this VM last read it, and its CAS: the next write starts from it
-    /// instead of reading again. A request reads the table to choose its worker and
-    /// writes it right after; when nobody wrote in between, the CAS still holds and
-    /// that is one shared-data read fewer, and when somebody did, the write fails its
-    /// CAS and the loop reads afresh.
-    last_read: RefCell<Option<(Vec<u8>, u32)>>,
-}
-
-impl<const N: usize> KeyedCounts<N> {
-    pub fn new(key: String, vm: u64, expiry_ms: u64) -> KeyedCounts<N> {
-        KeyedCounts {
-            key,
-            counts: OwnedCounts::new(vm, expiry_ms),
-            last_read: RefCell::new(None),
-        }
-    }
-
-    pub fn set_expiry(&mut self, expiry_ms: u64) {
-        self.counts.set_expiry(expiry_ms);
-    }
-
-    /// Reads the table, keeping the read for the next write (`last_read`).
-    fn fetch<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&[u8]) -> T) -> T {
-        let read = store.get(&self.key);
-        let out = f(read.as_ref().map_or(&[][..], |(bytes, _)| bytes.as_slice()));
-        *self.last_read.borrow_mut() = read;
-        out
-    }
-
-    /// Every fresh row's counts summed by worker name (`OwnedCounts::sum`).
-    #[cfg(test)]
-    pub fn read(&self, store: &dyn SharedStore, now_ms: u64) -> Counts<N> {
-        self.fetch(store, |table| self.counts.sum(table, now_ms))
-    }
-
-    /// Summed counts by worker index, for `workers` (never counted: zeros).
-    pub fn by_worker(
-        &self,
-        store: &dyn SharedStore,
-        names: &WorkerNames,
-        now_ms: u64,
-    ) -> Vec<[u64; N]> {
-        self.fetch(store, |table| {
-            self.counts.sum_by_worker(table, now_ms, names)
-        })
-    }
-
-    /// Adds `delta` to this VM's counts for `worker` and publishes them, unless it
-    /// waits (`OwnedCounts::change`). Whether a publication was stored now; the
-    /// change is kept either way and published by the next write or tick.
-    pub fn add(&self, store: &dyn SharedStore, worker: &str, delta: [i64; N], now_ms: u64) -> bool {
-        self.counts.change(worker, delta) && self.publish(store, now_ms)
-    }
-
-    /// The tick: rewrites this VM's row when it is due (`OwnedCounts::due`).
-    /// Whether it wrote.
-    pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        self.counts.due(now_ms) && self.publish(store, now_ms)
-    }
-
-    /// Replaces this VM's row with its counts, with CAS retries.
-    fn publish(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        for _ in 0..CAS_ATTEMPTS {
-            let last = self.last_read.borrow_mut().take();
-            let (table, cas) = last.or_else(|| store.get(&self.key)).unwrap_or_default();
-            match store.set(&self.key, &self.counts.rewrite(&table, now_ms), cas) {
-                SetOutcome::Stored => {
-                    self.counts.stored(now_ms);
-                    return true;
-                }
-                SetOutcome::CasMismatch => continue,
-                SetOutcome::Failed => break,
-            }
-        }
-        false
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{Counting, MemStore};
+    use super::super::ring::{encode_head, OpRing};
+    use super::super::testing::{ring, MemStore};
+    use super::super::{SetOutcome, SharedStore};
     use super::*;
     use crate::config::testing::names;
 
     const EXPIRY: u64 = 5000;
 
-    fn table(vm: u64) -> KeyedCounts<1> {
-        KeyedCounts::new("t.owned".into(), vm, EXPIRY)
+    /// One VM's counts riding on its own view of a shared ring, as the in-flight
+    /// table keeps them.
+    struct Vm {
+        counts: OwnedCounts<1>,
+        ring: OpRing,
+    }
+
+    fn table(store: &dyn SharedStore, vm: u64) -> Vm {
+        Vm {
+            counts: OwnedCounts::new(vm, EXPIRY),
+            ring: ring(store, 4),
+        }
+    }
+
+    impl Vm {
+        /// Changes the counts and publishes them unless the change waits.
+        fn add(&self, store: &dyn SharedStore, worker: &str, delta: [i64; 1], now: u64) -> bool {
+            self.counts.change(worker, delta) && self.publish(store, now, false)
+        }
+
+        fn publish(&self, store: &dyn SharedStore, now: u64, force: bool) -> bool {
+            self.ring.ride(store, &self.counts.riding(now, force))
+        }
+
+        fn refresh(&self, store: &dyn SharedStore, now: u64) -> bool {
+            self.counts.due(now) && self.publish(store, now, true)
+        }
+
+        fn tail(&self, store: &dyn SharedStore) -> Vec<u8> {
+            self.ring.read_tail(store).to_vec()
+        }
+
+        fn read(&self, store: &dyn SharedStore, now: u64) -> Counts<1> {
+            self.counts.sum(&self.tail(store), now)
+        }
+
+        fn by_worker(
+            &self,
+            store: &dyn SharedStore,
+            names: &WorkerNames,
+            now: u64,
+        ) -> Vec<[u64; 1]> {
+            self.counts.sum_by_worker(&self.tail(store), now, names)
+        }
     }
 
     #[test]
     fn every_vms_counts_add_up_and_each_releases_its_own() {
         let store = MemStore::default();
-        let (a, b) = (table(1), table(2));
+        let (a, b) = (table(&store, 1), table(&store, 2));
         assert!(a.add(&store, "w0", [1], 0));
         assert!(a.add(&store, "w0", [1], 1));
         assert!(b.add(&store, "w0", [1], 2));
@@ -456,8 +415,8 @@ mod tests {
         assert!(a.add(&store, "w0", [-1], 8), "its last release publishes");
         assert!(b.add(&store, "w0", [-1], 9));
         assert_eq!(
-            store.get("t.owned").map(|(v, _)| v),
-            Some(vec![0, 0, 0, 0]),
+            a.tail(&store),
+            vec![0, 0, 0, 0],
             "a VM holding nothing has no row"
         );
     }
@@ -465,7 +424,7 @@ mod tests {
     #[test]
     fn a_dead_vms_counts_expire_and_its_row_is_dropped() {
         let store = MemStore::default();
-        let (dead, live) = (table(1), table(2));
+        let (dead, live) = (table(&store, 1), table(&store, 2));
         dead.add(&store, "w0", [5], 1000);
         live.add(&store, "w0", [1], 1000);
         assert_eq!(live.by_worker(&store, &names(), 1000 + EXPIRY - 1)[0], [6]);
@@ -478,14 +437,17 @@ mod tests {
             "the dead VM's counts no longer count"
         );
         live.add(&store, "w1", [1], 1000 + EXPIRY);
-        let (bytes, _) = store.get("t.owned").unwrap();
-        assert_eq!(rows::<1>(&bytes).len(), 1, "the expired row was dropped");
+        assert_eq!(
+            rows::<1>(&live.tail(&store)).len(),
+            1,
+            "the expired row was dropped"
+        );
     }
 
     #[test]
     fn a_live_vm_whose_row_expired_publishes_it_whole_again() {
         let store = MemStore::default();
-        let (slow, other) = (table(1), table(2));
+        let (slow, other) = (table(&store, 1), table(&store, 2));
         slow.add(&store, "w0", [2], 0);
         other.add(&store, "w1", [1], EXPIRY);
         assert_eq!(other.read(&store, EXPIRY), vec![("w1".to_string(), [1])]);
@@ -493,27 +455,6 @@ mod tests {
         assert_eq!(
             other.by_worker(&store, &names(), EXPIRY + 1),
             vec![[2], [1]]
-        );
-    }
-
-    #[test]
-    fn a_write_right_after_a_read_reuses_it_and_a_stale_one_reads_again() {
-        let store = Counting::default();
-        let (a, b) = (table(1), table(2));
-        assert!(a.add(&store, "w0", [1], 0));
-        store.gets.set(0);
-        a.read(&store, 1);
-        assert!(a.add(&store, "w0", [1], 1));
-        assert_eq!(store.gets.get(), 1, "the write reused the read");
-        assert!(a.add(&store, "w1", [1], 2));
-        assert_eq!(store.gets.get(), 2, "a read is used at most once");
-        a.read(&store, 3);
-        assert!(b.add(&store, "w1", [4], 3), "another VM writes in between");
-        assert!(a.add(&store, "w0", [-1], 3) || a.refresh(&store, 3));
-        assert_eq!(
-            a.by_worker(&store, &names(), 4),
-            vec![[1], [5]],
-            "the stale read failed its CAS; nothing was lost"
         );
     }
 
@@ -532,7 +473,7 @@ mod tests {
     #[test]
     fn a_failed_write_is_kept_and_retried_by_the_tick() {
         let store = MemStore::default();
-        let t = table(1);
+        let t = table(&store, 1);
         assert!(!t.add(&Failing, "w0", [1], 0));
         assert_eq!(
             t.counts.mine(),
@@ -545,10 +486,11 @@ mod tests {
             !t.refresh(&store, 2),
             "then only when a third of the expiry old"
         );
+        let head = super::super::Keys::new("t").ring_head();
         store
             .map
             .borrow_mut()
-            .insert("t.owned".into(), (b"junk".to_vec(), 99));
+            .insert(head, (encode_head(0, 0, b"junk"), 99));
         assert_eq!(
             t.read(&store, 3),
             vec![("w0".to_string(), [1])],
@@ -590,7 +532,7 @@ mod tests {
     #[test]
     fn sums_by_worker_index_agree_with_sums_by_name() {
         let store = MemStore::default();
-        let (a, b) = (table(1), table(2));
+        let (a, b) = (table(&store, 1), table(&store, 2));
         a.add(&store, "w1", [2], 0);
         a.add(&store, "gone", [5], 0);
         b.add(&store, "w1", [1], 0);

@@ -1,10 +1,6 @@
-//! `predicted_ttft`'s shared tables, each one key changed with CAS retries:
+//! `predicted_ttft`'s shared tables, each one key changed with CAS retries (its
+//! work ahead rides with the in-flight counts: `super::inflight`):
 //!
-//! - `WorkTable`: per worker, requests sent whose first byte has not come back and
-//!   their uncached prefill chars. Booked at the decision, the prefill part released
-//!   at the first response byte (or when the stream ends first), saturating at zero,
-//!   so every thread's next decision sees it at once. Each VM owns what it booked,
-//!   like the in-flight counts (`super::owned`), so a reloaded VM's bookings expire;
 //! - `CostTable`: (worker name -> two numbers): per worker, the learned prefill cost
 //!   per char (us) and service time (ms), moving averages each VM learns in its own
 //!   copy and shares on its tick;
@@ -14,12 +10,11 @@
 use std::cell::RefCell;
 
 use super::inflight::{decode_counts, encode_counts};
-use super::owned::KeyedCounts;
 use super::{
     put_bytes, InflightTable, Keys, OpRing, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
 };
 use crate::config::WorkerNames;
-use crate::policy::{WorkerCosts, WorkerWork};
+use crate::policy::WorkerCosts;
 
 /// Stored form of "unknown" for a learned cost.
 const UNKNOWN: u64 = u64::MAX;
@@ -91,56 +86,6 @@ impl PairTable {
             }
         }
         None
-    }
-}
-
-/// Prefill work outstanding per worker for the whole Envoy, and this VM's own.
-#[derive(Debug)]
-pub struct WorkTable(KeyedCounts<2>);
-
-impl WorkTable {
-    /// The table as VM `vm` writes it (see `InflightTable::new`).
-    pub fn new(keys: &Keys, vm: u64, expiry_ms: u64) -> WorkTable {
-        WorkTable(KeyedCounts::new(keys.work(), vm, expiry_ms))
-    }
-
-    pub fn set_expiry(&mut self, expiry_ms: u64) {
-        self.0.set_expiry(expiry_ms);
-    }
-
-    /// Outstanding work by worker index (never booked: none).
-    pub fn by_worker(
-        &self,
-        store: &dyn SharedStore,
-        names: &WorkerNames,
-        now_ms: u64,
-    ) -> Vec<WorkerWork> {
-        self.0
-            .by_worker(store, names, now_ms)
-            .into_iter()
-            .map(|[p, c]| WorkerWork {
-                prefilling: p,
-                ahead_chars: c,
-            })
-            .collect()
-    }
-
-    /// Adds (or with negative deltas, releases) one request's prefill on this VM,
-    /// saturating at zero. Whether it was published (kept either way).
-    pub fn add(
-        &self,
-        store: &dyn SharedStore,
-        worker: &str,
-        requests: i64,
-        chars: i64,
-        now_ms: u64,
-    ) -> bool {
-        self.0.add(store, worker, [requests, chars], now_ms)
-    }
-
-    /// The tick's heartbeat (`super::owned::KeyedCounts::refresh`).
-    pub fn refresh(&self, store: &dyn SharedStore, now_ms: u64) -> bool {
-        self.0.refresh(store, now_ms)
     }
 }
 
@@ -303,42 +248,6 @@ mod tests {
     use super::super::testing::MemStore;
     use super::*;
     use crate::config::testing::names;
-
-    #[test]
-    fn work_is_booked_released_and_never_negative() {
-        let store = MemStore::default();
-        let t = WorkTable::new(&Keys::new("t"), 1, 5000);
-        let ws = names();
-        assert_eq!(t.by_worker(&store, &ws, 0), vec![WorkerWork::default(); 2]);
-        assert!(t.add(&store, "w0", 1, 4000, 0));
-        assert!(t.add(&store, "w0", 1, 100, 0));
-        let w0 = |s: &MemStore| t.by_worker(s, &ws, 0)[0];
-        assert_eq!(
-            w0(&store),
-            WorkerWork {
-                prefilling: 2,
-                ahead_chars: 4100
-            }
-        );
-        assert!(
-            !t.add(&store, "w0", -1, -4000, 0),
-            "first byte of the first"
-        );
-        assert_eq!(
-            w0(&store),
-            WorkerWork {
-                prefilling: 1,
-                ahead_chars: 100
-            }
-        );
-        assert!(t.add(&store, "w0", -1, -100, 0), "the last one publishes");
-        assert!(
-            t.add(&store, "w0", -1, -100, 0),
-            "a double release saturates"
-        );
-        assert_eq!(w0(&store), WorkerWork::default());
-        assert!(t.0.read(&store, 0).is_empty(), "empty rows are dropped");
-    }
 
     #[test]
     fn costs_are_learned_in_the_vms_copy_and_unknown_until_then() {

@@ -208,3 +208,29 @@ pub fn metric(host: &Host, name: &str) -> u64 {
 pub fn stat(host: &Host, name: &str) -> u64 {
     host.metric(&format!("wasmcustom.{name}")).unwrap_or(0)
 }
+
+/// The outstanding prefill every VM's row of the in-flight table declares, as
+/// shared data holds it (riding in the ring's head after the sequence number and
+/// the generation; per row the VM, its time and entries of a name and three counts):
+/// requests prefilling and their chars, summed over the rows.
+pub fn outstanding_prefill(host: &Host) -> (u64, u64) {
+    let head = host.shared_data("llm_router.ring.head").unwrap_or_default();
+    let mut at = 16;
+    let mut next = |n: usize| -> u64 {
+        let bytes = head.get(at..at + n).expect("a whole in-flight table");
+        at += n;
+        bytes.iter().rev().fold(0, |v, b| v << 8 | u64::from(*b))
+    };
+    let (mut prefilling, mut chars) = (0, 0);
+    for _row in 0..next(4) {
+        let (_vm, _at_ms, entries) = (next(8), next(8), next(4));
+        for _entry in 0..entries {
+            let name_len = next(4) as usize;
+            let _name = (0..name_len).map(|_| next(1)).count();
+            let (_requests, p, c) = (next(8), next(8), next(8));
+            prefilling += p;
+            chars += c;
+        }
+    }
+    (prefilling, chars)
+}
