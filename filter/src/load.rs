@@ -70,11 +70,12 @@ pub struct Loads {
     pub down: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
     pub work: Vec<WorkerWork>,
-    /// `predicted_ttft` only: learned costs by worker index.
-    pub costs: Vec<WorkerCosts>,
+    /// `predicted_ttft` only: learned costs by worker index, shared with this VM's
+    /// copy (`crate::shared::CostTable`).
+    pub costs: Rc<Vec<WorkerCosts>>,
     /// `predicted_ttft` only: this Envoy's in-flight counts when the last sample
-    /// arrived, by worker index.
-    pub own_at_sample: Vec<u64>,
+    /// arrived, by worker index, shared with this VM's copy of the tables.
+    pub own_at_sample: Rc<[u64]>,
 }
 
 impl Loads {
@@ -188,7 +189,7 @@ mod tests {
         };
         let loads = Loads {
             peer_inflight: vec![3, 0],
-            own_at_sample: vec![2, 2],
+            own_at_sample: vec![2, 2].into(),
             engine: LoadTable {
                 reports: vec![sample(10), sample(1)],
             }

@@ -7,9 +7,10 @@
 pub trait Rng {
     fn next_u64(&mut self) -> u64;
 
-    /// Uniform in `0..n` (`n > 0`).
+    /// Uniform in `0..n`; 0 when `n` is 0 (an index no slice has, never a
+    /// division by zero: that would trap the VM).
     fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        self.next_u64().checked_rem(n as u64).unwrap_or(0) as usize
     }
 }
 
@@ -41,5 +42,17 @@ impl Rng for Rooms<'_> {
             Some(v) => v,
             None => self.fallback.next_u64(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn below_stays_in_range_and_survives_zero() {
+        let mut r = SplitMix64(7);
+        assert!((0..1000).all(|_| r.below(3) < 3));
+        assert_eq!(r.below(0), 0);
     }
 }

@@ -294,13 +294,11 @@ impl Router {
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(pool, model);
                 let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
-                let leaves = tree
-                    .map(|t| t.leaves_by_tenant(self.cfg.workers.len()))
-                    .unwrap_or_default();
+                let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
                 let ttft: Vec<TtftCandidate> = candidates
                     .iter()
                     .map(|c| TtftCandidate {
-                        conversations: leaves.get(c.worker as usize).copied().unwrap_or(0),
+                        conversations: leaves.get(c.worker as usize).map_or(0, |&n| n as u64),
                         ..loads.ttft_candidate(c, &held, self.cfg.stale_after_ms)
                     })
                     .collect();

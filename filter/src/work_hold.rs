@@ -12,6 +12,7 @@
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
 
+use crate::config::WorkerNames;
 use crate::decision::Prediction;
 use crate::policy::{learn_prefill, learn_service, WorkerCosts};
 use crate::shared::{CostTable, InflightTable, SharedStore};
@@ -68,7 +69,7 @@ impl WorkHold {
     pub fn first_byte(
         &mut self,
         store: &dyn SharedStore,
-        (work, costs): (&InflightTable, &CostTable),
+        (work, costs, names): (&InflightTable, &CostTable, &WorkerNames),
         now_ms: u64,
     ) -> bool {
         let Phase::Prefilling { since_ms } = self.phase else {
@@ -78,7 +79,7 @@ impl WorkHold {
         let ttfb_us = now_ms.saturating_sub(since_ms) as f64 * 1000.0;
         let work_chars = self.work_chars;
         if learn_prefill(None, ttfb_us, work_chars).is_some() {
-            costs.learn(store, &self.worker, |c| WorkerCosts {
+            costs.learn(store, names, &self.worker, |c| WorkerCosts {
                 prefill_us_per_char: learn_prefill(c.prefill_us_per_char, ttfb_us, work_chars)
                     .or(c.prefill_us_per_char),
                 ..c
@@ -94,7 +95,7 @@ impl WorkHold {
     pub fn end(
         &mut self,
         store: &dyn SharedStore,
-        (work, costs): (&InflightTable, &CostTable),
+        (work, costs, names): (&InflightTable, &CostTable, &WorkerNames),
         now_ms: u64,
     ) -> bool {
         let mut last = false;
@@ -102,7 +103,7 @@ impl WorkHold {
             Phase::Prefilling { .. } => last = self.release_prefill(work),
             Phase::Streaming { since_ms } => {
                 let span_ms = now_ms.saturating_sub(since_ms) as f64;
-                costs.learn(store, &self.worker, |c| WorkerCosts {
+                costs.learn(store, names, &self.worker, |c| WorkerCosts {
                     service_ms: learn_service(c.service_ms, span_ms).or(c.service_ms),
                     ..c
                 });
@@ -127,6 +128,7 @@ mod tests {
         ring: OpRing,
         work: InflightTable,
         costs: CostTable,
+        names: WorkerNames,
     }
 
     fn fixture() -> Fixture {
@@ -136,6 +138,7 @@ mod tests {
             store,
             work: InflightTable::new(1, 60_000),
             costs: CostTable::new(&Keys::new("t")),
+            names: names(),
         }
     }
 
@@ -144,7 +147,7 @@ mod tests {
             self.work.by_worker(&self.ring, &names(), 0, true).work[0]
         }
         fn costs0(&self) -> WorkerCosts {
-            self.costs.by_worker(&self.store, &names())[0]
+            self.costs.by_worker(&self.store, &self.names)[0]
         }
         fn take(&self, uncached: u64, ahead: u64, now: u64) -> WorkHold {
             let p = Prediction {
@@ -170,7 +173,7 @@ mod tests {
         );
         let mut b = f.take(1000, 4000, 101);
         assert_eq!(f.w0().ahead_chars, 5000);
-        a.first_byte(&f.store, (&f.work, &f.costs), 120);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 120);
         assert_eq!(
             f.w0(),
             WorkerWork {
@@ -184,22 +187,22 @@ mod tests {
             "20 ms over 4000 chars"
         );
         assert_eq!(a.phase(), Phase::Streaming { since_ms: 120 });
-        a.first_byte(&f.store, (&f.work, &f.costs), 500);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 500);
         assert_eq!(
             f.w0().ahead_chars,
             1000,
             "a second first byte releases nothing"
         );
-        a.end(&f.store, (&f.work, &f.costs), 150);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), 150);
         assert_eq!(f.costs0().service_ms, Some(30.0));
-        a.end(&f.store, (&f.work, &f.costs), 900);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), 900);
         assert_eq!(f.costs0().service_ms, Some(30.0), "ends once");
         assert_eq!(a.phase(), Phase::Done);
         // 5000 chars of work before b's first byte at 101 + 50 ms: 10 us per char;
         // the average moves 5 -> 6.
-        b.first_byte(&f.store, (&f.work, &f.costs), 151);
+        b.first_byte(&f.store, (&f.work, &f.costs, &f.names), 151);
         assert_eq!(f.costs0().prefill_us_per_char, Some(6.0));
-        b.end(&f.store, (&f.work, &f.costs), 151);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), 151);
         assert_eq!(f.w0(), WorkerWork::default());
     }
 
@@ -208,13 +211,13 @@ mod tests {
         let f = fixture();
         let mut a = f.take(4000, 0, 100);
         assert!(
-            a.end(&f.store, (&f.work, &f.costs), 5000),
+            a.end(&f.store, (&f.work, &f.costs, &f.names), 5000),
             "this VM's last count: to be published at once"
         );
         assert_eq!(f.w0(), WorkerWork::default());
         assert_eq!(f.costs0(), WorkerCosts::default());
-        a.first_byte(&f.store, (&f.work, &f.costs), 6000);
-        a.end(&f.store, (&f.work, &f.costs), 7000);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 6000);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), 7000);
         assert_eq!(f.w0(), WorkerWork::default(), "never negative, never twice");
         assert_eq!(f.costs0(), WorkerCosts::default());
     }
@@ -223,7 +226,7 @@ mod tests {
     fn a_short_prefill_does_not_teach_the_per_char_cost() {
         let f = fixture();
         let mut a = f.take(10, 0, 0);
-        a.first_byte(&f.store, (&f.work, &f.costs), 40);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 40);
         assert_eq!(f.costs0().prefill_us_per_char, None);
         assert_eq!(f.w0(), WorkerWork::default());
     }
@@ -238,8 +241,8 @@ mod tests {
             ahead_chars: 0,
         };
         let mut b = WorkHold::take(&f.work, "w1", &p, 0);
-        b.end(&f.store, (&f.work, &f.costs), 1);
-        b.end(&f.store, (&f.work, &f.costs), 2);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), 1);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), 2);
         assert_eq!(f.w0().ahead_chars, 300);
     }
 }

@@ -8,6 +8,8 @@
 //! the collector's membership pushes do (`crate::membership`), and a pushed list
 //! passes the same rules, checked by the same code, as a configured one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::Deserialize;
 
 use super::{err, Config, ConfigError, Target};
@@ -36,11 +38,18 @@ pub enum WorkersFrom {
 /// request spreads the shared tables' rows (by name) over the workers (by index),
 /// and hashing all 256 names of a large fleet to do it, once per table, showed in a
 /// profile; looking up each row instead costs what the rows hold.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct WorkerNames {
     index: hashbrown::HashMap<String, u32>,
     len: usize,
+    /// This list's identity: what was spread over it by index (`spread`) holds
+    /// while the id is the same, so a copy kept by index is rebuilt only when the
+    /// list changes.
+    id: u64,
 }
+
+/// The next `WorkerNames::id` (0 is the empty default's).
+static NEXT_NAMES_ID: AtomicU64 = AtomicU64::new(1);
 
 impl WorkerNames {
     pub fn new(workers: &[WorkerConfig]) -> WorkerNames {
@@ -51,7 +60,13 @@ impl WorkerNames {
                 .map(|(i, w)| (w.name.clone(), i as u32))
                 .collect(),
             len: workers.len(),
+            id: NEXT_NAMES_ID.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// Unique to this list (and its clones): two lists built apart differ.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Workers in the list.

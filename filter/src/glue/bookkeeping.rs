@@ -74,7 +74,8 @@ pub fn take_work(state: &State, worker: &str, d: &Decision) -> Option<WorkHold> 
 pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
     if let Some(h) = hold.as_mut() {
         let s = &state.shared;
-        let last = h.first_byte(&HostStore, (&s.inflight, &s.costs), super::host::now_ms());
+        let tables = (&s.inflight, &s.costs, state.router.names());
+        let last = h.first_byte(&HostStore, tables, super::host::now_ms());
         publish_last(state, last);
     }
 }
@@ -83,7 +84,8 @@ pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
 pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
     if let Some(h) = hold.as_mut() {
         let s = &state.shared;
-        let last = h.end(&HostStore, (&s.inflight, &s.costs), super::host::now_ms());
+        let tables = (&s.inflight, &s.costs, state.router.names());
+        let last = h.end(&HostStore, tables, super::host::now_ms());
         publish_last(state, last);
     }
 }

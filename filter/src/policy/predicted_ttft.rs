@@ -171,9 +171,23 @@ pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
     engine_waiting_running.saturating_sub(own_at_sample)
 }
 
+/// The rungs of the ladder, in order (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rung {
+    Continuing,
+    Holder,
+    Spread,
+}
+
 /// Chooses where the request goes: its conversation's worker, else the holders of
 /// its prefix, else the fleet, each time the one with the fewest conversations
 /// among those the rung keeps (see the module docs for the rungs).
+///
+/// Each aggregate is taken in as few passes over the candidates as its
+/// dependencies allow (the cap needs the total, the rungs need the best
+/// prediction, the holders need the fewest conversations), with the rung a plain
+/// value rather than a closure called per candidate: at 256 workers the passes were
+/// most of the policy's cost.
 pub fn predicted_ttft(
     params: &TtftParams,
     input_chars: u64,
@@ -183,23 +197,22 @@ pub fn predicted_ttft(
     let total: u64 = candidates.iter().map(|c| c.inflight).sum();
     let cap = load_cap(total, candidates.len(), params.load_factor);
     let eligible = |c: &TtftCandidate| c.inflight.saturating_add(1) <= cap;
-    let scored: Vec<(&TtftCandidate, f64)> = candidates
+    // The predictions, the best eligible one, the longest eligible match and the
+    // longest match of all.
+    let (mut best, mut longest_eligible, mut longest) = (f64::INFINITY, 0, 0);
+    let ttft: Vec<f64> = candidates
         .iter()
-        .map(|c| (c, c.predict_us(params, input_chars)))
-        .collect();
-    // One pass for what needs no other aggregate: the best eligible prediction, the
-    // longest eligible match and the longest match of all.
-    let (best, longest_eligible, longest) = scored.iter().fold(
-        (f64::INFINITY, 0, 0),
-        |(best, longest_eligible, longest), (c, t)| {
-            let longest = longest.max(c.cached_chars);
+        .map(|c| {
+            let t = c.predict_us(params, input_chars);
+            longest = longest.max(c.cached_chars);
             if eligible(c) {
-                (best.min(*t), longest_eligible.max(c.cached_chars), longest)
-            } else {
-                (best, longest_eligible, longest)
+                best = best.min(t);
+                longest_eligible = longest_eligible.max(c.cached_chars);
             }
-        },
-    );
+            t
+        })
+        .collect();
+    let scored = || candidates.iter().zip(ttft.iter().copied());
     let within = |t: f64| t <= best * params.stay_factor + best * NEAR_TIE_SHARE;
     let near = |t: f64| t <= best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE;
     // A few chars of a match (two users' questions that start alike) are no reason
@@ -209,14 +222,19 @@ pub fn predicted_ttft(
     let holds = |c: &TtftCandidate, longest: u64| {
         longest > margin && c.cached_chars.saturating_add(margin) >= longest
     };
-    let fewest = scored
-        .iter()
-        .filter(|(c, t)| eligible(c) && near(*t))
-        .map(|(c, _)| c.conversations)
-        .min()
-        .unwrap_or(0);
-    let conversation_cap = ((1.0 + params.load_factor) * fewest as f64).ceil() as u64 + 1;
-    let continuing = |c: &TtftCandidate, t: f64| c.continues && within(t);
+    // What needs the best prediction: the fewest conversations near it, whether the
+    // first rung has anyone, and whether an eligible worker holds the longest match.
+    let (mut fewest, mut continuing, mut held_eligible) = (None::<u64>, false, false);
+    for (c, t) in scored() {
+        let e = eligible(c);
+        if e && near(t) {
+            fewest = Some(fewest.map_or(c.conversations, |f| f.min(c.conversations)));
+        }
+        continuing |= c.continues && within(t);
+        held_eligible |= e && holds(c, longest);
+    }
+    let conversation_cap =
+        ((1.0 + params.load_factor) * fewest.unwrap_or(0) as f64).ceil() as u64 + 1;
     let holder = |c: &TtftCandidate, t: f64| {
         eligible(c)
             && within(t)
@@ -224,22 +242,24 @@ pub fn predicted_ttft(
             && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
             && c.conversations.saturating_add(1) <= conversation_cap
     };
-    let spread = |c: &TtftCandidate, t: f64| eligible(c) && near(t);
-    // The first rung anyone is on is the group, read in place rather than copied.
-    let on = |rung: &dyn Fn(&TtftCandidate, f64) -> bool| scored.iter().any(|(c, t)| rung(c, *t));
-    let group: &dyn Fn(&TtftCandidate, f64) -> bool = if on(&continuing) {
-        &continuing
-    } else if on(&holder) {
-        &holder
+    let rung = if continuing {
+        Rung::Continuing
+    } else if scored().any(|(c, t)| holder(c, t)) {
+        Rung::Holder
     } else {
-        &spread
+        Rung::Spread
     };
-    let (winner, ttft) = least_loaded(&scored, group, rng)?;
+    let on_rung = |c: &TtftCandidate, t: f64| match rung {
+        Rung::Continuing => c.continues && within(t),
+        Rung::Holder => holder(c, t),
+        Rung::Spread => eligible(c) && near(t),
+    };
+    let (winner, ttft) = least_loaded(scored(), on_rung, rng)?;
     let reason = if longest <= margin {
         Reason::TtftCold
     } else if holds(winner, longest) {
         Reason::TtftCache
-    } else if candidates.iter().any(|c| holds(c, longest) && eligible(c)) {
+    } else if held_eligible {
         Reason::TtftSpread
     } else {
         Reason::TtftCapped
@@ -258,23 +278,31 @@ pub fn predicted_ttft(
     Some(d)
 }
 
-/// Among the scored candidates `in_group` keeps: the fewest conversations first (the
+/// Among the scored candidates the rung keeps: the fewest conversations first (the
 /// work a worker has taken on), then the least predicted TTFT, near-ties at random.
-fn least_loaded<'a>(
-    scored: &[(&'a TtftCandidate, f64)],
-    in_group: &dyn Fn(&TtftCandidate, f64) -> bool,
+fn least_loaded<'a, I>(
+    scored: I,
+    on_rung: impl Fn(&TtftCandidate, f64) -> bool,
     rng: &mut dyn Rng,
-) -> Option<(&'a TtftCandidate, f64)> {
-    let group = || scored.iter().filter(|(c, t)| in_group(c, *t));
-    let fewest = group().map(|(c, _)| c.conversations).min()?;
-    let least = group()
-        .filter(|(c, _)| c.conversations == fewest)
-        .map(|(_, t)| *t)
-        .fold(f64::INFINITY, f64::min);
-    let tied: Vec<&(&TtftCandidate, f64)> = group()
+) -> Option<(&'a TtftCandidate, f64)>
+where
+    I: Iterator<Item = (&'a TtftCandidate, f64)> + Clone,
+{
+    let group = || scored.clone().filter(|(c, t)| on_rung(c, *t));
+    // The fewest conversations and the least prediction among those who have them.
+    let mut top: Option<(u64, f64)> = None;
+    for (c, t) in group() {
+        top = match top {
+            Some((fewest, least)) if c.conversations > fewest => Some((fewest, least)),
+            Some((fewest, least)) if c.conversations == fewest => Some((fewest, least.min(t))),
+            _ => Some((c.conversations, f64::INFINITY.min(t))),
+        };
+    }
+    let (fewest, least) = top?;
+    let tied: Vec<(&TtftCandidate, f64)> = group()
         .filter(|(c, t)| c.conversations == fewest && *t <= least + least * NEAR_TIE_SHARE)
         .collect();
-    tied.get(rng.below(tied.len())).map(|&&pair| pair)
+    tied.get(rng.below(tied.len())).copied()
 }
 
 /// One moving-average step; the first observation is taken as is.
@@ -654,6 +682,144 @@ mod tests {
         )
         .unwrap();
         assert_eq!(d.reason, Reason::TtftCold);
+    }
+
+    /// The ladder as the module docs state it, rung by rung and aggregate by
+    /// aggregate, each a pass of its own: what the policy's fused passes must agree
+    /// with.
+    fn stated(
+        p: &TtftParams,
+        input: u64,
+        cands: &[TtftCandidate],
+        rng: &mut dyn Rng,
+    ) -> Option<Decision> {
+        let total = cands.iter().map(|c| c.inflight).sum();
+        let cap = load_cap(total, cands.len(), p.load_factor);
+        let eligible = |c: &TtftCandidate| c.inflight < cap;
+        let t = |c: &TtftCandidate| c.predict_us(p, input);
+        let best = cands
+            .iter()
+            .filter(|c| eligible(c))
+            .map(t)
+            .fold(f64::INFINITY, f64::min);
+        let within = |c: &TtftCandidate| t(c) <= best * p.stay_factor + best * NEAR_TIE_SHARE;
+        let near = |c: &TtftCandidate| t(c) <= best * (1.0 + p.load_factor) + best * NEAR_TIE_SHARE;
+        let margin = (input as f64 * NEAR_TIE_SHARE) as u64;
+        let holds = |c: &TtftCandidate, l: u64| l > margin && c.cached_chars + margin >= l;
+        let longest = cands.iter().map(|c| c.cached_chars).max().unwrap_or(0);
+        let longest_eligible = cands
+            .iter()
+            .filter(|c| eligible(c))
+            .map(|c| c.cached_chars)
+            .max()
+            .unwrap_or(0);
+        let fewest = cands
+            .iter()
+            .filter(|c| eligible(c) && near(c))
+            .map(|c| c.conversations)
+            .min()
+            .unwrap_or(0);
+        let conversation_cap = ((1.0 + p.load_factor) * fewest as f64).ceil() as u64 + 1;
+        let rungs: [&dyn Fn(&TtftCandidate) -> bool; 3] = [
+            &|c| c.continues && within(c),
+            &|c| {
+                eligible(c)
+                    && within(c)
+                    && holds(c, longest_eligible)
+                    && c.cached_chars > input.saturating_sub(c.cached_chars)
+                    && c.conversations < conversation_cap
+            },
+            &|c| eligible(c) && near(c),
+        ];
+        let group: Vec<&TtftCandidate> = rungs
+            .iter()
+            .map(|rung| cands.iter().filter(|c| rung(c)).collect::<Vec<_>>())
+            .find(|g| !g.is_empty())?;
+        let fewest_in = group.iter().map(|c| c.conversations).min()?;
+        let least = group
+            .iter()
+            .filter(|c| c.conversations == fewest_in)
+            .map(|c| t(c))
+            .fold(f64::INFINITY, f64::min);
+        let tied: Vec<&&TtftCandidate> = group
+            .iter()
+            .filter(|c| c.conversations == fewest_in && t(c) <= least + least * NEAR_TIE_SHARE)
+            .collect();
+        let winner = **tied.get(rng.below(tied.len()))?;
+        let reason = if longest <= margin {
+            Reason::TtftCold
+        } else if holds(winner, longest) {
+            Reason::TtftCache
+        } else if cands.iter().any(|c| holds(c, longest) && eligible(c)) {
+            Reason::TtftSpread
+        } else {
+            Reason::TtftCapped
+        };
+        let mut d = decide(
+            winner.worker,
+            reason,
+            winner.cached_chars as usize,
+            GateAudit::default(),
+        );
+        d.predicted = Some(Prediction {
+            ttft_us: t(winner).max(0.0).round() as u64,
+            uncached_chars: input.saturating_sub(winner.cached_chars),
+            ahead_chars: winner.work.ahead_chars,
+        });
+        Some(d)
+    }
+
+    #[test]
+    fn the_fused_passes_decide_as_the_ladder_is_stated() {
+        let mut gen = SplitMix64(11);
+        let mut pick = |n: u64| gen.next_u64() % n;
+        let mut reasons_seen = Vec::new();
+        for round in 0..4000 {
+            let n = 1 + pick(12) as usize;
+            let input = 1 + pick(5000);
+            let params = TtftParams {
+                load_factor: [0.0, 0.25, 1.0][pick(3) as usize],
+                stay_factor: [1.0, 4.0][pick(2) as usize],
+                ..P
+            };
+            // Few distinct values, so ties, caps and shared depths are common.
+            let cands: Vec<TtftCandidate> = (0..n)
+                .map(|w| {
+                    let mut c = cand(
+                        w as TenantId,
+                        pick(4),
+                        [0, input / 2, input, input - input / 50][pick(4) as usize],
+                    );
+                    c.continues = pick(5) == 0;
+                    c.conversations = pick(3);
+                    c.others = pick(2);
+                    c.work = WorkerWork {
+                        prefilling: pick(2).min(c.inflight),
+                        ahead_chars: pick(2) * 500,
+                    };
+                    if pick(3) == 0 {
+                        c.costs.prefill_us_per_char = Some(1.0 + pick(8) as f64);
+                    }
+                    c
+                })
+                .collect();
+            let seed = pick(u64::MAX);
+            let fused = predicted_ttft(&params, input, &cands, &mut SplitMix64(seed));
+            let plain = stated(&params, input, &cands, &mut SplitMix64(seed));
+            assert_eq!(
+                fused, plain,
+                "round {round}: {cands:?} input {input} {params:?}"
+            );
+            let reason = fused.map(|d| d.reason);
+            if !reasons_seen.contains(&reason) {
+                reasons_seen.push(reason);
+            }
+        }
+        assert_eq!(
+            reasons_seen.len(),
+            4,
+            "every reason was exercised: {reasons_seen:?}"
+        );
     }
 
     #[test]

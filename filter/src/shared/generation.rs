@@ -91,7 +91,7 @@ pub struct Tables {
     pub peers: Vec<PeerReport>,
     /// This Envoy's in-flight counts when the engines were last sampled, by worker
     /// index (empty: `predicted_ttft` unused).
-    pub own_at_sample: Vec<u64>,
+    pub own_at_sample: Rc<[u64]>,
 }
 
 /// This VM's copy of the tables and the generation it was decoded under.
@@ -151,9 +151,9 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames)
         engine: Rc::new(SamplesTable::new(keys).read(store, &cfg.workers)),
         peers: PeerLoads::new(keys).read(store),
         own_at_sample: if cfg.uses_predicted_ttft() {
-            OwnAtSample::new(keys).by_worker(store, names)
+            OwnAtSample::new(keys).by_worker(store, names).into()
         } else {
-            Vec::new()
+            Rc::default()
         },
     }
 }
@@ -235,7 +235,7 @@ mod tests {
         let cache = TableCache::default();
         ring.head(&store);
         let tables = |g| cache.tables(&store, &keys, (&cfg, &WorkerNames::new(&cfg.workers)), g);
-        assert_eq!(tables(ring.generation()).own_at_sample, vec![0, 0]);
+        assert_eq!(tables(ring.generation()).own_at_sample[..], [0, 0]);
         store.0.gets.set(0);
         ring.head(&store);
         tables(ring.generation());
@@ -248,7 +248,7 @@ mod tests {
         assert!(inflight.flush(&store, &ring, 0));
         assert!(OwnAtSample::new(&keys).snapshot(&store, (&inflight, &ring), 0));
         ring.head(&store);
-        assert_eq!(tables(ring.generation()).own_at_sample, vec![0, 2]);
+        assert_eq!(tables(ring.generation()).own_at_sample[..], [0, 2]);
         let plain = Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap();
         let other = TableCache::default();
         assert!(

@@ -259,9 +259,9 @@ pub fn read_loads(
         costs: if ttft {
             costs.by_worker(store, names)
         } else {
-            Vec::new()
+            Rc::default()
         },
-        own_at_sample: tables.own_at_sample.clone(),
+        own_at_sample: Rc::clone(&tables.own_at_sample),
     }
 }
 
@@ -435,9 +435,11 @@ mod tests {
                     let s = race(e, |s, vm| {
                         let name = format!("w{vm}");
                         let costs = CostTable::new(&keys);
-                        costs.learn(s, &name, |c| crate::policy::WorkerCosts {
-                            service_ms: Some(1.0),
-                            ..c
+                        costs.learn(s, &WorkerNames::new(&w), &name, |c| {
+                            crate::policy::WorkerCosts {
+                                service_ms: Some(1.0),
+                                ..c
+                            }
                         });
                         costs.publish(s);
                     });
@@ -516,9 +518,11 @@ mod tests {
         let store = MemStore::default();
         ensure_tables(&store, &keys, 10);
         let costs = CostTable::new(&keys);
-        costs.learn(&store, "w0", |c| crate::policy::WorkerCosts {
-            service_ms: Some(3.0),
-            ..c
+        costs.learn(&store, &WorkerNames::default(), "w0", |c| {
+            crate::policy::WorkerCosts {
+                service_ms: Some(3.0),
+                ..c
+            }
         });
         assert!(costs.publish(&store));
         assert!(!EvictionClock::new(&keys).claim(&store, 10, 100));

@@ -8,6 +8,7 @@
 //!   (`own_at_sample`), so engine load beyond them reads as other routers' load.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 
 use super::inflight::{decode_counts, encode_counts};
 use super::{
@@ -102,11 +103,50 @@ type CostRows = Vec<(String, [u64; 2])>;
 #[derive(Debug, Clone)]
 pub struct CostTable {
     table: PairTable,
-    /// The shared table as of this VM's last tick, with what it learned since
-    /// (`None`: not read yet).
-    view: RefCell<Option<CostRows>>,
-    /// Workers whose row this VM changed since its last publication.
-    learned: RefCell<Vec<String>>,
+    /// This VM's copy (`None`: not read yet).
+    copy: RefCell<Option<Copy>>,
+}
+
+/// The shared table as of this VM's last tick, with what it learned since.
+#[derive(Debug, Clone, Default)]
+struct Copy {
+    rows: CostRows,
+    /// Rows this VM changed since its last publication, by row.
+    learned: Vec<bool>,
+    /// The rows spread over the router's worker list, kept while the list is the
+    /// same: spreading them for each request looked up every learned worker's name,
+    /// 256 of them in a large fleet.
+    spread: Option<Spread>,
+}
+
+/// `Copy::rows` by worker index, for one worker list.
+#[derive(Debug, Clone)]
+struct Spread {
+    names: u64,
+    /// Each worker's row.
+    row_of: Vec<Option<usize>>,
+    /// Each worker's costs, shared with the requests that read them.
+    costs: Rc<Vec<WorkerCosts>>,
+}
+
+impl Spread {
+    /// `rows` by worker index for `names` (the last row of a name wins).
+    fn of(rows: &CostRows, names: &WorkerNames) -> Spread {
+        let mut row_of = vec![None; names.len()];
+        let mut costs = vec![WorkerCosts::default(); names.len()];
+        for (row, (name, values)) in rows.iter().enumerate() {
+            if let Some(i) = names.get(name) {
+                if let (Some(r), Some(c)) = (row_of.get_mut(i), costs.get_mut(i)) {
+                    (*r, *c) = (Some(row), costs_of(*values));
+                }
+            }
+        }
+        Spread {
+            names: names.id(),
+            row_of,
+            costs: Rc::new(costs),
+        }
+    }
 }
 
 fn to_bits(v: Option<f64>) -> u64 {
@@ -119,34 +159,67 @@ fn from_bits(b: u64) -> Option<f64> {
         .filter(|x| x.is_finite())
 }
 
+fn costs_of([p, s]: [u64; 2]) -> WorkerCosts {
+    WorkerCosts {
+        prefill_us_per_char: from_bits(p),
+        service_ms: from_bits(s),
+    }
+}
+
 const NOTHING_LEARNED: [u64; 2] = [UNKNOWN, UNKNOWN];
+
+impl Copy {
+    fn of(rows: CostRows) -> Copy {
+        Copy {
+            learned: vec![false; rows.len()],
+            rows,
+            spread: None,
+        }
+    }
+
+    /// The rows by worker index for `names`.
+    fn spread(&mut self, names: &WorkerNames) -> &mut Spread {
+        if self.spread.as_ref().is_some_and(|s| s.names != names.id()) {
+            self.spread = None;
+        }
+        self.spread
+            .get_or_insert_with(|| Spread::of(&self.rows, names))
+    }
+
+    /// `worker`'s row, added if it has none.
+    fn row(&mut self, names: &WorkerNames, worker: &str) -> usize {
+        let index = names.get(worker);
+        let known = index.and_then(|i| self.spread(names).row_of.get(i).copied().flatten());
+        if let Some(row) = known.or_else(|| self.rows.iter().position(|(n, _)| n == worker)) {
+            return row;
+        }
+        self.rows.push((worker.to_string(), NOTHING_LEARNED));
+        self.learned.push(false);
+        let row = self.rows.len() - 1;
+        if let Some(slot) = index.and_then(|i| self.spread(names).row_of.get_mut(i)) {
+            *slot = Some(row);
+        }
+        row
+    }
+}
 
 impl CostTable {
     pub fn new(keys: &Keys) -> CostTable {
         CostTable {
             table: PairTable { key: keys.costs() },
-            view: RefCell::new(None),
-            learned: RefCell::new(Vec::new()),
+            copy: RefCell::new(None),
         }
     }
 
     /// This VM's copy, read from shared data the first time.
-    fn view<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&mut CostRows) -> T) -> T {
-        let mut view = self.view.borrow_mut();
-        f(view.get_or_insert_with(|| self.table.read(store)))
+    fn copy<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&mut Copy) -> T) -> T {
+        let mut copy = self.copy.borrow_mut();
+        f(copy.get_or_insert_with(|| Copy::of(self.table.read(store))))
     }
 
-    pub fn by_worker(&self, store: &dyn SharedStore, names: &WorkerNames) -> Vec<WorkerCosts> {
-        self.view(store, |rows| {
-            names
-                .spread(rows, NOTHING_LEARNED)
-                .into_iter()
-                .map(|[p, s]| WorkerCosts {
-                    prefill_us_per_char: from_bits(p),
-                    service_ms: from_bits(s),
-                })
-                .collect()
-        })
+    /// The learned costs by worker index, for `names`.
+    pub fn by_worker(&self, store: &dyn SharedStore, names: &WorkerNames) -> Rc<Vec<WorkerCosts>> {
+        self.copy(store, |c| Rc::clone(&c.spread(names).costs))
     }
 
     /// Applies a learning step to `worker`'s costs in this VM's copy; the tick shares
@@ -154,29 +227,28 @@ impl CostTable {
     pub fn learn(
         &self,
         store: &dyn SharedStore,
+        names: &WorkerNames,
         worker: &str,
         step: impl Fn(WorkerCosts) -> WorkerCosts,
     ) {
-        self.view(store, |rows| {
-            let row = match rows.iter().position(|(n, _)| n == worker) {
-                Some(i) => i,
-                None => {
-                    rows.push((worker.to_string(), NOTHING_LEARNED));
-                    rows.len() - 1
-                }
+        self.copy(store, |c| {
+            let row = c.row(names, worker);
+            let Some((_, values)) = c.rows.get_mut(row) else {
+                return;
             };
-            if let Some((_, [p, s])) = rows.get_mut(row) {
-                let next = step(WorkerCosts {
-                    prefill_us_per_char: from_bits(*p),
-                    service_ms: from_bits(*s),
-                });
-                (*p, *s) = (to_bits(next.prefill_us_per_char), to_bits(next.service_ms));
+            let next = step(costs_of(*values));
+            *values = [to_bits(next.prefill_us_per_char), to_bits(next.service_ms)];
+            let learned = costs_of(*values);
+            if let Some(flag) = c.learned.get_mut(row) {
+                *flag = true;
+            }
+            let spread = c.spread(names);
+            if let Some(i) = names.get(worker) {
+                if let Some(slot) = Rc::make_mut(&mut spread.costs).get_mut(i) {
+                    *slot = learned;
+                }
             }
         });
-        let mut learned = self.learned.borrow_mut();
-        if !learned.iter().any(|w| w == worker) {
-            learned.push(worker.to_string());
-        }
     }
 
     /// The tick: writes the rows this VM learned into the shared table (under CAS,
@@ -184,28 +256,23 @@ impl CostTable {
     /// as its copy. Whether the shared table was read (and, with something learned,
     /// written); what could not be written is kept for the next tick.
     pub fn publish(&self, store: &dyn SharedStore) -> bool {
-        let learned = self.learned.borrow().clone();
-        if learned.is_empty() {
-            *self.view.borrow_mut() = Some(self.table.read(store));
-            return true;
-        }
-        let mine: CostRows = self.view(store, |rows| {
-            learned
+        let mine: CostRows = self.copy(store, |c| {
+            c.rows
                 .iter()
-                .map(|w| {
-                    let v = rows
-                        .iter()
-                        .find(|(n, _)| n == w)
-                        .map_or(NOTHING_LEARNED, |r| r.1);
-                    (w.clone(), v)
-                })
+                .zip(&c.learned)
+                .filter(|(_, learned)| **learned)
+                .map(|(row, _)| row.clone())
                 .collect()
         });
-        let Some(rows) = self.table.merge(store, &mine, NOTHING_LEARNED) else {
-            return false;
+        let rows = if mine.is_empty() {
+            self.table.read(store)
+        } else {
+            let Some(rows) = self.table.merge(store, &mine, NOTHING_LEARNED) else {
+                return false;
+            };
+            rows
         };
-        *self.view.borrow_mut() = Some(rows);
-        self.learned.borrow_mut().clear();
+        *self.copy.borrow_mut() = Some(Copy::of(rows));
         true
     }
 }
@@ -254,8 +321,8 @@ mod tests {
         let store = MemStore::default();
         let t = CostTable::new(&Keys::new("t"));
         let ws = names();
-        assert_eq!(t.by_worker(&store, &ws), vec![WorkerCosts::default(); 2]);
-        t.learn(&store, "w1", |c| WorkerCosts {
+        assert_eq!(*t.by_worker(&store, &ws), vec![WorkerCosts::default(); 2]);
+        t.learn(&store, &ws, "w1", |c| WorkerCosts {
             prefill_us_per_char: crate::policy::learn_prefill(c.prefill_us_per_char, 8000.0, 1000),
             ..c
         });
@@ -266,7 +333,7 @@ mod tests {
                 service_ms: None
             }
         );
-        t.learn(&store, "w1", |c| WorkerCosts {
+        t.learn(&store, &ws, "w1", |c| WorkerCosts {
             service_ms: Some(f64::NAN),
             ..c
         });
@@ -294,8 +361,8 @@ mod tests {
                 ..c
             }
         };
-        a.learn(&store, "w0", service(10.0));
-        b.learn(&store, "w1", service(20.0));
+        a.learn(&store, &ws, "w0", service(10.0));
+        b.learn(&store, &ws, "w1", service(20.0));
         assert_eq!(
             b.by_worker(&store, &ws)[0].service_ms,
             None,
@@ -314,6 +381,46 @@ mod tests {
         // A new VM starts from what is shared.
         let c = CostTable::new(&keys);
         assert_eq!(c.by_worker(&store, &ws)[1].service_ms, Some(20.0));
+    }
+
+    #[test]
+    fn the_copy_by_worker_index_is_kept_per_worker_list_and_learning_updates_it() {
+        let store = MemStore::default();
+        let keys = Keys::new("t");
+        let t = CostTable::new(&keys);
+        let ws = names();
+        let service = |ms: f64| {
+            move |c: WorkerCosts| WorkerCosts {
+                service_ms: Some(ms),
+                ..c
+            }
+        };
+        let first = t.by_worker(&store, &ws);
+        t.learn(&store, &ws, "w1", service(7.0));
+        let after = t.by_worker(&store, &ws);
+        assert_eq!(after[1].service_ms, Some(7.0), "learned in place");
+        assert_eq!(first[1].service_ms, None, "a request's copy is its own");
+        assert!(
+            Rc::ptr_eq(&after, &t.by_worker(&store, &ws)),
+            "the same list reads the same copy"
+        );
+        t.learn(&store, &ws, "gone", service(1.0));
+        let reordered = WorkerNames::new(&crate::config::testing::named_workers(3)[1..]);
+        let moved = t.by_worker(&store, &reordered);
+        assert_eq!(
+            (moved[0].service_ms, moved[1].service_ms),
+            (Some(7.0), None),
+            "another list: spread again, w1 now first"
+        );
+        assert!(t.publish(&store));
+        let other = CostTable::new(&keys);
+        let shared = other.by_worker(&store, &ws);
+        assert_eq!(shared[1].service_ms, Some(7.0));
+        assert_eq!(
+            store.get(&keys.costs()).map(|(v, _)| decode(&v).len()),
+            Some(2),
+            "a worker outside the list is kept by name"
+        );
     }
 
     #[test]

@@ -137,8 +137,10 @@ pub struct Tree {
     nodes: Vec<Node>,
     free: Vec<NodeIdx>,
     tenant_chars: HashMap<TenantId, usize>,
-    /// Non-root nodes each tenant holds and none of whose children it holds.
-    tenant_leaves: HashMap<TenantId, usize>,
+    /// Non-root nodes each tenant holds and none of whose children it holds, by
+    /// tenant id (ids are worker indices, so dense): `predicted_ttft` reads every
+    /// candidate's, and a map was a pass and a vector per request at 256 workers.
+    tenant_leaves: Vec<usize>,
     stored_chars: usize,
 }
 
@@ -190,7 +192,7 @@ impl Tree {
             }],
             free: Vec::new(),
             tenant_chars: HashMap::new(),
-            tenant_leaves: HashMap::new(),
+            tenant_leaves: Vec::new(),
             stored_chars: 0,
         }
     }
@@ -208,20 +210,15 @@ impl Tree {
     /// The conversations `tenant` holds: its leaves, the ends of the texts routed
     /// to it that no later text of it extends.
     pub fn tenant_leaves(&self, tenant: TenantId) -> usize {
-        self.tenant_leaves.get(&tenant).copied().unwrap_or(0)
+        self.tenant_leaves
+            .get(tenant as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
-    /// `tenant_leaves` of every tenant below `tenants`, by tenant id: one pass over
-    /// the tenants that hold anything, where a lookup per worker of a fleet of 256
-    /// showed in a profile.
-    pub fn leaves_by_tenant(&self, tenants: usize) -> Vec<u64> {
-        let mut out = vec![0; tenants];
-        for (&t, &n) in &self.tenant_leaves {
-            if let Some(slot) = out.get_mut(t as usize) {
-                *slot = n as u64;
-            }
-        }
-        out
+    /// `tenant_leaves` by tenant id (a tenant past the end holds none).
+    pub fn leaves_by_tenant(&self) -> &[usize] {
+        &self.tenant_leaves
     }
 
     /// Tenants that hold anything, sorted.
@@ -276,7 +273,7 @@ impl Tree {
         if idx == ROOT {
             return;
         }
-        *self.tenant_leaves.entry(tenant).or_insert(0) += 1;
+        self.add_leaf(tenant);
         if let Some(hold) = self.node_mut(parent).hold_mut(tenant) {
             hold.children += 1;
             if hold.children == 1 && parent != ROOT {
@@ -285,8 +282,25 @@ impl Tree {
         }
     }
 
+    fn add_leaf(&mut self, tenant: TenantId) {
+        let t = tenant as usize;
+        if t >= self.tenant_leaves.len() {
+            self.tenant_leaves.resize(t + 1, 0);
+        }
+        if let Some(n) = self.tenant_leaves.get_mut(t) {
+            *n += 1;
+        }
+    }
+
+    /// `tenant` holds no leaf any more (it left the tree).
+    fn forget_leaves(&mut self, tenant: TenantId) {
+        if let Some(n) = self.tenant_leaves.get_mut(tenant as usize) {
+            *n = 0;
+        }
+    }
+
     fn drop_leaf(&mut self, tenant: TenantId) {
-        if let Some(n) = self.tenant_leaves.get_mut(&tenant) {
+        if let Some(n) = self.tenant_leaves.get_mut(tenant as usize) {
             *n = n.saturating_sub(1);
         }
     }
@@ -510,23 +524,15 @@ mod tests {
         for (tenant, chars) in per_tenant {
             assert_eq!(t.tenant_chars(tenant), chars, "tenant {tenant} size");
         }
-        for (&tenant, &n) in &t.tenant_leaves {
+        for (tenant, &n) in t.leaves_by_tenant().iter().enumerate() {
             assert_eq!(
-                leaves.get(&tenant).copied().unwrap_or(0),
+                leaves.get(&(tenant as TenantId)).copied().unwrap_or(0),
                 n,
                 "leaves of {tenant}"
             );
         }
         for (tenant, n) in leaves {
             assert_eq!(t.tenant_leaves(tenant), n, "leaves of {tenant}");
-        }
-        let ids = t.tenant_leaves.keys().max().map_or(0, |m| *m as usize + 2);
-        for (tenant, n) in t.leaves_by_tenant(ids).into_iter().enumerate() {
-            assert_eq!(
-                n,
-                t.tenant_leaves(tenant as TenantId) as u64,
-                "by id: {tenant}"
-            );
         }
     }
 

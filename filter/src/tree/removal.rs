@@ -39,14 +39,14 @@ impl Tree {
         }
         if self.tenant_chars.get(&tenant) == Some(&0) {
             self.tenant_chars.remove(&tenant);
-            self.tenant_leaves.remove(&tenant);
+            self.forget_leaves(tenant);
             self.node_mut(ROOT).tenants.retain(|h| h.tenant != tenant);
         }
     }
 
     /// Removes `tenant` from every node; nodes left without tenants go.
     pub fn remove_tenant(&mut self, tenant: TenantId) {
-        self.tenant_leaves.remove(&tenant);
+        self.forget_leaves(tenant);
         if self.tenant_chars.remove(&tenant).is_none() {
             return;
         }
@@ -91,11 +91,18 @@ impl Tree {
             .iter()
             .filter_map(|(&t, &c)| f(t).map(|n| (n, c)))
             .collect();
-        self.tenant_leaves = self
-            .tenant_leaves
-            .iter()
-            .filter_map(|(&t, &c)| f(t).map(|n| (n, c)))
-            .collect();
+        let mut leaves = Vec::new();
+        for (t, &n) in self.tenant_leaves.iter().enumerate() {
+            if let Some(to) = f(t as TenantId).map(|to| to as usize) {
+                if to >= leaves.len() {
+                    leaves.resize(to + 1, 0);
+                }
+                if let Some(slot) = leaves.get_mut(to) {
+                    *slot = n;
+                }
+            }
+        }
+        self.tenant_leaves = leaves;
         let mut by_depth: Vec<(usize, NodeIdx)> =
             emptied.into_iter().map(|i| (self.depth(i), i)).collect();
         by_depth.sort_unstable_by(|a, b| b.cmp(a));
@@ -156,7 +163,7 @@ impl Tree {
         if hold.children > 0 || parent == ROOT {
             return None;
         }
-        *self.tenant_leaves.entry(tenant).or_insert(0) += 1;
+        self.add_leaf(tenant);
         Some(parent)
     }
 
@@ -211,7 +218,9 @@ impl Tree {
             .tenants
             .retain(|h| !gone.contains(&h.tenant));
         self.tenant_chars.retain(|_, c| *c > 0);
-        self.tenant_leaves.retain(|t, _| !gone.contains(t));
+        for tenant in gone {
+            self.forget_leaves(tenant);
+        }
     }
 
     /// SMG's `evict_tenant_by_size`: trims every tenant to at most `max_chars`, least
