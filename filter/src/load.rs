@@ -90,11 +90,11 @@ impl Loads {
 impl Loads {
     /// What `predicted_ttft` knows of one candidate: the router's own work there,
     /// the engine's load beyond this Envoy's (fresh samples only), its share of the
-    /// request's prefix (`held`) and its learned costs.
+    /// request's prefix (`held`), its conversations and its learned costs.
     pub fn ttft_candidate(
         &self,
         c: &Candidate,
-        held: &TenantMatches,
+        (held, conversations): (&TenantMatches, u64),
         stale_after_ms: u64,
     ) -> TtftCandidate {
         let i = c.worker as usize;
@@ -113,12 +113,14 @@ impl Loads {
                 )
             });
         TtftCandidate {
+            worker: c.worker,
+            inflight: c.inflight,
             work: self.work.get(i).copied().unwrap_or_default(),
             others,
             cached_chars: held.depth(c.worker) as u64,
             continues: held.continues(c.worker),
+            conversations,
             costs: self.costs.get(i).copied().unwrap_or_default(),
-            ..TtftCandidate::of(c)
         }
     }
 }
@@ -202,13 +204,13 @@ mod tests {
             inflight: loads.fleet_inflight(worker as usize),
             engine: None,
         };
-        let w0 = loads.ttft_candidate(&c(0), &TenantMatches::default(), 5000);
+        let w0 = loads.ttft_candidate(&c(0), (&TenantMatches::default(), 3), 5000);
         assert_eq!(
-            (w0.inflight, w0.others),
-            (5, 5),
+            (w0.worker, w0.inflight, w0.others, w0.conversations),
+            (0, 5, 5, 3),
             "10 on the engine: 2 ours, 3 peers'"
         );
-        let w1 = loads.ttft_candidate(&c(1), &TenantMatches::default(), 5000);
+        let w1 = loads.ttft_candidate(&c(1), (&TenantMatches::default(), 0), 5000);
         assert_eq!(w1.others, 0, "never negative");
     }
 }

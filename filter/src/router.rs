@@ -297,9 +297,9 @@ impl Router {
                 let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
                 let ttft: Vec<TtftCandidate> = candidates
                     .iter()
-                    .map(|c| TtftCandidate {
-                        conversations: leaves.get(c.worker as usize).map_or(0, |&n| n as u64),
-                        ..loads.ttft_candidate(c, &held, self.cfg.stale_after_ms)
+                    .map(|c| {
+                        let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
+                        loads.ttft_candidate(c, (&held, conversations), self.cfg.stale_after_ms)
                     })
                     .collect();
                 let input = crate::tree::char_len(text) as u64;

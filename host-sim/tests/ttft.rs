@@ -211,3 +211,38 @@ fn answered_requests_teach_costs_and_record_the_prediction() {
         "one prediction per decision: {observed:?}"
     );
 }
+
+#[test]
+fn a_streamed_answer_reads_the_clock_for_its_first_byte_and_its_end_only() {
+    let mut h = host("");
+    let clock = |h: &Host| {
+        h.hostcall_counts()
+            .get("proxy_get_current_time_nanoseconds")
+            .copied()
+            .unwrap_or(0)
+    };
+    let (_, handle) = open(&mut h, 0, chat(400, 0));
+    h.advance_time(30).unwrap();
+    let before = clock(&h);
+    h.vm(0)
+        .respond_headers(handle, 200, &[("content-type", "text/event-stream")])
+        .expect("headers run");
+    for token in 0..20 {
+        h.vm(0)
+            .respond_body(handle, format!("data: token {token}\n\n").as_bytes(), false)
+            .expect("a chunk runs");
+    }
+    h.vm(0)
+        .respond_body(handle, b"data: [DONE]\n\n", true)
+        .expect("the last chunk runs");
+    h.vm(0).finish(handle).expect("stream ends");
+    assert_eq!(
+        clock(&h) - before,
+        2,
+        "one read at the first byte (teaching the prefill cost), one at the end"
+    );
+    assert_no_work_left(&h, "a streamed answer releases its booking");
+    h.advance_time(1_000).unwrap();
+    let costs = h.shared_data("llm_router.ttft.costs").unwrap_or_default();
+    assert!(costs.len() > 4, "the stream taught its costs");
+}

@@ -11,7 +11,7 @@ use crate::decision::Decision;
 use crate::plan::Plan;
 use crate::router::Record;
 use crate::shared::{Op, Recorded, Stage};
-use crate::work_hold::WorkHold;
+use crate::work_hold::{Phase, WorkHold};
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
 /// released correctly even if a config update reorders the workers meanwhile. The
@@ -58,21 +58,19 @@ fn publish_last(state: &State, last: bool) {
 }
 
 /// Books a `predicted_ttft` decision's prefill on `worker` (other policies: none),
-/// published with the request's in-flight count.
+/// published with the request's in-flight count, at the clock the request read.
 pub fn take_work(state: &State, worker: &str, d: &Decision) -> Option<WorkHold> {
     let p = d.predicted?;
     state.metrics.predicted_ttft_ms.set(p.ttft_us / 1000);
-    Some(WorkHold::take(
-        &state.shared.inflight,
-        worker,
-        &p,
-        super::host::now_ms(),
-    ))
+    let s = &state.shared;
+    Some(WorkHold::take(&s.inflight, worker, &p, s.recent_ms.get()))
 }
 
-/// The first response byte of a booked request.
+/// The first response byte of a booked request. The clock is read only for the
+/// first (a streamed answer calls this for every chunk).
 pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
-    if let Some(h) = hold.as_mut() {
+    let prefilling = |h: &&mut WorkHold| matches!(h.phase(), Phase::Prefilling { .. });
+    if let Some(h) = hold.as_mut().filter(prefilling) {
         let s = &state.shared;
         let tables = (&s.inflight, &s.costs, state.router.names());
         let last = h.first_byte(&HostStore, tables, super::host::now_ms());
@@ -80,9 +78,9 @@ pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
     }
 }
 
-/// The end of a booked request's stream (or prefill call).
+/// The end of a booked request's stream (or prefill call), once.
 pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
-    if let Some(h) = hold.as_mut() {
+    if let Some(h) = hold.as_mut().filter(|h| h.phase() != Phase::Done) {
         let s = &state.shared;
         let tables = (&s.inflight, &s.costs, state.router.names());
         let last = h.end(&HostStore, tables, super::host::now_ms());

@@ -71,7 +71,7 @@
 //! replicated on as many workers as its traffic needs, each with an even share of
 //! the conversations, which then stay where their history is.
 
-use super::{decide, Candidate};
+use super::decide;
 pub use crate::config::TtftParams;
 use crate::decision::{Decision, GateAudit, Prediction, Reason};
 use crate::rng::Rng;
@@ -122,20 +122,6 @@ pub struct TtftCandidate {
 }
 
 impl TtftCandidate {
-    /// From a screened candidate; the caller fills in work, others, cache and costs.
-    pub fn of(c: &Candidate) -> TtftCandidate {
-        TtftCandidate {
-            worker: c.worker,
-            inflight: c.inflight,
-            work: WorkerWork::default(),
-            others: 0,
-            cached_chars: 0,
-            continues: false,
-            conversations: 0,
-            costs: WorkerCosts::default(),
-        }
-    }
-
     /// Requests past their first byte, holding the engine.
     fn busy(&self) -> u64 {
         self.inflight.saturating_sub(self.work.prefilling)
@@ -206,7 +192,7 @@ pub fn predicted_ttft(
             let t = c.predict_us(params, input_chars);
             longest = longest.max(c.cached_chars);
             if eligible(c) {
-                best = best.min(t);
+                best = least(best, t);
                 longest_eligible = longest_eligible.max(c.cached_chars);
             }
             t
@@ -293,16 +279,27 @@ where
     let mut top: Option<(u64, f64)> = None;
     for (c, t) in group() {
         top = match top {
-            Some((fewest, least)) if c.conversations > fewest => Some((fewest, least)),
-            Some((fewest, least)) if c.conversations == fewest => Some((fewest, least.min(t))),
-            _ => Some((c.conversations, f64::INFINITY.min(t))),
+            Some((fewest, low)) if c.conversations > fewest => Some((fewest, low)),
+            Some((fewest, low)) if c.conversations == fewest => Some((fewest, least(low, t))),
+            _ => Some((c.conversations, least(f64::INFINITY, t))),
         };
     }
-    let (fewest, least) = top?;
+    let (fewest, low) = top?;
     let tied: Vec<(&TtftCandidate, f64)> = group()
-        .filter(|(c, t)| c.conversations == fewest && *t <= least + least * NEAR_TIE_SHARE)
+        .filter(|(c, t)| c.conversations == fewest && *t <= low + low * NEAR_TIE_SHARE)
         .collect();
     tied.get(rng.below(tied.len())).copied()
+}
+
+/// `f64::min` for a minimum kept from `INFINITY` (a NaN never replaces it): the
+/// same answer, without the call to `fmin` that `f64::min` compiles to in Wasm
+/// (whose own `f64.min` treats NaN otherwise), once per candidate per pass.
+fn least(low: f64, t: f64) -> f64 {
+    if t < low {
+        t
+    } else {
+        low
+    }
 }
 
 /// One moving-average step; the first observation is taken as is.

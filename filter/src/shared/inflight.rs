@@ -115,19 +115,25 @@ impl InflightTable {
         now_ms: u64,
         work: bool,
     ) -> ByWorker {
-        let sums = self.0.sum_by_worker(&ring.tail(), now_ms, names);
+        let mut inflight = vec![0u64; names.len()];
+        let mut ahead = if work {
+            vec![WorkerWork::default(); names.len()]
+        } else {
+            Vec::new()
+        };
+        self.0
+            .each_by_worker(&ring.tail(), now_ms, names, |i, &[n, prefilling, chars]| {
+                if let Some(slot) = inflight.get_mut(i) {
+                    *slot = slot.saturating_add(n);
+                }
+                if let Some(w) = ahead.get_mut(i) {
+                    w.prefilling = w.prefilling.saturating_add(prefilling);
+                    w.ahead_chars = w.ahead_chars.saturating_add(chars);
+                }
+            });
         ByWorker {
-            inflight: sums.iter().map(|[n, ..]| *n).collect(),
-            work: if work {
-                sums.iter()
-                    .map(|&[_, prefilling, ahead_chars]| WorkerWork {
-                        prefilling,
-                        ahead_chars,
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            inflight,
+            work: ahead,
         }
     }
 

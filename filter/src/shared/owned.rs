@@ -119,8 +119,32 @@ fn rows<const N: usize>(bytes: &[u8]) -> Vec<RowRef<'_>> {
     rows
 }
 
+/// One worker's counts this VM holds.
+#[derive(Debug, Clone)]
+struct Held<const N: usize> {
+    name: String,
+    values: [u64; N],
+    /// Its index in the worker list it was last looked up in (`WorkerNames::id`,
+    /// index): every request sums this VM's counts by index, and looking up each
+    /// name again was most of what the in-flight table cost with dozens busy.
+    index: Cell<Option<(u64, usize)>>,
+}
+
+impl<const N: usize> Held<N> {
+    fn index_in(&self, names: &WorkerNames) -> Option<usize> {
+        match self.index.get() {
+            Some((list, i)) if list == names.id() => Some(i),
+            _ => {
+                let i = names.get(&self.name)?;
+                self.index.set(Some((names.id(), i)));
+                Some(i)
+            }
+        }
+    }
+}
+
 /// The table: `rows` as they were stored, then this VM's own row when given.
-fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &Counts<N>)>) -> Vec<u8> {
+fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &[Held<N>])>) -> Vec<u8> {
     let n = rows.len() + usize::from(own.is_some());
     let mut out = (n as u32).to_le_bytes().to_vec();
     for row in rows {
@@ -130,7 +154,7 @@ fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &Counts<N>)>) 
         out.extend_from_slice(&vm.to_le_bytes());
         out.extend_from_slice(&at_ms.to_le_bytes());
         out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
-        for (name, values) in counts {
+        for Held { name, values, .. } in counts {
             put_bytes(&mut out, name.as_bytes());
             for v in values {
                 out.extend_from_slice(&v.to_le_bytes());
@@ -159,7 +183,7 @@ pub struct OwnedCounts<const N: usize> {
     vm: u64,
     expiry_ms: u64,
     /// What this VM holds: the truth its row publishes.
-    mine: RefCell<Counts<N>>,
+    mine: RefCell<Vec<Held<N>>>,
     /// When this VM's row was last stored.
     written_at: Cell<u64>,
     /// `mine` differs from the published row (a change waits, or the last write
@@ -200,8 +224,8 @@ impl<const N: usize> OwnedCounts<N> {
                 add(name, &values);
             }
         }
-        for (name, values) in self.mine.borrow().iter() {
-            add(name, values);
+        for held in self.mine.borrow().iter() {
+            add(&held.name, &held.values);
         }
     }
 
@@ -230,20 +254,46 @@ impl<const N: usize> OwnedCounts<N> {
     }
 
     /// `sum` by worker index, for `names` (never counted: zeros), without naming
-    /// the sums: every request's decision reads the in-flight counts this way.
+    /// the sums.
+    #[cfg(test)]
     pub fn sum_by_worker(&self, table: &[u8], now_ms: u64, names: &WorkerNames) -> Vec<[u64; N]> {
         let mut out = vec![[0; N]; names.len()];
-        self.each_count(table, now_ms, |name, values| {
-            if let Some(slot) = names.get(name).and_then(|i| out.get_mut(i)) {
+        self.each_by_worker(table, now_ms, names, |i, values| {
+            if let Some(slot) = out.get_mut(i) {
                 add_to(slot, values);
             }
         });
         out
     }
 
+    /// Calls `add` with every count a sum takes (`each_count`) and its worker's
+    /// index in `names` (counts of workers not in it are left out), so a caller
+    /// sums them into whatever it keeps by index.
+    pub fn each_by_worker(
+        &self,
+        table: &[u8],
+        now_ms: u64,
+        names: &WorkerNames,
+        mut add: impl FnMut(usize, &[u64; N]),
+    ) {
+        for row in self.others(table, now_ms) {
+            for (name, values) in row.counts::<N>() {
+                if let Some(i) = names.get(name) {
+                    add(i, &values);
+                }
+            }
+        }
+        for held in self.mine.borrow().iter() {
+            if let Some(i) = held.index_in(names) {
+                add(i, &held.values);
+            }
+        }
+    }
+
     /// What this VM holds.
     pub fn mine(&self) -> Counts<N> {
-        self.mine.borrow().clone()
+        let mine = self.mine.borrow();
+        mine.iter().map(|h| (h.name.clone(), h.values)).collect()
     }
 
     /// Whether this VM holds nothing.
@@ -257,19 +307,23 @@ impl<const N: usize> OwnedCounts<N> {
     /// (see the module's doc).
     pub fn change(&self, worker: &str, delta: [i64; N]) -> bool {
         let mut mine = self.mine.borrow_mut();
-        let pos = match mine.iter().position(|(n, _)| n == worker) {
+        let pos = match mine.iter().position(|h| h.name == worker) {
             Some(pos) => pos,
             None => {
-                mine.push((worker.to_string(), [0; N]));
+                mine.push(Held {
+                    name: worker.to_string(),
+                    values: [0; N],
+                    index: Cell::new(None),
+                });
                 mine.len() - 1
             }
         };
-        if let Some((_, values)) = mine.get_mut(pos) {
+        if let Some(Held { values, .. }) = mine.get_mut(pos) {
             for (v, d) in values.iter_mut().zip(delta) {
                 *v = v.saturating_add_signed(d);
             }
         }
-        mine.retain(|(_, v)| v.iter().any(|x| *x > 0));
+        mine.retain(|h| h.values.iter().any(|x| *x > 0));
         self.unpublished.set(true);
         let releases_only = delta.iter().all(|d| *d <= 0);
         !releases_only || mine.is_empty()
@@ -292,7 +346,7 @@ impl<const N: usize> OwnedCounts<N> {
     pub fn rewrite(&self, table: &[u8], now_ms: u64) -> Vec<u8> {
         let rows: Vec<RowRef> = self.others(table, now_ms).collect();
         let mine = self.mine.borrow();
-        let own = (!mine.is_empty()).then_some((self.vm, now_ms, &*mine));
+        let own = (!mine.is_empty()).then_some((self.vm, now_ms, mine.as_slice()));
         encode(&rows, own)
     }
 
@@ -505,7 +559,12 @@ mod tests {
 
     #[test]
     fn pairs_and_garbage_decode_safely() {
-        let counts: Counts<2> = vec![("wé".into(), [1, 4000]), ("w1".into(), [0, 7])];
+        let held = |name: &str, values| Held {
+            name: name.into(),
+            values,
+            index: Cell::new(None),
+        };
+        let counts = [held("wé", [1, 4000]), held("w1", [0, 7])];
         let bytes = encode::<2>(&[], Some((9, 3, &counts)));
         let read = rows::<2>(&bytes);
         let [row] = read.as_slice() else {
@@ -527,6 +586,28 @@ mod tests {
         let at = bad_name.len() - 2 * 8 - 2 - 4 - 16 - 1;
         bad_name[at] = 0xff;
         assert!(rows::<2>(&bad_name).is_empty(), "a name that is not UTF-8");
+    }
+
+    #[test]
+    fn this_vms_counts_find_their_index_again_in_a_new_worker_list() {
+        let t = OwnedCounts::<1>::new(1, EXPIRY);
+        t.change("w1", [2]);
+        let three = WorkerNames::new(&crate::config::testing::named_workers(3));
+        assert_eq!(t.sum_by_worker(&[], 0, &three), vec![[0], [2], [0]]);
+        assert_eq!(
+            t.sum_by_worker(&[], 0, &three),
+            vec![[0], [2], [0]],
+            "again"
+        );
+        let shifted = WorkerNames::new(&crate::config::testing::named_workers(3)[1..]);
+        assert_eq!(
+            t.sum_by_worker(&[], 0, &shifted),
+            vec![[2], [0]],
+            "w1 moved to index 0"
+        );
+        let without = WorkerNames::new(&crate::config::testing::named_workers(1));
+        assert_eq!(t.sum_by_worker(&[], 0, &without), vec![[0]], "w1 left");
+        assert_eq!(t.sum_by_worker(&[], 0, &three), vec![[0], [2], [0]]);
     }
 
     #[test]

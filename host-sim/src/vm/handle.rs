@@ -101,6 +101,27 @@ impl<'a> VmHandle<'a> {
         Ok(response_outcome(&stream.resp))
     }
 
+    /// More of a response already started (`respond_headers`): one
+    /// `proxy_on_response_body` with `chunk`, `end_of_stream` on the last, as a
+    /// streamed answer arrives a token at a time.
+    pub fn respond_body(
+        &mut self,
+        handle: StreamHandle,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> Result<ResponseOutcome> {
+        let (host, vm) = (&mut *self.host, self.vm);
+        let ctx = host.stream_ctx(vm, handle)?;
+        let stream = host.state(vm).streams.get(&ctx).expect("checked");
+        if stream.resp.hstate == HeaderState::Pending {
+            bail!("stream {ctx} has no response yet: respond_headers first");
+        }
+        host.body_chunk(vm, ctx, true, chunk.to_vec(), end_of_stream)?;
+        host.pump()?;
+        let stream = host.state(vm).streams.get(&ctx).expect("checked");
+        Ok(response_outcome(&stream.resp))
+    }
+
     /// `proxy_on_response_headers` of an upstream answer; the stream's context.
     fn response_headers(
         &mut self,
