@@ -23,7 +23,7 @@ use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::model_trees::{Bounds, ModelTrees};
 use crate::parse::Parsed;
-use crate::policy::{self, CacheAwareParams, Candidate, TtftCandidate};
+use crate::policy::{self, CacheAwareParams, Candidate, Scored};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
 use crate::tree::{PrefixMatch, TenantId};
@@ -295,15 +295,18 @@ impl Router {
                 let tree = self.trees.get(pool, model);
                 let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
                 let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
-                let ttft: Vec<TtftCandidate> = candidates
+                let (params, stale) = (self.cfg.ttft_params(), self.cfg.stale_after_ms);
+                let input = crate::tree::char_len(text) as u64;
+                let scored: Vec<Scored> = candidates
                     .iter()
                     .map(|c| {
                         let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
-                        loads.ttft_candidate(c, (&held, conversations), self.cfg.stale_after_ms)
+                        loads
+                            .ttft_candidate(c, (&held, conversations), stale)
+                            .scored(&params, input)
                     })
                     .collect();
-                let input = crate::tree::char_len(text) as u64;
-                let decision = policy::predicted_ttft(&self.cfg.ttft_params(), input, &ttft, rng);
+                let decision = policy::predicted_ttft(&params, input, &scored, rng);
                 let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
                 (decision, chosen, None)
             }

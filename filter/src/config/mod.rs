@@ -381,9 +381,13 @@ impl Config {
     }
 
     /// Prefill/decode disaggregation: every request gets a prefill and a decode
-    /// worker (validation makes the pools all-or-nothing).
+    /// worker. Validation makes the pools all-or-nothing (`validate_pools`), so the
+    /// first worker says it: every request asks, and a scan of the fleet was a
+    /// pass over 256 workers each time.
     pub fn is_pd(&self) -> bool {
-        self.workers.iter().any(|w| w.pool != Pool::Regular)
+        self.workers
+            .first()
+            .is_some_and(|w| w.pool != Pool::Regular)
     }
 
     /// The root tick period: the ring's sync interval, or the probe interval when
@@ -675,6 +679,14 @@ mod tests {
         assert_eq!(
             field_of(Config::from_json(mixed.as_bytes())),
             "workers[2].pool"
+        );
+        let regular_first = format!(
+            r#"{{"workers":[{{"name":"r"}},{{"name":"p","pool":"prefill",{port}}},{{"name":"d","pool":"decode"}}]}}"#
+        );
+        assert_eq!(
+            field_of(Config::from_json(regular_first.as_bytes())),
+            "workers[0].pool",
+            "a mix is refused whichever pool comes first"
         );
         let port_on_decode = format!(
             r#"{{"workers":[{{"name":"p","pool":"prefill",{port}}},{{"name":"d","pool":"decode","bootstrap_port":1}}]}}"#

@@ -252,7 +252,7 @@ impl Config {
     /// one way. Prefill workers say where decode engines fetch their KV.
     fn validate_pools(&self) -> Result<(), ConfigError> {
         let has = |p: Pool| self.workers.iter().any(|w| w.pool == p);
-        if self.is_pd() {
+        if self.workers.iter().any(|w| w.pool != Pool::Regular) {
             if let Some(i) = self.workers.iter().position(|w| w.pool == Pool::Regular) {
                 return Err(err(
                     format!("workers[{i}].pool"),

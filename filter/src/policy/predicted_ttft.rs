@@ -139,6 +139,37 @@ impl TtftCandidate {
         let queued = self.busy().saturating_add(self.others) as f64;
         per_char * prefill + service_us * queued
     }
+
+    /// The candidate as the ladder compares it, predicted for a request of
+    /// `input_chars`.
+    pub fn scored(&self, p: &TtftParams, input_chars: u64) -> Scored {
+        Scored {
+            worker: self.worker,
+            continues: self.continues,
+            inflight: self.inflight,
+            cached_chars: self.cached_chars,
+            conversations: self.conversations,
+            ahead_chars: self.work.ahead_chars,
+            ttft_us: self.predict_us(p, input_chars),
+        }
+    }
+}
+
+/// A candidate as the ladder compares it: its prediction and what the rungs read.
+/// The router scores each candidate as it gathers it, so the ladder's passes read
+/// these few fields rather than the whole candidate (a fleet of 256 paid for every
+/// byte of every pass).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    pub worker: TenantId,
+    pub continues: bool,
+    pub inflight: u64,
+    pub cached_chars: u64,
+    pub conversations: u64,
+    /// Uncached prefill chars ahead of the request there (`WorkerWork`).
+    pub ahead_chars: u64,
+    /// The prediction (`TtftCandidate::predict_us`).
+    pub ttft_us: f64,
 }
 
 /// Bounded load: the most requests any worker may hold once this one is placed,
@@ -177,70 +208,64 @@ enum Rung {
 pub fn predicted_ttft(
     params: &TtftParams,
     input_chars: u64,
-    candidates: &[TtftCandidate],
+    candidates: &[Scored],
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
     let total: u64 = candidates.iter().map(|c| c.inflight).sum();
     let cap = load_cap(total, candidates.len(), params.load_factor);
-    let eligible = |c: &TtftCandidate| c.inflight.saturating_add(1) <= cap;
-    // The predictions, the best eligible one, the longest eligible match and the
-    // longest match of all.
+    let eligible = |c: &Scored| c.inflight < cap;
+    // The best eligible prediction, the longest eligible match and the longest
+    // match of all.
     let (mut best, mut longest_eligible, mut longest) = (f64::INFINITY, 0, 0);
-    let ttft: Vec<f64> = candidates
-        .iter()
-        .map(|c| {
-            let t = c.predict_us(params, input_chars);
-            longest = longest.max(c.cached_chars);
-            if eligible(c) {
-                best = least(best, t);
-                longest_eligible = longest_eligible.max(c.cached_chars);
-            }
-            t
-        })
-        .collect();
-    let scored = || candidates.iter().zip(ttft.iter().copied());
-    let within = |t: f64| t <= best * params.stay_factor + best * NEAR_TIE_SHARE;
-    let near = |t: f64| t <= best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE;
+    for c in candidates {
+        longest = longest.max(c.cached_chars);
+        if eligible(c) {
+            best = least(best, c.ttft_us);
+            longest_eligible = longest_eligible.max(c.cached_chars);
+        }
+    }
+    let within = |c: &Scored| c.ttft_us <= best * params.stay_factor + best * NEAR_TIE_SHARE;
+    let near = |c: &Scored| c.ttft_us <= best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE;
     // A few chars of a match (two users' questions that start alike) are no reason
     // to prefer a worker: matches within `margin` of each other are equal, and one
     // no longer than it is no match.
     let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
-    let holds = |c: &TtftCandidate, longest: u64| {
+    let holds = |c: &Scored, longest: u64| {
         longest > margin && c.cached_chars.saturating_add(margin) >= longest
     };
     // What needs the best prediction: the fewest conversations near it, whether the
     // first rung has anyone, and whether an eligible worker holds the longest match.
     let (mut fewest, mut continuing, mut held_eligible) = (None::<u64>, false, false);
-    for (c, t) in scored() {
+    for c in candidates {
         let e = eligible(c);
-        if e && near(t) {
+        if e && near(c) {
             fewest = Some(fewest.map_or(c.conversations, |f| f.min(c.conversations)));
         }
-        continuing |= c.continues && within(t);
+        continuing |= c.continues && within(c);
         held_eligible |= e && holds(c, longest);
     }
     let conversation_cap =
         ((1.0 + params.load_factor) * fewest.unwrap_or(0) as f64).ceil() as u64 + 1;
-    let holder = |c: &TtftCandidate, t: f64| {
+    let holder = |c: &Scored| {
         eligible(c)
-            && within(t)
+            && within(c)
             && holds(c, longest_eligible)
             && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
-            && c.conversations.saturating_add(1) <= conversation_cap
+            && c.conversations < conversation_cap
     };
     let rung = if continuing {
         Rung::Continuing
-    } else if scored().any(|(c, t)| holder(c, t)) {
+    } else if candidates.iter().any(holder) {
         Rung::Holder
     } else {
         Rung::Spread
     };
-    let on_rung = |c: &TtftCandidate, t: f64| match rung {
-        Rung::Continuing => c.continues && within(t),
-        Rung::Holder => holder(c, t),
-        Rung::Spread => eligible(c) && near(t),
+    let on_rung = |c: &Scored| match rung {
+        Rung::Continuing => c.continues && within(c),
+        Rung::Holder => holder(c),
+        Rung::Spread => eligible(c) && near(c),
     };
-    let (winner, ttft) = least_loaded(scored(), on_rung, rng)?;
+    let winner = least_loaded(candidates, on_rung, rng)?;
     let reason = if longest <= margin {
         Reason::TtftCold
     } else if holds(winner, longest) {
@@ -257,37 +282,47 @@ pub fn predicted_ttft(
         GateAudit::default(),
     );
     d.predicted = Some(Prediction {
-        ttft_us: ttft.max(0.0).round() as u64,
+        ttft_us: winner.ttft_us.max(0.0).round() as u64,
         uncached_chars: input_chars.saturating_sub(winner.cached_chars),
-        ahead_chars: winner.work.ahead_chars,
+        ahead_chars: winner.ahead_chars,
     });
     Some(d)
 }
 
-/// Among the scored candidates the rung keeps: the fewest conversations first (the
-/// work a worker has taken on), then the least predicted TTFT, near-ties at random.
-fn least_loaded<'a, I>(
-    scored: I,
-    on_rung: impl Fn(&TtftCandidate, f64) -> bool,
+/// Among the candidates the rung keeps: the fewest conversations first (the work a
+/// worker has taken on), then the least predicted TTFT, near-ties at random. One
+/// pass: the near-ties of the least so far are kept in order, and those the final
+/// least leaves out are dropped at the end.
+fn least_loaded<'a>(
+    candidates: &'a [Scored],
+    on_rung: impl Fn(&Scored) -> bool,
     rng: &mut dyn Rng,
-) -> Option<(&'a TtftCandidate, f64)>
-where
-    I: Iterator<Item = (&'a TtftCandidate, f64)> + Clone,
-{
-    let group = || scored.clone().filter(|(c, t)| on_rung(c, *t));
-    // The fewest conversations and the least prediction among those who have them.
+) -> Option<&'a Scored> {
+    let near_tie = |t: f64, low: f64| t <= low + low * NEAR_TIE_SHARE;
     let mut top: Option<(u64, f64)> = None;
-    for (c, t) in group() {
-        top = match top {
-            Some((fewest, low)) if c.conversations > fewest => Some((fewest, low)),
-            Some((fewest, low)) if c.conversations == fewest => Some((fewest, least(low, t))),
-            _ => Some((c.conversations, least(f64::INFINITY, t))),
-        };
+    let mut tied: Vec<&Scored> = Vec::new();
+    for c in candidates.iter().filter(|c| on_rung(c)) {
+        match top {
+            Some((fewest, _)) if c.conversations > fewest => continue,
+            Some((fewest, low)) if c.conversations == fewest => {
+                let low = least(low, c.ttft_us);
+                top = Some((fewest, low));
+                if near_tie(c.ttft_us, low) {
+                    tied.push(c);
+                }
+            }
+            _ => {
+                let low = least(f64::INFINITY, c.ttft_us);
+                top = Some((c.conversations, low));
+                tied.clear();
+                if near_tie(c.ttft_us, low) {
+                    tied.push(c);
+                }
+            }
+        }
     }
-    let (fewest, low) = top?;
-    let tied: Vec<(&TtftCandidate, f64)> = group()
-        .filter(|(c, t)| c.conversations == fewest && *t <= low + low * NEAR_TIE_SHARE)
-        .collect();
+    let (_, low) = top?;
+    tied.retain(|c| near_tie(c.ttft_us, low));
     tied.get(rng.below(tied.len())).copied()
 }
 
@@ -355,8 +390,19 @@ mod tests {
         }
     }
 
+    /// The ladder over candidates scored as the router scores them.
+    fn ladder(
+        p: &TtftParams,
+        input: u64,
+        cands: &[TtftCandidate],
+        rng: &mut dyn Rng,
+    ) -> Option<Decision> {
+        let scored: Vec<Scored> = cands.iter().map(|c| c.scored(p, input)).collect();
+        predicted_ttft(p, input, &scored, rng)
+    }
+
     fn run(input: u64, cands: &[TtftCandidate]) -> Decision {
-        predicted_ttft(&P, input, cands, &mut SplitMix64(7)).unwrap()
+        ladder(&P, input, cands, &mut SplitMix64(7)).unwrap()
     }
 
     #[test]
@@ -485,7 +531,7 @@ mod tests {
         let mut rng = SplitMix64(3);
         let mut seen = [0; 4];
         for _ in 0..400 {
-            let d = predicted_ttft(&P, 100, &c, &mut rng).unwrap();
+            let d = ladder(&P, 100, &c, &mut rng).unwrap();
             assert_eq!(d.reason, Reason::TtftCold);
             seen[d.worker as usize] += 1;
         }
@@ -496,13 +542,13 @@ mod tests {
         a.work.ahead_chars = 1; // 5 us more than 0 + 100 chars * 5 = 500 us: 1%
         let mut seen = [0; 2];
         for _ in 0..200 {
-            let d = predicted_ttft(&P, 100, &[a, cand(1, 0, 0)], &mut rng).unwrap();
+            let d = ladder(&P, 100, &[a, cand(1, 0, 0)], &mut rng).unwrap();
             seen[d.worker as usize] += 1;
         }
         assert!(seen.iter().all(|&n| n > 50), "1% apart is a tie: {seen:?}");
         a.work.ahead_chars = 20; // 4%
         for _ in 0..50 {
-            let d = predicted_ttft(&P, 100, &[a, cand(1, 0, 0)], &mut rng).unwrap();
+            let d = ladder(&P, 100, &[a, cand(1, 0, 0)], &mut rng).unwrap();
             assert_eq!(d.worker, 1);
         }
     }
@@ -524,7 +570,7 @@ mod tests {
         let pick = |o: TtftCandidate, p: &TtftParams| {
             let mut all = vec![o];
             all.extend(others);
-            predicted_ttft(p, 4000, &all, &mut SplitMix64(5)).unwrap()
+            ladder(p, 4000, &all, &mut SplitMix64(5)).unwrap()
         };
         let d = pick(owner, &P);
         assert_eq!(
@@ -554,15 +600,15 @@ mod tests {
             ahead_chars: 2000,
         };
         // w0: 5 * (2000 + 3000) = 25 ms; w1: 5 * 4000 = 20 ms.
-        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        let d = ladder(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
         // Exactly half is not longer than the tail either.
         holder.cached_chars = 2000;
         holder.work.ahead_chars = 3000; // 25 ms again
-        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        let d = ladder(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
         assert_eq!(d.worker, 1);
         holder.cached_chars = 2001; // now it stays, 100x slack
-        let d = predicted_ttft(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
+        let d = ladder(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
     }
 
@@ -606,16 +652,16 @@ mod tests {
         let mut w1 = cand(1, 0, 3000);
         w1.conversations = 5;
         w1.work.ahead_chars = 500;
-        let d = predicted_ttft(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::TtftCache));
         // Not when it is predicted beyond stay_factor of the fastest.
         w1.work.ahead_chars = 6000;
-        let d = predicted_ttft(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
         // Equal conversations: the faster.
         w1.conversations = 6;
         w1.work.ahead_chars = 500;
-        let d = predicted_ttft(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!(d.worker, 0);
     }
 
@@ -641,7 +687,7 @@ mod tests {
         c.conversations = 6;
         // Holders 5 us * (1500 + 1000) = 12.5 ms, w2 5 us * 4000 = 20 ms: not near
         // (1.25x), so no alternative: the holders keep the prompt's conversations.
-        let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!(d.reason, Reason::TtftCache);
         assert_ne!(d.worker, 2);
         // A shorter prompt (2001 held: holders 17.5 ms) puts w2 near; the cap on
@@ -650,11 +696,11 @@ mod tests {
         let (mut a, mut b) = (a, b);
         a.cached_chars = 2001;
         b.cached_chars = 2001;
-        let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (2, Reason::TtftSpread));
         // With 8 a holder may take one more.
         a.conversations = 8;
-        let d = predicted_ttft(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
     }
 
@@ -668,10 +714,10 @@ mod tests {
         let mut w0 = cand(0, 0, 3050);
         w0.conversations = 3;
         let w1 = cand(1, 0, 3000);
-        let d = predicted_ttft(&p, 4000, &[w0, w1], &mut SplitMix64(1)).unwrap();
+        let d = ladder(&p, 4000, &[w0, w1], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::TtftCache));
         // A match no longer than the margin is no match.
-        let d = predicted_ttft(
+        let d = ladder(
             &P,
             4000,
             &[cand(0, 0, 80), cand(1, 0, 0)],
@@ -801,7 +847,7 @@ mod tests {
                 })
                 .collect();
             let seed = pick(u64::MAX);
-            let fused = predicted_ttft(&params, input, &cands, &mut SplitMix64(seed));
+            let fused = ladder(&params, input, &cands, &mut SplitMix64(seed));
             let plain = stated(&params, input, &cands, &mut SplitMix64(seed));
             assert_eq!(
                 fused, plain,
@@ -821,7 +867,7 @@ mod tests {
 
     #[test]
     fn no_candidate_no_decision() {
-        assert!(predicted_ttft(&P, 10, &[], &mut SplitMix64(1)).is_none());
+        assert!(ladder(&P, 10, &[], &mut SplitMix64(1)).is_none());
     }
 
     #[test]
