@@ -89,29 +89,27 @@ impl Loads {
 
 impl Loads {
     /// What `predicted_ttft` knows of one candidate: the router's own work there,
-    /// the engine's load beyond this Envoy's (fresh samples only), its share of the
-    /// request's prefix (`held`), its conversations and its learned costs.
+    /// the engine's load beyond this Envoy's (the screen's fresh sample, if any),
+    /// its share of the request's prefix (`held`), its conversations and its learned
+    /// costs.
+    #[inline]
     pub fn ttft_candidate(
         &self,
         c: &Candidate,
         (held, conversations): (&TenantMatches, u64),
-        stale_after_ms: u64,
     ) -> TtftCandidate {
         let i = c.worker as usize;
-        let others = self
-            .engine
-            .fresh(i, self.now_ms, stale_after_ms)
-            .map_or(0, |s| {
-                // Peer replicas' requests are already in the candidate's (fleet)
-                // in-flight count, so they are not "others" too: without this, a fleet
-                // of replicas counted each other's load twice until the next sample.
-                let own = self.own_at_sample.get(i).copied().unwrap_or(0);
-                let peers = self.peer_inflight.get(i).copied().unwrap_or(0);
-                others_load(
-                    s.num_waiting.saturating_add(s.num_running),
-                    own.saturating_add(peers),
-                )
-            });
+        let others = c.engine.map_or(0, |q| {
+            // Peer replicas' requests are already in the candidate's (fleet)
+            // in-flight count, so they are not "others" too: without this, a fleet
+            // of replicas counted each other's load twice until the next sample.
+            let own = self.own_at_sample.get(i).copied().unwrap_or(0);
+            let peers = self.peer_inflight.get(i).copied().unwrap_or(0);
+            others_load(
+                q.waiting.saturating_add(q.running),
+                own.saturating_add(peers),
+            )
+        });
         TtftCandidate {
             worker: c.worker,
             inflight: c.inflight,
@@ -199,18 +197,34 @@ mod tests {
             now_ms: 1000,
             ..Loads::inflight_only(&[2, 2])
         };
+        // As the screen gives them: with the fresh sample's queue.
         let c = |worker: crate::tree::TenantId| Candidate {
             worker,
             inflight: loads.fleet_inflight(worker as usize),
-            engine: None,
+            engine: loads.engine.fresh(worker as usize, 1000, 5000).map(|s| {
+                crate::policy::EngineQueue {
+                    waiting: s.num_waiting,
+                    running: s.num_running,
+                }
+            }),
         };
-        let w0 = loads.ttft_candidate(&c(0), (&TenantMatches::default(), 3), 5000);
+        let held = TenantMatches::default();
+        let w0 = loads.ttft_candidate(&c(0), (&held, 3));
         assert_eq!(
             (w0.worker, w0.inflight, w0.others, w0.conversations),
             (0, 5, 5, 3),
             "10 on the engine: 2 ours, 3 peers'"
         );
-        let w1 = loads.ttft_candidate(&c(1), (&TenantMatches::default(), 0), 5000);
+        let w1 = loads.ttft_candidate(&c(1), (&held, 0));
         assert_eq!(w1.others, 0, "never negative");
+        let unsampled = Candidate {
+            engine: None,
+            ..c(0)
+        };
+        assert_eq!(
+            loads.ttft_candidate(&unsampled, (&held, 0)).others,
+            0,
+            "no fresh sample: the router's own count stands"
+        );
     }
 }

@@ -295,14 +295,14 @@ impl Router {
                 let tree = self.trees.get(pool, model);
                 let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
                 let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
-                let (params, stale) = (self.cfg.ttft_params(), self.cfg.stale_after_ms);
+                let params = self.cfg.ttft_params();
                 let input = crate::tree::char_len(text) as u64;
                 let scored: Vec<Scored> = candidates
                     .iter()
                     .map(|c| {
                         let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
                         loads
-                            .ttft_candidate(c, (&held, conversations), stale)
+                            .ttft_candidate(c, (&held, conversations))
                             .scored(&params, input)
                     })
                     .collect();
