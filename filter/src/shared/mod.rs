@@ -265,6 +265,16 @@ pub fn read_loads(
     }
 }
 
+/// `v` as an unsigned LEB128 varint: seven bits a byte, low first, the high bit
+/// set on every byte but the last.
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
 pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_le_bytes());
     out.extend_from_slice(b);
@@ -291,6 +301,24 @@ impl<'a> Reader<'a> {
     pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
+    /// An unsigned LEB128 varint (`put_varint`); `None` if cut short or longer
+    /// than a `u64` holds.
+    pub(crate) fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.u8()?;
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                return None;
+            }
+            v |= bits << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
     pub(crate) fn string(&mut self) -> Option<String> {
         let n = self.u32()? as usize;
         crate::scan::utf8(self.take(n)?).map(str::to_owned)
@@ -389,6 +417,25 @@ pub mod testing {
 mod tests {
     use super::testing::MemStore;
     use super::*;
+
+    #[test]
+    fn varints_round_trip_and_refuse_what_no_u64_holds() {
+        let values = [0, 1, 127, 128, 300, 1 << 35, u64::MAX - 1, u64::MAX];
+        let mut bytes = Vec::new();
+        for v in values {
+            put_varint(&mut bytes, v);
+        }
+        assert_eq!(&bytes[..4], &[0, 1, 127, 0x80], "one byte below 128");
+        let mut r = Reader(&bytes);
+        for v in values {
+            assert_eq!(r.varint(), Some(v));
+        }
+        assert_eq!(r.varint(), None, "nothing left");
+        assert_eq!(Reader(&[0x80, 0x80]).varint(), None, "cut short");
+        let too_long = [0xff; 9].into_iter().chain([0x02]).collect::<Vec<u8>>();
+        assert_eq!(Reader(&too_long).varint(), None, "past 64 bits");
+        assert_eq!(Reader(&[0xff; 11]).varint(), None, "past ten bytes");
+    }
 
     #[test]
     fn keys_are_the_ones_envoy_operators_and_tests_see() {

@@ -28,15 +28,18 @@
 //! VM whose row expired (its thread blocked past the expiry) loses nothing: its next
 //! write or tick publishes its whole count again.
 //!
-//! Encoding: the row count, then per row the id, `at_ms`, the entry count and per
-//! entry the worker name (length-prefixed) and `N` numbers, all little-endian.
+//! Encoding: the row count, then per row the id, `at_ms`, the entry count (all
+//! fixed-width little-endian) and per entry the worker name and `N` numbers, each
+//! a LEB128 varint (the name length-prefixed by one): counts are small, and the
+//! whole table rides in the head every sync reads and writes, so with dozens of
+//! busy workers fixed 8-byte numbers made it kilobytes.
 //! Decoding never panics; a garbled table reads as empty and the next write
 //! replaces it.
 
 use std::cell::{Cell, RefCell};
 
 use super::ring::Rider;
-use super::{put_bytes, Reader};
+use super::{put_varint, Reader};
 use crate::config::WorkerNames;
 
 /// Ticks a VM's row lives without a write, and the least time that may be: a
@@ -71,11 +74,11 @@ struct RowRef<'a> {
 
 /// An entry's name and numbers, read after its length.
 fn entry<'a, const N: usize>(r: &mut Reader<'a>) -> Option<(&'a str, [u64; N])> {
-    let len = r.u32()? as usize;
+    let len = usize::try_from(r.varint()?).ok()?;
     let name = crate::scan::utf8(r.take(len)?)?;
     let mut values = [0u64; N];
     for v in &mut values {
-        *v = r.u64()?;
+        *v = r.varint()?;
     }
     Some((name, values))
 }
@@ -155,9 +158,10 @@ fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &[Held<N>])>) 
         out.extend_from_slice(&at_ms.to_le_bytes());
         out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
         for Held { name, values, .. } in counts {
-            put_bytes(&mut out, name.as_bytes());
+            put_varint(&mut out, name.len() as u64);
+            out.extend_from_slice(name.as_bytes());
             for v in values {
-                out.extend_from_slice(&v.to_le_bytes());
+                put_varint(&mut out, *v);
             }
         }
     }
@@ -566,6 +570,11 @@ mod tests {
         };
         let counts = [held("wé", [1, 4000]), held("w1", [0, 7])];
         let bytes = encode::<2>(&[], Some((9, 3, &counts)));
+        assert_eq!(
+            bytes.len(),
+            4 + 20 + (1 + 3 + 1 + 2) + (1 + 2 + 1 + 1),
+            "varints"
+        );
         let read = rows::<2>(&bytes);
         let [row] = read.as_slice() else {
             panic!("one row: {read:?}");
@@ -583,7 +592,10 @@ mod tests {
         }
         assert!(rows::<2>(&[255, 255, 255, 255]).is_empty());
         let mut bad_name = bytes.clone();
-        let at = bad_name.len() - 2 * 8 - 2 - 4 - 16 - 1;
+        // The row count, the row's header, the first name's length and "w", then
+        // the second byte of "é".
+        let at = 4 + 20 + 1 + 1 + 1;
+        assert_eq!(bad_name[at], "é".as_bytes()[1]);
         bad_name[at] = 0xff;
         assert!(rows::<2>(&bad_name).is_empty(), "a name that is not UTF-8");
     }

@@ -211,26 +211,54 @@ pub fn stat(host: &Host, name: &str) -> u64 {
 
 /// The outstanding prefill every VM's row of the in-flight table declares, as
 /// shared data holds it (riding in the ring's head after the sequence number and
-/// the generation; per row the VM, its time and entries of a name and three counts):
-/// requests prefilling and their chars, summed over the rows.
+/// the generation; per row the VM, its time and its entry count, fixed-width, then
+/// per entry a name and three counts as LEB128 varints): requests prefilling and
+/// their chars, summed over the rows.
 pub fn outstanding_prefill(host: &Host) -> (u64, u64) {
     let head = host.shared_data("llm_router.ring.head").unwrap_or_default();
-    let mut at = 16;
-    let mut next = |n: usize| -> u64 {
-        let bytes = head.get(at..at + n).expect("a whole in-flight table");
-        at += n;
-        bytes.iter().rev().fold(0, |v, b| v << 8 | u64::from(*b))
-    };
+    let mut r = Cursor(head.get(16..).unwrap_or_default());
     let (mut prefilling, mut chars) = (0, 0);
-    for _row in 0..next(4) {
-        let (_vm, _at_ms, entries) = (next(8), next(8), next(4));
+    for _row in 0..r.fixed(4) {
+        let (_vm, _at_ms, entries) = (r.fixed(8), r.fixed(8), r.fixed(4));
         for _entry in 0..entries {
-            let name_len = next(4) as usize;
-            let _name = (0..name_len).map(|_| next(1)).count();
-            let (_requests, p, c) = (next(8), next(8), next(8));
+            let name_len = r.varint() as usize;
+            r.take(name_len);
+            let (_requests, p, c) = (r.varint(), r.varint(), r.varint());
             prefilling += p;
             chars += c;
         }
     }
     (prefilling, chars)
+}
+
+/// A reader over shared data the tests decode; a short value fails the test.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let (got, rest) = self.0.split_at(n);
+        self.0 = rest;
+        got
+    }
+
+    /// `n` bytes, little-endian.
+    fn fixed(&mut self, n: usize) -> u64 {
+        self.take(n)
+            .iter()
+            .rev()
+            .fold(0, |v, b| v << 8 | u64::from(*b))
+    }
+
+    /// An unsigned LEB128 varint.
+    fn varint(&mut self) -> u64 {
+        let mut v = 0;
+        for shift in (0..64).step_by(7) {
+            let byte = self.fixed(1);
+            v |= (byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
 }
