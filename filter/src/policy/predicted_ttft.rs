@@ -224,8 +224,12 @@ pub fn predicted_ttft(
             longest_eligible = longest_eligible.max(c.cached_chars);
         }
     }
-    let within = |c: &Scored| c.ttft_us <= best * params.stay_factor + best * NEAR_TIE_SHARE;
-    let near = |c: &Scored| c.ttft_us <= best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE;
+    let (within_us, near_us) = (
+        best * params.stay_factor + best * NEAR_TIE_SHARE,
+        best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE,
+    );
+    let within = |c: &Scored| c.ttft_us <= within_us;
+    let near = |c: &Scored| c.ttft_us <= near_us;
     // A few chars of a match (two users' questions that start alike) are no reason
     // to prefer a worker: matches within `margin` of each other are equal, and one
     // no longer than it is no match.
@@ -235,17 +239,17 @@ pub fn predicted_ttft(
     };
     // What needs the best prediction: the fewest conversations near it, whether the
     // first rung has anyone, and whether an eligible worker holds the longest match.
-    let (mut fewest, mut continuing, mut held_eligible) = (None::<u64>, false, false);
+    let (mut fewest, mut continuing, mut held_eligible) = (u64::MAX, false, false);
     for c in candidates {
         let e = eligible(c);
         if e && near(c) {
-            fewest = Some(fewest.map_or(c.conversations, |f| f.min(c.conversations)));
+            fewest = fewest.min(c.conversations);
         }
         continuing |= c.continues && within(c);
         held_eligible |= e && holds(c, longest);
     }
-    let conversation_cap =
-        ((1.0 + params.load_factor) * fewest.unwrap_or(0) as f64).ceil() as u64 + 1;
+    let fewest = if fewest == u64::MAX { 0 } else { fewest };
+    let conversation_cap = ((1.0 + params.load_factor) * fewest as f64).ceil() as u64 + 1;
     let holder = |c: &Scored| {
         eligible(c)
             && within(c)

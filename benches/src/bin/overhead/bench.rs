@@ -43,6 +43,11 @@ const SYSTEM_PROMPTS: usize = 8;
 /// Warm-up text is capped at this many bytes (10k conversations of 4 KiB): larger
 /// bodies get fewer warm conversations.
 const WARM_BYTES: usize = 10_000 * 4096;
+/// Under callgrind the warm-up is at least this many requests per worker: each
+/// worker is a cluster with its own upstream connections, and a policy that spreads
+/// (`predicted_ttft` at 256 workers) opened most of them during a short warm-up's
+/// counted phase, where Envoy's connects counted as the filter's cost.
+const CALLGRIND_WARM_PER_WORKER: usize = 8;
 
 /// One point of the grid.
 #[derive(Debug, Clone, Copy)]
@@ -374,7 +379,10 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
     let tmp = TempDir::new("llm-overhead")?;
     let envoy_bin = paths::envoy_bin()?;
     let (_engines, upstreams) = engines(p, load, &tmp.0)?;
-    let warm_n = load.warm.min(WARM_BYTES / p.body_bytes.max(1));
+    let warm_n = load
+        .warm
+        .max(CALLGRIND_WARM_PER_WORKER * p.workers)
+        .min(WARM_BYTES / p.body_bytes.max(1));
     let n = scaled(load.requests, p.body_bytes, 20);
     let warm = bodies(p.body_bytes, 0..warm_n);
     let counted_bodies = bodies(p.body_bytes, warm_n..warm_n + n);
@@ -393,7 +401,10 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             let counter = Counter::new(&dir, &envoy_bin)?;
             let envoy = start_envoy(&c.variant, &upstreams, p.threads, &dir, &counter.launcher())?;
             let url = envoy.url();
-            warm_up(rt, &url, 1, &warm, &c.variant)?;
+            // At the counted phase's concurrency: a policy that spreads under load
+            // (predicted_ttft's cap) first uses most workers' clusters there, and
+            // Envoy's upstream connects to them were counted as the filter's cost.
+            warm_up(rt, &url, load.connections, &warm, &c.variant)?;
             let ((records, _), instructions) = counter
                 .counting(envoy.pid(), || {
                     Ok(replay(rt, &url, load.connections, &counted_bodies))

@@ -52,7 +52,9 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Conversations sent before measuring, so the tree is warm (capped at 40 MB of
-    /// bodies: fewer for large bodies) [default: 10000; 300 with --callgrind].
+    /// bodies: fewer for large bodies) [default: 10000; 300 with --callgrind, and
+    /// there at least 8 per worker, at --connections, so every worker's upstream
+    /// connections exist before counting].
     #[arg(long)]
     warm: Option<usize>,
     /// Repetitions (each variant's phases once per repetition).
