@@ -734,12 +734,12 @@ mod tests {
     /// The ladder as the module docs state it, rung by rung and aggregate by
     /// aggregate, each a pass of its own: what the policy's fused passes must agree
     /// with.
-    fn stated(
+    fn stated<'a>(
         p: &TtftParams,
         input: u64,
-        cands: &[TtftCandidate],
+        cands: &'a [TtftCandidate],
         rng: &mut dyn Rng,
-    ) -> Option<Decision> {
+    ) -> Option<(&'a TtftCandidate, Reason)> {
         let total = cands.iter().map(|c| c.inflight).sum();
         let cap = load_cap(total, cands.len(), p.load_factor);
         let eligible = |c: &TtftCandidate| c.inflight < cap;
@@ -802,18 +802,7 @@ mod tests {
         } else {
             Reason::TtftCapped
         };
-        let mut d = decide(
-            winner.worker,
-            reason,
-            winner.cached_chars as usize,
-            GateAudit::default(),
-        );
-        d.predicted = Some(Prediction {
-            ttft_us: t(winner).max(0.0).round() as u64,
-            uncached_chars: input.saturating_sub(winner.cached_chars),
-            ahead_chars: winner.work.ahead_chars,
-        });
-        Some(d)
+        Some((winner, reason))
     }
 
     #[test]
@@ -853,10 +842,21 @@ mod tests {
             let seed = pick(u64::MAX);
             let fused = ladder(&params, input, &cands, &mut SplitMix64(seed));
             let plain = stated(&params, input, &cands, &mut SplitMix64(seed));
+            let what = format!("round {round}: {cands:?} input {input} {params:?}");
             assert_eq!(
-                fused, plain,
-                "round {round}: {cands:?} input {input} {params:?}"
+                fused.as_ref().map(|d| (d.worker, d.reason)),
+                plain.map(|(w, r)| (w.worker, r)),
+                "{what}"
             );
+            if let (Some(d), Some((w, _))) = (&fused, plain) {
+                let predicted = Prediction {
+                    ttft_us: w.predict_us(&params, input).round() as u64,
+                    uncached_chars: input.saturating_sub(w.cached_chars),
+                    ahead_chars: w.work.ahead_chars,
+                };
+                assert_eq!(d.predicted, Some(predicted), "{what}");
+                assert_eq!(d.matched_chars, w.cached_chars as usize, "{what}");
+            }
             let reason = fused.map(|d| d.reason);
             if !reasons_seen.contains(&reason) {
                 reasons_seen.push(reason);

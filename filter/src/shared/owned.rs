@@ -257,19 +257,6 @@ impl<const N: usize> OwnedCounts<N> {
             .collect()
     }
 
-    /// `sum` by worker index, for `names` (never counted: zeros), without naming
-    /// the sums.
-    #[cfg(test)]
-    pub fn sum_by_worker(&self, table: &[u8], now_ms: u64, names: &WorkerNames) -> Vec<[u64; N]> {
-        let mut out = vec![[0; N]; names.len()];
-        self.each_by_worker(table, now_ms, names, |i, values| {
-            if let Some(slot) = out.get_mut(i) {
-                add_to(slot, values);
-            }
-        });
-        out
-    }
-
     /// Calls `add` with every count a sum takes (`each_count`) and its worker's
     /// index in `names` (counts of workers not in it are left out), so a caller
     /// sums them into whatever it keeps by index.
@@ -399,6 +386,22 @@ mod tests {
 
     const EXPIRY: u64 = 5000;
 
+    /// `counts`' sums by worker index for `names` (never counted: zeros).
+    fn sum_by_worker<const N: usize>(
+        counts: &OwnedCounts<N>,
+        table: &[u8],
+        now_ms: u64,
+        names: &WorkerNames,
+    ) -> Vec<[u64; N]> {
+        let mut out = vec![[0; N]; names.len()];
+        counts.each_by_worker(table, now_ms, names, |i, values| {
+            if let Some(slot) = out.get_mut(i) {
+                add_to(slot, values);
+            }
+        });
+        out
+    }
+
     /// One VM's counts riding on its own view of a shared ring, as the in-flight
     /// table keeps them.
     struct Vm {
@@ -441,7 +444,7 @@ mod tests {
             names: &WorkerNames,
             now: u64,
         ) -> Vec<[u64; 1]> {
-            self.counts.sum_by_worker(&self.tail(store), now, names)
+            sum_by_worker(&self.counts, &self.tail(store), now, names)
         }
     }
 
@@ -605,21 +608,21 @@ mod tests {
         let t = OwnedCounts::<1>::new(1, EXPIRY);
         t.change("w1", [2]);
         let three = WorkerNames::new(&crate::config::testing::named_workers(3));
-        assert_eq!(t.sum_by_worker(&[], 0, &three), vec![[0], [2], [0]]);
+        assert_eq!(sum_by_worker(&t, &[], 0, &three), vec![[0], [2], [0]]);
         assert_eq!(
-            t.sum_by_worker(&[], 0, &three),
+            sum_by_worker(&t, &[], 0, &three),
             vec![[0], [2], [0]],
             "again"
         );
         let shifted = WorkerNames::new(&crate::config::testing::named_workers(3)[1..]);
         assert_eq!(
-            t.sum_by_worker(&[], 0, &shifted),
+            sum_by_worker(&t, &[], 0, &shifted),
             vec![[2], [0]],
             "w1 moved to index 0"
         );
         let without = WorkerNames::new(&crate::config::testing::named_workers(1));
-        assert_eq!(t.sum_by_worker(&[], 0, &without), vec![[0]], "w1 left");
-        assert_eq!(t.sum_by_worker(&[], 0, &three), vec![[0], [2], [0]]);
+        assert_eq!(sum_by_worker(&t, &[], 0, &without), vec![[0]], "w1 left");
+        assert_eq!(sum_by_worker(&t, &[], 0, &three), vec![[0], [2], [0]]);
     }
 
     #[test]
