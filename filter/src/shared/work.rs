@@ -104,12 +104,12 @@ type CostRows = Vec<(String, [u64; 2])>;
 pub struct CostTable {
     table: PairTable,
     /// This VM's copy (`None`: not read yet).
-    copy: RefCell<Option<Copy>>,
+    local: RefCell<Option<Local>>,
 }
 
 /// The shared table as of this VM's last tick, with what it learned since.
 #[derive(Debug, Clone, Default)]
-struct Copy {
+struct Local {
     rows: CostRows,
     /// Rows this VM changed since its last publication, by row.
     learned: Vec<bool>,
@@ -119,7 +119,7 @@ struct Copy {
     spread: Option<Spread>,
 }
 
-/// `Copy::rows` by worker index, for one worker list.
+/// `Local::rows` by worker index, for one worker list.
 #[derive(Debug, Clone)]
 struct Spread {
     names: u64,
@@ -168,9 +168,9 @@ fn costs_of([p, s]: [u64; 2]) -> WorkerCosts {
 
 const NOTHING_LEARNED: [u64; 2] = [UNKNOWN, UNKNOWN];
 
-impl Copy {
-    fn of(rows: CostRows) -> Copy {
-        Copy {
+impl Local {
+    fn of(rows: CostRows) -> Local {
+        Local {
             learned: vec![false; rows.len()],
             rows,
             spread: None,
@@ -207,19 +207,19 @@ impl CostTable {
     pub fn new(keys: &Keys) -> CostTable {
         CostTable {
             table: PairTable { key: keys.costs() },
-            copy: RefCell::new(None),
+            local: RefCell::new(None),
         }
     }
 
     /// This VM's copy, read from shared data the first time.
-    fn copy<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&mut Copy) -> T) -> T {
-        let mut copy = self.copy.borrow_mut();
-        f(copy.get_or_insert_with(|| Copy::of(self.table.read(store))))
+    fn local<T>(&self, store: &dyn SharedStore, f: impl FnOnce(&mut Local) -> T) -> T {
+        let mut local = self.local.borrow_mut();
+        f(local.get_or_insert_with(|| Local::of(self.table.read(store))))
     }
 
     /// The learned costs by worker index, for `names`.
     pub fn by_worker(&self, store: &dyn SharedStore, names: &WorkerNames) -> Rc<Vec<WorkerCosts>> {
-        self.copy(store, |c| Rc::clone(&c.spread(names).costs))
+        self.local(store, |c| Rc::clone(&c.spread(names).costs))
     }
 
     /// Applies a learning step to `worker`'s costs in this VM's copy; the tick shares
@@ -231,7 +231,7 @@ impl CostTable {
         worker: &str,
         step: impl Fn(WorkerCosts) -> WorkerCosts,
     ) {
-        self.copy(store, |c| {
+        self.local(store, |c| {
             let row = c.row(names, worker);
             let Some((_, values)) = c.rows.get_mut(row) else {
                 return;
@@ -256,7 +256,7 @@ impl CostTable {
     /// as its copy. Whether the shared table was read (and, with something learned,
     /// written); what could not be written is kept for the next tick.
     pub fn publish(&self, store: &dyn SharedStore) -> bool {
-        let mine: CostRows = self.copy(store, |c| {
+        let mine: CostRows = self.local(store, |c| {
             c.rows
                 .iter()
                 .zip(&c.learned)
@@ -272,7 +272,7 @@ impl CostTable {
             };
             rows
         };
-        *self.copy.borrow_mut() = Some(Copy::of(rows));
+        *self.local.borrow_mut() = Some(Local::of(rows));
         true
     }
 }
