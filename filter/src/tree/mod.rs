@@ -173,6 +173,16 @@ fn common_prefix(a: &str, b: &str) -> (usize, usize) {
     (n, char_len(a.get(..n).unwrap_or_default()))
 }
 
+/// `tenant`'s slot of a count kept dense by tenant id (ids are worker indices),
+/// the vector grown with zeros to reach it.
+fn by_tenant(counts: &mut Vec<usize>, tenant: TenantId) -> Option<&mut usize> {
+    let i = tenant as usize;
+    if i >= counts.len() {
+        counts.resize(i + 1, 0);
+    }
+    counts.get_mut(i)
+}
+
 /// Chars in `s`, without decoding when it is ASCII (the common case, and a pass of
 /// whole words rather than one per char).
 pub(crate) fn char_len(s: &str) -> usize {
@@ -283,11 +293,7 @@ impl Tree {
     }
 
     fn add_leaf(&mut self, tenant: TenantId) {
-        let t = tenant as usize;
-        if t >= self.tenant_leaves.len() {
-            self.tenant_leaves.resize(t + 1, 0);
-        }
-        if let Some(n) = self.tenant_leaves.get_mut(t) {
+        if let Some(n) = by_tenant(&mut self.tenant_leaves, tenant) {
             *n += 1;
         }
     }
@@ -434,11 +440,7 @@ impl Tree {
         let mut continued: Vec<TenantId> = Vec::new();
         self.walk(text, |_, node, matched, whole| {
             for h in &node.tenants {
-                let i = h.tenant as usize;
-                if i >= depth_of.len() {
-                    depth_of.resize(i + 1, 0);
-                }
-                if let Some(d) = depth_of.get_mut(i) {
+                if let Some(d) = by_tenant(&mut depth_of, h.tenant) {
                     *d = matched;
                 }
             }

@@ -4,7 +4,7 @@
 //! lookups rely on: a tenant on a node holds its parent, each hold counts the
 //! children the tenant holds too, and no node survives without tenants or children.
 
-use super::{Hold, Node, NodeIdx, TenantId, Tree, ROOT};
+use super::{by_tenant, Hold, Node, NodeIdx, TenantId, Tree, ROOT};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -93,13 +93,8 @@ impl Tree {
             .collect();
         let mut leaves = Vec::new();
         for (t, &n) in self.tenant_leaves.iter().enumerate() {
-            if let Some(to) = f(t as TenantId).map(|to| to as usize) {
-                if to >= leaves.len() {
-                    leaves.resize(to + 1, 0);
-                }
-                if let Some(slot) = leaves.get_mut(to) {
-                    *slot = n;
-                }
+            if let Some(slot) = f(t as TenantId).and_then(|to| by_tenant(&mut leaves, to)) {
+                *slot = n;
             }
         }
         self.tenant_leaves = leaves;
