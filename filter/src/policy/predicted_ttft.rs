@@ -239,17 +239,17 @@ pub fn predicted_ttft(
     };
     // What needs the best prediction: the fewest conversations near it, whether the
     // first rung has anyone, and whether an eligible worker holds the longest match.
-    let (mut fewest, mut continuing, mut held_eligible) = (u64::MAX, false, false);
+    let (mut fewest, mut continuing, mut held_eligible) = (None::<u64>, false, false);
     for c in candidates {
         let e = eligible(c);
         if e && near(c) {
-            fewest = fewest.min(c.conversations);
+            fewest = Some(fewest.map_or(c.conversations, |f| f.min(c.conversations)));
         }
         continuing |= c.continues && within(c);
         held_eligible |= e && holds(c, longest);
     }
-    let fewest = if fewest == u64::MAX { 0 } else { fewest };
-    let conversation_cap = ((1.0 + params.load_factor) * fewest as f64).ceil() as u64 + 1;
+    let conversation_cap =
+        ((1.0 + params.load_factor) * fewest.unwrap_or(0) as f64).ceil() as u64 + 1;
     let holder = |c: &Scored| {
         eligible(c)
             && within(c)
@@ -306,23 +306,18 @@ fn least_loaded<'a>(
     let mut top: Option<(u64, f64)> = None;
     let mut tied: Vec<&Scored> = Vec::new();
     for c in candidates.iter().filter(|c| on_rung(c)) {
-        match top {
+        let low = match top {
             Some((fewest, _)) if c.conversations > fewest => continue,
-            Some((fewest, low)) if c.conversations == fewest => {
-                let low = least(low, c.ttft_us);
-                top = Some((fewest, low));
-                if near_tie(c.ttft_us, low) {
-                    tied.push(c);
-                }
-            }
+            Some((fewest, low)) if c.conversations == fewest => least(low, c.ttft_us),
+            // Fewer conversations than any so far: the ties start again.
             _ => {
-                let low = least(f64::INFINITY, c.ttft_us);
-                top = Some((c.conversations, low));
                 tied.clear();
-                if near_tie(c.ttft_us, low) {
-                    tied.push(c);
-                }
+                least(f64::INFINITY, c.ttft_us)
             }
+        };
+        top = Some((c.conversations, low));
+        if near_tie(c.ttft_us, low) {
+            tied.push(c);
         }
     }
     let (_, low) = top?;
