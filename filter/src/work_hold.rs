@@ -7,7 +7,9 @@
 //! then and teaches nothing. Every release happens at most once, and the table
 //! saturates at zero, so no count goes negative whatever the order of callbacks.
 //! A release says whether it gave back this VM's last count, which the caller
-//! publishes at once (`crate::shared::InflightTable::release`).
+//! publishes at once (`crate::shared::InflightTable::release`). The clock is the
+//! caller's, read only when a step learns from it: a streamed answer calls
+//! `first_byte` for every chunk, and in Envoy each read is a hostcall.
 //!
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
@@ -54,6 +56,7 @@ impl WorkHold {
         }
     }
 
+    #[cfg(test)]
     pub fn phase(&self) -> Phase {
         self.phase
     }
@@ -70,11 +73,12 @@ impl WorkHold {
         &mut self,
         store: &dyn SharedStore,
         (work, costs, names): (&InflightTable, &CostTable, &WorkerNames),
-        now_ms: u64,
+        clock: impl FnOnce() -> u64,
     ) -> bool {
         let Phase::Prefilling { since_ms } = self.phase else {
             return false;
         };
+        let now_ms = clock();
         let last = self.release_prefill(work);
         let ttfb_us = now_ms.saturating_sub(since_ms) as f64 * 1000.0;
         let work_chars = self.work_chars;
@@ -96,13 +100,13 @@ impl WorkHold {
         &mut self,
         store: &dyn SharedStore,
         (work, costs, names): (&InflightTable, &CostTable, &WorkerNames),
-        now_ms: u64,
+        clock: impl FnOnce() -> u64,
     ) -> bool {
         let mut last = false;
         match self.phase {
             Phase::Prefilling { .. } => last = self.release_prefill(work),
             Phase::Streaming { since_ms } => {
-                let span_ms = now_ms.saturating_sub(since_ms) as f64;
+                let span_ms = clock().saturating_sub(since_ms) as f64;
                 costs.learn(store, names, &self.worker, |c| WorkerCosts {
                     service_ms: learn_service(c.service_ms, span_ms).or(c.service_ms),
                     ..c
@@ -173,7 +177,7 @@ mod tests {
         );
         let mut b = f.take(1000, 4000, 101);
         assert_eq!(f.w0().ahead_chars, 5000);
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 120);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 120);
         assert_eq!(
             f.w0(),
             WorkerWork {
@@ -187,22 +191,22 @@ mod tests {
             "20 ms over 4000 chars"
         );
         assert_eq!(a.phase(), Phase::Streaming { since_ms: 120 });
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 500);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 500);
         assert_eq!(
             f.w0().ahead_chars,
             1000,
             "a second first byte releases nothing"
         );
-        a.end(&f.store, (&f.work, &f.costs, &f.names), 150);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), || 150);
         assert_eq!(f.costs0().service_ms, Some(30.0));
-        a.end(&f.store, (&f.work, &f.costs, &f.names), 900);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), || 900);
         assert_eq!(f.costs0().service_ms, Some(30.0), "ends once");
         assert_eq!(a.phase(), Phase::Done);
         // 5000 chars of work before b's first byte at 101 + 50 ms: 10 us per char;
         // the average moves 5 -> 6.
-        b.first_byte(&f.store, (&f.work, &f.costs, &f.names), 151);
+        b.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 151);
         assert_eq!(f.costs0().prefill_us_per_char, Some(6.0));
-        b.end(&f.store, (&f.work, &f.costs, &f.names), 151);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), || 151);
         assert_eq!(f.w0(), WorkerWork::default());
     }
 
@@ -211,13 +215,13 @@ mod tests {
         let f = fixture();
         let mut a = f.take(4000, 0, 100);
         assert!(
-            a.end(&f.store, (&f.work, &f.costs, &f.names), 5000),
+            a.end(&f.store, (&f.work, &f.costs, &f.names), || 5000),
             "this VM's last count: to be published at once"
         );
         assert_eq!(f.w0(), WorkerWork::default());
         assert_eq!(f.costs0(), WorkerCosts::default());
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 6000);
-        a.end(&f.store, (&f.work, &f.costs, &f.names), 7000);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 6000);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), || 7000);
         assert_eq!(f.w0(), WorkerWork::default(), "never negative, never twice");
         assert_eq!(f.costs0(), WorkerCosts::default());
     }
@@ -226,7 +230,7 @@ mod tests {
     fn a_short_prefill_does_not_teach_the_per_char_cost() {
         let f = fixture();
         let mut a = f.take(10, 0, 0);
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), 40);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 40);
         assert_eq!(f.costs0().prefill_us_per_char, None);
         assert_eq!(f.w0(), WorkerWork::default());
     }
@@ -241,8 +245,8 @@ mod tests {
             ahead_chars: 0,
         };
         let mut b = WorkHold::take(&f.work, "w1", &p, 0);
-        b.end(&f.store, (&f.work, &f.costs, &f.names), 1);
-        b.end(&f.store, (&f.work, &f.costs, &f.names), 2);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), || 1);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), || 2);
         assert_eq!(f.w0().ahead_chars, 300);
     }
 }

@@ -11,7 +11,7 @@ use crate::decision::Decision;
 use crate::plan::Plan;
 use crate::router::Record;
 use crate::shared::{Op, Recorded, Stage};
-use crate::work_hold::{Phase, WorkHold};
+use crate::work_hold::WorkHold;
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
 /// released correctly even if a config update reorders the workers meanwhile. The
@@ -66,24 +66,23 @@ pub fn take_work(state: &State, worker: &str, d: &Decision) -> Option<WorkHold> 
     Some(WorkHold::take(&s.inflight, worker, &p, s.recent_ms.get()))
 }
 
-/// The first response byte of a booked request. The clock is read only for the
-/// first (a streamed answer calls this for every chunk).
+/// The first response byte of a booked request (a streamed answer calls this for
+/// every chunk; only the first counts, and only it reads the clock).
 pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
-    let prefilling = |h: &&mut WorkHold| matches!(h.phase(), Phase::Prefilling { .. });
-    if let Some(h) = hold.as_mut().filter(prefilling) {
+    if let Some(h) = hold.as_mut() {
         let s = &state.shared;
         let tables = (&s.inflight, &s.costs, state.router.names());
-        let last = h.first_byte(&HostStore, tables, super::host::now_ms());
+        let last = h.first_byte(&HostStore, tables, super::host::now_ms);
         publish_last(state, last);
     }
 }
 
-/// The end of a booked request's stream (or prefill call), once.
+/// The end of a booked request's stream (or prefill call).
 pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
-    if let Some(h) = hold.as_mut().filter(|h| h.phase() != Phase::Done) {
+    if let Some(h) = hold.as_mut() {
         let s = &state.shared;
         let tables = (&s.inflight, &s.costs, state.router.names());
-        let last = h.end(&HostStore, tables, super::host::now_ms());
+        let last = h.end(&HostStore, tables, super::host::now_ms);
         publish_last(state, last);
     }
 }
