@@ -186,9 +186,9 @@ impl Local {
             .get_or_insert_with(|| Spread::of(&self.rows, names))
     }
 
-    /// `worker`'s row, added if it has none.
-    fn row(&mut self, names: &WorkerNames, worker: &str) -> usize {
-        let index = names.get(worker);
+    /// The row of `worker` (at `index` in `names`, if it is in the list), added if
+    /// it has none.
+    fn row(&mut self, names: &WorkerNames, (worker, index): (&str, Option<usize>)) -> usize {
         let known = index.and_then(|i| self.spread(names).row_of.get(i).copied().flatten());
         if let Some(row) = known.or_else(|| self.rows.iter().position(|(n, _)| n == worker)) {
             return row;
@@ -231,8 +231,9 @@ impl CostTable {
         worker: &str,
         step: impl Fn(WorkerCosts) -> WorkerCosts,
     ) {
+        let index = names.get(worker);
         self.local(store, |c| {
-            let row = c.row(names, worker);
+            let row = c.row(names, (worker, index));
             let Some((_, values)) = c.rows.get_mut(row) else {
                 return;
             };
@@ -242,11 +243,9 @@ impl CostTable {
             if let Some(flag) = c.learned.get_mut(row) {
                 *flag = true;
             }
-            let spread = c.spread(names);
-            if let Some(i) = names.get(worker) {
-                if let Some(slot) = Rc::make_mut(&mut spread.costs).get_mut(i) {
-                    *slot = learned;
-                }
+            let costs = &mut c.spread(names).costs;
+            if let Some(slot) = index.and_then(|i| Rc::make_mut(costs).get_mut(i)) {
+                *slot = learned;
             }
         });
     }
