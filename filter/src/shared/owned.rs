@@ -146,6 +146,29 @@ impl<const N: usize> Held<N> {
     }
 }
 
+/// Whose count a sum takes: another VM's entry, read by name, or one this VM
+/// holds, which remembers its index.
+enum Counted<'a, const N: usize> {
+    Other(&'a str),
+    Mine(&'a Held<N>),
+}
+
+impl<const N: usize> Counted<'_, N> {
+    fn name(&self) -> &str {
+        match self {
+            Counted::Other(name) => name,
+            Counted::Mine(held) => &held.name,
+        }
+    }
+
+    fn index_in(&self, names: &WorkerNames) -> Option<usize> {
+        match self {
+            Counted::Other(name) => names.get(name),
+            Counted::Mine(held) => held.index_in(names),
+        }
+    }
+}
+
 /// The table: `rows` as they were stored, then this VM's own row when given.
 fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &[Held<N>])>) -> Vec<u8> {
     let n = rows.len() + usize::from(own.is_some());
@@ -222,14 +245,19 @@ impl<const N: usize> OwnedCounts<N> {
     /// Calls `add` with every count a sum takes: the other VMs' fresh rows of the
     /// encoded `table`, read in place, then this VM's own from memory (its row may
     /// lag a release).
-    fn each_count(&self, table: &[u8], now_ms: u64, mut add: impl FnMut(&str, &[u64; N])) {
+    fn each_count(
+        &self,
+        table: &[u8],
+        now_ms: u64,
+        mut add: impl FnMut(Counted<'_, N>, &[u64; N]),
+    ) {
         for row in self.others(table, now_ms) {
             for (name, values) in row.counts::<N>() {
-                add(name, &values);
+                add(Counted::Other(name), &values);
             }
         }
         for held in self.mine.borrow().iter() {
-            add(&held.name, &held.values);
+            add(Counted::Mine(held), &held.values);
         }
     }
 
@@ -239,8 +267,8 @@ impl<const N: usize> OwnedCounts<N> {
         // Totals in the order names were first seen; each name is built once.
         let mut at: hashbrown::HashMap<String, usize> = hashbrown::HashMap::new();
         let mut totals: Vec<[u64; N]> = Vec::new();
-        self.each_count(table, now_ms, |name, values| {
-            let i = *at.entry_ref(name).or_insert_with(|| {
+        self.each_count(table, now_ms, |counted, values| {
+            let i = *at.entry_ref(counted.name()).or_insert_with(|| {
                 totals.push([0; N]);
                 totals.len() - 1
             });
@@ -267,18 +295,11 @@ impl<const N: usize> OwnedCounts<N> {
         names: &WorkerNames,
         mut add: impl FnMut(usize, &[u64; N]),
     ) {
-        for row in self.others(table, now_ms) {
-            for (name, values) in row.counts::<N>() {
-                if let Some(i) = names.get(name) {
-                    add(i, &values);
-                }
+        self.each_count(table, now_ms, |counted, values| {
+            if let Some(i) = counted.index_in(names) {
+                add(i, values);
             }
-        }
-        for held in self.mine.borrow().iter() {
-            if let Some(i) = held.index_in(names) {
-                add(i, &held.values);
-            }
-        }
+        });
     }
 
     /// What this VM holds.
