@@ -77,13 +77,11 @@ impl<'a> VmHandle<'a> {
         body: &[u8],
     ) -> Result<ResponseOutcome> {
         let ctx = self.response_headers(handle, status, headers, body.is_empty())?;
-        let (host, vm) = (&mut *self.host, self.vm);
         if !body.is_empty() {
-            host.body_chunk(vm, ctx, true, body.to_vec(), true)?;
+            self.host
+                .body_chunk(self.vm, ctx, true, body.to_vec(), true)?;
         }
-        host.pump()?;
-        let stream = host.state(vm).streams.get(&ctx).expect("checked");
-        Ok(response_outcome(&stream.resp))
+        self.delivered(ctx)
     }
 
     /// The upstream's response headers (`:status` first) with more to come: the
@@ -95,10 +93,7 @@ impl<'a> VmHandle<'a> {
         headers: &[(&str, &str)],
     ) -> Result<ResponseOutcome> {
         let ctx = self.response_headers(handle, status, headers, false)?;
-        let (host, vm) = (&mut *self.host, self.vm);
-        host.pump()?;
-        let stream = host.state(vm).streams.get(&ctx).expect("checked");
-        Ok(response_outcome(&stream.resp))
+        self.delivered(ctx)
     }
 
     /// More of a response already started (`respond_headers`): one
@@ -117,8 +112,14 @@ impl<'a> VmHandle<'a> {
             bail!("stream {ctx} has no response yet: respond_headers first");
         }
         host.body_chunk(vm, ctx, true, chunk.to_vec(), end_of_stream)?;
-        host.pump()?;
-        let stream = host.state(vm).streams.get(&ctx).expect("checked");
+        self.delivered(ctx)
+    }
+
+    /// Runs what the response's callbacks set in motion; the response as the filter
+    /// lets it go downstream so far.
+    fn delivered(&mut self, ctx: u32) -> Result<ResponseOutcome> {
+        self.host.pump()?;
+        let stream = self.host.state(self.vm).streams.get(&ctx).expect("checked");
         Ok(response_outcome(&stream.resp))
     }
 
