@@ -453,7 +453,7 @@ mod tests {
         }
         fn message(rng: &mut SplitMix64) -> String {
             match rng.below(6) {
-                // The shapes `Json::plain_message` takes when both are plain strings.
+                // The shapes `Message::read_plain` takes when both are plain strings.
                 4 => format!("{{\"role\":{},\"content\":{}}}", scalar(rng), content(rng)),
                 5 => format!(
                     "{{ \"content\" : {} ,\n\"role\":{} }}",
