@@ -28,8 +28,8 @@
 //! VM whose row expired (its thread blocked past the expiry) loses nothing: its next
 //! write or tick publishes its whole count again.
 //!
-//! Encoding: the row count, then per row the id, `at_ms`, the entry count (all
-//! fixed-width little-endian) and per entry the worker name and `N` numbers, each
+//! Encoding: the row count, then per row the id, `at_ms`, the entry count, the
+//! entries' length in bytes (all fixed-width little-endian) and per entry the worker name and `N` numbers, each
 //! a LEB128 varint (the name length-prefixed by one): counts are small, and the
 //! whole table rides in the head every sync reads and writes, so with dozens of
 //! busy workers fixed 8-byte numbers made it kilobytes.
@@ -63,8 +63,6 @@ pub type Counts<const N: usize> = Vec<(String, [u64; N])>;
 /// request spent on the in-flight table).
 #[derive(Debug, Clone, Copy)]
 struct RowRef<'a> {
-    vm: u64,
-    at_ms: u64,
     /// The row's entries: `n` of them.
     n: u32,
     entries: &'a [u8],
@@ -91,36 +89,38 @@ impl<'a> RowRef<'a> {
     }
 }
 
-/// The table's rows, up to the first that does not read whole (a garbled table
-/// reads as the rows before it).
-fn rows<const N: usize>(bytes: &[u8]) -> Vec<RowRef<'_>> {
+/// The table's rows that `wanted` keeps, up to the first that does not read whole
+/// (a garbled table reads as the rows before it). A row's entries are checked only
+/// when it is kept: each row says its length, so this VM's own row and expired ones
+/// are stepped over unread (a busy VM's own row has an entry per busy worker, and
+/// every request and every sync read past it).
+fn rows<const N: usize>(bytes: &[u8], wanted: impl Fn(u64, u64) -> bool) -> Vec<RowRef<'_>> {
     let mut r = Reader(bytes);
     let mut rows = Vec::new();
     for _ in 0..r.u32().unwrap_or(0) {
         let start = r.0;
-        let (Some(vm), Some(at_ms), Some(n)) = (r.u64(), r.u64(), r.u32()) else {
+        let (Some(vm), Some(at_ms), Some(n), Some(len)) = (r.u64(), r.u64(), r.u32(), r.u32())
+        else {
             break;
         };
-        let entries = r.0;
-        for _ in 0..n {
-            if entry::<N>(&mut r).is_none() {
-                return rows;
-            }
-        }
-        let used = start.len() - r.0.len();
-        let (Some(bytes), Some(entries)) = (start.get(..used), entries.get(..used - 20)) else {
-            return rows;
+        let Some(entries) = usize::try_from(len).ok().and_then(|len| r.take(len)) else {
+            break;
         };
-        rows.push(RowRef {
-            vm,
-            at_ms,
-            n,
-            entries,
-            bytes,
-        });
+        if !wanted(vm, at_ms) {
+            continue;
+        }
+        let mut check = Reader(entries);
+        let whole = (0..n).all(|_| entry::<N>(&mut check).is_some()) && check.0.is_empty();
+        let Some(bytes) = start.get(..ROW_HEADER + entries.len()).filter(|_| whole) else {
+            break;
+        };
+        rows.push(RowRef { n, entries, bytes });
     }
     rows
 }
+
+/// A row's id, `at_ms`, entry count and entry bytes, before its entries.
+const ROW_HEADER: usize = 8 + 8 + 4 + 4;
 
 /// One worker's counts this VM holds.
 #[derive(Debug, Clone)]
@@ -180,12 +180,18 @@ fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &[Held<N>])>) 
         out.extend_from_slice(&vm.to_le_bytes());
         out.extend_from_slice(&at_ms.to_le_bytes());
         out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
+        let len_at = out.len();
+        out.extend_from_slice(&[0; 4]);
         for Held { name, values, .. } in counts {
             put_varint(&mut out, name.len() as u64);
             out.extend_from_slice(name.as_bytes());
             for v in values {
                 put_varint(&mut out, *v);
             }
+        }
+        let len = (out.len() - len_at - 4) as u32;
+        if let Some(slot) = out.get_mut(len_at..len_at + 4) {
+            slot.copy_from_slice(&len.to_le_bytes());
         }
     }
     out
@@ -237,9 +243,10 @@ impl<const N: usize> OwnedCounts<N> {
     /// The other VMs' fresh rows of the encoded `table`.
     fn others<'t>(&self, table: &'t [u8], now_ms: u64) -> impl Iterator<Item = RowRef<'t>> {
         let (vm, expiry_ms) = (self.vm, self.expiry_ms);
-        rows::<N>(table)
-            .into_iter()
-            .filter(move |r| r.vm != vm && fresh(r.at_ms, now_ms, expiry_ms))
+        rows::<N>(table, move |row_vm, at_ms| {
+            row_vm != vm && fresh(at_ms, now_ms, expiry_ms)
+        })
+        .into_iter()
     }
 
     /// Calls `add` with every count a sum takes: the other VMs' fresh rows of the
@@ -520,7 +527,7 @@ mod tests {
         );
         live.add(&store, "w1", [1], 1000 + EXPIRY);
         assert_eq!(
-            rows::<1>(&live.tail(&store)).len(),
+            rows::<1>(&live.tail(&store), |_, _| true).len(),
             1,
             "the expired row was dropped"
         );
@@ -596,14 +603,18 @@ mod tests {
         let bytes = encode::<2>(&[], Some((9, 3, &counts)));
         assert_eq!(
             bytes.len(),
-            4 + 20 + (1 + 3 + 1 + 2) + (1 + 2 + 1 + 1),
+            4 + ROW_HEADER + (1 + 3 + 1 + 2) + (1 + 2 + 1 + 1),
             "varints"
         );
-        let read = rows::<2>(&bytes);
+        let seen = Cell::new(None);
+        let read = rows::<2>(&bytes, |vm, at_ms| {
+            seen.set(Some((vm, at_ms)));
+            true
+        });
         let [row] = read.as_slice() else {
             panic!("one row: {read:?}");
         };
-        assert_eq!((row.vm, row.at_ms), (9, 3));
+        assert_eq!(seen.get(), Some((9, 3)));
         let back: Vec<(&str, [u64; 2])> = row.counts::<2>().collect();
         assert_eq!(back, vec![("wé", [1, 4000]), ("w1", [0, 7])]);
         assert_eq!(
@@ -612,16 +623,38 @@ mod tests {
             "another VM's row is copied as it was stored"
         );
         for cut in 0..bytes.len() {
-            assert!(rows::<2>(&bytes[..cut]).is_empty(), "cut at {cut}");
+            assert!(
+                rows::<2>(&bytes[..cut], |_, _| true).is_empty(),
+                "cut at {cut}"
+            );
         }
-        assert!(rows::<2>(&[255, 255, 255, 255]).is_empty());
+        assert!(rows::<2>(&[255, 255, 255, 255], |_, _| true).is_empty());
         let mut bad_name = bytes.clone();
         // The row count, the row's header, the first name's length and "w", then
         // the second byte of "é".
-        let at = 4 + 20 + 1 + 1 + 1;
+        let at = 4 + ROW_HEADER + 1 + 1 + 1;
         assert_eq!(bad_name[at], "é".as_bytes()[1]);
         bad_name[at] = 0xff;
-        assert!(rows::<2>(&bad_name).is_empty(), "a name that is not UTF-8");
+        assert!(
+            rows::<2>(&bad_name, |_, _| true).is_empty(),
+            "a name that is not UTF-8"
+        );
+        // A garbled row ends the table for a reader that reads it; one that leaves
+        // it out steps over it by its length to the rows after it.
+        let other = encode::<2>(&[], Some((5, 3, &counts)));
+        let mut two = 2u32.to_le_bytes().to_vec();
+        two.extend_from_slice(&bad_name[4..]);
+        two.extend_from_slice(&other[4..]);
+        assert!(rows::<2>(&two, |_, _| true).is_empty());
+        let after = rows::<2>(&two, |vm, _| vm != 9);
+        let [row] = after.as_slice() else {
+            panic!("one row: {after:?}");
+        };
+        assert_eq!(
+            row.bytes,
+            &other[4..],
+            "the garbled row is stepped over unread"
+        );
     }
 
     #[test]

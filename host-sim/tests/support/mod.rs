@@ -219,7 +219,7 @@ pub fn outstanding_prefill(host: &Host) -> (u64, u64) {
     let mut r = Cursor(head.get(16..).unwrap_or_default());
     let (mut prefilling, mut chars) = (0, 0);
     for _row in 0..r.fixed(4) {
-        let (_vm, _at_ms, entries) = (r.fixed(8), r.fixed(8), r.fixed(4));
+        let (_vm, _at_ms, entries, _len) = (r.fixed(8), r.fixed(8), r.fixed(4), r.fixed(4));
         for _entry in 0..entries {
             let name_len = r.varint() as usize;
             r.take(name_len);
