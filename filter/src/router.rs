@@ -23,7 +23,7 @@ use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::model_trees::{Bounds, ModelTrees};
 use crate::parse::Parsed;
-use crate::policy::{self, CacheAwareParams, Candidate, Scored};
+use crate::policy::{self, CacheAwareParams, Candidate, Ladder};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
 use crate::tree::{PrefixMatch, TenantId};
@@ -297,16 +297,17 @@ impl Router {
                 let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
                 let params = self.cfg.ttft_params();
                 let input = crate::tree::char_len(text) as u64;
-                let scored: Vec<Scored> = candidates
-                    .iter()
-                    .map(|c| {
-                        let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
+                let total = candidates.iter().map(|c| c.inflight).sum();
+                let mut ladder = Ladder::new(&params, input, total, candidates.len());
+                for c in candidates {
+                    let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
+                    ladder.push(
                         loads
                             .ttft_candidate(c, (&held, conversations))
-                            .scored(&params, input)
-                    })
-                    .collect();
-                let decision = policy::predicted_ttft(&params, input, &scored, rng);
+                            .scored(&params, input),
+                    );
+                }
+                let decision = ladder.decide(rng);
                 let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
                 (decision, chosen, None)
             }

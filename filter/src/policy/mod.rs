@@ -23,8 +23,8 @@ pub use cache_aware::{
 };
 pub use power_of_two::power_of_two;
 pub use predicted_ttft::{
-    learn_prefill, learn_service, load_cap, others_load, predicted_ttft, Scored, TtftCandidate,
-    TtftParams, WorkerCosts, WorkerWork,
+    learn_prefill, learn_service, load_cap, others_load, Ladder, Scored, TtftCandidate, TtftParams,
+    WorkerCosts, WorkerWork,
 };
 pub use random::random;
 pub use round_robin::round_robin;

@@ -156,7 +156,7 @@ impl TtftCandidate {
 }
 
 /// A candidate as the ladder compares it: its prediction and what the rungs read.
-/// The router scores each candidate as it gathers it, so the ladder's passes read
+/// The router scores each candidate as it gathers it, so the ladder reads
 /// these few fields rather than the whole candidate (a fleet of 256 paid for every
 /// byte of every pass).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -188,146 +188,176 @@ pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
     engine_waiting_running.saturating_sub(own_at_sample)
 }
 
-/// The rungs of the ladder, in order (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rung {
-    Continuing,
-    Holder,
-    Spread,
-}
-
-/// Chooses where the request goes: its conversation's worker, else the holders of
-/// its prefix, else the fleet, each time the one with the fewest conversations
-/// among those the rung keeps (see the module docs for the rungs).
+/// The ladder for one request, fed one scored candidate at a time.
 ///
-/// Each aggregate is taken in as few passes over the candidates as its
-/// dependencies allow (the cap needs the total, the rungs need the best
-/// prediction, the holders need the fewest conversations), with the rung a plain
-/// value rather than a closure called per candidate: at 256 workers the passes were
-/// most of the policy's cost.
-pub fn predicted_ttft(
-    params: &TtftParams,
+/// The rungs depend on each other (the cap on the total, the rungs on the best
+/// prediction, the holders on the fewest conversations), so a ladder stated rung by
+/// rung passes over the fleet once per aggregate, and at 256 workers those passes
+/// were most of the policy's cost. Here the aggregates that need only the cap are
+/// taken as the router scores each candidate (`push`), and everything else in one
+/// pass (`decide`): the three rungs' least-loaded picks are kept side by side and
+/// the ladder then chooses among them. What it decides is the ladder as the module
+/// docs state it; a test holds it to that statement over thousands of fleets.
+pub struct Ladder<'p> {
+    params: &'p TtftParams,
     input_chars: u64,
-    candidates: &[Scored],
-    rng: &mut dyn Rng,
-) -> Option<Decision> {
-    let total: u64 = candidates.iter().map(|c| c.inflight).sum();
-    let cap = load_cap(total, candidates.len(), params.load_factor);
-    let eligible = |c: &Scored| c.inflight < cap;
-    // The best eligible prediction, the longest eligible match and the longest
-    // match of all.
-    let (mut best, mut longest_eligible, mut longest) = (f64::INFINITY, 0, 0);
-    for c in candidates {
-        longest = longest.max(c.cached_chars);
-        if eligible(c) {
-            best = least(best, c.ttft_us);
-            longest_eligible = longest_eligible.max(c.cached_chars);
-        }
-    }
-    let (within_us, near_us) = (
-        best * params.stay_factor + best * NEAR_TIE_SHARE,
-        best * (1.0 + params.load_factor) + best * NEAR_TIE_SHARE,
-    );
-    let within = |c: &Scored| c.ttft_us <= within_us;
-    let near = |c: &Scored| c.ttft_us <= near_us;
-    // A few chars of a match (two users' questions that start alike) are no reason
-    // to prefer a worker: matches within `margin` of each other are equal, and one
-    // no longer than it is no match.
-    let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
-    let holds = |c: &Scored, longest: u64| {
-        longest > margin && c.cached_chars.saturating_add(margin) >= longest
-    };
-    // What needs the best prediction: the fewest conversations near it, whether the
-    // first rung has anyone, and whether an eligible worker holds the longest match.
-    let (mut fewest, mut continuing, mut held_eligible) = (None::<u64>, false, false);
-    for c in candidates {
-        let e = eligible(c);
-        if e && near(c) {
-            fewest = Some(fewest.map_or(c.conversations, |f| f.min(c.conversations)));
-        }
-        continuing |= c.continues && within(c);
-        held_eligible |= e && holds(c, longest);
-    }
-    let conversation_cap =
-        ((1.0 + params.load_factor) * fewest.unwrap_or(0) as f64).ceil() as u64 + 1;
-    let holder = |c: &Scored| {
-        eligible(c)
-            && within(c)
-            && holds(c, longest_eligible)
-            && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
-            && c.conversations < conversation_cap
-    };
-    let rung = if continuing {
-        Rung::Continuing
-    } else if candidates.iter().any(holder) {
-        Rung::Holder
-    } else {
-        Rung::Spread
-    };
-    let on_rung = |c: &Scored| match rung {
-        Rung::Continuing => c.continues && within(c),
-        Rung::Holder => holder(c),
-        Rung::Spread => eligible(c) && near(c),
-    };
-    let winner = least_loaded(candidates, on_rung, rng)?;
-    let reason = if longest <= margin {
-        Reason::TtftCold
-    } else if holds(winner, longest) {
-        Reason::TtftCache
-    } else if held_eligible {
-        Reason::TtftSpread
-    } else {
-        Reason::TtftCapped
-    };
-    let mut d = decide(
-        winner.worker,
-        reason,
-        winner.cached_chars as usize,
-        GateAudit::default(),
-    );
-    d.predicted = Some(Prediction {
-        ttft_us: winner.ttft_us.max(0.0).round() as u64,
-        uncached_chars: input_chars.saturating_sub(winner.cached_chars),
-        ahead_chars: winner.ahead_chars,
-    });
-    Some(d)
+    cap: u64,
+    /// The best eligible prediction, the longest eligible match and the longest
+    /// match of all.
+    best: f64,
+    longest_eligible: u64,
+    longest: u64,
+    scored: Vec<Scored>,
 }
 
-/// Among the candidates the rung keeps: the fewest conversations first (the work a
-/// worker has taken on), then the least predicted TTFT, near-ties at random. One
-/// pass: the near-ties of the least so far are kept in order, and those the final
-/// least leaves out are dropped at the end.
-fn least_loaded<'a>(
-    candidates: &'a [Scored],
-    on_rung: impl Fn(&Scored) -> bool,
-    rng: &mut dyn Rng,
-) -> Option<&'a Scored> {
-    let near_tie = |t: f64, low: f64| t <= low + low * NEAR_TIE_SHARE;
-    let mut top: Option<(u64, f64)> = None;
-    let mut tied: Vec<&Scored> = Vec::new();
-    for c in candidates.iter().filter(|c| on_rung(c)) {
-        let low = match top {
-            Some((fewest, _)) if c.conversations > fewest => continue,
+impl<'p> Ladder<'p> {
+    /// A ladder for a request of `input_chars` over `n` candidates holding
+    /// `total_inflight` requests between them.
+    pub fn new(params: &'p TtftParams, input_chars: u64, total_inflight: u64, n: usize) -> Self {
+        Ladder {
+            params,
+            input_chars,
+            cap: load_cap(total_inflight, n, params.load_factor),
+            best: f64::INFINITY,
+            longest_eligible: 0,
+            longest: 0,
+            scored: Vec::with_capacity(n),
+        }
+    }
+
+    /// Takes one candidate (its `inflight` counted in the total given to `new`).
+    #[inline]
+    pub fn push(&mut self, c: Scored) {
+        self.longest = self.longest.max(c.cached_chars);
+        if c.inflight < self.cap {
+            self.best = least(self.best, c.ttft_us);
+            self.longest_eligible = self.longest_eligible.max(c.cached_chars);
+        }
+        self.scored.push(c);
+    }
+
+    /// Chooses where the request goes: its conversation's worker, else the holders
+    /// of its prefix, else the fleet, each time the one with the fewest
+    /// conversations among those the rung keeps (see the module docs).
+    pub fn decide(&self, rng: &mut dyn Rng) -> Option<Decision> {
+        let (p, input_chars, cap) = (self.params, self.input_chars, self.cap);
+        let (best, longest, longest_eligible) = (self.best, self.longest, self.longest_eligible);
+        let within_us = best * p.stay_factor + best * NEAR_TIE_SHARE;
+        let near_us = best * (1.0 + p.load_factor) + best * NEAR_TIE_SHARE;
+        // A few chars of a match (two users' questions that start alike) are no
+        // reason to prefer a worker: matches within `margin` of each other are
+        // equal, and one no longer than it is no match.
+        let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
+        let holds = |cached: u64, longest: u64| {
+            longest > margin && cached.saturating_add(margin) >= longest
+        };
+        // Each rung's least loaded. The holders' is taken before their bound on
+        // conversations, which needs the fleet's fewest: the bound keeps a holder
+        // only with fewer than it, and the least loaded holder has the fewest of
+        // them, so the rung is empty exactly when that one is not under it.
+        let (mut continuing, mut holding, mut spread) =
+            (Least::default(), Least::default(), Least::default());
+        for c in &self.scored {
+            let eligible = c.inflight < cap;
+            let within = c.ttft_us <= within_us;
+            if c.continues && within {
+                continuing.offer(c);
+            }
+            if eligible && c.ttft_us <= near_us {
+                spread.offer(c);
+            }
+            if eligible
+                && within
+                && holds(c.cached_chars, longest_eligible)
+                && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
+            {
+                holding.offer(c);
+            }
+        }
+        // The fleet rung is the near workers under the cap: its fewest
+        // conversations are the fleet's.
+        let fewest = spread.fewest().unwrap_or(0);
+        let conversation_cap = ((1.0 + p.load_factor) * fewest as f64).ceil() as u64 + 1;
+        let rung = if continuing.fewest().is_some() {
+            continuing
+        } else if holding.fewest().is_some_and(|f| f < conversation_cap) {
+            holding
+        } else {
+            spread
+        };
+        let winner = rung.pick(rng)?;
+        let reason = if longest <= margin {
+            Reason::TtftCold
+        } else if holds(winner.cached_chars, longest) {
+            Reason::TtftCache
+        } else if holds(longest_eligible, longest) {
+            // An eligible worker held the longest match.
+            Reason::TtftSpread
+        } else {
+            Reason::TtftCapped
+        };
+        let mut d = decide(
+            winner.worker,
+            reason,
+            winner.cached_chars as usize,
+            GateAudit::default(),
+        );
+        d.predicted = Some(Prediction {
+            ttft_us: winner.ttft_us.max(0.0).round() as u64,
+            uncached_chars: input_chars.saturating_sub(winner.cached_chars),
+            ahead_chars: winner.ahead_chars,
+        });
+        Some(d)
+    }
+}
+
+/// A rung's least loaded, offered the rung's candidates one by one: the fewest
+/// conversations first (the work a worker has taken on), then the least predicted
+/// TTFT, near-ties at random. The near-ties of the least so far are kept in order,
+/// and those the final least leaves out are dropped when it picks.
+#[derive(Default)]
+struct Least<'a> {
+    /// The fewest conversations so far and the least prediction among them.
+    top: Option<(u64, f64)>,
+    tied: Vec<&'a Scored>,
+}
+
+impl<'a> Least<'a> {
+    fn offer(&mut self, c: &'a Scored) {
+        let low = match self.top {
+            Some((fewest, _)) if c.conversations > fewest => return,
             Some((fewest, low)) if c.conversations == fewest => least(low, c.ttft_us),
             // Fewer conversations than any so far: the ties start again.
             _ => {
-                tied.clear();
+                self.tied.clear();
                 least(f64::INFINITY, c.ttft_us)
             }
         };
-        top = Some((c.conversations, low));
+        self.top = Some((c.conversations, low));
         if near_tie(c.ttft_us, low) {
-            tied.push(c);
+            self.tied.push(c);
         }
     }
-    let (_, low) = top?;
-    tied.retain(|c| near_tie(c.ttft_us, low));
-    tied.get(rng.below(tied.len())).copied()
+
+    /// The fewest conversations offered (none offered: `None`).
+    fn fewest(&self) -> Option<u64> {
+        self.top.map(|(fewest, _)| fewest)
+    }
+
+    fn pick(mut self, rng: &mut dyn Rng) -> Option<&'a Scored> {
+        let (_, low) = self.top?;
+        self.tied.retain(|c| near_tie(c.ttft_us, low));
+        self.tied.get(rng.below(self.tied.len())).copied()
+    }
+}
+
+fn near_tie(t: f64, low: f64) -> bool {
+    t <= low + low * NEAR_TIE_SHARE
 }
 
 /// `f64::min` for a minimum kept from `INFINITY` (a NaN never replaces it): the
 /// same answer, without the call to `fmin` that `f64::min` compiles to in Wasm
-/// (whose own `f64.min` treats NaN otherwise), once per candidate per pass.
+/// (whose own `f64.min` treats NaN otherwise), once per candidate.
 fn least(low: f64, t: f64) -> f64 {
     if t < low {
         t
@@ -396,8 +426,12 @@ mod tests {
         cands: &[TtftCandidate],
         rng: &mut dyn Rng,
     ) -> Option<Decision> {
-        let scored: Vec<Scored> = cands.iter().map(|c| c.scored(p, input)).collect();
-        predicted_ttft(p, input, &scored, rng)
+        let total = cands.iter().map(|c| c.inflight).sum();
+        let mut ladder = Ladder::new(p, input, total, cands.len());
+        for c in cands {
+            ladder.push(c.scored(p, input));
+        }
+        ladder.decide(rng)
     }
 
     fn run(input: u64, cands: &[TtftCandidate]) -> Decision {
@@ -727,7 +761,7 @@ mod tests {
     }
 
     /// The ladder as the module docs state it, rung by rung and aggregate by
-    /// aggregate, each a pass of its own: what the policy's fused passes must agree
+    /// aggregate, each a pass of its own: what the ladder's one pass must agree
     /// with.
     fn stated<'a>(
         p: &TtftParams,
@@ -801,7 +835,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fused_passes_decide_as_the_ladder_is_stated() {
+    fn the_ladder_decides_as_it_is_stated() {
         let mut gen = SplitMix64(11);
         let mut pick = |n: u64| gen.next_u64() % n;
         let mut reasons_seen = Vec::new();
