@@ -130,6 +130,12 @@ struct Kept {
     since_ms: u64,
     until_ms: u64,
     screened: Screened,
+    /// Each worker's position among the candidates, by worker index.
+    position: Vec<Option<u32>>,
+    /// The positions whose in-flight count may not be 0: every other candidate's
+    /// is. A request refills only these and the busy workers' (at 256 workers,
+    /// refilling every candidate was 9k Wasm instructions a request).
+    counted: Vec<u32>,
 }
 
 impl Kept {
@@ -141,6 +147,27 @@ impl Kept {
             && Rc::ptr_eq(&self.overloaded, &loads.overloaded)
             && Rc::ptr_eq(&self.down, &loads.down)
             && (self.since_ms..self.until_ms).contains(&loads.now_ms)
+    }
+
+    /// Puts this request's in-flight counts on the candidates: the ones counted
+    /// before go back to 0, then every worker with requests in flight here or at a
+    /// peer gets its count, if it is a candidate.
+    fn refill(&mut self, loads: &Loads) {
+        let candidates = &mut self.screened.candidates;
+        for at in self.counted.drain(..) {
+            if let Some(c) = candidates.get_mut(at as usize) {
+                c.inflight = 0;
+            }
+        }
+        for counts in [&loads.inflight, &loads.peer_inflight] {
+            for &worker in counts.busy() {
+                let at = self.position.get(worker).copied().flatten();
+                if let Some(c) = at.and_then(|at| candidates.get_mut(at as usize)) {
+                    c.inflight = loads.fleet_inflight(worker);
+                    self.counted.extend(at);
+                }
+            }
+        }
     }
 }
 
@@ -169,9 +196,7 @@ impl Screens {
         let at = match found {
             Some(at) => {
                 if let Some(k) = self.kept.get_mut(at) {
-                    for c in k.screened.candidates.iter_mut() {
-                        c.inflight = loads.fleet_inflight(c.worker as usize);
-                    }
+                    k.refill(loads);
                 }
                 at
             }
@@ -187,6 +212,16 @@ impl Screens {
     /// free slot, else in the oldest. Its index.
     fn keep(&mut self, cfg: &Config, config: u64, pool: Pool, model: &str, loads: &Loads) -> usize {
         let (screened, until_ms) = screen_until(cfg, pool, model, loads);
+        let mut position = vec![None; cfg.workers.len()];
+        let mut counted = Vec::new();
+        for (at, c) in (0u32..).zip(&screened.candidates) {
+            if let Some(slot) = position.get_mut(c.worker as usize) {
+                *slot = Some(at);
+            }
+            if c.inflight > 0 {
+                counted.push(at);
+            }
+        }
         let kept = Kept {
             pool,
             model: model.to_string(),
@@ -197,6 +232,8 @@ impl Screens {
             since_ms: loads.now_ms,
             until_ms,
             screened,
+            position,
+            counted,
         };
         let same = self
             .kept
@@ -264,7 +301,7 @@ mod tests {
     #[test]
     fn serving_workers_carry_their_loads_and_fresh_samples_only() {
         let loads = Loads {
-            inflight: vec![3, 4],
+            inflight: vec![3, 4].into(),
             engine: LoadTable {
                 reports: vec![sample(2, 50), sample(9, 0)],
             }
@@ -407,8 +444,15 @@ mod tests {
         };
         let mut kept_for = std::collections::HashSet::new();
         for step in 0..2000 {
-            match rng.below(7) {
-                0 => loads.inflight = (0..3).map(|_| rng.below(5) as u64).collect(),
+            match rng.below(8) {
+                0 => {
+                    let counts: Vec<u64> = (0..3).map(|_| rng.below(5) as u64).collect();
+                    loads.inflight = counts.into();
+                }
+                6 => {
+                    let counts: Vec<u64> = (0..rng.below(4)).map(|_| rng.below(3) as u64).collect();
+                    loads.peer_inflight = counts.into();
+                }
                 1 => loads.now_ms += rng.below(60) as u64,
                 2 => {
                     let at = loads.now_ms.saturating_sub(rng.below(150) as u64);

@@ -50,14 +50,77 @@ impl LoadTable {
     }
 }
 
+/// Counts by worker index, and which workers have any. A request's screen refills
+/// only the workers that have requests in flight: at 256 workers, visiting every
+/// worker's count for that was about 25 Wasm instructions a worker.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerCounts {
+    counts: Vec<u64>,
+    /// The workers whose count is not 0, each once.
+    busy: Vec<usize>,
+}
+
+impl WorkerCounts {
+    /// `n` workers' counts, all 0.
+    pub fn zeroed(n: usize) -> WorkerCounts {
+        WorkerCounts {
+            counts: vec![0; n],
+            busy: Vec::new(),
+        }
+    }
+
+    /// Adds `n` to `worker`'s count (saturating); a worker out of range is left out.
+    pub fn add(&mut self, worker: usize, n: u64) {
+        if let Some(slot) = self.counts.get_mut(worker) {
+            if *slot == 0 && n > 0 {
+                self.busy.push(worker);
+            }
+            *slot = slot.saturating_add(n);
+        }
+    }
+
+    /// `worker`'s count (out of range: 0).
+    pub fn get(&self, worker: usize) -> u64 {
+        self.counts.get(worker).copied().unwrap_or(0)
+    }
+
+    /// The workers whose count is not 0.
+    pub fn busy(&self) -> &[usize] {
+        &self.busy
+    }
+
+    /// All counts together (saturating: a garbled peer's count must not wrap it).
+    pub fn total(&self) -> u64 {
+        self.counts.iter().fold(0, |sum, n| sum.saturating_add(*n))
+    }
+}
+
+/// Equal counts are equal, whatever order the workers became busy in.
+impl PartialEq for WorkerCounts {
+    fn eq(&self, other: &WorkerCounts) -> bool {
+        self.counts == other.counts
+    }
+}
+
+impl Eq for WorkerCounts {}
+
+impl From<Vec<u64>> for WorkerCounts {
+    fn from(counts: Vec<u64>) -> WorkerCounts {
+        let busy = (0..counts.len())
+            .filter(|&i| counts.get(i).is_some_and(|n| *n > 0))
+            .collect();
+        WorkerCounts { counts, busy }
+    }
+}
+
 /// The workers' load as one request sees it, by worker index.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Loads {
     /// Router-side in-flight requests by worker index (missing: 0).
-    pub inflight: Vec<u64>,
+    pub inflight: WorkerCounts,
     /// Peer replicas' in-flight requests by worker index, from their fresh reports
     /// (`crate::replica`; missing: 0).
-    pub peer_inflight: Vec<u64>,
+    pub peer_inflight: WorkerCounts,
     /// The collector's last reports, shared with this VM's copy of the tables
     /// (`crate::shared::TableCache`): copying them for each request cost a fleet of
     /// 256 tens of thousands of Wasm instructions.
@@ -81,9 +144,9 @@ pub struct Loads {
 impl Loads {
     /// The fleet's in-flight requests on `worker`: this Envoy's and its peers'.
     pub fn fleet_inflight(&self, worker: usize) -> u64 {
-        let own = self.inflight.get(worker).copied().unwrap_or(0);
-        let peers = self.peer_inflight.get(worker).copied().unwrap_or(0);
-        own.saturating_add(peers)
+        self.inflight
+            .get(worker)
+            .saturating_add(self.peer_inflight.get(worker))
     }
 }
 
@@ -104,7 +167,7 @@ impl Loads {
             // in-flight count, so they are not "others" too: without this, a fleet
             // of replicas counted each other's load twice until the next sample.
             let own = self.own_at_sample.get(i).copied().unwrap_or(0);
-            let peers = self.peer_inflight.get(i).copied().unwrap_or(0);
+            let peers = self.peer_inflight.get(i);
             others_load(
                 q.waiting.saturating_add(q.running),
                 own.saturating_add(peers),
@@ -128,7 +191,7 @@ impl Loads {
     /// No engine samples, no flags: the router's own counts only.
     pub fn inflight_only(inflight: &[u64]) -> Loads {
         Loads {
-            inflight: inflight.to_vec(),
+            inflight: inflight.to_vec().into(),
             ..Loads::default()
         }
     }
@@ -139,9 +202,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn worker_counts_know_their_busy_workers() {
+        let mut c = WorkerCounts::zeroed(4);
+        c.add(2, 3);
+        c.add(0, 0);
+        c.add(2, 1);
+        c.add(1, 5);
+        c.add(9, 7);
+        assert_eq!((c.get(2), c.get(1), c.get(0), c.get(9)), (4, 5, 0, 0));
+        assert_eq!(c.busy(), &[2, 1], "each once, none for a 0 or out of range");
+        assert_eq!(c.total(), 9);
+        let same: WorkerCounts = vec![0, 5, 4, 0].into();
+        assert_eq!(same.busy(), &[1, 2]);
+        assert_eq!(c, same, "equal counts, whatever the order they came in");
+        c.add(3, u64::MAX);
+        c.add(3, 1);
+        assert_eq!((c.get(3), c.total()), (u64::MAX, u64::MAX), "saturating");
+    }
+
+    #[test]
     fn fleet_inflight_adds_the_peers() {
         let loads = Loads {
-            peer_inflight: vec![0, 5],
+            peer_inflight: vec![0, 5].into(),
             ..Loads::inflight_only(&[2, 1])
         };
         assert_eq!(loads.fleet_inflight(0), 2);
@@ -188,7 +270,7 @@ mod tests {
             }))
         };
         let loads = Loads {
-            peer_inflight: vec![3, 0],
+            peer_inflight: vec![3, 0].into(),
             own_at_sample: vec![2, 2].into(),
             engine: LoadTable {
                 reports: vec![sample(10), sample(1)],

@@ -42,7 +42,7 @@ pub fn worker_gauges(cfg: &Config, loads: &Loads) -> Vec<WorkerGauges> {
     (0..cfg.workers.len())
         .map(|i| {
             let mut g = WorkerGauges {
-                inflight: loads.inflight.get(i).copied().unwrap_or(0),
+                inflight: loads.inflight.get(i),
                 overloaded: loads.overloaded.get(i).copied().unwrap_or(false),
                 unreachable: matches!(
                     loads.engine.reports.get(i),
@@ -86,7 +86,7 @@ mod tests {
         )
         .unwrap();
         let loads = Loads {
-            inflight: vec![3, 0, 1],
+            inflight: vec![3, 0, 1].into(),
             engine: LoadTable {
                 reports: vec![
                     sample(4, Some(0.456), 9_500),

@@ -124,7 +124,7 @@ impl Root {
         // One read of the shared tables serves the whole Envoy's in-flight gauge and
         // the per-worker ones.
         let loads = state.loads();
-        state.metrics.inflight.set(loads.inflight.iter().sum());
+        state.metrics.inflight.set(loads.inflight.total());
         let gauges = worker_gauges(state.router.config(), &loads);
         state.metrics.set_worker_gauges(&gauges);
         super::replica::tick(state);

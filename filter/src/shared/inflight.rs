@@ -28,6 +28,7 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
+use crate::load::WorkerCounts;
 use crate::policy::WorkerWork;
 
 /// Columns of a row's entry: requests in flight, of them those prefilling, and
@@ -42,7 +43,7 @@ pub struct InflightTable(OwnedCounts<COLUMNS>);
 /// The table by worker index, as one request reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ByWorker {
-    pub inflight: Vec<u64>,
+    pub inflight: WorkerCounts,
     /// Empty unless asked for (`predicted_ttft`).
     pub work: Vec<WorkerWork>,
 }
@@ -115,7 +116,7 @@ impl InflightTable {
         now_ms: u64,
         work: bool,
     ) -> ByWorker {
-        let mut inflight = vec![0u64; names.len()];
+        let mut inflight = WorkerCounts::zeroed(names.len());
         let mut ahead = if work {
             vec![WorkerWork::default(); names.len()]
         } else {
@@ -123,9 +124,7 @@ impl InflightTable {
         };
         self.0
             .each_by_worker(&ring.tail(), now_ms, names, |i, &[n, prefilling, chars]| {
-                if let Some(slot) = inflight.get_mut(i) {
-                    *slot = slot.saturating_add(n);
-                }
+                inflight.add(i, n);
                 if let Some(w) = ahead.get_mut(i) {
                     w.prefilling = w.prefilling.saturating_add(prefilling);
                     w.ahead_chars = w.ahead_chars.saturating_add(chars);
@@ -233,7 +232,7 @@ mod tests {
         store.gets.set(0);
         assert_eq!(
             t.by_worker(&ring, &names(), 0, false).inflight,
-            vec![0, 1],
+            vec![0, 1].into(),
             "the decision reads the catch-up's copy"
         );
         t.take("w0");

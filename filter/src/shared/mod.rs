@@ -611,7 +611,7 @@ mod tests {
             own,
             (&TableCache::default(), None),
         );
-        assert_eq!(loads.inflight, vec![0, 2]);
+        assert_eq!(loads.inflight, vec![0, 2].into());
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
         assert_eq!(loads.overloaded[..], [false, false]);

@@ -8,6 +8,7 @@
 use super::inflight::{decode_counts, encode_counts};
 use super::{put_bytes, Keys, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 use crate::config::WorkerNames;
+use crate::load::WorkerCounts;
 
 /// Peers kept at most.
 pub const MAX_PEERS: usize = 64;
@@ -99,7 +100,7 @@ impl PeerLoads {
         names: &WorkerNames,
         now_ms: u64,
         stale_after_ms: u64,
-    ) -> (Vec<u64>, usize) {
+    ) -> (WorkerCounts, usize) {
         Self::sum_by_worker(&self.read(store), names, now_ms, stale_after_ms)
     }
 
@@ -111,19 +112,19 @@ impl PeerLoads {
         names: &WorkerNames,
         now_ms: u64,
         stale_after_ms: u64,
-    ) -> (Vec<u64>, usize) {
+    ) -> (WorkerCounts, usize) {
         let fresh: Vec<&PeerReport> = reports
             .iter()
             .filter(|r| now_ms.saturating_sub(r.at_ms) < stale_after_ms)
             .collect();
         if fresh.is_empty() {
-            return (Vec::new(), 0);
+            return (WorkerCounts::default(), 0);
         }
-        let mut sums = vec![0u64; names.len()];
+        let mut sums = WorkerCounts::zeroed(names.len());
         for r in &fresh {
             for (name, n) in &r.counts {
-                if let Some(s) = names.get(name).and_then(|i| sums.get_mut(i)) {
-                    *s = s.saturating_add(*n);
+                if let Some(i) = names.get(name) {
+                    sums.add(i, *n);
                 }
             }
         }
@@ -152,16 +153,19 @@ mod tests {
         let w = names();
         assert!(t.store(&store, report("a", 1000, &[("w0", 2), ("w1", 1)])));
         assert!(t.store(&store, report("b", 1500, &[("w1", 4), ("gone", 9)])));
-        assert_eq!(t.by_worker(&store, &w, 1600, 1000), (vec![2, 5], 2));
+        assert_eq!(t.by_worker(&store, &w, 1600, 1000), (vec![2, 5].into(), 2));
         assert_eq!(
             t.by_worker(&store, &w, 2000, 1000),
-            (vec![0, 4], 1),
+            (vec![0, 4].into(), 1),
             "a's report is 1000 ms old: stale"
         );
-        assert_eq!(t.by_worker(&store, &w, 9000, 1000), (vec![], 0));
+        assert_eq!(
+            t.by_worker(&store, &w, 9000, 1000),
+            (WorkerCounts::default(), 0)
+        );
         // A newer report replaces the peer's old one.
         assert!(t.store(&store, report("a", 8500, &[("w0", 1)])));
-        assert_eq!(t.by_worker(&store, &w, 9000, 1000), (vec![1, 0], 1));
+        assert_eq!(t.by_worker(&store, &w, 9000, 1000), (vec![1, 0].into(), 1));
         assert_eq!(t.read(&store).len(), 2);
     }
 
