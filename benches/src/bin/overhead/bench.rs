@@ -86,6 +86,8 @@ pub struct Measured {
     /// Envoy CPU per request (us) of each repetition's loaded phase: their spread
     /// is the run's noise.
     pub cpu_runs: Vec<f64>,
+    /// Of it, Envoy's user-space CPU per request (us), each repetition's.
+    pub user_runs: Vec<f64>,
     pub requests: usize,
     /// The same at one connection.
     pub cpu_c1: Duration,
@@ -322,17 +324,18 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
             let url = envoy.url();
             warm_up(rt, &url, load.connections, &warm, &m.variant)?;
             let pid = envoy.pid();
-            let ((records, _), cpu) = cpu::during(pid, tps, || Ok(replay(rt, &url, 1, &one)))?;
-            m.cpu_c1 += cpu;
+            let ((records, _), spent) = cpu::during(pid, tps, || Ok(replay(rt, &url, 1, &one)))?;
+            m.cpu_c1 += spent.cpu;
             m.requests_c1 += records.len();
             m.latencies_ms
                 .extend(records.iter().filter(|x| x.is_ok()).map(|x| x.latency_ms));
             note_errors(m, &records);
-            let ((records, wall), cpu) =
+            let ((records, wall), spent) =
                 cpu::during(pid, tps, || Ok(replay(rt, &url, load.connections, &many)))?;
-            m.cpu += cpu;
-            m.cpu_runs
-                .push(cpu.as_secs_f64() * 1e6 / records.len().max(1) as f64);
+            m.cpu += spent.cpu;
+            let per_request = |d: Duration| d.as_secs_f64() * 1e6 / records.len().max(1) as f64;
+            m.cpu_runs.push(per_request(spent.cpu));
+            m.user_runs.push(per_request(spent.user));
             m.requests += records.len();
             m.rps
                 .push(records.len() as f64 / wall.as_secs_f64().max(1e-9));

@@ -155,8 +155,8 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
     let floor_rps = floor.map(|m| median(&m.rps)).unwrap_or(f64::NAN);
     let mut out = format!(
         "\n{} workers, {} bodies, Envoy --concurrency {}\n\n\
-         | variant | p50 / p99 ms (1 conn) | req/s (64 conn) | x floor | Envoy CPU us/req | x floor | - floor us | - floor us, paired | CPU us/req at 1 conn | cache_hit |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         | variant | p50 / p99 ms (1 conn) | req/s (64 conn) | x floor | Envoy CPU us/req | x floor | - floor us | - floor us, paired | of it user space, paired | CPU us/req at 1 conn | cache_hit |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
         p.workers,
         size_label(p.body_bytes),
         p.threads
@@ -167,8 +167,9 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
         let rps = median(&m.rps);
         let hit = hit_label(m.hit_rate);
         let paired = floor.map_or(f64::NAN, |f| paired_above(&m.cpu_runs, &f.cpu_runs));
+        let user = floor.map_or(f64::NAN, |f| paired_above(&m.user_runs, &f.user_runs));
         out += &format!(
-            "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:+.0} | {:.0} | {} |\n",
+            "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:+.0} | {:+.0} | {:.0} | {} |\n",
             m.variant,
             percentile(&m.latencies_ms, 50.0),
             percentile(&m.latencies_ms, 99.0),
@@ -178,6 +179,7 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             cpu / floor_cpu,
             cpu - floor_cpu,
             paired,
+            user,
             m.cpu_c1_us_per_request(),
             hit
         );
@@ -197,6 +199,8 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             "cpu_us_per_req": cpu,
             "cpu_us_per_req_runs": m.cpu_runs,
             "cpu_us_above_floor_paired": paired,
+            "user_us_per_req_runs": m.user_runs,
+            "user_us_above_floor_paired": user,
             "cpu_us_per_req_1_conn": m.cpu_c1_us_per_request(),
             "requests": m.requests,
             "errors": m.errors,
