@@ -106,8 +106,10 @@ impl Eq for WorkerCounts {}
 
 impl From<Vec<u64>> for WorkerCounts {
     fn from(counts: Vec<u64>) -> WorkerCounts {
-        let busy = (0..counts.len())
-            .filter(|&i| counts.get(i).is_some_and(|n| *n > 0))
+        let busy = (0..)
+            .zip(&counts)
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, _)| i)
             .collect();
         WorkerCounts { counts, busy }
     }
