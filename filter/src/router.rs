@@ -54,11 +54,14 @@ impl NoWorker {
 
 /// A tree insert to record, and how many chars of its text its worker held before
 /// it: what undoing it keeps (`Op::into_forget`). The decision's own walk of the
-/// tree knows that depth, so the bookkeeping does not walk the text again.
+/// tree knows that depth, so the bookkeeping does not walk the text again; nor does
+/// it count the text's chars (for the prompt metrics) where the decision did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     pub op: Op,
     pub held_chars: u64,
+    /// Chars of the recorded text.
+    pub text_chars: u64,
 }
 
 /// A decision and the tree operation to record for it (`cache_aware` with routing
@@ -254,8 +257,9 @@ impl Router {
         let gate_inert = candidates::gate_inert(candidates, self.cfg.worker_queue_limit);
         // The tree policies also say how much of the text the chosen worker holds
         // (what its `Record` carries); the others record nothing. `cache_aware` also
-        // gives the match it walked, if it walked the tree.
-        let (decision, held_chars, matched) = match (policy, text) {
+        // gives the match it walked, if it walked the tree, and the policies that
+        // counted the text's chars, that count.
+        let (decision, held_chars, matched, text_chars) = match (policy, text) {
             (Policy::CacheAware, Some(text)) => {
                 let params = CacheAwareParams {
                     cache_threshold: self.cfg.cache_threshold,
@@ -289,7 +293,8 @@ impl Router {
                     Some(m) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
                     _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
                 });
-                (decision, held, matched)
+                let counted = matched.as_ref().map(|m| m.input_chars);
+                (decision, held, matched, counted)
             }
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(pool, model);
@@ -309,10 +314,10 @@ impl Router {
                 }
                 let decision = ladder.decide(rng);
                 let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
-                (decision, chosen, None)
+                (decision, chosen, None, Some(input as usize))
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
-                (policy::unreadable(candidates, rng), 0, None)
+                (policy::unreadable(candidates, rng), 0, None, None)
             }
             (Policy::RoundRobin, _) => {
                 let mut spare = 0;
@@ -320,10 +325,10 @@ impl Router {
                     .rr_counters
                     .get_mut(pool as usize)
                     .unwrap_or(&mut spare);
-                (policy::round_robin(candidates, counter), 0, None)
+                (policy::round_robin(candidates, counter), 0, None, None)
             }
-            (Policy::Random, _) => (policy::random(candidates, rng), 0, None),
-            (Policy::PowerOfTwo, _) => (policy::power_of_two(candidates, rng), 0, None),
+            (Policy::Random, _) => (policy::random(candidates, rng), 0, None, None),
+            (Policy::PowerOfTwo, _) => (policy::power_of_two(candidates, rng), 0, None, None),
         };
         let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
         if all_down {
@@ -353,6 +358,7 @@ impl Router {
                     text: text.to_string(),
                 },
                 held_chars: held_chars as u64,
+                text_chars: text_chars.unwrap_or_else(|| crate::tree::char_len(text)) as u64,
             }),
             _ => None,
         };
@@ -504,7 +510,7 @@ mod tests {
             for i in 0..300u64 {
                 let conv = rng.below(6);
                 let turns: Vec<String> = (0..=rng.below(4))
-                    .map(|t| format!("c{conv} t{t}"))
+                    .map(|t| format!("c{conv} tür{t}"))
                     .collect();
                 let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
                 let req = chat(&turns);
@@ -514,7 +520,12 @@ mod tests {
                 let routed = r
                     .route(&req, &Loads::inflight_only(&inflight), &mut rng)
                     .unwrap();
-                let Some(Record { op, held_chars }) = routed.record else {
+                let Some(Record {
+                    op,
+                    held_chars,
+                    text_chars,
+                }) = routed.record
+                else {
                     panic!("{policy} records its text");
                 };
                 let Op::Insert {
@@ -528,6 +539,11 @@ mod tests {
                     .tree(*pool, model)
                     .map_or(0, |t| t.tenant_depth(text, worker));
                 assert_eq!(held_chars, walked as u64, "{policy}, request {i}");
+                assert_eq!(
+                    text_chars,
+                    text.chars().count() as u64,
+                    "{policy}, request {i}"
+                );
                 seen.insert((routed.decision.reason, held_chars > 0));
                 r.apply_local(&op);
             }
@@ -559,6 +575,7 @@ mod tests {
                     text,
                 },
             held_chars: keep,
+            ..
         }) = routed.record
         else {
             panic!("cache_aware records its text")

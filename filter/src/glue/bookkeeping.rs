@@ -102,7 +102,7 @@ pub struct Undo {
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
     let mut undo = Undo::default();
-    for Record { op, held_chars } in plan.records {
+    for Record { op, held_chars, .. } in plan.records {
         undo.records.push((state.record(&op), op, held_chars));
     }
     if state.sync_due() || state.shared.outbox.full() {

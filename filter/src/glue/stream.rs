@@ -162,12 +162,14 @@ impl Stream {
         let held = Held::take(state, &target.worker);
         let work = bookkeeping::take_work(state, &target.worker, &plan.main);
         let decision = plan.main;
-        let text_chars = match &parsed {
-            Parsed::Routable(r) => crate::tree::char_len(truncate_text(
+        // A tree policy counted the text's chars as it decided.
+        let text_chars = match (plan.records.first(), &parsed) {
+            (Some(record), _) => usize::try_from(record.text_chars).unwrap_or(usize::MAX),
+            (None, Parsed::Routable(r)) => crate::tree::char_len(truncate_text(
                 &r.text,
                 state.router.config().max_routing_text_bytes,
             )),
-            Parsed::Unroutable { .. } => 0,
+            (None, Parsed::Unroutable { .. }) => 0,
         };
         let undo = bookkeeping::book(state, plan, text_chars);
         self.routed = Some(Routed {
