@@ -847,14 +847,20 @@ mod tests {
                 stay_factor: [1.0, 4.0][pick(2) as usize],
                 ..P
             };
-            // Few distinct values, so ties, caps and shared depths are common.
+            // Few distinct values, so ties, caps and shared depths are common; the
+            // last two depths sit on either side of the 2% margin below a whole
+            // match.
+            let margin = (input as f64 * NEAR_TIE_SHARE) as u64;
+            let depths = [
+                0,
+                input / 2,
+                input,
+                input - margin,
+                input.saturating_sub(margin + 1),
+            ];
             let cands: Vec<TtftCandidate> = (0..n)
                 .map(|w| {
-                    let mut c = cand(
-                        w as TenantId,
-                        pick(4),
-                        [0, input / 2, input, input - input / 50][pick(4) as usize],
-                    );
+                    let mut c = cand(w as TenantId, pick(4), depths[pick(5) as usize]);
                     c.continues = pick(5) == 0;
                     c.conversations = pick(3);
                     c.others = pick(2);
