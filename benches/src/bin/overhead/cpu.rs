@@ -57,19 +57,12 @@ fn parse_schedstat(stat: &str) -> Option<u64> {
 }
 
 /// What a process spent on the CPU over some span.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Spent {
     /// All of it.
     pub cpu: Duration,
     /// Of it, in user space.
     pub user: Duration,
-}
-
-impl std::ops::AddAssign for Spent {
-    fn add_assign(&mut self, other: Spent) {
-        self.cpu += other.cpu;
-        self.user += other.user;
-    }
 }
 
 /// What `pid` has spent so far: its CPU time from schedstat (else utime + stime),
