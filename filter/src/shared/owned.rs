@@ -29,10 +29,11 @@
 //! write or tick publishes its whole count again.
 //!
 //! Encoding: the row count, then per row the id, `at_ms`, the entry count, the
-//! entries' length in bytes (all fixed-width little-endian) and per entry the worker name and `N` numbers, each
-//! a LEB128 varint (the name length-prefixed by one): counts are small, and the
-//! whole table rides in the head every sync reads and writes, so with dozens of
-//! busy workers fixed 8-byte numbers made it kilobytes.
+//! entries' length in bytes (all fixed-width little-endian) and per entry the
+//! worker name and `N` numbers, each a LEB128 varint (the name length-prefixed by
+//! one): counts are small, and the whole table rides in the head every sync reads
+//! and writes, so with dozens of busy workers fixed 8-byte numbers made it
+//! kilobytes.
 //! Decoding never panics; a garbled table reads as empty and the next write
 //! replaces it.
 
