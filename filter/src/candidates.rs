@@ -30,6 +30,30 @@ pub struct Screened {
     pub all_flagged: bool,
     /// Every serving worker was down: they all stayed.
     pub all_down: bool,
+    /// The candidates' in-flight requests between them (`predicted_ttft`'s cap is
+    /// on their mean: a kept screen sums only the busy workers').
+    pub inflight: u64,
+}
+
+impl Screened {
+    fn of(
+        candidates: Vec<Candidate>,
+        flagged: Vec<TenantId>,
+        all_flagged: bool,
+        all_down: bool,
+    ) -> Self {
+        let inflight = candidates
+            .iter()
+            .map(|c| c.inflight)
+            .fold(0, u64::saturating_add);
+        Screened {
+            candidates,
+            flagged,
+            all_flagged,
+            all_down,
+            inflight,
+        }
+    }
 }
 
 /// Candidates of `pool` serving `model`, with their in-flight counts and fresh
@@ -53,12 +77,7 @@ fn screen_serving(serving: Vec<Candidate>, loads: &Loads) -> Screened {
     // spent a third of its guest time here).
     let any = |marks: &[bool]| marks.iter().any(|m| *m);
     if !any(&loads.down) && !any(&loads.overloaded) {
-        return Screened {
-            candidates: serving,
-            flagged: Vec::new(),
-            all_flagged: false,
-            all_down: false,
-        };
+        return Screened::of(serving, Vec::new(), false, false);
     }
     let (down, live): (Vec<Candidate>, Vec<Candidate>) =
         serving.into_iter().partition(|c| marked(&loads.down, c));
@@ -69,19 +88,9 @@ fn screen_serving(serving: Vec<Candidate>, loads: &Loads) -> Screened {
     let flagged_ids = flagged.iter().map(|c| c.worker).collect();
     if open.is_empty() && !flagged.is_empty() {
         // Refusing would turn slow answers into no answers.
-        return Screened {
-            candidates: flagged,
-            flagged: flagged_ids,
-            all_flagged: true,
-            all_down,
-        };
+        return Screened::of(flagged, flagged_ids, true, all_down);
     }
-    Screened {
-        candidates: open,
-        flagged: flagged_ids,
-        all_flagged: false,
-        all_down,
-    }
+    Screened::of(open, flagged_ids, false, all_down)
 }
 
 fn serving(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> (Vec<Candidate>, u64) {
@@ -159,15 +168,22 @@ impl Kept {
                 c.inflight = 0;
             }
         }
+        let mut total: u64 = 0;
         for counts in [&loads.inflight, &loads.peer_inflight] {
             for &worker in counts.busy() {
                 let at = self.position.get(worker).copied().flatten();
-                if let Some(c) = at.and_then(|at| candidates.get_mut(at as usize)) {
+                // A worker busy here and at a peer is counted once.
+                if let Some(c) = at
+                    .and_then(|at| candidates.get_mut(at as usize))
+                    .filter(|c| c.inflight == 0)
+                {
                     c.inflight = loads.fleet_inflight(worker);
+                    total = total.saturating_add(c.inflight);
                     self.counted.extend(at);
                 }
             }
         }
+        self.screened.inflight = total;
     }
 }
 
@@ -264,6 +280,7 @@ static EMPTY: Screened = Screened {
     flagged: Vec::new(),
     all_flagged: false,
     all_down: false,
+    inflight: 0,
 };
 
 /// The queue gate is configured but no candidate has a fresh engine sample, so it

@@ -250,6 +250,7 @@ impl Router {
             flagged,
             all_flagged,
             all_down,
+            inflight: total,
         } = self
             .screens
             .screen((&self.cfg, self.cfg_version), pool, model, loads);
@@ -302,15 +303,46 @@ impl Router {
                 let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
                 let params = self.cfg.ttft_params();
                 let input = crate::tree::char_len(text) as u64;
-                let total = candidates.iter().map(|c| c.inflight).sum();
-                let mut ladder = Ladder::new(&params, input, total, candidates.len());
-                for c in candidates {
+                // A fleet larger than the sample size scores a sample
+                // (`policy::ttft_sample`); otherwise every candidate, in one loop.
+                let sample = (params.sample_size > 0 && candidates.len() > params.sample_size)
+                    .then(|| {
+                        let continuing: Vec<usize> = held
+                            .continued
+                            .iter()
+                            .filter_map(|&t| position_of(candidates, t))
+                            .collect();
+                        let holders = tree.map(|t| t.holders_of_longest(&held));
+                        let position =
+                            |j: usize| position_of(candidates, holders.as_ref()?.get(j)?);
+                        policy::ttft_sample(
+                            candidates.len(),
+                            params.sample_size,
+                            (holders.as_ref().map_or(0, |h| h.len()), position),
+                            &continuing,
+                            rng,
+                        )
+                    })
+                    .flatten();
+                let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
+                let mut ladder = Ladder::new(&params, input, (*total, candidates.len()), scored);
+                let score = |c: &Candidate| {
                     let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
-                    ladder.push(
-                        loads
-                            .ttft_candidate(c, (&held, conversations))
-                            .scored(&params, input),
-                    );
+                    loads
+                        .ttft_candidate(c, (&held, conversations))
+                        .scored(&params, input)
+                };
+                match &sample {
+                    None => {
+                        for c in candidates {
+                            ladder.push(score(c));
+                        }
+                    }
+                    Some(at) => {
+                        for c in at.iter().filter_map(|&i| candidates.get(i)) {
+                            ladder.push(score(c));
+                        }
+                    }
                 }
                 let decision = ladder.decide(rng);
                 let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
@@ -432,6 +464,16 @@ impl Router {
     }
 }
 
+/// Where `worker` is among `candidates` (in worker order): at its own index when no
+/// worker before it was screened out (the common case), else found by a search.
+fn position_of(candidates: &[Candidate], worker: TenantId) -> Option<usize> {
+    let at = worker as usize;
+    if candidates.get(at).is_some_and(|c| c.worker == worker) {
+        return Some(at);
+    }
+    candidates.binary_search_by_key(&worker, |c| c.worker).ok()
+}
+
 /// Whether `found` has owners above the cache threshold, none of them a candidate
 /// and some of them flagged.
 fn owners_filtered(
@@ -482,6 +524,37 @@ mod tests {
             "/v1/chat/completions",
             format!(r#"{{"model":"m","messages":[{}]}}"#, msgs.join(",")).as_bytes(),
         )
+    }
+
+    #[test]
+    fn a_sampled_fleet_still_finds_the_conversation_and_the_rare_prefix() {
+        // 64 workers, 4 scored a request: each conversation's later turns, and a
+        // document one worker alone holds, must still find their worker.
+        let mut r = router(r#","policy":"predicted_ttft","ttft_sample_size":4"#, 64);
+        let mut rng = SplitMix64(3);
+        let idle = vec![0; 64];
+        for c in 0..20 {
+            let first = format!("conversation {c} opens with a question long enough to count");
+            let home = go(&mut r, &chat(&[&first]), &idle, &mut rng)
+                .unwrap()
+                .worker;
+            for turn in 0..3 {
+                let later = format!("{first} and goes on, turn {turn}");
+                let d = go(&mut r, &chat(&[&later]), &idle, &mut rng).unwrap();
+                assert_eq!(d.worker, home, "conversation {c}, turn {turn}");
+                assert_eq!(d.reason, Reason::TtftCache);
+            }
+        }
+        let mut spread = std::collections::BTreeSet::new();
+        for c in 0..200 {
+            let new = format!("{c} a new conversation of its own, nothing like the rest");
+            spread.insert(go(&mut r, &chat(&[&new]), &idle, &mut rng).unwrap().worker);
+        }
+        assert!(
+            spread.len() > 32,
+            "new conversations spread: {}",
+            spread.len()
+        );
     }
 
     #[test]

@@ -231,6 +231,10 @@ pub struct Config {
     /// still keep the request.
     #[serde(default)]
     pub stay_factor: Option<f64>,
+    /// `predicted_ttft`: a fleet larger than this is sampled, this many workers a
+    /// request (default `DEFAULT_TTFT_SAMPLE_SIZE`: 0, every worker scored).
+    #[serde(default)]
+    pub ttft_sample_size: Option<usize>,
     #[serde(default = "default_stale_after")]
     pub stale_after_ms: u64,
     /// Bearer token of the stats push endpoint; unset disables the endpoint.
@@ -338,6 +342,7 @@ impl Config {
                     ("prefill_us_per_char", self.prefill_us_per_char.is_some()),
                     ("service_ms", self.service_ms.is_some()),
                     ("stay_factor", self.stay_factor.is_some()),
+                    ("ttft_sample_size", self.ttft_sample_size.is_some()),
                 ],
             ),
             (
@@ -865,6 +870,14 @@ mod tests {
         .unwrap();
         assert_eq!(set.ttft_params().load_factor, 0.0);
         assert_eq!(set.ttft_params().prefill_us_per_char, 2.5);
+        assert_eq!(p.sample_size, DEFAULT_TTFT_SAMPLE_SIZE);
+        let sampled = with(r#","policy":"predicted_ttft","ttft_sample_size":16"#).unwrap();
+        assert_eq!(sampled.ttft_params().sample_size, 16);
+        let e = with(r#","ttft_sample_size":8"#).unwrap_err();
+        assert_eq!(
+            e.field, "ttft_sample_size",
+            "refused where no pool routes by it"
+        );
         for (extra, field) in [
             (r#","load_factor":-0.1"#, "load_factor"),
             (r#","prefill_us_per_char":0"#, "prefill_us_per_char"),

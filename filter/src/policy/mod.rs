@@ -15,6 +15,7 @@ mod power_of_two;
 mod predicted_ttft;
 mod random;
 mod round_robin;
+mod ttft_sample;
 
 pub(crate) use cache_aware::owning;
 pub use cache_aware::{
@@ -28,6 +29,7 @@ pub use predicted_ttft::{
 };
 pub use random::random;
 pub use round_robin::round_robin;
+pub use ttft_sample::ttft_sample;
 
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::rng::Rng;

@@ -211,9 +211,15 @@ pub struct Ladder<'p> {
 }
 
 impl<'p> Ladder<'p> {
-    /// A ladder for a request of `input_chars` over `n` candidates holding
-    /// `total_inflight` requests between them.
-    pub fn new(params: &'p TtftParams, input_chars: u64, total_inflight: u64, n: usize) -> Self {
+    /// A ladder for a request of `input_chars` over a fleet of `n` candidates
+    /// holding `total_inflight` requests between them, `scored` of which it will
+    /// be given (all of them, or a sample: `super::ttft_sample`).
+    pub fn new(
+        params: &'p TtftParams,
+        input_chars: u64,
+        (total_inflight, n): (u64, usize),
+        scored: usize,
+    ) -> Self {
         Ladder {
             params,
             input_chars,
@@ -221,7 +227,7 @@ impl<'p> Ladder<'p> {
             best: f64::INFINITY,
             longest_eligible: 0,
             longest: 0,
-            scored: Vec::with_capacity(n),
+            scored: Vec::with_capacity(scored),
         }
     }
 
@@ -404,6 +410,7 @@ mod tests {
         prefill_us_per_char: 5.0,
         service_ms: 20.0,
         stay_factor: 1.0,
+        sample_size: 0,
     };
 
     fn cand(worker: TenantId, inflight: u64, cached: u64) -> TtftCandidate {
@@ -427,7 +434,7 @@ mod tests {
         rng: &mut dyn Rng,
     ) -> Option<Decision> {
         let total = cands.iter().map(|c| c.inflight).sum();
-        let mut ladder = Ladder::new(p, input, total, cands.len());
+        let mut ladder = Ladder::new(p, input, (total, cands.len()), cands.len());
         for c in cands {
             ladder.push(c.scored(p, input));
         }

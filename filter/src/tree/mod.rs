@@ -107,6 +107,27 @@ pub struct TenantMatches {
     /// turns before it. A shared prefix (a system prompt several texts extend) is
     /// not a leaf, so a new conversation under it continues nobody. Sorted.
     pub continued: Vec<TenantId>,
+    /// The last node of the text's path: its tenants hold the whole of the longest
+    /// match (`Tree::holders_of_longest`; the root when nothing matched).
+    deepest: NodeIdx,
+}
+
+/// The tenants holding the whole of a text's longest match, indexed where they are
+/// rather than copied: a shared prompt's node has every worker of the fleet on it.
+pub struct Holders<'t>(&'t [Hold]);
+
+impl Holders<'_> {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, at: usize) -> Option<TenantId> {
+        self.0.get(at).map(|h| h.tenant)
+    }
 }
 
 impl TenantMatches {
@@ -438,7 +459,7 @@ impl Tree {
         // the depths found so far for each of them was quadratic.
         let mut depth_of: Vec<usize> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
-        self.walk(text, |_, node, matched, whole| {
+        let (deepest, _) = self.walk(text, |_, node, matched, whole| {
             for h in &node.tenants {
                 if let Some(d) = by_tenant(&mut depth_of, h.tenant) {
                     *d = matched;
@@ -453,6 +474,16 @@ impl Tree {
         TenantMatches {
             depth_of,
             continued,
+            deepest,
+        }
+    }
+
+    /// The tenants holding the whole of the longest match `m` found (none when it
+    /// found nothing); `m` must come from this tree, as it is.
+    pub fn holders_of_longest(&self, m: &TenantMatches) -> Holders<'_> {
+        match self.nodes.get(m.deepest as usize) {
+            Some(node) if m.deepest != ROOT && node.live => Holders(&node.tenants),
+            _ => Holders(&[]),
         }
     }
 
@@ -578,6 +609,34 @@ mod tests {
         let mut u = Tree::new();
         u.insert("héllo wörld", 5, 1);
         assert_eq!(u.tenant_matches("héllo wörlx").depths(), vec![(5, 10)]);
+    }
+
+    #[test]
+    fn the_longest_matchs_holders_are_the_deepest_nodes_tenants() {
+        let mut t = Tree::new();
+        t.insert("system prompt|alice hello", 0, 1);
+        t.insert("system prompt|bob hi", 1, 2);
+        t.insert("system prompt|alice hello", 4, 3);
+        t.insert("system", 2, 4);
+        let holders = |text: &str| {
+            let h = t.holders_of_longest(&t.tenant_matches(text));
+            let mut v: Vec<_> = (0..h.len()).filter_map(|j| h.get(j)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(holders("system prompt|alice hello again"), vec![0, 4]);
+        assert_eq!(
+            holders("system prompt|carol"),
+            vec![0, 1, 4],
+            "the shared prompt's"
+        );
+        assert_eq!(
+            holders("systXm"),
+            vec![0, 1, 2, 4],
+            "a match ending inside an edge"
+        );
+        assert!(holders("nothing alike").is_empty(), "no match, no holders");
+        assert!(t.holders_of_longest(&TenantMatches::default()).is_empty());
     }
 
     #[test]
