@@ -38,6 +38,7 @@
 //! replaces it.
 
 use std::cell::{Cell, RefCell};
+use std::hash::BuildHasher;
 
 use super::ring::Rider;
 use super::{put_varint, Reader};
@@ -147,6 +148,80 @@ impl<const N: usize> Held<N> {
     }
 }
 
+/// What this VM holds, in the order first taken (the order its row lists them),
+/// found by name without a scan: with dozens of workers busy, comparing names along
+/// the list for each of a request's four changes was most of what the bookkeeping
+/// cost.
+#[derive(Debug, Default)]
+struct Mine<const N: usize> {
+    held: Vec<Held<N>>,
+    /// Each held worker's position in `held`, hashed by its name (the name is not
+    /// copied: a busy fleet takes a new worker on most requests).
+    at: hashbrown::HashTable<usize>,
+    hasher: hashbrown::DefaultHashBuilder,
+}
+
+impl<const N: usize> Mine<N> {
+    fn hash(&self, name: &str) -> u64 {
+        self.hasher.hash_one(name)
+    }
+
+    /// Adds `delta` to `worker`'s counts (saturating at zero); a worker whose
+    /// counts are all zero is no longer held.
+    fn change(&mut self, worker: &str, delta: [i64; N]) {
+        let hash = self.hash(worker);
+        let held = &self.held;
+        let found = self
+            .at
+            .find(hash, |&i| held.get(i).is_some_and(|h| h.name == worker))
+            .copied();
+        let pos = match found {
+            Some(pos) => pos,
+            None => {
+                let pos = self.held.len();
+                self.held.push(Held {
+                    name: worker.to_string(),
+                    values: [0; N],
+                    index: Cell::new(None),
+                });
+                let (held, hasher) = (&self.held, &self.hasher);
+                self.at.insert_unique(hash, pos, |&i| {
+                    held.get(i).map_or(0, |h| hasher.hash_one(h.name.as_str()))
+                });
+                pos
+            }
+        };
+        let Some(Held { values, .. }) = self.held.get_mut(pos) else {
+            return;
+        };
+        for (v, d) in values.iter_mut().zip(delta) {
+            *v = v.saturating_add_signed(d);
+        }
+        if values.iter().all(|x| *x == 0) {
+            self.remove(pos, hash);
+        }
+    }
+
+    /// Drops the worker at `pos` (its name hashing to `hash`); the last takes its
+    /// place.
+    fn remove(&mut self, pos: usize, hash: u64) {
+        if pos >= self.held.len() {
+            return;
+        }
+        if let Ok(entry) = self.at.find_entry(hash, |&i| i == pos) {
+            entry.remove();
+        }
+        let last = self.held.len() - 1;
+        if pos != last {
+            let moved = self.held.get(last).map(|h| self.hash(&h.name));
+            if let Some(slot) = moved.and_then(|h| self.at.find_mut(h, |&i| i == last)) {
+                *slot = pos;
+            }
+        }
+        self.held.swap_remove(pos);
+    }
+}
+
 /// Whose count a sum takes: another VM's entry, read by name, or one this VM
 /// holds, which remembers its index.
 enum Counted<'a, const N: usize> {
@@ -217,7 +292,7 @@ pub struct OwnedCounts<const N: usize> {
     vm: u64,
     expiry_ms: u64,
     /// What this VM holds: the truth its row publishes.
-    mine: RefCell<Vec<Held<N>>>,
+    mine: RefCell<Mine<N>>,
     /// When this VM's row was last stored.
     written_at: Cell<u64>,
     /// `mine` differs from the published row (a change waits, or the last write
@@ -230,7 +305,7 @@ impl<const N: usize> OwnedCounts<N> {
         OwnedCounts {
             vm,
             expiry_ms,
-            mine: RefCell::new(Vec::new()),
+            mine: RefCell::new(Mine::default()),
             written_at: Cell::new(0),
             unpublished: Cell::new(false),
         }
@@ -264,7 +339,7 @@ impl<const N: usize> OwnedCounts<N> {
                 add(Counted::Other(name), &values);
             }
         }
-        for held in self.mine.borrow().iter() {
+        for held in &self.mine.borrow().held {
             add(Counted::Mine(held), &held.values);
         }
     }
@@ -313,12 +388,15 @@ impl<const N: usize> OwnedCounts<N> {
     /// What this VM holds.
     pub fn mine(&self) -> Counts<N> {
         let mine = self.mine.borrow();
-        mine.iter().map(|h| (h.name.clone(), h.values)).collect()
+        mine.held
+            .iter()
+            .map(|h| (h.name.clone(), h.values))
+            .collect()
     }
 
     /// Whether this VM holds nothing.
     pub fn holds_nothing(&self) -> bool {
-        self.mine.borrow().is_empty()
+        self.mine.borrow().held.is_empty()
     }
 
     /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
@@ -327,26 +405,10 @@ impl<const N: usize> OwnedCounts<N> {
     /// (see the module's doc).
     pub fn change(&self, worker: &str, delta: [i64; N]) -> bool {
         let mut mine = self.mine.borrow_mut();
-        let pos = match mine.iter().position(|h| h.name == worker) {
-            Some(pos) => pos,
-            None => {
-                mine.push(Held {
-                    name: worker.to_string(),
-                    values: [0; N],
-                    index: Cell::new(None),
-                });
-                mine.len() - 1
-            }
-        };
-        if let Some(Held { values, .. }) = mine.get_mut(pos) {
-            for (v, d) in values.iter_mut().zip(delta) {
-                *v = v.saturating_add_signed(d);
-            }
-        }
-        mine.retain(|h| h.values.iter().any(|x| *x > 0));
+        mine.change(worker, delta);
         self.unpublished.set(true);
         let releases_only = delta.iter().all(|d| *d <= 0);
-        !releases_only || mine.is_empty()
+        !releases_only || mine.held.is_empty()
     }
 
     /// Whether this VM's row differs from what it last stored.
@@ -358,7 +420,7 @@ impl<const N: usize> OwnedCounts<N> {
     /// of the expiry old while it holds anything (so live counts never expire).
     pub fn due(&self, now_ms: u64) -> bool {
         let stale = now_ms.saturating_sub(self.written_at.get()) >= self.expiry_ms / 3;
-        self.unpublished.get() || (stale && !self.mine.borrow().is_empty())
+        self.unpublished.get() || (stale && !self.mine.borrow().held.is_empty())
     }
 
     /// The encoded `table` with this VM's row replaced by its counts (none: the row
@@ -366,7 +428,7 @@ impl<const N: usize> OwnedCounts<N> {
     pub fn rewrite(&self, table: &[u8], now_ms: u64) -> Vec<u8> {
         let rows: Vec<RowRef> = self.others(table, now_ms).collect();
         let mine = self.mine.borrow();
-        let own = (!mine.is_empty()).then_some((self.vm, now_ms, mine.as_slice()));
+        let own = (!mine.held.is_empty()).then_some((self.vm, now_ms, mine.held.as_slice()));
         encode(&rows, own)
     }
 
@@ -475,6 +537,31 @@ mod tests {
         ) -> Vec<[u64; 1]> {
             sum_by_worker(&self.counts, &self.tail(store), now, names)
         }
+    }
+
+    #[test]
+    fn a_worker_let_go_leaves_the_others_found_by_name() {
+        let counts: OwnedCounts<2> = OwnedCounts::new(1, EXPIRY);
+        for w in ["w0", "w1", "w2", "w3"] {
+            counts.change(w, [1, 0]);
+        }
+        counts.change("w2", [0, 5]);
+        assert!(!counts.change("w0", [-1, 0]), "w0 goes: w3 takes its place");
+        assert!(counts.change("w3", [0, 2]), "a take publishes");
+        assert!(
+            !counts.change("w1", [-1, -1]),
+            "w1 goes: w2 takes its place"
+        );
+        assert!(!counts.change("w2", [-1, 0]));
+        assert_eq!(
+            counts.mine(),
+            vec![("w3".to_string(), [1, 2]), ("w2".to_string(), [0, 5])]
+        );
+        assert!(!counts.change("w3", [-1, -2]));
+        assert!(counts.change("w2", [0, -9]), "the last release");
+        assert!(counts.holds_nothing());
+        counts.change("w1", [0, 0]);
+        assert!(counts.holds_nothing(), "a change to nothing holds nothing");
     }
 
     #[test]
