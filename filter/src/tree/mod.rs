@@ -459,17 +459,34 @@ impl Tree {
         // the depths found so far for each of them was quadratic.
         let mut depth_of: Vec<usize> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
-        let (deepest, _) = self.walk(text, |_, node, matched, whole| {
-            for h in &node.tenants {
-                if let Some(d) = by_tenant(&mut depth_of, h.tenant) {
+        let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
+            for h in &self.node(idx).tenants {
+                if let Some(d) = by_tenant(depth_of, h.tenant) {
                     *d = matched;
                 }
             }
+        };
+        // A node's tenants are among its parent's, so a node with as many tenants
+        // as its parent has the same ones and the parent's depths would be
+        // overwritten: a run of such nodes is marked once, at its last (a shared
+        // prompt cut into a few nodes by the prompts that share its start has
+        // every worker on each of them).
+        let mut pending: Option<(NodeIdx, usize, usize)> = None;
+        let (deepest, _) = self.walk(text, |idx, node, matched, whole| {
+            if let Some((prev, prev_matched, held)) = pending {
+                if held != node.tenants.len() {
+                    mark(&mut depth_of, prev, prev_matched);
+                }
+            }
+            pending = Some((idx, matched, node.tenants.len()));
             // A leaf is the last node of any walk: only it can be continued.
             if whole && node.children.is_empty() {
                 continued.extend(node.tenants.iter().map(|h| h.tenant));
             }
         });
+        if let Some((last, matched, _)) = pending {
+            mark(&mut depth_of, last, matched);
+        }
         continued.sort_unstable();
         TenantMatches {
             depth_of,
@@ -1059,7 +1076,7 @@ mod tests {
                     .map(|_| alphabet[rng.below(alphabet.len())])
                     .collect();
                 let tenant = rng.below(4) as TenantId;
-                match rng.below(13) {
+                match rng.below(14) {
                     0 => t.remove_tenant(tenant),
                     1 => t.evict_tenants_over(rng.below(20)),
                     2 => t.evict_to_budget(rng.below(40)),
@@ -1082,6 +1099,16 @@ mod tests {
                         }
                     }
                     5 => t.forget(&text, tenant, rng.below(6), rng.below(60) as u64),
+                    6 => {
+                        let m = t.tenant_matches(&text);
+                        for tenant in 0..4 {
+                            assert_eq!(
+                                m.depth(tenant),
+                                t.tenant_depth(&text, tenant),
+                                "round {round}: tenant {tenant}'s depth is its own walk's"
+                            );
+                        }
+                    }
                     _ => {
                         t.insert(&text, tenant, clock);
                         let m = t.prefix_match(&text);
