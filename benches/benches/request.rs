@@ -16,7 +16,9 @@
 //! requests after 64 of warm-up, the filter loaded with `Filter::metered`): exact
 //! figures, where the timings move with whatever else the machine runs. `cache_aware`
 //! is counted also with 8 requests in flight at once, as on a loaded thread (a
-//! release while others are held is published with the next booking). `LLM_BENCH_BEFORE=<path to
+//! release while others are held is published with the next booking), and
+//! `predicted_ttft` with 64, as `benches/overhead --callgrind --connections 64`
+//! loads Envoy (on 256 workers, 64 of them busy at once). `LLM_BENCH_BEFORE=<path to
 //! another llm_router.wasm>` measures that build too, as `before/...`, side by side in
 //! the same run; `LLM_ROUTER_WASM` picks the build under test; `LLM_BENCH_WORKERS=256`
 //! runs every case on a fleet of that many workers instead of 4.
@@ -212,6 +214,7 @@ fn bench_build(
         ("cache_aware", 4, 1),
         ("round_robin", 1, 1),
         ("predicted_ttft", 1, 1),
+        ("predicted_ttft", 1, 64),
     ] {
         hostcalls_per_request(&metered, policy, (vms, depth), bodies);
     }
