@@ -233,15 +233,20 @@ fn report_callgrind(
     connections: usize,
     results: &[Counted],
 ) -> (String, serde_json::Value) {
-    let floor = results
-        .iter()
-        .find(|c| c.variant == FLOOR)
-        .map(Counted::instructions_per_request)
-        .unwrap_or(f64::NAN);
+    let floor_of = |per: fn(&Counted) -> f64| {
+        results
+            .iter()
+            .find(|c| c.variant == FLOOR)
+            .map(per)
+            .unwrap_or(f64::NAN)
+    };
+    let floor = floor_of(Counted::instructions_per_request);
+    let worker_floor = floor_of(Counted::worker_instructions_per_request);
+    let signed = |n: f64| format!("{}{}", if n > 0.0 { "+" } else { "" }, thousands(n));
     let mut out = format!(
         "\n{} workers, {} bodies, Envoy --concurrency {}, under callgrind ({connections} connection{})\n\n\
-         | variant | Envoy instructions/req | x floor | - floor | runs | cache_hit |\n\
-         |---|---|---|---|---|---|\n",
+         | variant | Envoy instructions/req | x floor | - floor | - floor, worker threads | runs | cache_hit |\n\
+         |---|---|---|---|---|---|---|\n",
         p.workers,
         size_label(p.body_bytes),
         p.threads,
@@ -250,22 +255,23 @@ fn report_callgrind(
     let mut rows = Vec::new();
     for c in results {
         let per_request = c.instructions_per_request();
-        let above = per_request - floor;
+        let on_workers = c.worker_instructions_per_request();
         let runs: Vec<String> = c.runs.iter().map(|r| thousands(*r)).collect();
         let hit = hit_label(c.hit_rate);
         out += &format!(
-            "| {} | {} | {:.2} | {}{} | {} | {} |\n",
+            "| {} | {} | {:.2} | {} | {} | {} | {} |\n",
             c.variant,
             thousands(per_request),
             per_request / floor,
-            if above > 0.0 { "+" } else { "" },
-            thousands(above),
+            signed(per_request - floor),
+            signed(on_workers - worker_floor),
             runs.join(" / "),
             hit
         );
         rows.push(json!({
             "variant": c.variant,
             "instructions_per_req": per_request,
+            "worker_thread_instructions_per_req": on_workers,
             "instructions_per_req_runs": c.runs,
             "requests": c.requests,
             "cache_hit_rate": c.hit_rate,
