@@ -1,0 +1,134 @@
+//! Each tenant's own share of a text (`predicted_ttft` scores every worker by the
+//! prefix it holds, not only the deepest owner's) and the holders of the longest
+//! match, which a sampled fleet draws from.
+
+use super::{by_tenant, Hold, NodeIdx, TenantId, Tree, ROOT};
+
+/// Each tenant's share of one text (`Tree::tenant_matches`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TenantMatches {
+    /// Chars of the text each tenant holds as a prefix, by tenant id (ids are
+    /// worker indices, so dense), 0 for none of it. Every candidate of a fleet
+    /// looks itself up here: at 256 workers a binary search each showed in a
+    /// profile.
+    depth_of: Vec<usize>,
+    /// Tenants holding a stored text that the text continues: it matched all of a
+    /// leaf, a text nobody else's extends, as a conversation's next turn resends the
+    /// turns before it. A shared prefix (a system prompt several texts extend) is
+    /// not a leaf, so a new conversation under it continues nobody. Sorted.
+    pub continued: Vec<TenantId>,
+    /// The last node of the text's path: its tenants hold the whole of the longest
+    /// match (`Tree::holders_of_longest`; the root when nothing matched).
+    deepest: NodeIdx,
+}
+
+/// The tenants holding the whole of a text's longest match, indexed where they are
+/// rather than copied: a shared prompt's node has every worker of the fleet on it.
+pub struct Holders<'t>(&'t [Hold]);
+
+impl Holders<'_> {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, at: usize) -> Option<TenantId> {
+        self.0.get(at).map(|h| h.tenant)
+    }
+}
+
+impl TenantMatches {
+    /// Chars of the text `tenant` holds.
+    pub fn depth(&self, tenant: TenantId) -> usize {
+        self.depth_of.get(tenant as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether the text continues one of `tenant`'s.
+    pub fn continues(&self, tenant: TenantId) -> bool {
+        self.continued.binary_search(&tenant).is_ok()
+    }
+
+    /// The tenants holding any of the text and how much, by tenant.
+    #[cfg(test)]
+    pub fn depths(&self) -> Vec<(TenantId, usize)> {
+        (0..)
+            .zip(&self.depth_of)
+            .filter(|(_, &d)| d > 0)
+            .map(|(t, &d)| (t, d))
+            .collect()
+    }
+}
+
+impl Tree {
+    /// How many chars of `text` each tenant holds as a prefix (its own match
+    /// depth, not only the deepest owner's), and which tenants' texts `text`
+    /// continues. A tenant on a node holds the whole path to it, so its depth is the
+    /// matched length at the deepest node of the path it holds.
+    pub fn tenant_matches(&self, text: &str) -> TenantMatches {
+        // By tenant id (ids are worker indices, so dense): at 256 workers a shared
+        // system prompt has 256 tenants on every node of its path, and a search of
+        // the depths found so far for each of them was quadratic.
+        let mut depth_of: Vec<usize> = Vec::new();
+        let mut continued: Vec<TenantId> = Vec::new();
+        let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
+            for h in &self.node(idx).tenants {
+                if let Some(d) = by_tenant(depth_of, h.tenant) {
+                    *d = matched;
+                }
+            }
+        };
+        // A node's tenants are among its parent's, so a node with as many tenants
+        // as its parent has the same ones and the parent's depths would be
+        // overwritten: a run of such nodes is marked once, at its last (a shared
+        // prompt cut into a few nodes by the prompts that share its start has
+        // every worker on each of them).
+        let mut pending: Option<(NodeIdx, usize, usize)> = None;
+        let (deepest, _) = self.walk(text, |idx, node, matched, whole| {
+            if let Some((prev, prev_matched, held)) = pending {
+                if held != node.tenants.len() {
+                    mark(&mut depth_of, prev, prev_matched);
+                }
+            }
+            pending = Some((idx, matched, node.tenants.len()));
+            // A leaf is the last node of any walk: only it can be continued.
+            if whole && node.children.is_empty() {
+                continued.extend(node.tenants.iter().map(|h| h.tenant));
+            }
+        });
+        if let Some((last, matched, _)) = pending {
+            mark(&mut depth_of, last, matched);
+        }
+        continued.sort_unstable();
+        TenantMatches {
+            depth_of,
+            continued,
+            deepest,
+        }
+    }
+
+    /// The tenants holding the whole of the longest match `m` found (none when it
+    /// found nothing); `m` must come from this tree, as it is.
+    pub fn holders_of_longest(&self, m: &TenantMatches) -> Holders<'_> {
+        match self.nodes.get(m.deepest as usize) {
+            Some(node) if m.deepest != ROOT && node.live => Holders(&node.tenants),
+            _ => Holders(&[]),
+        }
+    }
+
+    /// How many chars of `text` `tenant` holds as a prefix (what `tenant_matches`
+    /// says for it), stopping at the first node on the path it does not hold.
+    pub fn tenant_depth(&self, text: &str, tenant: TenantId) -> usize {
+        let mut depth = 0;
+        let mut held = true;
+        self.walk(text, |_, node, matched, _| {
+            held = held && node.tenant_pos(tenant).is_some();
+            if held {
+                depth = matched;
+            }
+        });
+        depth
+    }
+}
