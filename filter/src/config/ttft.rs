@@ -1,7 +1,8 @@
 //! `predicted_ttft`'s settings: the plugin configuration's flat `load_factor`,
-//! `prefill_us_per_char`, `service_ms`, `stay_factor` and `ttft_sample_size` keys, their defaults and
-//! rules, resolved into the `TtftParams` the policy reads. They live with the rest of
-//! the configuration so `config` depends on nothing else in the crate.
+//! `prefill_us_per_char`, `service_ms`, `stay_factor` and `ttft_sample_size` keys,
+//! their defaults and rules, resolved into the `TtftParams` the policy reads. They
+//! live with the rest of the configuration so `config` depends on nothing else in
+//! the crate.
 
 use super::{err, Config, ConfigError};
 

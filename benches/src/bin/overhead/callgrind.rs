@@ -10,9 +10,10 @@
 //! its timers (the stats flush over every cluster, the plugin's tick on the main
 //! thread's VM) run by the clock, so under valgrind, 50 times slower, a request is
 //! charged 50 times its share of them, more for a variant whose run takes longer,
-//! and with 256 clusters that moved the floor by 20k-50k from run to run. `envoy::start` runs whatever binary it
-//! is given, so Envoy is started through a script that execs valgrind with the real
-//! binary; exec keeps the pid, which is how `callgrind_control` finds it.
+//! and with 256 clusters that moved the floor by 20k-50k from run to run.
+//! `envoy::start` runs whatever binary it is given, so Envoy is started through a
+//! script that execs valgrind with the real binary; exec keeps the pid, which is how
+//! `callgrind_control` finds it.
 
 use anyhow::{bail, Context, Result};
 use std::os::unix::fs::PermissionsExt;
@@ -83,20 +84,7 @@ impl Counter {
         let out = f()?;
         self.control(pid, &["-i", "off"])?;
         self.control(pid, &["-d"])?;
-        let files = dumps(&self.dir)?;
-        let main: Vec<PathBuf> = files
-            .iter()
-            .filter(|(thread, _)| *thread == MAIN_THREAD)
-            .map(|(_, f)| f.clone())
-            .collect();
-        let all: Vec<PathBuf> = files.into_iter().map(|(_, f)| f).collect();
-        Ok((
-            out,
-            Count {
-                all: instructions(&all)?,
-                main: instructions(&main)?,
-            },
-        ))
+        Ok((out, count(dumps(&self.dir)?)?))
     }
 
     /// Copies the dumps so far to `dir` as `<name>.<k>`.
@@ -144,6 +132,20 @@ const MAIN_THREAD: u32 = 1;
 pub struct Count {
     pub all: u64,
     pub main: u64,
+}
+
+/// What the dumps (`dumps`) count: all of them, and the main thread's.
+fn count(files: Vec<(u32, PathBuf)>) -> Result<Count> {
+    let (main, rest): (Vec<_>, Vec<_>) = files
+        .into_iter()
+        .partition(|(thread, _)| *thread == MAIN_THREAD);
+    let paths = |files: Vec<(u32, PathBuf)>| files.into_iter().map(|(_, f)| f).collect::<Vec<_>>();
+    let main = instructions(&paths(main))?;
+    let rest = instructions(&paths(rest))?;
+    Ok(Count {
+        all: main.saturating_add(rest),
+        main,
+    })
 }
 
 /// The dumps in `dir` (`callgrind.out.<n>-<thread>`, or `callgrind.out.<n>` for a
@@ -249,8 +251,11 @@ mod tests {
         std::fs::write(tmp.0.join("callgrind.outlier"), "").expect("write");
         let files = dumps(&tmp.0).expect("two dumps");
         assert_eq!(files.len(), 2, "{files:?}");
-        let paths: Vec<PathBuf> = files.into_iter().map(|(_, f)| f).collect();
-        assert_eq!(instructions(&paths).expect("both parse"), 1234);
+        assert_eq!(
+            count(files).expect("both parse"),
+            Count { all: 1234, main: 0 },
+            "one file for all threads: none of it apart"
+        );
     }
 
     #[test]
@@ -263,12 +268,13 @@ mod tests {
         let files = dumps(&tmp.0).expect("two dumps");
         let threads: Vec<u32> = files.iter().map(|(t, _)| *t).collect();
         assert_eq!(threads, vec![1, 2], "by dump, then thread: {files:?}");
-        let main: Vec<PathBuf> = files
-            .iter()
-            .filter(|(t, _)| *t == MAIN_THREAD)
-            .map(|(_, f)| f.clone())
-            .collect();
-        assert_eq!(instructions(&main).expect("parses"), 300);
+        assert_eq!(
+            count(files).expect("both parse"),
+            Count {
+                all: 1000,
+                main: 300
+            }
+        );
     }
 
     #[test]
