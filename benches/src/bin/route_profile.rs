@@ -18,14 +18,14 @@
 
 use anyhow::{anyhow, Result};
 use clap::Parser;
-use llm_load::generate::{conversation, GenerateConfig};
+use llm_load::generate::{generate, GenerateConfig};
+use llm_load::workload::CHAT_PATH;
 use llm_router::config::Config;
 use llm_router::load::Loads;
 use llm_router::parse::{parse, Parsed};
 use llm_router::policy::WorkerWork;
 use llm_router::rng::SplitMix64;
 use llm_router::router::Router;
-use serde_json::json;
 use std::collections::VecDeque;
 
 #[derive(Parser, Debug)]
@@ -73,22 +73,21 @@ fn config(args: &Args) -> Result<Config> {
     Config::from_json(json.as_bytes()).map_err(|e| anyhow!("configuration: {e}"))
 }
 
-/// The workload: every session's turns in order, sessions interleaved.
+/// The workload as `llm-load generate` writes it: every session's first turn, then
+/// every second turn, and so on.
 fn requests(args: &Args) -> Vec<Parsed> {
     let cfg = GenerateConfig {
+        sessions: args.sessions,
+        turns: TURNS,
         system_prompts: 8,
         system_prompt_chars: args.system_prompt_chars,
         ..GenerateConfig::default()
     };
-    (0..TURNS)
-        .flat_map(|turn| (0..args.sessions).map(move |s| (s, turn)))
-        .map(|(s, turn)| {
-            let messages: Vec<_> = conversation(&cfg, s, turn)
-                .into_iter()
-                .map(|(role, content)| json!({"role": role, "content": content}))
-                .collect();
-            let body = json!({"model": "mock", "messages": messages});
-            parse("/v1/chat/completions", body.to_string().as_bytes())
+    generate(&cfg)
+        .iter()
+        .map(|line| {
+            let path = line.path.as_deref().unwrap_or(CHAT_PATH);
+            parse(path, line.body.to_string().as_bytes())
         })
         .collect()
 }
