@@ -242,18 +242,50 @@ impl<'p> Ladder<'p> {
         self.scored.push(c);
     }
 
+    /// Takes a quiet candidate's prediction as the best if it is (`super::ttft_quiet`:
+    /// one in flight nowhere and holding none of the text, so under the cap and
+    /// no holder); it is offered to the fleet rung by `decide_with`.
+    pub fn offer_best(&mut self, ttft_us: f64) {
+        self.best = least(self.best, ttft_us);
+    }
+
+    /// Takes the most chars a quiet candidate holds (at most `margin`: no holder
+    /// of the prefix, but what it holds counts toward the longest matches).
+    pub fn offer_held(&mut self, cached_chars: u64) {
+        self.longest = self.longest.max(cached_chars);
+        self.longest_eligible = self.longest_eligible.max(cached_chars);
+    }
+
+    /// Matches within this many chars of each other are equal, and one no longer
+    /// than it is no match.
+    pub fn margin(&self) -> u64 {
+        (self.input_chars as f64 * NEAR_TIE_SHARE) as u64
+    }
+
+    /// The fleet rung's bound: predictions at most this are near the best.
+    pub fn near_us(&self) -> f64 {
+        self.best * (1.0 + self.params.load_factor) + self.best * NEAR_TIE_SHARE
+    }
+
     /// Chooses where the request goes: its conversation's worker, else the holders
     /// of its prefix, else the fleet, each time the one with the fewest
     /// conversations among those the rung keeps (see the module docs).
     pub fn decide(&self, rng: &mut dyn Rng) -> Option<Decision> {
+        self.decide_with(&[], rng)
+    }
+
+    /// `decide`, with `quiet` offered to the fleet rung besides the candidates
+    /// pushed: the quiet candidates that rung can keep (`super::ttft_quiet`), whose
+    /// best was given to `offer_best`.
+    pub fn decide_with(&self, quiet: &[Scored], rng: &mut dyn Rng) -> Option<Decision> {
         let (p, input_chars, cap) = (self.params, self.input_chars, self.cap);
         let (best, longest, longest_eligible) = (self.best, self.longest, self.longest_eligible);
         let within_us = best * p.stay_factor + best * NEAR_TIE_SHARE;
-        let near_us = best * (1.0 + p.load_factor) + best * NEAR_TIE_SHARE;
+        let near_us = self.near_us();
         // A few chars of a match (two users' questions that start alike) are no
         // reason to prefer a worker: matches within `margin` of each other are
         // equal, and one no longer than it is no match.
-        let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
+        let margin = self.margin();
         let holds = |cached: u64, longest: u64| {
             longest > margin && cached.saturating_add(margin) >= longest
         };
@@ -279,6 +311,9 @@ impl<'p> Ladder<'p> {
             {
                 holding.offer(c);
             }
+        }
+        for c in quiet {
+            spread.offer(c);
         }
         // The fleet rung is the near workers under the cap: its fewest
         // conversations are the fleet's.
@@ -353,18 +388,20 @@ impl<'a> Least<'a> {
     fn pick(mut self, rng: &mut dyn Rng) -> Option<&'a Scored> {
         let (_, low) = self.top?;
         self.tied.retain(|c| near_tie(c.ttft_us, low));
+        // In the candidates' order, however they were offered (the quiet come last).
+        self.tied.sort_unstable_by_key(|c| c.worker);
         self.tied.get(rng.below(self.tied.len())).copied()
     }
 }
 
-fn near_tie(t: f64, low: f64) -> bool {
+pub(super) fn near_tie(t: f64, low: f64) -> bool {
     t <= low + low * NEAR_TIE_SHARE
 }
 
 /// `f64::min` for a minimum kept from `INFINITY` (a NaN never replaces it): the
 /// same answer, without the call to `fmin` that `f64::min` compiles to in Wasm
 /// (whose own `f64.min` treats NaN otherwise), once per candidate.
-fn least(low: f64, t: f64) -> f64 {
+pub(super) fn least(low: f64, t: f64) -> f64 {
     if t < low {
         t
     } else {

@@ -28,8 +28,7 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
-use crate::load::WorkerCounts;
-use crate::policy::WorkerWork;
+use crate::load::{WorkTable, WorkerCounts};
 
 /// Columns of a row's entry: requests in flight, of them those prefilling, and
 /// their uncached prefill chars.
@@ -45,7 +44,7 @@ pub struct InflightTable(OwnedCounts<COLUMNS>);
 pub struct ByWorker {
     pub inflight: WorkerCounts,
     /// Empty unless asked for (`predicted_ttft`).
-    pub work: Vec<WorkerWork>,
+    pub work: WorkTable,
 }
 
 pub(super) fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
@@ -117,18 +116,11 @@ impl InflightTable {
         work: bool,
     ) -> ByWorker {
         let mut inflight = WorkerCounts::zeroed(names.len());
-        let mut ahead = if work {
-            vec![WorkerWork::default(); names.len()]
-        } else {
-            Vec::new()
-        };
+        let mut ahead = WorkTable::zeroed(if work { names.len() } else { 0 });
         self.0
             .each_by_worker(&ring.tail(), now_ms, names, |i, &[n, prefilling, chars]| {
                 inflight.add(i, n);
-                if let Some(w) = ahead.get_mut(i) {
-                    w.prefilling = w.prefilling.saturating_add(prefilling);
-                    w.ahead_chars = w.ahead_chars.saturating_add(chars);
-                }
+                ahead.add(i, prefilling, chars);
             });
         ByWorker {
             inflight,
@@ -195,6 +187,7 @@ mod tests {
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
     use crate::config::testing::names;
+    use crate::policy::WorkerWork;
 
     #[test]
     fn inflight_counts_add_and_saturate() {
@@ -320,7 +313,7 @@ mod tests {
         let store = MemStore::default();
         let ring = ring(&store, 4);
         let t = InflightTable::new(1, 5000);
-        let work = |t: &InflightTable| t.by_worker(&ring, &names(), 0, true).work[0];
+        let work = |t: &InflightTable| t.by_worker(&ring, &names(), 0, true).work.get(0);
         t.take("w0");
         t.book_prefill("w0", 4000);
         t.take("w0");
@@ -351,7 +344,7 @@ mod tests {
         assert_eq!(t.mine(), vec![("w0".to_string(), 2)], "still in flight");
         assert_eq!(
             t.by_worker(&ring, &names(), 0, false).work,
-            Vec::new(),
+            WorkTable::default(),
             "the work only when asked"
         );
         assert!(!t.release("w0"));

@@ -488,11 +488,15 @@ mod tests {
         assert_eq!(deepest.matched_chars, 25);
         assert_eq!(deepest.owners, vec![0]);
         assert_eq!(Tree::new().tenant_matches("x"), TenantMatches::default());
-        assert_eq!(
-            t.tenant_matches(""),
-            TenantMatches::default(),
+        let empty = t.tenant_matches("");
+        assert!(
+            empty.depths().is_empty() && empty.held.is_empty() && empty.continued.is_empty(),
             "an empty text matches nothing"
         );
+        assert_eq!(m.held.len(), 3, "each holder once: {:?}", m.held);
+        let mut held = m.held.clone();
+        held.sort_unstable();
+        assert_eq!(held, [0, 1, 2]);
         // A match ending inside an edge counts the chars up to the divergence.
         assert_eq!(
             t.tenant_matches("systXm").depths(),

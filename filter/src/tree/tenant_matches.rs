@@ -12,6 +12,9 @@ pub struct TenantMatches {
     /// looks itself up here: at 256 workers a binary search each showed in a
     /// profile.
     depth_of: Vec<usize>,
+    /// The tenants whose depth is not 0, each once: a large fleet's quiet workers
+    /// are skipped (`crate::policy::QuietIndex`), and these are not quiet.
+    pub held: Vec<TenantId>,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
     /// turns before it. A shared prefix (a system prompt several texts extend) is
@@ -71,11 +74,22 @@ impl Tree {
         // By tenant id (ids are worker indices, so dense): at 256 workers a shared
         // system prompt has 256 tenants on every node of its path, and a search of
         // the depths found so far for each of them was quadratic.
-        let mut depth_of: Vec<usize> = Vec::new();
+        // Every tenant on a node has a leaf (its deepest node), so the leaves'
+        // table covers every id a walk can mark: one allocation, not one per
+        // tenant id past the end.
+        let mut depth_of: Vec<usize> = vec![0; self.tenant_leaves.len()];
+        let mut held: Vec<TenantId> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
-        let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
-            for h in &self.node(idx).tenants {
+        let mut mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
+            let tenants = &self.node(idx).tenants;
+            // The first node marked has every holder on it (a node's tenants are
+            // among its parent's).
+            held.reserve(tenants.len());
+            for h in tenants {
                 if let Some(d) = by_tenant(depth_of, h.tenant) {
+                    if *d == 0 && matched > 0 {
+                        held.push(h.tenant);
+                    }
                     *d = matched;
                 }
             }
@@ -104,6 +118,7 @@ impl Tree {
         continued.sort_unstable();
         TenantMatches {
             depth_of,
+            held,
             continued,
             deepest,
         }
