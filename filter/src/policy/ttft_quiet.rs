@@ -21,7 +21,7 @@
 //! hundred instructions and more. At 256 workers with 64 requests in flight about
 //! a third of the fleet is busy or holds a request's prompt; the rest is skipped.
 
-use super::predicted_ttft::{least, near_tie, Scored, WorkerCosts};
+use super::predicted_ttft::{near_tie, Scored, WorkerCosts};
 use super::Candidate;
 
 /// Candidates the index is worth keeping for: a smaller fleet is scored whole.
@@ -216,12 +216,17 @@ impl QuietIndex {
         self.marks.get(pos as usize) != Some(&self.stamp)
     }
 
-    /// The quiet candidate at `pos` scored for a request of `input` chars of which
-    /// it holds `held(worker)`: the ladder's formula with the rest 0.
-    fn scored(&self, candidates: &[Candidate], pos: u32, (input, held): Request) -> Option<Scored> {
+    /// The quiet candidate at `pos` scored for a request of which every quiet
+    /// candidate holds `cached` chars and misses `uncached`: the ladder's formula
+    /// with the rest 0.
+    fn scored(
+        &self,
+        candidates: &[Candidate],
+        pos: u32,
+        (cached, uncached): (u64, u64),
+    ) -> Option<Scored> {
         let at = pos as usize;
         let (c, per_char) = (candidates.get(at)?, self.per_char.get(at)?);
-        let cached = held(c.worker);
         Some(Scored {
             worker: c.worker,
             continues: false,
@@ -229,81 +234,59 @@ impl QuietIndex {
             cached_chars: cached,
             conversations: *self.conversations.get(at)?,
             ahead_chars: 0,
-            ttft_us: per_char * input.saturating_sub(cached) as f64,
+            ttft_us: per_char * uncached as f64,
         })
     }
 
-    /// The least any quiet worker at `pos` can be predicted, holding at most
-    /// `most` chars of the `input`.
-    fn bound(&self, pos: u32, input: u64, most: u64) -> f64 {
-        let per_char = self.per_char.get(pos as usize).copied().unwrap_or(0.0);
-        per_char * input.saturating_sub(most) as f64
+    /// The least prediction among the quiet, each missing `uncached` chars of the
+    /// request.
+    pub fn best(&self, uncached: u64) -> Option<f64> {
+        let pos = *self.by_cost.iter().find(|&&p| self.quiet(p))?;
+        Some(self.per_char.get(pos as usize)? * uncached as f64)
     }
 
-    /// The least prediction among the quiet, for a request of `input` chars of
-    /// which each holds `held(worker)`, at most `most` (the quiet hold at most a few
-    /// chars: see the router's `ttft_quiet`).
-    pub fn best(&self, candidates: &[Candidate], (input, held): Request, most: u64) -> Option<f64> {
-        let mut low: Option<f64> = None;
-        for &pos in &self.by_cost {
-            if low.is_some_and(|low| self.bound(pos, input, most) > low) {
-                break;
-            }
-            if !self.quiet(pos) {
-                continue;
-            }
-            if let Some(c) = self.scored(candidates, pos, (input, held)) {
-                low = Some(low.map_or(c.ttft_us, |low| least(low, c.ttft_us)));
-            }
-        }
-        low
-    }
-
-    /// The quiet workers the fleet rung can keep, scored: those of the fewest
-    /// conversations among the quiet predicted within `near_us`, near-tied with the
-    /// least of them (`best`'s request).
-    pub fn spread(
+    /// The least loaded among the quiet predicted within `bound_us`, scored: those
+    /// of the fewest conversations, near-tied with the least prediction of them
+    /// (the quiet hold `cached` chars of the request each and miss `uncached`).
+    pub fn least_loaded(
         &self,
         candidates: &[Candidate],
-        request: Request,
-        most: u64,
-        near_us: f64,
+        (cached, uncached): (u64, u64),
+        bound_us: f64,
     ) -> Vec<Scored> {
-        let input = request.0;
-        let mut near = Vec::new();
+        let mut near: Vec<Scored> = Vec::new();
         let mut at = 0;
         while let Some(&first) = self.by_load.get(at) {
             let group = self.conversations.get(first as usize).copied().unwrap_or(0);
             // Where the next group starts (the order is by conversations first).
             let end = at
-                + self.by_load[at..].partition_point(|&p| {
-                    self.conversations.get(p as usize).copied().unwrap_or(0) == group
+                + self.by_load.get(at..).map_or(0, |rest| {
+                    rest.partition_point(|&p| {
+                        self.conversations.get(p as usize).copied().unwrap_or(0) == group
+                    })
                 });
+            // By cost within the group: the predictions only grow.
             for &pos in self.by_load.get(at..end).unwrap_or(&[]) {
-                if self.bound(pos, input, most) > near_us {
-                    break;
-                }
                 if !self.quiet(pos) {
                     continue;
                 }
-                near.extend(
-                    self.scored(candidates, pos, request)
-                        .filter(|c| c.ttft_us <= near_us),
-                );
+                let Some(c) = self.scored(candidates, pos, (cached, uncached)) else {
+                    continue;
+                };
+                let low = near.first().map_or(c.ttft_us, |l| l.ttft_us);
+                if c.ttft_us > bound_us || !near_tie(c.ttft_us, low) {
+                    break;
+                }
+                near.push(c);
             }
-            if let Some(low) = near.iter().map(|c| c.ttft_us).reduce(least) {
-                near.retain(|c| near_tie(c.ttft_us, low));
+            if !near.is_empty() {
                 return near;
             }
-            at = end;
+            at = end.max(at + 1);
         }
         near
     }
 }
-
-/// A request as the quiet are scored for it: its chars, and how many of them a
-/// worker holds.
-pub type Request<'a> = (u64, &'a dyn Fn(crate::tree::TenantId) -> u64);
 
 /// Adds to `changed` the positions where `table` (by worker index; past its end:
 /// the default) no longer holds what `seen` (by position) took from it.
@@ -381,10 +364,6 @@ mod tests {
 
     const PRIORS: (f64, f64) = (5.0, 20.0);
 
-    fn nothing_held(_: crate::tree::TenantId) -> u64 {
-        0
-    }
-
     #[test]
     fn a_refresh_moves_what_was_learned_and_skips_the_marked() {
         let c = fleet(4);
@@ -396,38 +375,43 @@ mod tests {
         ];
         let mut leaves = vec![1, 0, 0, 0];
         let mut q = QuietIndex::build(&c, &costs, &leaves, PRIORS).unwrap();
-        let request: Request = (100, &nothing_held);
-        assert_eq!(q.best(&c, request, 0), Some(200.0), "w1 at 2 us a char");
+        assert_eq!(q.best(100), Some(200.0), "w1 at 2 us a char");
         assert!(q.mark(1) && !q.mark(1), "marked once");
-        assert_eq!(
-            q.best(&c, request, 0),
-            Some(300.0),
-            "w1 is not quiet: w0 next"
-        );
+        assert_eq!(q.best(100), Some(300.0), "w1 is not quiet: w0 next");
         // w2 learns it is the cheapest; w0's conversation ended.
         costs[2] = learned(1.0);
         leaves[0] = 0;
         assert!(q.refresh(&c, &costs, &leaves, PRIORS));
         assert!(!q.marked(1), "a new request marks nothing");
-        assert_eq!(q.best(&c, request, 0), Some(100.0));
-        let near = q.spread(&c, request, 0, 250.0);
-        let workers: Vec<_> = near.iter().map(|s| s.worker).collect();
+        assert_eq!(q.best(100), Some(100.0));
+        let workers = |rows: Vec<Scored>| rows.iter().map(|s| s.worker).collect::<Vec<_>>();
         assert_eq!(
-            workers,
+            workers(q.least_loaded(&c, (0, 100), 250.0)),
             [2],
             "the fewest conversations, the least predicted"
         );
-        // All within 2% of each other are ties.
+        // All within 2% of the least are ties; the rest of the group is not.
+        leaves = vec![0, 0, 0, 0];
         let costs = vec![learned(1.0), learned(1.01), learned(1.03), learned(1.0)];
         assert!(q.refresh(&c, &costs, &leaves, PRIORS));
-        let near = q.spread(&c, request, 0, 1000.0);
-        let mut workers: Vec<_> = near.iter().map(|s| s.worker).collect();
-        workers.sort_unstable();
-        assert_eq!(workers, [0, 1, 3]);
+        let mut tied = workers(q.least_loaded(&c, (0, 100), 1000.0));
+        tied.sort_unstable();
+        assert_eq!(tied, [0, 1, 3]);
         assert!(
-            q.spread(&c, request, 0, 99.0).is_empty(),
+            q.least_loaded(&c, (0, 100), 99.0).is_empty(),
             "none near enough"
         );
+        // The fewest conversations first, even when slower.
+        leaves = vec![2, 2, 1, 2];
+        assert!(q.refresh(&c, &costs, &leaves, PRIORS));
+        assert_eq!(workers(q.least_loaded(&c, (0, 100), 1000.0)), [2]);
+        assert_eq!(
+            workers(q.least_loaded(&c, (0, 100), 102.0)),
+            [0, 3, 1],
+            "w2 is past the bound: the next group"
+        );
+        let rows = q.least_loaded(&c, (4000, 100), 1000.0);
+        assert_eq!((rows[0].cached_chars, rows[0].ttft_us), (4000, 103.0));
     }
 
     #[test]
@@ -449,18 +433,5 @@ mod tests {
             !QuietIndex::default().refresh(&c, &[], &leaves, PRIORS),
             "another fleet than it was built for"
         );
-    }
-
-    #[test]
-    fn a_shallow_holder_is_scored_by_what_it_holds() {
-        let c = fleet(3);
-        let q = QuietIndex::build(&c, &[], &[0, 0, 0], PRIORS).unwrap();
-        let held = |t: crate::tree::TenantId| if t == 2 { 4 } else { 0 };
-        let request: Request = (100, &held);
-        // 5 us a char: 500 for the others, 480 for w2, which holds 4 chars.
-        assert_eq!(q.best(&c, request, 4), Some(480.0));
-        let near = q.spread(&c, request, 4, 1000.0);
-        let w2 = near.iter().find(|s| s.worker == 2).unwrap();
-        assert_eq!((w2.cached_chars, w2.ttft_us), (4, 480.0));
     }
 }

@@ -490,13 +490,14 @@ mod tests {
         assert_eq!(Tree::new().tenant_matches("x"), TenantMatches::default());
         let empty = t.tenant_matches("");
         assert!(
-            empty.depths().is_empty() && empty.held.is_empty() && empty.continued.is_empty(),
+            empty.depths().is_empty() && empty.ends.is_empty() && empty.continued.is_empty(),
             "an empty text matches nothing"
         );
-        assert_eq!(m.held.len(), 3, "each holder once: {:?}", m.held);
-        let mut held = m.held.clone();
-        held.sort_unstable();
-        assert_eq!(held, [0, 1, 2]);
+        assert_eq!(
+            m.ends,
+            [(6, 1), (14, 1), (25, 1)],
+            "each tenant once, at its own depth"
+        );
         // A match ending inside an edge counts the chars up to the divergence.
         assert_eq!(
             t.tenant_matches("systXm").depths(),

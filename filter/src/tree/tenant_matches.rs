@@ -12,9 +12,12 @@ pub struct TenantMatches {
     /// looks itself up here: at 256 workers a binary search each showed in a
     /// profile.
     depth_of: Vec<usize>,
-    /// The tenants whose depth is not 0, each once: a large fleet's quiet workers
-    /// are skipped (`crate::policy::QuietIndex`), and these are not quiet.
-    pub held: Vec<TenantId>,
+    /// How many tenants hold exactly each depth they hold (the depth, the count),
+    /// shallowest first: the depths of the marked nodes, each holding its own
+    /// tenants less those of the next (a node's tenants are among its parent's).
+    /// A large fleet's workers at the most shared depth are ordered between
+    /// requests, not scored one by one (`crate::policy::QuietIndex`).
+    pub ends: Vec<(usize, usize)>,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
     /// turns before it. A shared prefix (a system prompt several texts extend) is
@@ -78,18 +81,16 @@ impl Tree {
         // table covers every id a walk can mark: one allocation, not one per
         // tenant id past the end.
         let mut depth_of: Vec<usize> = vec![0; self.tenant_leaves.len()];
-        let mut held: Vec<TenantId> = Vec::new();
+        let mut ends: Vec<(usize, usize)> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
         let mut mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
             let tenants = &self.node(idx).tenants;
-            // The first node marked has every holder on it (a node's tenants are
-            // among its parent's).
-            held.reserve(tenants.len());
+            if let Some((_, above)) = ends.last_mut() {
+                *above = above.saturating_sub(tenants.len());
+            }
+            ends.push((matched, tenants.len()));
             for h in tenants {
                 if let Some(d) = by_tenant(depth_of, h.tenant) {
-                    if *d == 0 && matched > 0 {
-                        held.push(h.tenant);
-                    }
                     *d = matched;
                 }
             }
@@ -118,7 +119,7 @@ impl Tree {
         continued.sort_unstable();
         TenantMatches {
             depth_of,
-            held,
+            ends,
             continued,
             deepest,
         }
