@@ -531,29 +531,58 @@ fn ttft_quiet(
             ladder.push(ttft_scored(c, seen, (params, input)));
         }
     }
-    // The quiet hold the depth most workers hold exactly (a warm fleet: the
-    // request's system prompt; a cold one: none of it); any other is scored.
+    // The quiet: the workers at the depth most of the fleet holds exactly (a
+    // warm fleet: the request's system prompt), or those holding at most the
+    // margin (a cold one: none of it, or the chat template's first chars), as
+    // more workers are. Any other is scored. A quiet holder of more than the
+    // margin holds the prefix with the rest of its class; one of less is in no
+    // holders' rung (its cached part is shorter than its missing tail).
+    let margin = ladder.margin() as usize;
     let holding: usize = held.ends.iter().map(|&(_, n)| n).sum();
-    let none = (0, candidates.len().saturating_sub(holding));
-    let common = (held.ends.iter().copied())
-        .fold(none, |most, end| if end.1 > most.1 { end } else { most })
-        .0;
-    for (at, c) in candidates.iter().enumerate() {
-        if held.depth(c.worker) != common && index.mark(at) {
-            ladder.push(ttft_scored(c, seen, (params, input)));
+    let (mut shallow, mut deep) = (candidates.len().saturating_sub(holding), (0, 0));
+    for &(depth, n) in &held.ends {
+        if depth <= margin {
+            shallow += n;
+        } else if n > deep.1 {
+            deep = (depth, n);
         }
     }
-    let held_by_quiet = (common as u64, input.saturating_sub(common as u64));
-    let Some(best) = index.best(held_by_quiet.1) else {
+    let by_depth = deep.1 > shallow;
+    let quiet_at = |depth: usize| match by_depth {
+        true => depth == deep.0,
+        false => depth <= margin,
+    };
+    let mut most = None;
+    for (at, c) in candidates.iter().enumerate() {
+        let depth = held.depth(c.worker);
+        if !quiet_at(depth) {
+            if index.mark(at) {
+                ladder.push(ttft_scored(c, seen, (params, input)));
+            }
+        } else if !index.marked(at) {
+            most = most.max(Some(depth as u64));
+        }
+    }
+    let Some(most) = most else {
         return Some(Vec::new());
     };
-    ladder.push_quiet(best, held_by_quiet.0);
-    // The least loaded within each rung's bound: the holders' and the fleet's.
-    let mut quiet = index.least_loaded(candidates, held_by_quiet, ladder.within_us());
-    for c in index.least_loaded(candidates, held_by_quiet, ladder.near_us()) {
-        if !quiet.iter().any(|q| q.worker == c.worker) {
-            quiet.push(c);
-        }
+    let depth = |t: TenantId| held.depth(t) as u64;
+    let request = policy::QuietRequest {
+        input,
+        held: &depth,
+        most,
+    };
+    let Some(best) = index.best(candidates, &request) else {
+        return Some(Vec::new());
+    };
+    ladder.push_quiet(best, most);
+    // The least loaded within each rung's bound: the fleet's, and the holders'
+    // if a quiet worker can be one (more than the margin, and more than it misses).
+    let mut quiet = index.least_loaded(candidates, &request, ladder.near_us());
+    if most as usize > margin && most > input.saturating_sub(most) {
+        quiet.extend(index.least_loaded(candidates, &request, ladder.within_us()));
+        quiet.sort_unstable_by_key(|c| c.worker);
+        quiet.dedup_by_key(|c| c.worker);
     }
     Some(quiet)
 }

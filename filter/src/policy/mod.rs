@@ -30,7 +30,7 @@ pub use predicted_ttft::{
 };
 pub use random::random;
 pub use round_robin::round_robin;
-pub use ttft_quiet::{QuietIndex, QUIET_INDEX_MIN};
+pub use ttft_quiet::{QuietIndex, Request as QuietRequest, QUIET_INDEX_MIN};
 pub use ttft_sample::ttft_sample;
 
 use crate::decision::{Decision, GateAudit, Reason};

@@ -243,8 +243,8 @@ impl<'p> Ladder<'p> {
     }
 
     /// Takes the quiet candidates (`super::ttft_quiet`): in flight nowhere, so
-    /// under the cap, each holding `cached_chars` of the text, the least of them
-    /// predicted `best_us`; those the rungs can keep are given to `decide_with`.
+    /// under the cap, the most any holds `cached_chars` of the text, the least of
+    /// them predicted `best_us`; those the rungs can keep go to `decide_with`.
     pub fn push_quiet(&mut self, best_us: f64, cached_chars: u64) {
         self.best = least(self.best, best_us);
         self.longest = self.longest.max(cached_chars);
@@ -397,7 +397,7 @@ pub(super) fn near_tie(t: f64, low: f64) -> bool {
 /// `f64::min` for a minimum kept from `INFINITY` (a NaN never replaces it): the
 /// same answer, without the call to `fmin` that `f64::min` compiles to in Wasm
 /// (whose own `f64.min` treats NaN otherwise), once per candidate.
-fn least(low: f64, t: f64) -> f64 {
+pub(super) fn least(low: f64, t: f64) -> f64 {
     if t < low {
         t
     } else {
@@ -530,6 +530,19 @@ mod tests {
             (d.worker, d.reason, d.matched_chars),
             (1, Reason::TtftCache, 3000)
         );
+        // A holder stays within the stay factor (4 here), however slower: w0, with
+        // none of the conversations, at 8 ms to the others' 5 (not near them).
+        let mut slower = quiet.clone();
+        slower[0].conversations = 0;
+        slower[0].ttft_us = 8000.0;
+        let p = TtftParams {
+            stay_factor: 4.0,
+            ..P
+        };
+        let mut ladder = Ladder::new(&p, 4000, (0, 3), 0);
+        ladder.push_quiet(5000.0, 3000);
+        let d = ladder.decide_with(&slower, &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //! hundred instructions and more. At 256 workers with 64 requests in flight about
 //! a third of the fleet is busy or holds a request's prompt; the rest is skipped.
 
-use super::predicted_ttft::{near_tie, Scored, WorkerCosts};
+use super::predicted_ttft::{least, near_tie, Scored, WorkerCosts};
 use super::Candidate;
 
 /// Candidates the index is worth keeping for: a smaller fleet is scored whole.
@@ -216,17 +216,12 @@ impl QuietIndex {
         self.marks.get(pos as usize) != Some(&self.stamp)
     }
 
-    /// The quiet candidate at `pos` scored for a request of which every quiet
-    /// candidate holds `cached` chars and misses `uncached`: the ladder's formula
+    /// The quiet candidate at `pos` scored for `request`: the ladder's formula
     /// with the rest 0.
-    fn scored(
-        &self,
-        candidates: &[Candidate],
-        pos: u32,
-        (cached, uncached): (u64, u64),
-    ) -> Option<Scored> {
+    fn scored(&self, candidates: &[Candidate], pos: u32, request: &Request) -> Option<Scored> {
         let at = pos as usize;
         let (c, per_char) = (candidates.get(at)?, self.per_char.get(at)?);
+        let cached = (request.held)(c.worker);
         Some(Scored {
             worker: c.worker,
             continues: false,
@@ -234,24 +229,41 @@ impl QuietIndex {
             cached_chars: cached,
             conversations: *self.conversations.get(at)?,
             ahead_chars: 0,
-            ttft_us: per_char * uncached as f64,
+            ttft_us: per_char * request.input.saturating_sub(cached) as f64,
         })
     }
 
-    /// The least prediction among the quiet, each missing `uncached` chars of the
-    /// request.
-    pub fn best(&self, uncached: u64) -> Option<f64> {
-        let pos = *self.by_cost.iter().find(|&&p| self.quiet(p))?;
-        Some(self.per_char.get(pos as usize)? * uncached as f64)
+    /// The least the quiet candidate at `pos` can be predicted for `request`.
+    fn bound(&self, pos: u32, request: &Request) -> f64 {
+        let per_char = self.per_char.get(pos as usize).copied().unwrap_or(0.0);
+        per_char * request.input.saturating_sub(request.most) as f64
     }
 
-    /// The least loaded among the quiet predicted within `bound_us`, scored: those
-    /// of the fewest conversations, near-tied with the least prediction of them
-    /// (the quiet hold `cached` chars of the request each and miss `uncached`).
+    /// The least prediction among the quiet for `request`.
+    pub fn best(&self, candidates: &[Candidate], request: &Request) -> Option<f64> {
+        let mut low: Option<f64> = None;
+        for &pos in &self.by_cost {
+            // Later ones cost at least as much a char: none can be lower.
+            if low.is_some_and(|low| self.bound(pos, request) >= low) {
+                break;
+            }
+            if !self.quiet(pos) {
+                continue;
+            }
+            if let Some(c) = self.scored(candidates, pos, request) {
+                low = Some(low.map_or(c.ttft_us, |low| least(low, c.ttft_us)));
+            }
+        }
+        low
+    }
+
+    /// The least loaded among the quiet predicted within `bound_us` for `request`,
+    /// scored: those of the fewest conversations, near-tied with the least
+    /// prediction of them.
     pub fn least_loaded(
         &self,
         candidates: &[Candidate],
-        (cached, uncached): (u64, u64),
+        request: &Request,
         bound_us: f64,
     ) -> Vec<Scored> {
         let mut near: Vec<Scored> = Vec::new();
@@ -265,27 +277,37 @@ impl QuietIndex {
                         self.conversations.get(p as usize).copied().unwrap_or(0) == group
                     })
                 });
-            // By cost within the group: the predictions only grow.
+            // By cost within the group: the predictions' bound only grows.
             for &pos in self.by_load.get(at..end).unwrap_or(&[]) {
+                if self.bound(pos, request) > bound_us {
+                    break;
+                }
                 if !self.quiet(pos) {
                     continue;
                 }
-                let Some(c) = self.scored(candidates, pos, (cached, uncached)) else {
-                    continue;
-                };
-                let low = near.first().map_or(c.ttft_us, |l| l.ttft_us);
-                if c.ttft_us > bound_us || !near_tie(c.ttft_us, low) {
-                    break;
-                }
-                near.push(c);
+                near.extend(
+                    self.scored(candidates, pos, request)
+                        .filter(|c| c.ttft_us <= bound_us),
+                );
             }
-            if !near.is_empty() {
+            if let Some(low) = near.iter().map(|c| c.ttft_us).reduce(least) {
+                near.retain(|c| near_tie(c.ttft_us, low));
                 return near;
             }
             at = end.max(at + 1);
         }
         near
     }
+}
+
+/// A request as the quiet are scored for it.
+pub struct Request<'a> {
+    /// Its routing text's chars.
+    pub input: u64,
+    /// The chars of it a quiet worker holds.
+    pub held: &'a dyn Fn(crate::tree::TenantId) -> u64,
+    /// The most any quiet worker holds (the walks' bound).
+    pub most: u64,
 }
 
 /// Adds to `changed` the positions where `table` (by worker index; past its end:
@@ -364,6 +386,17 @@ mod tests {
 
     const PRIORS: (f64, f64) = (5.0, 20.0);
 
+    fn none(_: crate::tree::TenantId) -> u64 {
+        0
+    }
+
+    /// A request of 100 chars nobody holds any of.
+    const COLD: Request = Request {
+        input: 100,
+        held: &none,
+        most: 0,
+    };
+
     #[test]
     fn a_refresh_moves_what_was_learned_and_skips_the_marked() {
         let c = fleet(4);
@@ -375,18 +408,18 @@ mod tests {
         ];
         let mut leaves = vec![1, 0, 0, 0];
         let mut q = QuietIndex::build(&c, &costs, &leaves, PRIORS).unwrap();
-        assert_eq!(q.best(100), Some(200.0), "w1 at 2 us a char");
+        assert_eq!(q.best(&c, &COLD), Some(200.0), "w1 at 2 us a char");
         assert!(q.mark(1) && !q.mark(1), "marked once");
-        assert_eq!(q.best(100), Some(300.0), "w1 is not quiet: w0 next");
+        assert_eq!(q.best(&c, &COLD), Some(300.0), "w1 is not quiet: w0 next");
         // w2 learns it is the cheapest; w0's conversation ended.
         costs[2] = learned(1.0);
         leaves[0] = 0;
         assert!(q.refresh(&c, &costs, &leaves, PRIORS));
         assert!(!q.marked(1), "a new request marks nothing");
-        assert_eq!(q.best(100), Some(100.0));
+        assert_eq!(q.best(&c, &COLD), Some(100.0));
         let workers = |rows: Vec<Scored>| rows.iter().map(|s| s.worker).collect::<Vec<_>>();
         assert_eq!(
-            workers(q.least_loaded(&c, (0, 100), 250.0)),
+            workers(q.least_loaded(&c, &COLD, 250.0)),
             [2],
             "the fewest conversations, the least predicted"
         );
@@ -394,23 +427,29 @@ mod tests {
         leaves = vec![0, 0, 0, 0];
         let costs = vec![learned(1.0), learned(1.01), learned(1.03), learned(1.0)];
         assert!(q.refresh(&c, &costs, &leaves, PRIORS));
-        let mut tied = workers(q.least_loaded(&c, (0, 100), 1000.0));
+        let mut tied = workers(q.least_loaded(&c, &COLD, 1000.0));
         tied.sort_unstable();
         assert_eq!(tied, [0, 1, 3]);
         assert!(
-            q.least_loaded(&c, (0, 100), 99.0).is_empty(),
+            q.least_loaded(&c, &COLD, 99.0).is_empty(),
             "none near enough"
         );
         // The fewest conversations first, even when slower.
         leaves = vec![2, 2, 1, 2];
         assert!(q.refresh(&c, &costs, &leaves, PRIORS));
-        assert_eq!(workers(q.least_loaded(&c, (0, 100), 1000.0)), [2]);
+        assert_eq!(workers(q.least_loaded(&c, &COLD, 1000.0)), [2]);
         assert_eq!(
-            workers(q.least_loaded(&c, (0, 100), 102.0)),
+            workers(q.least_loaded(&c, &COLD, 102.0)),
             [0, 3, 1],
             "w2 is past the bound: the next group"
         );
-        let rows = q.least_loaded(&c, (4000, 100), 1000.0);
+        // A warm fleet: each holds 4000 of 4100 chars.
+        let warm = Request {
+            input: 4100,
+            held: &|_| 4000,
+            most: 4000,
+        };
+        let rows = q.least_loaded(&c, &warm, 1000.0);
         assert_eq!((rows[0].cached_chars, rows[0].ttft_us), (4000, 103.0));
     }
 
@@ -433,5 +472,27 @@ mod tests {
             !QuietIndex::default().refresh(&c, &[], &leaves, PRIORS),
             "another fleet than it was built for"
         );
+    }
+
+    #[test]
+    fn a_shallow_holder_is_scored_by_what_it_holds() {
+        let c = fleet(3);
+        let q = QuietIndex::build(&c, &[], &[0, 0, 0], PRIORS).unwrap();
+        let held = |t: crate::tree::TenantId| if t == 2 { 4 } else { 0 };
+        let request = Request {
+            input: 100,
+            held: &held,
+            most: 4,
+        };
+        // 5 us a char: 500 for the others, 480 for w2, which holds 4 chars.
+        assert_eq!(q.best(&c, &request), Some(480.0));
+        let near = q.least_loaded(&c, &request, 1000.0);
+        assert_eq!(near.len(), 1, "the others are not near-ties: {near:?}");
+        assert_eq!(
+            (near[0].worker, near[0].cached_chars, near[0].ttft_us),
+            (2, 4, 480.0)
+        );
+        assert_eq!(q.least_loaded(&c, &request, 490.0).len(), 1);
+        assert!(q.least_loaded(&c, &request, 470.0).is_empty());
     }
 }
