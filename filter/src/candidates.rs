@@ -18,7 +18,7 @@ use std::rc::Rc;
 
 use crate::config::{Config, Pool};
 use crate::load::{LoadTable, Loads};
-use crate::policy::{others_load, Candidate, EngineQueue, QuietIndex};
+use crate::policy::{Candidate, EngineQueue};
 use crate::tree::TenantId;
 
 /// The candidates left after the overload screen.
@@ -33,10 +33,6 @@ pub struct Screened {
     /// The candidates' in-flight requests between them (`predicted_ttft`'s cap is
     /// on their mean: a kept screen sums only the busy workers').
     pub inflight: u64,
-    /// The positions of the candidates whose fresh sample reports more requests
-    /// than this Envoy had there at the sample (`predicted_ttft`'s load from
-    /// others, never quiet: `crate::policy::QuietIndex`).
-    pub loaded: Vec<u32>,
 }
 
 impl Screened {
@@ -56,7 +52,6 @@ impl Screened {
             all_flagged,
             all_down,
             inflight,
-            loaded: Vec::new(),
         }
     }
 }
@@ -71,23 +66,7 @@ pub fn screen(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> Screened 
 /// fresh sample goes stale (a stale one stays stale).
 fn screen_until(cfg: &Config, pool: Pool, model: &str, loads: &Loads) -> (Screened, u64) {
     let (serving, until_ms) = serving(cfg, pool, model, loads);
-    let mut screened = screen_serving(serving, loads);
-    screened.loaded = loaded(&screened.candidates, loads);
-    (screened, until_ms)
-}
-
-/// The positions of `candidates` whose engine reports load beyond this Envoy's.
-fn loaded(candidates: &[Candidate], loads: &Loads) -> Vec<u32> {
-    let own = |c: &Candidate| loads.own_at_sample.get(c.worker as usize).copied();
-    (0u32..)
-        .zip(candidates)
-        .filter(|(_, c)| {
-            c.engine.is_some_and(|q| {
-                others_load(q.waiting.saturating_add(q.running), own(c).unwrap_or(0)) > 0
-            })
-        })
-        .map(|(at, _)| at)
-        .collect()
+    (screen_serving(serving, loads), until_ms)
 }
 
 fn screen_serving(serving: Vec<Candidate>, loads: &Loads) -> Screened {
@@ -156,7 +135,6 @@ struct Kept {
     engine: Rc<LoadTable>,
     overloaded: Rc<[bool]>,
     down: Rc<[bool]>,
-    own_at_sample: Rc<[u64]>,
     /// The screen holds from `since_ms` until `until_ms` (exclusive).
     since_ms: u64,
     until_ms: u64,
@@ -167,8 +145,6 @@ struct Kept {
     /// is. A request refills only these and the busy workers' (at 256 workers,
     /// refilling every candidate was 9k Wasm instructions a request).
     counted: Vec<u32>,
-    /// `predicted_ttft`'s order of the quiet candidates, once a large fleet asked.
-    quiet: Option<QuietIndex>,
 }
 
 impl Kept {
@@ -179,7 +155,6 @@ impl Kept {
             && Rc::ptr_eq(&self.engine, &loads.engine)
             && Rc::ptr_eq(&self.overloaded, &loads.overloaded)
             && Rc::ptr_eq(&self.down, &loads.down)
-            && Rc::ptr_eq(&self.own_at_sample, &loads.own_at_sample)
             && (self.since_ms..self.until_ms).contains(&loads.now_ms)
     }
 
@@ -218,8 +193,6 @@ pub struct Screens {
     kept: Vec<Kept>,
     /// The slot the next new screen replaces once `KEPT_SCREENS` are kept.
     next: usize,
-    /// What `screen_with_quiet` lends if its own slot were missing (it never is).
-    spare: Option<QuietIndex>,
 }
 
 impl Screens {
@@ -227,23 +200,11 @@ impl Screens {
     /// kept screen with this request's in-flight counts when nothing else changed.
     pub fn screen(
         &mut self,
-        cfg: (&Config, u64),
-        pool: Pool,
-        model: &str,
-        loads: &Loads,
-    ) -> &Screened {
-        self.screen_with_quiet(cfg, pool, model, loads).0
-    }
-
-    /// `screen`, with the slot where `predicted_ttft` keeps its quiet order of the
-    /// same candidates (emptied whenever the screen is built again).
-    pub fn screen_with_quiet(
-        &mut self,
         (cfg, config): (&Config, u64),
         pool: Pool,
         model: &str,
         loads: &Loads,
-    ) -> (&Screened, &mut Option<QuietIndex>) {
+    ) -> &Screened {
         let found = self
             .kept
             .iter()
@@ -257,9 +218,9 @@ impl Screens {
             }
             None => self.keep(cfg, config, pool, model, loads),
         };
-        match self.kept.get_mut(at) {
-            Some(k) => (&k.screened, &mut k.quiet),
-            None => (&EMPTY, &mut self.spare),
+        match self.kept.get(at) {
+            Some(k) => &k.screened,
+            None => &EMPTY,
         }
     }
 
@@ -284,13 +245,11 @@ impl Screens {
             engine: Rc::clone(&loads.engine),
             overloaded: Rc::clone(&loads.overloaded),
             down: Rc::clone(&loads.down),
-            own_at_sample: Rc::clone(&loads.own_at_sample),
             since_ms: loads.now_ms,
             until_ms,
             screened,
             position,
             counted,
-            quiet: None,
         };
         let same = self
             .kept
@@ -322,7 +281,6 @@ static EMPTY: Screened = Screened {
     all_flagged: false,
     all_down: false,
     inflight: 0,
-    loaded: Vec::new(),
 };
 
 /// The queue gate is configured but no candidate has a fresh engine sample, so it

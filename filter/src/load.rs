@@ -115,58 +115,6 @@ impl From<Vec<u64>> for WorkerCounts {
     }
 }
 
-/// `predicted_ttft`'s outstanding prefill by worker index, and which workers have
-/// any: a large fleet scores only those (`crate::policy::QuietIndex`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkTable {
-    work: Vec<WorkerWork>,
-    /// The workers whose work is not 0, each once.
-    booked: Vec<usize>,
-}
-
-impl WorkTable {
-    /// `n` workers with nothing booked.
-    pub fn zeroed(n: usize) -> WorkTable {
-        WorkTable {
-            work: vec![WorkerWork::default(); n],
-            booked: Vec::new(),
-        }
-    }
-
-    /// Adds `prefilling` requests of `chars` uncached chars to `worker`
-    /// (saturating); a worker out of range is left out.
-    pub fn add(&mut self, worker: usize, prefilling: u64, chars: u64) {
-        if let Some(w) = self.work.get_mut(worker) {
-            if *w == WorkerWork::default() && (prefilling, chars) != (0, 0) {
-                self.booked.push(worker);
-            }
-            w.prefilling = w.prefilling.saturating_add(prefilling);
-            w.ahead_chars = w.ahead_chars.saturating_add(chars);
-        }
-    }
-
-    /// `worker`'s work (out of range: none).
-    pub fn get(&self, worker: usize) -> WorkerWork {
-        self.work.get(worker).copied().unwrap_or_default()
-    }
-
-    /// The workers with work booked.
-    pub fn booked(&self) -> &[usize] {
-        &self.booked
-    }
-}
-
-impl From<Vec<WorkerWork>> for WorkTable {
-    fn from(work: Vec<WorkerWork>) -> WorkTable {
-        let booked = (0..)
-            .zip(&work)
-            .filter(|(_, w)| **w != WorkerWork::default())
-            .map(|(i, _)| i)
-            .collect();
-        WorkTable { work, booked }
-    }
-}
-
 /// The workers' load as one request sees it, by worker index.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Loads {
@@ -186,7 +134,7 @@ pub struct Loads {
     /// Down after a failure, by worker index (missing: up); see `crate::health`.
     pub down: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
-    pub work: WorkTable,
+    pub work: Vec<WorkerWork>,
     /// `predicted_ttft` only: learned costs by worker index, shared with this VM's
     /// copy (`crate::shared::CostTable`).
     pub costs: Rc<Vec<WorkerCosts>>,
@@ -230,7 +178,7 @@ impl Loads {
         TtftCandidate {
             worker: c.worker,
             inflight: c.inflight,
-            work: self.work.get(i),
+            work: self.work.get(i).copied().unwrap_or_default(),
             others,
             cached_chars: held.depth(c.worker) as u64,
             continues: held.continues(c.worker),
@@ -272,38 +220,6 @@ mod tests {
         c.add(3, u64::MAX);
         c.add(3, 1);
         assert_eq!((c.get(3), c.total()), (u64::MAX, u64::MAX), "saturating");
-    }
-
-    #[test]
-    fn work_tables_know_their_booked_workers() {
-        let mut w = WorkTable::zeroed(3);
-        w.add(1, 0, 0);
-        w.add(2, 0, 40);
-        w.add(2, 1, 10);
-        w.add(7, 1, 1);
-        assert_eq!(
-            w.booked(),
-            &[2],
-            "each once, none for nothing or out of range"
-        );
-        assert_eq!(
-            w.get(2),
-            WorkerWork {
-                prefilling: 1,
-                ahead_chars: 50
-            }
-        );
-        assert_eq!(w.get(7), WorkerWork::default());
-        let same: WorkTable = vec![
-            WorkerWork::default(),
-            WorkerWork::default(),
-            WorkerWork {
-                prefilling: 1,
-                ahead_chars: 50,
-            },
-        ]
-        .into();
-        assert_eq!(same, w);
     }
 
     #[test]

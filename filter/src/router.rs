@@ -100,9 +100,6 @@ pub struct Router {
     /// Bumped whenever `cfg` is replaced: the kept screens were built under one.
     cfg_version: u64,
     screens: Screens,
-    /// `predicted_ttft` fleets of at least this many candidates skip their quiet
-    /// workers (`policy::QuietIndex`); tests set it to compare both ways.
-    quiet_min: usize,
 }
 
 impl Router {
@@ -116,7 +113,6 @@ impl Router {
             membership_version: 0,
             cfg_version: 0,
             screens: Screens::default(),
-            quiet_min: policy::QUIET_INDEX_MIN,
         }
     }
 
@@ -249,17 +245,15 @@ impl Router {
             ),
             Parsed::Unroutable { model, .. } => (model.as_str(), None),
         };
-        let (screened, quiet) =
-            self.screens
-                .screen_with_quiet((&self.cfg, self.cfg_version), pool, model, loads);
         let Screened {
             candidates,
             flagged,
             all_flagged,
             all_down,
             inflight: total,
-            ..
-        } = screened;
+        } = self
+            .screens
+            .screen((&self.cfg, self.cfg_version), pool, model, loads);
         let (all_flagged, all_down) = (*all_flagged, *all_down);
         let gate_inert = candidates::gate_inert(candidates, self.cfg.worker_queue_limit);
         // The tree policies also say how much of the text the chosen worker holds
@@ -333,19 +327,7 @@ impl Router {
                 let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
                 let mut ladder = Ladder::new(&params, input, (*total, candidates.len()), scored);
                 let seen = (loads, &held, leaves);
-                let mut quiet_rows = Vec::new();
                 match &sample {
-                    None if candidates.len() >= self.quiet_min => {
-                        let model = (&params, input);
-                        match ttft_quiet(quiet, screened, seen, model, &mut ladder) {
-                            Some(rows) => quiet_rows = rows,
-                            None => {
-                                for c in candidates {
-                                    ladder.push(ttft_scored(c, seen, model));
-                                }
-                            }
-                        }
-                    }
                     None => {
                         for c in candidates {
                             ladder.push(ttft_scored(c, seen, (&params, input)));
@@ -357,7 +339,7 @@ impl Router {
                         }
                     }
                 }
-                let decision = ladder.decide_with(&quiet_rows, rng);
+                let decision = ladder.decide(rng);
                 let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
                 (decision, chosen, None, Some(input as usize))
             }
@@ -493,100 +475,6 @@ fn ttft_scored(
         .scored(params, input)
 }
 
-/// `predicted_ttft` over a large fleet: the candidates that are not quiet for this
-/// request pushed into `ladder` one by one, the quiet ones' best given to it from
-/// their kept order (`policy::QuietIndex`, in `slot`), and those the fleet rung can
-/// keep returned for `Ladder::decide_with`. `None` (nothing pushed) when the order
-/// cannot cover this fleet (costs that are not plain numbers): every candidate is
-/// then scored.
-fn ttft_quiet(
-    slot: &mut Option<policy::QuietIndex>,
-    screened: &Screened,
-    seen: (&Loads, &TenantMatches, &[usize]),
-    (params, input): (&policy::TtftParams, u64),
-    ladder: &mut Ladder,
-) -> Option<Vec<policy::Scored>> {
-    let (loads, held, leaves) = seen;
-    let candidates = &screened.candidates;
-    let priors = (params.prefill_us_per_char, params.service_ms);
-    let costs = &loads.costs[..];
-    let refreshed = slot
-        .as_mut()
-        .is_some_and(|q| q.refresh(candidates, costs, leaves, priors));
-    if !refreshed {
-        *slot = policy::QuietIndex::build(candidates, costs, leaves, priors);
-    }
-    let index = slot.as_mut()?;
-    let by_worker = [
-        loads.inflight.busy(),
-        loads.peer_inflight.busy(),
-        loads.work.booked(),
-    ];
-    let busy = (by_worker.into_iter().flatten().copied())
-        .chain(held.continued.iter().map(|&t| t as usize))
-        .filter_map(|w| position_of(candidates, w as TenantId))
-        .chain(screened.loaded.iter().map(|&at| at as usize));
-    for at in busy {
-        if let Some(c) = candidates.get(at).filter(|_| index.mark(at)) {
-            ladder.push(ttft_scored(c, seen, (params, input)));
-        }
-    }
-    // The quiet: the workers at the depth most of the fleet holds exactly (a
-    // warm fleet: the request's system prompt), or those holding at most the
-    // margin (a cold one: none of it, or the chat template's first chars), as
-    // more workers are. Any other is scored. A quiet holder of more than the
-    // margin holds the prefix with the rest of its class; one of less is in no
-    // holders' rung (its cached part is shorter than its missing tail).
-    let margin = ladder.margin() as usize;
-    let holding: usize = held.ends.iter().map(|&(_, n)| n).sum();
-    let (mut shallow, mut deep) = (candidates.len().saturating_sub(holding), (0, 0));
-    for &(depth, n) in &held.ends {
-        if depth <= margin {
-            shallow += n;
-        } else if n > deep.1 {
-            deep = (depth, n);
-        }
-    }
-    let by_depth = deep.1 > shallow;
-    let quiet_at = |depth: usize| match by_depth {
-        true => depth == deep.0,
-        false => depth <= margin,
-    };
-    let mut most = None;
-    for (at, c) in candidates.iter().enumerate() {
-        let depth = held.depth(c.worker);
-        if !quiet_at(depth) {
-            if index.mark(at) {
-                ladder.push(ttft_scored(c, seen, (params, input)));
-            }
-        } else if !index.marked(at) {
-            most = most.max(Some(depth as u64));
-        }
-    }
-    let Some(most) = most else {
-        return Some(Vec::new());
-    };
-    let depth = |t: TenantId| held.depth(t) as u64;
-    let request = policy::QuietRequest {
-        input,
-        held: &depth,
-        most,
-    };
-    let Some(best) = index.best(candidates, &request) else {
-        return Some(Vec::new());
-    };
-    ladder.push_quiet(best, most);
-    // The least loaded within each rung's bound: the fleet's, and the holders'
-    // if a quiet worker can be one (more than the margin, and more than it misses).
-    let mut quiet = index.least_loaded(candidates, &request, ladder.near_us());
-    if most as usize > margin && most > input.saturating_sub(most) {
-        quiet.extend(index.least_loaded(candidates, &request, ladder.within_us()));
-        quiet.sort_unstable_by_key(|c| c.worker);
-        quiet.dedup_by_key(|c| c.worker);
-    }
-    Some(quiet)
-}
-
 /// Where `worker` is among `candidates` (in worker order): at its own index when no
 /// worker before it was screened out (the common case), else found by a search.
 fn position_of(candidates: &[Candidate], worker: TenantId) -> Option<usize> {
@@ -678,160 +566,6 @@ mod tests {
             "new conversations spread: {}",
             spread.len()
         );
-    }
-
-    /// A large fleet's quiet workers skipped (`policy::QuietIndex`) decide as the
-    /// whole fleet scored: two routers fed the same requests and loads, one with
-    /// the index and one without, over busy, booked, peer-loaded, engine-loaded,
-    /// flagged and quiet workers, learned costs moving (one not a plain number for
-    /// a while), shared prompts and conversations.
-    #[test]
-    fn skipping_the_quiet_decides_as_scoring_the_whole_fleet() {
-        use crate::load::{EngineSample, LoadTable, Report};
-        use crate::policy::{WorkerCosts, WorkerWork};
-        use std::rc::Rc;
-        let n = 48;
-        let extra = r#","policy":"predicted_ttft","load_factor":0.5"#;
-        let (mut indexed, mut whole) = (router(extra, n), router(extra, n));
-        indexed.quiet_min = 0;
-        whole.quiet_min = usize::MAX;
-        let (mut rng_a, mut rng_b) = (SplitMix64(5), SplitMix64(5));
-        let mut gen = SplitMix64(17);
-        let mut costs = vec![WorkerCosts::default(); n];
-        let (mut engine, mut own, mut flags) = (
-            Rc::new(LoadTable::default()),
-            Rc::<[u64]>::from(vec![0; n]),
-            Rc::<[bool]>::from(vec![false; n]),
-        );
-        let prompts: Vec<String> = (0..2)
-            .map(|p| format!("system prompt {p} ").repeat(20 + 10 * p))
-            .collect();
-        // Every worker but a few holds the first prompt, under a conversation of
-        // its own (a warm fleet: the prompt's holders are the quiet ones).
-        for w in 0..n - 4 {
-            let Parsed::Routable(warm) = chat(&[&format!("{} user warm {w}", prompts[0])]) else {
-                unreachable!("a chat")
-            };
-            let op = Op::Insert {
-                pool: Pool::Regular,
-                model: "m".to_string(),
-                worker: format!("w{w}"),
-                text: warm.text,
-            };
-            indexed.apply_local(&op);
-            whole.apply_local(&op);
-        }
-        let mut skipped = 0;
-        for step in 0..3000u64 {
-            // The tables change now and then (a new screen), the counts every time.
-            if step % 40 == 0 {
-                let reports = (0..n)
-                    .map(|_| {
-                        (gen.below(3) == 0).then(|| {
-                            Report::Sample(EngineSample {
-                                num_waiting: gen.below(3) as u64,
-                                num_running: gen.below(3) as u64,
-                                kv_usage: None,
-                                ttft_p90_s: None,
-                                tpot_p90_s: None,
-                                at_ms: 0,
-                            })
-                        })
-                    })
-                    .collect();
-                engine = Rc::new(LoadTable { reports });
-                own = (0..n).map(|_| gen.below(3) as u64).collect();
-                flags = (0..n)
-                    .map(|_| step % 80 == 0 && gen.below(8) == 0)
-                    .collect();
-            }
-            let learner = if step % 2 == 0 {
-                gen.below(n)
-            } else {
-                step as usize % n
-            };
-            if let Some(c) = costs.get_mut(learner) {
-                c.prefill_us_per_char = match gen.below(20) {
-                    0 => None,
-                    1 if step % 300 < 20 => Some(f64::INFINITY),
-                    // Most about alike, some slower than near but within the stay.
-                    2..=4 => Some(2.5),
-                    k => Some(1.0 + k as f64 / 40.0),
-                };
-                c.service_ms = Some(5.0 + gen.below(10) as f64);
-            }
-            let mut inflight = vec![0u64; n];
-            let mut peers = vec![0u64; n];
-            let mut work = vec![WorkerWork::default(); n];
-            for _ in 0..gen.below(n) {
-                let w = gen.below(n);
-                inflight[w] += 1;
-                if gen.below(2) == 0 {
-                    work[w].prefilling += 1;
-                    work[w].ahead_chars += gen.below(2000) as u64;
-                }
-            }
-            // Load on the workers the fleet rung looks at first: those with the
-            // fewest conversations, quiet but for it.
-            let leaves = whole
-                .tree(Pool::Regular, "m")
-                .map_or(&[][..], |t| t.leaves_by_tenant());
-            let fewest = (0..n).min_by_key(|&w| {
-                (
-                    leaves.get(w).copied().unwrap_or(0),
-                    (w * 7 + step as usize) % n,
-                )
-            });
-            let victim = |gen: &mut SplitMix64| match gen.below(2) {
-                0 => fewest.unwrap_or(0),
-                _ => gen.below(n),
-            };
-            if gen.below(4) == 0 {
-                peers[victim(&mut gen)] += 1 + gen.below(2) as u64;
-            }
-            // A prefill still booked where no request is counted any more (a
-            // release published before its prefill's).
-            if gen.below(4) == 0 {
-                work[victim(&mut gen)].ahead_chars += 1 + gen.below(500) as u64;
-            }
-            let loads = Loads {
-                inflight: inflight.into(),
-                peer_inflight: peers.into(),
-                engine: Rc::clone(&engine),
-                now_ms: 0,
-                overloaded: Rc::clone(&flags),
-                down: Rc::from(vec![false; n]),
-                work: work.into(),
-                costs: Rc::new(costs.clone()),
-                own_at_sample: Rc::clone(&own),
-            };
-            // Conversations over shared prompts, and new texts nobody holds (the
-            // fleet rung, where the quiet compete).
-            let text = match prompts.get(gen.below(2 * prompts.len())) {
-                Some(prompt) => {
-                    let conversation = format!("{prompt} user {}", gen.below(600));
-                    format!("{conversation}{}", " and then".repeat(gen.below(3)))
-                }
-                None => format!("{:016x}: {}", gen.next_u64(), "a long question ".repeat(30)),
-            };
-            let req = chat(&[&text]);
-            let a = indexed.route(&req, &loads, &mut rng_a).unwrap();
-            let b = whole.route(&req, &loads, &mut rng_b).unwrap();
-            assert_eq!(a.decision, b.decision, "step {step}");
-            for (r, routed) in [(&mut indexed, &a), (&mut whole, &b)] {
-                if let Some(Record { op, .. }) = &routed.record {
-                    r.apply_local(op);
-                }
-            }
-            let quiet = indexed.screens.screen_with_quiet(
-                (&indexed.cfg, indexed.cfg_version),
-                Pool::Regular,
-                "m",
-                &loads,
-            );
-            skipped += usize::from(quiet.1.is_some());
-        }
-        assert!(skipped > 2000, "the index served most requests: {skipped}");
     }
 
     #[test]

@@ -148,10 +148,7 @@ mod tests {
 
     impl Fixture {
         fn w0(&self) -> WorkerWork {
-            self.work
-                .by_worker(&self.ring, &names(), 0, true)
-                .work
-                .get(0)
+            self.work.by_worker(&self.ring, &names(), 0, true).work[0]
         }
         fn costs0(&self) -> WorkerCosts {
             self.costs.by_worker(&self.store, &self.names)[0]

@@ -15,7 +15,6 @@ mod power_of_two;
 mod predicted_ttft;
 mod random;
 mod round_robin;
-mod ttft_quiet;
 mod ttft_sample;
 
 pub(crate) use cache_aware::owning;
@@ -30,7 +29,6 @@ pub use predicted_ttft::{
 };
 pub use random::random;
 pub use round_robin::round_robin;
-pub use ttft_quiet::{QuietIndex, Request as QuietRequest, QUIET_INDEX_MIN};
 pub use ttft_sample::ttft_sample;
 
 use crate::decision::{Decision, GateAudit, Reason};

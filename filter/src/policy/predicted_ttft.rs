@@ -242,49 +242,18 @@ impl<'p> Ladder<'p> {
         self.scored.push(c);
     }
 
-    /// Takes the quiet candidates (`super::ttft_quiet`): in flight nowhere, so
-    /// under the cap, the most any holds `cached_chars` of the text, the least of
-    /// them predicted `best_us`; those the rungs can keep go to `decide_with`.
-    pub fn push_quiet(&mut self, best_us: f64, cached_chars: u64) {
-        self.best = least(self.best, best_us);
-        self.longest = self.longest.max(cached_chars);
-        self.longest_eligible = self.longest_eligible.max(cached_chars);
-    }
-
-    /// Matches within this many chars of each other are equal, and one no longer
-    /// than it is no match.
-    pub fn margin(&self) -> u64 {
-        (self.input_chars as f64 * NEAR_TIE_SHARE) as u64
-    }
-
-    /// The fleet rung's bound: predictions at most this are near the best.
-    pub fn near_us(&self) -> f64 {
-        self.best * (1.0 + self.params.load_factor) + self.best * NEAR_TIE_SHARE
-    }
-
-    /// The holders' bound: a holder predicted at most this stays.
-    pub fn within_us(&self) -> f64 {
-        self.best * self.params.stay_factor + self.best * NEAR_TIE_SHARE
-    }
-
     /// Chooses where the request goes: its conversation's worker, else the holders
     /// of its prefix, else the fleet, each time the one with the fewest
     /// conversations among those the rung keeps (see the module docs).
     pub fn decide(&self, rng: &mut dyn Rng) -> Option<Decision> {
-        self.decide_with(&[], rng)
-    }
-
-    /// `decide`, with `quiet` offered to the rungs besides the candidates pushed:
-    /// the quiet candidates the rungs can keep (`super::ttft_quiet`), given to
-    /// `push_quiet` as a whole.
-    pub fn decide_with(&self, quiet: &[Scored], rng: &mut dyn Rng) -> Option<Decision> {
         let (p, input_chars, cap) = (self.params, self.input_chars, self.cap);
-        let (longest, longest_eligible) = (self.longest, self.longest_eligible);
-        let (within_us, near_us) = (self.within_us(), self.near_us());
+        let (best, longest, longest_eligible) = (self.best, self.longest, self.longest_eligible);
+        let within_us = best * p.stay_factor + best * NEAR_TIE_SHARE;
+        let near_us = best * (1.0 + p.load_factor) + best * NEAR_TIE_SHARE;
         // A few chars of a match (two users' questions that start alike) are no
         // reason to prefer a worker: matches within `margin` of each other are
         // equal, and one no longer than it is no match.
-        let margin = self.margin();
+        let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
         let holds = |cached: u64, longest: u64| {
             longest > margin && cached.saturating_add(margin) >= longest
         };
@@ -294,7 +263,7 @@ impl<'p> Ladder<'p> {
         // them, so the rung is empty exactly when that one is not under it.
         let (mut continuing, mut holding, mut spread) =
             (Least::default(), Least::default(), Least::default());
-        for c in self.scored.iter().chain(quiet) {
+        for c in &self.scored {
             let eligible = c.inflight < cap;
             let within = c.ttft_us <= within_us;
             if c.continues && within {
@@ -384,20 +353,18 @@ impl<'a> Least<'a> {
     fn pick(mut self, rng: &mut dyn Rng) -> Option<&'a Scored> {
         let (_, low) = self.top?;
         self.tied.retain(|c| near_tie(c.ttft_us, low));
-        // In the candidates' order, however they were offered (the quiet come last).
-        self.tied.sort_unstable_by_key(|c| c.worker);
         self.tied.get(rng.below(self.tied.len())).copied()
     }
 }
 
-pub(super) fn near_tie(t: f64, low: f64) -> bool {
+fn near_tie(t: f64, low: f64) -> bool {
     t <= low + low * NEAR_TIE_SHARE
 }
 
 /// `f64::min` for a minimum kept from `INFINITY` (a NaN never replaces it): the
 /// same answer, without the call to `fmin` that `f64::min` compiles to in Wasm
 /// (whose own `f64.min` treats NaN otherwise), once per candidate.
-pub(super) fn least(low: f64, t: f64) -> f64 {
+fn least(low: f64, t: f64) -> f64 {
     if t < low {
         t
     } else {
@@ -503,46 +470,6 @@ mod tests {
             400.0,
             "cached beyond input: no own prefill"
         );
-    }
-
-    #[test]
-    fn quiet_candidates_count_as_holders_of_what_they_hold() {
-        // Nothing pushed one by one: three quiet workers each hold 3000 of 4000
-        // chars (5 us a char for the 1000 missing), w1 with the fewest
-        // conversations.
-        let quiet: Vec<Scored> = [(0, 2), (1, 1), (2, 2)]
-            .map(|(worker, conversations)| Scored {
-                worker,
-                continues: false,
-                inflight: 0,
-                cached_chars: 3000,
-                conversations,
-                ahead_chars: 0,
-                ttft_us: 5000.0,
-            })
-            .to_vec();
-        let mut ladder = Ladder::new(&P, 4000, (0, 3), 0);
-        ladder.push_quiet(5000.0, 3000);
-        assert_eq!(ladder.within_us(), 5000.0 + 100.0);
-        assert_eq!(ladder.near_us(), 5000.0 * 1.25 + 100.0);
-        let d = ladder.decide_with(&quiet, &mut SplitMix64(1)).unwrap();
-        assert_eq!(
-            (d.worker, d.reason, d.matched_chars),
-            (1, Reason::TtftCache, 3000)
-        );
-        // A holder stays within the stay factor (4 here), however slower: w0, with
-        // none of the conversations, at 8 ms to the others' 5 (not near them).
-        let mut slower = quiet.clone();
-        slower[0].conversations = 0;
-        slower[0].ttft_us = 8000.0;
-        let p = TtftParams {
-            stay_factor: 4.0,
-            ..P
-        };
-        let mut ladder = Ladder::new(&p, 4000, (0, 3), 0);
-        ladder.push_quiet(5000.0, 3000);
-        let d = ladder.decide_with(&slower, &mut SplitMix64(1)).unwrap();
-        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
     }
 
     #[test]

@@ -28,7 +28,8 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
-use crate::load::{WorkTable, WorkerCounts};
+use crate::load::WorkerCounts;
+use crate::policy::WorkerWork;
 
 /// Columns of a row's entry: requests in flight, of them those prefilling, and
 /// their uncached prefill chars.
@@ -44,7 +45,7 @@ pub struct InflightTable(OwnedCounts<COLUMNS>);
 pub struct ByWorker {
     pub inflight: WorkerCounts,
     /// Empty unless asked for (`predicted_ttft`).
-    pub work: WorkTable,
+    pub work: Vec<WorkerWork>,
 }
 
 pub(super) fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
@@ -116,11 +117,18 @@ impl InflightTable {
         work: bool,
     ) -> ByWorker {
         let mut inflight = WorkerCounts::zeroed(names.len());
-        let mut ahead = WorkTable::zeroed(if work { names.len() } else { 0 });
+        let mut ahead = if work {
+            vec![WorkerWork::default(); names.len()]
+        } else {
+            Vec::new()
+        };
         self.0
             .each_by_worker(&ring.tail(), now_ms, names, |i, &[n, prefilling, chars]| {
                 inflight.add(i, n);
-                ahead.add(i, prefilling, chars);
+                if let Some(w) = ahead.get_mut(i) {
+                    w.prefilling = w.prefilling.saturating_add(prefilling);
+                    w.ahead_chars = w.ahead_chars.saturating_add(chars);
+                }
             });
         ByWorker {
             inflight,
@@ -187,7 +195,6 @@ mod tests {
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
     use crate::config::testing::names;
-    use crate::policy::WorkerWork;
 
     #[test]
     fn inflight_counts_add_and_saturate() {
@@ -313,7 +320,7 @@ mod tests {
         let store = MemStore::default();
         let ring = ring(&store, 4);
         let t = InflightTable::new(1, 5000);
-        let work = |t: &InflightTable| t.by_worker(&ring, &names(), 0, true).work.get(0);
+        let work = |t: &InflightTable| t.by_worker(&ring, &names(), 0, true).work[0];
         t.take("w0");
         t.book_prefill("w0", 4000);
         t.take("w0");
@@ -344,7 +351,7 @@ mod tests {
         assert_eq!(t.mine(), vec![("w0".to_string(), 2)], "still in flight");
         assert_eq!(
             t.by_worker(&ring, &names(), 0, false).work,
-            WorkTable::default(),
+            Vec::new(),
             "the work only when asked"
         );
         assert!(!t.release("w0"));

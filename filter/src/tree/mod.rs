@@ -488,15 +488,10 @@ mod tests {
         assert_eq!(deepest.matched_chars, 25);
         assert_eq!(deepest.owners, vec![0]);
         assert_eq!(Tree::new().tenant_matches("x"), TenantMatches::default());
-        let empty = t.tenant_matches("");
-        assert!(
-            empty.depths().is_empty() && empty.ends.is_empty() && empty.continued.is_empty(),
-            "an empty text matches nothing"
-        );
         assert_eq!(
-            m.ends,
-            [(6, 1), (14, 1), (25, 1)],
-            "each tenant once, at its own depth"
+            t.tenant_matches(""),
+            TenantMatches::default(),
+            "an empty text matches nothing"
         );
         // A match ending inside an edge counts the chars up to the divergence.
         assert_eq!(

@@ -12,12 +12,6 @@ pub struct TenantMatches {
     /// looks itself up here: at 256 workers a binary search each showed in a
     /// profile.
     depth_of: Vec<usize>,
-    /// How many tenants hold exactly each depth they hold (the depth, the count),
-    /// shallowest first: the depths of the marked nodes, each holding its own
-    /// tenants less those of the next (a node's tenants are among its parent's).
-    /// A large fleet's workers at the most shared depth are ordered between
-    /// requests, not scored one by one (`crate::policy::QuietIndex`).
-    pub ends: Vec<(usize, usize)>,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
     /// turns before it. A shared prefix (a system prompt several texts extend) is
@@ -77,19 +71,10 @@ impl Tree {
         // By tenant id (ids are worker indices, so dense): at 256 workers a shared
         // system prompt has 256 tenants on every node of its path, and a search of
         // the depths found so far for each of them was quadratic.
-        // Every tenant on a node has a leaf (its deepest node), so the leaves'
-        // table covers every id a walk can mark: one allocation, not one per
-        // tenant id past the end.
-        let mut depth_of: Vec<usize> = vec![0; self.tenant_leaves.len()];
-        let mut ends: Vec<(usize, usize)> = Vec::new();
+        let mut depth_of: Vec<usize> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
-        let mut mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
-            let tenants = &self.node(idx).tenants;
-            if let Some((_, above)) = ends.last_mut() {
-                *above = above.saturating_sub(tenants.len());
-            }
-            ends.push((matched, tenants.len()));
-            for h in tenants {
+        let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
+            for h in &self.node(idx).tenants {
                 if let Some(d) = by_tenant(depth_of, h.tenant) {
                     *d = matched;
                 }
@@ -119,7 +104,6 @@ impl Tree {
         continued.sort_unstable();
         TenantMatches {
             depth_of,
-            ends,
             continued,
             deepest,
         }
