@@ -10,6 +10,9 @@ use std::collections::HashSet;
 use std::path::Path;
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module};
 
+/// Set (to anything): the guest's compiled code is named in a perf map.
+const PERFMAP_ENV: &str = "HOST_SIM_PERFMAP";
+
 /// A compiled filter: engine, module and pre-linked imports. Cheap to clone; build many
 /// hosts from one `Filter` to compile the `.wasm` only once.
 #[derive(Clone)]
@@ -48,13 +51,15 @@ impl Filter {
     }
 
     fn compile(bytes: &[u8], metered: bool) -> Result<Self> {
-        let engine = if metered {
-            let mut config = wasmtime::Config::new();
-            config.consume_fuel(true);
-            Engine::new(&config).map_err(wasm_err)?
-        } else {
-            Engine::default()
-        };
+        let mut config = wasmtime::Config::new();
+        config.consume_fuel(metered);
+        // `HOST_SIM_PERFMAP=1`: Wasmtime writes `/tmp/perf-<pid>.map`, naming the
+        // guest's compiled functions for `perf` and `benches/guest-profile` (a
+        // filter built unstripped keeps its function names).
+        if std::env::var_os(PERFMAP_ENV).is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
+        let engine = Engine::new(&config).map_err(wasm_err)?;
         let module = Module::from_binary(&engine, bytes)
             .map_err(wasm_err)
             .context("compiling the wasm module")?;
