@@ -9,7 +9,7 @@ fn the_guests_compiled_code_is_named_in_a_perf_map() {
     let map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", std::process::id()));
     let _ = std::fs::remove_file(&map);
     // Without the variable, no map.
-    let path = host_sim::built_filter_path();
+    let path = host_sim::require_built_filter();
     Filter::load(&path).expect("load the filter");
     assert!(!map.exists(), "no map unless asked for");
     std::env::set_var("HOST_SIM_PERFMAP", "1");
