@@ -116,9 +116,11 @@ fn valid_replica_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
-/// `None` when `path` is not the replicas endpoint (`endpoint`, query ignored).
+/// `None` when `path` is not the replicas endpoint (`endpoint`, query ignored). The
+/// method is asked for only on that path: every request passes here, and reading it
+/// is a hostcall that copies into the VM.
 pub fn request_of(
-    method: &str,
+    method: impl FnOnce() -> String,
     path: &str,
     endpoint: &str,
 ) -> Option<Result<Request, ReplicaError>> {
@@ -126,7 +128,7 @@ pub fn request_of(
     if route != endpoint {
         return None;
     }
-    Some(match method {
+    Some(match method().as_str() {
         "GET" => query_param(query, "after")
             .and_then(|v| v.parse::<u64>().ok())
             .map(|after| Request::Export { after })
@@ -422,6 +424,7 @@ mod tests {
     #[test]
     fn requests_are_recognised_by_path_method_and_query() {
         let ep = "/r";
+        let request_of = |m: &str, p: &str, ep: &str| request_of(|| m.to_string(), p, ep);
         assert_eq!(request_of("GET", "/other?after=1", ep), None);
         assert_eq!(
             request_of("GET", "/r?after=12", ep),
@@ -440,6 +443,18 @@ mod tests {
         assert_eq!(status("POST", "/r"), 400, "no replica id");
         assert_eq!(status("POST", "/r?replica=a%20b"), 400);
         assert_eq!(status("PUT", "/r?after=1"), 405);
+    }
+
+    #[test]
+    fn the_method_is_read_only_on_the_replicas_path() {
+        let asked = std::cell::Cell::new(false);
+        let method = || {
+            asked.set(true);
+            "GET".to_string()
+        };
+        assert_eq!(request_of(method, "/v1/chat/completions", "/r"), None);
+        assert!(!asked.get(), "the method (a hostcall) is read off the path");
+        assert!(request_of(|| "GET".into(), "/r?after=1", "/r").is_some());
     }
 
     #[test]

@@ -207,7 +207,11 @@ pub fn get_map_value(map: MapType, key: &str) -> Result<Option<String>, Status> 
     match check(status) {
         Ok(()) => {
             let bytes = unsafe { take(data, size) }.unwrap_or_default();
-            Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+            // The host's copy becomes the string: a second copy only when it is not
+            // UTF-8.
+            Ok(Some(String::from_utf8(bytes).unwrap_or_else(|e| {
+                String::from_utf8_lossy(e.as_bytes()).into_owned()
+            })))
         }
         Err(Status::NotFound) => Ok(None),
         Err(e) => Err(e),

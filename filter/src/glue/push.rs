@@ -29,35 +29,58 @@ pub enum Start {
     Accepting,
 }
 
+/// What a request's path names, as the push endpoint sees it.
+enum Endpoint {
+    /// Not the stats endpoint, or pushes are off: routed as usual.
+    Other,
+    /// A `stats_only` listener, and not its stats or replicas path.
+    Closed,
+    /// The stats path, with what checking the push takes.
+    Stats {
+        token: String,
+        limit: usize,
+        lockout: PushLockout,
+    },
+}
+
 /// Recognises a collector push and refuses it early when the token, method or
-/// declared size is wrong.
+/// declared size is wrong. Every request passes here, so anything but the stats
+/// path costs a comparison of the path: no copy of the settings, no hostcall.
 pub fn start(state: &Shared, path: &str, end_of_stream: bool) -> Start {
-    let settings = state.borrow().as_ref().and_then(|s| {
-        let cfg = s.router.config();
-        Some((
-            cfg.stats_token.clone()?,
-            cfg.stats_path.clone(),
-            cfg.stats_max_bytes,
-            cfg.stats_only,
-            cfg.replicas.path.clone(),
-            PushLockout::new(&s.shared.keys),
-        ))
-    });
-    let Some((token, stats_path, limit, stats_only, replicas_path, lockout)) = settings else {
-        return Start::NotPush;
-    };
     let endpoint = path.split('?').next();
-    if endpoint != Some(stats_path.as_str()) {
-        // The replica bridge's endpoint lives on the stats listener too.
-        if stats_only && endpoint != Some(replicas_path.as_str()) {
+    // Decided under the borrow, answered after it: Envoy runs the response
+    // callbacks of a local reply, which read the state too.
+    let found = state.borrow().as_ref().map_or(Endpoint::Other, |s| {
+        let cfg = s.router.config();
+        match &cfg.stats_token {
+            None => Endpoint::Other,
+            Some(token) if endpoint == Some(cfg.stats_path.as_str()) => Endpoint::Stats {
+                token: token.clone(),
+                limit: cfg.stats_max_bytes,
+                lockout: PushLockout::new(&s.shared.keys),
+            },
+            // The replica bridge's endpoint lives on the stats listener too.
+            Some(_) if cfg.stats_only && endpoint != Some(cfg.replicas.path.as_str()) => {
+                Endpoint::Closed
+            }
+            Some(_) => Endpoint::Other,
+        }
+    });
+    let (token, limit, lockout) = match found {
+        Endpoint::Other => return Start::NotPush,
+        Endpoint::Closed => {
             return Start::Refused(reply::json(
                 404,
                 "not_found",
                 r#"{"error":"this listener only takes stats pushes"}"#,
-            ));
+            ))
         }
-        return Start::NotPush;
-    }
+        Endpoint::Stats {
+            token,
+            limit,
+            lockout,
+        } => (token, limit, lockout),
+    };
     let refused = |e: PushError| Start::Refused(refuse(state, &e));
     let now = host::now_ms();
     if let Gate::LockedOut { retry_after_ms } = lockout.gate(&HostStore, now) {

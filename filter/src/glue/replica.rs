@@ -41,8 +41,8 @@ pub fn start(state: &Shared, path: &str, end_of_stream: bool) -> Start {
     let Some(token) = cfg.stats_token.as_deref() else {
         return Start::NotReplica;
     };
-    let method = request_header(":method");
-    let Some(request) = request_of(&method, path, &cfg.replicas.path) else {
+    let method = || request_header(":method");
+    let Some(request) = request_of(method, path, &cfg.replicas.path) else {
         return Start::NotReplica;
     };
     // Token guesses here count against the push endpoint's lockout: one budget of

@@ -45,17 +45,17 @@ pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcom
     }
     let key = keys.ring_head();
     for _ in 0..CAS_ATTEMPTS {
-        let Some(next) = store.get(&key).and_then(|(v, cas)| {
+        let Some(next) = store.get(key).and_then(|(v, cas)| {
             let (seq, generation, tail) = decode_head(&v)?;
             Some((encode_head(seq, generation.wrapping_add(1), tail), cas))
         }) else {
             return;
         };
         let (next, cas) = next;
-        match store.set(&key, &next, cas) {
+        match store.set(key, &next, cas) {
             SetOutcome::CasMismatch => continue,
             SetOutcome::Stored => {
-                store.set(&keys.tables_bell(), &[], 0);
+                store.set(keys.tables_bell(), &[], 0);
                 return;
             }
             SetOutcome::Failed => return,
@@ -73,7 +73,7 @@ impl BellWatch {
     /// Whether the bell moved since the last call (the first call hears it, and
     /// says so). A missing bell (no tables yet) never moves.
     pub fn moved(&self, store: &dyn SharedStore, keys: &Keys) -> bool {
-        let now = store.version(&keys.tables_bell());
+        let now = store.version(keys.tables_bell());
         now.is_some() && self.heard.replace(now) != now
     }
 }
@@ -333,7 +333,7 @@ mod tests {
             ring.generation() == Some(1)
         };
         assert!(!stamp(&keys.costs(), SetOutcome::Stored));
-        assert!(!stamp(&keys.ring_head(), SetOutcome::Stored));
+        assert!(!stamp(keys.ring_head(), SetOutcome::Stored));
         assert!(!stamp(&keys.health(), SetOutcome::CasMismatch));
         for key in [
             keys.samples(),
@@ -369,6 +369,6 @@ mod tests {
         stamp_after_write(&store, &keys, &keys.samples(), SetOutcome::Stored);
         assert!(watch.moved(&store, &keys), "a stored table write rings it");
         assert!(!watch.moved(&store, &keys));
-        assert_eq!(store.get(&keys.tables_bell()).map(|(v, _)| v), Some(vec![]));
+        assert_eq!(store.get(keys.tables_bell()).map(|(v, _)| v), Some(vec![]));
     }
 }

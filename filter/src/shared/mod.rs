@@ -102,6 +102,10 @@ pub const CAS_ATTEMPTS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     prefix: Cow<'static, str>,
+    /// The two keys read on every request or cached-table write, built once (each
+    /// `format!` was an allocation on the request path; the default's are static).
+    bell: Cow<'static, str>,
+    head: Cow<'static, str>,
 }
 
 /// The cached tables' keys after the prefix (`generation`).
@@ -118,6 +122,8 @@ impl Default for Keys {
     fn default() -> Self {
         Keys {
             prefix: Cow::Borrowed(KEY_PREFIX),
+            bell: Cow::Borrowed("llm_router.tables.bell"),
+            head: Cow::Borrowed("llm_router.ring.head"),
         }
     }
 }
@@ -126,6 +132,8 @@ impl Keys {
     pub fn new(prefix: &str) -> Keys {
         Keys {
             prefix: Cow::Owned(prefix.to_string()),
+            bell: Cow::Owned(format!("{prefix}.tables.bell")),
+            head: Cow::Owned(format!("{prefix}.ring.head")),
         }
     }
 
@@ -139,13 +147,13 @@ impl Keys {
 
     /// Empty, rewritten after every stamp of the cached tables: its CAS token
     /// tells a VM inside a sync window that a table changed (`generation`).
-    pub fn tables_bell(&self) -> String {
-        format!("{}.tables.bell", self.prefix)
+    pub fn tables_bell(&self) -> &str {
+        &self.bell
     }
 
     /// The ring's next sequence number.
-    pub fn ring_head(&self) -> String {
-        format!("{}.ring.head", self.prefix)
+    pub fn ring_head(&self) -> &str {
+        &self.head
     }
 
     /// Ring slot `i`.
@@ -219,7 +227,11 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
         create_if_missing(store, &key, b"{}");
     }
     // No failures and no lease read as absent ones; the bell is always empty.
-    for key in [keys.push_failures(), keys.lease(), keys.tables_bell()] {
+    for key in [
+        keys.push_failures(),
+        keys.lease(),
+        keys.tables_bell().to_string(),
+    ] {
         create_if_missing(store, &key, b"");
     }
     create_if_missing(store, &keys.membership(), &Membership::default().encode());
@@ -440,6 +452,7 @@ mod tests {
     #[test]
     fn keys_are_the_ones_envoy_operators_and_tests_see() {
         let k = Keys::default();
+        assert_eq!(k.tables_bell(), "llm_router.tables.bell");
         assert_eq!(k.ring_head(), "llm_router.ring.head");
         assert_eq!(k.ring_slot(3), "llm_router.ring.slot.3");
         assert_eq!(k.eviction(), "llm_router.evict.last_ms");
@@ -452,6 +465,14 @@ mod tests {
         assert_eq!(k.costs(), "llm_router.ttft.costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
         assert_eq!(k.membership(), "llm_router.membership");
+        assert_eq!(
+            Keys::new(KEY_PREFIX),
+            k,
+            "the default is the filter's prefix"
+        );
+        let other = Keys::new("t");
+        assert_eq!(other.tables_bell(), "t.tables.bell");
+        assert_eq!(other.ring_head(), "t.ring.head");
     }
 
     /// Runs `write(store, 1)` with `write(store, 2)` landing between its read and
