@@ -12,61 +12,29 @@ use hashbrown::HashMap;
 /// The most a busy VM's counters lag behind its requests.
 pub const FLUSH_MS: u64 = 100;
 
-/// Increments not yet handed to the host. Each counter gets a slot when it is
-/// defined, so an increment on the request path is an index, not a hash lookup.
+/// Increments not yet handed to the host, by the host's metric id.
 #[derive(Debug, Default)]
 pub struct CounterBatch {
-    /// The host's metric id of each slot's counter.
-    ids: Vec<u32>,
-    /// A counter's slot by metric id (asked when a counter is defined).
-    slots: HashMap<u32, u32>,
-    /// Each slot's sum since the last hand-over.
-    pending: Vec<u64>,
-    /// The slots with a sum, in the order they got one.
-    touched: Vec<u32>,
+    pending: HashMap<u32, u64>,
     flushed_at_ms: u64,
 }
 
 impl CounterBatch {
-    /// The slot of the counter the host calls `id` (the same one each time it is
-    /// defined again, as a reconfiguration does).
-    pub fn slot(&mut self, id: u32) -> u32 {
-        let next = self.ids.len() as u32;
-        let slot = *self.slots.entry(id).or_insert(next);
-        if slot == next {
-            self.ids.push(id);
-            self.pending.push(0);
-        }
-        slot
-    }
-
-    pub fn add(&mut self, slot: u32, n: u64) {
-        let Some(sum) = self.pending.get_mut(slot as usize) else {
-            return;
-        };
-        if *sum == 0 && n > 0 {
-            self.touched.push(slot);
-        }
+    pub fn add(&mut self, id: u32, n: u64) {
+        let sum = self.pending.entry(id).or_insert(0);
         *sum = sum.saturating_add(n);
     }
 
     /// Whether to hand the increments over now: the VM holds no request (`idle`), or
     /// `FLUSH_MS` passed since the last hand-over.
     pub fn due(&self, idle: bool, now_ms: u64) -> bool {
-        !self.touched.is_empty() && (idle || now_ms.saturating_sub(self.flushed_at_ms) >= FLUSH_MS)
+        !self.pending.is_empty() && (idle || now_ms.saturating_sub(self.flushed_at_ms) >= FLUSH_MS)
     }
 
-    /// The summed increments by metric id, taken out at `now_ms`.
+    /// The summed increments, taken out at `now_ms`.
     pub fn take(&mut self, now_ms: u64) -> Vec<(u32, u64)> {
         self.flushed_at_ms = now_ms;
-        let (ids, pending) = (&self.ids, &mut self.pending);
-        self.touched
-            .drain(..)
-            .filter_map(|slot| {
-                let sum = std::mem::take(pending.get_mut(slot as usize)?);
-                Some((*ids.get(slot as usize)?, sum))
-            })
-            .collect()
+        self.pending.drain().collect()
     }
 }
 
@@ -77,14 +45,10 @@ mod tests {
     #[test]
     fn increments_are_summed_and_handed_over_when_idle_or_due() {
         let mut b = CounterBatch::default();
-        let (seven, nine) = (b.slot(7), b.slot(9));
-        assert_eq!(b.slot(7), seven, "defined again: the same slot");
         assert!(!b.due(true, 0), "nothing to hand over");
-        b.add(nine, 0);
-        assert!(!b.due(true, 0), "a zero is nothing");
-        b.add(seven, 1);
-        b.add(seven, 2);
-        b.add(nine, 5);
+        b.add(7, 1);
+        b.add(7, 2);
+        b.add(9, 5);
         assert!(!b.due(false, FLUSH_MS - 1), "busy and recent: wait");
         assert!(b.due(true, 1), "idle: at once");
         assert!(b.due(false, FLUSH_MS), "busy but due");
@@ -92,11 +56,9 @@ mod tests {
         got.sort();
         assert_eq!(got, vec![(7, 3), (9, 5)]);
         assert!(!b.due(true, FLUSH_MS), "taken");
-        b.add(seven, u64::MAX);
-        b.add(seven, 1);
+        b.add(7, u64::MAX);
+        b.add(7, 1);
         assert!(!b.due(false, 2 * FLUSH_MS - 1), "the clock restarted");
         assert_eq!(b.take(2 * FLUSH_MS), vec![(7, u64::MAX)], "saturates");
-        b.add(99, 1);
-        assert!(!b.due(true, 0), "a slot never given out changes nothing");
     }
 }

@@ -58,18 +58,15 @@ pub fn flush_counters(idle: bool, now_ms: u64, force: bool) {
 #[derive(Debug, Clone, Copy)]
 pub struct Metric {
     id: Option<u32>,
-    /// A counter's slot in this VM's batch (`crate::counters`).
-    slot: Option<u32>,
+    kind: MetricType,
 }
 
 impl Metric {
     fn define(kind: MetricType, name: &str) -> Metric {
-        let id = hostcalls::define_metric(kind, name).ok();
-        let slot = match (id, kind) {
-            (Some(id), MetricType::Counter) => Some(COUNTERS.with(|c| c.borrow_mut().slot(id))),
-            _ => None,
-        };
-        Metric { id, slot }
+        Metric {
+            id: hostcalls::define_metric(kind, name).ok(),
+            kind,
+        }
     }
 
     pub fn counter(name: &str) -> Metric {
@@ -91,11 +88,11 @@ impl Metric {
 
     /// A counter's increment waits in the VM for `flush_counters`; zero is skipped.
     pub fn add(self, n: u64) {
-        match (self.id, self.slot) {
-            (Some(_), Some(slot)) => {
-                COUNTERS.with(|c| c.borrow_mut().add(slot, n));
+        match (self.id, self.kind) {
+            (Some(id), MetricType::Counter) if n > 0 => {
+                COUNTERS.with(|c| c.borrow_mut().add(id, n));
             }
-            (Some(id), None) => {
+            (Some(id), _) => {
                 if let Ok(n @ 1..) = i64::try_from(n) {
                     let _ = hostcalls::increment_metric(id, n);
                 }
