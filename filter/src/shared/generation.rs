@@ -45,14 +45,14 @@ pub fn stamp_after_write(store: &dyn SharedStore, keys: &Keys, key: &str, outcom
     }
     let key = keys.ring_head();
     for _ in 0..CAS_ATTEMPTS {
-        let Some(next) = store.get(key).and_then(|(v, cas)| {
+        let Some(next) = store.get(&key).and_then(|(v, cas)| {
             let (seq, generation, tail) = decode_head(&v)?;
             Some((encode_head(seq, generation.wrapping_add(1), tail), cas))
         }) else {
             return;
         };
         let (next, cas) = next;
-        match store.set(key, &next, cas) {
+        match store.set(&key, &next, cas) {
             SetOutcome::CasMismatch => continue,
             SetOutcome::Stored => {
                 store.set(keys.tables_bell(), &[], 0);
@@ -333,7 +333,7 @@ mod tests {
             ring.generation() == Some(1)
         };
         assert!(!stamp(&keys.costs(), SetOutcome::Stored));
-        assert!(!stamp(keys.ring_head(), SetOutcome::Stored));
+        assert!(!stamp(&keys.ring_head(), SetOutcome::Stored));
         assert!(!stamp(&keys.health(), SetOutcome::CasMismatch));
         for key in [
             keys.samples(),

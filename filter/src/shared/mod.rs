@@ -102,10 +102,9 @@ pub const CAS_ATTEMPTS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     prefix: Cow<'static, str>,
-    /// The two keys read on every request or cached-table write, built once (each
-    /// `format!` was an allocation on the request path; the default's are static).
+    /// The tables' bell, read on every request: built once (a `format!` was an
+    /// allocation on the request path; the default's is static).
     bell: Cow<'static, str>,
-    head: Cow<'static, str>,
 }
 
 /// The cached tables' keys after the prefix (`generation`).
@@ -123,7 +122,6 @@ impl Default for Keys {
         Keys {
             prefix: Cow::Borrowed(KEY_PREFIX),
             bell: Cow::Borrowed("llm_router.tables.bell"),
-            head: Cow::Borrowed("llm_router.ring.head"),
         }
     }
 }
@@ -133,7 +131,6 @@ impl Keys {
         Keys {
             prefix: Cow::Owned(prefix.to_string()),
             bell: Cow::Owned(format!("{prefix}.tables.bell")),
-            head: Cow::Owned(format!("{prefix}.ring.head")),
         }
     }
 
@@ -152,8 +149,8 @@ impl Keys {
     }
 
     /// The ring's next sequence number.
-    pub fn ring_head(&self) -> &str {
-        &self.head
+    pub fn ring_head(&self) -> String {
+        format!("{}.ring.head", self.prefix)
     }
 
     /// Ring slot `i`.
@@ -472,7 +469,6 @@ mod tests {
         );
         let other = Keys::new("t");
         assert_eq!(other.tables_bell(), "t.tables.bell");
-        assert_eq!(other.ring_head(), "t.ring.head");
     }
 
     /// Runs `write(store, 1)` with `write(store, 2)` landing between its read and

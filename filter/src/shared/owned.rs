@@ -663,7 +663,7 @@ mod tests {
             !t.refresh(&store, 2),
             "then only when a third of the expiry old"
         );
-        let head = super::super::Keys::new("t").ring_head().to_string();
+        let head = super::super::Keys::new("t").ring_head();
         store
             .map
             .borrow_mut()

@@ -159,7 +159,7 @@ fn seq_of(slot: &[u8]) -> Option<u64> {
 impl OpRing {
     pub fn new(keys: &Keys, slots: usize) -> OpRing {
         OpRing {
-            head_key: keys.ring_head().to_string(),
+            head_key: keys.ring_head(),
             slot_keys: (0..slots.max(1)).map(|i| keys.ring_slot(i)).collect(),
             head_hint: Cell::new(None),
             tail: RefCell::new(Vec::new()),
