@@ -50,68 +50,92 @@ impl LoadTable {
     }
 }
 
-/// Counts by worker index, and which workers have any. A request's screen refills
-/// only the workers that have requests in flight: at 256 workers, visiting every
-/// worker's count for that was about 25 Wasm instructions a worker.
+/// Values by worker index, and which workers have one. A request's screen refills
+/// only the workers that have requests in flight (at 256 workers, visiting every
+/// worker's count for that was about 25 Wasm instructions a worker), and a table
+/// kept from request to request is cleared in the time its last request's values
+/// took to add, not the fleet's: fresh tables zeroed for each request showed in
+/// a fleet of 256's count.
 #[derive(Debug, Clone, Default)]
-pub struct WorkerCounts {
-    counts: Vec<u64>,
-    /// The workers whose count is not 0, each once.
+pub struct Tally<T> {
+    values: Vec<T>,
+    /// The workers whose value is not the default, each once.
     busy: Vec<usize>,
 }
 
-impl WorkerCounts {
-    /// `n` workers' counts, all 0.
-    pub fn zeroed(n: usize) -> WorkerCounts {
-        WorkerCounts {
-            counts: vec![0; n],
-            busy: Vec::new(),
-        }
+impl<T: Copy + Default + PartialEq> Tally<T> {
+    /// `n` workers' values, all default.
+    pub fn zeroed(n: usize) -> Tally<T> {
+        Tally::default().cleared(n)
     }
 
-    /// Adds `n` to `worker`'s count (saturating); a worker out of range is left out.
-    pub fn add(&mut self, worker: usize, n: u64) {
-        if let Some(slot) = self.counts.get_mut(worker) {
-            if *slot == 0 && n > 0 {
+    /// This table with every value back to the default, for `n` workers, its
+    /// memory kept.
+    pub fn cleared(mut self, n: usize) -> Tally<T> {
+        for &i in &self.busy {
+            if let Some(v) = self.values.get_mut(i) {
+                *v = T::default();
+            }
+        }
+        self.busy.clear();
+        self.values.resize(n, T::default());
+        self
+    }
+
+    /// Changes `worker`'s value with `f`; a worker out of range is left out.
+    pub fn update(&mut self, worker: usize, f: impl FnOnce(&mut T)) {
+        if let Some(slot) = self.values.get_mut(worker) {
+            let was_default = *slot == T::default();
+            f(slot);
+            if was_default && *slot != T::default() {
                 self.busy.push(worker);
             }
-            *slot = slot.saturating_add(n);
         }
     }
 
-    /// `worker`'s count (out of range: 0).
-    pub fn get(&self, worker: usize) -> u64 {
-        self.counts.get(worker).copied().unwrap_or(0)
+    /// `worker`'s value (out of range: the default).
+    pub fn get(&self, worker: usize) -> T {
+        self.values.get(worker).copied().unwrap_or_default()
     }
 
-    /// The workers whose count is not 0.
+    /// The workers whose value is not the default.
     pub fn busy(&self) -> &[usize] {
         &self.busy
+    }
+}
+
+/// Equal values are equal, whatever order the workers became busy in.
+impl<T: PartialEq> PartialEq for Tally<T> {
+    fn eq(&self, other: &Tally<T>) -> bool {
+        self.values == other.values
+    }
+}
+
+impl<T: Eq> Eq for Tally<T> {}
+
+/// Requests by worker index.
+pub type WorkerCounts = Tally<u64>;
+
+impl WorkerCounts {
+    /// Adds `n` to `worker`'s count (saturating); a worker out of range is left out.
+    pub fn add(&mut self, worker: usize, n: u64) {
+        self.update(worker, |slot| *slot = slot.saturating_add(n));
     }
 
     /// All counts together (saturating: a garbled peer's count must not wrap it).
     pub fn total(&self) -> u64 {
-        self.counts.iter().fold(0, |sum, n| sum.saturating_add(*n))
+        self.values.iter().fold(0, |sum, n| sum.saturating_add(*n))
     }
 }
 
-/// Equal counts are equal, whatever order the workers became busy in.
-impl PartialEq for WorkerCounts {
-    fn eq(&self, other: &WorkerCounts) -> bool {
-        self.counts == other.counts
-    }
-}
-
-impl Eq for WorkerCounts {}
-
-impl From<Vec<u64>> for WorkerCounts {
-    fn from(counts: Vec<u64>) -> WorkerCounts {
+impl<T: Copy + Default + PartialEq> From<Vec<T>> for Tally<T> {
+    fn from(values: Vec<T>) -> Tally<T> {
         let busy = (0..)
-            .zip(&counts)
-            .filter(|(_, n)| **n > 0)
+            .zip(&values)
+            .filter(|(_, v)| **v != T::default())
             .map(|(i, _)| i)
             .collect();
-        WorkerCounts { counts, busy }
+        Tally { values, busy }
     }
 }
 
@@ -134,7 +158,7 @@ pub struct Loads {
     /// Down after a failure, by worker index (missing: up); see `crate::health`.
     pub down: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
-    pub work: Vec<WorkerWork>,
+    pub work: Tally<WorkerWork>,
     /// `predicted_ttft` only: learned costs by worker index, shared with this VM's
     /// copy (`crate::shared::CostTable`).
     pub costs: Rc<Vec<WorkerCosts>>,
@@ -178,7 +202,7 @@ impl Loads {
         TtftCandidate {
             worker: c.worker,
             inflight: c.inflight,
-            work: self.work.get(i).copied().unwrap_or_default(),
+            work: self.work.get(i),
             others,
             cached_chars: held.depth(c.worker) as u64,
             continues: held.continues(c.worker),
@@ -220,6 +244,39 @@ mod tests {
         c.add(3, u64::MAX);
         c.add(3, 1);
         assert_eq!((c.get(3), c.total()), (u64::MAX, u64::MAX), "saturating");
+    }
+
+    #[test]
+    fn a_cleared_tally_is_a_fresh_one_of_its_new_size() {
+        let mut c = WorkerCounts::zeroed(4);
+        c.add(3, 2);
+        c.add(1, 1);
+        let mut c = c.cleared(4);
+        assert_eq!(c, WorkerCounts::zeroed(4), "every value back to 0");
+        assert!(c.busy().is_empty());
+        c.add(0, 1);
+        assert_eq!(c.busy(), &[0], "busy again from scratch");
+        c.add(3, 5);
+        let c = c.cleared(2);
+        assert_eq!(
+            c,
+            WorkerCounts::zeroed(2),
+            "shrunk: what was busy beyond it is gone"
+        );
+        let mut c = c.cleared(5);
+        assert_eq!(
+            c,
+            WorkerCounts::zeroed(5),
+            "grown: the new workers start at 0"
+        );
+        c.add(4, 1);
+        assert_eq!((c.get(4), c.busy()), (1, &[4][..]));
+        let mut w: Tally<WorkerWork> = Tally::zeroed(3);
+        w.update(2, |w| w.prefilling += 1);
+        w.update(2, |w| w.ahead_chars += 10);
+        assert_eq!(w.busy(), &[2], "each once");
+        let w = w.cleared(3);
+        assert_eq!((w.get(2), w.busy().len()), (WorkerWork::default(), 0));
     }
 
     #[test]

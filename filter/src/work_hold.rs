@@ -148,7 +148,10 @@ mod tests {
 
     impl Fixture {
         fn w0(&self) -> WorkerWork {
-            self.work.by_worker(&self.ring, &names(), 0, true).work[0]
+            self.work
+                .by_worker(&self.ring, &names(), (0, true), Default::default())
+                .work
+                .get(0)
         }
         fn costs0(&self) -> WorkerCosts {
             self.costs.by_worker(&self.store, &self.names)[0]

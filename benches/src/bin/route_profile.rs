@@ -147,7 +147,11 @@ fn run(args: &Args) -> Result<u64> {
     for (i, req) in workload.iter().cycle().take(args.requests).enumerate() {
         let loads = Loads {
             inflight: held.counts.clone().into(),
-            work: if ttft { held.work.clone() } else { Vec::new() },
+            work: if ttft {
+                held.work.clone().into()
+            } else {
+                Default::default()
+            },
             now_ms: i as u64,
             ..kept.clone()
         };

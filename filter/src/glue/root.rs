@@ -127,6 +127,7 @@ impl Root {
         state.metrics.inflight.set(loads.inflight.total());
         let gauges = worker_gauges(state.router.config(), &loads);
         state.metrics.set_worker_gauges(&gauges);
+        state.recycle(loads);
         super::replica::tick(state);
         if let Some(prober) = self.prober.as_mut() {
             prober.tick(state, host::now_ms());

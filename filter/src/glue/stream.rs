@@ -102,6 +102,7 @@ impl Stream {
             &mut state.rng,
             &mut host::entropy,
         );
+        state.recycle(loads);
         if planned.notes.gate_inert {
             state.note_gate_inert();
         }

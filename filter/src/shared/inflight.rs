@@ -28,7 +28,7 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
-use crate::load::WorkerCounts;
+use crate::load::{Loads, Tally, WorkerCounts};
 use crate::policy::WorkerWork;
 
 /// Columns of a row's entry: requests in flight, of them those prefilling, and
@@ -45,7 +45,18 @@ pub struct InflightTable(OwnedCounts<COLUMNS>);
 pub struct ByWorker {
     pub inflight: WorkerCounts,
     /// Empty unless asked for (`predicted_ttft`).
-    pub work: Vec<WorkerWork>,
+    pub work: Tally<WorkerWork>,
+}
+
+impl ByWorker {
+    /// A request's tables back from its loads, for the next request's to be
+    /// written into (`InflightTable::by_worker`).
+    pub fn reclaim(loads: Loads) -> ByWorker {
+        ByWorker {
+            inflight: loads.inflight,
+            work: loads.work,
+        }
+    }
 }
 
 pub(super) fn encode_counts(counts: &[(String, u64)]) -> Vec<u8> {
@@ -109,26 +120,23 @@ impl InflightTable {
 
     /// The table by worker index, for `names` (never counted: 0), as `ring`'s last
     /// read of its head found it: no hostcall. The prefill work only if `work`.
+    /// Written into `spare`'s memory (an earlier request's tables, or empty ones).
     pub fn by_worker(
         &self,
         ring: &OpRing,
         names: &WorkerNames,
-        now_ms: u64,
-        work: bool,
+        (now_ms, work): (u64, bool),
+        spare: ByWorker,
     ) -> ByWorker {
-        let mut inflight = WorkerCounts::zeroed(names.len());
-        let mut ahead = if work {
-            vec![WorkerWork::default(); names.len()]
-        } else {
-            Vec::new()
-        };
+        let mut inflight = spare.inflight.cleared(names.len());
+        let mut ahead = spare.work.cleared(if work { names.len() } else { 0 });
         self.0
             .each_by_worker(&ring.tail(), now_ms, names, |i, &[n, prefilling, chars]| {
                 inflight.add(i, n);
-                if let Some(w) = ahead.get_mut(i) {
+                ahead.update(i, |w| {
                     w.prefilling = w.prefilling.saturating_add(prefilling);
                     w.ahead_chars = w.ahead_chars.saturating_add(chars);
-                }
+                });
             });
         ByWorker {
             inflight,
@@ -194,7 +202,7 @@ mod tests {
     use super::super::testing::{ring, Counting, MemStore};
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
-    use crate::config::testing::names;
+    use crate::config::testing::{named_workers, names};
 
     #[test]
     fn inflight_counts_add_and_saturate() {
@@ -231,7 +239,8 @@ mod tests {
         ring.catch_up(&store, &mut cursor, 0, |_, _| {});
         store.gets.set(0);
         assert_eq!(
-            t.by_worker(&ring, &names(), 0, false).inflight,
+            t.by_worker(&ring, &names(), (0, false), Default::default())
+                .inflight,
             vec![0, 1].into(),
             "the decision reads the catch-up's copy"
         );
@@ -316,11 +325,51 @@ mod tests {
     }
 
     #[test]
+    fn tables_written_into_an_earlier_requests_read_as_new_ones() {
+        let store = MemStore::default();
+        let ring = ring(&store, 4);
+        let t = InflightTable::new(1, 5000);
+        let three = WorkerNames::new(&named_workers(3));
+        let read = |spare: ByWorker| t.by_worker(&ring, &three, (0, true), spare);
+        t.take("w0");
+        t.book_prefill("w0", 300);
+        t.take("w1");
+        let earlier = read(ByWorker::default());
+        assert_eq!(
+            (earlier.inflight.get(0), earlier.work.get(0).ahead_chars),
+            (1, 300)
+        );
+        t.release_prefill("w0", 300);
+        t.release("w0");
+        t.take("w2");
+        let reused = read(earlier);
+        assert_eq!(
+            reused,
+            read(ByWorker::default()),
+            "nothing of the earlier request's left"
+        );
+        assert_eq!(reused.inflight.busy(), &[1, 2]);
+        assert!(reused.work.busy().is_empty());
+        let two = WorkerNames::new(&named_workers(2));
+        let fewer = t.by_worker(&ring, &two, (0, false), reused);
+        assert_eq!(
+            fewer.inflight,
+            vec![0, 1].into(),
+            "a shorter list, no prefill asked"
+        );
+        assert_eq!(fewer.work, Tally::default());
+    }
+
+    #[test]
     fn prefill_is_booked_released_and_never_negative() {
         let store = MemStore::default();
         let ring = ring(&store, 4);
         let t = InflightTable::new(1, 5000);
-        let work = |t: &InflightTable| t.by_worker(&ring, &names(), 0, true).work[0];
+        let work = |t: &InflightTable| {
+            t.by_worker(&ring, &names(), (0, true), Default::default())
+                .work
+                .get(0)
+        };
         t.take("w0");
         t.book_prefill("w0", 4000);
         t.take("w0");
@@ -350,8 +399,9 @@ mod tests {
         assert_eq!(work(&t), WorkerWork::default());
         assert_eq!(t.mine(), vec![("w0".to_string(), 2)], "still in flight");
         assert_eq!(
-            t.by_worker(&ring, &names(), 0, false).work,
-            Vec::new(),
+            t.by_worker(&ring, &names(), (0, false), Default::default())
+                .work,
+            Tally::default(),
             "the work only when asked"
         );
         assert!(!t.release("w0"));

@@ -52,7 +52,7 @@ pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
 pub use generation::{stamp_after_write, BellWatch, TableCache, Tables};
 pub use health::{HealthStates, HealthTable};
-pub use inflight::InflightTable;
+pub use inflight::{ByWorker, InflightTable};
 pub use lease::{claim, Lease, ProbeLease};
 pub use lockout::{Gate, PushLockout};
 pub(crate) use membership::{pool_code, pool_of};
@@ -248,13 +248,14 @@ pub fn read_loads(
     now_ms: u64,
     (inflight, ring, costs): (&InflightTable, &OpRing, &CostTable),
     (cache, generation): (&TableCache, Option<u64>),
+    spare: ByWorker,
 ) -> Loads {
     let tables = cache.tables(store, keys, (cfg, names), generation);
     // Only `predicted_ttft` reads its tables: the other policies pay nothing.
     let ttft = cfg.uses_predicted_ttft();
     let stale = cfg.replicas.peer_stale_after_ms;
     let (peer_inflight, _) = PeerLoads::sum_by_worker(&tables.peers, names, now_ms, stale);
-    let counts = inflight.by_worker(ring, names, now_ms, ttft);
+    let counts = inflight.by_worker(ring, names, (now_ms, ttft), spare);
     // Only what `Loads` keeps is copied out of this VM's copy (not the peers'
     // reports, already summed above).
     Loads {
@@ -620,15 +621,25 @@ mod tests {
         ring.head(&store);
         let own = (&InflightTable::new(2, 5000), &ring, &CostTable::new(&keys));
         let names = WorkerNames::new(&cfg.workers);
-        let loads = read_loads(
-            &store,
-            &keys,
-            (&cfg, &names),
-            7,
-            own,
-            (&TableCache::default(), None),
-        );
+        let read = |spare| {
+            read_loads(
+                &store,
+                &keys,
+                (&cfg, &names),
+                7,
+                own,
+                (&TableCache::default(), None),
+                spare,
+            )
+        };
+        let loads = read(ByWorker::default());
         assert_eq!(loads.inflight, vec![0, 2].into());
+        // An earlier request's tables, written over: the same loads.
+        let mut spare = ByWorker::reclaim(loads.clone());
+        spare.inflight.add(0, 9);
+        let again = read(spare);
+        assert_eq!(again, loads, "a spare's old counts are gone");
+        assert_eq!(again.inflight.busy(), &[1]);
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
         assert_eq!(loads.overloaded[..], [false, false]);
@@ -641,7 +652,8 @@ mod tests {
             (&off, &WorkerNames::new(&off.workers)),
             7,
             own,
-            (&TableCache::default(), None)
+            (&TableCache::default(), None),
+            ByWorker::default(),
         )
         .overloaded
         .is_empty());
