@@ -71,7 +71,9 @@ impl Tree {
         // By tenant id (ids are worker indices, so dense): at 256 workers a shared
         // system prompt has 256 tenants on every node of its path, and a search of
         // the depths found so far for each of them was quadratic.
-        let mut depth_of: Vec<usize> = Vec::new();
+        // Sized for every tenant at once: grown tenant by tenant, as a node lists
+        // them in order, it was reallocated and copied about eight times at 256.
+        let mut depth_of: Vec<usize> = Vec::with_capacity(self.tenant_leaves.len());
         let mut continued: Vec<TenantId> = Vec::new();
         let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
             for h in &self.node(idx).tenants {
