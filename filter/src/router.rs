@@ -300,7 +300,7 @@ impl Router {
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(pool, model);
                 let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
-                let leaves = tree.map_or(&[][..], |t| t.leaves_by_tenant());
+                let leaves = tree.map_or(&[][..], |t| t.leaves().as_slice());
                 let params = self.cfg.ttft_params();
                 let input = crate::tree::char_len(text) as u64;
                 // A fleet larger than the sample size scores a sample
@@ -312,16 +312,22 @@ impl Router {
                             .iter()
                             .filter_map(|&t| position_of(candidates, t))
                             .collect();
-                        let holders = tree.map(|t| t.holders_of_longest(&held));
-                        let position =
-                            |j: usize| position_of(candidates, holders.as_ref()?.get(j)?);
-                        policy::ttft_sample(
-                            candidates.len(),
-                            params.sample_size,
-                            (holders.as_ref().map_or(0, |h| h.len()), position),
-                            &continuing,
-                            rng,
-                        )
+                        let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
+                        let holders = tree.map(|t| t.holders_within(&held, margin));
+                        let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
+                        let drawn = policy::Drawn {
+                            holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
+                                holders.as_ref()?.get(j)
+                            }),
+                            conversations: leaves,
+                            fewest: tree
+                                .map(|t| t.leaves().fewest_first(fleet))
+                                .into_iter()
+                                .flatten(),
+                            position: |t| position_of(candidates, t),
+                            continuing: &continuing,
+                        };
+                        policy::ttft_sample(candidates.len(), params.sample_size, drawn, rng)
                     })
                     .flatten();
                 let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
@@ -566,6 +572,32 @@ mod tests {
             "new conversations spread: {}",
             spread.len()
         );
+    }
+
+    #[test]
+    fn a_sampled_fleet_spreads_conversations_as_the_whole_fleet_does() {
+        // 64 idle workers, 4 scored a request: new conversations go where the
+        // fewest are, as with every worker scored, so 128 of them make two a
+        // worker (4 drawn at random from the fleet would see the fewest only by
+        // chance).
+        for sample in [0, 4] {
+            let mut r = router(
+                &format!(r#","policy":"predicted_ttft","ttft_sample_size":{sample}"#),
+                64,
+            );
+            let mut rng = SplitMix64(7);
+            let idle = vec![0; 64];
+            for c in 0..128 {
+                let new = format!("{c} a new conversation of its own, nothing like the rest");
+                go(&mut r, &chat(&[&new]), &idle, &mut rng).unwrap();
+            }
+            let tree = r.tree(Pool::Regular, "m").unwrap();
+            let counts: Vec<usize> = (0..64).map(|w| tree.tenant_leaves(w)).collect();
+            assert!(
+                counts.iter().all(|&n| n == 2),
+                "sample {sample}: {counts:?}"
+            );
+        }
     }
 
     #[test]

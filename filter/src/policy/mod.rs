@@ -24,12 +24,12 @@ pub use cache_aware::{
 };
 pub use power_of_two::power_of_two;
 pub use predicted_ttft::{
-    learn_prefill, learn_service, load_cap, others_load, Ladder, Scored, TtftCandidate, TtftParams,
-    WorkerCosts, WorkerWork,
+    learn_prefill, learn_service, load_cap, match_margin, others_load, Ladder, Scored,
+    TtftCandidate, TtftParams, WorkerCosts, WorkerWork,
 };
 pub use random::random;
 pub use round_robin::round_robin;
-pub use ttft_sample::ttft_sample;
+pub use ttft_sample::{ttft_sample, Drawn};
 
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::rng::Rng;

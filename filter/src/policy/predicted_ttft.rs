@@ -182,6 +182,13 @@ pub fn load_cap(total_inflight: u64, n: usize, load_factor: f64) -> u64 {
     ((1.0 + load_factor) * mean).ceil() as u64 + 1
 }
 
+/// A few chars of a match (two users' questions that start alike) are no reason to
+/// prefer a worker: matches within this many chars of each other are equal, and
+/// one no longer than it is no match.
+pub fn match_margin(input_chars: u64) -> u64 {
+    (input_chars as f64 * NEAR_TIE_SHARE) as u64
+}
+
 /// Engine requests beyond what this Envoy had in flight there when the sample was
 /// taken: other routers' load. Never negative.
 pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
@@ -250,10 +257,7 @@ impl<'p> Ladder<'p> {
         let (best, longest, longest_eligible) = (self.best, self.longest, self.longest_eligible);
         let within_us = best * p.stay_factor + best * NEAR_TIE_SHARE;
         let near_us = best * (1.0 + p.load_factor) + best * NEAR_TIE_SHARE;
-        // A few chars of a match (two users' questions that start alike) are no
-        // reason to prefer a worker: matches within `margin` of each other are
-        // equal, and one no longer than it is no match.
-        let margin = (input_chars as f64 * NEAR_TIE_SHARE) as u64;
+        let margin = match_margin(input_chars);
         let holds = |cached: u64, longest: u64| {
             longest > margin && cached.saturating_add(margin) >= longest
         };

@@ -28,9 +28,11 @@
 use crate::scan;
 use hashbrown::HashMap;
 
+mod leaves;
 mod removal;
 mod tenant_matches;
 
+pub use leaves::{Block, Leaves};
 pub use tenant_matches::{Holders, TenantMatches};
 
 /// A worker's identity inside a tree. Stable for the life of the VM.
@@ -106,7 +108,7 @@ pub struct Tree {
     /// Non-root nodes each tenant holds and none of whose children it holds, by
     /// tenant id (ids are worker indices, so dense): `predicted_ttft` reads every
     /// candidate's, and a map was a pass and a vector per request at 256 workers.
-    tenant_leaves: Vec<usize>,
+    tenant_leaves: Leaves,
     stored_chars: usize,
 }
 
@@ -168,7 +170,7 @@ impl Tree {
             }],
             free: Vec::new(),
             tenant_chars: HashMap::new(),
-            tenant_leaves: Vec::new(),
+            tenant_leaves: Leaves::default(),
             stored_chars: 0,
         }
     }
@@ -186,14 +188,12 @@ impl Tree {
     /// The conversations `tenant` holds: its leaves, the ends of the texts routed
     /// to it that no later text of it extends.
     pub fn tenant_leaves(&self, tenant: TenantId) -> usize {
-        self.tenant_leaves
-            .get(tenant as usize)
-            .copied()
-            .unwrap_or(0)
+        self.tenant_leaves.get(tenant)
     }
 
-    /// `tenant_leaves` by tenant id (a tenant past the end holds none).
-    pub fn leaves_by_tenant(&self) -> &[usize] {
+    /// `tenant_leaves` by tenant id (a tenant past the end holds none), and in
+    /// order of the count.
+    pub fn leaves(&self) -> &Leaves {
         &self.tenant_leaves
     }
 
@@ -259,22 +259,16 @@ impl Tree {
     }
 
     fn add_leaf(&mut self, tenant: TenantId) {
-        if let Some(n) = by_tenant(&mut self.tenant_leaves, tenant) {
-            *n += 1;
-        }
+        self.tenant_leaves.add(tenant);
     }
 
     /// `tenant` holds no leaf any more (it left the tree).
     fn forget_leaves(&mut self, tenant: TenantId) {
-        if let Some(n) = self.tenant_leaves.get_mut(tenant as usize) {
-            *n = 0;
-        }
+        self.tenant_leaves.forget(tenant);
     }
 
     fn drop_leaf(&mut self, tenant: TenantId) {
-        if let Some(n) = self.tenant_leaves.get_mut(tenant as usize) {
-            *n = n.saturating_sub(1);
-        }
+        self.tenant_leaves.remove(tenant);
     }
 
     /// Splits `child` so that its first `split_bytes` bytes become a new parent node,
@@ -450,7 +444,7 @@ mod tests {
         for (tenant, chars) in per_tenant {
             assert_eq!(t.tenant_chars(tenant), chars, "tenant {tenant} size");
         }
-        for (tenant, &n) in t.leaves_by_tenant().iter().enumerate() {
+        for (tenant, &n) in t.leaves().as_slice().iter().enumerate() {
             assert_eq!(
                 leaves.get(&(tenant as TenantId)).copied().unwrap_or(0),
                 n,
@@ -505,31 +499,46 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_matchs_holders_are_the_deepest_nodes_tenants() {
+    fn the_holders_of_a_match_near_the_longest_are_one_nodes_tenants() {
         let mut t = Tree::new();
         t.insert("system prompt|alice hello", 0, 1);
         t.insert("system prompt|bob hi", 1, 2);
         t.insert("system prompt|alice hello", 4, 3);
         t.insert("system", 2, 4);
-        let holders = |text: &str| {
-            let h = t.holders_of_longest(&t.tenant_matches(text));
+        t.insert("system prompt|carl", 5, 5);
+        let holders = |text: &str, margin: usize| {
+            let h = t.holders_within(&t.tenant_matches(text), margin);
             let mut v: Vec<_> = (0..h.len()).filter_map(|j| h.get(j)).collect();
             v.sort_unstable();
             v
         };
-        assert_eq!(holders("system prompt|alice hello again"), vec![0, 4]);
+        assert_eq!(holders("system prompt|alice hello again", 0), vec![0, 4]);
         assert_eq!(
-            holders("system prompt|carol"),
-            vec![0, 1, 4],
-            "the shared prompt's"
+            holders("system prompt|carol", 0),
+            vec![5],
+            "\"|car\" is carl's alone"
         );
         assert_eq!(
-            holders("systXm"),
-            vec![0, 1, 2, 4],
+            holders("system prompt|carol", 3),
+            vec![0, 1, 4, 5],
+            "within 3 chars of it, the shared prompt's"
+        );
+        assert_eq!(
+            holders("system prompt|alice hello again", 12),
+            vec![0, 1, 4, 5],
+            "alice's 12 chars past the prompt"
+        );
+        assert_eq!(
+            holders("systXm", 0),
+            vec![0, 1, 2, 4, 5],
             "a match ending inside an edge"
         );
-        assert!(holders("nothing alike").is_empty(), "no match, no holders");
-        assert!(t.holders_of_longest(&TenantMatches::default()).is_empty());
+        assert!(holders("systXm", 4).is_empty(), "no longer than the margin");
+        assert!(
+            holders("nothing alike", 0).is_empty(),
+            "no match, no holders"
+        );
+        assert!(t.holders_within(&TenantMatches::default(), 0).is_empty());
     }
 
     #[test]

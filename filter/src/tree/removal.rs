@@ -4,7 +4,7 @@
 //! lookups rely on: a tenant on a node holds its parent, each hold counts the
 //! children the tenant holds too, and no node survives without tenants or children.
 
-use super::{by_tenant, Hold, Node, NodeIdx, TenantId, Tree, ROOT};
+use super::{Hold, Node, NodeIdx, TenantId, Tree, ROOT};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -91,13 +91,7 @@ impl Tree {
             .iter()
             .filter_map(|(&t, &c)| f(t).map(|n| (n, c)))
             .collect();
-        let mut leaves = Vec::new();
-        for (t, &n) in self.tenant_leaves.iter().enumerate() {
-            if let Some(slot) = f(t as TenantId).and_then(|to| by_tenant(&mut leaves, to)) {
-                *slot = n;
-            }
-        }
-        self.tenant_leaves = leaves;
+        self.tenant_leaves = self.tenant_leaves.remapped(&f);
         let mut by_depth: Vec<(usize, NodeIdx)> =
             emptied.into_iter().map(|i| (self.depth(i), i)).collect();
         by_depth.sort_unstable_by(|a, b| b.cmp(a));

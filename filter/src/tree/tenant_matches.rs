@@ -2,7 +2,7 @@
 //! prefix it holds, not only the deepest owner's) and the holders of the longest
 //! match, which a sampled fleet draws from.
 
-use super::{by_tenant, Hold, NodeIdx, TenantId, Tree, ROOT};
+use super::{by_tenant, Hold, NodeIdx, TenantId, Tree};
 
 /// Each tenant's share of one text (`Tree::tenant_matches`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -17,9 +17,9 @@ pub struct TenantMatches {
     /// turns before it. A shared prefix (a system prompt several texts extend) is
     /// not a leaf, so a new conversation under it continues nobody. Sorted.
     pub continued: Vec<TenantId>,
-    /// The last node of the text's path: its tenants hold the whole of the longest
-    /// match (`Tree::holders_of_longest`; the root when nothing matched).
-    deepest: NodeIdx,
+    /// The text's path: each node and the chars matched down to it
+    /// (`Tree::holders_within`).
+    path: Vec<(NodeIdx, usize)>,
 }
 
 /// The tenants holding the whole of a text's longest match, indexed where they are
@@ -73,7 +73,7 @@ impl Tree {
         // the depths found so far for each of them was quadratic.
         // Sized for every tenant at once: grown tenant by tenant, as a node lists
         // them in order, it was reallocated and copied about eight times at 256.
-        let mut depth_of: Vec<usize> = Vec::with_capacity(self.tenant_leaves.len());
+        let mut depth_of: Vec<usize> = Vec::with_capacity(self.tenant_leaves.as_slice().len());
         let mut continued: Vec<TenantId> = Vec::new();
         let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
             for h in &self.node(idx).tenants {
@@ -88,7 +88,9 @@ impl Tree {
         // prompt cut into a few nodes by the prompts that share its start has
         // every worker on each of them).
         let mut pending: Option<(NodeIdx, usize, usize)> = None;
-        let (deepest, _) = self.walk(text, |idx, node, matched, whole| {
+        let mut path = Vec::new();
+        self.walk(text, |idx, node, matched, whole| {
+            path.push((idx, matched));
             if let Some((prev, prev_matched, held)) = pending {
                 if held != node.tenants.len() {
                     mark(&mut depth_of, prev, prev_matched);
@@ -107,15 +109,25 @@ impl Tree {
         TenantMatches {
             depth_of,
             continued,
-            deepest,
+            path,
         }
     }
 
-    /// The tenants holding the whole of the longest match `m` found (none when it
-    /// found nothing); `m` must come from this tree, as it is.
-    pub fn holders_of_longest(&self, m: &TenantMatches) -> Holders<'_> {
-        match self.nodes.get(m.deepest as usize) {
-            Some(node) if m.deepest != ROOT && node.live => Holders(&node.tenants),
+    /// The tenants holding a match of the text within `margin` chars of the
+    /// longest match `m` found (none when that is no longer than `margin`): a
+    /// node's tenants hold the whole path to it and include its children's, so
+    /// they are the tenants of the first node on the path that deep. Two users'
+    /// first questions that begin alike put a node of a few chars, held by one
+    /// worker, below the system prompt every other holder shares. `m` must come
+    /// from this tree, as it is.
+    pub fn holders_within(&self, m: &TenantMatches, margin: usize) -> Holders<'_> {
+        let longest = m.path.last().map_or(0, |&(_, matched)| matched);
+        let first = m
+            .path
+            .iter()
+            .find(|&&(_, matched)| matched.saturating_add(margin) >= longest);
+        match first.and_then(|&(idx, _)| self.nodes.get(idx as usize)) {
+            Some(node) if longest > margin && node.live => Holders(&node.tenants),
             _ => Holders(&[]),
         }
     }
