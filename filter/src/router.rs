@@ -26,7 +26,7 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, Ladder};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{PrefixMatch, TenantId, TenantMatches};
+use crate::tree::{Leaves, PrefixMatch, TenantId, TenantMatches};
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,11 +319,11 @@ impl Router {
                             holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
                                 holders.as_ref()?.get(j)
                             }),
-                            conversations: leaves,
-                            fewest: tree
-                                .map(|t| t.leaves().fewest_first(fleet))
-                                .into_iter()
-                                .flatten(),
+                            holds: |t| {
+                                let longest = held.longest();
+                                longest > margin && held.depth(t).saturating_add(margin) >= longest
+                            },
+                            fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),
                             position: |t| position_of(candidates, t),
                             continuing: &continuing,
                         };
@@ -464,6 +464,9 @@ impl Router {
             .evict(self.cfg.max_tree_size, self.cfg.max_total_tree_chars);
     }
 }
+
+/// The conversations of a model with no tree yet.
+static NO_LEAVES: Leaves = Leaves::NONE;
 
 /// Candidate `c` as `predicted_ttft`'s ladder compares it, from the loads, its share
 /// of the text and its conversations (leaves by worker). Inlined into each loop

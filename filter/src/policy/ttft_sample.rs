@@ -14,10 +14,8 @@
 //!   Where more hold it, those with the fewest conversations (ties at random), as
 //!   the holders' rung prefers: drawn at random instead, a hot prompt's
 //!   conversations spread 4 to 20 a worker where scoring every holder gave 16;
-//! - the `sample_size` workers with the fewest conversations (ties at random) give
-//!   the fleet rung the workers it prefers, as the whole fleet scored would;
-//! - `sample_size` candidates drawn at random from the whole fleet give it a
-//!   choice where those few are busy or slow, or serve another model.
+//! - the `sample_size` candidates with the fewest conversations (ties at random)
+//!   give the fleet rung the workers it prefers, as the whole fleet scored would.
 //!
 //! The bounded-load cap stays the whole fleet's (the screen sums the busy workers'
 //! in-flight requests). What sampling gives up: the best prediction, which sets
@@ -28,12 +26,12 @@ use crate::tree::{Block, TenantId};
 
 /// Which workers a sample draws from, each where it is among the candidates
 /// (`position`: `None` for a worker that is not one).
-pub struct Drawn<'t, H, F, P> {
+pub struct Drawn<'t, H, S, F, P> {
     /// How many workers hold a match within the margin of the request's longest,
     /// and the `j`th of them.
     pub holders: (usize, H),
-    /// Conversations by worker (`tree::Leaves::as_slice`).
-    pub conversations: &'t [usize],
+    /// Whether a worker is one of them.
+    pub holds: S,
     /// The workers in blocks of equal conversation counts, fewest first
     /// (`tree::Leaves::fewest_first`).
     pub fewest: F,
@@ -45,14 +43,15 @@ pub struct Drawn<'t, H, F, P> {
 /// Positions in the candidate list (ascending, each once) of the candidates a
 /// request scores, or `None` to score all `n` (a fleet of at most `sample_size`, or
 /// `sample_size` 0).
-pub fn ttft_sample<'b, H, F, P>(
+pub fn ttft_sample<'b, H, S, F, P>(
     n: usize,
     sample_size: usize,
-    drawn: Drawn<'_, H, F, P>,
+    drawn: Drawn<'_, H, S, F, P>,
     rng: &mut dyn Rng,
 ) -> Option<Vec<usize>>
 where
     H: Fn(usize) -> Option<TenantId>,
+    S: Fn(TenantId) -> bool,
     F: Iterator<Item = Block<'b>>,
     P: Fn(TenantId) -> Option<usize>,
 {
@@ -61,7 +60,7 @@ where
     }
     let Drawn {
         holders: (holding, holder),
-        conversations,
+        holds,
         fewest,
         position,
         continuing,
@@ -69,45 +68,51 @@ where
     // Marks by position, read back in order: ascending and each once without a
     // sort.
     let mut marked = vec![0u64; n.div_ceil(64)];
-    let mut mark = |i: usize| {
-        if let Some(word) = marked.get_mut(i / 64).filter(|_| i < n) {
+    let mut mark = |i: Option<usize>| {
+        let Some(i) = i.filter(|&i| i < n) else {
+            return;
+        };
+        if let Some(word) = marked.get_mut(i / 64) {
             *word |= 1 << (i % 64);
         }
     };
-    continuing.iter().for_each(|&i| mark(i));
-    let holds = |j: usize| {
-        let t = holder(j)?;
-        Some((t, conversations.get(t as usize).copied().unwrap_or(0)))
+    continuing.iter().for_each(|&i| mark(Some(i)));
+    if holding <= sample_size {
+        (0..holding).for_each(|j| mark(holder(j).and_then(&position)));
+    }
+    // The fewest conversations first: `sample_size` candidates, and as many
+    // holders when more hold the match than that. Each block is read from a
+    // place drawn at random, round to where it began, so ties go at random and a
+    // block's workers that are no candidates (screened out, or serving another
+    // model) cost a step each.
+    let mut fleet = sample_size;
+    let mut holders = if holding > sample_size {
+        sample_size
+    } else {
+        0
     };
-    least(
-        holding,
-        sample_size,
-        |j| holds(j).map(|(_, c)| c),
-        rng,
-        |j| {
-            holds(j)
-                .and_then(|(t, _)| position(t))
-                .into_iter()
-                .for_each(&mut mark)
-        },
-    );
-    distinct(n, sample_size, rng, &mut mark);
-    let mut wanted = sample_size;
     for block in fewest {
-        if wanted == 0 {
+        let len = block.len();
+        let from = rng.below(len);
+        for t in (from..len).chain(0..from).filter_map(|i| block.get(i)) {
+            if fleet == 0 && holders == 0 {
+                break;
+            }
+            let Some(at) = position(t) else {
+                continue;
+            };
+            let as_holder = holders > 0 && holds(t);
+            if fleet > 0 || as_holder {
+                mark(Some(at));
+                fleet = fleet.saturating_sub(1);
+                holders -= usize::from(as_holder);
+            }
+        }
+        if fleet == 0 && holders == 0 {
             break;
         }
-        let k = wanted.min(block.len());
-        distinct(block.len(), k, rng, |i| {
-            block
-                .get(i)
-                .and_then(&position)
-                .into_iter()
-                .for_each(&mut mark)
-        });
-        wanted -= k;
     }
-    let mut picked = Vec::with_capacity(sample_size * 3 + continuing.len());
+    let mut picked = Vec::with_capacity(sample_size * 2 + continuing.len());
     for (at, &word) in marked.iter().enumerate() {
         let mut bits = word;
         while bits != 0 {
@@ -115,59 +120,8 @@ where
             bits &= bits - 1;
         }
     }
-    Some(picked)
-}
-
-/// Gives the `k` positions of `0..n` with the least `key` to `take` (all of them
-/// when `n <= k`; positions without a key last), ties at random: two passes and
-/// a selection, no sort.
-fn least(
-    n: usize,
-    k: usize,
-    key: impl Fn(usize) -> Option<usize>,
-    rng: &mut dyn Rng,
-    mut take: impl FnMut(usize),
-) {
-    if n <= k {
-        (0..n).for_each(take);
-        return;
-    }
-    let key = |j| key(j).unwrap_or(usize::MAX);
-    let mut keys: Vec<usize> = (0..n).map(key).collect();
-    let Some(kth) = k.checked_sub(1).map(|i| *keys.select_nth_unstable(i).1) else {
-        return;
-    };
-    let mut tied = Vec::new();
-    let mut below = 0;
-    for j in 0..n {
-        match key(j).cmp(&kth) {
-            std::cmp::Ordering::Less => {
-                below += 1;
-                take(j);
-            }
-            std::cmp::Ordering::Equal => tied.push(j),
-            std::cmp::Ordering::Greater => {}
-        }
-    }
-    distinct(tied.len(), k.saturating_sub(below), rng, |i| {
-        tied.get(i).copied().into_iter().for_each(&mut take)
-    });
-}
-
-/// Gives `k` distinct positions of `0..n` drawn uniformly to `take` (all of them
-/// when `n <= k`), by Floyd's algorithm: `k` draws whatever `n` is.
-fn distinct(n: usize, k: usize, rng: &mut dyn Rng, mut take: impl FnMut(usize)) {
-    if n <= k {
-        (0..n).for_each(take);
-        return;
-    }
-    let mut drawn: Vec<usize> = Vec::with_capacity(k);
-    for j in n - k..n {
-        let t = rng.below(j + 1);
-        let t = if drawn.contains(&t) { j } else { t };
-        drawn.push(t);
-        take(t);
-    }
+    // Nothing drawn (no candidate in any block): every candidate, rather than none.
+    (!picked.is_empty()).then_some(picked)
 }
 
 #[cfg(test)]
@@ -191,8 +145,8 @@ mod tests {
             k,
             Drawn {
                 holders: (holders.len(), |j| holders.get(j).copied()),
-                conversations: &[],
-                fewest: none.fewest_first(0),
+                holds: |t| holders.contains(&t),
+                fewest: none.fewest_first(n),
                 position: |t| Some(t as usize).filter(|&i| i < n),
                 continuing,
             },
@@ -210,87 +164,6 @@ mod tests {
     }
 
     #[test]
-    fn floyd_draws_k_distinct_positions_uniformly() {
-        let mut rng = SplitMix64(3);
-        let mut seen = [0u32; 40];
-        for _ in 0..20_000 {
-            let mut d = Vec::new();
-            distinct(40, 8, &mut rng, |i| d.push(i));
-            assert_eq!(d.len(), 8);
-            assert!(d.iter().all(|&i| i < 40));
-            d.sort_unstable();
-            d.dedup();
-            assert_eq!(d.len(), 8, "distinct");
-            for i in d {
-                seen[i] += 1;
-            }
-        }
-        // Each position is drawn with probability 8/40: 4,000 of 20,000 times.
-        assert!(
-            seen.iter().all(|&s| (3_700..4_300).contains(&s)),
-            "{seen:?}"
-        );
-        let mut all = Vec::new();
-        distinct(3, 8, &mut rng, |i| all.push(i));
-        assert_eq!(all, vec![0, 1, 2], "fewer than k: all");
-    }
-
-    #[test]
-    fn the_least_keys_are_taken_ties_at_random() {
-        let mut rng = SplitMix64(13);
-        // Keys 0..20 as j % 5, position 7 without one: the four 0s, then two of
-        // the four 1s.
-        let key = |j: usize| (j != 7).then_some(j % 5);
-        let mut ones = [0u32; 20];
-        for _ in 0..4000 {
-            let mut got = Vec::new();
-            least(20, 6, key, &mut rng, |j| got.push(j));
-            got.sort_unstable_by_key(|&j| (j % 5, j));
-            assert_eq!(got.len(), 6, "{got:?}");
-            assert_eq!(&got[..4], &[0, 5, 10, 15], "{got:?}");
-            assert!(got[4..].iter().all(|&j| j % 5 == 1), "{got:?}");
-            got[4..].iter().for_each(|&j| ones[j] += 1);
-        }
-        // Each 1 is taken half the time.
-        for j in [1, 6, 11, 16] {
-            assert!((1_800..2_200).contains(&ones[j]), "{ones:?}");
-        }
-        let mut got = Vec::new();
-        least(20, 20, key, &mut rng, |j| got.push(j));
-        assert_eq!(got, (0..20).collect::<Vec<_>>(), "k >= n: all");
-        let mut got = Vec::new();
-        least(20, 19, key, &mut rng, |j| got.push(j));
-        assert!(!got.contains(&7), "no key: last");
-        least(20, 0, key, &mut rng, |_| panic!("k 0: none"));
-    }
-
-    #[test]
-    fn many_holders_give_those_with_the_fewest_conversations() {
-        let mut rng = SplitMix64(15);
-        // Workers 0..100 all hold the match; 30..36 have one conversation, the
-        // rest 2 or more.
-        let conversations: Vec<usize> = (0..100)
-            .map(|t| if (30..36).contains(&t) { 1 } else { 2 + t % 3 })
-            .collect();
-        let holders: Vec<TenantId> = (0..100).collect();
-        let none = Leaves::default();
-        let s = ttft_sample(
-            100,
-            6,
-            Drawn {
-                holders: (100, |j| holders.get(j).copied()),
-                conversations: &conversations,
-                fewest: none.fewest_first(0),
-                position: |t| Some(t as usize),
-                continuing: &[],
-            },
-            &mut rng,
-        )
-        .unwrap();
-        assert!((30..36).all(|t| s.contains(&t)), "{s:?}");
-    }
-
-    #[test]
     fn the_conversation_and_a_few_holders_are_always_scored() {
         let mut rng = SplitMix64(5);
         // 256 candidates; workers 17, 90 and 200 hold the longest match (worker
@@ -304,7 +177,8 @@ mod tests {
                 assert!(s.contains(&must), "{must} in {s:?}");
             }
             assert!(s.iter().all(|&i| i < 256));
-            // The holders, the conversation and 16 draws (some may coincide).
+            // The holders, the conversation and the 16 with the fewest
+            // conversations (all have none: at random; some may coincide).
             assert!((16..=20).contains(&s.len()), "{s:?}");
             drawn_alone += s.contains(&33) as u32;
         }
@@ -315,13 +189,53 @@ mod tests {
     #[test]
     fn many_holders_are_sampled_too() {
         let mut rng = SplitMix64(9);
-        // Every candidate holds the shared prompt: 16 of them, and 16 draws.
+        // Every candidate holds the shared prompt: 16 of them, which are also
+        // the 16 with the fewest conversations.
         let all: Vec<TenantId> = (0..256).collect();
         let s = sample(256, 16, &all, &[], &mut rng).unwrap();
         assert!((16..=32).contains(&s.len()), "{}", s.len());
         // Positions out of range are dropped, never indexed.
         let s = sample(100, 4, &[100], &[100, 3], &mut rng).unwrap();
         assert!(s.contains(&3) && s.iter().all(|&i| i < 100), "{s:?}");
+    }
+
+    #[test]
+    fn many_holders_give_those_with_the_fewest_conversations() {
+        let mut rng = SplitMix64(15);
+        // Workers 0..100 hold the match but 50..60; those without it have the
+        // fewest conversations (none), then 30..36 (one), the rest 2 or more.
+        let mut leaves = Leaves::default();
+        for t in 0..100 {
+            let n = match t {
+                50..60 => 0,
+                30..36 => 1,
+                t => 2 + t % 3,
+            };
+            (0..n).for_each(|_| leaves.add(t));
+        }
+        let holders: Vec<TenantId> = (0..100).filter(|t| !(50..60).contains(t)).collect();
+        for _ in 0..200 {
+            let s = ttft_sample(
+                100,
+                8,
+                Drawn {
+                    holders: (holders.len(), |j| holders.get(j).copied()),
+                    holds: |t| !(50..60).contains(&t),
+                    fewest: leaves.fewest_first(100),
+                    position: |t| Some(t as usize),
+                    continuing: &[],
+                },
+                &mut rng,
+            )
+            .unwrap();
+            // The six holders with one, and two of those with two (more when
+            // they are among the fleet's fewest).
+            assert!((30..36).all(|t| s.contains(&t)), "{s:?}");
+            let two = |t: &&usize| {
+                (**t).is_multiple_of(3) && !(30..36).contains(*t) && !(50..60).contains(*t)
+            };
+            assert!(s.iter().filter(two).count() >= 2, "{s:?}");
+        }
     }
 
     #[test]
@@ -345,7 +259,7 @@ mod tests {
                 16,
                 Drawn {
                     holders: (0, |_| None),
-                    conversations: leaves.as_slice(),
+                    holds: |_| false,
                     fewest: leaves.fewest_first(256),
                     position: |t: TenantId| match t {
                         45 => None,
@@ -358,7 +272,7 @@ mod tests {
             )
             .unwrap();
             // The nine candidates with 2 (positions 40..49, without 45's), then
-            // six of the ten with 3 (positions 59..69), then 16 drawn at random.
+            // six of the ten with 3 (positions 59..69), the fewest.
             for must in 40..49 {
                 assert!(s.contains(&must), "{must} in {s:?}");
             }
@@ -370,7 +284,7 @@ mod tests {
             }
         }
         // Six of ten with 3 each time, at random: each about 1,200 of 2,000 times
-        // (more where a draw from the fleet adds it).
+        // (at random where the block is read from).
         assert!(
             third.iter().all(|&n| (1_100..1_500).contains(&n)),
             "{third:?}"

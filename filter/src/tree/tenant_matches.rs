@@ -46,6 +46,11 @@ impl TenantMatches {
         self.depth_of.get(tenant as usize).copied().unwrap_or(0)
     }
 
+    /// The longest match any tenant holds, in chars.
+    pub fn longest(&self) -> usize {
+        self.path.last().map_or(0, |&(_, matched)| matched)
+    }
+
     /// Whether the text continues one of `tenant`'s.
     pub fn continues(&self, tenant: TenantId) -> bool {
         self.continued.binary_search(&tenant).is_ok()
@@ -121,7 +126,7 @@ impl Tree {
     /// worker, below the system prompt every other holder shares. `m` must come
     /// from this tree, as it is.
     pub fn holders_within(&self, m: &TenantMatches, margin: usize) -> Holders<'_> {
-        let longest = m.path.last().map_or(0, |&(_, matched)| matched);
+        let longest = m.longest();
         let first = m
             .path
             .iter()
