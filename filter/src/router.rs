@@ -314,13 +314,13 @@ impl Router {
                             .collect();
                         let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
                         let holders = tree.map(|t| t.holders_within(&held, margin));
+                        let longest = held.longest();
                         let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
                         let drawn = policy::Drawn {
                             holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
                                 holders.as_ref()?.get(j)
                             }),
                             holds: |t| {
-                                let longest = held.longest();
                                 longest > margin && held.depth(t).saturating_add(margin) >= longest
                             },
                             fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),

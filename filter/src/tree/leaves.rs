@@ -9,7 +9,7 @@
 //! a move by one only swaps the tenant with the first or last of its block of
 //! equal counts, so the order costs O(1) a change.
 
-use super::TenantId;
+use super::{by_tenant, TenantId};
 
 /// Leaves by tenant, and the tenants in order of their counts.
 #[derive(Debug, Default)]
@@ -122,14 +122,8 @@ impl Leaves {
     pub fn remapped(&self, f: impl Fn(TenantId) -> Option<TenantId>) -> Leaves {
         let mut count = Vec::new();
         for (t, &n) in (0..).zip(&self.count) {
-            if let Some(to) = f(t) {
-                let i = to as usize;
-                if i >= count.len() {
-                    count.resize(i + 1, 0);
-                }
-                if let Some(slot) = count.get_mut(i) {
-                    *slot = n;
-                }
+            if let Some(slot) = f(t).and_then(|to| by_tenant(&mut count, to)) {
+                *slot = n;
             }
         }
         Leaves::of(count)
