@@ -145,6 +145,11 @@ struct Kept {
     /// is. A request refills only these and the busy workers' (at 256 workers,
     /// refilling every candidate was 9k Wasm instructions a request).
     counted: Vec<u32>,
+    /// The in-flight table the counts are from (`Revision::number`), and whether
+    /// peer replicas' counts were among them: a request whose table was updated
+    /// from that one touches only the workers it changed (`Revision`).
+    revision: u64,
+    peers: bool,
 }
 
 impl Kept {
@@ -158,10 +163,47 @@ impl Kept {
             && (self.since_ms..self.until_ms).contains(&loads.now_ms)
     }
 
-    /// Puts this request's in-flight counts on the candidates: the ones counted
-    /// before go back to 0, then every worker with requests in flight here or at a
-    /// peer gets its count, if it is a candidate.
+    /// Puts this request's in-flight counts on the candidates: only the workers
+    /// that changed when the table was updated from the one they are from (and no
+    /// peer counts then or now), else all of them (`refill_all`).
     fn refill(&mut self, loads: &Loads) {
+        let revision = &loads.revision;
+        let peers = !loads.peer_inflight.busy().is_empty();
+        // Positions stay listed in `counted` when their count goes back to 0; past
+        // one per candidate, a whole refill starts the list again.
+        let listed = self.counted.len() <= self.screened.candidates.len();
+        if revision.since == Some(self.revision) && !peers && !self.peers && listed {
+            self.refill_changed(loads);
+        } else {
+            self.refill_all(loads);
+        }
+        self.revision = revision.number;
+        self.peers = peers;
+    }
+
+    /// `refill` for the workers `loads.revision` changed.
+    fn refill_changed(&mut self, loads: &Loads) {
+        let candidates = &mut self.screened.candidates;
+        let mut total = self.screened.inflight;
+        for &worker in &loads.revision.changed {
+            let at = self.position.get(worker).copied().flatten();
+            let Some(c) = at.and_then(|at| candidates.get_mut(at as usize)) else {
+                continue;
+            };
+            let count = loads.fleet_inflight(worker);
+            if c.inflight == 0 && count > 0 {
+                self.counted.extend(at);
+            }
+            total = total.saturating_sub(c.inflight).saturating_add(count);
+            c.inflight = count;
+        }
+        self.screened.inflight = total;
+    }
+
+    /// `refill` for every worker: the ones counted before go back to 0, then every
+    /// worker with requests in flight here or at a peer gets its count, if it is a
+    /// candidate.
+    fn refill_all(&mut self, loads: &Loads) {
         let candidates = &mut self.screened.candidates;
         for at in self.counted.drain(..) {
             if let Some(c) = candidates.get_mut(at as usize) {
@@ -250,6 +292,8 @@ impl Screens {
             screened,
             position,
             counted,
+            revision: loads.revision.number,
+            peers: !loads.peer_inflight.busy().is_empty(),
         };
         let same = self
             .kept
@@ -294,7 +338,7 @@ pub fn gate_inert(candidates: &[Candidate], worker_queue_limit: Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::{EngineSample, LoadTable, Report};
+    use crate::load::{EngineSample, LoadTable, Report, Revision};
 
     fn cfg() -> Config {
         Config::from_json(
@@ -460,11 +504,27 @@ mod tests {
             ..Loads::inflight_only(&[0; 3])
         };
         let mut kept_for = std::collections::HashSet::new();
-        for step in 0..2000 {
-            match rng.below(8) {
+        for step in 0..4000 {
+            // Each request's in-flight table is the last one updated (naming the
+            // workers it changed), unless it is made whole.
+            let number = loads.revision.number + 1;
+            loads.revision = Revision {
+                number,
+                since: Some(number - 1),
+                ..Revision::default()
+            };
+            match rng.below(10) {
                 0 => {
                     let counts: Vec<u64> = (0..3).map(|_| rng.below(5) as u64).collect();
                     loads.inflight = counts.into();
+                    loads.revision.since = None;
+                }
+                7..=9 => {
+                    for _ in 0..rng.below(3) {
+                        let (w, n) = (rng.below(3), rng.below(4) as u64);
+                        loads.inflight.update(w, |v| *v = n);
+                        loads.revision.changed.push(w);
+                    }
                 }
                 6 => {
                     let counts: Vec<u64> = (0..rng.below(4)).map(|_| rng.below(3) as u64).collect();

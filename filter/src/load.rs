@@ -55,12 +55,15 @@ impl LoadTable {
 /// worker's count for that was about 25 Wasm instructions a worker), and a table
 /// kept from request to request is cleared in the time its last request's values
 /// took to add, not the fleet's: fresh tables zeroed for each request showed in
-/// a fleet of 256's count.
+/// a fleet of 256's count. A table updated in place (`Revision`) may bring a value
+/// back to the default: its worker stays listed, once, until the table is cleared.
 #[derive(Debug, Clone, Default)]
 pub struct Tally<T> {
     values: Vec<T>,
-    /// The workers whose value is not the default, each once.
+    /// The workers whose value may not be the default, each once.
     busy: Vec<usize>,
+    /// Whether each worker is in `busy`.
+    listed: Vec<bool>,
 }
 
 impl<T: Copy + Default + PartialEq> Tally<T> {
@@ -76,18 +79,24 @@ impl<T: Copy + Default + PartialEq> Tally<T> {
             if let Some(v) = self.values.get_mut(i) {
                 *v = T::default();
             }
+            if let Some(l) = self.listed.get_mut(i) {
+                *l = false;
+            }
         }
         self.busy.clear();
         self.values.resize(n, T::default());
+        self.listed.resize(n, false);
         self
     }
 
     /// Changes `worker`'s value with `f`; a worker out of range is left out.
     pub fn update(&mut self, worker: usize, f: impl FnOnce(&mut T)) {
-        if let Some(slot) = self.values.get_mut(worker) {
-            let was_default = *slot == T::default();
+        if let (Some(slot), Some(listed)) =
+            (self.values.get_mut(worker), self.listed.get_mut(worker))
+        {
             f(slot);
-            if was_default && *slot != T::default() {
+            if !*listed && *slot != T::default() {
+                *listed = true;
                 self.busy.push(worker);
             }
         }
@@ -98,7 +107,8 @@ impl<T: Copy + Default + PartialEq> Tally<T> {
         self.values.get(worker).copied().unwrap_or_default()
     }
 
-    /// The workers whose value is not the default.
+    /// The workers whose value may not be the default (every worker whose value
+    /// is not).
     pub fn busy(&self) -> &[usize] {
         &self.busy
     }
@@ -130,13 +140,39 @@ impl WorkerCounts {
 
 impl<T: Copy + Default + PartialEq> From<Vec<T>> for Tally<T> {
     fn from(values: Vec<T>) -> Tally<T> {
+        let listed: Vec<bool> = values.iter().map(|v| *v != T::default()).collect();
         let busy = (0..)
-            .zip(&values)
-            .filter(|(_, v)| **v != T::default())
+            .zip(&listed)
+            .filter(|(_, l)| **l)
             .map(|(i, _)| i)
             .collect();
-        Tally { values, busy }
+        Tally {
+            values,
+            busy,
+            listed,
+        }
     }
+}
+
+/// How a request's in-flight tables (`Loads::inflight`, `Loads::work`) were made:
+/// whole, or as the previous request's with only the workers whose counts this
+/// VM changed since touched (`crate::shared::InflightTable::by_worker`). A screen
+/// kept from that request then refills only those workers (`crate::candidates`):
+/// with dozens of workers busy, summing and refilling every busy worker's count
+/// for each request was most of what a large fleet added to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Revision {
+    /// This table's number, increasing with each this VM makes.
+    pub number: u64,
+    /// The number of the table this one was updated from (`None`: made whole).
+    pub since: Option<u64>,
+    /// The workers whose counts may differ from that table's.
+    pub changed: Vec<usize>,
+    /// What the table was made from: the worker list's id, whether the work
+    /// columns were kept, and the other VMs' rows as read (the encoded bytes).
+    pub names: u64,
+    pub work: bool,
+    pub others: Vec<u8>,
 }
 
 /// The workers' load as one request sees it, by worker index.
@@ -144,6 +180,9 @@ impl<T: Copy + Default + PartialEq> From<Vec<T>> for Tally<T> {
 pub struct Loads {
     /// Router-side in-flight requests by worker index (missing: 0).
     pub inflight: WorkerCounts,
+    /// How `inflight` and `work` were made, and what changed since the last
+    /// request's.
+    pub revision: Revision,
     /// Peer replicas' in-flight requests by worker index, from their fresh reports
     /// (`crate::replica`; missing: 0).
     pub peer_inflight: WorkerCounts,

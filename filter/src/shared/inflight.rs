@@ -28,7 +28,7 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
-use crate::load::{Loads, Tally, WorkerCounts};
+use crate::load::{Loads, Revision, Tally, WorkerCounts};
 use crate::policy::WorkerWork;
 
 /// Columns of a row's entry: requests in flight, of them those prefilling, and
@@ -46,6 +46,7 @@ pub struct ByWorker {
     pub inflight: WorkerCounts,
     /// Empty unless asked for (`predicted_ttft`).
     pub work: Tally<WorkerWork>,
+    pub revision: Revision,
 }
 
 impl ByWorker {
@@ -55,6 +56,7 @@ impl ByWorker {
         ByWorker {
             inflight: loads.inflight,
             work: loads.work,
+            revision: loads.revision,
         }
     }
 }
@@ -120,7 +122,10 @@ impl InflightTable {
 
     /// The table by worker index, for `names` (never counted: 0), as `ring`'s last
     /// read of its head found it: no hostcall. The prefill work only if `work`.
-    /// Written into `spare`'s memory (an earlier request's tables, or empty ones).
+    /// Written into `spare`'s memory (an earlier request's tables, or empty ones):
+    /// when `spare` is this VM's last table, for the same list and columns, and
+    /// the other VMs' rows are as they were then, only the workers whose counts
+    /// this VM changed since are touched (`Revision`); else it is made whole.
     pub fn by_worker(
         &self,
         ring: &OpRing,
@@ -128,19 +133,56 @@ impl InflightTable {
         (now_ms, work): (u64, bool),
         spare: ByWorker,
     ) -> ByWorker {
-        let mut inflight = spare.inflight.cleared(names.len());
-        let mut ahead = spare.work.cleared(if work { names.len() } else { 0 });
-        self.0
-            .each_by_worker(&ring.tail(), now_ms, names, |i, &[n, prefilling, chars]| {
-                inflight.add(i, n);
-                ahead.update(i, |w| {
-                    w.prefilling = w.prefilling.saturating_add(prefilling);
-                    w.ahead_chars = w.ahead_chars.saturating_add(chars);
-                });
+        let table = ring.tail();
+        let ByWorker {
+            mut inflight,
+            work: mut ahead,
+            revision: mut rev,
+        } = spare;
+        let mut changed = std::mem::take(&mut rev.changed);
+        changed.clear();
+        let kept = rev.names == names.id()
+            && rev.work == work
+            && self.0.others_are(&table, now_ms, &rev.others);
+        let (number, complete) = self.0.read_changes(rev.number, names, |c| {
+            if !kept {
+                return;
+            }
+            let [n0, p0, c0] = c.before;
+            let [n1, p1, c1] = c.after;
+            inflight.update(c.index, |n| *n = n.saturating_sub(n0).saturating_add(n1));
+            ahead.update(c.index, |w| {
+                w.prefilling = w.prefilling.saturating_sub(p0).saturating_add(p1);
+                w.ahead_chars = w.ahead_chars.saturating_sub(c0).saturating_add(c1);
             });
+            changed.push(c.index);
+        });
+        let since = (kept && complete).then_some(rev.number);
+        if since.is_none() {
+            changed.clear();
+            inflight = inflight.cleared(names.len());
+            ahead = ahead.cleared(if work { names.len() } else { 0 });
+            self.0
+                .each_by_worker(&table, now_ms, names, |i, &[n, prefilling, chars]| {
+                    inflight.add(i, n);
+                    ahead.update(i, |w| {
+                        w.prefilling = w.prefilling.saturating_add(prefilling);
+                        w.ahead_chars = w.ahead_chars.saturating_add(chars);
+                    });
+                });
+            self.0.others_bytes(&table, now_ms, &mut rev.others);
+        }
         ByWorker {
             inflight,
             work: ahead,
+            revision: Revision {
+                number,
+                since,
+                changed,
+                names: names.id(),
+                work,
+                others: rev.others,
+            },
         }
     }
 
@@ -342,10 +384,16 @@ mod tests {
         t.release_prefill("w0", 300);
         t.release("w0");
         t.take("w2");
-        let reused = read(earlier);
+        let mut other = earlier.clone();
+        other.revision = Revision::default();
+        let reused = read(other);
         assert_eq!(
-            reused,
-            read(ByWorker::default()),
+            reused.revision.since, None,
+            "not this VM's last table: whole"
+        );
+        assert_eq!(
+            (&reused.inflight, &reused.work),
+            (&vec![0, 1, 1].into(), &Tally::zeroed(3)),
             "nothing of the earlier request's left"
         );
         assert_eq!(reused.inflight.busy(), &[1, 2]);
@@ -358,6 +406,95 @@ mod tests {
             "a shorter list, no prefill asked"
         );
         assert_eq!(fewer.work, Tally::default());
+    }
+
+    #[test]
+    fn a_table_kept_from_the_last_read_follows_every_change() {
+        use crate::rng::{Rng, SplitMix64};
+        // This VM and another take and give back counts at random, each publishing
+        // now and then; this VM reads the head now and then; time passes the rows'
+        // expiry; the worker list and the columns asked for change. Each read into
+        // the last read's tables must equal a sum made whole, and name every worker
+        // whose counts moved since that read.
+        let store = MemStore::default();
+        let (ring_t, ring_o) = (ring(&store, 4), ring(&store, 4));
+        let (t, other) = (InflightTable::new(1, 5000), InflightTable::new(2, 5000));
+        let lists = [
+            WorkerNames::new(&named_workers(6)),
+            WorkerNames::new(&named_workers(4)),
+        ];
+        let mut rng = SplitMix64(11);
+        let (mut now, mut list, mut work) = (0u64, 0usize, true);
+        let mut last = ByWorker::default();
+        let mut updated = 0;
+        for step in 0..6000 {
+            // w6 is in neither list.
+            let worker = format!("w{}", rng.below(7));
+            let chars = rng.below(500) as u64;
+            match rng.below(20) {
+                0..=5 => t.take(&worker),
+                6..=9 => {
+                    t.release(&worker);
+                }
+                10 => t.book_prefill(&worker, chars),
+                11 => {
+                    t.release_prefill(&worker, chars);
+                }
+                12 => {
+                    t.flush(&store, &ring_t, now);
+                }
+                13 => {
+                    if rng.below(2) == 0 {
+                        other.take(&worker);
+                    } else {
+                        other.release(&worker);
+                    }
+                    other.flush(&store, &ring_o, now);
+                }
+                14 => {
+                    ring_t.head(&store);
+                }
+                15 => now += rng.below(2000) as u64,
+                16 if rng.below(10) == 0 => list = 1 - list,
+                17 if rng.below(10) == 0 => work = !work,
+                _ => {}
+            }
+            let names = &lists[list];
+            let before = std::mem::take(&mut last);
+            let (was_n, was_w) = (before.inflight.clone(), before.work.clone());
+            let read = t.by_worker(&ring_t, names, (now, work), before);
+            let mut want_n = vec![0u64; names.len()];
+            let mut want_w = vec![WorkerWork::default(); if work { names.len() } else { 0 }];
+            t.0.each_by_worker(&ring_t.tail(), now, names, |i, &[n, p, c]| {
+                want_n[i] += n;
+                if let Some(w) = want_w.get_mut(i) {
+                    w.prefilling += p;
+                    w.ahead_chars += c;
+                }
+            });
+            assert_eq!(read.inflight, want_n.clone().into(), "step {step}");
+            assert_eq!(read.work, want_w.clone().into(), "step {step}");
+            for (i, n) in want_n.iter().enumerate() {
+                assert!(*n == 0 || read.inflight.busy().contains(&i), "step {step}");
+            }
+            let mut busy = read.inflight.busy().to_vec();
+            busy.sort_unstable();
+            busy.dedup();
+            assert_eq!(busy.len(), read.inflight.busy().len(), "each once");
+            if read.revision.since.is_some() {
+                updated += 1;
+                for (i, n) in want_n.iter().enumerate() {
+                    let moved =
+                        was_n.get(i) != *n || want_w.get(i).is_some_and(|w| was_w.get(i) != *w);
+                    assert!(
+                        !moved || read.revision.changed.contains(&i),
+                        "step {step}: worker {i} moved unnamed"
+                    );
+                }
+            }
+            last = read;
+        }
+        assert!(updated > 3000, "most reads update the last: {updated}");
     }
 
     #[test]

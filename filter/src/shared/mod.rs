@@ -260,6 +260,7 @@ pub fn read_loads(
     // reports, already summed above).
     Loads {
         inflight: counts.inflight,
+        revision: counts.revision,
         peer_inflight,
         engine: Rc::clone(&tables.engine),
         now_ms,
@@ -427,6 +428,7 @@ pub mod testing {
 mod tests {
     use super::testing::MemStore;
     use super::*;
+    use crate::load::Revision;
 
     #[test]
     fn varints_round_trip_and_refuse_what_no_u64_holds() {
@@ -634,12 +636,17 @@ mod tests {
         };
         let loads = read(ByWorker::default());
         assert_eq!(loads.inflight, vec![0, 2].into());
-        // An earlier request's tables, written over: the same loads.
+        // Tables of some other reading, written over: the same counts.
         let mut spare = ByWorker::reclaim(loads.clone());
         spare.inflight.add(0, 9);
+        spare.revision = Revision::default();
         let again = read(spare);
-        assert_eq!(again, loads, "a spare's old counts are gone");
+        assert_eq!(
+            again.inflight, loads.inflight,
+            "a spare's old counts are gone"
+        );
         assert_eq!(again.inflight.busy(), &[1]);
+        assert_eq!(again.revision.since, None, "made whole");
         assert_eq!(loads.engine.reports, vec![None, None]);
         assert_eq!(loads.now_ms, 7);
         assert_eq!(loads.overloaded[..], [false, false]);

@@ -91,31 +91,40 @@ impl<'a> RowRef<'a> {
     }
 }
 
+/// A row of an encoded table with its entries unread: its id, `at_ms`, entry
+/// count, entries and whole bytes.
+type Span<'a> = (u64, u64, u32, &'a [u8], &'a [u8]);
+
+/// The table's rows, their entries unread, up to the first cut short.
+fn spans(bytes: &[u8]) -> impl Iterator<Item = Span<'_>> {
+    let mut r = Reader(bytes);
+    let mut left = r.u32().unwrap_or(0);
+    std::iter::from_fn(move || {
+        left = left.checked_sub(1)?;
+        let start = r.0;
+        let (vm, at_ms, n, len) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?);
+        let entries = r.take(usize::try_from(len).ok()?)?;
+        let whole = start.get(..ROW_HEADER + entries.len())?;
+        Some((vm, at_ms, n, entries, whole))
+    })
+}
+
 /// The table's rows that `wanted` keeps, up to the first that does not read whole
 /// (a garbled table reads as the rows before it). A row's entries are checked only
 /// when it is kept: each row says its length, so this VM's own row and expired ones
 /// are stepped over unread (a busy VM's own row has an entry per busy worker, and
 /// every request and every sync read past it).
 fn rows<const N: usize>(bytes: &[u8], wanted: impl Fn(u64, u64) -> bool) -> Vec<RowRef<'_>> {
-    let mut r = Reader(bytes);
     let mut rows = Vec::new();
-    for _ in 0..r.u32().unwrap_or(0) {
-        let start = r.0;
-        let (Some(vm), Some(at_ms), Some(n), Some(len)) = (r.u64(), r.u64(), r.u32(), r.u32())
-        else {
-            break;
-        };
-        let Some(entries) = usize::try_from(len).ok().and_then(|len| r.take(len)) else {
-            break;
-        };
+    for (vm, at_ms, n, entries, bytes) in spans(bytes) {
         if !wanted(vm, at_ms) {
             continue;
         }
         let mut check = Reader(entries);
         let whole = (0..n).all(|_| entry::<N>(&mut check).is_some()) && check.0.is_empty();
-        let Some(bytes) = start.get(..ROW_HEADER + entries.len()).filter(|_| whole) else {
+        if !whole {
             break;
-        };
+        }
         rows.push(RowRef { n, entries, bytes });
     }
     rows
@@ -167,8 +176,14 @@ impl<const N: usize> Mine<N> {
     }
 
     /// Adds `delta` to `worker`'s counts (saturating at zero); a worker whose
-    /// counts are all zero is no longer held.
-    fn change(&mut self, worker: &str, delta: [i64; N]) {
+    /// counts are all zero is no longer held. The change, for a worker in `names`:
+    /// its index there and its counts before and after.
+    fn change(
+        &mut self,
+        worker: &str,
+        delta: [i64; N],
+        names: Option<&WorkerNames>,
+    ) -> Option<Change<N>> {
         let hash = self.hash(worker);
         let held = &self.held;
         let found = self
@@ -191,15 +206,21 @@ impl<const N: usize> Mine<N> {
                 pos
             }
         };
-        let Some(Held { values, .. }) = self.held.get_mut(pos) else {
-            return;
-        };
-        for (v, d) in values.iter_mut().zip(delta) {
+        let held = self.held.get_mut(pos)?;
+        let index = names.and_then(|names| held.index_in(names));
+        let before = held.values;
+        for (v, d) in held.values.iter_mut().zip(delta) {
             *v = v.saturating_add_signed(d);
         }
-        if values.iter().all(|x| *x == 0) {
+        let after = held.values;
+        if after.iter().all(|x| *x == 0) {
             self.remove(pos, hash);
         }
+        index.map(|index| Change {
+            index,
+            before,
+            after,
+        })
     }
 
     /// Drops the worker at `pos` (its name hashing to `hash`); the last takes its
@@ -220,6 +241,31 @@ impl<const N: usize> Mine<N> {
         }
         self.held.swap_remove(pos);
     }
+}
+
+/// One change of this VM's counts on the worker at `index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change<const N: usize> {
+    pub index: usize,
+    pub before: [u64; N],
+    pub after: [u64; N],
+}
+
+/// Changes kept past this many since the last read make the next read whole: a
+/// VM that routes nothing for a while must not keep every release.
+const JOURNAL_LIMIT: usize = 1024;
+
+/// This VM's changes since its counts were last read by index (`read_changes`),
+/// so a table kept from that read is brought up to date by them alone.
+#[derive(Debug, Default)]
+struct Journal<const N: usize> {
+    /// The worker list the changes are indexed in: the last read's.
+    names: Option<WorkerNames>,
+    changes: Vec<Change<N>>,
+    /// A change is missing (more than `JOURNAL_LIMIT`, or none read yet).
+    lost: bool,
+    /// The last read's number (0: none yet).
+    read: u64,
 }
 
 /// Whose count a sum takes: another VM's entry, read by name, or one this VM
@@ -293,6 +339,8 @@ pub struct OwnedCounts<const N: usize> {
     expiry_ms: u64,
     /// What this VM holds: the truth its row publishes.
     mine: RefCell<Mine<N>>,
+    /// Its changes since the last read by index.
+    journal: RefCell<Journal<N>>,
     /// When this VM's row was last stored.
     written_at: Cell<u64>,
     /// `mine` differs from the published row (a change waits, or the last write
@@ -306,6 +354,10 @@ impl<const N: usize> OwnedCounts<N> {
             vm,
             expiry_ms,
             mine: RefCell::new(Mine::default()),
+            journal: RefCell::new(Journal {
+                lost: true,
+                ..Journal::default()
+            }),
             written_at: Cell::new(0),
             unpublished: Cell::new(false),
         }
@@ -385,6 +437,57 @@ impl<const N: usize> OwnedCounts<N> {
         });
     }
 
+    /// Starts a read of this VM's counts by index in `names`: calls `each` with
+    /// every change since read `since` when they are all there (`since` was the
+    /// last read, in the same list, and nothing was lost), and says whether they
+    /// were. Either way the changes after this read are kept from here. The
+    /// read's number (never 0), and whether the changes were complete.
+    pub fn read_changes(
+        &self,
+        since: u64,
+        names: &WorkerNames,
+        mut each: impl FnMut(&Change<N>),
+    ) -> (u64, bool) {
+        let mut journal = self.journal.borrow_mut();
+        let same_list = journal.names.as_ref().map(WorkerNames::id) == Some(names.id());
+        let complete = same_list && !journal.lost && since != 0 && since == journal.read;
+        if complete {
+            journal.changes.iter().for_each(&mut each);
+        }
+        journal.changes.clear();
+        journal.lost = false;
+        journal.read = journal.read.wrapping_add(1).max(1);
+        if !same_list {
+            journal.names = Some(names.clone());
+        }
+        (journal.read, complete)
+    }
+
+    /// Whether the other VMs' fresh rows of `table` are `stored` (as
+    /// `others_bytes` wrote them), compared whole without reading their entries.
+    pub fn others_are(&self, table: &[u8], now_ms: u64, stored: &[u8]) -> bool {
+        let mut rest = stored;
+        for (vm, at_ms, _, _, whole) in spans(table) {
+            if vm == self.vm || !fresh(at_ms, now_ms, self.expiry_ms) {
+                continue;
+            }
+            match rest.strip_prefix(whole) {
+                Some(after) => rest = after,
+                None => return false,
+            }
+        }
+        rest.is_empty()
+    }
+
+    /// The other VMs' fresh rows of `table` that a sum reads, back to back, into
+    /// `out`.
+    pub fn others_bytes(&self, table: &[u8], now_ms: u64, out: &mut Vec<u8>) {
+        out.clear();
+        for row in self.others(table, now_ms) {
+            out.extend_from_slice(row.bytes);
+        }
+    }
+
     /// What this VM holds.
     pub fn mine(&self) -> Counts<N> {
         let mine = self.mine.borrow();
@@ -405,7 +508,16 @@ impl<const N: usize> OwnedCounts<N> {
     /// (see the module's doc).
     pub fn change(&self, worker: &str, delta: [i64; N]) -> bool {
         let mut mine = self.mine.borrow_mut();
-        mine.change(worker, delta);
+        let mut journal = self.journal.borrow_mut();
+        let change = mine.change(worker, delta, journal.names.as_ref());
+        if let Some(change) = change.filter(|_| !journal.lost) {
+            if journal.changes.len() < JOURNAL_LIMIT {
+                journal.changes.push(change);
+            } else {
+                journal.lost = true;
+                journal.changes.clear();
+            }
+        }
         self.unpublished.set(true);
         let releases_only = delta.iter().all(|d| *d <= 0);
         !releases_only || mine.held.is_empty()
