@@ -56,7 +56,7 @@ impl Tree {
         for idx in holders.iter().copied() {
             let node = self.node_mut(idx);
             if let Some(pos) = node.tenant_pos(tenant) {
-                node.tenants.swap_remove(pos);
+                node.tenants.remove(pos);
             }
         }
         // Deepest first, so a parent is freed after its children.
@@ -82,6 +82,7 @@ impl Tree {
                 .iter()
                 .filter_map(|h| f(h.tenant).map(|tenant| Hold { tenant, ..*h }))
                 .collect();
+            node.tenants.sort_unstable_by_key(|h| h.tenant);
             if node.tenants.len() < before {
                 emptied.push(i as NodeIdx);
             }
@@ -139,7 +140,7 @@ impl Tree {
     fn evict_leaf(&mut self, idx: NodeIdx, tenant: TenantId) -> Option<NodeIdx> {
         let node = self.node_mut(idx);
         let pos = node.tenant_pos(tenant)?;
-        node.tenants.swap_remove(pos);
+        node.tenants.remove(pos);
         let chars = node.chars;
         let parent = node.parent;
         if let Some(total) = self.tenant_chars.get_mut(&tenant) {
