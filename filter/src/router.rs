@@ -323,6 +323,7 @@ impl Router {
                             holds: |t| {
                                 longest > margin && held.depth(t).saturating_add(margin) >= longest
                             },
+                            conversations: |t| leaves.get(t as usize).copied().unwrap_or(0),
                             fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),
                             position: |t| position_of(candidates, t),
                             continuing: &continuing,

@@ -13,7 +13,11 @@
 //!   match.
 //!   Where more hold it, those with the fewest conversations (ties at random), as
 //!   the holders' rung prefers: drawn at random instead, a hot prompt's
-//!   conversations spread 4 to 20 a worker where scoring every holder gave 16;
+//!   conversations spread 4 to 20 a worker where scoring every holder gave 16.
+//!   Found from the holders' own list while it is short against the fleet (at
+//!   most `sqrt(sample_size * n)`), tallied by conversations with no sort;
+//!   otherwise they are common enough that reading the workers fewest first, as
+//!   for the fleet's (next), meets them soon;
 //! - the `sample_size` candidates with the fewest conversations (ties at random)
 //!   give the fleet rung the workers it prefers, as the whole fleet scored would.
 //!
@@ -24,14 +28,21 @@
 use crate::rng::Rng;
 use crate::tree::{Block, TenantId};
 
+/// How many conversation counts a holder list is tallied by, from the fleet's
+/// fewest up; the last takes every count past it, and a cut there is left to the
+/// walk.
+const HOLDER_LEVELS: usize = 64;
+
 /// Which workers a sample draws from, each where it is among the candidates
 /// (`position`: `None` for a worker that is not one).
-pub struct Drawn<'t, H, S, F, P> {
+pub struct Drawn<'t, H, S, C, F, P> {
     /// How many workers hold a match within the margin of the request's longest,
     /// and the `j`th of them.
     pub holders: (usize, H),
     /// Whether a worker is one of them.
     pub holds: S,
+    /// A worker's conversations, as `fewest` counts them.
+    pub conversations: C,
     /// The workers in blocks of equal conversation counts, fewest first
     /// (`tree::Leaves::fewest_first`).
     pub fewest: F,
@@ -43,15 +54,16 @@ pub struct Drawn<'t, H, S, F, P> {
 /// Positions in the candidate list (ascending, each once) of the candidates a
 /// request scores, or `None` to score all `n` (a fleet of at most `sample_size`, or
 /// `sample_size` 0).
-pub fn ttft_sample<'b, H, S, F, P>(
+pub fn ttft_sample<'b, H, S, C, F, P>(
     n: usize,
     sample_size: usize,
-    drawn: Drawn<'_, H, S, F, P>,
+    drawn: Drawn<'_, H, S, C, F, P>,
     rng: &mut dyn Rng,
 ) -> Option<Vec<usize>>
 where
     H: Fn(usize) -> Option<TenantId>,
     S: Fn(TenantId) -> bool,
+    C: Fn(TenantId) -> usize,
     F: Iterator<Item = Block<'b>>,
     P: Fn(TenantId) -> Option<usize>,
 {
@@ -61,6 +73,7 @@ where
     let Drawn {
         holders: (holding, holder),
         holds,
+        conversations,
         fewest,
         position,
         continuing,
@@ -77,20 +90,70 @@ where
         }
     };
     continuing.iter().for_each(|&i| mark(Some(i)));
+    let mut fewest = fewest.peekable();
+    // Holders the walk below still has to find.
+    let mut holders = 0;
     if holding <= sample_size {
         (0..holding).for_each(|j| mark(holder(j).and_then(&position)));
-    }
-    // The fewest conversations first: `sample_size` candidates, and as many
-    // holders when more hold the match than that. Each block is read from a
-    // place drawn at random, round to where it began, so ties go at random and a
-    // block's workers that are no candidates (screened out, or serving another
-    // model) cost a step each.
-    let mut fleet = sample_size;
-    let mut holders = if holding > sample_size {
-        sample_size
+    } else if holding.saturating_mul(holding) > sample_size.saturating_mul(n) {
+        holders = sample_size;
     } else {
-        0
-    };
+        // A few holders in a large fleet: the walk meets one every `n / holding`
+        // workers at best, `sample_size * n / holding` steps (128 at 256 workers,
+        // 16 sampled and 32 holders), and later where the holders, having taken
+        // their prompt's conversations, sit above the fleet's fewest (in replays
+        // at 256 workers, about 240 steps for 17 holders, 210 for 56). Reading
+        // the list twice, to tally its holders by count and then to take them,
+        // is `2 * holding` steps. Counts are tallied from the fleet's fewest,
+        // which no holder has fewer than.
+        let base = fewest
+            .peek()
+            .and_then(|b| b.get(0))
+            .map_or(0, &conversations);
+        let level = |t| conversations(t).saturating_sub(base).min(HOLDER_LEVELS - 1);
+        let candidate = |j| {
+            let t = holder(j)?;
+            position(t).filter(|&at| at < n).map(|at| (level(t), at))
+        };
+        let mut at_level = [0usize; HOLDER_LEVELS];
+        for (l, _) in (0..holding).filter_map(&candidate) {
+            if let Some(a) = at_level.get_mut(l) {
+                *a += 1;
+            }
+        }
+        // The cut: every holder below level `cut` is taken, and `need` of the
+        // `ties` at it.
+        let (mut below, mut cut) = (0, 0);
+        while cut < HOLDER_LEVELS - 1 && below + at_level[cut] < sample_size {
+            below += at_level[cut];
+            cut += 1;
+        }
+        let ties = at_level[cut];
+        if below + ties > sample_size && cut == HOLDER_LEVELS - 1 {
+            // The cut is among counts the tally lumped together.
+            holders = sample_size;
+        } else {
+            let need = ties.min(sample_size - below);
+            // A run of `need` ties, cyclic from one drawn at random: each tie as
+            // likely to be taken as any other.
+            let from = rng.below(ties);
+            let mut tie = 0;
+            for (l, at) in (0..holding).filter_map(&candidate) {
+                let taken = l < cut
+                    || (l == cut && (from..from + need).contains(&tie))
+                    || (l == cut && tie + ties < from + need);
+                tie += usize::from(l == cut);
+                if taken {
+                    mark(Some(at));
+                }
+            }
+        }
+    }
+    // The fewest conversations first: `sample_size` candidates, and the holders
+    // left to find. Each block is read from a place drawn at random, round to
+    // where it began, so ties go at random and a block's workers that are no
+    // candidates (screened out, or serving another model) cost a step each.
+    let mut fleet = sample_size;
     for block in fewest {
         let len = block.len();
         let from = rng.below(len);
@@ -146,12 +209,54 @@ mod tests {
             Drawn {
                 holders: (holders.len(), |j| holders.get(j).copied()),
                 holds: |t| holders.contains(&t),
+                conversations: |t| none.get(t),
                 fewest: none.fewest_first(n),
                 position: |t| Some(t as usize).filter(|&i| i < n),
                 continuing,
             },
             rng,
         )
+    }
+
+    /// Workers `0..n` with `counts` conversations each.
+    fn leaves_of(n: usize, counts: impl Fn(TenantId) -> usize) -> Leaves {
+        let mut leaves = Leaves::default();
+        for t in 0..n as TenantId {
+            (0..counts(t)).for_each(|_| leaves.add(t));
+        }
+        leaves
+    }
+
+    /// Workers `0..n` with `leaves`, candidates at their own index but those in
+    /// `out`; `holders` hold the match. The sample, and how many times a worker
+    /// was asked whether it holds the match (the walk asks, a read of the holder
+    /// list does not).
+    fn sample_by_counts(
+        (n, k): (usize, usize),
+        holders: &[TenantId],
+        leaves: &Leaves,
+        out: &[TenantId],
+        rng: &mut dyn Rng,
+    ) -> (Vec<usize>, usize) {
+        let asked = std::cell::Cell::new(0);
+        let s = ttft_sample(
+            n,
+            k,
+            Drawn {
+                holders: (holders.len(), |j| holders.get(j).copied()),
+                holds: |t| {
+                    asked.set(asked.get() + 1);
+                    holders.contains(&t)
+                },
+                conversations: |t| leaves.get(t),
+                fewest: leaves.fewest_first(n),
+                position: |t| (!out.contains(&t)).then_some(t as usize),
+                continuing: &[],
+            },
+            rng,
+        )
+        .unwrap();
+        (s, asked.get())
     }
 
     #[test]
@@ -221,6 +326,7 @@ mod tests {
                 Drawn {
                     holders: (holders.len(), |j| holders.get(j).copied()),
                     holds: |t| !(50..60).contains(&t),
+                    conversations: |t| leaves.get(t),
                     fewest: leaves.fewest_first(100),
                     position: |t| Some(t as usize),
                     continuing: &[],
@@ -260,6 +366,7 @@ mod tests {
                 Drawn {
                     holders: (0, |_| None),
                     holds: |_| false,
+                    conversations: |t| leaves.get(t),
                     fewest: leaves.fewest_first(256),
                     position: |t: TenantId| match t {
                         45 => None,
@@ -289,5 +396,106 @@ mod tests {
             third.iter().all(|&n| (1_100..1_500).contains(&n)),
             "{third:?}"
         );
+    }
+
+    #[test]
+    fn a_few_holders_give_those_with_the_fewest_conversations_from_their_list() {
+        // 256 workers, 16 sampled: 32 and 64 holders (every 8th, every 4th
+        // worker; 64 the most the list is read for) are read from their list,
+        // 128 (every other) are walked to, and all take the same holders. The other workers have one conversation each, so the fleet's
+        // 16 are none of the holders; of these the first 10 have two (worker 0
+        // is no candidate), the next 10 three and the rest four: the nine
+        // candidates with two and seven of the ten with three, at random.
+        for (holding, listed) in [(32, true), (64, true), (128, false)] {
+            let every = 256 / holding;
+            let holders: Vec<TenantId> = (0..holding).map(|i| i * every).collect();
+            let counts = |t: TenantId| match t / every {
+                _ if !t.is_multiple_of(every) => 1,
+                i if i < 10 => 2,
+                i if i < 20 => 3,
+                _ => 4,
+            };
+            let leaves = leaves_of(256, counts);
+            let mut rng = SplitMix64(21);
+            let mut third = [0u32; 256];
+            for _ in 0..2000 {
+                let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[0], &mut rng);
+                assert_eq!(asked == 0, listed, "{holding} holders: the list is read");
+                let held: Vec<usize> = s
+                    .iter()
+                    .copied()
+                    .filter(|i| i % every as usize == 0)
+                    .collect();
+                assert_eq!(held.len(), 16, "{holding} holders: 16 of them in {s:?}");
+                for i in held {
+                    match counts(i as TenantId) {
+                        2 => {}
+                        3 => third[i] += 1,
+                        c => panic!("{holding} holders: {i} with {c} in {s:?}"),
+                    }
+                }
+                assert!(!s.contains(&0), "worker 0 is no candidate: {s:?}");
+            }
+            // Seven of the ten with three, each as likely: 1,400 of 2,000 times.
+            for t in holders.iter().filter(|&&t| counts(t) == 3) {
+                let got = third[*t as usize];
+                assert!(
+                    (1_250..1_550).contains(&got),
+                    "{holding} holders: {t} taken {got} times, about 1,400"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn one_holder_past_the_size_is_the_one_with_the_most_conversations_left_out() {
+        // 17 holders of 256, 16 sampled, the fleet at 3 conversations, the holders
+        // at 5 but worker 160's at 9: every holder but 160. With worker 10 no
+        // candidate, 16 candidates hold the match: all of them, 160 too.
+        let holders: Vec<TenantId> = (0..17).map(|i| i * 10).collect();
+        let leaves = leaves_of(256, |t| match t {
+            160 => 9,
+            t if t % 10 == 0 && t < 160 => 5,
+            _ => 3,
+        });
+        let mut rng = SplitMix64(23);
+        for _ in 0..200 {
+            let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[], &mut rng);
+            assert_eq!(asked, 0, "the list is read");
+            assert!(
+                holders[..16].iter().all(|&t| s.contains(&(t as usize))),
+                "{s:?}"
+            );
+            assert!(!s.contains(&160), "160 has the most: {s:?}");
+            let (s, _) = sample_by_counts((256, 16), &holders, &leaves, &[10], &mut rng);
+            assert!(
+                holders
+                    .iter()
+                    .all(|&t| (t == 10) != s.contains(&(t as usize))),
+                "{s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn holders_far_above_the_fleets_fewest_are_walked_to() {
+        // Worker 1 has no conversation, the fleet 200, the 32 holders 300 and up
+        // (five with 300): past the levels the list is tallied by, so the walk
+        // takes the holders, still those with the fewest.
+        let holders: Vec<TenantId> = (0..32).map(|i| i * 8).collect();
+        let leaves = leaves_of(256, |t| match t {
+            1 => 0,
+            t if t % 8 != 0 => 200,
+            t if t < 40 => 300,
+            t => 301 + t as usize % 3,
+        });
+        let mut rng = SplitMix64(25);
+        for _ in 0..50 {
+            let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[], &mut rng);
+            assert!(asked > 0, "the fleet is walked");
+            assert!((0..40).step_by(8).all(|t| s.contains(&t)), "{s:?}");
+            let held = s.iter().filter(|&&i| i % 8 == 0).count();
+            assert_eq!(held, 16, "{s:?}");
+        }
     }
 }
