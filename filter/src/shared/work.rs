@@ -73,10 +73,30 @@ impl PairTable {
                 Some((v, cas)) => (decode(&v), cas),
                 None => (Vec::new(), 0),
             };
+            // Found by name through an index: a search of the rows for each
+            // learned row was quadratic in the fleet (at 256 workers, tens of
+            // thousands of name comparisons a tick).
+            let mut at: hashbrown::HashMap<&str, usize> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, (n, _))| (n.as_str(), i))
+                .collect();
+            let mut added: Vec<(String, [u64; 2])> = Vec::new();
+            let mut changed: Vec<(usize, [u64; 2])> = Vec::with_capacity(mine.len());
             for (worker, value) in mine {
-                match rows.iter_mut().find(|(n, _)| n == worker) {
-                    Some((_, v)) => *v = *value,
-                    None => rows.push((worker.clone(), *value)),
+                match at.get(worker.as_str()) {
+                    Some(&i) => changed.push((i, *value)),
+                    None => {
+                        at.insert(worker.as_str(), rows.len() + added.len());
+                        added.push((worker.clone(), *value));
+                    }
+                }
+            }
+            drop(at);
+            rows.extend(added);
+            for (i, value) in changed {
+                if let Some((_, v)) = rows.get_mut(i) {
+                    *v = value;
                 }
             }
             rows.retain(|(_, v)| *v != empty);
@@ -380,6 +400,17 @@ mod tests {
         // A new VM starts from what is shared.
         let c = CostTable::new(&keys);
         assert_eq!(c.by_worker(&store, &ws)[1].service_ms, Some(20.0));
+        // Learning again replaces a shared row in place, the others kept.
+        b.learn(&store, &ws, "w1", service(30.0));
+        a.learn(&store, &ws, "w0", service(15.0));
+        assert!(b.publish(&store));
+        assert!(a.publish(&store));
+        let d = CostTable::new(&keys);
+        let costs = d.by_worker(&store, &ws);
+        assert_eq!(
+            (costs[0].service_ms, costs[1].service_ms),
+            (Some(15.0), Some(30.0))
+        );
     }
 
     #[test]

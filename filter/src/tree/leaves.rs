@@ -74,6 +74,11 @@ impl Leaves {
         &self.count
     }
 
+    /// The tenants with a slot and no leaf.
+    pub fn without(&self) -> &[TenantId] {
+        self.order.get(..self.start_of(1)).unwrap_or_default()
+    }
+
     /// One more leaf for `tenant`.
     pub fn add(&mut self, tenant: TenantId) {
         self.reach(tenant);

@@ -568,22 +568,32 @@ mod tests {
             let text = format!("system {}|user {}|turn {}", i % 3, i % 40, i);
             t.insert(&text, (i * 7) % 300, u64::from(i));
         }
-        for probe in [
+        let probes = [
             "system 1|user 4|turn 44",
             "system 2|user 9",
             "system 0|",
             "x",
-        ] {
-            let m = t.tenant_matches(probe);
-            for tenant in 0..310u32 {
-                assert_eq!(
-                    m.depth(tenant),
-                    t.tenant_depth(probe, tenant),
-                    "{probe} {tenant}"
-                );
-                assert_eq!(m.continues(tenant), m.continued.contains(&tenant));
+        ];
+        let check = |t: &Tree| {
+            for probe in probes {
+                let m = t.tenant_matches(probe);
+                for tenant in 0..310u32 {
+                    assert_eq!(
+                        m.depth(tenant),
+                        t.tenant_depth(probe, tenant),
+                        "{probe} {tenant}"
+                    );
+                    assert_eq!(m.continues(tenant), m.continued.contains(&tenant));
+                }
             }
-        }
+        };
+        check(&t);
+        // Tenants that left keep their slots without leaves: the shared prompt's
+        // node still holds every tenant with one, and they hold none of it.
+        t.remove_tenant(7);
+        t.remove_tenant(140);
+        assert_eq!(t.leaves().without().len(), 2);
+        check(&t);
         let m = t.tenant_matches("system 2|user 4|turn 44 and more");
         assert!(
             m.continues((44 * 7) % 300),

@@ -8,10 +8,18 @@ use super::{by_tenant, Hold, NodeIdx, TenantId, Tree};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TenantMatches {
     /// Chars of the text each tenant holds as a prefix, by tenant id (ids are
-    /// worker indices, so dense), 0 for none of it. Every candidate of a fleet
-    /// looks itself up here: at 256 workers a binary search each showed in a
+    /// worker indices, so dense), 0 for none of it or `base`. Every candidate of a
+    /// fleet looks itself up here: at 256 workers a binary search each showed in a
     /// profile.
     depth_of: Vec<usize>,
+    /// The match of the deepest node on the path that every tenant with a leaf
+    /// holds, for the tenants `depth_of` leaves at 0 (but `without`): a shared
+    /// prompt's nodes hold every worker of a fleet, and marking each of them was
+    /// most of this table's cost at 256 workers.
+    base: usize,
+    /// The tenants with a slot and no leaf, which hold none of it (when `base`
+    /// is set; mostly none).
+    without: Vec<TenantId>,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
     /// turns before it. A shared prefix (a system prompt several texts extend) is
@@ -42,8 +50,13 @@ impl Holders<'_> {
 
 impl TenantMatches {
     /// Chars of the text `tenant` holds.
+    #[inline]
     pub fn depth(&self, tenant: TenantId) -> usize {
-        self.depth_of.get(tenant as usize).copied().unwrap_or(0)
+        match self.depth_of.get(tenant as usize) {
+            Some(&d) if d > 0 => d,
+            Some(_) if self.base > 0 && !self.without.contains(&tenant) => self.base,
+            _ => 0,
+        }
     }
 
     /// The longest match any tenant holds, in chars.
@@ -59,10 +72,9 @@ impl TenantMatches {
     /// The tenants holding any of the text and how much, by tenant.
     #[cfg(test)]
     pub fn depths(&self) -> Vec<(TenantId, usize)> {
-        (0..)
-            .zip(&self.depth_of)
-            .filter(|(_, &d)| d > 0)
-            .map(|(t, &d)| (t, d))
+        (0..self.depth_of.len() as TenantId)
+            .map(|t| (t, self.depth(t)))
+            .filter(|&(_, d)| d > 0)
             .collect()
     }
 }
@@ -90,14 +102,24 @@ impl Tree {
         // tenant is a store: grown tenant by tenant from inside the loop, it was
         // grown at each of a node's tenants (they are sorted), about 20 V8
         // instructions each and 5k a request at 256 workers.
-        let tenants = self.tenant_leaves.as_slice().len();
+        let leaves = &self.tenant_leaves;
+        let tenants = leaves.as_slice().len();
+        // A node's tenants all have leaves, so a node with as many as have any
+        // holds every one of them: it sets the base, unmarked.
+        let with_leaves = tenants - leaves.without().len();
+        let mut base = 0;
         let mut depth_of: Vec<usize> = Vec::new();
         let mut continued: Vec<TenantId> = Vec::new();
-        let mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
+        let mut mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
             if depth_of.is_empty() {
                 depth_of.resize(tenants, 0);
             }
-            for h in &self.node(idx).tenants {
+            let node = self.node(idx);
+            if node.tenants.len() == with_leaves {
+                base = matched;
+                return;
+            }
+            for h in &node.tenants {
                 match depth_of.get_mut(h.tenant as usize) {
                     Some(d) => *d = matched,
                     None => mark_beyond(depth_of, h.tenant, matched),
@@ -128,8 +150,15 @@ impl Tree {
             mark(&mut depth_of, last, matched);
         }
         continued.sort_unstable();
+        let without = if base > 0 {
+            leaves.without().to_vec()
+        } else {
+            Vec::new()
+        };
         TenantMatches {
             depth_of,
+            base,
+            without,
             continued,
             path,
         }
