@@ -232,7 +232,7 @@ pub struct Config {
     #[serde(default)]
     pub stay_factor: Option<f64>,
     /// `predicted_ttft`: a fleet larger than this is sampled, this many workers a
-    /// request (default `DEFAULT_TTFT_SAMPLE_SIZE`: 0, every worker scored).
+    /// request (default `DEFAULT_TTFT_SAMPLE_SIZE`: 16; 0 scores every worker).
     #[serde(default)]
     pub ttft_sample_size: Option<usize>,
     #[serde(default = "default_stale_after")]
