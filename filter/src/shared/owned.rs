@@ -294,7 +294,15 @@ impl<const N: usize> Counted<'_, N> {
 /// The table: `rows` as they were stored, then this VM's own row when given.
 fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &[Held<N>])>) -> Vec<u8> {
     let n = rows.len() + usize::from(own.is_some());
-    let mut out = (n as u32).to_le_bytes().to_vec();
+    // Sized for the whole table (a one-byte varint a count, as counts mostly are):
+    // grown from empty, a busy VM's row of dozens of workers was reallocated and
+    // copied about eight times at every publication.
+    let others: usize = rows.iter().map(|r| r.bytes.len()).sum();
+    let mine: usize = own.map_or(0, |(_, _, counts)| {
+        ROW_HEADER + counts.iter().map(|h| h.name.len() + 1 + N).sum::<usize>()
+    });
+    let mut out = Vec::with_capacity(4 + others + mine);
+    out.extend_from_slice(&(n as u32).to_le_bytes());
     for row in rows {
         out.extend_from_slice(row.bytes);
     }
