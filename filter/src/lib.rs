@@ -30,6 +30,7 @@ pub mod config;
 pub mod counters;
 pub mod decision;
 pub mod header_names;
+pub mod header_pairs;
 pub mod health;
 pub mod load;
 pub mod membership;

@@ -66,8 +66,11 @@ fn routed_to(h: &mut Host, vm: usize, tag: &str, n: usize, cluster: &str) -> usi
 /// (host-sim under `FAIL_RELOAD`) replaces it, and its streams in flight are cut
 /// without their callbacks.
 fn crash(h: &mut Host, vm: usize) {
-    let next = h.hostcall_counts()["proxy_get_header_map_value"] + 1;
-    h.inject(Fault::trap("proxy_get_header_map_value").from_call(next));
+    let next = h
+        .hostcall_counts()
+        .get("proxy_get_header_map_pairs")
+        .map_or(1, |n| n + 1);
+    h.inject(Fault::trap("proxy_get_header_map_pairs").from_call(next));
     let out = h
         .vm(vm)
         .request(RequestSpec::post_json(

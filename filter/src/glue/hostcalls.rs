@@ -10,6 +10,7 @@
 //! SDK's would bring its panics back). `dispatch_http_call` is the one the SDK must
 //! make itself (see there).
 
+use crate::header_pairs::{self, Pairs};
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType, Status};
 use std::ptr::{null, null_mut};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -123,54 +124,6 @@ unsafe fn take(data: *mut u8, size: usize) -> Option<Bytes> {
     (!data.is_null()).then(|| Vec::from_raw_parts(data, size, size))
 }
 
-/// The SDK's pairs serialization (count, lengths, NUL-terminated keys and values).
-fn serialize_pairs(pairs: &[(&str, &str)]) -> Bytes {
-    let mut out = Vec::new();
-    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-    for (k, v) in pairs {
-        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-    }
-    for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
-        out.push(0);
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    out
-}
-
-/// The inverse of `serialize_pairs`, bounds-checked: a malformed map from the host
-/// reads as the pairs before the damage, never as a panic. Values are read lossily.
-fn deserialize_pairs(bytes: &[u8]) -> Vec<(String, String)> {
-    let u32_at = |at: usize| -> Option<usize> {
-        let b = bytes.get(at..at.checked_add(4)?)?;
-        Some(u32::from_le_bytes(b.try_into().ok()?) as usize)
-    };
-    let Some(count) = u32_at(0) else {
-        return Vec::new();
-    };
-    let mut pairs = Vec::new();
-    let mut data = 4usize.saturating_add(count.saturating_mul(8));
-    for i in 0..count {
-        let (Some(k), Some(v)) = (u32_at(4 + i * 8), u32_at(8 + i * 8)) else {
-            break;
-        };
-        let key = data.checked_add(k).and_then(|end| bytes.get(data..end));
-        let vstart = data.saturating_add(k).saturating_add(1);
-        let value = vstart.checked_add(v).and_then(|end| bytes.get(vstart..end));
-        let (Some(key), Some(value)) = (key, value) else {
-            break;
-        };
-        pairs.push((
-            String::from_utf8_lossy(key).into_owned(),
-            String::from_utf8_lossy(value).into_owned(),
-        ));
-        data = vstart.saturating_add(v).saturating_add(1);
-    }
-    pairs
-}
-
 pub fn log(level: LogLevel, message: &str) -> Result<(), Status> {
     check(unsafe { raw::proxy_log(level as u32, message.as_ptr(), message.len()) })
 }
@@ -250,11 +203,23 @@ pub fn set_map_value(map: MapType, key: &str, value: Option<&str>) -> Result<(),
 
 /// All pairs of a header map (names and values read lossily).
 pub fn get_map(map: MapType) -> Result<Vec<(String, String)>, Status> {
+    let bytes = get_map_bytes(map)?;
+    Ok(Pairs::new(&bytes)
+        .map(|(k, v)| {
+            (
+                String::from_utf8_lossy(k).into_owned(),
+                String::from_utf8_lossy(v).into_owned(),
+            )
+        })
+        .collect())
+}
+
+/// A header map as the host serializes it (`crate::header_pairs`), in one hostcall;
+/// empty when the host has none.
+pub fn get_map_bytes(map: MapType) -> Result<Bytes, Status> {
     let (mut data, mut size) = (null_mut(), 0);
     match check(unsafe { raw::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) }) {
-        Ok(()) => Ok(unsafe { take(data, size) }
-            .map(|b| deserialize_pairs(&b))
-            .unwrap_or_default()),
+        Ok(()) => Ok(unsafe { take(data, size) }.unwrap_or_default()),
         Err(Status::NotFound) => Ok(Vec::new()),
         Err(e) => Err(e),
     }
@@ -303,7 +268,7 @@ pub fn send_http_response(
     headers: Vec<(&str, &str)>,
     body: Option<&[u8]>,
 ) -> Result<(), Status> {
-    let headers = serialize_pairs(&headers);
+    let headers = header_pairs::serialize(&headers);
     let (ptr, len) = body.map_or((null(), 0), |b| (b.as_ptr(), b.len()));
     check(unsafe {
         raw::proxy_send_local_response(

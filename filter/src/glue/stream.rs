@@ -21,6 +21,7 @@ use crate::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, EXPLAIN_HEADER, PREDICTED_TTFT_HEADER,
     PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
 };
+use crate::header_pairs::{self, Pairs};
 use crate::models;
 use crate::parse::{parse, Parsed};
 use crate::plan::{plan, Refusal};
@@ -305,30 +306,46 @@ impl Context for Stream {
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        // One hostcall for every header this callback asks about (a hostcall costs
+        // Envoy more than reading a few dozen pairs here); if the host cannot list
+        // them, each is read on its own.
+        let listed = hostcalls::get_map_bytes(MapType::HttpRequestHeaders).ok();
+        let slot = self.state.borrow();
+        let Some(s) = slot.as_ref() else {
+            drop(slot);
+            return reply::refusal(Refusal::NotConfigured);
+        };
+        let cfg = s.router.config();
+        let unused = match cfg.target {
+            Target::Cluster => &cfg.endpoint_header,
+            Target::Endpoint => &cfg.cluster_header,
+        };
+        let (path, explain, unused_sent) = match listed.as_deref() {
+            Some(bytes) => {
+                let [path, explain, sent] =
+                    Pairs::new(bytes).find([":path", EXPLAIN_HEADER, unused]);
+                (header_pairs::text(path), explain.is_some(), sent.is_some())
+            }
+            None => (
+                request_header(":path"),
+                hostcalls::get_map_value(MapType::HttpRequestHeaders, EXPLAIN_HEADER)
+                    .is_ok_and(|v| v.is_some()),
+                true,
+            ),
+        };
         // A client must not pick its own upstream. The header the filter routes by
         // is replaced on every request that goes upstream (`route`: any other gets a
         // local reply), so only the other one is removed here.
-        match self.state.borrow().as_ref() {
-            Some(s) => {
-                let cfg = s.router.config();
-                let unused = match cfg.target {
-                    Target::Cluster => &cfg.endpoint_header,
-                    Target::Endpoint => &cfg.cluster_header,
-                };
-                let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, unused);
-                self.explain = match cfg.decision_headers {
-                    DecisionHeaders::Always => true,
-                    DecisionHeaders::Never => false,
-                    // Absent, as it mostly is, the lookup copies nothing into the VM.
-                    DecisionHeaders::OnRequest => {
-                        hostcalls::get_map_value(MapType::HttpRequestHeaders, EXPLAIN_HEADER)
-                            .is_ok_and(|v| v.is_some())
-                    }
-                };
-            }
-            None => return reply::refusal(Refusal::NotConfigured),
+        if unused_sent {
+            let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, unused);
         }
-        self.path = request_header(":path");
+        self.explain = match cfg.decision_headers {
+            DecisionHeaders::Always => true,
+            DecisionHeaders::Never => false,
+            DecisionHeaders::OnRequest => explain,
+        };
+        drop(slot);
+        self.path = path;
         match push::start(&self.state, &self.path, end_of_stream) {
             Start::NotPush => {}
             Start::Refused(action) => return action,

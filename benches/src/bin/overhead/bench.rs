@@ -184,7 +184,10 @@ fn scaled(base: usize, body_bytes: usize, min: usize) -> usize {
 fn variant_dir(rep_dir: &Path, i: usize, variant: &str) -> Result<PathBuf> {
     let dir = rep_dir.join(format!(
         "{i}-{}",
-        variant.replace(['/', '@', '.', '+', '='], "_")
+        variant.replace(
+            |c: char| !c.is_ascii_alphanumeric() && c != '_' && c != '-',
+            "_"
+        )
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
