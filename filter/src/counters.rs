@@ -10,7 +10,7 @@
 use hashbrown::HashMap;
 
 /// The most a busy VM's counters lag behind its requests.
-pub const FLUSH_MS: u64 = 100;
+pub const FLUSH_MS: u64 = 1000;
 
 /// Increments not yet handed to the host, by the host's metric id.
 #[derive(Debug, Default)]

@@ -299,10 +299,17 @@ impl Router {
             }
             (Policy::PredictedTtft, Some(text)) => {
                 let tree = self.trees.get(pool, model);
-                let held = tree.map(|t| t.tenant_matches(text)).unwrap_or_default();
+                let (held, input) = match tree {
+                    Some(t) => {
+                        let held = t.tenant_matches(text);
+                        let chars = held.text_chars;
+                        (held, chars)
+                    }
+                    None => (TenantMatches::default(), crate::tree::char_len(text)),
+                };
+                let input = input as u64;
                 let leaves = tree.map_or(&[][..], |t| t.leaves().as_slice());
                 let params = self.cfg.ttft_params();
-                let input = crate::tree::char_len(text) as u64;
                 // A fleet larger than the sample size scores a sample
                 // (`policy::ttft_sample`); otherwise every candidate, in one loop.
                 let sample = (params.sample_size > 0 && candidates.len() > params.sample_size)

@@ -501,7 +501,10 @@ mod tests {
         let deepest = t.prefix_match("system prompt|alice hello again");
         assert_eq!(deepest.matched_chars, 25);
         assert_eq!(deepest.owners, vec![0]);
-        assert_eq!(Tree::new().tenant_matches("x"), TenantMatches::default());
+        let mut none = Tree::new().tenant_matches("x");
+        assert_eq!(none.text_chars, 1);
+        none.text_chars = 0;
+        assert_eq!(none, TenantMatches::default());
         assert_eq!(
             t.tenant_matches(""),
             TenantMatches::default(),
@@ -1020,6 +1023,7 @@ mod tests {
                         assert_eq!(p.input_chars, text.chars().count(), "round {round}");
                         assert!(p.matched_chars <= p.input_chars, "round {round}");
                         let m = t.tenant_matches(&text);
+                        assert_eq!(m.text_chars, p.input_chars, "round {round}");
                         for tenant in 0..4 {
                             assert_eq!(
                                 m.depth(tenant),

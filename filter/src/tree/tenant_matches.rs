@@ -28,6 +28,9 @@ pub struct TenantMatches {
     /// The text's path: each node and the chars matched down to it
     /// (`Tree::holders_within`).
     path: Vec<(NodeIdx, usize)>,
+    /// The text's length in chars, counted past the match only (the walk counted
+    /// the rest), so the kilobytes a request shares are not passed over again.
+    pub text_chars: usize,
 }
 
 /// The tenants holding the whole of a text's longest match, indexed where they are
@@ -133,7 +136,7 @@ impl Tree {
         // every worker on each of them).
         let mut pending: Option<(NodeIdx, usize, usize)> = None;
         let mut path = Vec::new();
-        self.walk(text, |idx, node, matched, whole| {
+        let (_, matched, rest) = self.walk(text, |idx, node, matched, whole| {
             path.push((idx, matched));
             if let Some((prev, prev_matched, held)) = pending {
                 if held != node.tenants.len() {
@@ -161,6 +164,7 @@ impl Tree {
             without,
             continued,
             path,
+            text_chars: matched + super::char_len(rest),
         }
     }
 
