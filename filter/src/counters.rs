@@ -6,6 +6,13 @@
 //! counters at once), at the end of a request once `FLUSH_MS` passed since the last
 //! hand-over (a busy VM), and on every tick. A counter lags by at most `FLUSH_MS`
 //! while requests keep coming, and by a tick once they stop.
+//!
+//! A hand-over costs a hostcall per counter that moved, and four of a request's
+//! counters are its worker's: a busy VM in a fleet of hundreds moves four counters
+//! per worker it routed to since the last one. At 100 ms that was about two
+//! hostcalls a request at 256 workers (and 4 at callgrind's pace, where it was most
+//! of what 256 workers cost over 4); a second, well inside any scrape interval,
+//! spreads a fleet's worth of counters over ten times the requests.
 
 use hashbrown::HashMap;
 
