@@ -50,6 +50,7 @@ pub mod scan;
 pub mod shared;
 pub mod target;
 pub mod tree;
+pub mod ttft_draw;
 pub mod work_hold;
 pub mod worker_stats;
 

@@ -26,7 +26,8 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, Ladder};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{Leaves, PrefixMatch, TenantId, TenantMatches};
+use crate::tree::{PrefixMatch, TenantId, TenantMatches};
+use crate::ttft_draw;
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,32 +313,12 @@ impl Router {
                 let params = self.cfg.ttft_params();
                 // A fleet larger than the sample size scores a sample
                 // (`policy::ttft_sample`); otherwise every candidate, in one loop.
-                let sample = (params.sample_size > 0 && candidates.len() > params.sample_size)
-                    .then(|| {
-                        let continuing: Vec<usize> = held
-                            .continued
-                            .iter()
-                            .filter_map(|&t| position_of(candidates, t))
-                            .collect();
-                        let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
-                        let holders = tree.map(|t| t.holders_within(&held, margin));
-                        let longest = held.longest();
-                        let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
-                        let drawn = policy::Drawn {
-                            holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
-                                holders.as_ref()?.get(j)
-                            }),
-                            holds: |t| {
-                                longest > margin && held.depth(t).saturating_add(margin) >= longest
-                            },
-                            conversations: |t| leaves.get(t as usize).copied().unwrap_or(0),
-                            fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),
-                            position: |t| position_of(candidates, t),
-                            continuing: &continuing,
-                        };
-                        policy::ttft_sample(candidates.len(), params.sample_size, drawn, rng)
-                    })
-                    .flatten();
+                let sample = ttft_draw::sample(
+                    (tree, &held, leaves),
+                    candidates,
+                    (params.sample_size, input),
+                    rng,
+                );
                 let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
                 let mut ladder = Ladder::new(&params, input, (*total, candidates.len()), scored);
                 let seen = (loads, &held, leaves);
@@ -473,9 +454,6 @@ impl Router {
     }
 }
 
-/// The conversations of a model with no tree yet.
-static NO_LEAVES: Leaves = Leaves::NONE;
-
 /// Candidate `c` as `predicted_ttft`'s ladder compares it, from the loads, its share
 /// of the text and its conversations (leaves by worker). Inlined into each loop
 /// that scores: as a closure shared by two loops it was compiled to a call per
@@ -490,16 +468,6 @@ fn ttft_scored(
     loads
         .ttft_candidate(c, (held, conversations))
         .scored(params, input)
-}
-
-/// Where `worker` is among `candidates` (in worker order): at its own index when no
-/// worker before it was screened out (the common case), else found by a search.
-fn position_of(candidates: &[Candidate], worker: TenantId) -> Option<usize> {
-    let at = worker as usize;
-    if candidates.get(at).is_some_and(|c| c.worker == worker) {
-        return Some(at);
-    }
-    candidates.binary_search_by_key(&worker, |c| c.worker).ok()
 }
 
 /// Whether `found` has owners above the cache threshold, none of them a candidate

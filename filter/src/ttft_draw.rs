@@ -1,0 +1,56 @@
+//! Which candidates a sampled `predicted_ttft` request scores, drawn from what the
+//! request's tree says (`policy::ttft_sample` decides from these inputs): the
+//! candidates whose conversation it continues, the holders of a match within the
+//! margin of its longest, and the fleet's workers by conversations, fewest first.
+
+use crate::policy::{self, Candidate};
+use crate::rng::Rng;
+use crate::tree::{Leaves, TenantId, TenantMatches, Tree};
+
+/// The conversations of a model with no tree yet.
+static NO_LEAVES: Leaves = Leaves::NONE;
+
+/// Positions in `candidates` (ascending) of those a request scores, or `None` to
+/// score all: a fleet no larger than `sample_size`, or `sample_size` 0. `held` is
+/// the request's walk of `tree` (the model's, if it has one yet), `leaves` the
+/// tree's conversations by worker, `input` the text's chars.
+pub fn sample(
+    (tree, held, leaves): (Option<&Tree>, &TenantMatches, &[usize]),
+    candidates: &[Candidate],
+    (sample_size, input): (usize, u64),
+    rng: &mut dyn Rng,
+) -> Option<Vec<usize>> {
+    if sample_size == 0 || candidates.len() <= sample_size {
+        return None;
+    }
+    let continuing: Vec<usize> = held
+        .continued
+        .iter()
+        .filter_map(|&t| position_of(candidates, t))
+        .collect();
+    let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
+    let holders = tree.map(|t| t.holders_within(held, margin));
+    let longest = held.longest();
+    let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
+    let drawn = policy::Drawn {
+        holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
+            holders.as_ref()?.get(j)
+        }),
+        holds: |t| longest > margin && held.depth(t).saturating_add(margin) >= longest,
+        conversations: |t| leaves.get(t as usize).copied().unwrap_or(0),
+        fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),
+        position: |t| position_of(candidates, t),
+        continuing: &continuing,
+    };
+    policy::ttft_sample(candidates.len(), sample_size, drawn, rng)
+}
+
+/// Where `worker` is among `candidates` (in worker order): at its own index when no
+/// worker before it was screened out (the common case), else found by a search.
+fn position_of(candidates: &[Candidate], worker: TenantId) -> Option<usize> {
+    let at = worker as usize;
+    if candidates.get(at).is_some_and(|c| c.worker == worker) {
+        return Some(at);
+    }
+    candidates.binary_search_by_key(&worker, |c| c.worker).ok()
+}
