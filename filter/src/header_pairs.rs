@@ -29,14 +29,8 @@ impl<'a> Pairs<'a> {
         }
     }
 
-    /// The value of the first pair named `name` (ASCII case ignored: Envoy keeps
-    /// names lowercase, a test host may not).
-    pub fn get(self, name: &str) -> Option<&'a [u8]> {
-        let [value] = self.find([name]);
-        value
-    }
-
-    /// `get` for each of `names`, in one pass over the map.
+    /// The value of the first pair named by each of `names` (ASCII case ignored:
+    /// Envoy keeps names lowercase, a test host may not), in one pass over the map.
     pub fn find<const N: usize>(self, names: [&str; N]) -> [Option<&'a [u8]>; N] {
         let mut found = [None; N];
         for (k, v) in self {
@@ -135,12 +129,12 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         let pairs = Pairs::new(&bytes);
-        assert_eq!(pairs.get(":path"), Some(&b"/v1/chat/completions"[..]));
-        assert_eq!(pairs.get("X-LLM-Router-Explain"), Some(&b"1"[..]));
-        assert_eq!(pairs.get("empty"), Some(&b""[..]));
-        assert_eq!(pairs.get("absent"), None);
-        assert_eq!(text(pairs.get(":method")), "POST");
-        assert_eq!(text(pairs.get("absent")), "");
+        assert_eq!(pairs.find([":path"])[0], Some(&b"/v1/chat/completions"[..]));
+        assert_eq!(pairs.find(["X-LLM-Router-Explain"])[0], Some(&b"1"[..]));
+        assert_eq!(pairs.find(["empty"])[0], Some(&b""[..]));
+        assert_eq!(pairs.find(["absent"])[0], None);
+        assert_eq!(text(pairs.find([":method"])[0]), "POST");
+        assert_eq!(text(pairs.find(["absent"])[0]), "");
         assert_eq!(
             pairs.find([":method", "absent", ":path", ":METHOD"]),
             [
@@ -155,7 +149,7 @@ mod tests {
     #[test]
     fn the_first_of_a_repeated_name_answers() {
         let bytes = serialize(&[("a", "1"), ("a", "2")]);
-        assert_eq!(Pairs::new(&bytes).get("a"), Some(&b"1"[..]));
+        assert_eq!(Pairs::new(&bytes).find(["a"])[0], Some(&b"1"[..]));
         assert_eq!(Pairs::new(&bytes).find(["a", "a"]), [Some(&b"1"[..]); 2]);
         assert_eq!(Pairs::new(&bytes).count(), 2);
     }
@@ -164,7 +158,7 @@ mod tests {
     fn an_empty_or_absent_map_has_no_pairs() {
         assert_eq!(Pairs::new(&[]).count(), 0);
         assert_eq!(Pairs::new(&serialize(&[])).count(), 0);
-        assert_eq!(Pairs::new(&[1, 0]).get("a"), None);
+        assert_eq!(Pairs::new(&[1, 0]).find(["a"])[0], None);
     }
 
     #[test]
@@ -183,7 +177,7 @@ mod tests {
                 bad[at] = b;
                 // A pair takes 8 bytes of lengths and two NULs at least.
                 assert!(Pairs::new(&bad).count() <= bad.len() / 10);
-                let _ = Pairs::new(&bad).get("c");
+                let _ = Pairs::new(&bad).find(["c"])[0];
             }
         }
         // A count far beyond the data stops at the data's end.
