@@ -38,6 +38,7 @@ mod inflight;
 mod lease;
 mod lockout;
 mod membership;
+mod mine;
 mod ops;
 mod outbox;
 mod owned;
