@@ -8,18 +8,16 @@ use super::{by_tenant, Hold, NodeIdx, TenantId, Tree};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TenantMatches {
     /// Chars of the text each tenant holds as a prefix, by tenant id (ids are
-    /// worker indices, so dense), 0 for none of it or `base`. Every candidate of a
-    /// fleet looks itself up here: at 256 workers a binary search each showed in a
-    /// profile.
+    /// worker indices, so dense), 0 for `base` and `HOLDS_NONE` for a tenant with no
+    /// leaf while `base` is set. Every candidate of a fleet looks itself up here:
+    /// at 256 workers a binary search each showed in a profile, and so did a search
+    /// of the tenants without leaves (about 1.2k instructions a request).
     depth_of: Vec<usize>,
     /// The match of the deepest node on the path that every tenant with a leaf
-    /// holds, for the tenants `depth_of` leaves at 0 (but `without`): a shared
-    /// prompt's nodes hold every worker of a fleet, and marking each of them was
-    /// most of this table's cost at 256 workers.
+    /// holds, for the tenants `depth_of` leaves at 0: a shared prompt's nodes hold
+    /// every worker of a fleet, and marking each of them was most of this table's
+    /// cost at 256 workers.
     base: usize,
-    /// The tenants with a slot and no leaf, which hold none of it (when `base`
-    /// is set; mostly none).
-    without: Vec<TenantId>,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
     /// turns before it. A shared prefix (a system prompt several texts extend) is
@@ -56,9 +54,9 @@ impl TenantMatches {
     #[inline]
     pub fn depth(&self, tenant: TenantId) -> usize {
         match self.depth_of.get(tenant as usize) {
-            Some(&d) if d > 0 => d,
-            Some(_) if self.base > 0 && !self.without.contains(&tenant) => self.base,
-            _ => 0,
+            Some(&HOLDS_NONE) | None => 0,
+            Some(&0) => self.base,
+            Some(&d) => d,
         }
     }
 
@@ -81,6 +79,10 @@ impl TenantMatches {
             .collect()
     }
 }
+
+/// A tenant's depth when it has no leaf, and so holds none of a text whose path
+/// sets a base (no text is this long).
+const HOLDS_NONE: usize = usize::MAX;
 
 /// Marks a tenant past the end of the table (one whose conversations were never
 /// counted), growing it: kept out of the marking loop.
@@ -153,15 +155,17 @@ impl Tree {
             mark(&mut depth_of, last, matched);
         }
         continued.sort_unstable();
-        let without = if base > 0 {
-            leaves.without().to_vec()
-        } else {
-            Vec::new()
-        };
+        if base > 0 {
+            // Marked once here, not searched for at every lookup (mostly none).
+            for &t in leaves.without() {
+                if let Some(d @ 0) = depth_of.get_mut(t as usize) {
+                    *d = HOLDS_NONE;
+                }
+            }
+        }
         TenantMatches {
             depth_of,
             base,
-            without,
             continued,
             path,
             text_chars: matched + super::char_len(rest),
