@@ -243,7 +243,7 @@ impl Loads {
             inflight: c.inflight,
             work: self.work.get(i),
             others,
-            cached_chars: held.depth(c.worker) as u64,
+            cached_chars: held.depth(c.worker, conversations as usize) as u64,
             continues: held.continues(c.worker),
             conversations,
             costs: self.costs.get(i).copied().unwrap_or_default(),

@@ -335,7 +335,10 @@ impl Router {
                     }
                 }
                 let decision = ladder.decide(rng);
-                let chosen = decision.as_ref().map_or(0, |d| held.depth(d.worker));
+                let chosen = decision.as_ref().map_or(0, |d| {
+                    let conversations = leaves.get(d.worker as usize).copied().unwrap_or(0);
+                    held.depth(d.worker, conversations)
+                });
                 (decision, chosen, None, Some(input as usize))
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {

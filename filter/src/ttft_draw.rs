@@ -31,13 +31,16 @@ pub fn sample(
     let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
     let holders = tree.map(|t| t.holders_within(held, margin));
     let longest = held.longest();
+    let conversations = |t: TenantId| leaves.get(t as usize).copied().unwrap_or(0);
     let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
     let drawn = policy::Drawn {
         holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
             holders.as_ref()?.get(j)
         }),
-        holds: |t| longest > margin && held.depth(t).saturating_add(margin) >= longest,
-        conversations: |t| leaves.get(t as usize).copied().unwrap_or(0),
+        holds: |t| {
+            longest > margin && held.depth(t, conversations(t)).saturating_add(margin) >= longest
+        },
+        conversations,
         fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),
         position: |t| position_of(candidates, t),
         continuing: &continuing,

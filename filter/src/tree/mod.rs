@@ -494,7 +494,7 @@ mod tests {
         t.insert("other", 3, 4);
         let m = t.tenant_matches("system prompt|alice hello again");
         assert_eq!(
-            m.depths(),
+            m.depths(&t),
             vec![(0, 25), (1, 14), (2, 6)],
             "alice's worker holds all of her history, bob's the shared prompt, w2 a part; w3 nothing"
         );
@@ -512,13 +512,13 @@ mod tests {
         );
         // A match ending inside an edge counts the chars up to the divergence.
         assert_eq!(
-            t.tenant_matches("systXm").depths(),
+            t.tenant_matches("systXm").depths(&t),
             vec![(0, 4), (1, 4), (2, 4)]
         );
         // Multi-byte chars are counted as chars.
         let mut u = Tree::new();
         u.insert("héllo wörld", 5, 1);
-        assert_eq!(u.tenant_matches("héllo wörlx").depths(), vec![(5, 10)]);
+        assert_eq!(u.tenant_matches("héllo wörlx").depths(&u), vec![(5, 10)]);
     }
 
     #[test]
@@ -584,7 +584,7 @@ mod tests {
                 let m = t.tenant_matches(probe);
                 for tenant in 0..310u32 {
                     assert_eq!(
-                        m.depth(tenant),
+                        m.depth(tenant, t.tenant_leaves(tenant)),
                         t.tenant_depth(probe, tenant),
                         "{probe} {tenant}"
                     );
@@ -617,7 +617,7 @@ mod tests {
             vec![0],
             "alice's next turn extends her text"
         );
-        assert_eq!(next.depths(), vec![(0, 12), (1, 7)]);
+        assert_eq!(next.depths(&t), vec![(0, 12), (1, 7)]);
         let new = t.tenant_matches("system|carol");
         assert!(
             new.continued.is_empty(),
@@ -1026,7 +1026,7 @@ mod tests {
                         assert_eq!(m.text_chars, p.input_chars, "round {round}");
                         for tenant in 0..4 {
                             assert_eq!(
-                                m.depth(tenant),
+                                m.depth(tenant, t.tenant_leaves(tenant)),
                                 t.tenant_depth(&text, tenant),
                                 "round {round}: tenant {tenant}'s depth is its own walk's"
                             );

@@ -8,15 +8,17 @@ use super::{by_tenant, Hold, NodeIdx, TenantId, Tree};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TenantMatches {
     /// Chars of the text each tenant holds as a prefix, by tenant id (ids are
-    /// worker indices, so dense), 0 for `base` and `HOLDS_NONE` for a tenant with no
-    /// leaf while `base` is set. Every candidate of a fleet looks itself up here:
-    /// at 256 workers a binary search each showed in a profile, and so did a search
-    /// of the tenants without leaves (about 1.2k instructions a request).
+    /// worker indices, so dense), 0 for none of it or `base`. Every candidate of a
+    /// fleet looks itself up here: at 256 workers a binary search each showed in a
+    /// profile.
     depth_of: Vec<usize>,
     /// The match of the deepest node on the path that every tenant with a leaf
-    /// holds, for the tenants `depth_of` leaves at 0: a shared prompt's nodes hold
-    /// every worker of a fleet, and marking each of them was most of this table's
-    /// cost at 256 workers.
+    /// holds, for the tenants with leaves that `depth_of` leaves at 0: a shared
+    /// prompt's nodes hold every worker of a fleet, and marking each of them was
+    /// most of this table's cost at 256 workers. Those without leaves (new or
+    /// idle workers, often most of a large fleet) are told apart by the caller's
+    /// count: searching a list of them at every lookup cost 1.2k instructions a
+    /// request at 256 workers, and marking them 0.9k.
     base: usize,
     /// Tenants holding a stored text that the text continues: it matched all of a
     /// leaf, a text nobody else's extends, as a conversation's next turn resends the
@@ -50,13 +52,14 @@ impl Holders<'_> {
 }
 
 impl TenantMatches {
-    /// Chars of the text `tenant` holds.
+    /// Chars of the text `tenant` holds, given its `conversations` (its leaves in
+    /// the tree, `Tree::leaves`): a tenant with none holds nothing.
     #[inline]
-    pub fn depth(&self, tenant: TenantId) -> usize {
+    pub fn depth(&self, tenant: TenantId, conversations: usize) -> usize {
         match self.depth_of.get(tenant as usize) {
-            Some(&HOLDS_NONE) | None => 0,
-            Some(&0) => self.base,
+            Some(&0) if conversations > 0 => self.base,
             Some(&d) => d,
+            None => 0,
         }
     }
 
@@ -70,19 +73,16 @@ impl TenantMatches {
         self.continued.binary_search(&tenant).is_ok()
     }
 
-    /// The tenants holding any of the text and how much, by tenant.
+    /// The tenants holding any of the text and how much, by tenant (`tree`'s
+    /// matches).
     #[cfg(test)]
-    pub fn depths(&self) -> Vec<(TenantId, usize)> {
+    pub fn depths(&self, tree: &Tree) -> Vec<(TenantId, usize)> {
         (0..self.depth_of.len() as TenantId)
-            .map(|t| (t, self.depth(t)))
+            .map(|t| (t, self.depth(t, tree.tenant_leaves(t))))
             .filter(|&(_, d)| d > 0)
             .collect()
     }
 }
-
-/// A tenant's depth when it has no leaf, and so holds none of a text whose path
-/// sets a base (no text is this long).
-const HOLDS_NONE: usize = usize::MAX;
 
 /// Marks a tenant past the end of the table (one whose conversations were never
 /// counted), growing it: kept out of the marking loop.
@@ -155,14 +155,6 @@ impl Tree {
             mark(&mut depth_of, last, matched);
         }
         continued.sort_unstable();
-        if base > 0 {
-            // Marked once here, not searched for at every lookup (mostly none).
-            for &t in leaves.without() {
-                if let Some(d @ 0) = depth_of.get_mut(t as usize) {
-                    *d = HOLDS_NONE;
-                }
-            }
-        }
         TenantMatches {
             depth_of,
             base,
