@@ -61,11 +61,13 @@ impl PairTable {
     }
 
     /// Replaces the rows of `mine` (rows equal to `empty` are dropped), keeping the
-    /// others, with CAS retries. The rows as stored, or `None` if they could not be.
+    /// others, with CAS retries. Each of `mine` comes with where its row was when
+    /// this VM last read the table, where it mostly still is. The rows as stored,
+    /// or `None` if they could not be.
     fn merge(
         &self,
         store: &dyn SharedStore,
-        mine: &[(String, [u64; 2])],
+        mine: &[(usize, (String, [u64; 2]))],
         empty: [u64; 2],
     ) -> Option<CostRows> {
         for _ in 0..CAS_ATTEMPTS {
@@ -73,17 +75,25 @@ impl PairTable {
                 Some((v, cas)) => (decode(&v), cas),
                 None => (Vec::new(), 0),
             };
-            // Found by name through an index: a search of the rows for each
-            // learned row was quadratic in the fleet (at 256 workers, tens of
-            // thousands of name comparisons a tick).
-            let mut at: hashbrown::HashMap<&str, usize> = rows
-                .iter()
-                .enumerate()
-                .map(|(i, (n, _))| (n.as_str(), i))
-                .collect();
+            // A row not where it was is found by name through an index, built
+            // the first time one is missed: a search of the rows for each learned
+            // row was quadratic in the fleet (at 256 workers, tens of thousands of
+            // name comparisons a tick), and indexing every row on every tick was
+            // a hash of each of the fleet's names.
+            let mut at: Option<hashbrown::HashMap<&str, usize>> = None;
             let mut added: Vec<(String, [u64; 2])> = Vec::new();
             let mut changed: Vec<(usize, [u64; 2])> = Vec::with_capacity(mine.len());
-            for (worker, value) in mine {
+            for (was, (worker, value)) in mine {
+                if rows.get(*was).is_some_and(|(name, _)| name == worker) {
+                    changed.push((*was, *value));
+                    continue;
+                }
+                let at = at.get_or_insert_with(|| {
+                    rows.iter()
+                        .enumerate()
+                        .map(|(i, (n, _))| (n.as_str(), i))
+                        .collect()
+                });
                 match at.get(worker.as_str()) {
                     Some(&i) => changed.push((i, *value)),
                     None => {
@@ -150,6 +160,22 @@ struct Spread {
 }
 
 impl Spread {
+    /// Takes the costs of `rows`, whose names are those this spread was made from,
+    /// row for row (a tick's new table mostly is: only values change).
+    fn refresh(&mut self, rows: &CostRows) {
+        for (i, row) in self.row_of.iter().enumerate() {
+            let Some(&(_, values)) = row.and_then(|r| rows.get(r)) else {
+                continue;
+            };
+            let learned = costs_of(values);
+            if self.costs.get(i).is_some_and(|c| *c != learned) {
+                if let Some(slot) = Rc::make_mut(&mut self.costs).get_mut(i) {
+                    *slot = learned;
+                }
+            }
+        }
+    }
+
     /// `rows` by worker index for `names` (the last row of a name wins).
     fn of(rows: &CostRows, names: &WorkerNames) -> Spread {
         let mut row_of = vec![None; names.len()];
@@ -275,12 +301,13 @@ impl CostTable {
     /// as its copy. Whether the shared table was read (and, with something learned,
     /// written); what could not be written is kept for the next tick.
     pub fn publish(&self, store: &dyn SharedStore) -> bool {
-        let mine: CostRows = self.local(store, |c| {
+        let mine: Vec<(usize, (String, [u64; 2]))> = self.local(store, |c| {
             c.rows
                 .iter()
                 .zip(&c.learned)
-                .filter(|(_, learned)| **learned)
-                .map(|(row, _)| row.clone())
+                .enumerate()
+                .filter(|(_, (_, learned))| **learned)
+                .map(|(at, (row, _))| (at, row.clone()))
                 .collect()
         });
         let rows = if mine.is_empty() {
@@ -291,7 +318,21 @@ impl CostTable {
             };
             rows
         };
-        *self.local.borrow_mut() = Some(Local::of(rows));
+        // The rows by worker index are kept while the table names the same
+        // workers in the same order: spread again, every tick looked up each of
+        // the fleet's names.
+        let mut local = self.local.borrow_mut();
+        let kept = local.take().and_then(|old| {
+            let same = old.rows.len() == rows.len()
+                && old.rows.iter().zip(&rows).all(|((a, _), (b, _))| a == b);
+            old.spread.filter(|_| same)
+        });
+        let mut next = Local::of(rows);
+        if let Some(mut spread) = kept {
+            spread.refresh(&next.rows);
+            next.spread = Some(spread);
+        }
+        *local = Some(next);
         true
     }
 }
@@ -450,6 +491,52 @@ mod tests {
             store.get(&keys.costs()).map(|(v, _)| decode(&v).len()),
             Some(2),
             "a worker outside the list is kept by name"
+        );
+    }
+
+    #[test]
+    fn a_tick_keeps_the_copy_by_worker_index_with_the_new_values_until_rows_move() {
+        let store = MemStore::default();
+        let keys = Keys::new("t");
+        let (a, b) = (CostTable::new(&keys), CostTable::new(&keys));
+        let ws = names();
+        let service = |ms: Option<f64>| {
+            move |c: WorkerCosts| WorkerCosts {
+                service_ms: ms,
+                ..c
+            }
+        };
+        a.learn(&store, &ws, "w0", service(Some(10.0)));
+        a.learn(&store, &ws, "w1", service(Some(20.0)));
+        assert!(a.publish(&store));
+        b.learn(&store, &ws, "w1", service(Some(30.0)));
+        assert!(b.publish(&store));
+        let held = a.by_worker(&store, &ws);
+        assert!(a.publish(&store), "a takes in b's row");
+        let costs = a.by_worker(&store, &ws);
+        assert_eq!(
+            (costs[0].service_ms, costs[1].service_ms),
+            (Some(10.0), Some(30.0)),
+            "same rows: the copy kept, with b's value"
+        );
+        assert_eq!(
+            held[1].service_ms,
+            Some(20.0),
+            "a request's copy is its own"
+        );
+        // w0's row emptied and dropped: w1's row moves up, and a spreads again.
+        b.learn(&store, &ws, "w0", service(None));
+        assert!(b.publish(&store));
+        a.learn(&store, &ws, "w1", service(Some(40.0)));
+        assert!(a.publish(&store), "a's row found where it moved to");
+        let costs = a.by_worker(&store, &ws);
+        assert_eq!(
+            (costs[0].service_ms, costs[1].service_ms),
+            (None, Some(40.0))
+        );
+        assert_eq!(
+            store.get(&keys.costs()).map(|(v, _)| decode(&v)),
+            Some(vec![("w1".to_string(), [UNKNOWN, 40f64.to_bits()])])
         );
     }
 
