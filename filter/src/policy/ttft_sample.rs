@@ -28,6 +28,9 @@
 use crate::rng::Rng;
 use crate::tree::{Block, TenantId};
 
+/// Words of marks kept on the stack (a fleet of up to 512 candidates).
+const STACK_MARKS: usize = 8;
+
 /// How many conversation counts a holder list is tallied by, from the fleet's
 /// fewest up; the last takes every count past it, and a cut there is left to the
 /// walk.
@@ -79,8 +82,15 @@ where
         continuing,
     } = drawn;
     // Marks by position, read back in order: ascending and each once without a
-    // sort.
-    let mut marked = vec![0u64; n.div_ceil(64)];
+    // sort. On the stack for a fleet of up to `STACK_MARKS * 64`.
+    let words = n.div_ceil(64);
+    let (mut on_stack, mut on_heap) = ([0u64; STACK_MARKS], Vec::new());
+    let marked: &mut [u64] = if words <= STACK_MARKS {
+        on_stack.get_mut(..words).unwrap_or_default()
+    } else {
+        on_heap.resize(words, 0);
+        &mut on_heap
+    };
     let mut mark = |i: Option<usize>| {
         let Some(i) = i.filter(|&i| i < n) else {
             return;
@@ -157,10 +167,18 @@ where
     for block in fewest {
         let len = block.len();
         let from = rng.below(len);
-        for t in (from..len).chain(0..from).filter_map(|i| block.get(i)) {
+        for k in 0..len {
             if fleet == 0 && holders == 0 {
                 break;
             }
+            let i = if k < len - from {
+                from + k
+            } else {
+                k - (len - from)
+            };
+            let Some(t) = block.get(i) else {
+                continue;
+            };
             let Some(at) = position(t) else {
                 continue;
             };
