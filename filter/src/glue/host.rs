@@ -38,9 +38,16 @@ thread_local! {
     static COUNTERS: RefCell<CounterBatch> = RefCell::new(CounterBatch::default());
 }
 
+/// A request ended: its counter increments are handed over with the others' if they
+/// are due (`flush_counters`).
+pub fn request_ended(idle: bool, now_ms: u64) {
+    COUNTERS.with(|c| c.borrow_mut().request_ended());
+    flush_counters(idle, now_ms, false);
+}
+
 /// Hands this VM's summed counter increments to the host if they are due
 /// (`crate::counters`; `idle`: the VM holds no request), or whatever the time
-/// (`force`, the tick).
+/// (`force`: a probe's answer).
 pub fn flush_counters(idle: bool, now_ms: u64, force: bool) {
     let taken = COUNTERS.with(|c| {
         let mut c = c.borrow_mut();

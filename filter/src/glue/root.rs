@@ -204,8 +204,14 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         let now = host::now_ms();
         self.tick(now);
-        // Whatever the VM counted since its last hand-over, the tick's own included.
-        host::flush_counters(true, now, true);
+        // Whatever the VM counted since its last hand-over, the tick's own included:
+        // at once when it holds no request, else when due (`crate::counters`).
+        let idle = self
+            .state
+            .borrow()
+            .as_ref()
+            .is_none_or(|s| s.shared.inflight.holds_nothing());
+        host::flush_counters(idle, now, false);
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

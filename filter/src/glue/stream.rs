@@ -445,7 +445,7 @@ impl HttpContext for Stream {
         }
         if let Some(state) = self.state.borrow().as_ref() {
             let s = &state.shared;
-            host::flush_counters(s.inflight.holds_nothing(), s.recent_ms.get(), false);
+            host::request_ended(s.inflight.holds_nothing(), s.recent_ms.get());
         }
     }
 }
