@@ -41,7 +41,7 @@ use std::cell::{Cell, RefCell};
 
 use super::mine::{Change, Held, Mine};
 use super::ring::Rider;
-use super::{put_varint, Reader};
+use super::Reader;
 use crate::config::WorkerNames;
 
 /// Ticks a VM's row lives without a write, and the least time that may be: a
@@ -173,38 +173,25 @@ impl<const N: usize> Counted<'_, N> {
     }
 }
 
-/// The table: `rows` as they were stored, then this VM's own row when given.
-fn encode<const N: usize>(rows: &[RowRef], own: Option<(u64, u64, &[Held<N>])>) -> Vec<u8> {
+/// The table: `rows` as they were stored, then this VM's own row when given (its
+/// id, `at_ms`, entry count and encoded entries, `Mine::row`).
+fn encode(rows: &[RowRef], own: Option<(u64, u64, usize, &[u8])>) -> Vec<u8> {
     let n = rows.len() + usize::from(own.is_some());
-    // Sized for the whole table (a one-byte varint a count, as counts mostly are):
-    // grown from empty, a busy VM's row of dozens of workers was reallocated and
-    // copied about eight times at every publication.
+    // Sized for the whole table: grown from empty, a busy VM's row of dozens of
+    // workers was reallocated and copied about eight times at every publication.
     let others: usize = rows.iter().map(|r| r.bytes.len()).sum();
-    let mine: usize = own.map_or(0, |(_, _, counts)| {
-        ROW_HEADER + counts.iter().map(|h| h.name.len() + 1 + N).sum::<usize>()
-    });
+    let mine = own.map_or(0, |(_, _, _, entries)| ROW_HEADER + entries.len());
     let mut out = Vec::with_capacity(4 + others + mine);
     out.extend_from_slice(&(n as u32).to_le_bytes());
     for row in rows {
         out.extend_from_slice(row.bytes);
     }
-    if let Some((vm, at_ms, counts)) = own {
+    if let Some((vm, at_ms, count, entries)) = own {
         out.extend_from_slice(&vm.to_le_bytes());
         out.extend_from_slice(&at_ms.to_le_bytes());
-        out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
-        let len_at = out.len();
-        out.extend_from_slice(&[0; 4]);
-        for Held { name, values, .. } in counts {
-            put_varint(&mut out, name.len() as u64);
-            out.extend_from_slice(name.as_bytes());
-            for v in values {
-                put_varint(&mut out, *v);
-            }
-        }
-        let len = (out.len() - len_at - 4) as u32;
-        if let Some(slot) = out.get_mut(len_at..len_at + 4) {
-            slot.copy_from_slice(&len.to_le_bytes());
-        }
+        out.extend_from_slice(&(count as u32).to_le_bytes());
+        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        out.extend_from_slice(entries);
     }
     out
 }
@@ -430,7 +417,12 @@ impl<const N: usize> OwnedCounts<N> {
     pub fn rewrite(&self, table: &[u8], now_ms: u64) -> Vec<u8> {
         let rows: Vec<RowRef> = self.others(table, now_ms).collect();
         let mine = self.mine.borrow();
-        let own = (!mine.held.is_empty()).then_some((self.vm, now_ms, mine.held.as_slice()));
+        let own = (!mine.held.is_empty()).then_some((
+            self.vm,
+            now_ms,
+            mine.held.len(),
+            mine.row.as_slice(),
+        ));
         encode(&rows, own)
     }
 
@@ -684,13 +676,10 @@ mod tests {
 
     #[test]
     fn pairs_and_garbage_decode_safely() {
-        let held = |name: &str, values| Held {
-            name: name.into(),
-            values,
-            index: Cell::new(None),
-        };
-        let counts = [held("wé", [1, 4000]), held("w1", [0, 7])];
-        let bytes = encode::<2>(&[], Some((9, 3, &counts)));
+        let mut mine = Mine::<2>::default();
+        mine.change("wé", [1, 4000], None);
+        mine.change("w1", [0, 7], None);
+        let bytes = encode(&[], Some((9, 3, mine.held.len(), &mine.row)));
         assert_eq!(
             bytes.len(),
             4 + ROW_HEADER + (1 + 3 + 1 + 2) + (1 + 2 + 1 + 1),
@@ -708,7 +697,7 @@ mod tests {
         let back: Vec<(&str, [u64; 2])> = row.counts::<2>().collect();
         assert_eq!(back, vec![("wé", [1, 4000]), ("w1", [0, 7])]);
         assert_eq!(
-            encode::<2>(&read, None)[4..],
+            encode(&read, None)[4..],
             bytes[4..],
             "another VM's row is copied as it was stored"
         );
@@ -731,7 +720,7 @@ mod tests {
         );
         // A garbled row ends the table for a reader that reads it; one that leaves
         // it out steps over it by its length to the rows after it.
-        let other = encode::<2>(&[], Some((5, 3, &counts)));
+        let other = encode(&[], Some((5, 3, mine.held.len(), &mine.row)));
         let mut two = 2u32.to_le_bytes().to_vec();
         two.extend_from_slice(&bad_name[4..]);
         two.extend_from_slice(&other[4..]);
