@@ -26,7 +26,7 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, Ladder};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{PrefixMatch, TenantId, TenantMatches};
+use crate::tree::{Leaves, PrefixMatch, TenantId, TenantMatches, NO_LEAVES};
 use crate::ttft_draw;
 
 /// Why no worker could be chosen (the request gets a 503).
@@ -309,7 +309,7 @@ impl Router {
                     None => (TenantMatches::default(), crate::tree::char_len(text)),
                 };
                 let input = input as u64;
-                let leaves = tree.map_or(&[][..], |t| t.leaves().as_slice());
+                let leaves = tree.map_or(&NO_LEAVES, |t| t.leaves());
                 let params = self.cfg.ttft_params();
                 // A fleet larger than the sample size scores a sample
                 // (`policy::ttft_sample`); otherwise every candidate, in one loop.
@@ -335,10 +335,9 @@ impl Router {
                     }
                 }
                 let decision = ladder.decide(rng);
-                let chosen = decision.as_ref().map_or(0, |d| {
-                    let conversations = leaves.get(d.worker as usize).copied().unwrap_or(0);
-                    held.depth(d.worker, conversations)
-                });
+                let chosen = decision
+                    .as_ref()
+                    .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));
                 (decision, chosen, None, Some(input as usize))
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
@@ -464,10 +463,10 @@ impl Router {
 #[inline(always)]
 fn ttft_scored(
     c: &Candidate,
-    (loads, held, leaves): (&Loads, &TenantMatches, &[usize]),
+    (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
     (params, input): (&policy::TtftParams, u64),
 ) -> policy::Scored {
-    let conversations = leaves.get(c.worker as usize).map_or(0, |&n| n as u64);
+    let conversations = leaves.get(c.worker) as u64;
     loads
         .ttft_candidate(c, (held, conversations))
         .scored(params, input)

@@ -7,15 +7,13 @@ use crate::policy::{self, Candidate};
 use crate::rng::Rng;
 use crate::tree::{Leaves, TenantId, TenantMatches, Tree};
 
-/// The conversations of a model with no tree yet.
-static NO_LEAVES: Leaves = Leaves::NONE;
-
 /// Positions in `candidates` (ascending) of those a request scores, or `None` to
 /// score all: a fleet no larger than `sample_size`, or `sample_size` 0. `held` is
 /// the request's walk of `tree` (the model's, if it has one yet), `leaves` the
-/// tree's conversations by worker, `input` the text's chars.
+/// tree's conversations by worker (`NO_LEAVES` without a tree), `input` the text's
+/// chars.
 pub fn sample(
-    (tree, held, leaves): (Option<&Tree>, &TenantMatches, &[usize]),
+    (tree, held, leaves): (Option<&Tree>, &TenantMatches, &Leaves),
     candidates: &[Candidate],
     (sample_size, input): (usize, u64),
     rng: &mut dyn Rng,
@@ -31,17 +29,16 @@ pub fn sample(
     let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
     let holders = tree.map(|t| t.holders_within(held, margin));
     let longest = held.longest();
-    let conversations = |t: TenantId| leaves.get(t as usize).copied().unwrap_or(0);
     let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
     let drawn = policy::Drawn {
         holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
             holders.as_ref()?.get(j)
         }),
         holds: |t| {
-            longest > margin && held.depth(t, conversations(t)).saturating_add(margin) >= longest
+            longest > margin && held.depth(t, leaves.get(t)).saturating_add(margin) >= longest
         },
-        conversations,
-        fewest: tree.map_or(&NO_LEAVES, |t| t.leaves()).fewest_first(fleet),
+        conversations: |t| leaves.get(t),
+        fewest: leaves.fewest_first(fleet),
         position: |t| position_of(candidates, t),
         continuing: &continuing,
     };

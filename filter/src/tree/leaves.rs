@@ -55,15 +55,15 @@ impl Block<'_> {
     }
 }
 
-impl Leaves {
-    /// No leaves (a model with no tree yet).
-    pub const NONE: Leaves = Leaves {
-        count: Vec::new(),
-        at: Vec::new(),
-        order: Vec::new(),
-        start: Vec::new(),
-    };
+/// No leaves: the conversations of a model with no tree yet.
+pub static NO_LEAVES: Leaves = Leaves {
+    count: Vec::new(),
+    at: Vec::new(),
+    order: Vec::new(),
+    start: Vec::new(),
+};
 
+impl Leaves {
     /// `tenant`'s leaves (0 past the last slot).
     pub fn get(&self, tenant: TenantId) -> usize {
         self.count.get(tenant as usize).copied().unwrap_or(0)

@@ -32,7 +32,7 @@ mod leaves;
 mod removal;
 mod tenant_matches;
 
-pub use leaves::{Block, Leaves};
+pub use leaves::{Block, Leaves, NO_LEAVES};
 pub use tenant_matches::{Holders, TenantMatches};
 
 /// A worker's identity inside a tree. Stable for the life of the VM.
