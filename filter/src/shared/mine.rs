@@ -12,7 +12,7 @@
 use std::cell::Cell;
 use std::hash::BuildHasher;
 
-use super::put_varint;
+use super::{put_varint, Reader};
 use crate::config::WorkerNames;
 
 /// One worker's counts this VM holds.
@@ -139,8 +139,12 @@ impl<const N: usize> Mine<N> {
         match self.row.get_mut(from..to) {
             Some(slot) if slot.len() == scratch.len() => slot.copy_from_slice(&scratch),
             _ => {
+                // An entry at the end (a new one, mostly) moves no other.
+                let last = to == self.row.len();
                 self.row.splice(from..to, scratch.iter().copied());
-                self.moved_after(start, len, new_len);
+                if !last {
+                    self.moved_after(start, len, new_len);
+                }
                 if let Some(held) = self.held.get_mut(pos) {
                     held.at = (start, new_len);
                 }
@@ -185,6 +189,18 @@ impl<const N: usize> Mine<N> {
     }
 }
 
+/// An entry's name and numbers, read after its length (as `Mine::encode_entry`
+/// writes them).
+pub(super) fn entry<'a, const N: usize>(r: &mut Reader<'a>) -> Option<(&'a str, [u64; N])> {
+    let len = usize::try_from(r.varint()?).ok()?;
+    let name = crate::scan::utf8(r.take(len)?)?;
+    let mut values = [0u64; N];
+    for v in &mut values {
+        *v = r.varint()?;
+    }
+    Some((name, values))
+}
+
 /// Bytes of `v` as a LEB128 varint (`put_varint`).
 fn varint_len(mut v: u64) -> usize {
     let mut n = 1;
@@ -205,7 +221,6 @@ pub struct Change<const N: usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Reader;
     use super::*;
     use crate::rng::{Rng, SplitMix64};
 
@@ -214,9 +229,7 @@ mod tests {
         let mut r = Reader(row);
         let mut out = Vec::new();
         while !r.0.is_empty() {
-            let len = r.varint().expect("name length") as usize;
-            let name = std::str::from_utf8(r.take(len).expect("name")).expect("utf-8");
-            let values = [r.varint().expect("count"), r.varint().expect("chars")];
+            let (name, values) = entry::<2>(&mut r).expect("an entry");
             out.push((name.to_string(), values));
         }
         out.sort();

@@ -39,7 +39,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use super::mine::{Change, Held, Mine};
+use super::mine::{entry, Change, Held, Mine};
 use super::ring::Rider;
 use super::Reader;
 use crate::config::WorkerNames;
@@ -70,17 +70,6 @@ struct RowRef<'a> {
     entries: &'a [u8],
     /// The whole row, as encoded.
     bytes: &'a [u8],
-}
-
-/// An entry's name and numbers, read after its length.
-fn entry<'a, const N: usize>(r: &mut Reader<'a>) -> Option<(&'a str, [u64; N])> {
-    let len = usize::try_from(r.varint()?).ok()?;
-    let name = crate::scan::utf8(r.take(len)?)?;
-    let mut values = [0u64; N];
-    for v in &mut values {
-        *v = r.varint()?;
-    }
-    Some((name, values))
 }
 
 impl<'a> RowRef<'a> {
