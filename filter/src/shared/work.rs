@@ -376,6 +376,14 @@ mod tests {
     use super::*;
     use crate::config::testing::names;
 
+    /// A learning step that sets the service time.
+    fn service(ms: Option<f64>) -> impl Fn(WorkerCosts) -> WorkerCosts {
+        move |c| WorkerCosts {
+            service_ms: ms,
+            ..c
+        }
+    }
+
     #[test]
     fn costs_are_learned_in_the_vms_copy_and_unknown_until_then() {
         let store = MemStore::default();
@@ -415,14 +423,8 @@ mod tests {
         let keys = Keys::new("t");
         let (a, b) = (CostTable::new(&keys), CostTable::new(&keys));
         let ws = names();
-        let service = |ms: f64| {
-            move |c: WorkerCosts| WorkerCosts {
-                service_ms: Some(ms),
-                ..c
-            }
-        };
-        a.learn(&store, &ws, "w0", service(10.0));
-        b.learn(&store, &ws, "w1", service(20.0));
+        a.learn(&store, &ws, "w0", service(Some(10.0)));
+        b.learn(&store, &ws, "w1", service(Some(20.0)));
         assert_eq!(
             b.by_worker(&store, &ws)[0].service_ms,
             None,
@@ -442,8 +444,8 @@ mod tests {
         let c = CostTable::new(&keys);
         assert_eq!(c.by_worker(&store, &ws)[1].service_ms, Some(20.0));
         // Learning again replaces a shared row in place, the others kept.
-        b.learn(&store, &ws, "w1", service(30.0));
-        a.learn(&store, &ws, "w0", service(15.0));
+        b.learn(&store, &ws, "w1", service(Some(30.0)));
+        a.learn(&store, &ws, "w0", service(Some(15.0)));
         assert!(b.publish(&store));
         assert!(a.publish(&store));
         let d = CostTable::new(&keys);
@@ -460,14 +462,8 @@ mod tests {
         let keys = Keys::new("t");
         let t = CostTable::new(&keys);
         let ws = names();
-        let service = |ms: f64| {
-            move |c: WorkerCosts| WorkerCosts {
-                service_ms: Some(ms),
-                ..c
-            }
-        };
         let first = t.by_worker(&store, &ws);
-        t.learn(&store, &ws, "w1", service(7.0));
+        t.learn(&store, &ws, "w1", service(Some(7.0)));
         let after = t.by_worker(&store, &ws);
         assert_eq!(after[1].service_ms, Some(7.0), "learned in place");
         assert_eq!(first[1].service_ms, None, "a request's copy is its own");
@@ -475,7 +471,7 @@ mod tests {
             Rc::ptr_eq(&after, &t.by_worker(&store, &ws)),
             "the same list reads the same copy"
         );
-        t.learn(&store, &ws, "gone", service(1.0));
+        t.learn(&store, &ws, "gone", service(Some(1.0)));
         let reordered = WorkerNames::new(&crate::config::testing::named_workers(3)[1..]);
         let moved = t.by_worker(&store, &reordered);
         assert_eq!(
@@ -500,12 +496,6 @@ mod tests {
         let keys = Keys::new("t");
         let (a, b) = (CostTable::new(&keys), CostTable::new(&keys));
         let ws = names();
-        let service = |ms: Option<f64>| {
-            move |c: WorkerCosts| WorkerCosts {
-                service_ms: ms,
-                ..c
-            }
-        };
         a.learn(&store, &ws, "w0", service(Some(10.0)));
         a.learn(&store, &ws, "w1", service(Some(20.0)));
         assert!(a.publish(&store));
