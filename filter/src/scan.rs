@@ -118,8 +118,8 @@ fn portable_common_len(a: &[u8], b: &[u8]) -> usize {
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd {
     use core::arch::wasm32::{
-        i8x16_all_true, i8x16_eq, u8x16_bitmask, u8x16_lt, u8x16_splat, v128, v128_and,
-        v128_any_true, v128_load, v128_or,
+        i8x16_all_true, i8x16_eq, i8x16_le, i8x16_splat, u8x16_bitmask, u8x16_lt, u8x16_splat,
+        v128, v128_and, v128_any_true, v128_load, v128_or, v128_xor,
     };
 
     /// 16 bytes as a vector.
@@ -163,6 +163,23 @@ mod simd {
         )
     }
 
+    /// Bytes that stop a plain run or are not ASCII, in one xor and two compares:
+    /// `v ^ 2` keeps 0x00-0x1f among themselves, turns the quote (0x22) into 0x20
+    /// and every other plain ASCII byte into one above it, and keeps the high bit,
+    /// which makes a byte past ASCII negative; the backslash is compared alone.
+    fn stop_or_high(v: v128) -> v128 {
+        let flipped = v128_xor(v, u8x16_splat(2));
+        v128_or(
+            i8x16_le(flipped, i8x16_splat(0x20)),
+            i8x16_eq(v, u8x16_splat(b'\\')),
+        )
+    }
+
+    /// Whether any lane of the four is set, as one vector.
+    fn any4([a, b, c, d]: [v128; 4]) -> v128 {
+        v128_or(v128_or(a, b), v128_or(c, d))
+    }
+
     /// One bit per byte of a block: the high bits of its four vectors.
     fn mask64(v: [v128; 4]) -> u64 {
         v.iter()
@@ -185,23 +202,27 @@ mod simd {
             }
         }
         // A prompt's strings run for kilobytes: 64 bytes a step with one test while
-        // nothing stops them; the block with the stop says where from its masks.
-        let mut high = u8x16_splat(0);
+        // nothing stops them and all is ASCII; the block with the stop says where
+        // from its masks. After a high byte only the stops are looked for.
+        let mut ascii = true;
         let mut n = 0;
         for b in blocks(bytes) {
             let v = load4(b);
-            let [s0, s1, s2, s3] = v.map(stops);
-            if v128_any_true(v128_or(v128_or(s0, s1), v128_or(s2, s3))) {
-                let at = mask64([s0, s1, s2, s3]).trailing_zeros();
-                let before = (1u64 << at) - 1;
-                let ascii = u8x16_bitmask(high) == 0 && mask64(v) & before == 0;
-                return (n + at as usize, ascii);
+            if ascii && !v128_any_true(any4(v.map(stop_or_high))) {
+                n += 64;
+                continue;
             }
-            let [v0, v1, v2, v3] = v;
-            high = v128_or(high, v128_or(v128_or(v0, v1), v128_or(v2, v3)));
+            let s = v.map(stops);
+            if v128_any_true(any4(s)) {
+                let at = mask64(s).trailing_zeros();
+                let before = (1u64 << at) - 1;
+                return (n + at as usize, ascii && mask64(v) & before == 0);
+            }
+            // No stop: the test caught a high byte.
+            ascii = false;
             n += 64;
         }
-        let mut high = u8x16_bitmask(high);
+        let mut high = u16::from(!ascii);
         for c in chunks(super::rest(bytes, n)) {
             let v = load(c);
             let stops = u8x16_bitmask(stops(v));
@@ -318,6 +339,41 @@ mod tests {
             plain_string_text(&s),
             (accented.len(), Some(accented.as_str()))
         );
+    }
+
+    #[test]
+    fn every_byte_value_stops_a_run_or_not_as_the_portable_scan_says() {
+        // Each value at each lane of the blocks, the 16-byte steps and the tail.
+        for value in 0..=255u8 {
+            for at in (0..150).step_by(7) {
+                let mut s = b"y".repeat(150);
+                s[at] = value;
+                assert_eq!(
+                    plain_run(&s),
+                    portable_plain_run(&s),
+                    "byte {value:#x} at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_high_byte_before_the_stop_makes_the_run_not_ascii_in_any_block() {
+        // A high byte in an earlier block than the stop, in the same one, or after
+        // it; and two stops, the first one counting.
+        for high in (0..260).step_by(5) {
+            for stop in (0..260).step_by(3) {
+                let mut s = b"z".repeat(260);
+                s[high] = 0xe9;
+                s[stop] = b'"';
+                s[259] = b'\\';
+                assert_eq!(
+                    plain_run(&s),
+                    portable_plain_run(&s),
+                    "high byte at {high}, stop at {stop}"
+                );
+            }
+        }
     }
 
     #[test]
