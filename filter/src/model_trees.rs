@@ -9,7 +9,7 @@
 use hashbrown::HashMap;
 
 use crate::config::Pool;
-use crate::tree::{TenantId, Tree};
+use crate::tree::{TenantId, Tree, Walked};
 
 struct ModelTree {
     tree: Tree,
@@ -46,6 +46,8 @@ pub struct Bounds<'a> {
 #[derive(Default)]
 pub struct ModelTrees {
     trees: HashMap<(Pool, String), ModelTree>,
+    /// Trees made so far: each new one is numbered past the others (`Walked`).
+    made: u64,
 }
 
 impl ModelTrees {
@@ -72,11 +74,12 @@ impl ModelTrees {
     }
 
     /// Records `text` under `worker` at `clock`, making room for a new model's tree
-    /// and keeping the char budget.
+    /// and keeping the char budget; from where `walked` ended if it is that tree's
+    /// walk of `text` (`Tree::insert_walked`).
     pub fn insert(
         &mut self,
         (pool, model): (Pool, &str),
-        text: &str,
+        (text, walked): (&str, Option<Walked>),
         worker: TenantId,
         clock: u64,
         bounds: &Bounds,
@@ -88,12 +91,18 @@ impl ModelTrees {
         let entry = self
             .trees
             .entry_ref(&TreeKey(pool, model))
-            .or_insert_with(|| ModelTree {
-                tree: Tree::new(),
-                last_used: clock,
+            .or_insert_with(|| {
+                self.made += 1;
+                ModelTree {
+                    tree: Tree::with_id(self.made),
+                    last_used: clock,
+                }
             });
         entry.last_used = entry.last_used.max(clock);
-        entry.tree.insert(text, worker, clock);
+        match walked {
+            Some(w) => entry.tree.insert_walked(text, worker, clock, w),
+            None => entry.tree.insert(text, worker, clock),
+        }
         self.shrink_to_budget(bounds.max_total_chars);
     }
 

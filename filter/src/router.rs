@@ -26,7 +26,7 @@ use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate, Ladder};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{Leaves, PrefixMatch, TenantId, TenantMatches, NO_LEAVES};
+use crate::tree::{Leaves, PrefixMatch, TenantId, TenantMatches, Walked, NO_LEAVES};
 use crate::ttft_draw;
 
 /// Why no worker could be chosen (the request gets a 503).
@@ -101,6 +101,9 @@ pub struct Router {
     /// Bumped whenever `cfg` is replaced: the kept screens were built under one.
     cfg_version: u64,
     screens: Screens,
+    /// Where the last decision's walk of its text ended, for the insert it records
+    /// (`apply_routed`).
+    walked: Option<Walked>,
 }
 
 impl Router {
@@ -114,6 +117,7 @@ impl Router {
             membership_version: 0,
             cfg_version: 0,
             screens: Screens::default(),
+            walked: None,
         }
     }
 
@@ -235,6 +239,8 @@ impl Router {
         loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<Routed, NoWorker> {
+        // A walk is only ever this decision's.
+        self.walked = None;
         if self.cfg.workers.is_empty() {
             return Err(NoWorker::NoDiscoveredWorker);
         }
@@ -272,12 +278,17 @@ impl Router {
                 };
                 let tree = self.trees.get(pool, model);
                 let mut matched: Option<PrefixMatch> = None;
+                let mut walked = None;
                 let decision = policy::cache_aware(
                     &params,
                     candidates,
                     || {
                         let found = match tree {
-                            Some(t) => t.prefix_match(text),
+                            Some(t) => {
+                                let (found, w) = t.prefix_walk(text);
+                                walked = Some(w);
+                                found
+                            }
                             None => PrefixMatch {
                                 matched_chars: 0,
                                 input_chars: crate::tree::char_len(text),
@@ -296,6 +307,7 @@ impl Router {
                     _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
                 });
                 let counted = matched.as_ref().map(|m| m.input_chars);
+                self.walked = walked;
                 (decision, held, matched, counted)
             }
             (Policy::PredictedTtft, Some(text)) => {
@@ -397,6 +409,18 @@ impl Router {
     /// Applies operation `seq` of the stream (its clock is `seq + 1`, so 0 never
     /// appears). Operations naming unknown workers are ignored.
     pub fn apply(&mut self, seq: u64, op: &Op) {
+        self.apply_walked(seq, op, None);
+    }
+
+    /// `apply` for the record of this VM's last decision: its insert starts where
+    /// the decision's walk of the text ended (`crate::tree::Tree::insert_walked`,
+    /// which checks that the walk is that tree's and still holds).
+    pub fn apply_routed(&mut self, seq: u64, op: &Op) {
+        let walked = self.walked.take();
+        self.apply_walked(seq, op, walked);
+    }
+
+    fn apply_walked(&mut self, seq: u64, op: &Op, walked: Option<Walked>) {
         let clock = seq.saturating_add(1);
         self.clock = self.clock.max(clock);
         match op {
@@ -407,7 +431,7 @@ impl Router {
                 text,
             } => {
                 if let Some(idx) = self.worker_index(*pool, worker) {
-                    self.insert(*pool, model, text, idx, clock);
+                    self.insert((*pool, model), (text, walked), idx, clock);
                 }
             }
             Op::Forget {
@@ -436,7 +460,13 @@ impl Router {
         self.apply(self.clock, op);
     }
 
-    fn insert(&mut self, pool: Pool, model: &str, text: &str, worker: TenantId, clock: u64) {
+    fn insert(
+        &mut self,
+        key: (Pool, &str),
+        text: (&str, Option<Walked>),
+        worker: TenantId,
+        clock: u64,
+    ) {
         let workers = &self.cfg.workers;
         let declared = |m: &str| workers.iter().any(|w| w.models.iter().any(|d| d == m));
         let bounds = Bounds {
@@ -444,8 +474,7 @@ impl Router {
             max_total_chars: self.cfg.max_total_tree_chars,
             declared: &declared,
         };
-        self.trees
-            .insert((pool, model), text, worker, clock, &bounds);
+        self.trees.insert(key, text, worker, clock, &bounds);
     }
 
     /// Periodic eviction (SMG's `eviction_interval`): every tenant down to
@@ -997,6 +1026,60 @@ mod tests {
         for i in 0..40 {
             let text = format!("conversation {} turn {i}", i % 5);
             assert_eq!(ta.prefix_match(&text), tb.prefix_match(&text));
+        }
+    }
+
+    #[test]
+    fn a_decisions_record_applied_from_its_walk_holds_what_a_whole_insert_does() {
+        // One router applies each record from the decision's walk, the other from
+        // the root, another VM's operation coming in between at times; then both
+        // evict by the clocks the inserts left.
+        let mut a = router(r#","max_tree_size":120"#, 3);
+        let mut b = router(r#","max_tree_size":120"#, 3);
+        let mut rng = (SplitMix64(5), SplitMix64(5));
+        let texts: Vec<String> = (0..60)
+            .map(|i| format!("system prompt {}. user turn {} of {}", i % 3, i / 6, i % 6))
+            .collect();
+        for (seq, text) in texts.iter().enumerate() {
+            let p = chat(&[text]);
+            let loads = Loads::inflight_only(&[seq as u64 % 3, 0, 1]);
+            let ra = a.route(&p, &loads, &mut rng.0).unwrap();
+            let rb = b.route(&p, &loads, &mut rng.1).unwrap();
+            assert_eq!(ra.decision, rb.decision, "request {seq}");
+            if seq % 5 == 0 {
+                let Parsed::Routable(earlier) = chat(&[&texts[seq / 2]]) else {
+                    panic!("routable")
+                };
+                let other = Op::Insert {
+                    pool: Pool::Regular,
+                    model: "m".into(),
+                    worker: "w1".into(),
+                    text: earlier.text,
+                };
+                a.apply(seq as u64 * 2, &other);
+                b.apply(seq as u64 * 2, &other);
+            }
+            let seq = seq as u64 * 2 + 1;
+            if let (Some(x), Some(y)) = (ra.record, rb.record) {
+                a.apply(seq, &x.op);
+                b.apply_routed(seq, &y.op);
+            }
+        }
+        let before = a.tree_chars();
+        a.apply(1000, &Op::Evict);
+        b.apply(1000, &Op::Evict);
+        assert!(a.tree_chars() < before, "evicted");
+        assert_eq!(a.tree_chars(), b.tree_chars());
+        let (ta, tb) = (
+            a.tree(Pool::Regular, "m").unwrap(),
+            b.tree(Pool::Regular, "m").unwrap(),
+        );
+        for text in &texts {
+            let text = &format!("user: {text}\n");
+            assert_eq!(ta.prefix_match(text), tb.prefix_match(text));
+            for w in 0..3 {
+                assert_eq!(ta.tenant_depth(text, w), tb.tenant_depth(text, w));
+            }
         }
     }
 

@@ -284,7 +284,7 @@ impl State {
     pub fn record(&mut self, op: &Op) -> Rc<Recorded> {
         let applied_at = self.serving.then_some(self.shared.cursor);
         if let Some(seq) = applied_at {
-            self.router.apply(seq, op);
+            self.router.apply_routed(seq, op);
         }
         self.shared.outbox.push(op, applied_at)
     }

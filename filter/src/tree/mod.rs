@@ -105,9 +105,30 @@ impl PrefixMatch {
     }
 }
 
+/// Where a prefix match's walk of a text ended (`Tree::prefix_walk`): the deepest
+/// node whose whole edge the text matched and the bytes of the text its path
+/// covers. An insert of the same text under the routed worker starts there
+/// (`Tree::insert_walked`) instead of comparing the kilobytes a hit matched with
+/// the same edges again. It holds while the tree is the one walked and no node has
+/// been added, split or freed since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walked {
+    tree: u64,
+    edits: u64,
+    node: NodeIdx,
+    bytes: usize,
+    text_len: usize,
+}
+
 /// The radix tree for one (pool, model).
 #[derive(Debug)]
 pub struct Tree {
+    /// Tells this tree's `Walked` from another's (`ModelTrees` numbers its trees).
+    id: u64,
+    /// Nodes added, split or freed so far: a `Walked` of an earlier count is stale.
+    edits: u64,
+    /// `insert_walked`'s path from the root, kept to spare an allocation a request.
+    path: Vec<NodeIdx>,
     nodes: Vec<Node>,
     free: Vec<NodeIdx>,
     tenant_chars: HashMap<TenantId, usize>,
@@ -169,7 +190,15 @@ pub(crate) fn char_len(s: &str) -> usize {
 
 impl Tree {
     pub fn new() -> Self {
+        Self::with_id(0)
+    }
+
+    /// A tree whose walks no other tree's insert takes (`Walked`).
+    pub fn with_id(id: u64) -> Self {
         Tree {
+            id,
+            edits: 0,
+            path: Vec::new(),
             nodes: vec![Node {
                 live: true,
                 ..Node::default()
@@ -225,6 +254,7 @@ impl Tree {
     }
 
     fn alloc(&mut self, node: Node) -> NodeIdx {
+        self.edits += 1;
         self.stored_chars += node.chars;
         if let Some(idx) = self.free.pop() {
             self.nodes[idx as usize] = node;
@@ -288,6 +318,7 @@ impl Tree {
     /// Splits `child` so that its first `split_bytes` bytes become a new parent node,
     /// which inherits the child's tenants (sizes per tenant are unchanged).
     fn split(&mut self, child: NodeIdx, split_bytes: usize, split_chars: usize) -> NodeIdx {
+        self.edits += 1;
         let (parent, head, tail, tenants, first) = {
             let c = self.node(child);
             // `split_bytes` is a char boundary (`common_prefix`); never the fallback.
@@ -331,8 +362,40 @@ impl Tree {
 
     /// Records that `text` was routed to `tenant` at `clock`.
     pub fn insert(&mut self, text: &str, tenant: TenantId, clock: u64) {
-        let mut cur = ROOT;
-        self.touch(cur, tenant, clock);
+        self.touch(ROOT, tenant, clock);
+        self.insert_below(ROOT, text, tenant, clock);
+    }
+
+    /// `insert`, starting where `walked` (this tree's walk of `text`, if nothing
+    /// changed since) ended: the path down to there is touched top down, as
+    /// `insert` touches it, without comparing its edges with the text again.
+    /// Anything else is a plain `insert`.
+    pub fn insert_walked(&mut self, text: &str, tenant: TenantId, clock: u64, walked: Walked) {
+        let fresh =
+            walked.tree == self.id && walked.edits == self.edits && walked.text_len == text.len();
+        let rest = text.get(walked.bytes..).filter(|_| fresh);
+        let Some(rest) = rest else {
+            return self.insert(text, tenant, clock);
+        };
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let mut at = walked.node;
+        // Bounded by the node count, whatever the parents say.
+        while at != ROOT && path.len() < self.nodes.len() {
+            path.push(at);
+            at = self.node(at).parent;
+        }
+        self.touch(ROOT, tenant, clock);
+        for &idx in path.iter().rev() {
+            self.touch(idx, tenant, clock);
+        }
+        self.path = path;
+        self.insert_below(walked.node, rest, tenant, clock);
+    }
+
+    /// The part of an insert below `cur`, whose path `tenant` holds already: `rest`
+    /// of the text follows the edges that match it and ends in a new leaf.
+    fn insert_below(&mut self, mut cur: NodeIdx, text: &str, tenant: TenantId, clock: u64) {
         let mut rest = text;
         while let Some(first) = rest.chars().next() {
             let Some(&child) = self.node(cur).children.get(&first) else {
@@ -392,16 +455,35 @@ impl Tree {
 
     /// The longest prefix of `text` the tree holds and who holds it.
     pub fn prefix_match(&self, text: &str) -> PrefixMatch {
-        let (last, matched, rest) = self.walk(text, |_, _, _, _| {});
+        self.prefix_walk(text).0
+    }
+
+    /// `prefix_match`, and where its walk ended for an insert of the same text.
+    pub fn prefix_walk(&self, text: &str) -> (PrefixMatch, Walked) {
+        let (mut node, mut bytes) = (ROOT, 0);
+        let (last, matched, rest) = self.walk(text, |idx, n, _, whole| {
+            if whole {
+                node = idx;
+                bytes += n.text.len();
+            }
+        });
         // Sorted, as a node keeps its tenants.
         let owners: Vec<TenantId> = self.node(last).tenants.iter().map(|h| h.tenant).collect();
-        PrefixMatch {
+        let found = PrefixMatch {
             matched_chars: matched,
             // The walk counted the matched chars (an ASCII edge without a pass):
             // only the rest is counted here, not the kilobytes matched again.
             input_chars: matched + char_len(rest),
             owners,
-        }
+        };
+        let walked = Walked {
+            tree: self.id,
+            edits: self.edits,
+            node,
+            bytes,
+            text_len: text.len(),
+        };
+        (found, walked)
     }
 }
 
@@ -1044,5 +1126,106 @@ mod tests {
                 check_invariants(&t);
             }
         }
+    }
+
+    /// A tree's nodes (path from the root and holds), stored chars and each of
+    /// four tenants' chars and leaves.
+    type Holdings = (
+        Vec<(String, Vec<Hold>)>,
+        usize,
+        Vec<(TenantId, usize, usize)>,
+    );
+
+    /// Everything a tree holds, in an order of its own (children by first char):
+    /// two trees that hold the same have the same.
+    fn holdings(t: &Tree) -> Holdings {
+        let mut nodes = Vec::new();
+        let mut stack = vec![(ROOT, String::new())];
+        while let Some((idx, path)) = stack.pop() {
+            let node = t.node(idx);
+            let path = path + &node.text;
+            nodes.push((path.clone(), node.tenants.clone()));
+            let mut children: Vec<_> = node.children.iter().collect();
+            children.sort();
+            stack.extend(children.into_iter().map(|(_, &c)| (c, path.clone())));
+        }
+        let tenants = (0..4)
+            .map(|x| (x, t.tenant_chars(x), t.tenant_leaves(x)))
+            .collect();
+        (nodes, t.stored_chars(), tenants)
+    }
+
+    #[test]
+    fn an_insert_from_its_walk_holds_what_a_whole_insert_does() {
+        use crate::rng::{Rng, SplitMix64};
+        let alphabet = ['a', 'b', 'é', '語'];
+        let mut rng = SplitMix64(11);
+        let (mut fresh, mut stale) = (0, 0);
+        for round in 0..40 {
+            // `whole` inserts from the root, `walked` from its own walk of the text,
+            // taken before another operation half of the time.
+            let (mut whole, mut walked) = (Tree::new(), Tree::with_id(1));
+            for clock in 0..60u64 {
+                let len = rng.below(10);
+                let text: String = (0..len)
+                    .map(|_| alphabet[rng.below(alphabet.len())])
+                    .collect();
+                let tenant = rng.below(4) as TenantId;
+                let (found, w) = walked.prefix_walk(&text);
+                assert_eq!(found, walked.prefix_match(&text));
+                if rng.below(2) == 0 {
+                    let other: String = (0..rng.below(10))
+                        .map(|_| alphabet[rng.below(alphabet.len())])
+                        .collect();
+                    let t = rng.below(4) as TenantId;
+                    let op = rng.below(4);
+                    for tree in [&mut whole, &mut walked] {
+                        match op {
+                            0 => tree.evict_to_budget(30),
+                            1 => tree.forget(&other, t, 1, clock),
+                            _ => tree.insert(&other, t, clock),
+                        }
+                    }
+                }
+                if w.edits == walked.edits {
+                    fresh += 1;
+                } else {
+                    stale += 1;
+                }
+                whole.insert(&text, tenant, clock);
+                walked.insert_walked(&text, tenant, clock, w);
+                check_invariants(&walked);
+                assert_eq!(
+                    holdings(&whole),
+                    holdings(&walked),
+                    "round {round}, clock {clock}"
+                );
+            }
+        }
+        assert!(
+            fresh > 500 && stale > 200,
+            "{fresh} fresh walks, {stale} stale"
+        );
+    }
+
+    #[test]
+    fn a_walk_of_another_tree_or_text_is_not_taken() {
+        let mut a = Tree::with_id(1);
+        let mut b = Tree::with_id(2);
+        for t in [&mut a, &mut b] {
+            t.insert("system prompt, first question", 0, 1);
+        }
+        let (_, walked) = a.prefix_walk("system prompt, first question and more");
+        // Another tree: its own walk is taken instead.
+        b.insert_walked("system prompt, first question and more", 1, 2, walked);
+        assert_eq!(
+            b.tenant_depth("system prompt, first question and more", 1),
+            38
+        );
+        // Another text of this tree: inserted from the root.
+        a.insert_walked("system prompt, second question", 1, 2, walked);
+        check_invariants(&a);
+        assert_eq!(a.tenant_depth("system prompt, second question", 1), 30);
+        assert_eq!(a.tenant_depth("system prompt, first question", 1), 15);
     }
 }

@@ -119,6 +119,7 @@ impl Tree {
         let parent = node.parent;
         let first = node.text.chars().next().unwrap_or_default();
         self.stored_chars -= node.chars;
+        self.edits += 1;
         self.node_mut(parent).children.remove(&first);
         self.nodes[idx as usize] = Node::default();
         self.free.push(idx);
