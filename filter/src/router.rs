@@ -316,6 +316,7 @@ impl Router {
                     Some(t) => {
                         let held = t.tenant_matches(text);
                         let chars = held.text_chars;
+                        self.walked = Some(held.walked);
                         (held, chars)
                     }
                     None => (TenantMatches::default(), crate::tree::char_len(text)),
@@ -1031,11 +1032,18 @@ mod tests {
 
     #[test]
     fn a_decisions_record_applied_from_its_walk_holds_what_a_whole_insert_does() {
-        // One router applies each record from the decision's walk, the other from
-        // the root, another VM's operation coming in between at times; then both
-        // evict by the clocks the inserts left.
-        let mut a = router(r#","max_tree_size":120"#, 3);
-        let mut b = router(r#","max_tree_size":120"#, 3);
+        for policy in ["cache_aware", "predicted_ttft"] {
+            records_from_the_walk_hold_what_whole_inserts_do(policy);
+        }
+    }
+
+    /// One router applies each record from the decision's walk, the other from the
+    /// root, another VM's operation coming in between at times; then both evict by
+    /// the clocks the inserts left.
+    fn records_from_the_walk_hold_what_whole_inserts_do(policy: &str) {
+        let extra = format!(r#","max_tree_size":120,"policy":"{policy}""#);
+        let mut a = router(&extra, 3);
+        let mut b = router(&extra, 3);
         let mut rng = (SplitMix64(5), SplitMix64(5));
         let texts: Vec<String> = (0..60)
             .map(|i| format!("system prompt {}. user turn {} of {}", i % 3, i / 6, i % 6))
@@ -1045,7 +1053,7 @@ mod tests {
             let loads = Loads::inflight_only(&[seq as u64 % 3, 0, 1]);
             let ra = a.route(&p, &loads, &mut rng.0).unwrap();
             let rb = b.route(&p, &loads, &mut rng.1).unwrap();
-            assert_eq!(ra.decision, rb.decision, "request {seq}");
+            assert_eq!(ra.decision, rb.decision, "{policy}, request {seq}");
             if seq % 5 == 0 {
                 let Parsed::Routable(earlier) = chat(&[&texts[seq / 2]]) else {
                     panic!("routable")
@@ -1068,7 +1076,7 @@ mod tests {
         let before = a.tree_chars();
         a.apply(1000, &Op::Evict);
         b.apply(1000, &Op::Evict);
-        assert!(a.tree_chars() < before, "evicted");
+        assert!(a.tree_chars() < before, "{policy}: evicted");
         assert_eq!(a.tree_chars(), b.tree_chars());
         let (ta, tb) = (
             a.tree(Pool::Regular, "m").unwrap(),

@@ -111,7 +111,7 @@ impl PrefixMatch {
 /// (`Tree::insert_walked`) instead of comparing the kilobytes a hit matched with
 /// the same edges again. It holds while the tree is the one walked and no node has
 /// been added, split or freed since.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Walked {
     tree: u64,
     edits: u64,
@@ -476,14 +476,18 @@ impl Tree {
             input_chars: matched + char_len(rest),
             owners,
         };
-        let walked = Walked {
+        (found, self.walked(text, node, bytes))
+    }
+
+    /// A walk of `text` that matched the whole edges down to `node`, `bytes` of it.
+    fn walked(&self, text: &str, node: NodeIdx, bytes: usize) -> Walked {
+        Walked {
             tree: self.id,
             edits: self.edits,
             node,
             bytes,
             text_len: text.len(),
-        };
-        (found, walked)
+        }
     }
 }
 
@@ -583,12 +587,16 @@ mod tests {
         let deepest = t.prefix_match("system prompt|alice hello again");
         assert_eq!(deepest.matched_chars, 25);
         assert_eq!(deepest.owners, vec![0]);
+        // Where each walk ended aside (the root, for both).
         let mut none = Tree::new().tenant_matches("x");
-        assert_eq!(none.text_chars, 1);
-        none.text_chars = 0;
+        assert_eq!((none.text_chars, none.walked.node), (1, ROOT));
+        (none.text_chars, none.walked) = (0, Walked::default());
         assert_eq!(none, TenantMatches::default());
+        let mut empty = t.tenant_matches("");
+        assert_eq!(empty.walked.node, ROOT);
+        empty.walked = Walked::default();
         assert_eq!(
-            t.tenant_matches(""),
+            empty,
             TenantMatches::default(),
             "an empty text matches nothing"
         );
@@ -1173,6 +1181,7 @@ mod tests {
                 let tenant = rng.below(4) as TenantId;
                 let (found, w) = walked.prefix_walk(&text);
                 assert_eq!(found, walked.prefix_match(&text));
+                assert_eq!(walked.tenant_matches(&text).walked, w, "one walk, one end");
                 if rng.below(2) == 0 {
                     let other: String = (0..rng.below(10))
                         .map(|_| alphabet[rng.below(alphabet.len())])
