@@ -1071,6 +1071,14 @@ mod tests {
     /// Property test: random inserts, removals and evictions over a small alphabet
     /// (with multi-byte chars) keep the invariants, and a just-inserted text always
     /// matches whole under its tenant.
+    /// Up to `below` chars of `alphabet`, drawn by `rng`.
+    fn random_text(rng: &mut crate::rng::SplitMix64, alphabet: &[char], below: usize) -> String {
+        use crate::rng::Rng;
+        (0..rng.below(below))
+            .map(|_| alphabet[rng.below(alphabet.len())])
+            .collect()
+    }
+
     #[test]
     fn random_operations_keep_invariants() {
         use crate::rng::{Rng, SplitMix64};
@@ -1079,10 +1087,7 @@ mod tests {
         for round in 0..40 {
             let mut t = Tree::new();
             for clock in 0..60u64 {
-                let len = rng.below(12);
-                let text: String = (0..len)
-                    .map(|_| alphabet[rng.below(alphabet.len())])
-                    .collect();
+                let text = random_text(&mut rng, &alphabet, 12);
                 let tenant = rng.below(4) as TenantId;
                 match rng.below(14) {
                     0 => t.remove_tenant(tenant),
@@ -1174,18 +1179,13 @@ mod tests {
             // taken before another operation half of the time.
             let (mut whole, mut walked) = (Tree::new(), Tree::with_id(1));
             for clock in 0..60u64 {
-                let len = rng.below(10);
-                let text: String = (0..len)
-                    .map(|_| alphabet[rng.below(alphabet.len())])
-                    .collect();
+                let text = random_text(&mut rng, &alphabet, 10);
                 let tenant = rng.below(4) as TenantId;
                 let (found, w) = walked.prefix_walk(&text);
                 assert_eq!(found, walked.prefix_match(&text));
                 assert_eq!(walked.tenant_matches(&text).walked, w, "one walk, one end");
                 if rng.below(2) == 0 {
-                    let other: String = (0..rng.below(10))
-                        .map(|_| alphabet[rng.below(alphabet.len())])
-                        .collect();
+                    let other = random_text(&mut rng, &alphabet, 10);
                     let t = rng.below(4) as TenantId;
                     let op = rng.below(4);
                     for tree in [&mut whole, &mut walked] {
