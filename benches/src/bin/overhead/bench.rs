@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use llm_demo::envoy::{self, Envoy, EnvoySpec, Target, Upstream};
-use llm_demo::fleet::{start_engine, Engine, TempDir};
+use llm_demo::fleet::TempDir;
 use llm_demo::paths;
 use llm_load::cli::Replay;
 use llm_load::fleet::worker_name;
@@ -19,22 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::callgrind::Counter;
+use crate::canned::Canned;
 use crate::cpu;
 
 /// The filter that only buffers and reads the body.
 pub const FLOOR: &str = "floor";
-
-/// The engine mocks answer at once: no prefill or decode time, one output token.
-const ENGINE_ARGS: [&str; 8] = [
-    "--ttft-ms",
-    "0",
-    "--tpot-ms",
-    "0",
-    "--prefill-us-per-token",
-    "0",
-    "--output-tokens",
-    "1",
-];
 
 /// Chars of the user turn that varies per conversation (the rest of a body is one of
 /// 8 system prompts).
@@ -269,17 +258,14 @@ fn note_errors(m: &mut Measured, records: &[Record]) {
     }
 }
 
-/// The engine mocks of one point, and the workers, which share them round robin when
+/// The engines of one point, and the workers, which share them round robin when
 /// there are more workers than engines.
-fn engines(p: Point, load: &Load, dir: &Path) -> Result<(Vec<Engine>, Vec<Upstream>)> {
-    let engine_args: Vec<String> = ENGINE_ARGS.iter().map(|s| s.to_string()).collect();
-    let engines: Vec<Engine> = (0..load.engines.min(p.workers).max(1))
-        .map(|i| start_engine(&format!("e{i}"), &engine_args, dir))
-        .collect::<Result<_>>()?;
+fn engines(p: Point, load: &Load) -> Result<(Canned, Vec<Upstream>)> {
+    let engines = Canned::start(load.engines.min(p.workers))?;
     let upstreams = (0..p.workers)
         .map(|i| Upstream {
             name: worker_name(i),
-            addr: engines[i % engines.len()].addr,
+            addr: engines.addrs[i % engines.addrs.len()],
             pool: "regular",
             bootstrap: None,
         })
@@ -296,7 +282,7 @@ fn engines(p: Point, load: &Load, dir: &Path) -> Result<(Vec<Engine>, Vec<Upstre
 pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Result<Vec<Measured>> {
     let tmp = TempDir::new("llm-overhead")?;
     let envoy_bin = paths::envoy_bin()?;
-    let (_engines, upstreams) = engines(p, load, &tmp.0)?;
+    let (_engines, upstreams) = engines(p, load)?;
     let mut measured: Vec<Measured> = load
         .variants
         .iter()
@@ -393,7 +379,7 @@ impl Counted {
 pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Result<Vec<Counted>> {
     let tmp = TempDir::new("llm-overhead")?;
     let envoy_bin = paths::envoy_bin()?;
-    let (_engines, upstreams) = engines(p, load, &tmp.0)?;
+    let (_engines, upstreams) = engines(p, load)?;
     let warm_n = load
         .warm
         .max(CALLGRIND_WARM_PER_WORKER * p.workers)

@@ -2,7 +2,7 @@
 //! only buffers and reads the body (`benches/floor`), measured side by side.
 //!
 //! For each point of the grid (workers, body size, Envoy threads) it starts a few
-//! engine mocks that answer at once (workers beyond them share them round robin),
+//! fake engines that answer at once (`canned`; workers beyond them share them round robin),
 //! one Envoy per variant (`floor`, `round_robin`, `cache_aware`, `predicted_ttft`:
 //! the same bootstrap and plugin config, only the `.wasm` and the policy differ),
 //! sends every Envoy the same warm-up (10k conversations, not measured), then, in
@@ -26,6 +26,7 @@
 
 mod bench;
 mod callgrind;
+mod canned;
 mod cpu;
 
 use anyhow::{bail, Result};
@@ -61,7 +62,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Requests per repetition in the throughput phase, or counted with --callgrind
-    /// (4 KiB bodies; scaled to the same bytes for larger ones) [default: 3000; 300
+    /// (4 KiB bodies; scaled to the same bytes for larger ones) [default: 20000; 300
     /// with --callgrind].
     #[arg(long)]
     requests: Option<usize>,
@@ -73,7 +74,7 @@ struct Args {
     /// the in-flight counts of every busy worker].
     #[arg(long)]
     connections: Option<usize>,
-    /// Engine mock processes (at most one per worker).
+    /// Engines (at most one per worker; `canned`).
     #[arg(long, default_value_t = 4)]
     engines: usize,
     /// Variants; the floor must be among them (ratios are to it).
@@ -93,7 +94,7 @@ struct Args {
 /// Defaults of `--warm` and `--requests`: timing needs many requests to average
 /// out the machine, counting needs few, and valgrind makes each about 50 times dearer.
 const DEFAULT_WARM: usize = 10_000;
-const DEFAULT_REQUESTS: usize = 3000;
+const DEFAULT_REQUESTS: usize = 20_000;
 const CALLGRIND_WARM: usize = 300;
 const CALLGRIND_REQUESTS: usize = 300;
 const DEFAULT_CONNECTIONS: usize = 64;
