@@ -427,15 +427,24 @@ impl Tree {
     /// Walks the path `text` matches from the root, calling `visit` with each node on
     /// it (its index and the node), the chars matched once that node is counted and
     /// whether its whole edge matched; returns the last node reached (the root when
-    /// nothing matched), the chars matched in all and what of `text` is left.
+    /// nothing matched), the chars matched in all, what of `text` is left, and where
+    /// an insert of `text` may start (`Walked`: the deepest node whose whole edge
+    /// matched).
     fn walk<'t>(
         &self,
         text: &'t str,
         mut visit: impl FnMut(NodeIdx, &Node, usize, bool),
-    ) -> (NodeIdx, usize, &'t str) {
+    ) -> (NodeIdx, usize, &'t str, Walked) {
         let mut cur = ROOT;
         let mut matched = 0usize;
         let mut rest = text;
+        let mut walked = Walked {
+            tree: self.id,
+            edits: self.edits,
+            node: ROOT,
+            bytes: 0,
+            text_len: text.len(),
+        };
         while let Some(first) = rest.chars().next() {
             let Some(&child) = self.node(cur).children.get(&first) else {
                 break;
@@ -443,14 +452,17 @@ impl Tree {
             let node = self.node(child);
             let (bytes, chars) = edge_prefix(node, rest);
             matched += chars;
-            visit(child, node, matched, bytes == node.text.len());
+            let whole = bytes == node.text.len();
+            visit(child, node, matched, whole);
             cur = child;
             rest = rest.get(bytes..).unwrap_or_default();
-            if bytes < node.text.len() {
+            if !whole {
                 break;
             }
+            walked.node = child;
+            walked.bytes = text.len() - rest.len();
         }
-        (cur, matched, rest)
+        (cur, matched, rest, walked)
     }
 
     /// The longest prefix of `text` the tree holds and who holds it.
@@ -460,13 +472,7 @@ impl Tree {
 
     /// `prefix_match`, and where its walk ended for an insert of the same text.
     pub fn prefix_walk(&self, text: &str) -> (PrefixMatch, Walked) {
-        let (mut node, mut bytes) = (ROOT, 0);
-        let (last, matched, rest) = self.walk(text, |idx, n, _, whole| {
-            if whole {
-                node = idx;
-                bytes += n.text.len();
-            }
-        });
+        let (last, matched, rest, walked) = self.walk(text, |_, _, _, _| {});
         // Sorted, as a node keeps its tenants.
         let owners: Vec<TenantId> = self.node(last).tenants.iter().map(|h| h.tenant).collect();
         let found = PrefixMatch {
@@ -476,18 +482,7 @@ impl Tree {
             input_chars: matched + char_len(rest),
             owners,
         };
-        (found, self.walked(text, node, bytes))
-    }
-
-    /// A walk of `text` that matched the whole edges down to `node`, `bytes` of it.
-    fn walked(&self, text: &str, node: NodeIdx, bytes: usize) -> Walked {
-        Walked {
-            tree: self.id,
-            edits: self.edits,
-            node,
-            bytes,
-            text_len: text.len(),
-        }
+        (found, walked)
     }
 }
 
@@ -1068,9 +1063,6 @@ mod tests {
         );
     }
 
-    /// Property test: random inserts, removals and evictions over a small alphabet
-    /// (with multi-byte chars) keep the invariants, and a just-inserted text always
-    /// matches whole under its tenant.
     /// Up to `below` chars of `alphabet`, drawn by `rng`.
     fn random_text(rng: &mut crate::rng::SplitMix64, alphabet: &[char], below: usize) -> String {
         use crate::rng::Rng;
@@ -1079,6 +1071,9 @@ mod tests {
             .collect()
     }
 
+    /// Property test: random inserts, removals and evictions over a small alphabet
+    /// (with multi-byte chars) keep the invariants, and a just-inserted text always
+    /// matches whole under its tenant.
     #[test]
     fn random_operations_keep_invariants() {
         use crate::rng::{Rng, SplitMix64};

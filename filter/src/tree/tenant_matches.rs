@@ -2,7 +2,7 @@
 //! prefix it holds, not only the deepest owner's) and the holders of the longest
 //! match, which a sampled fleet draws from.
 
-use super::{by_tenant, Hold, NodeIdx, TenantId, Tree, Walked, ROOT};
+use super::{by_tenant, Hold, NodeIdx, TenantId, Tree, Walked};
 
 /// Each tenant's share of one text (`Tree::tenant_matches`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -140,12 +140,8 @@ impl Tree {
         // every worker on each of them).
         let mut pending: Option<(NodeIdx, usize, usize)> = None;
         let mut path = Vec::new();
-        let (mut end, mut bytes) = (ROOT, 0);
-        let (_, matched, rest) = self.walk(text, |idx, node, matched, whole| {
+        let (_, matched, rest, walked) = self.walk(text, |idx, node, matched, whole| {
             path.push((idx, matched));
-            if whole {
-                (end, bytes) = (idx, bytes + node.text.len());
-            }
             if let Some((prev, prev_matched, held)) = pending {
                 if held != node.tenants.len() {
                     mark(&mut depth_of, prev, prev_matched);
@@ -167,7 +163,7 @@ impl Tree {
             continued,
             path,
             text_chars: matched + super::char_len(rest),
-            walked: self.walked(text, end, bytes),
+            walked,
         }
     }
 
