@@ -51,6 +51,7 @@ pub mod shared;
 pub mod target;
 pub mod tree;
 pub mod ttft_draw;
+pub mod ttft_route;
 pub mod work_hold;
 pub mod worker_stats;
 

@@ -23,11 +23,11 @@ use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::model_trees::{Bounds, ModelTrees};
 use crate::parse::Parsed;
-use crate::policy::{self, CacheAwareParams, Candidate, Ladder};
+use crate::policy::{self, CacheAwareParams, Candidate};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{Leaves, PrefixMatch, TenantId, TenantMatches, Walked, NO_LEAVES};
-use crate::ttft_draw;
+use crate::tree::{PrefixMatch, TenantId, Walked};
+use crate::ttft_route;
 
 /// Why no worker could be chosen (the request gets a 503).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,47 +311,15 @@ impl Router {
                 (decision, held, matched, counted)
             }
             (Policy::PredictedTtft, Some(text)) => {
-                let tree = self.trees.get(pool, model);
-                let (held, input) = match tree {
-                    Some(t) => {
-                        let held = t.tenant_matches(text);
-                        let chars = held.text_chars;
-                        self.walked = Some(held.walked);
-                        (held, chars)
-                    }
-                    None => (TenantMatches::default(), crate::tree::char_len(text)),
-                };
-                let input = input as u64;
-                let leaves = tree.map_or(&NO_LEAVES, |t| t.leaves());
-                let params = self.cfg.ttft_params();
-                // A fleet larger than the sample size scores a sample
-                // (`policy::ttft_sample`); otherwise every candidate, in one loop.
-                let sample = ttft_draw::sample(
-                    (tree, &held, leaves),
-                    candidates,
-                    (params.sample_size, input),
+                let r = ttft_route::route(
+                    self.trees.get(pool, model),
+                    text,
+                    (candidates, *total),
+                    (loads, &self.cfg.ttft_params()),
                     rng,
                 );
-                let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
-                let mut ladder = Ladder::new(&params, input, (*total, candidates.len()), scored);
-                let seen = (loads, &held, leaves);
-                match &sample {
-                    None => {
-                        for c in candidates {
-                            ladder.push(ttft_scored(c, seen, (&params, input)));
-                        }
-                    }
-                    Some(at) => {
-                        for c in at.iter().filter_map(|&i| candidates.get(i)) {
-                            ladder.push(ttft_scored(c, seen, (&params, input)));
-                        }
-                    }
-                }
-                let decision = ladder.decide(rng);
-                let chosen = decision
-                    .as_ref()
-                    .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));
-                (decision, chosen, None, Some(input as usize))
+                self.walked = r.walked;
+                (r.decision, r.held_chars, None, Some(r.input_chars))
             }
             (Policy::CacheAware | Policy::PredictedTtft, None) => {
                 (policy::unreadable(candidates, rng), 0, None, None)
@@ -484,22 +452,6 @@ impl Router {
         self.trees
             .evict(self.cfg.max_tree_size, self.cfg.max_total_tree_chars);
     }
-}
-
-/// Candidate `c` as `predicted_ttft`'s ladder compares it, from the loads, its share
-/// of the text and its conversations (leaves by worker). Inlined into each loop
-/// that scores: as a closure shared by two loops it was compiled to a call per
-/// worker, about 10k Envoy instructions a request at 256 workers.
-#[inline(always)]
-fn ttft_scored(
-    c: &Candidate,
-    (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
-    (params, input): (&policy::TtftParams, u64),
-) -> policy::Scored {
-    let conversations = leaves.get(c.worker) as u64;
-    loads
-        .ttft_candidate(c, (held, conversations))
-        .scored(params, input)
 }
 
 /// Whether `found` has owners above the cache threshold, none of them a candidate

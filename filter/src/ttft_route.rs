@@ -1,0 +1,90 @@
+//! `predicted_ttft`'s decision for one routing text: its walk of the model's tree
+//! (each worker's share of the text and conversations), the candidates a sampled
+//! fleet scores (`ttft_draw`), each one's predicted time to first token and the
+//! ladder's pick.
+
+use crate::decision::Decision;
+use crate::load::Loads;
+use crate::policy::{self, Candidate, Ladder, TtftParams};
+use crate::rng::Rng;
+use crate::tree::{Leaves, TenantMatches, Tree, Walked, NO_LEAVES};
+use crate::ttft_draw;
+
+/// A decision, and what its record needs.
+pub struct TtftRouted {
+    pub decision: Option<Decision>,
+    /// Chars of the text the chosen worker held.
+    pub held_chars: usize,
+    /// The text's chars.
+    pub input_chars: usize,
+    /// Where the walk ended, for the insert the decision records (none without a
+    /// tree).
+    pub walked: Option<Walked>,
+}
+
+/// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
+/// in all) by `tree`, the model's if it has one yet.
+pub fn route(
+    tree: Option<&Tree>,
+    text: &str,
+    (candidates, inflight): (&[Candidate], u64),
+    (loads, params): (&Loads, &TtftParams),
+    rng: &mut dyn Rng,
+) -> TtftRouted {
+    let held = tree.map_or_else(TenantMatches::default, |t| t.tenant_matches(text));
+    let input_chars = match tree {
+        Some(_) => held.text_chars,
+        None => crate::tree::char_len(text),
+    };
+    let input = input_chars as u64;
+    let leaves = tree.map_or(&NO_LEAVES, |t| t.leaves());
+    // A fleet larger than the sample size scores a sample (`policy::ttft_sample`);
+    // otherwise every candidate, in one loop.
+    let sample = ttft_draw::sample(
+        (tree, &held, leaves),
+        candidates,
+        (params.sample_size, input),
+        rng,
+    );
+    let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
+    let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), scored);
+    let seen = (loads, &held, leaves);
+    match &sample {
+        None => {
+            for c in candidates {
+                ladder.push(scored_candidate(c, seen, (params, input)));
+            }
+        }
+        Some(at) => {
+            for c in at.iter().filter_map(|&i| candidates.get(i)) {
+                ladder.push(scored_candidate(c, seen, (params, input)));
+            }
+        }
+    }
+    let decision = ladder.decide(rng);
+    let held_chars = decision
+        .as_ref()
+        .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));
+    TtftRouted {
+        decision,
+        held_chars,
+        input_chars,
+        walked: tree.map(|_| held.walked),
+    }
+}
+
+/// Candidate `c` as the ladder compares it, from the loads, its share of the text
+/// and its conversations (leaves by worker). Inlined into each loop that scores: as
+/// a closure shared by two loops it was compiled to a call per worker, about 10k
+/// Envoy instructions a request at 256 workers.
+#[inline(always)]
+fn scored_candidate(
+    c: &Candidate,
+    (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
+    (params, input): (&TtftParams, u64),
+) -> policy::Scored {
+    let conversations = leaves.get(c.worker) as u64;
+    loads
+        .ttft_candidate(c, (held, conversations))
+        .scored(params, input)
+}
