@@ -39,7 +39,6 @@ mod tests {
     use super::*;
     use crate::decision::{GateAudit, Reason};
     use crate::plan::PrefillLeg;
-    use crate::target::RouteTarget;
 
     fn decision(worker: u32, reason: Reason) -> Decision {
         Decision {
@@ -54,11 +53,6 @@ mod tests {
     fn plan(prefill: Option<Decision>) -> Plan {
         Plan {
             main: decision(1, Reason::PowerOfTwo),
-            target: RouteTarget {
-                worker: "d".into(),
-                header: "h".into(),
-                value: "v".into(),
-            },
             prefill: prefill.map(|decision| PrefillLeg {
                 decision,
                 body: Vec::new(),

@@ -33,18 +33,42 @@ pub const HOSTCALLS_PER_REQUEST: usize = 1;
 /// a small fleet's counters (seven a request, four of them its worker's).
 pub const FREE_HOSTCALLS: usize = 32;
 
-/// Increments not yet handed to the host, by the host's metric id.
+/// Increments not yet handed to the host. Each counter gets a slot when it is
+/// defined (`slot`), so the seven increments of every request index a list rather
+/// than hash the host's metric id.
 #[derive(Debug, Default)]
 pub struct CounterBatch {
-    pending: HashMap<u32, u64>,
+    /// Each counter's slot, by the host's metric id.
+    slots: HashMap<u32, u32>,
+    /// Each slot's metric id and the sum not yet handed over.
+    sums: Vec<(u32, u64)>,
+    /// The slots with a sum to hand over, in the order they first moved.
+    moved: Vec<u32>,
     flushed_at_ms: u64,
     /// Requests ended since the last hand-over.
     ended: usize,
 }
 
 impl CounterBatch {
-    pub fn add(&mut self, id: u32, n: u64) {
-        let sum = self.pending.entry(id).or_insert(0);
+    /// The slot of the counter the host knows as `id` (the same for every
+    /// definition of it: a reconfigured VM defines its counters again).
+    pub fn slot(&mut self, id: u32) -> u32 {
+        let next = self.sums.len() as u32;
+        let slot = *self.slots.entry(id).or_insert(next);
+        if slot == next {
+            self.sums.push((id, 0));
+        }
+        slot
+    }
+
+    /// Adds `n` to the counter in `slot` (a slot `slot` never gave is ignored).
+    pub fn add(&mut self, slot: u32, n: u64) {
+        let Some((_, sum)) = self.sums.get_mut(slot as usize) else {
+            return;
+        };
+        if *sum == 0 && n > 0 {
+            self.moved.push(slot);
+        }
         *sum = sum.saturating_add(n);
     }
 
@@ -59,15 +83,22 @@ impl CounterBatch {
     pub fn due(&self, idle: bool, now_ms: u64) -> bool {
         let waited = now_ms.saturating_sub(self.flushed_at_ms);
         let budget = self.ended.saturating_mul(HOSTCALLS_PER_REQUEST);
-        let paid = self.pending.len() <= budget.max(FREE_HOSTCALLS);
-        !self.pending.is_empty() && (idle || waited >= MAX_LAG_MS || (waited >= FLUSH_MS && paid))
+        let paid = self.moved.len() <= budget.max(FREE_HOSTCALLS);
+        !self.moved.is_empty() && (idle || waited >= MAX_LAG_MS || (waited >= FLUSH_MS && paid))
     }
 
-    /// The summed increments, taken out at `now_ms`.
+    /// The summed increments by metric id, taken out at `now_ms`.
     pub fn take(&mut self, now_ms: u64) -> Vec<(u32, u64)> {
         self.flushed_at_ms = now_ms;
         self.ended = 0;
-        self.pending.drain().collect()
+        let sums = &mut self.sums;
+        self.moved
+            .drain(..)
+            .filter_map(|slot| {
+                let (id, sum) = sums.get_mut(slot as usize)?;
+                Some((*id, std::mem::take(sum)))
+            })
+            .collect()
     }
 }
 
@@ -78,10 +109,13 @@ mod tests {
     #[test]
     fn increments_are_summed_and_handed_over_when_idle_or_due() {
         let mut b = CounterBatch::default();
+        let (seven, nine) = (b.slot(7), b.slot(9));
+        assert_eq!(b.slot(7), seven, "a counter defined again keeps its slot");
         assert!(!b.due(true, 0), "nothing to hand over");
-        b.add(7, 1);
-        b.add(7, 2);
-        b.add(9, 5);
+        b.add(seven, 1);
+        b.add(seven, 2);
+        b.add(nine, 5);
+        b.add(99, 1);
         assert!(!b.due(false, FLUSH_MS - 1), "busy and recent: wait");
         assert!(b.due(true, 1), "idle: at once");
         assert!(
@@ -92,8 +126,8 @@ mod tests {
         got.sort();
         assert_eq!(got, vec![(7, 3), (9, 5)]);
         assert!(!b.due(true, FLUSH_MS), "taken");
-        b.add(7, u64::MAX);
-        b.add(7, 1);
+        b.add(seven, u64::MAX);
+        b.add(seven, 1);
         b.request_ended();
         assert!(!b.due(false, 2 * FLUSH_MS - 1), "the clock restarted");
         assert_eq!(b.take(2 * FLUSH_MS), vec![(7, u64::MAX)], "saturates");
@@ -102,10 +136,12 @@ mod tests {
     #[test]
     fn a_busy_vm_hands_over_no_more_hostcalls_than_requests_until_the_lag_cap() {
         let mut b = CounterBatch::default();
+        // The host's ids need not be small or dense.
+        let slots: Vec<u32> = (0..40).map(|id| b.slot(1000 + 16 * id)).collect();
         // A large fleet at a slow pace: four counters per request's worker.
         for worker in 0..10 {
             for field in 0..4 {
-                b.add(worker * 4 + field, 1);
+                b.add(slots[worker * 4 + field], 1);
             }
             b.request_ended();
         }
@@ -117,12 +153,12 @@ mod tests {
         assert!(b.due(false, MAX_LAG_MS), "never past the lag cap");
         assert!(b.due(true, FLUSH_MS), "idle: at once whatever the cost");
         for _ in 0..30 {
-            b.add(0, 1);
+            b.add(slots[0], 1);
             b.request_ended();
         }
         assert!(b.due(false, FLUSH_MS), "40 requests pay for 40 hostcalls");
         assert_eq!(b.take(FLUSH_MS).len(), 40);
-        (0..40).for_each(|id| b.add(id, 1));
+        slots.iter().for_each(|s| b.add(*s, 1));
         (0..39).for_each(|_| b.request_ended());
         assert!(
             !b.due(false, 2 * FLUSH_MS),

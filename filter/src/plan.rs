@@ -19,15 +19,13 @@ use crate::parse::{Parsed, Unreadable};
 use crate::pd::{self, Bootstrap, RewriteError};
 use crate::rng::{Rng, Rooms};
 use crate::router::{NoWorker, Record, Router};
-use crate::target::{route_target, RouteTarget};
+use crate::target::route_target;
 
 /// Where a routed request goes and what it leaves behind.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// The worker that gets the request itself (regular, or decode in PD).
     pub main: Decision,
-    /// The routing header and value for `main`.
-    pub target: RouteTarget,
     /// PD with a body: the prefill leg.
     pub prefill: Option<PrefillLeg>,
     /// Tree operations to record (share with every VM, then apply).
@@ -195,10 +193,11 @@ fn finish(
     prefill: Option<PrefillLeg>,
     records: Vec<Record>,
 ) -> Result<Plan, Refusal> {
-    let target = route_target(router.config(), main.worker).ok_or(Refusal::UnknownWorker)?;
+    // The glue reads the routing header and value for `main` from the configuration
+    // (`crate::target`) when it sets them: only whether there are any is settled here.
+    route_target(router.config(), main.worker).ok_or(Refusal::UnknownWorker)?;
     Ok(Plan {
         main,
-        target,
         prefill,
         records,
     })
@@ -249,13 +248,11 @@ mod tests {
         let p = planned.outcome.unwrap();
         assert_eq!(p.main.reason, Reason::CacheMiss);
         let name = r.config().workers[p.main.worker as usize].name.clone();
-        assert_eq!(p.target.worker, name);
-        assert_eq!(p.target.header, "x-llm-router-cluster");
+        let target = route_target(r.config(), p.main.worker).unwrap();
+        assert_eq!(target.worker, name);
+        assert_eq!(target.header, "x-llm-router-cluster");
         let cluster = if name == "w0" { "engine_0" } else { "w1" };
-        assert_eq!(
-            p.target.value, cluster,
-            "the worker's cluster, not its name"
-        );
+        assert_eq!(target.value, cluster, "the worker's cluster, not its name");
         assert!(p.prefill.is_none());
         assert!(
             matches!(&p.records[..], [Record { op: Op::Insert { worker, .. }, .. }] if *worker == name),
@@ -271,8 +268,9 @@ mod tests {
         let p = go(&mut r, "/v1/completions", r#"{"prompt":"x"}"#, None)
             .outcome
             .unwrap();
+        let target = route_target(r.config(), p.main.worker).unwrap();
         assert_eq!(
-            (p.target.header.as_str(), p.target.value.as_str()),
+            (target.header, target.value),
             ("x-gateway-destination-endpoint", "10.0.0.9:8000")
         );
     }
@@ -310,8 +308,9 @@ mod tests {
         let p = go(&mut r, "/v1/chat/completions", &chat("hello"), Some(42))
             .outcome
             .unwrap();
-        assert_eq!(p.target.worker, "d0", "the request itself goes to decode");
-        assert_eq!(p.target.value, "decode_0");
+        let target = route_target(r.config(), p.main.worker).unwrap();
+        assert_eq!(target.worker, "d0", "the request itself goes to decode");
+        assert_eq!(target.value, "decode_0");
         let leg = p.prefill.expect("a prefill leg");
         assert_eq!(r.config().workers[leg.decision.worker as usize].name, "p0");
         let body: Value = serde_json::from_slice(&leg.body).unwrap();
@@ -351,7 +350,7 @@ mod tests {
     fn pd_without_a_body_goes_to_decode_alone() {
         let mut r = router(PD);
         let p = go(&mut r, "/v1/models", "", Some(1)).outcome.unwrap();
-        assert_eq!(p.target.worker, "d0");
+        assert_eq!(r.config().workers[p.main.worker as usize].name, "d0");
         assert!(p.prefill.is_none(), "no prompt to prefill");
     }
 

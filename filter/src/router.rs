@@ -279,6 +279,7 @@ impl Router {
                 let tree = self.trees.get(pool, model);
                 let mut matched: Option<PrefixMatch> = None;
                 let mut walked = None;
+                let slot = &mut matched;
                 let decision = policy::cache_aware(
                     &params,
                     candidates,
@@ -295,8 +296,7 @@ impl Router {
                                 owners: Vec::new(),
                             },
                         };
-                        matched = Some(found.clone());
-                        found
+                        &*slot.insert(found)
                     },
                     rng,
                 );

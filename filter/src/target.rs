@@ -11,18 +11,20 @@
 use crate::config::{Config, Target};
 use crate::tree::TenantId;
 
-/// The routing header to set and its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteTarget {
+/// The routing header to set and its value, borrowed from the configuration: a
+/// request copies none of them (it sets the header from them and keeps only the
+/// worker's name, `glue::bookkeeping::Held`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteTarget<'c> {
     /// The worker's name (in-flight counts are held by name).
-    pub worker: String,
-    pub header: String,
-    pub value: String,
+    pub worker: &'c str,
+    pub header: &'c str,
+    pub value: &'c str,
 }
 
 /// The header and value that send a request to `worker`; `None` for an index the
 /// configuration does not have.
-pub fn route_target(cfg: &Config, worker: TenantId) -> Option<RouteTarget> {
+pub fn route_target(cfg: &Config, worker: TenantId) -> Option<RouteTarget<'_>> {
     let w = cfg.workers.get(worker as usize)?;
     let (header, value) = match cfg.target {
         Target::Cluster => (cfg.cluster_header.as_str(), w.cluster()),
@@ -32,9 +34,9 @@ pub fn route_target(cfg: &Config, worker: TenantId) -> Option<RouteTarget> {
         ),
     };
     Some(RouteTarget {
-        worker: w.name.clone(),
-        header: header.to_string(),
-        value: value.to_string(),
+        worker: &w.name,
+        header,
+        value,
     })
 }
 
@@ -42,14 +44,21 @@ pub fn route_target(cfg: &Config, worker: TenantId) -> Option<RouteTarget> {
 mod tests {
     use super::*;
 
-    fn target(json: &str, worker: TenantId) -> Option<RouteTarget> {
-        route_target(&Config::from_json(json.as_bytes()).unwrap(), worker)
+    fn target(json: &str, worker: TenantId) -> Option<(String, String, String)> {
+        let cfg = Config::from_json(json.as_bytes()).unwrap();
+        route_target(&cfg, worker).map(|t| {
+            (
+                t.worker.to_string(),
+                t.header.to_string(),
+                t.value.to_string(),
+            )
+        })
     }
 
     #[test]
     fn cluster_target_names_the_workers_cluster() {
         let json = r#"{"workers":[{"name":"a"},{"name":"b","cluster":"engine_b"}]}"#;
-        let t = |w| target(json, w).map(|t| (t.header, t.value));
+        let t = |w| target(json, w).map(|(_, header, value)| (header, value));
         assert_eq!(t(0), Some(("x-llm-router-cluster".into(), "a".into())));
         assert_eq!(
             t(1),
@@ -64,11 +73,7 @@ mod tests {
             "workers":[{"name":"a","address":"10.0.0.1:8000"}]}"#;
         assert_eq!(
             target(json, 0),
-            Some(RouteTarget {
-                worker: "a".into(),
-                header: "x-dest".into(),
-                value: "10.0.0.1:8000".into()
-            })
+            Some(("a".into(), "x-dest".into(), "10.0.0.1:8000".into()))
         );
     }
 }

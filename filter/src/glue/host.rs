@@ -66,14 +66,18 @@ pub fn flush_counters(idle: bool, now_ms: u64, force: bool) {
 pub struct Metric {
     id: Option<u32>,
     kind: MetricType,
+    /// A counter's place in this VM's batch (`crate::counters::CounterBatch`).
+    slot: u32,
 }
 
 impl Metric {
     fn define(kind: MetricType, name: &str) -> Metric {
-        Metric {
-            id: hostcalls::define_metric(kind, name).ok(),
-            kind,
-        }
+        let id = hostcalls::define_metric(kind, name).ok();
+        let slot = match (id, kind) {
+            (Some(id), MetricType::Counter) => COUNTERS.with(|c| c.borrow_mut().slot(id)),
+            _ => 0,
+        };
+        Metric { id, kind, slot }
     }
 
     pub fn counter(name: &str) -> Metric {
@@ -96,8 +100,8 @@ impl Metric {
     /// A counter's increment waits in the VM for `flush_counters`; zero is skipped.
     pub fn add(self, n: u64) {
         match (self.id, self.kind) {
-            (Some(id), MetricType::Counter) if n > 0 => {
-                COUNTERS.with(|c| c.borrow_mut().add(id, n));
+            (Some(_), MetricType::Counter) if n > 0 => {
+                COUNTERS.with(|c| c.borrow_mut().add(self.slot, n));
             }
             (Some(id), _) => {
                 if let Ok(n @ 1..) = i64::try_from(n) {

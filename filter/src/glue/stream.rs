@@ -26,6 +26,7 @@ use crate::models;
 use crate::parse::{parse, Parsed};
 use crate::plan::{plan, Refusal};
 use crate::shared::truncate_text;
+use crate::target::route_target;
 use crate::work_hold::WorkHold;
 
 /// What a routed stream chose: the worker that gets the request itself (regular or
@@ -120,11 +121,14 @@ impl Stream {
                 return reply::refusal(refusal);
             }
         };
-        let target = &plan.target;
+        let Some(target) = route_target(state.router.config(), plan.main.worker) else {
+            drop(slot);
+            return reply::refusal(Refusal::UnknownWorker);
+        };
         let set = hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
-            &target.header,
-            Some(&target.value),
+            target.header,
+            Some(target.value),
         );
         if let Err(e) = set {
             host::log(
@@ -161,8 +165,8 @@ impl Stream {
                 }
             }
         };
-        let held = Held::take(state, &target.worker);
-        let work = bookkeeping::take_work(state, &target.worker, &plan.main);
+        let held = Held::take(state, target.worker);
+        let work = bookkeeping::take_work(state, target.worker, &plan.main);
         let decision = plan.main;
         // A tree policy counted the text's chars as it decided.
         let text_chars = match (plan.records.first(), &parsed) {

@@ -46,6 +46,9 @@ impl<'a> Leaf<'a> {
     }
 }
 
+/// Messages the list has room for before it grows.
+const MESSAGES_AT_ONCE: usize = 8;
+
 /// `messages` as routing text: every message as `role: text\n` in order; `None`
 /// unless it is a non-empty array.
 pub(super) fn chat_text(json: &mut Json) -> Read<Option<String>> {
@@ -53,7 +56,9 @@ pub(super) fn chat_text(json: &mut Json) -> Read<Option<String>> {
         Token::Array(items) => items,
         other => return other.drain(json).map(|()| None),
     };
-    let mut messages = Vec::new();
+    // Room for a conversation of a few turns at once: growing from empty reallocated
+    // it twice a request (a message is a few words: two borrowed strings).
+    let mut messages = Vec::with_capacity(MESSAGES_AT_ONCE);
     let mut any = false;
     while items.next(json)? {
         any = true;

@@ -80,13 +80,14 @@ pub struct CacheAwareParams {
 }
 
 /// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
-/// rung passes, so an imbalanced fleet costs no tree walk. `candidates` come in worker
+/// rung passes, so an imbalanced fleet costs no tree walk; it lends the match, which
+/// its caller keeps (the router reads the owners again after deciding). `candidates` come in worker
 /// order, as `crate::candidates` screens them: the match's owners are looked up in
 /// them.
-pub fn cache_aware(
+pub fn cache_aware<'m>(
     params: &CacheAwareParams,
     candidates: &[Candidate],
-    lookup: impl FnOnce() -> PrefixMatch,
+    lookup: impl FnOnce() -> &'m PrefixMatch,
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
     let none = GateAudit::default();
@@ -141,21 +142,33 @@ fn gated_owner_choice(
     rng: &mut dyn Rng,
 ) -> Decision {
     let limit = params.worker_queue_limit;
-    let (admitted, rejected): (Vec<&Candidate>, Vec<&Candidate>) =
-        owners.iter().partition(|c| queue_gate_admits(c, limit));
+    // The owners the gate admits and those it rejects, walked where needed rather
+    // than collected: a conversation has one owner, and every request passes here.
+    let admitted = || {
+        owners
+            .iter()
+            .copied()
+            .filter(|c| queue_gate_admits(c, limit))
+    };
+    let rejected = || {
+        owners
+            .iter()
+            .copied()
+            .filter(|c| !queue_gate_admits(c, limit))
+    };
     let gate = GateAudit {
-        rejected: rejected.len() as u32,
+        rejected: rejected().count() as u32,
         unsampled: if limit.is_some() {
-            admitted.iter().filter(|c| c.engine.is_none()).count() as u32
+            admitted().filter(|c| c.engine.is_none()).count() as u32
         } else {
             0
         },
     };
-    if let Some(w) = least_pressure(admitted.iter().copied()) {
+    if let Some(w) = least_pressure(admitted()) {
         return decide(w, Reason::CacheHit, matched, gate);
     }
     // Every owner is queued. Non-empty owners make `least_pressure` total below.
-    let pin_owner = least_pressure(rejected.iter().copied()).unwrap_or_default();
+    let pin_owner = least_pressure(rejected()).unwrap_or_default();
     match params.saturation_queue_floor {
         Some(floor) if !any_fresh_queue_below(fleet, floor) => {
             return decide(pin_owner, Reason::SaturationPin, matched, gate);
@@ -204,7 +217,8 @@ mod tests {
     #[test]
     fn no_candidates_no_decision() {
         let mut rng = SplitMix64(1);
-        assert!(cache_aware(&SMG, &[], || matched(0, 1, vec![]), &mut rng).is_none());
+        let none = matched(0, 1, vec![]);
+        assert!(cache_aware(&SMG, &[], || &none, &mut rng).is_none());
     }
 
     #[test]
@@ -252,13 +266,14 @@ mod tests {
     fn match_rate_must_be_strictly_above_threshold() {
         let mut rng = SplitMix64(1);
         let c = cands(&[0, 0, 5]);
-        let at = cache_aware(&SMG, &c, || matched(3, 10, vec![2]), &mut rng).unwrap();
+        let (at_threshold, above_it) = (matched(3, 10, vec![2]), matched(31, 100, vec![2]));
+        let at = cache_aware(&SMG, &c, || &at_threshold, &mut rng).unwrap();
         assert_eq!(at.reason, Reason::CacheMiss, "0.3 is not > 0.3");
         assert_ne!(
             at.worker, 2,
             "miss goes least-load, worker 2 is the busiest"
         );
-        let above = cache_aware(&SMG, &c, || matched(31, 100, vec![2]), &mut rng).unwrap();
+        let above = cache_aware(&SMG, &c, || &above_it, &mut rng).unwrap();
         assert_eq!((above.worker, above.reason), (2, Reason::CacheHit));
         assert_eq!(above.matched_chars, 31);
     }
@@ -267,7 +282,8 @@ mod tests {
     fn hit_prefers_least_loaded_owner_then_lowest_id() {
         let mut rng = SplitMix64(1);
         let c = cands(&[3, 1, 1, 0]);
-        let d = cache_aware(&SMG, &c, || matched(10, 10, vec![0, 1, 2]), &mut rng).unwrap();
+        let m = matched(10, 10, vec![0, 1, 2]);
+        let d = cache_aware(&SMG, &c, || &m, &mut rng).unwrap();
         assert_eq!(d.worker, 1, "owners 1 and 2 tie at 1 in flight: lower id");
     }
 
@@ -275,7 +291,8 @@ mod tests {
     fn owner_that_is_not_a_candidate_is_a_miss() {
         let mut rng = SplitMix64(1);
         let c = cands(&[0, 0]);
-        let d = cache_aware(&SMG, &c, || matched(10, 10, vec![7]), &mut rng).unwrap();
+        let m = matched(10, 10, vec![7]);
+        let d = cache_aware(&SMG, &c, || &m, &mut rng).unwrap();
         assert_eq!(d.reason, Reason::CacheMiss);
     }
 
@@ -290,13 +307,8 @@ mod tests {
     /// Full match owned by `owners`.
     fn run(params: CacheAwareParams, fleet: &[Candidate], owners: &[TenantId]) -> Decision {
         let mut rng = SplitMix64(3);
-        cache_aware(
-            &params,
-            fleet,
-            || matched(100, 100, owners.to_vec()),
-            &mut rng,
-        )
-        .expect("a non-empty fleet always decides")
+        let m = matched(100, 100, owners.to_vec());
+        cache_aware(&params, fleet, || &m, &mut rng).expect("a non-empty fleet always decides")
     }
 
     #[test]
@@ -492,13 +504,8 @@ mod tests {
     fn a_miss_is_not_gated() {
         let fleet = [c(0, 0, Some((9, 0))), c(1, 1, Some((0, 0)))];
         let mut rng = SplitMix64(1);
-        let d = cache_aware(
-            &gated(Some(4), Some(2)),
-            &fleet,
-            || matched(1, 100, vec![1]),
-            &mut rng,
-        )
-        .unwrap();
+        let m = matched(1, 100, vec![1]);
+        let d = cache_aware(&gated(Some(4), Some(2)), &fleet, || &m, &mut rng).unwrap();
         assert_eq!(
             (d.worker, d.reason),
             (0, Reason::CacheMiss),

@@ -60,6 +60,11 @@ pub(crate) struct ReplayArgs {
     /// Engine concurrent requests at most (0: unlimited), like `--engine-arg=--max-running=N`.
     #[arg(long, default_value_t = 0)]
     max_running: usize,
+    /// Print each run's hostcalls a request, by name (what a request costs the
+    /// host: in Envoy each one is a V8 exit, and one that returns data an
+    /// allocation in the guest too).
+    #[arg(long)]
+    hostcalls: bool,
 }
 
 /// Runs the demo's main run and baseline in host-sim; prints the demo's report and
@@ -129,6 +134,9 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             llm_load::record::write_jsonl(&dir.join(format!("{label}.jsonl")), &done.records)?;
         }
+        if args.hostcalls {
+            print_hostcalls(&label, &done.host.hostcall_counts(), items.len());
+        }
         let mut result = RunResult::new(label, done.summary, |name| done.host.metric(name));
         if args.pd.pd {
             PdCounts {
@@ -170,4 +178,19 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
     };
     run::print_report(&main_run, baseline.as_ref(), args.vms as u32, engines, None);
     Ok(main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors))
+}
+
+/// `--hostcalls`: every hostcall's calls a request over the run, the dearest first.
+fn print_hostcalls(label: &str, counts: &std::collections::BTreeMap<String, u64>, requests: usize) {
+    let per = |n: u64| n as f64 / requests.max(1) as f64;
+    let mut rows: Vec<_> = counts.iter().collect();
+    rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let total: u64 = counts.values().sum();
+    println!(
+        "hostcalls a request, {label} ({requests} requests): {:.2}",
+        per(total)
+    );
+    for (name, n) in rows {
+        println!("  {:>8.2}  {name}", per(*n));
+    }
 }
