@@ -26,8 +26,10 @@
 //! single-threaded Wasm VM does not need.
 
 use crate::scan;
+use children::Children;
 use hashbrown::HashMap;
 
+mod children;
 mod leaves;
 mod removal;
 mod tenant_matches;
@@ -48,7 +50,7 @@ struct Node {
     text: String,
     /// `text.chars().count()`, cached because sizes are accounted in chars.
     chars: usize,
-    children: HashMap<char, NodeIdx>,
+    children: Children,
     /// Tenants holding this node, sorted by tenant: a vector beats a map, but a
     /// shared prompt's nodes hold every worker of a fleet, and each request's insert
     /// looked its worker up along them (a scan of 256 at 256 workers, the routed
@@ -343,7 +345,7 @@ impl Tree {
         let mid = self.alloc(Node {
             text: head,
             chars: split_chars,
-            children: HashMap::new(),
+            children: Children::None,
             tenants,
             parent,
             live: true,
@@ -398,12 +400,12 @@ impl Tree {
     fn insert_below(&mut self, mut cur: NodeIdx, text: &str, tenant: TenantId, clock: u64) {
         let mut rest = text;
         while let Some(first) = rest.chars().next() {
-            let Some(&child) = self.node(cur).children.get(&first) else {
+            let Some(child) = self.node(cur).children.get(first) else {
                 let chars = char_len(rest);
                 let leaf = self.alloc(Node {
                     text: rest.to_string(),
                     chars,
-                    children: HashMap::new(),
+                    children: Children::None,
                     tenants: Vec::new(),
                     parent: cur,
                     live: true,
@@ -446,7 +448,7 @@ impl Tree {
             text_len: text.len(),
         };
         while let Some(first) = rest.chars().next() {
-            let Some(&child) = self.node(cur).children.get(&first) else {
+            let Some(child) = self.node(cur).children.get(first) else {
                 break;
             };
             let node = self.node(child);
@@ -515,8 +517,8 @@ mod tests {
                 *per_tenant.entry(tenant).or_default() += n.chars;
                 let held_below = n
                     .children
-                    .values()
-                    .filter(|&&c| t.node(c).tenant_pos(tenant).is_some())
+                    .iter()
+                    .filter(|&(_, c)| t.node(c).tenant_pos(tenant).is_some())
                     .count();
                 assert_eq!(children as usize, held_below, "child count of {tenant}");
                 if idx != ROOT && held_below == 0 {
@@ -536,8 +538,8 @@ mod tests {
                 );
                 assert!(!n.text.is_empty(), "empty edge");
             }
-            for (c, &child) in &n.children {
-                assert_eq!(t.node(child).text.chars().next(), Some(*c), "child key");
+            for (c, child) in n.children.iter() {
+                assert_eq!(t.node(child).text.chars().next(), Some(c), "child key");
                 assert_eq!(t.node(child).parent, idx, "parent link");
             }
         }
@@ -1155,7 +1157,7 @@ mod tests {
             nodes.push((path.clone(), node.tenants.clone()));
             let mut children: Vec<_> = node.children.iter().collect();
             children.sort();
-            stack.extend(children.into_iter().map(|(_, &c)| (c, path.clone())));
+            stack.extend(children.into_iter().map(|(_, c)| (c, path.clone())));
         }
         let tenants = (0..4)
             .map(|x| (x, t.tenant_chars(x), t.tenant_leaves(x)))

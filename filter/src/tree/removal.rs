@@ -120,7 +120,7 @@ impl Tree {
         let first = node.text.chars().next().unwrap_or_default();
         self.stored_chars -= node.chars;
         self.edits += 1;
-        self.node_mut(parent).children.remove(&first);
+        self.node_mut(parent).children.remove(first);
         self.nodes[idx as usize] = Node::default();
         self.free.push(idx);
         true

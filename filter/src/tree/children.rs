@@ -1,0 +1,144 @@
+//! A node's children, by the first char of their edges.
+//!
+//! A conversation's turn ends at a node, and its next turn goes on below it: most
+//! nodes of a chat workload have one child. Each request's new leaf lands under
+//! such a node, and a map of its own for that one child cost the request an
+//! allocation (and the node the map's memory), and every walk through it a hash. So
+//! one child is kept inline, and the map is made for the second and given up when
+//! one is left.
+
+use super::NodeIdx;
+use hashbrown::HashMap;
+
+#[derive(Debug, Clone, Default)]
+pub(super) enum Children {
+    #[default]
+    None,
+    One(char, NodeIdx),
+    Many(HashMap<char, NodeIdx>),
+}
+
+impl Children {
+    pub fn get(&self, first: char) -> Option<NodeIdx> {
+        match self {
+            Children::None => None,
+            Children::One(c, child) => (*c == first).then_some(*child),
+            Children::Many(map) => map.get(&first).copied(),
+        }
+    }
+
+    /// Sets the child whose edge starts with `first` (replacing one that did).
+    pub fn insert(&mut self, first: char, child: NodeIdx) {
+        match self {
+            Children::None => *self = Children::One(first, child),
+            Children::One(c, old) if *c == first => *old = child,
+            Children::One(c, old) => {
+                let map = HashMap::from_iter([(*c, *old), (first, child)]);
+                *self = Children::Many(map);
+            }
+            Children::Many(map) => {
+                map.insert(first, child);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, first: char) {
+        match self {
+            Children::One(c, _) if *c == first => *self = Children::None,
+            Children::None | Children::One(..) => {}
+            Children::Many(map) => {
+                map.remove(&first);
+                let mut left = map.iter();
+                match (left.next(), left.next()) {
+                    (None, _) => *self = Children::None,
+                    (Some((&c, &child)), None) => *self = Children::One(c, child),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Children::None)
+    }
+
+    /// Every child with its first char, in no particular order (the tree's
+    /// invariant checks walk them).
+    #[cfg(test)]
+    pub fn iter(&self) -> impl Iterator<Item = (char, NodeIdx)> + '_ {
+        let (one, many) = match self {
+            Children::None => (None, None),
+            Children::One(c, child) => (Some((*c, *child)), None),
+            Children::Many(map) => (None, Some(map.iter().map(|(&c, &child)| (c, child)))),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(c: &Children) -> Vec<(char, NodeIdx)> {
+        let mut all: Vec<_> = c.iter().collect();
+        all.sort();
+        all
+    }
+
+    #[test]
+    fn children_go_from_none_to_one_to_a_map_and_back() {
+        let mut c = Children::default();
+        assert!(c.is_empty());
+        assert_eq!((c.get('a'), sorted(&c)), (None, vec![]));
+        c.insert('a', 1);
+        assert!(matches!(c, Children::One('a', 1)));
+        assert_eq!((c.get('a'), c.get('b')), (Some(1), None));
+        c.insert('a', 2);
+        assert!(matches!(c, Children::One('a', 2)), "replaced in place");
+        c.insert('é', 3);
+        assert!(matches!(c, Children::Many(_)));
+        assert_eq!(sorted(&c), vec![('a', 2), ('é', 3)]);
+        c.insert('z', 4);
+        c.insert('z', 5);
+        assert_eq!(sorted(&c), vec![('a', 2), ('z', 5), ('é', 3)]);
+        c.remove('q');
+        c.remove('a');
+        assert!(matches!(c, Children::Many(_)), "two left: still a map");
+        c.remove('z');
+        assert!(matches!(c, Children::One('é', 3)), "one left: inline again");
+        c.remove('a');
+        assert!(matches!(c, Children::One('é', 3)), "not a child: kept");
+        c.remove('é');
+        assert!(c.is_empty());
+        assert_eq!(sorted(&c), vec![]);
+    }
+
+    #[test]
+    fn every_key_reads_back_as_a_map_would() {
+        // The same random inserts and removals on a `Children` and a plain map.
+        let mut c = Children::default();
+        let mut m: HashMap<char, NodeIdx> = HashMap::new();
+        let mut x = 0x9e37_79b9_u32;
+        for step in 0..5000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let key = char::from(b'a' + (x % 5) as u8);
+            if x & 0x100 == 0 {
+                c.insert(key, step);
+                m.insert(key, step);
+            } else {
+                c.remove(key);
+                m.remove(&key);
+            }
+            let mut want: Vec<_> = m.iter().map(|(&k, &v)| (k, v)).collect();
+            want.sort();
+            assert_eq!(sorted(&c), want, "step {step}");
+            assert_eq!(c.is_empty(), m.is_empty());
+            assert!(!matches!(c, Children::Many(ref map) if map.len() < 2));
+            for k in ['a', 'b', 'c', 'd', 'e', 'f'] {
+                assert_eq!(c.get(k), m.get(&k).copied());
+            }
+        }
+    }
+}
