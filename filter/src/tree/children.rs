@@ -48,11 +48,11 @@ impl Children {
             Children::None | Children::One(..) => {}
             Children::Many(map) => {
                 map.remove(&first);
-                let mut left = map.iter();
-                match (left.next(), left.next()) {
-                    (None, _) => *self = Children::None,
-                    (Some((&c, &child)), None) => *self = Children::One(c, child),
-                    _ => {}
+                if map.len() < 2 {
+                    *self = match map.iter().next() {
+                        Some((&c, &child)) => Children::One(c, child),
+                        None => Children::None,
+                    };
                 }
             }
         }

@@ -180,7 +180,8 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
     Ok(main_run.summary.errors + baseline.map_or(0, |b| b.summary.errors))
 }
 
-/// `--hostcalls`: every hostcall's calls a request over the run, the dearest first.
+/// `--hostcalls`: every hostcall's calls a request over the run, the most made first
+/// (a count, not a cost: `benches/overhead --callgrind` prices them in Envoy).
 fn print_hostcalls(label: &str, counts: &std::collections::BTreeMap<String, u64>, requests: usize) {
     let per = |n: u64| n as f64 / requests.max(1) as f64;
     let mut rows: Vec<_> = counts.iter().collect();
