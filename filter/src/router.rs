@@ -104,6 +104,9 @@ pub struct Router {
     /// Where the last decision's walk of its text ended, for the insert it records
     /// (`apply_routed`).
     walked: Option<Walked>,
+    /// The last `cache_aware` decision's prefix match, kept so that its owners'
+    /// list is refilled rather than allocated on every request.
+    found: PrefixMatch,
 }
 
 impl Router {
@@ -118,6 +121,7 @@ impl Router {
             cfg_version: 0,
             screens: Screens::default(),
             walked: None,
+            found: PrefixMatch::default(),
         }
     }
 
@@ -277,36 +281,34 @@ impl Router {
                     saturation_queue_floor: self.cfg.saturation_queue_floor,
                 };
                 let tree = self.trees.get(pool, model);
-                let mut matched: Option<PrefixMatch> = None;
-                let mut walked = None;
-                let slot = &mut matched;
+                let (mut looked, mut walked) = (false, None);
+                let (looked_up, walk) = (&mut looked, &mut walked);
+                let found = &mut self.found;
                 let decision = policy::cache_aware(
                     &params,
                     candidates,
-                    || {
-                        let found = match tree {
-                            Some(t) => {
-                                let (found, w) = t.prefix_walk(text);
-                                walked = Some(w);
-                                found
+                    move || {
+                        *looked_up = true;
+                        match tree {
+                            Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
+                            None => {
+                                found.matched_chars = 0;
+                                found.input_chars = crate::tree::char_len(text);
+                                found.owners.clear();
                             }
-                            None => PrefixMatch {
-                                matched_chars: 0,
-                                input_chars: crate::tree::char_len(text),
-                                owners: Vec::new(),
-                            },
-                        };
-                        &*slot.insert(found)
+                        }
+                        &*found
                     },
                     rng,
                 );
+                let matched = looked.then_some(&self.found);
                 // An owner of the match holds all of it; anyone else, what a walk
                 // of its own says (a balanced fleet never walked the tree at all).
-                let held = decision.as_ref().map_or(0, |d| match &matched {
+                let held = decision.as_ref().map_or(0, |d| match matched {
                     Some(m) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
                     _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
                 });
-                let counted = matched.as_ref().map(|m| m.input_chars);
+                let counted = matched.map(|m| m.input_chars);
                 self.walked = walked;
                 (decision, held, matched, counted)
             }
@@ -347,7 +349,6 @@ impl Router {
         let owner_overloaded = !flagged.is_empty()
             && decision.reason == Reason::CacheMiss
             && matched
-                .as_ref()
                 .is_some_and(|m| owners_filtered(self.cfg.cache_threshold, m, candidates, flagged));
         let record = match (policy, text) {
             (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Record {

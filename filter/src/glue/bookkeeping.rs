@@ -101,10 +101,15 @@ pub struct Undo {
 /// at a later sync (`crate::shared::Outbox`); returns the records' undoing.
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
-    let mut undo = Undo::default();
-    for Record { op, held_chars, .. } in plan.records {
-        undo.records.push((state.record(&op), op, held_chars));
-    }
+    // Mapped in place: a record and its undoing are the same size, so std reuses the
+    // plan's list for them instead of allocating another per request.
+    let undo = Undo {
+        records: plan
+            .records
+            .into_iter()
+            .map(|Record { op, held_chars, .. }| (state.record(&op), op, held_chars))
+            .collect(),
+    };
     if state.sync_due() || state.shared.outbox.full() {
         state.flush();
     }

@@ -116,7 +116,7 @@ pub fn cache_aware<'m>(
 /// (`PrefixMatch` sorts its owners), so the smaller is searched for in the larger: a
 /// conversation has one owner among hundreds of candidates, a shared system prompt
 /// hundreds of owners.
-pub(crate) fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Vec<&'c Candidate> {
+pub(crate) fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Owning<'c> {
     if owners.len() < candidates.len() {
         owners
             .iter()
@@ -130,6 +130,38 @@ pub(crate) fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Ve
             .iter()
             .filter(|c| owners.binary_search(&c.worker).is_ok())
             .collect()
+    }
+}
+
+/// The candidates among a match's owners (`owning`): a conversation's one owner is
+/// held in place, and a list is made only for a second, so the request that follows
+/// its own conversation allocates nothing here.
+pub(crate) enum Owning<'c> {
+    One([&'c Candidate; 1]),
+    List(Vec<&'c Candidate>),
+}
+
+impl<'c> std::ops::Deref for Owning<'c> {
+    type Target = [&'c Candidate];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Owning::One(one) => one,
+            Owning::List(list) => list,
+        }
+    }
+}
+
+impl<'c> FromIterator<&'c Candidate> for Owning<'c> {
+    fn from_iter<I: IntoIterator<Item = &'c Candidate>>(iter: I) -> Self {
+        let mut iter = iter.into_iter();
+        let (Some(first), second) = (iter.next(), iter.next()) else {
+            return Owning::List(Vec::new());
+        };
+        match second {
+            None => Owning::One([first]),
+            Some(second) => Owning::List([first, second].into_iter().chain(iter).collect()),
+        }
     }
 }
 
@@ -516,7 +548,7 @@ mod tests {
     #[test]
     fn owners_are_found_among_candidates_whichever_list_is_longer() {
         let fleet = cands(&[0; 8]);
-        let ids = |found: Vec<&Candidate>| found.iter().map(|c| c.worker).collect::<Vec<_>>();
+        let ids = |found: Owning| found.iter().map(|c| c.worker).collect::<Vec<_>>();
         assert_eq!(ids(owning(&fleet, &[3])), [3], "one owner among many");
         assert_eq!(ids(owning(&fleet, &[1, 6, 9])), [1, 6], "9 is no candidate");
         let few = [fleet[2], fleet[5]];
@@ -528,5 +560,14 @@ mod tests {
         );
         assert!(owning(&few, &[]).is_empty());
         assert!(owning(&[], &many).is_empty());
+    }
+
+    #[test]
+    fn one_owner_is_held_in_place_and_a_second_makes_a_list() {
+        let fleet = cands(&[0; 8]);
+        assert!(matches!(owning(&fleet, &[3]), Owning::One([c]) if c.worker == 3));
+        assert!(matches!(owning(&fleet, &[3, 9]), Owning::One([c]) if c.worker == 3));
+        assert!(matches!(&owning(&fleet, &[1, 3, 5]), Owning::List(l) if l.len() == 3));
+        assert!(matches!(&owning(&fleet, &[9]), Owning::List(l) if l.is_empty()));
     }
 }

@@ -271,7 +271,7 @@ pub fn read_loads(
         costs: if ttft {
             costs.by_worker(store, names)
         } else {
-            Rc::default()
+            costs.none()
         },
         own_at_sample: Rc::clone(&tables.own_at_sample),
     }

@@ -135,6 +135,9 @@ pub struct CostTable {
     table: PairTable,
     /// This VM's copy (`None`: not read yet).
     local: RefCell<Option<Local>>,
+    /// No costs, for the policies that read none: an `Rc` made per request would be
+    /// an allocation per request.
+    none: Rc<Vec<WorkerCosts>>,
 }
 
 /// The shared table as of this VM's last tick, with what it learned since.
@@ -254,7 +257,13 @@ impl CostTable {
         CostTable {
             table: PairTable { key: keys.costs() },
             local: RefCell::new(None),
+            none: Rc::default(),
         }
+    }
+
+    /// No costs, shared (`none`).
+    pub fn none(&self) -> Rc<Vec<WorkerCosts>> {
+        Rc::clone(&self.none)
     }
 
     /// This VM's copy, read from shared data the first time.
@@ -382,6 +391,17 @@ mod tests {
             service_ms: ms,
             ..c
         }
+    }
+
+    #[test]
+    fn no_costs_are_one_empty_table_shared_by_every_request() {
+        let t = CostTable::new(&Keys::new("t"));
+        let (a, b) = (t.none(), t.none());
+        assert!(a.is_empty());
+        assert!(
+            Rc::ptr_eq(&a, &b),
+            "the same table, not one made per request"
+        );
     }
 
     #[test]

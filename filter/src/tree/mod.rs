@@ -85,7 +85,7 @@ impl Node {
 }
 
 /// What a prefix lookup found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
     /// Chars of the input that the tree holds as a prefix.
     pub matched_chars: usize,
@@ -474,17 +474,25 @@ impl Tree {
 
     /// `prefix_match`, and where its walk ended for an insert of the same text.
     pub fn prefix_walk(&self, text: &str) -> (PrefixMatch, Walked) {
-        let (last, matched, rest, walked) = self.walk(text, |_, _, _, _| {});
-        // Sorted, as a node keeps its tenants.
-        let owners: Vec<TenantId> = self.node(last).tenants.iter().map(|h| h.tenant).collect();
-        let found = PrefixMatch {
-            matched_chars: matched,
-            // The walk counted the matched chars (an ASCII edge without a pass):
-            // only the rest is counted here, not the kilobytes matched again.
-            input_chars: matched + char_len(rest),
-            owners,
-        };
+        let mut found = PrefixMatch::default();
+        let walked = self.prefix_walk_into(text, &mut found);
         (found, walked)
+    }
+
+    /// `prefix_walk` into a match the caller keeps: its owners' list is refilled,
+    /// not allocated again, on every request that walks a tree.
+    pub fn prefix_walk_into(&self, text: &str, found: &mut PrefixMatch) -> Walked {
+        let (last, matched, rest, walked) = self.walk(text, |_, _, _, _| {});
+        found.matched_chars = matched;
+        // The walk counted the matched chars (an ASCII edge without a pass): only the
+        // rest is counted here, not the kilobytes matched again.
+        found.input_chars = matched + char_len(rest);
+        // Sorted, as a node keeps its tenants.
+        found.owners.clear();
+        found
+            .owners
+            .extend(self.node(last).tenants.iter().map(|h| h.tenant));
+        walked
     }
 }
 
