@@ -57,6 +57,12 @@ pub struct Load {
     pub requests: usize,
     pub latency_requests: usize,
     pub connections: usize,
+    /// The loaded phase of a repetition goes round the variants in this many slices
+    /// (each variant's Envoy up throughout), so that every variant is measured
+    /// through the same stretches of the machine's speed, which on a shared machine
+    /// moves by a third over seconds: a variant measured in one block of 20,000
+    /// requests could get a slow stretch that its floor, measured next, did not.
+    pub slices: usize,
     pub variants: Vec<String>,
     /// `--callgrind-keep`: where the counts' dumps are kept.
     pub keep: Option<PathBuf>,
@@ -298,46 +304,82 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
     let lat_n = scaled(load.latency_requests, p.body_bytes, 20);
     let warm = bodies(p.body_bytes, 0..warm_n);
     let mut next = warm_n;
+    let n = measured.len();
     for rep in 0..load.reps {
         let one = bodies(p.body_bytes, next..next + lat_n);
         next += lat_n;
         let many = bodies(p.body_bytes, next..next + per_rep);
         next += per_rep;
-        // A different variant goes first each repetition.
-        let n = measured.len();
-        for k in 0..n {
-            let i = (rep + k) % n;
-            let m = &mut measured[i];
+        // Every variant's Envoy is up, warm, for the whole repetition, so that the
+        // loaded phase can go round them in slices (see `Load::slices`).
+        let mut envoys = Vec::with_capacity(n);
+        for (i, m) in measured.iter().enumerate() {
             let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &m.variant)?;
             let envoy = start_envoy(&m.variant, &upstreams, p.threads, &dir, &envoy_bin)?;
-            let url = envoy.url();
-            warm_up(rt, &url, load.connections, &warm, &m.variant)?;
-            let pid = envoy.pid();
-            let ((records, _), spent) = cpu::during(pid, tps, || Ok(replay(rt, &url, 1, &one)))?;
+            warm_up(rt, &envoy.url(), load.connections, &warm, &m.variant)?;
+            envoys.push(envoy);
+        }
+        // A different variant goes first each repetition, and each slice.
+        let order = |round: usize| (0..n).map(move |k| (rep + round + k) % n);
+        for i in order(0) {
+            let (m, envoy) = (&mut measured[i], &envoys[i]);
+            let ((records, _), spent) =
+                cpu::during(envoy.pid(), tps, || Ok(replay(rt, &envoy.url(), 1, &one)))?;
             m.cpu_c1 += spent.cpu;
             m.requests_c1 += records.len();
             m.latencies_ms
                 .extend(records.iter().filter(|x| x.is_ok()).map(|x| x.latency_ms));
             note_errors(m, &records);
-            let ((records, wall), spent) =
-                cpu::during(pid, tps, || Ok(replay(rt, &url, load.connections, &many)))?;
-            m.cpu += spent.cpu;
-            let per_request = |d: Duration| d.as_secs_f64() * 1e6 / records.len().max(1) as f64;
-            m.cpu_runs.push(per_request(spent.cpu));
-            m.user_runs.push(per_request(spent.user));
-            m.requests += records.len();
-            m.rps
-                .push(records.len() as f64 / wall.as_secs_f64().max(1e-9));
-            note_errors(m, &records);
-            if let Some(h) = hits.get_mut(i) {
-                h.count(&m.variant, &envoy)?;
+        }
+        let mut phase = vec![Phase::default(); n];
+        let slice = many.len().div_ceil(load.slices.max(1)).max(1);
+        for (round, items) in many.chunks(slice).enumerate() {
+            for i in order(round) {
+                let (m, envoy) = (&mut measured[i], &envoys[i]);
+                let ((records, wall), spent) = cpu::during(envoy.pid(), tps, || {
+                    Ok(replay(rt, &envoy.url(), load.connections, items))
+                })?;
+                phase[i].add(spent, wall, records.len());
+                note_errors(m, &records);
             }
+        }
+        for ((m, envoy), (h, ph)) in measured
+            .iter_mut()
+            .zip(&envoys)
+            .zip(hits.iter_mut().zip(&phase))
+        {
+            m.cpu += ph.cpu;
+            let per_request = |d: Duration| d.as_secs_f64() * 1e6 / ph.requests.max(1) as f64;
+            m.cpu_runs.push(per_request(ph.cpu));
+            m.user_runs.push(per_request(ph.user));
+            m.requests += ph.requests;
+            m.rps
+                .push(ph.requests as f64 / ph.wall.as_secs_f64().max(1e-9));
+            h.count(&m.variant, envoy)?;
         }
     }
     for (m, h) in measured.iter_mut().zip(hits) {
         m.hit_rate = h.rate(&m.variant);
     }
     Ok(measured)
+}
+
+/// One variant's loaded phase of a repetition, summed over its slices.
+#[derive(Debug, Clone, Copy, Default)]
+struct Phase {
+    cpu: Duration,
+    user: Duration,
+    wall: Duration,
+    requests: usize,
+}
+
+impl Phase {
+    fn add(&mut self, spent: cpu::Spent, wall: Duration, requests: usize) {
+        self.cpu += spent.cpu;
+        self.user += spent.user;
+        self.wall += wall;
+        self.requests += requests;
+    }
 }
 
 /// What one variant counted under callgrind over all repetitions.

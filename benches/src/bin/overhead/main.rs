@@ -7,7 +7,10 @@
 //! the same bootstrap and plugin config, only the `.wasm` and the policy differ),
 //! sends every Envoy the same warm-up (10k conversations, not measured), then, in
 //! repetitions that rotate which variant goes first, the same closed-loop load: a
-//! latency phase at one connection and a throughput phase at 64. Per variant it
+//! latency phase at one connection and a throughput phase at 64, the latter in
+//! slices the variants take in turn (`--slices`), every Envoy up through the
+//! repetition, so that the machine's slow and fast stretches fall on all of them
+//! alike. Per variant it
 //! prints p50/p99 at one connection, requests/s at 64 (median of repetitions), and
 //! Envoy's own CPU time per request from `/proc/<pid>/stat` over the loaded phases
 //! (steadier than latency on a shared machine), with the ratio and the difference
@@ -69,6 +72,11 @@ struct Args {
     /// Requests per repetition at one connection (scaled like `--requests`).
     #[arg(long, default_value_t = 200)]
     latency_requests: usize,
+    /// The throughput phase of a repetition in this many slices, taken by the
+    /// variants in turn (every variant's Envoy stays up through the repetition), so
+    /// that a stretch of a slow machine falls on all of them alike.
+    #[arg(long, default_value_t = 10)]
+    slices: usize,
     /// Connections in the throughput phase [default: 64], or counted with
     /// --callgrind [default: 1; 64 counts what a busy thread does per request, such as
     /// the in-flight counts of every busy worker].
@@ -310,6 +318,7 @@ fn main() -> Result<()> {
         requests: args.requests.unwrap_or(requests).max(1),
         latency_requests: args.latency_requests.max(1),
         connections: args.connections.unwrap_or(connections).max(1),
+        slices: args.slices.max(1),
         variants: args.variants.clone(),
         keep: args.callgrind_keep.clone(),
     };
