@@ -95,14 +95,23 @@ pub struct Undo {
     records: Vec<(Rc<Recorded>, Op, u64)>,
 }
 
+// `book` turns a plan's records into their undoing in the records' own allocation,
+// which std does only for items of the same size and alignment.
+const _: () = {
+    use std::mem::{align_of, size_of};
+    type Undone = (Rc<Recorded>, Op, u64);
+    assert!(size_of::<Record>() == size_of::<Undone>());
+    assert!(align_of::<Record>() == align_of::<Undone>());
+};
+
 /// Counts the routed request (whose routing text had `text_chars` chars) and
 /// records its tree operations: shared now if the request syncs (its in-flight
 /// counts riding on the claim, or written alone when nothing was recorded), else
 /// at a later sync (`crate::shared::Outbox`); returns the records' undoing.
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
-    // Mapped in place: a record and its undoing are the same size, so std reuses the
-    // plan's list for them instead of allocating another per request.
+    // Mapped in place: a record and its undoing are the same size (asserted above),
+    // so std reuses the plan's list for them instead of allocating another per request.
     let undo = Undo {
         records: plan
             .records

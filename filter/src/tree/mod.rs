@@ -1223,6 +1223,29 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_match_refilled_by_a_walk_is_what_a_fresh_walk_finds() {
+        let mut t = Tree::with_id(1);
+        t.insert("system prompt, first question", 0, 1);
+        t.insert("system prompt, first question", 2, 2);
+        t.insert("system prompt, second question", 1, 3);
+        let mut kept = PrefixMatch::default();
+        // Two owners, then one, then a text the tree shares nothing with: each walk
+        // leaves no trace of the last.
+        for (text, owners) in [
+            ("system prompt, first question and more", 2),
+            ("system prompt, second question", 1),
+            ("another prompt", 3),
+        ] {
+            let walked = t.prefix_walk_into(text, &mut kept);
+            let (fresh, fresh_walked) = t.prefix_walk(text);
+            assert_eq!(kept, fresh, "{text}");
+            assert_eq!(walked, fresh_walked, "{text}");
+            assert_eq!(kept.owners.len(), owners, "{text}");
+        }
+        assert_eq!(kept.matched_chars, 0);
+    }
+
+    #[test]
     fn a_walk_of_another_tree_or_text_is_not_taken() {
         let mut a = Tree::with_id(1);
         let mut b = Tree::with_id(2);
