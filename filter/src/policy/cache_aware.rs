@@ -155,10 +155,10 @@ impl<'c> std::ops::Deref for Owning<'c> {
 impl<'c> FromIterator<&'c Candidate> for Owning<'c> {
     fn from_iter<I: IntoIterator<Item = &'c Candidate>>(iter: I) -> Self {
         let mut iter = iter.into_iter();
-        let (Some(first), second) = (iter.next(), iter.next()) else {
+        let Some(first) = iter.next() else {
             return Owning::List(Vec::new());
         };
-        match second {
+        match iter.next() {
             None => Owning::One([first]),
             Some(second) => Owning::List([first, second].into_iter().chain(iter).collect()),
         }
