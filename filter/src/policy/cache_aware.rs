@@ -174,33 +174,28 @@ fn gated_owner_choice(
     rng: &mut dyn Rng,
 ) -> Decision {
     let limit = params.worker_queue_limit;
-    // The owners the gate admits and those it rejects, walked where needed rather
-    // than collected: a conversation has one owner, and every request passes here.
-    let admitted = || {
+    // The owners the gate admits (`true`) or rejects (`false`), walked where needed
+    // rather than collected: a conversation has one owner, and every request passes
+    // here.
+    let gated = |admits: bool| {
         owners
             .iter()
             .copied()
-            .filter(|c| queue_gate_admits(c, limit))
-    };
-    let rejected = || {
-        owners
-            .iter()
-            .copied()
-            .filter(|c| !queue_gate_admits(c, limit))
+            .filter(move |c| queue_gate_admits(c, limit) == admits)
     };
     let gate = GateAudit {
-        rejected: rejected().count() as u32,
+        rejected: gated(false).count() as u32,
         unsampled: if limit.is_some() {
-            admitted().filter(|c| c.engine.is_none()).count() as u32
+            gated(true).filter(|c| c.engine.is_none()).count() as u32
         } else {
             0
         },
     };
-    if let Some(w) = least_pressure(admitted()) {
+    if let Some(w) = least_pressure(gated(true)) {
         return decide(w, Reason::CacheHit, matched, gate);
     }
     // Every owner is queued. Non-empty owners make `least_pressure` total below.
-    let pin_owner = least_pressure(rejected()).unwrap_or_default();
+    let pin_owner = least_pressure(gated(false)).unwrap_or_default();
     match params.saturation_queue_floor {
         Some(floor) if !any_fresh_queue_below(fleet, floor) => {
             return decide(pin_owner, Reason::SaturationPin, matched, gate);
