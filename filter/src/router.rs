@@ -291,11 +291,7 @@ impl Router {
                         *looked_up = true;
                         match tree {
                             Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
-                            None => {
-                                found.matched_chars = 0;
-                                found.input_chars = crate::tree::char_len(text);
-                                found.owners.clear();
-                            }
+                            None => found.refill(0, crate::tree::char_len(text), []),
                         }
                         &*found
                     },

@@ -105,6 +105,20 @@ impl PrefixMatch {
             self.matched_chars as f64 / self.input_chars as f64
         }
     }
+
+    /// Makes this match say what another lookup found, in place: the owners' list
+    /// is refilled, so a match kept from one request to the next allocates once.
+    pub fn refill(
+        &mut self,
+        matched_chars: usize,
+        input_chars: usize,
+        owners: impl IntoIterator<Item = TenantId>,
+    ) {
+        self.matched_chars = matched_chars;
+        self.input_chars = input_chars;
+        self.owners.clear();
+        self.owners.extend(owners);
+    }
 }
 
 /// Where a prefix match's walk of a text ended (`Tree::prefix_walk`): the deepest
@@ -483,15 +497,14 @@ impl Tree {
     /// not allocated again, on every request that walks a tree.
     pub fn prefix_walk_into(&self, text: &str, found: &mut PrefixMatch) -> Walked {
         let (last, matched, rest, walked) = self.walk(text, |_, _, _, _| {});
-        found.matched_chars = matched;
-        // The walk counted the matched chars (an ASCII edge without a pass): only the
-        // rest is counted here, not the kilobytes matched again.
-        found.input_chars = matched + char_len(rest);
-        // Sorted, as a node keeps its tenants.
-        found.owners.clear();
-        found
-            .owners
-            .extend(self.node(last).tenants.iter().map(|h| h.tenant));
+        found.refill(
+            matched,
+            // The walk counted the matched chars (an ASCII edge without a pass): only
+            // the rest is counted here, not the kilobytes matched again.
+            matched + char_len(rest),
+            // Sorted, as a node keeps its tenants.
+            self.node(last).tenants.iter().map(|h| h.tenant),
+        );
         walked
     }
 }
