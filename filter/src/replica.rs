@@ -25,7 +25,8 @@
 
 use crate::config::WorkerConfig;
 use crate::shared::{
-    is_local_insert, pool_code, pool_of, put_bytes, truncate_text, Op, OpRing, Reader, SharedStore,
+    is_local_insert, pool_code, pool_of, put_bytes, truncate_text, Op, OpRef, OpRing, Reader,
+    SharedStore,
 };
 
 /// The batch encoding's version byte.
@@ -306,7 +307,7 @@ pub fn export(
     while full_at.is_none() && ops.len() < max_ops {
         let step = EXPORT_STEP.min((max_ops - ops.len()) as u64);
         let got = ring.walk(store, &mut cursor, step, now_ms, |seq, raw| {
-            let Some(op) = Op::decode(raw) else {
+            let Some(op) = OpRef::decode(raw) else {
                 return false;
             };
             if full_at.is_some() {
@@ -335,9 +336,9 @@ pub fn export(
             };
             let op = Op::Insert {
                 pool,
-                model,
-                worker,
-                text: truncate_text(&text, max_text).to_string(),
+                model: model.to_string(),
+                worker: worker.to_string(),
+                text: truncate_text(text, max_text).to_string(),
             };
             let prev = match ops.last() {
                 Some(Op::Insert { text, .. }) => text.as_str(),
@@ -663,7 +664,7 @@ mod tests {
         }
         let mut cursor = 0;
         let mut applied = Vec::new();
-        ring.catch_up(&store, &mut cursor, 0, |_, op| applied.push(op));
+        ring.catch_up(&store, &mut cursor, 0, |_, op| applied.push(op.to_owned()));
         assert_eq!(
             applied,
             vec![insert("from", "w0")],

@@ -374,7 +374,7 @@ impl Router {
 
     /// Applies operation `seq` of the stream (its clock is `seq + 1`, so 0 never
     /// appears). Operations naming unknown workers are ignored.
-    pub fn apply(&mut self, seq: u64, op: &Op) {
+    pub fn apply<S: AsRef<str>>(&mut self, seq: u64, op: &Op<S>) {
         self.apply_walked(seq, op, None);
     }
 
@@ -386,7 +386,7 @@ impl Router {
         self.apply_walked(seq, op, walked);
     }
 
-    fn apply_walked(&mut self, seq: u64, op: &Op, walked: Option<Walked>) {
+    fn apply_walked<S: AsRef<str>>(&mut self, seq: u64, op: &Op<S>, walked: Option<Walked>) {
         let clock = seq.saturating_add(1);
         self.clock = self.clock.max(clock);
         match op {
@@ -396,8 +396,8 @@ impl Router {
                 worker,
                 text,
             } => {
-                if let Some(idx) = self.worker_index(*pool, worker) {
-                    self.insert((*pool, model), (text, walked), idx, clock);
+                if let Some(idx) = self.worker_index(*pool, worker.as_ref()) {
+                    self.insert((*pool, model.as_ref()), (text.as_ref(), walked), idx, clock);
                 }
             }
             Op::Forget {
@@ -408,10 +408,15 @@ impl Router {
                 keep_chars,
                 seq,
             } => {
-                if let Some(idx) = self.worker_index(*pool, worker) {
+                if let Some(idx) = self.worker_index(*pool, worker.as_ref()) {
                     let keep = usize::try_from(*keep_chars).unwrap_or(usize::MAX);
-                    self.trees
-                        .forget((*pool, model), text, idx, keep, seq.saturating_add(1));
+                    self.trees.forget(
+                        (*pool, model.as_ref()),
+                        text.as_ref(),
+                        idx,
+                        keep,
+                        seq.saturating_add(1),
+                    );
                 }
             }
             Op::Evict => self.evict(),
@@ -1023,8 +1028,8 @@ mod tests {
             }
         }
         let before = a.tree_chars();
-        a.apply(1000, &Op::Evict);
-        b.apply(1000, &Op::Evict);
+        a.apply(1000, &Op::<String>::Evict);
+        b.apply(1000, &Op::<String>::Evict);
         assert!(a.tree_chars() < before, "{policy}: evicted");
         assert_eq!(a.tree_chars(), b.tree_chars());
         let (ta, tb) = (
@@ -1131,9 +1136,9 @@ mod tests {
             0,
             &Op::Insert {
                 pool: Pool::Regular,
-                model: "m".into(),
-                worker: "ghost".into(),
-                text: "t".into(),
+                model: "m",
+                worker: "ghost",
+                text: "t",
             },
         );
         assert_eq!(r.tree_chars(), 0);

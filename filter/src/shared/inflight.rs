@@ -321,7 +321,7 @@ mod tests {
         assert_eq!((ring.head(&store), ring.generation()), (Some(1), Some(1)));
         let mut cursor = 0;
         let mut seen = Vec::new();
-        ring.catch_up(&store, &mut cursor, 0, |_, op| seen.push(op));
+        ring.catch_up(&store, &mut cursor, 0, |_, op| seen.push(op.to_owned()));
         assert_eq!(seen, vec![insert_op("text", "w1")]);
     }
 

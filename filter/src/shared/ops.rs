@@ -19,14 +19,17 @@ const TAG_PEER_INSERT: u8 = 5;
 const TAG_FORGET: u8 = 6;
 
 /// One tree operation, as it travels between VMs. Workers are named, not indexed,
-/// so VMs that are momentarily on different config versions still agree.
+/// so VMs that are momentarily on different config versions still agree. Its texts
+/// are owned (`Op`, as recorded) or borrowed from the ring slot they were read from
+/// (`OpRef`, as another VM's are applied: a copy of every routed text, and three
+/// allocations, spared on every thread that replays it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
+pub enum Op<S = String> {
     Insert {
         pool: Pool,
-        model: String,
-        worker: String,
-        text: String,
+        model: S,
+        worker: S,
+        text: S,
     },
     /// Undoes the insert of sequence `seq` (`text` under `worker`), whose request
     /// no engine served: the worker keeps the first `keep_chars` chars it held
@@ -34,9 +37,9 @@ pub enum Op {
     /// the insert at another sequence of its own, so it is never exported.
     Forget {
         pool: Pool,
-        model: String,
-        worker: String,
-        text: String,
+        model: S,
+        worker: S,
+        text: S,
         keep_chars: u64,
         seq: u64,
     },
@@ -49,10 +52,13 @@ pub enum Op {
     Membership(Membership),
 }
 
-impl Op {
+/// An operation read in place from the bytes it was decoded from.
+pub type OpRef<'a> = Op<&'a str>;
+
+impl<S> Op<S> {
     /// The `Forget` that undoes this insert (applied at the clock of `seq`, its
     /// worker holding `keep_chars` of the text before); other operations have none.
-    pub fn into_forget(self, keep_chars: u64, seq: u64) -> Option<Op> {
+    pub fn into_forget(self, keep_chars: u64, seq: u64) -> Option<Op<S>> {
         match self {
             Op::Insert {
                 pool,
@@ -70,7 +76,9 @@ impl Op {
             _ => None,
         }
     }
+}
 
+impl Op {
     pub fn encode(&self) -> Vec<u8> {
         self.encode_tagged(TAG_INSERT)
     }
@@ -151,21 +159,24 @@ impl Op {
             }
         }
     }
+}
 
-    pub fn decode(bytes: &[u8]) -> Option<Op> {
+impl<'a> OpRef<'a> {
+    /// The operation `bytes` encode (`Op::encode`), its texts borrowed from them.
+    pub fn decode(bytes: &'a [u8]) -> Option<Self> {
         let mut r = Reader(bytes);
         let op = match r.u8()? {
             TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
                 pool: pool_of(r.u8()?)?,
-                model: r.string()?,
-                worker: r.string()?,
-                text: r.string()?,
+                model: r.str()?,
+                worker: r.str()?,
+                text: r.str()?,
             },
             TAG_FORGET => Op::Forget {
                 pool: pool_of(r.u8()?)?,
-                model: r.string()?,
-                worker: r.string()?,
-                text: r.string()?,
+                model: r.str()?,
+                worker: r.str()?,
+                text: r.str()?,
                 keep_chars: r.u64()?,
                 seq: r.u64()?,
             },
@@ -177,6 +188,41 @@ impl Op {
             _ => return None,
         };
         r.0.is_empty().then_some(op)
+    }
+
+    /// The operation with its texts copied out.
+    #[cfg(test)]
+    pub fn to_owned(self) -> Op {
+        match self {
+            Op::Insert {
+                pool,
+                model,
+                worker,
+                text,
+            } => Op::Insert {
+                pool,
+                model: model.to_owned(),
+                worker: worker.to_owned(),
+                text: text.to_owned(),
+            },
+            Op::Forget {
+                pool,
+                model,
+                worker,
+                text,
+                keep_chars,
+                seq,
+            } => Op::Forget {
+                pool,
+                model: model.to_owned(),
+                worker: worker.to_owned(),
+                text: text.to_owned(),
+                keep_chars,
+                seq,
+            },
+            Op::Evict => Op::Evict,
+            Op::Membership(m) => Op::Membership(m),
+        }
     }
 }
 
@@ -214,6 +260,10 @@ pub(crate) fn insert_op(text: &str, worker: &str) -> Op {
 mod tests {
     use super::*;
 
+    fn decode(bytes: &[u8]) -> Option<Op> {
+        OpRef::decode(bytes).map(OpRef::to_owned)
+    }
+
     #[test]
     fn an_insert_turns_into_its_forget_and_nothing_else_does() {
         assert_eq!(
@@ -227,7 +277,7 @@ mod tests {
                 seq: 9,
             })
         );
-        assert_eq!(Op::Evict.into_forget(2, 9), None);
+        assert_eq!(Op::<String>::Evict.into_forget(2, 9), None);
     }
 
     #[test]
@@ -253,26 +303,26 @@ mod tests {
             membership.clone(),
             forget.clone(),
         ] {
-            assert_eq!(Op::decode(&op.encode()), Some(op));
+            assert_eq!(decode(&op.encode()), Some(op));
         }
         let mut bytes = membership.encode();
         bytes.push(0);
-        assert_eq!(Op::decode(&bytes), None, "trailing bytes after a list");
+        assert_eq!(decode(&bytes), None, "trailing bytes after a list");
         let bytes = forget.encode();
         for cut in 0..bytes.len() {
-            assert_eq!(Op::decode(&bytes[..cut]), None, "a forget cut at {cut}");
+            assert_eq!(decode(&bytes[..cut]), None, "a forget cut at {cut}");
         }
         assert!(!is_local_insert(&bytes), "a forget is never exported");
-        assert_eq!(Op::decode(&[4, 1, 0]), None, "a cut list");
+        assert_eq!(decode(&[4, 1, 0]), None, "a cut list");
         let mut bytes = insert_op("x", "w").encode();
         bytes.push(0);
-        assert_eq!(Op::decode(&bytes), None, "trailing bytes");
-        assert_eq!(Op::decode(&[1, 7]), None, "bad pool");
-        assert_eq!(Op::decode(&[]), None);
-        assert_eq!(Op::decode(&[2, 0, 1, 0, 0, 0, b'w']), None, "retired tag");
-        assert_eq!(Op::decode(&[9]), None, "unknown tag");
+        assert_eq!(decode(&bytes), None, "trailing bytes");
+        assert_eq!(decode(&[1, 7]), None, "bad pool");
+        assert_eq!(decode(&[]), None);
+        assert_eq!(decode(&[2, 0, 1, 0, 0, 0, b'w']), None, "retired tag");
+        assert_eq!(decode(&[9]), None, "unknown tag");
         assert_eq!(
-            Op::decode(&[1, 0, 255, 255, 255, 255]),
+            decode(&[1, 0, 255, 255, 255, 255]),
             None,
             "length past the end"
         );
@@ -281,7 +331,7 @@ mod tests {
     #[test]
     fn imported_inserts_apply_alike_but_are_not_local() {
         let op = insert_op("t", "w");
-        assert_eq!(Op::decode(&op.encode_imported()), Some(op.clone()));
+        assert_eq!(decode(&op.encode_imported()), Some(op.clone()));
         assert!(is_local_insert(&op.encode()));
         assert!(!is_local_insert(&op.encode_imported()), "echo");
         assert!(!is_local_insert(&Op::Evict.encode()));

@@ -233,7 +233,7 @@ mod tests {
         let mut seen = Vec::new();
         let got = ring.catch_up(store, cursor, 0, |seq, op| {
             if let Op::Insert { text, .. } = op {
-                seen.push((seq, text));
+                seen.push((seq, text.to_string()));
             }
         });
         assert_eq!(got.gaps, 0);

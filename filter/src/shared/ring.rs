@@ -35,7 +35,7 @@
 use std::cell::{Cell, Ref, RefCell};
 
 use super::batch::{read_payload, Batch};
-use super::{create_if_missing, Keys, Op, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
+use super::{create_if_missing, Keys, OpRef, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS};
 
 const EMPTY_SEQ: u64 = u64::MAX;
 
@@ -345,7 +345,7 @@ impl OpRing {
         store: &dyn SharedStore,
         cursor: &mut u64,
         now_ms: u64,
-        apply: impl FnMut(u64, Op),
+        apply: impl FnMut(u64, OpRef<'_>),
     ) -> CatchUp {
         self.catch_up_past(store, cursor, now_ms, |_| false, apply)
     }
@@ -359,14 +359,14 @@ impl OpRing {
         cursor: &mut u64,
         now_ms: u64,
         mine: impl Fn(u64) -> bool,
-        mut apply: impl FnMut(u64, Op),
+        mut apply: impl FnMut(u64, OpRef<'_>),
     ) -> CatchUp {
         self.walk_past(
             store,
             cursor,
             (u64::MAX, now_ms),
             mine,
-            |seq, bytes| match Op::decode(bytes) {
+            |seq, bytes| match OpRef::decode(bytes) {
                 Some(op) => {
                     apply(seq, op);
                     true
@@ -455,6 +455,7 @@ impl OpRing {
 mod tests {
     use super::super::ops::insert_op;
     use super::super::testing::{ring, MemStore};
+    use super::super::Op;
     use super::*;
 
     #[test]
@@ -469,7 +470,9 @@ mod tests {
         }
         let mut cursor = 0;
         let mut seen = Vec::new();
-        let c = ring.catch_up(&store, &mut cursor, 0, |seq, op| seen.push((seq, op)));
+        let c = ring.catch_up(&store, &mut cursor, 0, |seq, op| {
+            seen.push((seq, op.to_owned()))
+        });
         assert_eq!(
             c,
             CatchUp {
@@ -510,7 +513,9 @@ mod tests {
             assert_eq!(a.head(&store), Some(mine + 1));
             let mut read = mine.saturating_sub(3);
             let mut seen = Vec::new();
-            a.catch_up(&store, &mut read, 0, |seq, op| seen.push((seq, op)));
+            a.catch_up(&store, &mut read, 0, |seq, op| {
+                seen.push((seq, op.to_owned()))
+            });
             let want: Vec<_> = (mine.saturating_sub(3)..=mine)
                 .map(|i| (i, insert_op(&format!("t{i}"), "w")))
                 .collect();
@@ -543,7 +548,7 @@ mod tests {
         let mut texts = Vec::new();
         ring.catch_up(store, cursor, now, |_, op| {
             if let Op::Insert { text, .. } = op {
-                texts.push(text)
+                texts.push(text.to_string())
             }
         });
         texts
@@ -640,7 +645,7 @@ mod tests {
         let mut seen = Vec::new();
         let got = ring.catch_up(&store, &mut cursor, 0, |seq, op| {
             if let Op::Insert { text, .. } = op {
-                seen.push((seq, text));
+                seen.push((seq, text.to_string()));
             }
         });
         assert_eq!((got.applied, got.gaps, cursor), (4, 1, 3));
@@ -665,7 +670,7 @@ mod tests {
             &mut cursor,
             0,
             |seq| seq == 1,
-            |seq, op| seen.push((seq, op)),
+            |seq, op| seen.push((seq, op.to_owned())),
         );
         assert_eq!((got.applied, got.gaps, cursor), (2, 0, 3));
         assert_eq!(
