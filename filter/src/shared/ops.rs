@@ -121,7 +121,9 @@ impl Op {
     pub(super) fn encode_into(&self, out: &mut Vec<u8>) {
         self.encode_tagged_into(TAG_INSERT, out)
     }
+}
 
+impl<S: AsRef<str>> Op<S> {
     fn encode_tagged_into(&self, insert_tag: u8, out: &mut Vec<u8>) {
         match self {
             Op::Insert {
@@ -132,9 +134,9 @@ impl Op {
             } => {
                 out.push(insert_tag);
                 out.push(pool_code(*pool));
-                put_bytes(out, model.as_bytes());
-                put_bytes(out, worker.as_bytes());
-                put_bytes(out, text.as_bytes());
+                put_bytes(out, model.as_ref().as_bytes());
+                put_bytes(out, worker.as_ref().as_bytes());
+                put_bytes(out, text.as_ref().as_bytes());
             }
             Op::Forget {
                 pool,
@@ -146,9 +148,9 @@ impl Op {
             } => {
                 out.push(TAG_FORGET);
                 out.push(pool_code(*pool));
-                put_bytes(out, model.as_bytes());
-                put_bytes(out, worker.as_bytes());
-                put_bytes(out, text.as_bytes());
+                put_bytes(out, model.as_ref().as_bytes());
+                put_bytes(out, worker.as_ref().as_bytes());
+                put_bytes(out, text.as_ref().as_bytes());
                 out.extend_from_slice(&keep_chars.to_le_bytes());
                 out.extend_from_slice(&seq.to_le_bytes());
             }
@@ -164,19 +166,35 @@ impl Op {
 impl<'a> OpRef<'a> {
     /// The operation `bytes` encode (`Op::encode`), its texts borrowed from them.
     pub fn decode(bytes: &'a [u8]) -> Option<Self> {
+        Op::decode_with(bytes, |s| s)
+    }
+
+    /// The operation with its texts copied out.
+    #[cfg(test)]
+    pub fn to_owned(self) -> Op {
+        let mut bytes = Vec::new();
+        self.encode_tagged_into(TAG_INSERT, &mut bytes);
+        Op::decode_with(&bytes, str::to_owned).expect("an operation decodes as encoded")
+    }
+}
+
+impl<S> Op<S> {
+    /// The operation `bytes` encode, each of its texts made by `text` from the
+    /// bytes. Refuses unknown tags and trailing bytes.
+    fn decode_with<'a>(bytes: &'a [u8], text: impl Fn(&'a str) -> S) -> Option<Self> {
         let mut r = Reader(bytes);
         let op = match r.u8()? {
             TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
                 pool: pool_of(r.u8()?)?,
-                model: r.str()?,
-                worker: r.str()?,
-                text: r.str()?,
+                model: text(r.str()?),
+                worker: text(r.str()?),
+                text: text(r.str()?),
             },
             TAG_FORGET => Op::Forget {
                 pool: pool_of(r.u8()?)?,
-                model: r.str()?,
-                worker: r.str()?,
-                text: r.str()?,
+                model: text(r.str()?),
+                worker: text(r.str()?),
+                text: text(r.str()?),
                 keep_chars: r.u64()?,
                 seq: r.u64()?,
             },
@@ -188,41 +206,6 @@ impl<'a> OpRef<'a> {
             _ => return None,
         };
         r.0.is_empty().then_some(op)
-    }
-
-    /// The operation with its texts copied out.
-    #[cfg(test)]
-    pub fn to_owned(self) -> Op {
-        match self {
-            Op::Insert {
-                pool,
-                model,
-                worker,
-                text,
-            } => Op::Insert {
-                pool,
-                model: model.to_owned(),
-                worker: worker.to_owned(),
-                text: text.to_owned(),
-            },
-            Op::Forget {
-                pool,
-                model,
-                worker,
-                text,
-                keep_chars,
-                seq,
-            } => Op::Forget {
-                pool,
-                model: model.to_owned(),
-                worker: worker.to_owned(),
-                text: text.to_owned(),
-                keep_chars,
-                seq,
-            },
-            Op::Evict => Op::Evict,
-            Op::Membership(m) => Op::Membership(m),
-        }
     }
 }
 
@@ -261,7 +244,7 @@ mod tests {
     use super::*;
 
     fn decode(bytes: &[u8]) -> Option<Op> {
-        OpRef::decode(bytes).map(OpRef::to_owned)
+        Op::decode_with(bytes, str::to_owned)
     }
 
     #[test]
