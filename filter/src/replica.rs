@@ -411,7 +411,7 @@ mod tests {
     use super::*;
     use crate::config::testing::workers;
     use crate::config::Pool;
-    use crate::shared::testing::{ring, MemStore};
+    use crate::shared::testing::{owned, ring, MemStore};
 
     fn insert(text: &str, worker: &str) -> Op {
         Op::Insert {
@@ -664,7 +664,7 @@ mod tests {
         }
         let mut cursor = 0;
         let mut applied = Vec::new();
-        ring.catch_up(&store, &mut cursor, 0, |_, op| applied.push(op.to_owned()));
+        ring.catch_up(&store, &mut cursor, 0, |_, op| applied.push(owned(op)));
         assert_eq!(
             applied,
             vec![insert("from", "w0")],

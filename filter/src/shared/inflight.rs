@@ -241,7 +241,7 @@ impl InflightTable {
 mod tests {
     use super::super::batch::Batch;
     use super::super::ops::insert_op;
-    use super::super::testing::{ring, Counting, MemStore};
+    use super::super::testing::{owned, ring, Counting, MemStore};
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
     use crate::config::testing::{named_workers, names};
@@ -321,7 +321,7 @@ mod tests {
         assert_eq!((ring.head(&store), ring.generation()), (Some(1), Some(1)));
         let mut cursor = 0;
         let mut seen = Vec::new();
-        ring.catch_up(&store, &mut cursor, 0, |_, op| seen.push(op.to_owned()));
+        ring.catch_up(&store, &mut cursor, 0, |_, op| seen.push(owned(op)));
         assert_eq!(seen, vec![insert_op("text", "w1")]);
     }
 

@@ -373,6 +373,13 @@ pub mod testing {
         }
     }
 
+    /// `op` with its texts copied out (encoded as a local insert, decoded owned).
+    pub fn owned(op: OpRef<'_>) -> Op {
+        let mut bytes = Vec::new();
+        op.encode_tagged_into(ops::TAG_INSERT, &mut bytes);
+        Op::decode_with(&bytes, str::to_owned).expect("an operation decodes as encoded")
+    }
+
     /// A ring of `slots` under the tests' keys, its head written.
     pub fn ring(store: &dyn SharedStore, slots: usize) -> OpRing {
         let ring = OpRing::new(&Keys::new("t"), slots);

@@ -12,7 +12,7 @@ use super::membership::{pool_code, pool_of, Membership};
 use super::{put_bytes, Reader};
 use crate::config::Pool;
 
-const TAG_INSERT: u8 = 1;
+pub(super) const TAG_INSERT: u8 = 1;
 const TAG_EVICT: u8 = 3;
 const TAG_MEMBERSHIP: u8 = 4;
 const TAG_PEER_INSERT: u8 = 5;
@@ -76,6 +76,35 @@ impl<S> Op<S> {
             _ => None,
         }
     }
+
+    /// The operation `bytes` encode, each of its texts made by `text` from the
+    /// bytes. Refuses unknown tags and trailing bytes.
+    pub(super) fn decode_with<'a>(bytes: &'a [u8], text: impl Fn(&'a str) -> S) -> Option<Self> {
+        let mut r = Reader(bytes);
+        let op = match r.u8()? {
+            TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
+                pool: pool_of(r.u8()?)?,
+                model: text(r.str()?),
+                worker: text(r.str()?),
+                text: text(r.str()?),
+            },
+            TAG_FORGET => Op::Forget {
+                pool: pool_of(r.u8()?)?,
+                model: text(r.str()?),
+                worker: text(r.str()?),
+                text: text(r.str()?),
+                keep_chars: r.u64()?,
+                seq: r.u64()?,
+            },
+            TAG_EVICT => Op::Evict,
+            TAG_MEMBERSHIP => Op::Membership(Membership::decode_from(&mut r)?),
+            // Anything else (tag 2 was a single worker's removal, which a whole list
+            // replaced: it cannot express a join or a worker's leaving grace) is not
+            // an operation.
+            _ => return None,
+        };
+        r.0.is_empty().then_some(op)
+    }
 }
 
 impl Op {
@@ -124,7 +153,7 @@ impl Op {
 }
 
 impl<S: AsRef<str>> Op<S> {
-    fn encode_tagged_into(&self, insert_tag: u8, out: &mut Vec<u8>) {
+    pub(super) fn encode_tagged_into(&self, insert_tag: u8, out: &mut Vec<u8>) {
         match self {
             Op::Insert {
                 pool,
@@ -167,45 +196,6 @@ impl<'a> OpRef<'a> {
     /// The operation `bytes` encode (`Op::encode`), its texts borrowed from them.
     pub fn decode(bytes: &'a [u8]) -> Option<Self> {
         Op::decode_with(bytes, |s| s)
-    }
-
-    /// The operation with its texts copied out.
-    #[cfg(test)]
-    pub fn to_owned(self) -> Op {
-        let mut bytes = Vec::new();
-        self.encode_tagged_into(TAG_INSERT, &mut bytes);
-        Op::decode_with(&bytes, str::to_owned).expect("an operation decodes as encoded")
-    }
-}
-
-impl<S> Op<S> {
-    /// The operation `bytes` encode, each of its texts made by `text` from the
-    /// bytes. Refuses unknown tags and trailing bytes.
-    fn decode_with<'a>(bytes: &'a [u8], text: impl Fn(&'a str) -> S) -> Option<Self> {
-        let mut r = Reader(bytes);
-        let op = match r.u8()? {
-            TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
-                pool: pool_of(r.u8()?)?,
-                model: text(r.str()?),
-                worker: text(r.str()?),
-                text: text(r.str()?),
-            },
-            TAG_FORGET => Op::Forget {
-                pool: pool_of(r.u8()?)?,
-                model: text(r.str()?),
-                worker: text(r.str()?),
-                text: text(r.str()?),
-                keep_chars: r.u64()?,
-                seq: r.u64()?,
-            },
-            TAG_EVICT => Op::Evict,
-            TAG_MEMBERSHIP => Op::Membership(Membership::decode_from(&mut r)?),
-            // Anything else (tag 2 was a single worker's removal, which a whole list
-            // replaced: it cannot express a join or a worker's leaving grace) is not
-            // an operation.
-            _ => return None,
-        };
-        r.0.is_empty().then_some(op)
     }
 }
 

@@ -454,7 +454,7 @@ impl OpRing {
 #[cfg(test)]
 mod tests {
     use super::super::ops::insert_op;
-    use super::super::testing::{ring, MemStore};
+    use super::super::testing::{owned, ring, MemStore};
     use super::super::Op;
     use super::*;
 
@@ -471,7 +471,7 @@ mod tests {
         let mut cursor = 0;
         let mut seen = Vec::new();
         let c = ring.catch_up(&store, &mut cursor, 0, |seq, op| {
-            seen.push((seq, op.to_owned()))
+            seen.push((seq, owned(op)))
         });
         assert_eq!(
             c,
@@ -513,9 +513,7 @@ mod tests {
             assert_eq!(a.head(&store), Some(mine + 1));
             let mut read = mine.saturating_sub(3);
             let mut seen = Vec::new();
-            a.catch_up(&store, &mut read, 0, |seq, op| {
-                seen.push((seq, op.to_owned()))
-            });
+            a.catch_up(&store, &mut read, 0, |seq, op| seen.push((seq, owned(op))));
             let want: Vec<_> = (mine.saturating_sub(3)..=mine)
                 .map(|i| (i, insert_op(&format!("t{i}"), "w")))
                 .collect();
@@ -670,7 +668,7 @@ mod tests {
             &mut cursor,
             0,
             |seq| seq == 1,
-            |seq, op| seen.push((seq, op.to_owned())),
+            |seq, op| seen.push((seq, owned(op))),
         );
         assert_eq!((got.applied, got.gaps, cursor), (2, 0, 3));
         assert_eq!(
