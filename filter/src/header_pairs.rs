@@ -1,12 +1,10 @@
 //! The proxy-wasm serialization of a header map (a count, each pair's two lengths,
 //! then every name and value NUL-terminated), read in place.
 //!
-//! Each hostcall costs Envoy a few thousand instructions (the crossing out of V8,
-//! the context lookup, and for a value the call back into the VM's allocator), so a
-//! request's headers are read in one `proxy_get_header_map_pairs` and looked up
-//! here, instead of one hostcall per header the filter asks about (the path, the
-//! explain header, the routing header a client must not set). The map comes from
-//! the host: a malformed one reads as the pairs before the damage, never a panic.
+//! PD's prefill copy carries the request's headers, read in one
+//! `proxy_get_header_map_pairs`, and an HTTP call sends its headers this way. The
+//! map comes from the host: a malformed one reads as the pairs before the damage,
+//! never a panic.
 
 /// The pairs of a serialized map, in order, as (name, value) bytes.
 #[derive(Clone, Copy)]
@@ -28,32 +26,6 @@ impl<'a> Pairs<'a> {
             data: count.saturating_mul(8).saturating_add(4),
         }
     }
-
-    /// The value of the first pair named by each of `names` (ASCII case ignored:
-    /// Envoy keeps names lowercase, a test host may not), in one pass over the map.
-    pub fn find<const N: usize>(self, names: [&str; N]) -> [Option<&'a [u8]>; N] {
-        let mut found = [None; N];
-        for (k, v) in self {
-            for (name, slot) in names.iter().zip(found.iter_mut()) {
-                if slot.is_none() && k.eq_ignore_ascii_case(name.as_bytes()) {
-                    *slot = Some(v);
-                }
-            }
-        }
-        found
-    }
-}
-
-/// A header's value as text (read lossily), empty when absent. Checked as UTF-8
-/// first: the lossy reading walks the value in chunks, which costs a request's
-/// path several times the check.
-pub fn text(value: Option<&[u8]>) -> String {
-    value
-        .map(|v| match std::str::from_utf8(v) {
-            Ok(s) => s.to_owned(),
-            Err(_) => String::from_utf8_lossy(v).into_owned(),
-        })
-        .unwrap_or_default()
 }
 
 impl<'a> Iterator for Pairs<'a> {
@@ -133,42 +105,13 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<Vec<_>>()
         );
-        let pairs = Pairs::new(&bytes);
-        assert_eq!(pairs.find([":path"])[0], Some(&b"/v1/chat/completions"[..]));
-        assert_eq!(pairs.find(["X-LLM-Router-Explain"])[0], Some(&b"1"[..]));
-        assert_eq!(pairs.find(["empty"])[0], Some(&b""[..]));
-        assert_eq!(pairs.find(["absent"])[0], None);
-        assert_eq!(text(pairs.find([":method"])[0]), "POST");
-        assert_eq!(text(pairs.find(["absent"])[0]), "");
-        assert_eq!(
-            text(Some(b"/a\xffb")),
-            "/a\u{fffd}b",
-            "not UTF-8: read lossily"
-        );
-        assert_eq!(
-            pairs.find([":method", "absent", ":path", ":METHOD"]),
-            [
-                Some(&b"POST"[..]),
-                None,
-                Some(&b"/v1/chat/completions"[..]),
-                Some(&b"POST"[..])
-            ]
-        );
-    }
-
-    #[test]
-    fn the_first_of_a_repeated_name_answers() {
-        let bytes = serialize(&[("a", "1"), ("a", "2")]);
-        assert_eq!(Pairs::new(&bytes).find(["a"])[0], Some(&b"1"[..]));
-        assert_eq!(Pairs::new(&bytes).find(["a", "a"]), [Some(&b"1"[..]); 2]);
-        assert_eq!(Pairs::new(&bytes).count(), 2);
     }
 
     #[test]
     fn an_empty_or_absent_map_has_no_pairs() {
         assert_eq!(Pairs::new(&[]).count(), 0);
         assert_eq!(Pairs::new(&serialize(&[])).count(), 0);
-        assert_eq!(Pairs::new(&[1, 0]).find(["a"])[0], None);
+        assert_eq!(Pairs::new(&[1, 0]).count(), 0);
     }
 
     #[test]
@@ -187,7 +130,6 @@ mod tests {
                 bad[at] = b;
                 // A pair takes 8 bytes of lengths and two NULs at least.
                 assert!(Pairs::new(&bad).count() <= bad.len() / 10);
-                let _ = Pairs::new(&bad).find(["c"])[0];
             }
         }
         // A count far beyond the data stops at the data's end.

@@ -138,6 +138,15 @@ pub fn served_by_callbacks(status: Option<u64>, complete: bool) -> Option<Outcom
     }
 }
 
+/// Whether a response refused the request before any engine ran it: a 4xx, the
+/// engine's (a malformed request, a prompt longer than its context, a body whose
+/// API contradicts its path) or Envoy's own. Nothing of the text was prefilled, so
+/// its record in the tree must go, or the prefix would follow a worker that never
+/// cached it. No verdict on the worker: the request was at fault.
+pub fn refused(status: Option<u64>) -> bool {
+    status.is_some_and(|s| (400..500).contains(&s))
+}
+
 /// What the machine is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -254,6 +263,16 @@ mod tests {
     use super::flag::*;
     use super::*;
     use crate::load::EngineSample;
+
+    #[test]
+    fn only_a_4xx_refuses_the_request() {
+        for status in [400, 404, 413, 429, 499] {
+            assert!(refused(Some(status)), "{status}");
+        }
+        for status in [None, Some(200), Some(399), Some(500), Some(503)] {
+            assert!(!refused(status), "{status:?}");
+        }
+    }
 
     #[test]
     fn only_a_whole_2xx_response_is_judged_without_properties() {

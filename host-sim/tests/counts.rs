@@ -68,9 +68,9 @@ fn routed_to(h: &mut Host, vm: usize, tag: &str, n: usize, cluster: &str) -> usi
 fn crash(h: &mut Host, vm: usize) {
     let next = h
         .hostcall_counts()
-        .get("proxy_get_header_map_pairs")
+        .get("proxy_remove_header_map_value")
         .map_or(1, |n| n + 1);
-    h.inject(Fault::trap("proxy_get_header_map_pairs").from_call(next));
+    h.inject(Fault::trap("proxy_remove_header_map_value").from_call(next));
     let out = h
         .vm(vm)
         .request(RequestSpec::post_json(

@@ -141,7 +141,7 @@ fn no_failure_of_any_hostcall_makes_the_filter_trap() {
         exercise,
         &[
             "proxy_set_shared_data",
-            "proxy_get_header_map_pairs",
+            "proxy_remove_header_map_value",
             "proxy_get_header_map_value",
         ],
     );
@@ -251,9 +251,9 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
     // The VM crashes in the middle of the next request.
     let next = host
         .hostcall_counts()
-        .get("proxy_get_header_map_pairs")
+        .get("proxy_remove_header_map_value")
         .map_or(1, |n| n + 1);
-    host.inject(Fault::trap("proxy_get_header_map_pairs").from_call(next));
+    host.inject(Fault::trap("proxy_remove_header_map_value").from_call(next));
     let out = host
         .vm(0)
         .request(RequestSpec::post_json("/v1/chat/completions", chat(2)))
@@ -286,7 +286,7 @@ fn fail_reload_gives_a_fresh_vm_that_keeps_shared_data() {
 fn fail_closed_and_fail_open_handle_a_dead_vm_as_envoy_does() {
     for policy in [FailurePolicy::FailClosed, FailurePolicy::FailOpen] {
         let mut host = builder().failure_policy(policy).build().expect("build");
-        host.inject(Fault::trap("proxy_get_header_map_pairs"));
+        host.inject(Fault::trap("proxy_remove_header_map_value"));
         let first = host
             .vm(0)
             .request(RequestSpec::post_json("/v1/chat/completions", chat(1)))

@@ -206,6 +206,83 @@ fn client_routing_headers_are_replaced() {
     assert_eq!(out.header("content-type"), Some("application/json"));
 }
 
+/// A body that names its API alone (one of `messages`, `prompt` and `text`) is
+/// routed without reading `:path`, a copy into the VM that costs Envoy about 8k
+/// instructions; a body that leaves it open, or none, reads it. The one request
+/// that routes differently for it is one whose body contradicts its path, which
+/// the engine refuses either way: it routes by its body.
+#[test]
+fn a_body_that_names_its_api_is_routed_without_reading_the_path() {
+    let mut host = host(&fleet(2, ""));
+    let mut reads = |path: &str, body: &[u8]| {
+        let out = host
+            .vm(0)
+            .request(RequestSpec::post_json(path, body.to_vec()))
+            .unwrap();
+        assert!(out.continued, "{path} is routed: {:?}", out.local_response);
+        out.request_header_reads
+    };
+    // Each asks for the explain header, which the request does not carry.
+    let unread = vec![EXPLAIN_HEADER.to_string()];
+    assert_eq!(reads("/v1/chat/completions", &chat("m", &["hi"])), unread);
+    assert_eq!(reads("/v1/completions", &completion("m", "hi")), unread);
+    assert_eq!(reads("/generate", br#"{"text":"hi"}"#), unread);
+    for (path, body) in [
+        ("/v1/embeddings", &br#"{"model":"m","input":"hi"}"#[..]),
+        (
+            "/v1/responses",
+            br#"{"input":"hi","text":{"format":{"type":"text"}}}"#,
+        ),
+        ("/v1/completions", br#"{"prompt":"hi","messages":[]}"#),
+        ("/v1/completions", b"not json"),
+        ("/v1/completions", b""),
+    ] {
+        let read = reads(path, body);
+        assert!(read.contains(&":path".to_string()), "{path}: {read:?}");
+    }
+    // `messages` sent to `/v1/completions` routes as the chat it is, and the
+    // engine's refusal takes back its record: the prefix follows no worker.
+    let turns = ["a conversation sent to the wrong path"];
+    let mut host = self::host(&fleet(2, ""));
+    let wrong = spec("/v1/completions", chat("m", &turns), 1);
+    let out = host.vm(0).request(wrong).unwrap();
+    assert!(out.continued);
+    host.vm(0).respond(out.handle, 400, &[], b"{}").unwrap();
+    host.vm(0).finish(out.handle).unwrap();
+    assert_eq!(metric(&host, "wasmcustom.llm_router_unserved"), 1);
+    let right = send(
+        &mut host,
+        0,
+        spec("/v1/chat/completions", chat("m", &turns), 1),
+    );
+    assert_eq!(right.decision, "cache_miss", "{right:?}");
+}
+
+/// A request an engine refuses (a 4xx) was never prefilled: its record goes, and
+/// the worker stays in rotation; the same text answered 200 is a hit next time.
+#[test]
+fn a_refused_request_leaves_nothing_recorded() {
+    let mut host = host(&fleet(2, ""));
+    let turns = ["a prompt longer than the engine's context"];
+    let ask = || spec("/v1/chat/completions", chat("m", &turns), 1);
+    let out = host.vm(0).request(ask()).unwrap();
+    host.vm(0).respond(out.handle, 400, &[], b"{}").unwrap();
+    host.vm(0).finish(out.handle).unwrap();
+    assert_eq!(metric(&host, "wasmcustom.llm_router_unserved"), 1);
+    let logs = host.logs(0);
+    assert!(
+        !logs.iter().any(|l| l.message.contains("out of rotation")),
+        "no verdict on the worker: {logs:?}"
+    );
+    let first = send(&mut host, 0, ask());
+    assert_eq!(first.decision, "cache_miss", "{first:?}");
+    let again = send(&mut host, 0, ask());
+    assert_eq!(
+        (again.decision.as_str(), &again.worker),
+        ("cache_hit", &first.worker)
+    );
+}
+
 #[test]
 fn endpoint_target_sets_the_endpoint_header() {
     let cfg = r#"{"target":"endpoint","workers":[

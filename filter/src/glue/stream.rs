@@ -21,9 +21,8 @@ use crate::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, EXPLAIN_HEADER, PREDICTED_TTFT_HEADER,
     PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
 };
-use crate::header_pairs::{self, Pairs};
 use crate::models;
-use crate::parse::{parse, Parsed};
+use crate::parse::{self, Parsed, Reading};
 use crate::plan::{plan, Refusal};
 use crate::shared::truncate_text;
 use crate::target::route_target;
@@ -43,7 +42,11 @@ struct Routed {
 
 pub struct Stream {
     state: Shared,
-    path: String,
+    /// The request's `:path`, once read: only where the body's shape leaves its API
+    /// open (`parse::Reading::shape`), or before the body where it must be known
+    /// (`on_http_request_headers`). Read, it costs a copy into the VM, about 8k
+    /// Envoy instructions.
+    path: Option<String>,
     /// An authorised stats push from the collector, answered by the filter itself.
     push: bool,
     /// A peer replica's batch from the bridge, answered by the filter itself.
@@ -64,7 +67,7 @@ impl Stream {
     pub fn new(state: Shared) -> Stream {
         Stream {
             state,
-            path: String::new(),
+            path: None,
             push: false,
             replica: None,
             routed: None,
@@ -77,8 +80,8 @@ impl Stream {
 
     /// Routes the request: on success the routing header is set and the stream may
     /// continue; on failure a local reply is sent and the stream must stay paused.
-    fn route(&mut self, body: &[u8]) -> Action {
-        let parsed = parse(&self.path, body);
+    fn route(&mut self, body: &[u8], reading: Reading) -> Action {
+        let parsed = reading.parsed(self.path.as_deref());
         let mut slot = self.state.borrow_mut();
         let Some(state) = slot.as_mut() else {
             drop(slot);
@@ -147,7 +150,9 @@ impl Stream {
                     .get(leg.decision.worker as usize)
                     .ok_or(Refusal::UnknownWorker)
                     .and_then(|w| {
-                        let token = prefill::send(cfg, w, &self.path, body.len(), &leg.body)?;
+                        // PD reads the path before the body (`on_http_request_headers`).
+                        let path = self.path.as_deref().unwrap_or_default();
+                        let token = prefill::send(cfg, w, path, body.len(), &leg.body)?;
                         Ok((w, token))
                     });
                 match sent {
@@ -196,6 +201,68 @@ impl Stream {
         Action::Continue
     }
 
+    /// Reads the path and answers a request to one of the router's own endpoints:
+    /// a stats push or a replica batch (taken once its body is whole), or the model
+    /// listing. `None`: a request to route.
+    fn own_endpoint(&mut self, end_of_stream: bool) -> Option<Action> {
+        let path = self.path.insert(request_header(":path"));
+        match push::start(&self.state, path, end_of_stream) {
+            Start::NotPush => {}
+            Start::Refused(action) => return Some(action),
+            Start::Accepting => {
+                self.push = true;
+                return Some(Action::Pause);
+            }
+        }
+        match replica::start(&self.state, path, end_of_stream) {
+            replica::Start::NotReplica => {}
+            replica::Start::Answered(action) => return Some(action),
+            replica::Start::Accepting(import) => {
+                self.replica = Some(import);
+                return Some(Action::Pause);
+            }
+        }
+        // The model listing is the router's own: the union of the workers' models.
+        if models::is_list_request(path, || request_header(":method")) {
+            let listing = self
+                .state
+                .borrow()
+                .as_ref()
+                .and_then(|s| models::list_body(s.router.config()));
+            if let Some(body) = listing {
+                return Some(reply::json(200, "models_listed", &body));
+            }
+        }
+        None
+    }
+
+    /// Refuses a push or a replica batch grown past its limit (`None`: within it,
+    /// or neither).
+    fn oversized(&mut self, body_size: usize) -> Option<Action> {
+        if self.push {
+            if let Some(refused) = push::check_size(&self.state, body_size) {
+                self.push = false;
+                return Some(refused);
+            }
+        }
+        if self.replica.is_some() {
+            if let Some(refused) = replica::check_size(&self.state, body_size) {
+                self.replica = None;
+                return Some(refused);
+            }
+        }
+        None
+    }
+
+    /// Takes a whole push or replica batch (`None`: the body is neither).
+    fn take_own(&mut self, body: &[u8]) -> Option<Action> {
+        if self.push {
+            return Some(push::accept(&self.state, body));
+        }
+        let import = self.replica.take()?;
+        Some(replica::accept(&self.state, import, body))
+    }
+
     /// Gives the in-flight counts back, exactly once per routed stream, however the
     /// stream ended (completed, reset, client gone).
     fn release(&mut self) {
@@ -213,8 +280,9 @@ impl Stream {
     }
 
     /// Takes the main worker out if its upstream failed (`super::health`); not after
-    /// the filter's own reply (a failed prefill), which is no verdict on it. Either
-    /// way no engine served the request: what it recorded is undone.
+    /// the filter's own reply (a failed prefill), which is no verdict on it, nor after
+    /// a 4xx (`crate::health::refused`), a verdict on the request. Each way no engine
+    /// served the request: what it recorded is undone.
     fn judge_upstream(&mut self) {
         let Some(routed) = self.routed.as_mut() else {
             return;
@@ -226,7 +294,9 @@ impl Stream {
         let worker = routed.held.worker();
         if self.replied {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), None);
-        } else if health::observe(state, worker, self.seen) {
+        } else if health::observe(state, worker, self.seen)
+            || crate::health::refused(self.seen.status)
+        {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), Some(worker));
         }
     }
@@ -310,91 +380,48 @@ impl Context for Stream {
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        // One hostcall for every header this callback asks about (a hostcall costs
-        // Envoy more than reading a few dozen pairs here); if the host cannot list
-        // them, each is read on its own.
-        let listed = hostcalls::get_map_bytes(MapType::HttpRequestHeaders).ok();
         let slot = self.state.borrow();
         let Some(s) = slot.as_ref() else {
             drop(slot);
             return reply::refusal(Refusal::NotConfigured);
         };
         let cfg = s.router.config();
+        // A client must not pick its own upstream. The header the filter routes by
+        // is replaced on every request that goes upstream (`route`: any other gets a
+        // local reply), so only the other one is removed here.
         let unused = match cfg.target {
             Target::Cluster => &cfg.endpoint_header,
             Target::Endpoint => &cfg.cluster_header,
         };
-        let (path, explain, unused_sent) = match listed.as_deref() {
-            Some(bytes) => {
-                let [path, explain, sent] =
-                    Pairs::new(bytes).find([":path", EXPLAIN_HEADER, unused]);
-                (header_pairs::text(path), explain.is_some(), sent.is_some())
-            }
-            None => (
-                request_header(":path"),
-                hostcalls::get_map_value(MapType::HttpRequestHeaders, EXPLAIN_HEADER)
-                    .is_ok_and(|v| v.is_some()),
-                true,
-            ),
-        };
-        // A client must not pick its own upstream. The header the filter routes by
-        // is replaced on every request that goes upstream (`route`: any other gets a
-        // local reply), so only the other one is removed here.
-        if unused_sent {
-            let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, unused);
-        }
+        let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, unused);
+        // Asking for a header the request does not carry copies nothing into the VM.
         self.explain = match cfg.decision_headers {
             DecisionHeaders::Always => true,
             DecisionHeaders::Never => false,
-            DecisionHeaders::OnRequest => explain,
+            DecisionHeaders::OnRequest => {
+                hostcalls::get_map_value(MapType::HttpRequestHeaders, EXPLAIN_HEADER)
+                    .is_ok_and(|v| v.is_some())
+            }
         };
+        // The path before the body only where it matters before the body: a request
+        // without one, a listener that takes only pushes, and PD (the prefill copy
+        // goes to the same path). Otherwise the body usually names its API alone.
+        let path_first = end_of_stream || cfg.stats_only || cfg.is_pd();
         drop(slot);
-        self.path = path;
-        match push::start(&self.state, &self.path, end_of_stream) {
-            Start::NotPush => {}
-            Start::Refused(action) => return action,
-            Start::Accepting => {
-                self.push = true;
-                return Action::Pause;
+        if path_first {
+            if let Some(answer) = self.own_endpoint(end_of_stream) {
+                return answer;
             }
-        }
-        match replica::start(&self.state, &self.path, end_of_stream) {
-            replica::Start::NotReplica => {}
-            replica::Start::Answered(action) => return action,
-            replica::Start::Accepting(import) => {
-                self.replica = Some(import);
-                return Action::Pause;
+            if end_of_stream {
+                return self.route(&[], parse::read(&[]));
             }
-        }
-        // The model listing is the router's own: the union of the workers' models.
-        if models::is_list_request(&self.path, || request_header(":method")) {
-            let listing = self
-                .state
-                .borrow()
-                .as_ref()
-                .and_then(|s| models::list_body(s.router.config()));
-            if let Some(body) = listing {
-                return reply::json(200, "models_listed", &body);
-            }
-        }
-        if end_of_stream {
-            return self.route(&[]);
         }
         Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.push {
-            if let Some(refused) = push::check_size(&self.state, body_size) {
-                self.push = false;
-                return refused;
-            }
-        }
-        if self.replica.is_some() {
-            if let Some(refused) = replica::check_size(&self.state, body_size) {
-                self.replica = None;
-                return refused;
-            }
+        if let Some(refused) = self.oversized(body_size) {
+            return refused;
         }
         if !end_of_stream {
             return Action::Pause;
@@ -403,13 +430,21 @@ impl HttpContext for Stream {
             .ok()
             .flatten()
             .unwrap_or_default();
-        if self.push {
-            return push::accept(&self.state, &body);
+        if let Some(taken) = self.take_own(&body) {
+            return taken;
         }
-        if let Some(import) = self.replica.take() {
-            return replica::accept(&self.state, import, &body);
+        let reading = parse::read(&body);
+        if self.path.is_none() && reading.shape().is_none() {
+            // The body leaves its API open: the path names it, and may name one of
+            // the router's own endpoints, known only now.
+            if let Some(answer) = self.own_endpoint(false) {
+                return self
+                    .oversized(body_size)
+                    .or_else(|| self.take_own(&body))
+                    .unwrap_or(answer);
+            }
         }
-        self.route(&body)
+        self.route(&body, reading)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

@@ -10,6 +10,16 @@ use crate::types::pairs::{serialize_pairs, strings_to_pairs};
 use crate::types::values::header_value;
 use wasmtime::Result;
 
+/// Notes a read of the current stream's request headers: `name`, or `*` for the
+/// whole map (`StreamOutcome::request_header_reads`).
+fn read_request_header(g: &mut Guest<'_, '_, HostState>, kind: i32, name: &str) {
+    if kind == codes::map::HTTP_REQUEST_HEADERS {
+        if let Some(stream) = g.state().stream() {
+            stream.request_header_reads.push(name.to_string());
+        }
+    }
+}
+
 /// Registers the header-map hostcalls.
 pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
     r.wrap(
@@ -20,6 +30,7 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
                 return st(Status::BadArgument);
             }
             let pairs = g.state().map_for_read(kind).unwrap_or_default();
+            read_request_header(&mut g, kind, "*");
             g.return_bytes(
                 &serialize_pairs(&strings_to_pairs(&pairs)),
                 ptr_ptr,
@@ -47,6 +58,7 @@ pub(super) fn register(r: &mut Registry<HostState>) -> Result<()> {
         |mut c: C, kind: i32, key_ptr: i32, key_len: i32, ptr_ptr: i32, size_ptr: i32| {
             let mut g = Guest::new(&mut c);
             let key = g.read_string(key_ptr, key_len)?.to_ascii_lowercase();
+            read_request_header(&mut g, kind, &key);
             let map = match g.state().map_for_read(kind) {
                 Ok(map) => map,
                 Err(status) => return st(status),

@@ -172,6 +172,10 @@ pub struct StreamOutcome {
     pub clear_route_cache: u32,
     /// Names of all foreign functions the stream called, in order.
     pub foreign_calls: Vec<String>,
+    /// Request headers the filter read, by name in order (`*`: the whole map): each
+    /// found one is a copy into the VM, which costs Envoy a call into the VM's
+    /// allocator.
+    pub request_header_reads: Vec<String>,
     /// HTTP calls made by this stream that are still pending.
     pub http_calls: Vec<HttpCall>,
     /// Properties set with `proxy_set_property` (path parts joined with '.').

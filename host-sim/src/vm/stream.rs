@@ -278,6 +278,7 @@ impl Host {
             local_response: s.local_reply.clone(),
             clear_route_cache: s.clear_route_cache,
             foreign_calls: s.foreign_calls.clone(),
+            request_header_reads: s.request_header_reads.clone(),
             http_calls: calls,
             properties: s
                 .properties
