@@ -42,9 +42,13 @@ struct Args {
     /// Requests in flight: each new one is routed before the oldest ends.
     #[arg(long, default_value_t = 64)]
     in_flight: usize,
-    /// Conversations (each 4 turns) over 8 system prompts.
+    /// Conversations over 8 system prompts.
     #[arg(long, default_value_t = 512)]
     sessions: usize,
+    /// Turns of each conversation (1: every request starts a conversation, as
+    /// `benches/overhead`'s do).
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
     /// Chars of each system prompt.
     #[arg(long, default_value_t = 3000)]
     system_prompt_chars: usize,
@@ -52,8 +56,6 @@ struct Args {
     #[arg(long, default_value = "")]
     config: String,
 }
-
-const TURNS: usize = 4;
 
 /// The plugin configuration for `args`.
 fn config(args: &Args) -> Result<Config> {
@@ -78,7 +80,7 @@ fn config(args: &Args) -> Result<Config> {
 fn requests(args: &Args) -> Vec<Parsed> {
     let cfg = GenerateConfig {
         sessions: args.sessions,
-        turns: TURNS,
+        turns: args.turns,
         system_prompts: 8,
         system_prompt_chars: args.system_prompt_chars,
         ..GenerateConfig::default()
