@@ -289,6 +289,58 @@ fn unreadable_bodies_are_still_routed() {
     );
 }
 
+/// A body that leaves its API open (two routing fields) is routed by the path the
+/// filter reads after the body; a body that contradicts its path is routed by its
+/// own shape, and the engine's 400 takes back what it recorded.
+#[test]
+fn the_path_decides_only_where_the_body_leaves_the_api_open() {
+    let f = fleet(2, json!({}));
+    let prompt = "A prompt long enough to own its prefix in the tree. ".repeat(20);
+    let a = post(
+        f.envoy.listener,
+        "/v1/completions",
+        &json!({"model": "mock", "prompt": prompt}),
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    let b = post(
+        f.envoy.listener,
+        "/v1/completions",
+        &json!({
+            "model": "mock",
+            "prompt": format!("{prompt} and more"),
+            "messages": [{"role": "user", "content": "an unrelated question"}],
+        }),
+    );
+    assert_eq!(b.status, 200, "{b:?}");
+    assert_eq!(
+        header(&b, "x-llm-router-decision"),
+        "cache_hit",
+        "routed by its prompt, as its path says: {b:?}"
+    );
+    assert_eq!(header(&a, "x-engine-worker"), header(&b, "x-engine-worker"));
+    let messages = json!([{"role": "user", "content": "sent to the wrong path. ".repeat(20)}]);
+    let wrong = post(
+        f.envoy.listener,
+        "/v1/completions",
+        &json!({"model": "mock", "messages": messages}),
+    );
+    assert_eq!(wrong.status, 400, "the engine refuses it: {wrong:?}");
+    e2e::support::wait_for("the refused request counted unserved", &f, || {
+        f.envoy.filter_stat("llm_router_unserved").ok() == Some(1)
+    });
+    let right = post(
+        f.envoy.listener,
+        "/v1/chat/completions",
+        &json!({"model": "mock", "messages": messages}),
+    );
+    assert_eq!(right.status, 200, "{right:?}");
+    assert_eq!(
+        header(&right, "x-llm-router-decision"),
+        "cache_miss",
+        "the refused request left nothing recorded: {right:?}"
+    );
+}
+
 #[test]
 fn a_model_no_worker_serves_gets_503_with_a_reason() {
     let f = start(&FleetSpec {
