@@ -208,9 +208,7 @@ fn client_routing_headers_are_replaced() {
 
 /// A body that names its API alone (one of `messages`, `prompt` and `text`) is
 /// routed without reading `:path`, a copy into the VM that costs Envoy about 8k
-/// instructions; a body that leaves it open, or none, reads it. The one request
-/// that routes differently for it is one whose body contradicts its path, which
-/// the engine refuses either way: it routes by its body.
+/// instructions; a body that leaves it open, or none, reads it.
 #[test]
 fn a_body_that_names_its_api_is_routed_without_reading_the_path() {
     let mut host = host(&fleet(2, ""));
@@ -240,14 +238,27 @@ fn a_body_that_names_its_api_is_routed_without_reading_the_path() {
         let read = reads(path, body);
         assert!(read.contains(&":path".to_string()), "{path}: {read:?}");
     }
-    // `messages` sent to `/v1/completions` routes as the chat it is, and the
-    // engine's refusal takes back its record: the prefix follows no worker.
+}
+
+/// `messages` sent to `/v1/completions` routes as the chat it is (reading the path
+/// would have made it an unreadable completion, routed by load), and the engine's
+/// refusal takes back its record: the prefix follows no worker.
+#[test]
+fn a_body_that_contradicts_its_path_routes_by_its_body_until_refused() {
+    let mut host = host(&fleet(2, ""));
     let turns = ["a conversation sent to the wrong path"];
-    let mut host = self::host(&fleet(2, ""));
-    let wrong = spec("/v1/completions", chat("m", &turns), 1);
-    let out = host.vm(0).request(wrong).unwrap();
+    let out = host
+        .vm(0)
+        .request(spec("/v1/completions", chat("m", &turns), 1))
+        .unwrap();
     assert!(out.continued);
-    host.vm(0).respond(out.handle, 400, &[], b"{}").unwrap();
+    let resp = host.vm(0).respond(out.handle, 400, &[], b"{}").unwrap();
+    assert_eq!(
+        resp.header("x-llm-router-reason"),
+        Some("cache_miss"),
+        "read as chat, not as a completion without a prompt: {:?}",
+        resp.headers
+    );
     host.vm(0).finish(out.handle).unwrap();
     assert_eq!(metric(&host, "wasmcustom.llm_router_unserved"), 1);
     let right = send(

@@ -5,7 +5,9 @@
 //! Every fleet runs on OS-chosen ports and is stopped when its test ends, pass or
 //! fail.
 
-use e2e::support::{cached_tokens, header, post, send, start, wait_until, EXPLAINED_JSON};
+use e2e::support::{
+    cached_tokens, header, post, send, start, wait_for, wait_until, EXPLAINED_JSON,
+};
 use llm_demo::admin::{self, Response};
 use llm_demo::envoy::Target;
 use llm_demo::fleet::{Fleet, FleetSpec};
@@ -325,7 +327,7 @@ fn the_path_decides_only_where_the_body_leaves_the_api_open() {
         &json!({"model": "mock", "messages": messages}),
     );
     assert_eq!(wrong.status, 400, "the engine refuses it: {wrong:?}");
-    e2e::support::wait_for("the refused request counted unserved", &f, || {
+    wait_for("the refused request counted unserved", &f, || {
         f.envoy.filter_stat("llm_router_unserved").ok() == Some(1)
     });
     let right = post(
