@@ -7,17 +7,16 @@ use crate::policy::{self, Candidate};
 use crate::rng::Rng;
 use crate::tree::{Leaves, TenantId, TenantMatches, Tree};
 
-/// Positions in `candidates` (ascending) of those a request scores, or `None` to
-/// score all: a fleet no larger than `sample_size`, or `sample_size` 0. `held` is
-/// the request's walk of `tree` (the model's, if it has one yet), `leaves` the
-/// tree's conversations by worker (`NO_LEAVES` without a tree), `input` the text's
-/// chars.
+/// Positions in `candidates` of those a request scores, or `None` to score all: a
+/// fleet no larger than `sample_size`, or `sample_size` 0. `held` is the request's
+/// walk of `tree` (the model's, if it has one yet), `leaves` the tree's
+/// conversations by worker (`NO_LEAVES` without a tree), `input` the text's chars.
 pub fn sample(
     (tree, held, leaves): (Option<&Tree>, &TenantMatches, &Leaves),
     candidates: &[Candidate],
     (sample_size, input): (usize, u64),
     rng: &mut dyn Rng,
-) -> Option<Vec<usize>> {
+) -> Option<policy::Marks> {
     if sample_size == 0 || candidates.len() <= sample_size {
         return None;
     }

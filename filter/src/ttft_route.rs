@@ -46,7 +46,7 @@ pub fn route(
         (params.sample_size, input),
         rng,
     );
-    let scored = sample.as_ref().map_or(candidates.len(), Vec::len);
+    let scored = sample.as_ref().map_or(candidates.len(), policy::Marks::len);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), scored);
     let seen = (loads, &held, leaves);
     match &sample {
@@ -55,11 +55,11 @@ pub fn route(
                 ladder.push(scored_candidate(c, seen, (params, input)));
             }
         }
-        Some(at) => {
-            for c in at.iter().filter_map(|&i| candidates.get(i)) {
+        Some(at) => at.for_each(|i| {
+            if let Some(c) = candidates.get(i) {
                 ladder.push(scored_candidate(c, seen, (params, input)));
             }
-        }
+        }),
     }
     let decision = ladder.decide(rng);
     let held_chars = decision

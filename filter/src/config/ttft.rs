@@ -27,11 +27,12 @@ pub const DEFAULT_STAY_FACTOR: f64 = 4.0;
 /// `predicted_ttft` scores every worker of a fleet of at most `ttft_sample_size`
 /// (0: of any size); a larger fleet's request scores its conversation's worker,
 /// the holders of its longest match (up to that many: those with the fewest
-/// conversations) and that many workers with the fewest conversations
-/// (`policy::ttft_sample`). On by default: on eight replays at 64 and 256 workers
-/// it placed every request as scoring every worker did but one (within 0.1 point
-/// of cached tokens), and a fleet of 256 cost Envoy about 1.35 times what 4 do,
-/// against 1.85 times scoring every worker (README, "Predicted TTFT").
+/// conversations) and a quarter as many of the workers with the fewest
+/// conversations (`policy::ttft_sample`). On by default: on eight replays at 64
+/// and 256 workers it placed every request as scoring every worker did but one
+/// (within 0.1 point of cached tokens), and a fleet of 256 cost Envoy about 1.35
+/// times what 4 do, against 1.85 times scoring every worker (README, "Predicted
+/// TTFT").
 pub const DEFAULT_TTFT_SAMPLE_SIZE: usize = 16;
 
 /// The policy's settings, defaults filled in (`Config::ttft_params`).

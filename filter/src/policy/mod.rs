@@ -29,7 +29,7 @@ pub use predicted_ttft::{
 };
 pub use random::random;
 pub use round_robin::round_robin;
-pub use ttft_sample::{ttft_sample, Drawn};
+pub use ttft_sample::{ttft_sample, Drawn, Marks};
 
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::rng::Rng;

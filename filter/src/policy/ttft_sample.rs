@@ -18,8 +18,15 @@
 //!   most `sqrt(sample_size * n)`), tallied by conversations with no sort;
 //!   otherwise they are common enough that reading the workers fewest first, as
 //!   for the fleet's (next), meets them soon;
-//! - the `sample_size` candidates with the fewest conversations (ties at random)
-//!   give the fleet rung the workers it prefers, as the whole fleet scored would.
+//! - a quarter as many candidates (`fleet_draws`) with the fewest conversations
+//!   (ties at random) give the fleet rung the workers it prefers, as the whole
+//!   fleet scored would. The rung takes a new conversation nobody holds a prefix
+//!   of, so any of the fewest serves it alike but for their load, and picking the
+//!   least loaded of a few such draws is the power of d choices again: with 2, 4,
+//!   8 or 16 draws, fifteen replays at 32 to 256 workers (idle, queueing, hot
+//!   prefix, 64 prompts) placed every request alike and as every worker scored
+//!   did, and each draw dropped is a candidate less to score (about 550 Envoy
+//!   instructions at 256 workers).
 //!
 //! The bounded-load cap stays the whole fleet's (the screen sums the busy workers'
 //! in-flight requests). What sampling gives up: the best prediction, which sets
@@ -54,15 +61,89 @@ pub struct Drawn<'t, H, S, C, F, P> {
     pub continuing: &'t [usize],
 }
 
-/// Positions in the candidate list (ascending, each once) of the candidates a
-/// request scores, or `None` to score all `n` (a fleet of at most `sample_size`, or
-/// `sample_size` 0).
+/// How many of the fleet's workers with the fewest conversations a sample of
+/// `sample_size` draws for the fleet rung (at least one).
+pub fn fleet_draws(sample_size: usize) -> usize {
+    sample_size.div_ceil(4)
+}
+
+/// Positions in a candidate list of `n`, each marked once and read back in order
+/// (ascending, without a sort). The words live on the stack for a fleet of up to
+/// `STACK_MARKS * 64`: read back into a list, the sample cost an allocation a
+/// request.
+pub struct Marks {
+    on_stack: [u64; STACK_MARKS],
+    on_heap: Vec<u64>,
+    n: usize,
+}
+
+impl Marks {
+    fn new(n: usize) -> Marks {
+        let words = n.div_ceil(64);
+        Marks {
+            on_stack: [0; STACK_MARKS],
+            on_heap: if words <= STACK_MARKS {
+                Vec::new()
+            } else {
+                vec![0; words]
+            },
+            n,
+        }
+    }
+
+    fn words(&self) -> &[u64] {
+        if self.on_heap.is_empty() {
+            self.on_stack.get(..self.n.div_ceil(64)).unwrap_or_default()
+        } else {
+            &self.on_heap
+        }
+    }
+
+    /// Marks position `i` (one past the list is left out).
+    fn mark(&mut self, i: usize) {
+        if i >= self.n {
+            return;
+        }
+        let words = if self.on_heap.is_empty() {
+            self.on_stack.as_mut_slice()
+        } else {
+            self.on_heap.as_mut_slice()
+        };
+        if let Some(word) = words.get_mut(i / 64) {
+            *word |= 1 << (i % 64);
+        }
+    }
+
+    /// How many positions are marked.
+    pub fn len(&self) -> usize {
+        self.words().iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words().iter().all(|&w| w == 0)
+    }
+
+    /// Calls `f` with each marked position, ascending (a loop of its own: as an
+    /// iterator, the scoring loop it drives cost Envoy more than the list did).
+    pub fn for_each(&self, mut f: impl FnMut(usize)) {
+        for (at, &word) in self.words().iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                f(at * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+    }
+}
+
+/// The positions in the candidate list of the candidates a request scores, or
+/// `None` to score all `n` (a fleet of at most `sample_size`, or `sample_size` 0).
 pub fn ttft_sample<'b, H, S, C, F, P>(
     n: usize,
     sample_size: usize,
     drawn: Drawn<'_, H, S, C, F, P>,
     rng: &mut dyn Rng,
-) -> Option<Vec<usize>>
+) -> Option<Marks>
 where
     H: Fn(usize) -> Option<TenantId>,
     S: Fn(TenantId) -> bool,
@@ -81,22 +162,10 @@ where
         position,
         continuing,
     } = drawn;
-    // Marks by position, read back in order: ascending and each once without a
-    // sort. On the stack for a fleet of up to `STACK_MARKS * 64`.
-    let words = n.div_ceil(64);
-    let (mut on_stack, mut on_heap) = ([0u64; STACK_MARKS], Vec::new());
-    let marked: &mut [u64] = if words <= STACK_MARKS {
-        on_stack.get_mut(..words).unwrap_or_default()
-    } else {
-        on_heap.resize(words, 0);
-        &mut on_heap
-    };
+    let mut marks = Marks::new(n);
     let mut mark = |i: Option<usize>| {
-        let Some(i) = i.filter(|&i| i < n) else {
-            return;
-        };
-        if let Some(word) = marked.get_mut(i / 64) {
-            *word |= 1 << (i % 64);
+        if let Some(i) = i {
+            marks.mark(i);
         }
     };
     continuing.iter().for_each(|&i| mark(Some(i)));
@@ -159,11 +228,11 @@ where
             }
         }
     }
-    // The fewest conversations first: `sample_size` candidates, and the holders
+    // The fewest conversations first: `fleet_draws` candidates, and the holders
     // left to find. Each block is read from a place drawn at random, round to
     // where it began, so ties go at random and a block's workers that are no
     // candidates (screened out, or serving another model) cost a step each.
-    let mut fleet = sample_size;
+    let mut fleet = fleet_draws(sample_size);
     for block in fewest {
         let len = block.len();
         let from = rng.below(len);
@@ -193,16 +262,8 @@ where
             break;
         }
     }
-    let mut picked = Vec::with_capacity(sample_size * 2 + continuing.len());
-    for (at, &word) in marked.iter().enumerate() {
-        let mut bits = word;
-        while bits != 0 {
-            picked.push(at * 64 + bits.trailing_zeros() as usize);
-            bits &= bits - 1;
-        }
-    }
     // Nothing drawn (no candidate in any block): every candidate, rather than none.
-    (!picked.is_empty()).then_some(picked)
+    (!marks.is_empty()).then_some(marks)
 }
 
 #[cfg(test)]
@@ -210,6 +271,15 @@ mod tests {
     use super::*;
     use crate::rng::SplitMix64;
     use crate::tree::Leaves;
+
+    /// The sample's positions, ascending.
+    fn positions(marks: Option<Marks>) -> Option<Vec<usize>> {
+        marks.map(|m| {
+            let mut at = Vec::new();
+            m.for_each(|i| at.push(i));
+            at
+        })
+    }
 
     /// Workers `0..n` are candidates `0..n`; `holders` and `continuing` as given,
     /// no conversation counts.
@@ -221,7 +291,7 @@ mod tests {
         rng: &mut dyn Rng,
     ) -> Option<Vec<usize>> {
         let none = Leaves::default();
-        ttft_sample(
+        positions(ttft_sample(
             n,
             k,
             Drawn {
@@ -233,7 +303,7 @@ mod tests {
                 continuing,
             },
             rng,
-        )
+        ))
     }
 
     /// Workers `0..n` with `counts` conversations each.
@@ -257,7 +327,7 @@ mod tests {
         rng: &mut dyn Rng,
     ) -> (Vec<usize>, usize) {
         let asked = std::cell::Cell::new(0);
-        let s = ttft_sample(
+        let s = positions(ttft_sample(
             n,
             k,
             Drawn {
@@ -272,9 +342,32 @@ mod tests {
                 continuing: &[],
             },
             rng,
-        )
+        ))
         .unwrap();
         (s, asked.get())
+    }
+
+    #[test]
+    fn marks_read_back_ascending_once_each_on_the_stack_and_the_heap() {
+        let mut rng = SplitMix64(3);
+        // Up to `STACK_MARKS * 64` on the stack, past it on the heap.
+        for n in [1, 63, 64, 65, 511, 512, 513, 1500] {
+            let mut marks = Marks::new(n);
+            assert!(marks.is_empty());
+            let mut want = std::collections::BTreeSet::new();
+            for _ in 0..200 {
+                let i = rng.below(n + 2);
+                marks.mark(i);
+                if i < n {
+                    want.insert(i);
+                }
+            }
+            let mut got = Vec::new();
+            marks.for_each(|i| got.push(i));
+            assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "n {n}");
+            assert_eq!(marks.len(), want.len(), "n {n}");
+            assert_eq!(marks.is_empty(), want.is_empty(), "n {n}");
+        }
     }
 
     #[test]
@@ -282,8 +375,14 @@ mod tests {
         let mut rng = SplitMix64(1);
         assert_eq!(sample(16, 16, &[], &[], &mut rng), None);
         assert_eq!(sample(300, 0, &[], &[], &mut rng), None, "0: never sampled");
+        // A quarter as many drawn from the fleet (at least one).
         let s = sample(17, 16, &[], &[], &mut rng).unwrap();
-        assert_eq!(s.len(), 16);
+        assert_eq!(s.len(), 4);
+        assert_eq!(fleet_draws(16), 4);
+        assert_eq!(fleet_draws(1), 1);
+        assert_eq!(fleet_draws(5), 2);
+        let s = sample(300, 1, &[], &[], &mut rng).unwrap();
+        assert_eq!(s.len(), 1);
     }
 
     #[test]
@@ -300,13 +399,13 @@ mod tests {
                 assert!(s.contains(&must), "{must} in {s:?}");
             }
             assert!(s.iter().all(|&i| i < 256));
-            // The holders, the conversation and the 16 with the fewest
-            // conversations (all have none: at random; some may coincide).
-            assert!((16..=20).contains(&s.len()), "{s:?}");
+            // The holders, the conversation and the 4 drawn from the fleet's
+            // fewest conversations (all have none: at random; some may coincide).
+            assert!((4..=8).contains(&s.len()), "{s:?}");
             drawn_alone += s.contains(&33) as u32;
         }
-        // Any other worker only when drawn (16/256 of the time: 125 of 2,000).
-        assert!((80..180).contains(&drawn_alone), "{drawn_alone}");
+        // Any other worker only when drawn (4/256 of the time: 31 of 2,000).
+        assert!((12..60).contains(&drawn_alone), "{drawn_alone}");
     }
 
     #[test]
@@ -338,7 +437,7 @@ mod tests {
         }
         let holders: Vec<TenantId> = (0..100).filter(|t| !(50..60).contains(t)).collect();
         for _ in 0..200 {
-            let s = ttft_sample(
+            let s = positions(ttft_sample(
                 100,
                 8,
                 Drawn {
@@ -350,7 +449,7 @@ mod tests {
                     continuing: &[],
                 },
                 &mut rng,
-            )
+            ))
             .unwrap();
             // The six holders with one, and two of those with two (more when
             // they are among the fleet's fewest).
@@ -378,9 +477,10 @@ mod tests {
         }
         let mut third = [0u32; 10];
         for _ in 0..2000 {
-            let s = ttft_sample(
+            // 15 drawn from the fleet.
+            let s = positions(ttft_sample(
                 255,
-                16,
+                60,
                 Drawn {
                     holders: (0, |_| None),
                     holds: |_| false,
@@ -394,7 +494,7 @@ mod tests {
                     continuing: &[],
                 },
                 &mut rng,
-            )
+            ))
             .unwrap();
             // The nine candidates with 2 (positions 40..49, without 45's), then
             // six of the ten with 3 (positions 59..69), the fewest.
@@ -420,8 +520,9 @@ mod tests {
     fn a_few_holders_give_those_with_the_fewest_conversations_from_their_list() {
         // 256 workers, 16 sampled: 32 and 64 holders (every 8th, every 4th
         // worker; 64 the most the list is read for) are read from their list,
-        // 128 (every other) are walked to, and all take the same holders. The other workers have one conversation each, so the fleet's
-        // 16 are none of the holders; of these the first 10 have two (worker 0
+        // 128 (every other) are walked to, and all take the same holders. The
+        // other workers have one conversation each, so the fleet's 4 are none of
+        // the holders; of these the first 10 have two (worker 0
         // is no candidate), the next 10 three and the rest four: the nine
         // candidates with two and seven of the ten with three, at random.
         for (holding, listed) in [(32, true), (64, true), (128, false)] {

@@ -257,7 +257,7 @@ impl<const N: usize> OwnedCounts<N> {
                 add(Counted::Other(name), &values);
             }
         }
-        for held in &self.mine.borrow().held {
+        for held in self.mine.borrow().held() {
             add(Counted::Mine(held), &held.values);
         }
     }
@@ -357,15 +357,12 @@ impl<const N: usize> OwnedCounts<N> {
     /// What this VM holds.
     pub fn mine(&self) -> Counts<N> {
         let mine = self.mine.borrow();
-        mine.held
-            .iter()
-            .map(|h| (h.name.clone(), h.values))
-            .collect()
+        mine.held().map(|h| (h.name.clone(), h.values)).collect()
     }
 
     /// Whether this VM holds nothing.
     pub fn holds_nothing(&self) -> bool {
-        self.mine.borrow().held.is_empty()
+        self.mine.borrow().holds_nothing()
     }
 
     /// Adds `delta` to this VM's counts for `worker` (saturating at zero; rows of
@@ -386,7 +383,7 @@ impl<const N: usize> OwnedCounts<N> {
         }
         self.unpublished.set(true);
         let releases_only = delta.iter().all(|d| *d <= 0);
-        !releases_only || mine.held.is_empty()
+        !releases_only || mine.holds_nothing()
     }
 
     /// Whether this VM's row differs from what it last stored.
@@ -398,7 +395,7 @@ impl<const N: usize> OwnedCounts<N> {
     /// of the expiry old while it holds anything (so live counts never expire).
     pub fn due(&self, now_ms: u64) -> bool {
         let stale = now_ms.saturating_sub(self.written_at.get()) >= self.expiry_ms / 3;
-        self.unpublished.get() || (stale && !self.mine.borrow().held.is_empty())
+        self.unpublished.get() || (stale && !self.mine.borrow().holds_nothing())
     }
 
     /// The encoded `table` with this VM's row replaced by its counts (none: the row
@@ -406,10 +403,10 @@ impl<const N: usize> OwnedCounts<N> {
     pub fn rewrite(&self, table: &[u8], now_ms: u64) -> Vec<u8> {
         let rows: Vec<RowRef> = self.others(table, now_ms).collect();
         let mine = self.mine.borrow();
-        let own = (!mine.held.is_empty()).then_some((
+        let own = (!mine.holds_nothing()).then_some((
             self.vm,
             now_ms,
-            mine.held.len(),
+            mine.held_count(),
             mine.row.as_slice(),
         ));
         encode(&rows, own)
@@ -668,7 +665,7 @@ mod tests {
         let mut mine = Mine::<2>::default();
         mine.change("wé", [1, 4000], None);
         mine.change("w1", [0, 7], None);
-        let bytes = encode(&[], Some((9, 3, mine.held.len(), &mine.row)));
+        let bytes = encode(&[], Some((9, 3, mine.held_count(), &mine.row)));
         assert_eq!(
             bytes.len(),
             4 + ROW_HEADER + (1 + 3 + 1 + 2) + (1 + 2 + 1 + 1),
@@ -709,7 +706,7 @@ mod tests {
         );
         // A garbled row ends the table for a reader that reads it; one that leaves
         // it out steps over it by its length to the rows after it.
-        let other = encode(&[], Some((5, 3, mine.held.len(), &mine.row)));
+        let other = encode(&[], Some((5, 3, mine.held_count(), &mine.row)));
         let mut two = 2u32.to_le_bytes().to_vec();
         two.extend_from_slice(&bad_name[4..]);
         two.extend_from_slice(&other[4..]);
