@@ -262,6 +262,7 @@ impl Router {
             all_flagged,
             all_down,
             inflight: total,
+            position,
         } = self
             .screens
             .screen((&self.cfg, self.cfg_version), pool, model, loads);
@@ -312,7 +313,7 @@ impl Router {
                 let r = ttft_route::route(
                     self.trees.get(pool, model),
                     text,
-                    (candidates, *total),
+                    (candidates, position, *total),
                     (loads, &self.cfg.ttft_params()),
                     rng,
                 );

@@ -8,23 +8,27 @@ use crate::rng::Rng;
 use crate::tree::{Leaves, TenantId, TenantMatches, Tree};
 
 /// Positions in `candidates` of those a request scores, or `None` to score all: a
-/// fleet no larger than `sample_size`, or `sample_size` 0. `held` is the request's
-/// walk of `tree` (the model's, if it has one yet), `leaves` the tree's
-/// conversations by worker (`NO_LEAVES` without a tree), `input` the text's chars.
+/// fleet no larger than `sample_size`, or `sample_size` 0. `position` is each
+/// worker's among the candidates, by worker index; `held` the request's walk of
+/// `tree` (the model's, if it has one yet), `leaves` the tree's conversations by
+/// worker (`NO_LEAVES` without a tree), `input` the text's chars.
 pub fn sample(
     (tree, held, leaves): (Option<&Tree>, &TenantMatches, &Leaves),
-    candidates: &[Candidate],
+    (candidates, position): (&[Candidate], &[Option<u32>]),
     (sample_size, input): (usize, u64),
     rng: &mut dyn Rng,
 ) -> Option<policy::Marks> {
     if sample_size == 0 || candidates.len() <= sample_size {
         return None;
     }
-    let continuing: Vec<usize> = held
-        .continued
-        .iter()
-        .filter_map(|&t| position_of(candidates, t))
-        .collect();
+    let at = |t: TenantId| {
+        position
+            .get(t as usize)
+            .copied()
+            .flatten()
+            .map(|p| p as usize)
+    };
+    let continuing: Vec<usize> = held.continued.iter().filter_map(|&t| at(t)).collect();
     let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
     let holders = tree.map(|t| t.holders_within(held, margin));
     let longest = held.longest();
@@ -38,18 +42,8 @@ pub fn sample(
         },
         conversations: |t| leaves.get(t),
         fewest: leaves.fewest_first(fleet),
-        position: |t| position_of(candidates, t),
+        position: at,
         continuing: &continuing,
     };
     policy::ttft_sample(candidates.len(), sample_size, drawn, rng)
-}
-
-/// Where `worker` is among `candidates` (in worker order): at its own index when no
-/// worker before it was screened out (the common case), else found by a search.
-fn position_of(candidates: &[Candidate], worker: TenantId) -> Option<usize> {
-    let at = worker as usize;
-    if candidates.get(at).is_some_and(|c| c.worker == worker) {
-        return Some(at);
-    }
-    candidates.binary_search_by_key(&worker, |c| c.worker).ok()
 }

@@ -23,11 +23,12 @@ pub struct TtftRouted {
 }
 
 /// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
-/// in all) by `tree`, the model's if it has one yet.
+/// in all, at `position` by worker index) by `tree`, the model's if it has one
+/// yet.
 pub fn route(
     tree: Option<&Tree>,
     text: &str,
-    (candidates, inflight): (&[Candidate], u64),
+    (candidates, position, inflight): (&[Candidate], &[Option<u32>], u64),
     (loads, params): (&Loads, &TtftParams),
     rng: &mut dyn Rng,
 ) -> TtftRouted {
@@ -42,7 +43,7 @@ pub fn route(
     // otherwise every candidate, in one loop.
     let sample = ttft_draw::sample(
         (tree, &held, leaves),
-        candidates,
+        (candidates, position),
         (params.sample_size, input),
         rng,
     );

@@ -25,9 +25,6 @@ pub(super) struct Held<const N: usize> {
     /// index): every request sums this VM's counts by index, and looking up each
     /// name again was most of what the in-flight table cost with dozens busy.
     pub(super) index: Cell<Option<(u64, usize)>>,
-    /// Where its entry is in `Mine::row`: the first byte and the length (none
-    /// while its counts are all zero).
-    at: (usize, usize),
     /// Its place in `Mine::live` while its counts are not all zero.
     live: Option<usize>,
 }
@@ -62,6 +59,13 @@ pub(super) struct Mine<const N: usize> {
     slots: Vec<Held<N>>,
     /// The slots whose counts are not all zero, in no particular order.
     live: Vec<usize>,
+    /// Where each of them has its entry in `row`: the first byte and the length,
+    /// at the same place as in `live`. Kept apart from the slots so that moving
+    /// every entry after one that grew or left is one pass over a few words
+    /// (which Wasm SIMD takes four at a time): at 256 workers a VM holds dozens,
+    /// and a request moves them twice.
+    starts: Vec<usize>,
+    lens: Vec<usize>,
     /// The entries of this VM's row (`super::owned`'s encoding), one per live
     /// slot, in no particular order.
     pub(super) row: Vec<u8>,
@@ -122,12 +126,14 @@ impl<const N: usize> Mine<N> {
             (true, Some(place)) => self.park(pos, place),
             (true, None) => {}
             (false, live) => {
+                let place = live.unwrap_or(self.live.len());
                 if live.is_none() {
-                    held.live = Some(self.live.len());
-                    held.at = (self.row.len(), 0);
+                    held.live = Some(place);
                     self.live.push(pos);
+                    self.starts.push(self.row.len());
+                    self.lens.push(0);
                 }
-                self.encode_entry(pos);
+                self.encode_entry(place);
             }
         }
         index.map(|index| Change {
@@ -147,7 +153,6 @@ impl<const N: usize> Mine<N> {
             name: worker.to_string(),
             values: [0; N],
             index: Cell::new(None),
-            at: (0, 0),
             live: None,
         });
         let (slots, hasher) = (&self.slots, &self.hasher);
@@ -157,7 +162,8 @@ impl<const N: usize> Mine<N> {
         pos
     }
 
-    /// Keeps only the live slots (their entries stay where they are in the row).
+    /// Keeps only the live slots (their entries stay where they are in the row,
+    /// and their places in `live`).
     #[cold]
     fn drop_parked(&mut self) {
         self.slots = self
@@ -179,13 +185,17 @@ impl<const N: usize> Mine<N> {
         }
     }
 
-    /// Puts the entry of the worker at `pos` in the row as its values now are: a new
-    /// one at the end, else its values in place (the name before them stays).
-    fn encode_entry(&mut self, pos: usize) {
-        let Some(held) = self.slots.get(pos) else {
+    /// Puts the entry of the worker at `place` in `live` in the row as its values
+    /// now are: a new one at the end, else its values in place (the name before
+    /// them stays).
+    fn encode_entry(&mut self, place: usize) {
+        let (Some(held), Some(&start), Some(&len)) = (
+            self.live.get(place).and_then(|&s| self.slots.get(s)),
+            self.starts.get(place),
+            self.lens.get(place),
+        ) else {
             return;
         };
-        let (start, len) = held.at;
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         let from = if len == 0 {
@@ -210,8 +220,8 @@ impl<const N: usize> Mine<N> {
                 if !last {
                     self.moved_after(start, len, new_len);
                 }
-                if let Some(held) = self.slots.get_mut(pos) {
-                    held.at = (start, new_len);
+                if let Some(l) = self.lens.get_mut(place) {
+                    *l = new_len;
                 }
             }
         }
@@ -221,27 +231,34 @@ impl<const N: usize> Mine<N> {
     /// The live entries after the one at `start` move as it goes from `len` bytes
     /// to `new_len`.
     fn moved_after(&mut self, start: usize, len: usize, new_len: usize) {
-        for &s in &self.live {
-            if let Some(h) = self.slots.get_mut(s) {
-                if h.at.0 > start {
-                    h.at.0 = h.at.0.saturating_sub(len) + new_len;
-                }
-            }
+        // Without a branch, so that it is vectorised: those after it start at
+        // least `len` further on.
+        for at in &mut self.starts {
+            *at = if *at > start {
+                at.wrapping_sub(len).wrapping_add(new_len)
+            } else {
+                *at
+            };
         }
     }
 
     /// The worker at `pos`, at `place` in `live`, holds nothing now: its entry
     /// leaves the row and its slot stays.
     fn park(&mut self, pos: usize, place: usize) {
-        let Some(held) = self.slots.get_mut(pos) else {
+        let (Some(held), Some(&start), Some(&len), true) = (
+            self.slots.get_mut(pos),
+            self.starts.get(place),
+            self.lens.get(place),
+            place < self.live.len(),
+        ) else {
             return;
         };
-        let (start, len) = held.at;
-        held.at = (0, 0);
         held.live = None;
         let end = (start + len).min(self.row.len());
         self.row.drain(start.min(end)..end);
         self.live.swap_remove(place);
+        self.starts.swap_remove(place);
+        self.lens.swap_remove(place);
         self.moved_after(start, len, 0);
         // The last live slot took its place.
         if let Some(moved) = self.live.get(place).and_then(|&s| self.slots.get_mut(s)) {
