@@ -33,10 +33,9 @@ pub struct Screened {
     /// The candidates' in-flight requests between them (`predicted_ttft`'s cap is
     /// on their mean: a kept screen sums only the busy workers').
     pub inflight: u64,
-    /// Each worker's position among the candidates, by worker index (a sampled
-    /// fleet looks up the workers it draws here: while some are screened out, a
-    /// search of the candidates for each was 1.4k Envoy instructions a request at
-    /// 256 workers).
+    /// Each worker's position among the candidates, by worker index: a sampled
+    /// fleet looks up the workers it draws here (while some were screened out,
+    /// each was a search of the candidates).
     pub position: Vec<Option<u32>>,
 }
 

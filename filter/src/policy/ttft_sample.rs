@@ -25,7 +25,7 @@
 //!   least loaded of a few such draws is the power of d choices again: with 2, 4,
 //!   8 or 16 draws, fifteen replays at 32 to 256 workers (idle, queueing, hot
 //!   prefix, 64 prompts) placed every request alike and as every worker scored
-//!   did, and each draw dropped is a candidate less to score (about 550 Envoy
+//!   did, and each draw dropped is a candidate less to score (about 350 Envoy
 //!   instructions at 256 workers).
 //!
 //! The bounded-load cap stays the whole fleet's (the screen sums the busy workers'
