@@ -30,9 +30,9 @@ pub const DEFAULT_STAY_FACTOR: f64 = 4.0;
 /// conversations) and a quarter as many of the workers with the fewest
 /// conversations (`policy::ttft_sample`). On by default: on eight replays at 64
 /// and 256 workers it placed every request as scoring every worker did but one
-/// (within 0.1 point of cached tokens), and a fleet of 256 cost Envoy about 1.35
-/// times what 4 do, against 1.85 times scoring every worker (README, "Predicted
-/// TTFT").
+/// (within 0.1 point of cached tokens), and a fleet of 256 costs Envoy about 1.3
+/// times what 4 do (stop 45), against 1.85 times scoring every worker (README,
+/// "Predicted TTFT").
 pub const DEFAULT_TTFT_SAMPLE_SIZE: usize = 16;
 
 /// The policy's settings, defaults filled in (`Config::ttft_params`).
