@@ -155,10 +155,7 @@ impl<const N: usize> Mine<N> {
             index: Cell::new(None),
             live: None,
         });
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.at.insert_unique(hash, pos, |&i| {
-            slots.get(i).map_or(0, |h| hasher.hash_one(h.name.as_str()))
-        });
+        index_slot(&mut self.at, (&self.slots, &self.hasher), hash, pos);
         pos
     }
 
@@ -176,12 +173,9 @@ impl<const N: usize> Mine<N> {
             held.live = Some(place);
         }
         self.at.clear();
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        for (pos, held) in slots.iter().enumerate() {
-            self.at
-                .insert_unique(hasher.hash_one(held.name.as_str()), pos, |&i| {
-                    slots.get(i).map_or(0, |h| hasher.hash_one(h.name.as_str()))
-                });
+        for (pos, held) in self.slots.iter().enumerate() {
+            let hash = self.hasher.hash_one(held.name.as_str());
+            index_slot(&mut self.at, (&self.slots, &self.hasher), hash, pos);
         }
     }
 
@@ -265,6 +259,19 @@ impl<const N: usize> Mine<N> {
             moved.live = Some(place);
         }
     }
+}
+
+/// Puts slot `pos` of `slots`, its name hashing to `hash`, in `at` (which, as it
+/// grows, rehashes the slots it holds by their names).
+fn index_slot<const N: usize>(
+    at: &mut hashbrown::HashTable<usize>,
+    (slots, hasher): (&[Held<N>], &hashbrown::DefaultHashBuilder),
+    hash: u64,
+    pos: usize,
+) {
+    at.insert_unique(hash, pos, |&i| {
+        slots.get(i).map_or(0, |h| hasher.hash_one(h.name.as_str()))
+    });
 }
 
 /// An entry's name and numbers, read after its length (as `Mine::encode_entry`
