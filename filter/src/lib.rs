@@ -19,7 +19,7 @@
 //! A request reads top to bottom: parse -> candidates -> policy -> plan -> target
 //! -> bookkeeping. The `glue` module, compiled only for wasm32, is the thin
 //! proxy-wasm layer: it gathers inputs from the host, calls the core, and applies
-//! the answer.
+//! the answer. `small_blocks`, the VM's allocator, imports nothing of the rest.
 
 // The filter never panics: a panic kills the Envoy thread's VM.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -48,6 +48,7 @@ pub mod rng;
 pub mod router;
 pub mod scan;
 pub mod shared;
+pub mod small_blocks;
 pub mod target;
 pub mod tree;
 pub mod ttft_draw;

@@ -156,11 +156,7 @@ impl crate::shared::SharedStore for HostStore {
 
 /// Milliseconds since the epoch from the host clock (0 if unavailable).
 pub fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    hostcalls::current_time_ns().map_or(0, |ns| ns / 1_000_000)
 }
 
 /// A request header's value (empty when missing or unreadable).
