@@ -7,7 +7,7 @@
 //! dlmalloc's bins and its free (`benches/envoy-profile`: 3k a request for
 //! `cache_aware`, 4k for `predicted_ttft`), where taking a block off a list and
 //! putting it back is a few loads and stores (measured: 1.1k fewer Envoy
-//! instructions a request for `cache_aware`, 2.5k for `predicted_ttft`).
+//! instructions a request for `cache_aware`, 1.8k-2.5k for `predicted_ttft`).
 //!
 //! Only blocks up to 512 bytes are kept, and a bounded number of each size
 //! (`KEPT_PER_CLASS`, about 170 KiB in all): a prompt's kilobytes and the tree's
