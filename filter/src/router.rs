@@ -107,6 +107,8 @@ pub struct Router {
     /// The last `cache_aware` decision's prefix match, kept so that its owners'
     /// list is refilled rather than allocated on every request.
     found: PrefixMatch,
+    /// What a `predicted_ttft` decision fills, kept for the next.
+    ttft: ttft_route::Scratch,
 }
 
 impl Router {
@@ -122,6 +124,7 @@ impl Router {
             screens: Screens::default(),
             walked: None,
             found: PrefixMatch::default(),
+            ttft: ttft_route::Scratch::default(),
         }
     }
 
@@ -311,10 +314,10 @@ impl Router {
             }
             (Policy::PredictedTtft, Some(text)) => {
                 let r = ttft_route::route(
-                    self.trees.get(pool, model),
-                    text,
+                    (self.trees.get(pool, model), text),
                     (candidates, position, *total),
                     (loads, &self.cfg.ttft_params()),
+                    &mut self.ttft,
                     rng,
                 );
                 self.walked = r.walked;

@@ -10,6 +10,14 @@ use crate::rng::Rng;
 use crate::tree::{Leaves, TenantMatches, Tree, Walked, NO_LEAVES};
 use crate::ttft_draw;
 
+/// What a decision fills and the next one refills, kept by the router so that
+/// no request allocates them: at 256 workers each is a kilobyte.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    matches: TenantMatches,
+    scored: Vec<policy::Scored>,
+}
+
 /// A decision, and what its record needs.
 pub struct TtftRouted {
     pub decision: Option<Decision>,
@@ -24,15 +32,20 @@ pub struct TtftRouted {
 
 /// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
 /// in all, at `position` by worker index) by `tree`, the model's if it has one
-/// yet.
+/// yet, filling `scratch`.
 pub fn route(
-    tree: Option<&Tree>,
-    text: &str,
+    (tree, text): (Option<&Tree>, &str),
     (candidates, position, inflight): (&[Candidate], &[Option<u32>], u64),
     (loads, params): (&Loads, &TtftParams),
+    scratch: &mut Scratch,
     rng: &mut dyn Rng,
 ) -> TtftRouted {
-    let held = tree.map_or_else(TenantMatches::default, |t| t.tenant_matches(text));
+    let held = &mut scratch.matches;
+    match tree {
+        Some(t) => t.tenant_matches_into(text, held),
+        None => held.clear(),
+    }
+    let held = &*held;
     let input_chars = match tree {
         Some(_) => held.text_chars,
         None => crate::tree::char_len(text),
@@ -42,14 +55,14 @@ pub fn route(
     // A fleet larger than the sample size scores a sample (`policy::ttft_sample`);
     // otherwise every candidate, in one loop.
     let sample = ttft_draw::sample(
-        (tree, &held, leaves),
+        (tree, held, leaves),
         (candidates, position),
         (params.sample_size, input),
         rng,
     );
-    let scored = sample.as_ref().map_or(candidates.len(), policy::Marks::len);
-    let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), scored);
-    let seen = (loads, &held, leaves);
+    let list = std::mem::take(&mut scratch.scored);
+    let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
+    let seen = (loads, held, leaves);
     match &sample {
         None => {
             for c in candidates {
@@ -63,6 +76,7 @@ pub fn route(
         }),
     }
     let decision = ladder.decide(rng);
+    scratch.scored = ladder.into_list();
     let held_chars = decision
         .as_ref()
         .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));

@@ -219,14 +219,17 @@ pub struct Ladder<'p> {
 
 impl<'p> Ladder<'p> {
     /// A ladder for a request of `input_chars` over a fleet of `n` candidates
-    /// holding `total_inflight` requests between them, `scored` of which it will
-    /// be given (all of them, or a sample: `super::ttft_sample`).
+    /// holding `total_inflight` requests between them, given those it scores (all
+    /// of them, or a sample: `super::ttft_sample`) in `list`, emptied first: a
+    /// caller that scores every request keeps the list (`into_list`), which at
+    /// 256 workers is a kilobyte.
     pub fn new(
         params: &'p TtftParams,
         input_chars: u64,
         (total_inflight, n): (u64, usize),
-        scored: usize,
+        mut list: Vec<Scored>,
     ) -> Self {
+        list.clear();
         Ladder {
             params,
             input_chars,
@@ -234,8 +237,13 @@ impl<'p> Ladder<'p> {
             best: f64::INFINITY,
             longest_eligible: 0,
             longest: 0,
-            scored: Vec::with_capacity(scored),
+            scored: list,
         }
+    }
+
+    /// The list the candidates were scored into, for the next ladder.
+    pub fn into_list(self) -> Vec<Scored> {
+        self.scored
     }
 
     /// Takes one candidate (its `inflight` counted in the total given to `new`).
@@ -438,11 +446,17 @@ mod tests {
         rng: &mut dyn Rng,
     ) -> Option<Decision> {
         let total = cands.iter().map(|c| c.inflight).sum();
-        let mut ladder = Ladder::new(p, input, (total, cands.len()), cands.len());
+        // A list a previous request filled, as the router hands it over: a
+        // worker outside the fleet holding all of the text, idle, which would win
+        // every decision if `new` kept it.
+        let stale = vec![cand(999, 0, input).scored(p, input); 3];
+        let mut ladder = Ladder::new(p, input, (total, cands.len()), stale);
         for c in cands {
             ladder.push(c.scored(p, input));
         }
-        ladder.decide(rng)
+        let decision = ladder.decide(rng);
+        assert_eq!(ladder.into_list().len(), cands.len());
+        decision
     }
 
     fn run(input: u64, cands: &[TtftCandidate]) -> Decision {

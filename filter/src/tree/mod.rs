@@ -595,6 +595,34 @@ mod tests {
     }
 
     #[test]
+    fn tenant_matches_refilled_are_what_a_fresh_walk_gives() {
+        // One table refilled across trees of different fleets and texts (as the
+        // router keeps it from request to request) reads as a new one each time.
+        let mut small = Tree::new();
+        small.insert("system prompt|alice hello", 0, 1);
+        small.insert("system prompt|bob hi", 1, 2);
+        let mut large = Tree::new();
+        for w in 0..300 {
+            large.insert(&format!("system prompt|user {w}"), w, u64::from(w) + 1);
+        }
+        large.insert("other prompt", 7, 400);
+        let mut kept = TenantMatches::default();
+        for (tree, text) in [
+            (&large, "system prompt|user 42 and more"),
+            (&small, "system prompt|alice hello again"),
+            (&large, "other prompt, longer"),
+            (&small, "nothing alike"),
+            (&large, "system prompt|user 299"),
+            (&small, ""),
+        ] {
+            tree.tenant_matches_into(text, &mut kept);
+            assert_eq!(kept, tree.tenant_matches(text), "{text}");
+        }
+        kept.clear();
+        assert_eq!(kept, TenantMatches::default());
+    }
+
+    #[test]
     fn the_holders_of_a_match_near_the_longest_are_one_nodes_tenants() {
         let mut t = Tree::new();
         t.insert("system prompt|alice hello", 0, 1);

@@ -75,6 +75,18 @@ impl TenantMatches {
         self.continued.binary_search(&tenant).is_ok()
     }
 
+    /// No match, as for a text no tree has seen, keeping the lists' allocations:
+    /// at 256 workers the depths alone are a kilobyte, allocated and freed on
+    /// every request when each made its own.
+    pub fn clear(&mut self) {
+        self.depth_of.clear();
+        self.base = 0;
+        self.continued.clear();
+        self.path.clear();
+        self.text_chars = 0;
+        self.walked = Walked::default();
+    }
+
     /// The tenants holding any of the text and how much, by tenant (`tree`'s
     /// matches).
     #[cfg(test)]
@@ -102,6 +114,13 @@ impl Tree {
     /// continues. A tenant on a node holds the whole path to it, so its depth is the
     /// matched length at the deepest node of the path it holds.
     pub fn tenant_matches(&self, text: &str) -> TenantMatches {
+        let mut matches = TenantMatches::default();
+        self.tenant_matches_into(text, &mut matches);
+        matches
+    }
+
+    /// `tenant_matches` into `out`, whose lists are refilled in place.
+    pub fn tenant_matches_into(&self, text: &str, out: &mut TenantMatches) {
         // By tenant id (ids are worker indices, so dense): at 256 workers a shared
         // system prompt has 256 tenants on every node of its path, and a search of
         // the depths found so far for each of them was quadratic.
@@ -114,9 +133,14 @@ impl Tree {
         // A node's tenants all have leaves, so a node with as many as have any
         // holds every one of them: it sets the base, unmarked.
         let with_leaves = tenants - leaves.without().len();
+        out.clear();
         let mut base = 0;
-        let mut depth_of: Vec<usize> = Vec::new();
-        let mut continued: Vec<TenantId> = Vec::new();
+        let TenantMatches {
+            depth_of,
+            continued,
+            path,
+            ..
+        } = out;
         let mut mark = |depth_of: &mut Vec<usize>, idx: NodeIdx, matched: usize| {
             if depth_of.is_empty() {
                 depth_of.resize(tenants, 0);
@@ -139,12 +163,11 @@ impl Tree {
         // prompt cut into a few nodes by the prompts that share its start has
         // every worker on each of them).
         let mut pending: Option<(NodeIdx, usize, usize)> = None;
-        let mut path = Vec::new();
         let (_, matched, rest, walked) = self.walk(text, |idx, node, matched, whole| {
             path.push((idx, matched));
             if let Some((prev, prev_matched, held)) = pending {
                 if held != node.tenants.len() {
-                    mark(&mut depth_of, prev, prev_matched);
+                    mark(depth_of, prev, prev_matched);
                 }
             }
             pending = Some((idx, matched, node.tenants.len()));
@@ -154,17 +177,12 @@ impl Tree {
             }
         });
         if let Some((last, matched, _)) = pending {
-            mark(&mut depth_of, last, matched);
+            mark(depth_of, last, matched);
         }
         continued.sort_unstable();
-        TenantMatches {
-            depth_of,
-            base,
-            continued,
-            path,
-            text_chars: matched + super::char_len(rest),
-            walked,
-        }
+        out.base = base;
+        out.text_chars = matched + super::char_len(rest);
+        out.walked = walked;
     }
 
     /// The tenants holding a match of the text within `margin` chars of the
