@@ -113,13 +113,9 @@ impl Tree {
     /// depth, not only the deepest owner's), and which tenants' texts `text`
     /// continues. A tenant on a node holds the whole path to it, so its depth is the
     /// matched length at the deepest node of the path it holds.
-    pub fn tenant_matches(&self, text: &str) -> TenantMatches {
-        let mut matches = TenantMatches::default();
-        self.tenant_matches_into(text, &mut matches);
-        matches
-    }
-
-    /// `tenant_matches` into `out`, whose lists are refilled in place.
+    ///
+    /// Written into `out`, its lists refilled in place: the router keeps one from
+    /// request to request.
     pub fn tenant_matches_into(&self, text: &str, out: &mut TenantMatches) {
         // By tenant id (ids are worker indices, so dense): at 256 workers a shared
         // system prompt has 256 tenants on every node of its path, and a search of
@@ -183,6 +179,14 @@ impl Tree {
         out.base = base;
         out.text_chars = matched + super::char_len(rest);
         out.walked = walked;
+    }
+
+    /// `tenant_matches_into` a new table.
+    #[cfg(test)]
+    pub fn tenant_matches(&self, text: &str) -> TenantMatches {
+        let mut matches = TenantMatches::default();
+        self.tenant_matches_into(text, &mut matches);
+        matches
     }
 
     /// The tenants holding a match of the text within `margin` chars of the
