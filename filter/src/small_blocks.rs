@@ -34,7 +34,7 @@ const CLASSES: usize = FINE_CLASSES + (LARGEST - FINE_LARGEST) / COARSE_STEP;
 const BLOCK_ALIGN: usize = 8;
 /// Freed blocks kept per class, beyond which they go back to the system: at most
 /// about 170 KiB kept in all.
-pub const KEPT_PER_CLASS: usize = 64;
+const KEPT_PER_CLASS: usize = 64;
 
 /// The class of a layout whose blocks are kept (`None`: the system's alone).
 fn class_of(layout: Layout) -> Option<usize> {
@@ -58,11 +58,17 @@ fn block_layout(class: usize) -> Option<Layout> {
     Layout::from_size_align(size, BLOCK_ALIGN).ok()
 }
 
-/// Freed small blocks by class: a list threaded through the blocks themselves
-/// (each holds the next one's address in its first bytes), and its length.
+/// One class's freed blocks: a list threaded through the blocks themselves (each
+/// holds the next one's address in its first bytes), and its length.
+#[derive(Clone, Copy)]
+struct List {
+    head: *mut u8,
+    kept: usize,
+}
+
+/// Freed small blocks, a list per class.
 pub struct FreeLists {
-    heads: [*mut u8; CLASSES],
-    kept: [usize; CLASSES],
+    lists: [List; CLASSES],
 }
 
 impl Default for FreeLists {
@@ -74,15 +80,17 @@ impl Default for FreeLists {
 impl FreeLists {
     pub const fn new() -> FreeLists {
         FreeLists {
-            heads: [ptr::null_mut(); CLASSES],
-            kept: [0; CLASSES],
+            lists: [List {
+                head: ptr::null_mut(),
+                kept: 0,
+            }; CLASSES],
         }
     }
 
     /// How many freed blocks the lists hold.
     #[cfg(test)]
     fn kept(&self) -> usize {
-        self.kept.iter().sum()
+        self.lists.iter().map(|l| l.kept).sum()
     }
 
     /// A block for `layout` from `system`: a kept one of its class if any.
@@ -94,17 +102,17 @@ impl FreeLists {
         let Some(class) = class_of(layout) else {
             return system.alloc(layout);
         };
-        let (Some(head), Some(kept)) = (self.heads.get_mut(class), self.kept.get_mut(class)) else {
+        let Some(list) = self.lists.get_mut(class) else {
             return ptr::null_mut();
         };
-        if head.is_null() {
+        if list.head.is_null() {
             return block_layout(class).map_or(ptr::null_mut(), |l| system.alloc(l));
         }
-        let block = *head;
+        let block = list.head;
         // SAFETY: a kept block is at least 16 bytes, aligned to 8, and holds the
         // next block's address (`dealloc` wrote it).
-        *head = block.cast::<*mut u8>().read();
-        *kept -= 1;
+        list.head = block.cast::<*mut u8>().read();
+        list.kept -= 1;
         block
     }
 
@@ -134,10 +142,10 @@ impl FreeLists {
         let Some(class) = class_of(layout) else {
             return system.dealloc(block, layout);
         };
-        let (Some(head), Some(kept)) = (self.heads.get_mut(class), self.kept.get_mut(class)) else {
+        let Some(list) = self.lists.get_mut(class) else {
             return;
         };
-        if *kept >= KEPT_PER_CLASS {
+        if list.kept >= KEPT_PER_CLASS {
             if let Some(l) = block_layout(class) {
                 system.dealloc(block, l);
             }
@@ -145,9 +153,9 @@ impl FreeLists {
         }
         // SAFETY: the block is the caller's to give up, at least 16 bytes and
         // aligned to 8 (its class's layout): room for the list's link.
-        block.cast::<*mut u8>().write(*head);
-        *head = block;
-        *kept += 1;
+        block.cast::<*mut u8>().write(list.head);
+        list.head = block;
+        list.kept += 1;
     }
 
     /// `block` (allocated for `layout`) resized to `new_size`: in place within

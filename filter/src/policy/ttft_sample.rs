@@ -115,6 +115,7 @@ impl Marks {
     }
 
     /// How many positions are marked.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.words().iter().map(|w| w.count_ones() as usize).sum()
     }
