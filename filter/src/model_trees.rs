@@ -35,6 +35,16 @@ impl From<&TreeKey<'_>> for (Pool, String) {
     }
 }
 
+/// The text an insert records.
+pub enum Inserted<'a> {
+    /// This VM's decision's, and where its walk of the tree ended, if it walked
+    /// one (`Tree::insert_walked`).
+    Routed(&'a str, Option<Walked>),
+    /// Another VM's, as the ring holds it: checked as UTF-8 only past what the
+    /// tree holds of it (`Tree::insert_bytes`).
+    Replayed(&'a [u8]),
+}
+
 /// The limits an insert keeps the trees within.
 pub struct Bounds<'a> {
     pub max_models: usize,
@@ -74,18 +84,26 @@ impl ModelTrees {
     }
 
     /// Records `text` under `worker` at `clock`, making room for a new model's tree
-    /// and keeping the char budget; from where `walked` ended if it is that tree's
-    /// walk of `text` (`Tree::insert_walked`).
+    /// and keeping the char budget. `false`: another VM's text that is not UTF-8,
+    /// and nothing changed.
     pub fn insert(
         &mut self,
         (pool, model): (Pool, &str),
-        (text, walked): (&str, Option<Walked>),
+        text: Inserted<'_>,
         worker: TenantId,
         clock: u64,
         bounds: &Bounds,
-    ) {
-        if !self.trees.contains_key(&TreeKey(pool, model)) && self.trees.len() >= bounds.max_models
-        {
+    ) -> bool {
+        let known = self.trees.contains_key(&TreeKey(pool, model));
+        let text = match text {
+            // A new tree holds nothing to check the text against.
+            Inserted::Replayed(bytes) if !known => match crate::scan::utf8(bytes) {
+                Some(t) => Inserted::Routed(t, None),
+                None => return false,
+            },
+            t => t,
+        };
+        if !known && self.trees.len() >= bounds.max_models {
             self.drop_least_worth(bounds.declared);
         }
         let entry = self
@@ -98,12 +116,23 @@ impl ModelTrees {
                     last_used: clock,
                 }
             });
-        entry.last_used = entry.last_used.max(clock);
-        match walked {
-            Some(w) => entry.tree.insert_walked(text, worker, clock, w),
-            None => entry.tree.insert(text, worker, clock),
+        let tree = &mut entry.tree;
+        let inserted = match text {
+            Inserted::Routed(t, Some(w)) => {
+                tree.insert_walked(t, worker, clock, w);
+                true
+            }
+            Inserted::Routed(t, None) => {
+                tree.insert(t, worker, clock);
+                true
+            }
+            Inserted::Replayed(bytes) => tree.insert_bytes(bytes, worker, clock),
+        };
+        if inserted {
+            entry.last_used = entry.last_used.max(clock);
+            self.shrink_to_budget(bounds.max_total_chars);
         }
-        self.shrink_to_budget(bounds.max_total_chars);
+        inserted
     }
 
     /// Drops the tree worth least: one of a model no worker declares before a

@@ -21,11 +21,11 @@ use crate::candidates::{self, Screened, Screens};
 use crate::config::{Config, Policy, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
-use crate::model_trees::{Bounds, ModelTrees};
+use crate::model_trees::{Bounds, Inserted, ModelTrees};
 use crate::parse::Parsed;
 use crate::policy::{self, CacheAwareParams, Candidate};
 use crate::rng::Rng;
-use crate::shared::{truncate_text, Membership, Op};
+use crate::shared::{truncate_text, Incoming, Membership, Op};
 use crate::tree::{PrefixMatch, TenantId, Walked};
 use crate::ttft_route;
 
@@ -401,7 +401,8 @@ impl Router {
                 text,
             } => {
                 if let Some(idx) = self.worker_index(*pool, worker.as_ref()) {
-                    self.insert((*pool, model.as_ref()), (text.as_ref(), walked), idx, clock);
+                    let text = Inserted::Routed(text.as_ref(), walked);
+                    self.insert((*pool, model.as_ref()), text, idx, clock);
                 }
             }
             Op::Forget {
@@ -430,6 +431,35 @@ impl Router {
         }
     }
 
+    /// `apply` of operation `seq` as the ring holds it (`Incoming`), an insert's
+    /// text checked as UTF-8 only past what the tree holds of it. `false`: not an
+    /// operation, or an insert whose text is not UTF-8; nothing was applied.
+    pub fn apply_encoded(&mut self, seq: u64, bytes: &[u8]) -> bool {
+        match Incoming::decode(bytes) {
+            Some(Incoming::Insert {
+                pool,
+                model,
+                worker,
+                text,
+            }) => {
+                let clock = seq.saturating_add(1);
+                let inserted = match self.worker_index(pool, worker) {
+                    Some(idx) => self.insert((pool, model), Inserted::Replayed(text), idx, clock),
+                    None => true,
+                };
+                if inserted {
+                    self.clock = self.clock.max(clock);
+                }
+                inserted
+            }
+            Some(Incoming::Other(op)) => {
+                self.apply(seq, &op);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Applies `op` as the next operation of this VM alone (no sharing).
     pub fn apply_local(&mut self, op: &Op) {
         self.apply(self.clock, op);
@@ -438,10 +468,10 @@ impl Router {
     fn insert(
         &mut self,
         key: (Pool, &str),
-        text: (&str, Option<Walked>),
+        text: Inserted<'_>,
         worker: TenantId,
         clock: u64,
-    ) {
+    ) -> bool {
         let workers = &self.cfg.workers;
         let declared = |m: &str| workers.iter().any(|w| w.models.iter().any(|d| d == m));
         let bounds = Bounds {
@@ -449,7 +479,7 @@ impl Router {
             max_total_chars: self.cfg.max_total_tree_chars,
             declared: &declared,
         };
-        self.trees.insert(key, text, worker, clock, &bounds);
+        self.trees.insert(key, text, worker, clock, &bounds)
     }
 
     /// Periodic eviction (SMG's `eviction_interval`): every tenant down to
@@ -960,7 +990,7 @@ mod tests {
         let mut rng = SplitMix64(4);
         let mut stream = Vec::new();
         for i in 0..40 {
-            let body = format!(r#"{{"prompt":"conversation {} turn {i}"}}"#, i % 5);
+            let body = format!(r#"{{"prompt":"conversation {} tour n° {i} 日本"}}"#, i % 5);
             let p = parse("/v1/completions", body.as_bytes());
             let vm = if i % 2 == 0 { &mut a } else { &mut b };
             let loads = Loads::inflight_only(&[0; 3]);
@@ -971,9 +1001,10 @@ mod tests {
                 stream.push(Op::Evict);
             }
         }
+        // One applies them as decoded, the other as the ring holds them.
         for (seq, op) in stream.iter().enumerate() {
             a.apply(seq as u64, op);
-            b.apply(seq as u64, op);
+            assert!(b.apply_encoded(seq as u64, &op.encode()));
         }
         assert!(a.tree_chars() <= 300, "the budget held");
         assert!(a.tree_chars() > 0);
@@ -983,9 +1014,49 @@ mod tests {
             b.tree(Pool::Regular, "").unwrap(),
         );
         for i in 0..40 {
-            let text = format!("conversation {} turn {i}", i % 5);
+            let text = format!("conversation {} tour n° {i} 日本", i % 5);
             assert_eq!(ta.prefix_match(&text), tb.prefix_match(&text));
+            for w in 0..3 {
+                assert_eq!(ta.tenant_depth(&text, w), tb.tenant_depth(&text, w));
+            }
         }
+    }
+
+    #[test]
+    fn an_encoded_insert_whose_text_is_not_utf8_is_refused_and_changes_nothing() {
+        let mut r = router("", 3);
+        // An insert's text is last in its encoding: `last` replaces its final byte.
+        let encoded = |model: &str, text: &str, last: Option<u8>| {
+            let op = Op::Insert {
+                pool: Pool::Regular,
+                model: model.into(),
+                worker: "w1".into(),
+                text: text.to_string(),
+            };
+            let mut bytes = op.encode();
+            if let (Some(b), Some(at)) = (last, bytes.last_mut()) {
+                *at = b;
+            }
+            bytes
+        };
+        assert!(r.apply_encoded(4, &encoded("m", "système prompt", None)));
+        let before = (r.tree_chars(), r.clock);
+        // A stray continuation byte past what the tree holds; then a text for a
+        // model with no tree yet.
+        assert!(!r.apply_encoded(9, &encoded("m", "système prompt.", Some(0x80))));
+        assert!(!r.apply_encoded(9, &encoded("other", "x", Some(0xff))));
+        assert!(!r.apply_encoded(9, b"garbage"));
+        assert_eq!((r.tree_chars(), r.clock), before);
+        assert!(r.tree(Pool::Regular, "other").is_none(), "no tree made");
+        // An insert for a worker not known here is no error.
+        let stranger = Op::Insert {
+            pool: Pool::Regular,
+            model: "m".into(),
+            worker: "w9".into(),
+            text: "x".to_string(),
+        };
+        assert!(r.apply_encoded(10, &stranger.encode()));
+        assert_eq!(r.tree_chars(), before.0);
     }
 
     #[test]

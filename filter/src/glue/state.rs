@@ -219,7 +219,7 @@ impl State {
         let got = s
             .ring
             .catch_up_past(&HostStore, &mut s.cursor, now, mine, |seq, op| {
-                router.apply(seq, &op)
+                router.apply_encoded(seq, op)
             });
         s.outbox.passed(s.cursor);
         if got.applied > 0 {

@@ -58,7 +58,7 @@ pub use lease::{claim, Lease, ProbeLease};
 pub use lockout::{Gate, PushLockout};
 pub(crate) use membership::{pool_code, pool_of};
 pub use membership::{Membership, MembershipTable};
-pub use ops::{is_local_insert, truncate_text, Op, OpRef};
+pub use ops::{is_local_insert, truncate_text, Incoming, Op, OpRef};
 pub use outbox::{Flushed, Outbox, Recorded, Stage};
 pub use owned::{owner_expiry_ms, MIN_OWNER_EXPIRY_MS, OWNER_EXPIRY_TICKS};
 pub use peers::{PeerLoads, PeerReport};
@@ -335,10 +335,15 @@ impl<'a> Reader<'a> {
         self.str().map(str::to_owned)
     }
 
+    /// Length-prefixed bytes, borrowed.
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
     /// A length-prefixed UTF-8 string, borrowed.
     pub(crate) fn str(&mut self) -> Option<&'a str> {
-        let n = self.u32()? as usize;
-        crate::scan::utf8(self.take(n)?)
+        crate::scan::utf8(self.bytes()?)
     }
 }
 

@@ -199,6 +199,37 @@ impl<'a> OpRef<'a> {
     }
 }
 
+/// An operation as a VM applies it from the ring: an insert's text as its bytes,
+/// which the tree taking it checks as UTF-8 only past what it already holds of it
+/// (`crate::tree::Tree::insert_bytes`), any other operation decoded whole.
+#[derive(Debug, PartialEq)]
+pub enum Incoming<'a> {
+    Insert {
+        pool: Pool,
+        model: &'a str,
+        worker: &'a str,
+        text: &'a [u8],
+    },
+    Other(OpRef<'a>),
+}
+
+impl<'a> Incoming<'a> {
+    /// The operation `bytes` encode, as `OpRef::decode` refuses them.
+    pub fn decode(bytes: &'a [u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        if !matches!(r.u8()?, TAG_INSERT | TAG_PEER_INSERT) {
+            return OpRef::decode(bytes).map(Incoming::Other);
+        }
+        let insert = Incoming::Insert {
+            pool: pool_of(r.u8()?)?,
+            model: r.str()?,
+            worker: r.str()?,
+            text: r.bytes()?,
+        };
+        r.0.is_empty().then_some(insert)
+    }
+}
+
 /// Whether encoded `bytes` are an insert routed by this replica (not a peer's, not
 /// an eviction, not a forget): what the replica export carries.
 pub fn is_local_insert(bytes: &[u8]) -> bool {
@@ -251,6 +282,51 @@ mod tests {
             })
         );
         assert_eq!(Op::<String>::Evict.into_forget(2, 9), None);
+    }
+
+    #[test]
+    fn incoming_keeps_an_inserts_text_as_bytes_and_decodes_the_rest_whole() {
+        let insert = insert_op("héllo", "w1");
+        let expected = Incoming::Insert {
+            pool: Pool::Regular,
+            model: "m",
+            worker: "w1",
+            text: "héllo".as_bytes(),
+        };
+        assert_eq!(Incoming::decode(&insert.encode()), Some(expected));
+        let imported = insert.encode_imported();
+        assert!(matches!(
+            Incoming::decode(&imported),
+            Some(Incoming::Insert { worker: "w1", .. })
+        ));
+        // The text is left to the tree to check; the names are not.
+        let mut stray = insert.encode();
+        if let Some(last) = stray.last_mut() {
+            *last = 0xff;
+        }
+        assert!(matches!(
+            Incoming::decode(&stray),
+            Some(Incoming::Insert {
+                text: [.., 0xff],
+                ..
+            })
+        ));
+        let mut bad_name = insert_op("x", "w\u{e9}").encode();
+        if let Some(at) = bad_name.iter().position(|&b| b == 0xc3) {
+            bad_name[at] = 0xff;
+        }
+        assert_eq!(Incoming::decode(&bad_name), None);
+        let mut trailing = insert.encode();
+        trailing.push(0);
+        assert_eq!(Incoming::decode(&trailing), None);
+        assert_eq!(Incoming::decode(&[]), None);
+        let forget = insert.into_forget(2, 9).unwrap().encode();
+        assert_eq!(
+            Incoming::decode(&forget),
+            OpRef::decode(&forget).map(Incoming::Other)
+        );
+        let evict = Op::Evict.encode();
+        assert_eq!(Incoming::decode(&evict), Some(Incoming::Other(Op::Evict)));
     }
 
     #[test]

@@ -345,35 +345,33 @@ impl OpRing {
         store: &dyn SharedStore,
         cursor: &mut u64,
         now_ms: u64,
-        apply: impl FnMut(u64, OpRef<'_>),
+        mut apply: impl FnMut(u64, OpRef<'_>),
     ) -> CatchUp {
-        self.catch_up_past(store, cursor, now_ms, |_| false, apply)
+        self.catch_up_past(
+            store,
+            cursor,
+            now_ms,
+            |_| false,
+            |seq, bytes| OpRef::decode(bytes).map(|op| apply(seq, op)).is_some(),
+        )
     }
 
     /// `catch_up`, passing over the sequences `mine` names without reading them
     /// (batches the caller applied when it recorded them: reading one back is a
-    /// `get` of kilobytes and a decode of every text in it, for nothing).
+    /// `get` of kilobytes and a decode of every text in it, for nothing), and
+    /// giving `apply` each operation encoded: it decodes and applies it and says
+    /// whether it was well formed (garbage counts as a gap). The VMs decode as
+    /// they apply (`crate::router::Router::apply_encoded`), an insert's text
+    /// checked as UTF-8 only past what the tree holds of it.
     pub fn catch_up_past(
         &self,
         store: &dyn SharedStore,
         cursor: &mut u64,
         now_ms: u64,
         mine: impl Fn(u64) -> bool,
-        mut apply: impl FnMut(u64, OpRef<'_>),
+        apply: impl FnMut(u64, &[u8]) -> bool,
     ) -> CatchUp {
-        self.walk_past(
-            store,
-            cursor,
-            (u64::MAX, now_ms),
-            mine,
-            |seq, bytes| match OpRef::decode(bytes) {
-                Some(op) => {
-                    apply(seq, op);
-                    true
-                }
-                None => false,
-            },
-        )
+        self.walk_past(store, cursor, (u64::MAX, now_ms), mine, apply)
     }
 
     /// Reads the raw operations from `*cursor` up to the head, at most `max`
@@ -668,7 +666,10 @@ mod tests {
             &mut cursor,
             0,
             |seq| seq == 1,
-            |seq, op| seen.push((seq, owned(op))),
+            |seq, bytes| {
+                seen.push((seq, owned(OpRef::decode(bytes).unwrap())));
+                true
+            },
         );
         assert_eq!((got.applied, got.gaps, cursor), (2, 0, 3));
         assert_eq!(

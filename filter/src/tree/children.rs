@@ -4,8 +4,10 @@
 //! nodes of a chat workload have one child. Each request's new leaf lands under
 //! such a node, and a map of its own for that one child cost the request an
 //! allocation (and the node the map's memory), and every walk through it a hash. So
-//! one child is kept inline, and the map is made for the second and given up when
-//! one is left.
+//! one child is kept inline, and so are two: a text that leaves an edge midway
+//! splits it into a node with two children (the edge's rest and the new leaf),
+//! which most requests make, and a map for them cost each an allocation and a
+//! rehash. The map is made for the third and given up when two are left.
 
 use super::NodeIdx;
 use hashbrown::HashMap;
@@ -15,6 +17,7 @@ pub(super) enum Children {
     #[default]
     None,
     One(char, NodeIdx),
+    Two([(char, NodeIdx); 2]),
     Many(HashMap<char, NodeIdx>),
 }
 
@@ -23,6 +26,11 @@ impl Children {
         match self {
             Children::None => None,
             Children::One(c, child) => (*c == first).then_some(*child),
+            Children::Two([(a, x), (b, y)]) => match first {
+                f if f == *a => Some(*x),
+                f if f == *b => Some(*y),
+                _ => None,
+            },
             Children::Many(map) => map.get(&first).copied(),
         }
     }
@@ -32,10 +40,14 @@ impl Children {
         match self {
             Children::None => *self = Children::One(first, child),
             Children::One(c, old) if *c == first => *old = child,
-            Children::One(c, old) => {
-                let map = HashMap::from_iter([(*c, *old), (first, child)]);
-                *self = Children::Many(map);
-            }
+            Children::One(c, old) => *self = Children::Two([(*c, *old), (first, child)]),
+            Children::Two(both) => match both.iter_mut().find(|(c, _)| *c == first) {
+                Some((_, old)) => *old = child,
+                None => {
+                    let [x, y] = *both;
+                    *self = Children::Many(HashMap::from_iter([x, y, (first, child)]));
+                }
+            },
             Children::Many(map) => {
                 map.insert(first, child);
             }
@@ -46,12 +58,22 @@ impl Children {
         match self {
             Children::One(c, _) if *c == first => *self = Children::None,
             Children::None | Children::One(..) => {}
+            Children::Two([x, y]) => {
+                let (x, y) = (*x, *y);
+                if x.0 == first {
+                    *self = Children::One(y.0, y.1);
+                } else if y.0 == first {
+                    *self = Children::One(x.0, x.1);
+                }
+            }
             Children::Many(map) => {
                 map.remove(&first);
-                if map.len() < 2 {
-                    *self = match map.iter().next() {
-                        Some((&c, &child)) => Children::One(c, child),
-                        None => Children::None,
+                if map.len() < 3 {
+                    let mut left = map.iter().map(|(&c, &child)| (c, child));
+                    *self = match (left.next(), left.next()) {
+                        (Some(x), Some(y)) => Children::Two([x, y]),
+                        (Some((c, child)), None) => Children::One(c, child),
+                        _ => Children::None,
                     };
                 }
             }
@@ -65,13 +87,14 @@ impl Children {
     /// Every child with its first char, in no particular order (the tree's
     /// invariant checks walk them).
     #[cfg(test)]
-    pub fn iter(&self) -> impl Iterator<Item = (char, NodeIdx)> + '_ {
-        let (one, many) = match self {
-            Children::None => (None, None),
-            Children::One(c, child) => (Some((*c, *child)), None),
-            Children::Many(map) => (None, Some(map.iter().map(|(&c, &child)| (c, child)))),
+    pub fn iter(&self) -> impl Iterator<Item = (char, NodeIdx)> {
+        let all: Vec<(char, NodeIdx)> = match self {
+            Children::None => Vec::new(),
+            Children::One(c, child) => vec![(*c, *child)],
+            Children::Two(both) => both.to_vec(),
+            Children::Many(map) => map.iter().map(|(&c, &child)| (c, child)).collect(),
         };
-        one.into_iter().chain(many.into_iter().flatten())
+        all.into_iter()
     }
 }
 
@@ -96,16 +119,34 @@ mod tests {
         c.insert('a', 2);
         assert!(matches!(c, Children::One('a', 2)), "replaced in place");
         c.insert('é', 3);
-        assert!(matches!(c, Children::Many(_)));
+        assert!(matches!(c, Children::Two(_)), "two: inline");
         assert_eq!(sorted(&c), vec![('a', 2), ('é', 3)]);
+        assert_eq!(
+            (c.get('a'), c.get('é'), c.get('b')),
+            (Some(2), Some(3), None)
+        );
+        c.insert('é', 6);
+        assert_eq!(sorted(&c), vec![('a', 2), ('é', 6)], "replaced in place");
         c.insert('z', 4);
+        assert!(matches!(c, Children::Many(_)), "the third makes the map");
         c.insert('z', 5);
-        assert_eq!(sorted(&c), vec![('a', 2), ('z', 5), ('é', 3)]);
+        assert_eq!(sorted(&c), vec![('a', 2), ('z', 5), ('é', 6)]);
         c.remove('q');
+        assert!(matches!(c, Children::Many(_)), "not a child: kept");
         c.remove('a');
-        assert!(matches!(c, Children::Many(_)), "two left: still a map");
+        assert!(matches!(c, Children::Two(_)), "two left: inline again");
+        assert_eq!(sorted(&c), vec![('z', 5), ('é', 6)]);
+        c.remove('q');
+        assert_eq!(sorted(&c), vec![('z', 5), ('é', 6)]);
+        c.insert('a', 7);
+        c.remove('a');
         c.remove('z');
-        assert!(matches!(c, Children::One('é', 3)), "one left: inline again");
+        assert!(matches!(c, Children::One('é', 6)), "one left: inline");
+        c.insert('z', 8);
+        c.remove('é');
+        assert!(matches!(c, Children::One('z', 8)), "either of two may go");
+        c.remove('z');
+        c.insert('é', 3);
         c.remove('a');
         assert!(matches!(c, Children::One('é', 3)), "not a child: kept");
         c.remove('é');
@@ -135,7 +176,7 @@ mod tests {
             want.sort();
             assert_eq!(sorted(&c), want, "step {step}");
             assert_eq!(c.is_empty(), m.is_empty());
-            assert!(!matches!(c, Children::Many(ref map) if map.len() < 2));
+            assert!(!matches!(c, Children::Many(ref map) if map.len() < 3));
             for k in ['a', 'b', 'c', 'd', 'e', 'f'] {
                 assert_eq!(c.get(k), m.get(&k).copied());
             }

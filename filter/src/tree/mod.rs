@@ -75,9 +75,19 @@ struct Hold {
 
 impl Node {
     fn tenant_pos(&self, tenant: TenantId) -> Option<usize> {
-        self.tenants
-            .binary_search_by_key(&tenant, |h| h.tenant)
-            .ok()
+        self.tenant_search(tenant).ok()
+    }
+
+    /// Where `tenant` is among the node's tenants, or where it would go. Ids are
+    /// worker indices, so a node every worker holds (a shared prompt's, which
+    /// every insert touches) has each at its own id: one load, where a search of
+    /// 256 took eight steps.
+    fn tenant_search(&self, tenant: TenantId) -> Result<usize, usize> {
+        let at = tenant as usize;
+        if self.tenants.get(at).is_some_and(|h| h.tenant == tenant) {
+            return Ok(at);
+        }
+        self.tenants.binary_search_by_key(&tenant, |h| h.tenant)
     }
 
     fn hold_mut(&mut self, tenant: TenantId) -> Option<&mut Hold> {
@@ -157,6 +167,24 @@ fn by_tenant(counts: &mut Vec<usize>, tenant: TenantId) -> Option<&mut usize> {
         counts.resize(i + 1, 0);
     }
     counts.get_mut(i)
+}
+
+/// The char `bytes` begin with, if they begin with a whole UTF-8 one.
+fn first_char(bytes: &[u8]) -> Option<char> {
+    let &lead = bytes.first()?;
+    if lead.is_ascii() {
+        return Some(char::from(lead));
+    }
+    let width = match lead {
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        0xf0..=0xf7 => 4,
+        _ => return None,
+    };
+    std::str::from_utf8(bytes.get(..width)?)
+        .ok()?
+        .chars()
+        .next()
 }
 
 /// Chars in `s`, without decoding when it is ASCII (the common case, and a pass of
@@ -252,7 +280,7 @@ impl Tree {
     /// stops being its leaf when this node becomes one.
     fn touch(&mut self, idx: NodeIdx, tenant: TenantId, clock: u64) {
         let node = self.node_mut(idx);
-        let at = match node.tenants.binary_search_by_key(&tenant, |h| h.tenant) {
+        let at = match node.tenant_search(tenant) {
             Ok(pos) => {
                 if let Some(hold) = node.tenants.get_mut(pos) {
                     hold.clock = hold.clock.max(clock);
@@ -374,6 +402,61 @@ impl Tree {
         self.insert_below(walked.node, rest, tenant, clock);
     }
 
+    /// `insert` of a text given as bytes that may not be UTF-8 (another VM's, read
+    /// from shared memory), checked only past the path the tree already holds of
+    /// it: those bytes equal its edges, which are text. Replayed in every VM but
+    /// the one that routed it, a 4 KiB text checked in full cost each VM about 1k
+    /// Envoy instructions a request, most of them on the prompt the tree held.
+    /// `false`: not UTF-8, and the tree is as it was.
+    pub fn insert_bytes(&mut self, text: &[u8], tenant: TenantId, clock: u64) -> bool {
+        let walked = self.walk_bytes(text);
+        let checked = text
+            .get(walked.bytes..)
+            .and_then(scan::utf8)
+            .and_then(|_| text.get(..walked.bytes));
+        let Some(held) = checked else {
+            return false;
+        };
+        debug_assert!(std::str::from_utf8(held).is_ok());
+        // SAFETY: `text[..walked.bytes]` is the edges of a path from the root, each
+        // matched whole (`walk_bytes`), and edges are `String`s: UTF-8 that ends on a
+        // char boundary. The rest of `text` was checked just now, and UTF-8 joined to
+        // UTF-8 at a char boundary is UTF-8.
+        let text = unsafe { std::str::from_utf8_unchecked(text) };
+        self.insert_walked(text, tenant, clock, walked);
+        true
+    }
+
+    /// A walk of a text of `text_len` bytes that has not left the root yet.
+    fn at_root(&self, text_len: usize) -> Walked {
+        Walked {
+            tree: self.id,
+            edits: self.edits,
+            node: ROOT,
+            bytes: 0,
+            text_len,
+        }
+    }
+
+    /// Where an insert of `text` may start (`Walked`): down the edges it matches
+    /// whole, compared as bytes.
+    fn walk_bytes(&self, text: &[u8]) -> Walked {
+        let mut walked = self.at_root(text.len());
+        loop {
+            let rest = text.get(walked.bytes..).unwrap_or_default();
+            let next = first_char(rest).and_then(|c| self.node(walked.node).children.get(c));
+            let Some(child) = next else {
+                return walked;
+            };
+            let edge = self.node(child).text.as_bytes();
+            if scan::common_len(edge, rest) < edge.len() {
+                return walked;
+            }
+            walked.node = child;
+            walked.bytes += edge.len();
+        }
+    }
+
     /// The part of an insert below `cur`, whose path `tenant` holds already: `rest`
     /// of the text follows the edges that match it and ends in a new leaf.
     fn insert_below(&mut self, mut cur: NodeIdx, text: &str, tenant: TenantId, clock: u64) {
@@ -419,13 +502,7 @@ impl Tree {
         let mut cur = ROOT;
         let mut matched = 0usize;
         let mut rest = text;
-        let mut walked = Walked {
-            tree: self.id,
-            edits: self.edits,
-            node: ROOT,
-            bytes: 0,
-            text_len: text.len(),
-        };
+        let mut walked = self.at_root(text.len());
         while let Some(first) = rest.chars().next() {
             let Some(child) = self.node(cur).children.get(first) else {
                 break;
@@ -543,6 +620,120 @@ mod tests {
         for (tenant, n) in leaves {
             assert_eq!(t.tenant_leaves(tenant), n, "leaves of {tenant}");
         }
+    }
+
+    /// Every live node as its path from the root and its holds, sorted: two trees
+    /// with the same listing hold the same texts for the same tenants.
+    fn listing(t: &Tree) -> Vec<(String, Vec<Hold>)> {
+        let path = |mut idx: NodeIdx| {
+            let mut parts = Vec::new();
+            while idx != ROOT {
+                parts.push(t.node(idx).text.as_str());
+                idx = t.node(idx).parent;
+            }
+            parts.iter().rev().copied().collect::<String>()
+        };
+        let mut all: Vec<_> = (0..t.nodes.len() as NodeIdx)
+            .filter(|&i| t.node(i).live)
+            .map(|i| (path(i), t.node(i).tenants.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    #[test]
+    fn a_tenant_is_found_where_it_is_whether_or_not_the_node_holds_every_one() {
+        let sets: [&[TenantId]; 6] = [&[0, 1, 2, 3], &[1, 2, 3], &[0, 2, 5], &[0, 1, 3], &[3], &[]];
+        for held in sets {
+            let node = Node {
+                tenants: held
+                    .iter()
+                    .map(|&tenant| Hold {
+                        tenant,
+                        children: 0,
+                        clock: 0,
+                    })
+                    .collect(),
+                ..Node::default()
+            };
+            for t in 0..7 {
+                assert_eq!(
+                    node.tenant_search(t),
+                    held.binary_search(&t),
+                    "{t} in {held:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_inserted_make_the_tree_the_text_makes() {
+        let texts = [
+            "system prompt|alice hello",
+            "system prompt|bob hi",
+            "system",
+            "",
+            "système élevé",
+            "systèmes",
+            "syst\u{e8}me",
+            "日本語のプロンプト",
+            "日本人",
+            "日本語のプロンプト and more",
+            "\u{1f600} emoji first",
+            "\u{1f601} emoji second",
+            "system prompt|alice hello again",
+        ];
+        let (mut by_text, mut by_bytes) = (Tree::new(), Tree::new());
+        for (i, text) in texts.iter().enumerate() {
+            let (tenant, clock) = (i as TenantId % 3, i as u64 + 1);
+            by_text.insert(text, tenant, clock);
+            assert!(
+                by_bytes.insert_bytes(text.as_bytes(), tenant, clock),
+                "{text}"
+            );
+            check_invariants(&by_bytes);
+            assert_eq!(listing(&by_bytes), listing(&by_text), "after {text:?}");
+            assert_eq!(by_bytes.stored_chars(), by_text.stored_chars());
+            assert_eq!(by_bytes.leaves().as_slice(), by_text.leaves().as_slice());
+        }
+        for tenant in 0..3 {
+            assert_eq!(by_bytes.tenant_chars(tenant), by_text.tenant_chars(tenant));
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_leave_the_tree_as_it_was() {
+        let mut t = Tree::new();
+        t.insert("system prompt|alice hello", 0, 1);
+        t.insert("système", 1, 2);
+        let before = (listing(&t), t.edits, t.stored_chars());
+        let mut cases: Vec<Vec<u8>> = vec![
+            // Past the held path, inside an edge, and where nothing is held.
+            b"system prompt|alice hello\xff".to_vec(),
+            b"system prompt|al\xffice".to_vec(),
+            b"\xffsystem".to_vec(),
+            // A lone continuation byte, a cut char, an overlong encoding.
+            b"\x80".to_vec(),
+            b"syst\xc3".to_vec(),
+            b"system prompt|\xc0\xaf".to_vec(),
+            // A surrogate's encoding, and a char past U+10FFFF.
+            b"\xed\xa0\x80".to_vec(),
+            b"\xf4\x90\x80\x80".to_vec(),
+        ];
+        // A stray byte right after a multi-byte char an edge holds.
+        let mut stray = "systè".as_bytes().to_vec();
+        stray.push(0xa8);
+        cases.push(stray);
+        for bytes in &cases {
+            assert!(!t.insert_bytes(bytes, 2, 3), "{bytes:?}");
+            assert_eq!(
+                (listing(&t), t.edits, t.stored_chars()),
+                before,
+                "{bytes:?}"
+            );
+        }
+        assert!(t.insert_bytes("système élevé".as_bytes(), 2, 3));
+        assert_eq!(t.tenant_depth("système élevé", 2), 13);
     }
 
     #[test]
