@@ -79,7 +79,7 @@ impl<S> Op<S> {
 
     /// The operation `bytes` encode, each of its texts made by `text` from the
     /// bytes. Refuses unknown tags and trailing bytes.
-    pub(super) fn decode_with<'a>(bytes: &'a [u8], text: impl Fn(&'a str) -> S) -> Option<Self> {
+    pub fn decode_with<'a>(bytes: &'a [u8], text: impl Fn(&'a str) -> S) -> Option<Self> {
         let mut r = Reader(bytes);
         let op = match r.u8()? {
             TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
