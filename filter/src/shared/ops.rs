@@ -82,20 +82,26 @@ impl<S> Op<S> {
     pub fn decode_with<'a>(bytes: &'a [u8], text: impl Fn(&'a str) -> S) -> Option<Self> {
         let mut r = Reader(bytes);
         let op = match r.u8()? {
-            TAG_INSERT | TAG_PEER_INSERT => Op::Insert {
-                pool: pool_of(r.u8()?)?,
-                model: text(r.str()?),
-                worker: text(r.str()?),
-                text: text(r.str()?),
-            },
-            TAG_FORGET => Op::Forget {
-                pool: pool_of(r.u8()?)?,
-                model: text(r.str()?),
-                worker: text(r.str()?),
-                text: text(r.str()?),
-                keep_chars: r.u64()?,
-                seq: r.u64()?,
-            },
+            TAG_INSERT | TAG_PEER_INSERT => {
+                let (pool, model, worker, t) = text_fields(&mut r)?;
+                Op::Insert {
+                    pool,
+                    model: text(model),
+                    worker: text(worker),
+                    text: text(crate::scan::utf8(t)?),
+                }
+            }
+            TAG_FORGET => {
+                let (pool, model, worker, t) = text_fields(&mut r)?;
+                Op::Forget {
+                    pool,
+                    model: text(model),
+                    worker: text(worker),
+                    text: text(crate::scan::utf8(t)?),
+                    keep_chars: r.u64()?,
+                    seq: r.u64()?,
+                }
+            }
             TAG_EVICT => Op::Evict,
             TAG_MEMBERSHIP => Op::Membership(Membership::decode_from(&mut r)?),
             // Anything else (tag 2 was a single worker's removal, which a whole list
@@ -220,14 +226,21 @@ impl<'a> Incoming<'a> {
         if !matches!(r.u8()?, TAG_INSERT | TAG_PEER_INSERT) {
             return OpRef::decode(bytes).map(Incoming::Other);
         }
+        let (pool, model, worker, text) = text_fields(&mut r)?;
         let insert = Incoming::Insert {
-            pool: pool_of(r.u8()?)?,
-            model: r.str()?,
-            worker: r.str()?,
-            text: r.bytes()?,
+            pool,
+            model,
+            worker,
+            text,
         };
         r.0.is_empty().then_some(insert)
     }
+}
+
+/// The fields an insert and a forget begin with: the pool, the model, the worker
+/// and the text, the text's bytes left for the caller to check as UTF-8.
+fn text_fields<'a>(r: &mut Reader<'a>) -> Option<(Pool, &'a str, &'a str, &'a [u8])> {
+    Some((pool_of(r.u8()?)?, r.str()?, r.str()?, r.bytes()?))
 }
 
 /// Whether encoded `bytes` are an insert routed by this replica (not a peer's, not

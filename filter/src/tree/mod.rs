@@ -410,14 +410,12 @@ impl Tree {
     /// `false`: not UTF-8, and the tree is as it was.
     pub fn insert_bytes(&mut self, text: &[u8], tenant: TenantId, clock: u64) -> bool {
         let walked = self.walk_bytes(text);
-        let checked = text
-            .get(walked.bytes..)
-            .and_then(scan::utf8)
-            .and_then(|_| text.get(..walked.bytes));
-        let Some(held) = checked else {
+        if text.get(walked.bytes..).and_then(scan::utf8).is_none() {
             return false;
-        };
-        debug_assert!(std::str::from_utf8(held).is_ok());
+        }
+        debug_assert!(text
+            .get(..walked.bytes)
+            .is_some_and(|held| std::str::from_utf8(held).is_ok()));
         // SAFETY: `text[..walked.bytes]` is the edges of a path from the root, each
         // matched whole (`walk_bytes`), and edges are `String`s: UTF-8 that ends on a
         // char boundary. The rest of `text` was checked just now, and UTF-8 joined to
