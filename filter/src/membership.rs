@@ -288,7 +288,7 @@ mod tests {
         fn go(r: &mut Router, text: &str, rng: &mut SplitMix64) -> (String, Reason) {
             let n = r.config().workers.len();
             let routed = r
-                .route(&chat(text), &Loads::inflight_only(&vec![0; n]), rng)
+                .route(&mut chat(text), &Loads::inflight_only(&vec![0; n]), rng)
                 .unwrap();
             if let Some(crate::router::Record { op, .. }) = &routed.record {
                 r.apply_local(op);
@@ -315,7 +315,7 @@ mod tests {
         #[test]
         fn no_list_yet_is_a_clear_refusal() {
             let mut r = Router::new(discovery());
-            let got = r.route(&chat("hi"), &Loads::default(), &mut SplitMix64(1));
+            let got = r.route(&mut chat("hi"), &Loads::default(), &mut SplitMix64(1));
             assert_eq!(got.unwrap_err(), NoWorker::NoDiscoveredWorker);
             assert_eq!(
                 NoWorker::NoDiscoveredWorker.as_str(),

@@ -109,10 +109,11 @@ pub struct Planned {
 }
 
 /// Decides where `req` (whose body is `body`) goes. `rng` breaks ties; PD rooms draw
-/// from `entropy` (the host's; `None` when it refuses), falling back to `rng`.
+/// from `entropy` (the host's; `None` when it refuses), falling back to `rng`. A
+/// record takes the text and model out of `req` (`Router::route`).
 pub fn plan(
     router: &mut Router,
-    req: &Parsed,
+    req: &mut Parsed,
     body: &[u8],
     loads: &Loads,
     rng: &mut dyn Rng,
@@ -125,7 +126,7 @@ pub fn plan(
 
 fn decide(
     router: &mut Router,
-    req: &Parsed,
+    req: &mut Parsed,
     body: &[u8],
     loads: &Loads,
     rng: &mut dyn Rng,
@@ -228,7 +229,7 @@ mod tests {
         let loads = Loads::inflight_only(&[0; 4]);
         plan(
             r,
-            &req,
+            &mut req.clone(),
             body.as_bytes(),
             &loads,
             &mut SplitMix64(1),
@@ -441,7 +442,7 @@ mod tests {
         let req = parse("/v1/completions", text.as_bytes());
         let again = plan(
             &mut r,
-            &req,
+            &mut req.clone(),
             text.as_bytes(),
             &loads,
             &mut SplitMix64(1),

@@ -146,6 +146,8 @@ fn run(args: &Args) -> Result<u64> {
     // one each request would rebuild the kept screen every time).
     let kept = Loads::default();
     let mut checksum = 0u64;
+    // Each request routed from its own copy, as the glue routes each freshly parsed
+    // body (a record takes the text out of it).
     for (i, req) in workload.iter().cycle().take(args.requests).enumerate() {
         let loads = Loads {
             inflight: held.counts.clone().into(),
@@ -158,7 +160,7 @@ fn run(args: &Args) -> Result<u64> {
             ..kept.clone()
         };
         let routed = router
-            .route(req, &loads, &mut rng)
+            .route(&mut req.clone(), &loads, &mut rng)
             .map_err(|e| anyhow!("request {i}: {}", e.as_str()))?;
         if let Some(record) = &routed.record {
             router.apply_local(&record.op);

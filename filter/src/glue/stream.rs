@@ -81,7 +81,7 @@ impl Stream {
     /// Routes the request: on success the routing header is set and the stream may
     /// continue; on failure a local reply is sent and the stream must stay paused.
     fn route(&mut self, body: &[u8], reading: Reading) -> Action {
-        let parsed = reading.parsed(self.path.as_deref());
+        let mut parsed = reading.parsed(self.path.as_deref());
         let mut slot = self.state.borrow_mut();
         let Some(state) = slot.as_mut() else {
             drop(slot);
@@ -101,7 +101,7 @@ impl Stream {
         let loads = state.loads();
         let planned = plan(
             &mut state.router,
-            &parsed,
+            &mut parsed,
             body,
             &loads,
             &mut state.rng,

@@ -212,14 +212,16 @@ impl Router {
 
     /// Chooses a worker of the regular pool for `req`. For `cache_aware` with a
     /// routing text, the returned operation records the text under the worker; the
-    /// caller applies it (directly, or through the shared ring).
+    /// caller applies it (directly, or through the shared ring). The record takes
+    /// the text and model out of `req` rather than copying them (a prompt is
+    /// kilobytes); without a record `req` keeps them.
     pub fn route(
         &mut self,
-        req: &Parsed,
+        req: &mut Parsed,
         loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<Routed, NoWorker> {
-        self.route_in(Pool::Regular, req, loads, rng)
+        self.route_in(Pool::Regular, req, Use::Last, loads, rng)
     }
 
     /// Chooses a prefill and a decode worker for `req`, each pool with its own
@@ -228,15 +230,15 @@ impl Router {
     /// coin flip. Either record, when present, is applied like `route`'s.
     pub fn route_pd(
         &mut self,
-        req: &Parsed,
+        req: &mut Parsed,
         loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<PdRouted, NoWorker> {
         let prefill = self
-            .route_in(Pool::Prefill, req, loads, rng)
+            .route_in(Pool::Prefill, req, Use::Again, loads, rng)
             .map_err(|_| NoWorker::NoPrefillWorkerForModel)?;
         let decode = self
-            .route_in(Pool::Decode, req, loads, rng)
+            .route_in(Pool::Decode, req, Use::Last, loads, rng)
             .map_err(|_| NoWorker::NoDecodeWorkerForModel)?;
         Ok(PdRouted { prefill, decode })
     }
@@ -244,7 +246,8 @@ impl Router {
     fn route_in(
         &mut self,
         pool: Pool,
-        req: &Parsed,
+        req: &mut Parsed,
+        then: Use,
         loads: &Loads,
         rng: &mut dyn Rng,
     ) -> Result<Routed, NoWorker> {
@@ -352,30 +355,62 @@ impl Router {
             && decision.reason == Reason::CacheMiss
             && matched
                 .is_some_and(|m| owners_filtered(self.cfg.cache_threshold, m, candidates, flagged));
-        let record = match (policy, text) {
-            (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some(Record {
+        let recorded = match (policy, text) {
+            (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some((
+                text.len(),
+                text_chars.unwrap_or_else(|| crate::tree::char_len(text)) as u64,
+            )),
+            _ => None,
+        };
+        let record = recorded.map(|(text_bytes, text_chars)| {
+            let (model, text) = then.model_and_text(req, text_bytes);
+            Record {
                 op: Op::Insert {
                     pool,
-                    model: model.to_string(),
+                    model,
                     worker: self
                         .cfg
                         .workers
                         .get(decision.worker as usize)
                         .map(|w| w.name.clone())
                         .unwrap_or_default(),
-                    text: text.to_string(),
+                    text,
                 },
                 held_chars: held_chars as u64,
-                text_chars: text_chars.unwrap_or_else(|| crate::tree::char_len(text)) as u64,
-            }),
-            _ => None,
-        };
+                text_chars,
+            }
+        });
         Ok(Routed {
             decision,
             record,
             gate_inert,
             owner_overloaded,
         })
+    }
+}
+
+/// Whether a routing of a request is its last (its record may take the request's
+/// text and model) or another pool routes it next (PD's prefill: copied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Again,
+    Last,
+}
+
+impl Use {
+    /// The model and the first `text_bytes` of the text of `req` (a char boundary:
+    /// `truncate_text`'s cut) for a record.
+    fn model_and_text(self, req: &mut Parsed, text_bytes: usize) -> (String, String) {
+        let Parsed::Routable(r) = req else {
+            return (req.model().to_string(), String::new());
+        };
+        if self == Use::Again || !r.text.is_char_boundary(text_bytes) {
+            let text = r.text.get(..text_bytes).unwrap_or_default();
+            return (r.model.clone(), text.to_string());
+        }
+        let mut text = std::mem::take(&mut r.text);
+        text.truncate(text_bytes);
+        (std::mem::take(&mut r.model), text)
     }
 }
 
@@ -413,7 +448,7 @@ mod tests {
         inflight: &[u64],
         rng: &mut SplitMix64,
     ) -> Result<Decision, NoWorker> {
-        let routed = r.route(req, &Loads::inflight_only(inflight), rng)?;
+        let routed = r.route(&mut req.clone(), &Loads::inflight_only(inflight), rng)?;
         if let Some(Record { op, .. }) = &routed.record {
             r.apply_local(op);
         }
@@ -522,7 +557,7 @@ mod tests {
                     .map(|_| rng.below(if i % 3 == 0 { 100 } else { 2 }) as u64)
                     .collect();
                 let routed = r
-                    .route(&req, &Loads::inflight_only(&inflight), &mut rng)
+                    .route(&mut req.clone(), &Loads::inflight_only(&inflight), &mut rng)
                     .unwrap();
                 let Some(Record {
                     op,
@@ -568,7 +603,7 @@ mod tests {
         // The next turn goes to the same worker, whose engine then fails.
         let next = chat(&[sys, "q1", "q2"]);
         let routed = r
-            .route(&next, &Loads::inflight_only(&[0; 4]), &mut rng)
+            .route(&mut next.clone(), &Loads::inflight_only(&[0; 4]), &mut rng)
             .unwrap();
         let Some(Record {
             op:
@@ -654,7 +689,7 @@ mod tests {
         let mut rng = SplitMix64(1);
         let d = r
             .route(
-                &parse("/v1/chat/completions", b"garbage"),
+                &mut parse("/v1/chat/completions", b"garbage"),
                 &Loads::inflight_only(&[5, 1]),
                 &mut rng,
             )
@@ -883,7 +918,9 @@ mod tests {
             let p = parse("/v1/completions", body.as_bytes());
             let vm = if i % 2 == 0 { &mut a } else { &mut b };
             let loads = Loads::inflight_only(&[0; 3]);
-            if let Some(Record { op, .. }) = vm.route(&p, &loads, &mut rng).unwrap().record {
+            if let Some(Record { op, .. }) =
+                vm.route(&mut p.clone(), &loads, &mut rng).unwrap().record
+            {
                 stream.push(op);
             }
             if i % 7 == 0 {
@@ -969,8 +1006,8 @@ mod tests {
         for (seq, text) in texts.iter().enumerate() {
             let p = chat(&[text]);
             let loads = Loads::inflight_only(&[seq as u64 % 3, 0, 1]);
-            let ra = a.route(&p, &loads, &mut rng.0).unwrap();
-            let rb = b.route(&p, &loads, &mut rng.1).unwrap();
+            let ra = a.route(&mut p.clone(), &loads, &mut rng.0).unwrap();
+            let rb = b.route(&mut p.clone(), &loads, &mut rng.1).unwrap();
             assert_eq!(ra.decision, rb.decision, "{policy}, request {seq}");
             if seq % 5 == 0 {
                 let Parsed::Routable(earlier) = chat(&[&texts[seq / 2]]) else {
@@ -1021,6 +1058,61 @@ mod tests {
         assert_eq!((d.worker, d.reason), (first.worker, Reason::CacheHit));
     }
 
+    /// The text and model of `req`'s record, if it has one.
+    fn recorded(routed: &Routed) -> Option<(&str, &str)> {
+        match &routed.record.as_ref()?.op {
+            Op::Insert { model, text, .. } => Some((model.as_str(), text.as_str())),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_record_takes_its_text_and_model_out_of_the_request_cut_where_routing_cut_it() {
+        // The text is "user: " and 80 "é" of two bytes each: a cut at 101 bytes
+        // would split the 48th, so routing cuts at 100, and the record holds those
+        // 100 bytes, 53 chars.
+        let long = "é".repeat(80);
+        for (extra, bytes, chars) in [("", 167, 87), (r#","max_routing_text_bytes":101"#, 100, 53)]
+        {
+            let mut r = router(extra, 4);
+            let mut req = chat(&[&long]);
+            let Parsed::Routable(whole) = req.clone() else {
+                panic!("routable")
+            };
+            let routed = r.route(&mut req, &Loads::default(), &mut SplitMix64(1));
+            let routed = routed.unwrap();
+            let (model, text) = recorded(&routed).unwrap();
+            assert_eq!(model, whole.model);
+            assert_eq!(text, &whole.text[..bytes]);
+            assert_eq!(routed.record.as_ref().unwrap().text_chars, chars as u64);
+            let Parsed::Routable(left) = &req else {
+                panic!("routable")
+            };
+            assert_eq!((left.text.as_str(), left.model.as_str()), ("", ""));
+        }
+        // Without a record the request keeps both.
+        let mut r = router(r#","policy":"round_robin""#, 4);
+        let mut req = chat(&["kept"]);
+        let before = req.clone();
+        let routed = r.route(&mut req, &Loads::default(), &mut SplitMix64(1));
+        assert!(routed.unwrap().record.is_none());
+        assert_eq!(req, before);
+    }
+
+    #[test]
+    fn pd_records_both_pools_under_the_same_text_the_prefill_pool_copying_it() {
+        let mut r = pd_router(PD);
+        let mut req = chat(&["one prompt for both pools"]);
+        let Parsed::Routable(whole) = req.clone() else {
+            panic!("routable")
+        };
+        let pair = r.route_pd(&mut req, &Loads::inflight_only(&[0; 4]), &mut SplitMix64(1));
+        let pair = pair.unwrap();
+        let want = Some((whole.model.as_str(), whole.text.as_str()));
+        assert_eq!(recorded(&pair.prefill), want);
+        assert_eq!(recorded(&pair.decode), want);
+    }
+
     /// Routes with overload flags and records locally.
     fn go_flagged(r: &mut Router, req: &Parsed, flags: &[bool], rng: &mut SplitMix64) -> Routed {
         let inflight = vec![0; flags.len()];
@@ -1028,7 +1120,7 @@ mod tests {
             overloaded: flags.into(),
             ..Loads::inflight_only(&inflight)
         };
-        let routed = r.route(req, &loads, rng).unwrap();
+        let routed = r.route(&mut req.clone(), &loads, rng).unwrap();
         if let Some(Record { op, .. }) = &routed.record {
             r.apply_local(op);
         }
@@ -1121,7 +1213,7 @@ mod tests {
     /// Routes a PD pair and records both pools' operations, as the filter does.
     fn go_pd(r: &mut Router, req: &Parsed, rng: &mut SplitMix64) -> (Decision, Decision) {
         let routed = r
-            .route_pd(req, &Loads::inflight_only(&[0; 4]), rng)
+            .route_pd(&mut req.clone(), &Loads::inflight_only(&[0; 4]), rng)
             .unwrap();
         for Record { op, .. } in [&routed.prefill.record, &routed.decode.record]
             .into_iter()
@@ -1252,14 +1344,14 @@ mod tests {
         );
         r.reconfigure(Config::from_json(grown.as_bytes()).unwrap());
         let routed = r
-            .route_pd(&p, &Loads::inflight_only(&[0; 5]), &mut rng)
+            .route_pd(&mut p.clone(), &Loads::inflight_only(&[0; 5]), &mut rng)
             .unwrap();
         assert_eq!(routed.prefill.decision.reason, Reason::CacheHit);
         assert_eq!(name(&r, &routed.prefill.decision), owner);
         let fresh = chat(&["a brand new prompt"]);
         for _ in 0..20 {
             let routed = r
-                .route_pd(&fresh, &Loads::inflight_only(&[0; 5]), &mut rng)
+                .route_pd(&mut fresh.clone(), &Loads::inflight_only(&[0; 5]), &mut rng)
                 .unwrap();
             assert_eq!(
                 r.config().workers[routed.prefill.decision.worker as usize].pool,
@@ -1284,11 +1376,11 @@ mod tests {
         };
         let loads = [0; 2];
         assert_eq!(
-            r.route_pd(&req("b"), &Loads::inflight_only(&loads), &mut rng),
+            r.route_pd(&mut req("b"), &Loads::inflight_only(&loads), &mut rng),
             Err(NoWorker::NoPrefillWorkerForModel)
         );
         assert_eq!(
-            r.route_pd(&req("a"), &Loads::inflight_only(&loads), &mut rng),
+            r.route_pd(&mut req("a"), &Loads::inflight_only(&loads), &mut rng),
             Err(NoWorker::NoDecodeWorkerForModel)
         );
     }
