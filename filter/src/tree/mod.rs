@@ -28,6 +28,7 @@
 use crate::scan;
 use children::Children;
 use hashbrown::HashMap;
+use tenants::Tenants;
 
 mod children;
 mod leaves;
@@ -35,6 +36,7 @@ mod prefix_match;
 mod removal;
 mod replay;
 mod tenant_matches;
+mod tenants;
 
 pub use leaves::{Block, Leaves, NO_LEAVES};
 pub use prefix_match::PrefixMatch;
@@ -58,8 +60,8 @@ struct Node {
     /// shared prompt's nodes hold every worker of a fleet, and each request's insert
     /// looked its worker up along them (a scan of 256 at 256 workers, the routed
     /// worker's and the matching tenants' lookups a few thousand V8 instructions a
-    /// request).
-    tenants: Vec<Hold>,
+    /// request). The first is kept inline (`Tenants`).
+    tenants: Tenants,
     parent: NodeIdx,
     live: bool,
 }
@@ -325,7 +327,7 @@ impl Tree {
                 .tenants
                 .iter()
                 .map(|h| Hold { children: 1, ..*h })
-                .collect::<Vec<_>>();
+                .collect::<Tenants>();
             (c.parent, head, tail, tenants, first)
         };
         let tail_first = tail.chars().next().unwrap_or_default();
@@ -407,7 +409,7 @@ impl Tree {
                     text: rest.to_string(),
                     chars,
                     children: Children::None,
-                    tenants: Vec::new(),
+                    tenants: Tenants::None,
                     parent: cur,
                     live: true,
                 });
@@ -514,7 +516,7 @@ mod tests {
             stored += n.chars;
             for &Hold {
                 tenant, children, ..
-            } in &n.tenants
+            } in n.tenants.iter()
             {
                 *per_tenant.entry(tenant).or_default() += n.chars;
                 let held_below = n
@@ -574,7 +576,7 @@ mod tests {
         };
         let mut all: Vec<_> = (0..t.nodes.len() as NodeIdx)
             .filter(|&i| t.node(i).live)
-            .map(|i| (path(i), t.node(i).tenants.clone()))
+            .map(|i| (path(i), t.node(i).tenants.to_vec()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -1298,7 +1300,7 @@ mod tests {
         while let Some((idx, path)) = stack.pop() {
             let node = t.node(idx);
             let path = path + &node.text;
-            nodes.push((path.clone(), node.tenants.clone()));
+            nodes.push((path.clone(), node.tenants.to_vec()));
             let mut children: Vec<_> = node.children.iter().collect();
             children.sort();
             stack.extend(children.into_iter().map(|(_, c)| (c, path.clone())));

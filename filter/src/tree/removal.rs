@@ -165,7 +165,7 @@ impl Tree {
             if !node.live || idx == ROOT {
                 continue;
             }
-            for h in &node.tenants {
+            for h in node.tenants.iter() {
                 if only.is_none_or(|t| t == h.tenant) && h.children == 0 {
                     heap.push(Reverse((h.clock, h.tenant, idx)));
                 }

@@ -146,7 +146,7 @@ impl Tree {
                 base = matched;
                 return;
             }
-            for h in &node.tenants {
+            for h in node.tenants.iter() {
                 match depth_of.get_mut(h.tenant as usize) {
                     Some(d) => *d = matched,
                     None => mark_beyond(depth_of, h.tenant, matched),
