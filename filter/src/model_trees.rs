@@ -6,18 +6,43 @@
 //! here (which model's tree to drop, how far each tree shrinks) is a function of that
 //! stream alone and the VMs' trees stay alike.
 
+use std::cell::Cell;
+
 use hashbrown::HashMap;
 
 use crate::config::Pool;
 use crate::tree::{TenantId, Tree, Walked};
 
 struct ModelTree {
+    key: (Pool, String),
     tree: Tree,
     last_used: u64,
 }
 
-/// A tree's key, `(pool, model)`, borrowed: looking a tree up on every request does
-/// not build the `String` the map keeps. It hashes as the owned key does (a tuple
+impl ModelTree {
+    /// Records `text` under `worker` at `clock` (see `ModelTrees::insert`).
+    fn insert(&mut self, text: Inserted<'_>, worker: TenantId, clock: u64) -> bool {
+        let tree = &mut self.tree;
+        let inserted = match text {
+            Inserted::Routed(t, Some(w)) => {
+                tree.insert_walked(t, worker, clock, w);
+                true
+            }
+            Inserted::Routed(t, None) => {
+                tree.insert(t, worker, clock);
+                true
+            }
+            Inserted::Replayed(bytes) => tree.insert_bytes(bytes, worker, clock),
+        };
+        if inserted {
+            self.last_used = self.last_used.max(clock);
+        }
+        inserted
+    }
+}
+
+/// A tree's key, `(pool, model)`, borrowed: looking a tree up does not build the
+/// `String` the map keeps. It hashes as the owned key does (a tuple
 /// struct hashes its fields in order, as a tuple; `&str` as `String`).
 #[derive(Hash)]
 struct TreeKey<'a>(Pool, &'a str);
@@ -25,13 +50,6 @@ struct TreeKey<'a>(Pool, &'a str);
 impl hashbrown::Equivalent<(Pool, String)> for TreeKey<'_> {
     fn equivalent(&self, key: &(Pool, String)) -> bool {
         self.0 == key.0 && self.1 == key.1
-    }
-}
-
-/// The owned key, built only when a new tree is stored.
-impl From<&TreeKey<'_>> for (Pool, String) {
-    fn from(key: &TreeKey<'_>) -> Self {
-        (key.0, key.1.to_string())
     }
 }
 
@@ -53,32 +71,55 @@ pub struct Bounds<'a> {
     pub declared: &'a dyn Fn(&str) -> bool,
 }
 
+/// The trees, found by key through a map of their places, and the one found last
+/// compared first: a request looks its model's tree up twice (to decide, then to
+/// record), and nearly every request names the model the one before it named. A
+/// hash of the name is 128-bit arithmetic, which wasm32 does in calls (about 0.2k
+/// of V8's instructions a lookup); comparing it with the last is a few.
 #[derive(Default)]
 pub struct ModelTrees {
-    trees: HashMap<(Pool, String), ModelTree>,
+    trees: Vec<ModelTree>,
+    places: HashMap<(Pool, String), usize>,
+    /// Where the last lookup found its tree (checked by key before use).
+    last: Cell<usize>,
     /// Trees made so far: each new one is numbered past the others (`Walked`).
     made: u64,
 }
 
 impl ModelTrees {
+    /// The place of `(pool, model)`'s tree.
+    fn place(&self, pool: Pool, model: &str) -> Option<usize> {
+        let last = self.last.get();
+        if self
+            .trees
+            .get(last)
+            .is_some_and(|t| t.key.0 == pool && t.key.1 == model)
+        {
+            return Some(last);
+        }
+        let place = *self.places.get(&TreeKey(pool, model))?;
+        self.last.set(place);
+        Some(place)
+    }
+
     pub fn get(&self, pool: Pool, model: &str) -> Option<&Tree> {
-        self.trees.get(&TreeKey(pool, model)).map(|t| &t.tree)
+        let place = self.place(pool, model)?;
+        self.trees.get(place).map(|t| &t.tree)
     }
 
     fn get_mut(&mut self, pool: Pool, model: &str) -> Option<&mut Tree> {
-        self.trees
-            .get_mut(&TreeKey(pool, model))
-            .map(|t| &mut t.tree)
+        let place = self.place(pool, model)?;
+        self.trees.get_mut(place).map(|t| &mut t.tree)
     }
 
     /// Chars held by all trees.
     pub fn chars(&self) -> usize {
-        self.trees.values().map(|t| t.tree.stored_chars()).sum()
+        self.trees.iter().map(|t| t.tree.stored_chars()).sum()
     }
 
     /// Renames every tree's tenants (`None`: the tenant is removed).
     pub fn remap_tenants(&mut self, new_index: impl Fn(TenantId) -> Option<TenantId>) {
-        for t in self.trees.values_mut() {
+        for t in &mut self.trees {
             t.tree.remap_tenants(&new_index);
         }
     }
@@ -94,42 +135,35 @@ impl ModelTrees {
         clock: u64,
         bounds: &Bounds,
     ) -> bool {
-        let known = self.trees.contains_key(&TreeKey(pool, model));
-        let text = match text {
-            // A new tree holds nothing to check the text against.
-            Inserted::Replayed(bytes) if !known => match crate::scan::utf8(bytes) {
-                Some(t) => Inserted::Routed(t, None),
-                None => return false,
-            },
-            t => t,
-        };
-        if !known && self.trees.len() >= bounds.max_models {
-            self.drop_least_worth(bounds.declared);
-        }
-        let entry = self
-            .trees
-            .entry_ref(&TreeKey(pool, model))
-            .or_insert_with(|| {
+        let known = self.place(pool, model);
+        let inserted = match known.and_then(|place| self.trees.get_mut(place)) {
+            Some(entry) => entry.insert(text, worker, clock),
+            None => {
+                let text = match text {
+                    // A new tree holds nothing to check the text against.
+                    Inserted::Replayed(bytes) => match crate::scan::utf8(bytes) {
+                        Some(t) => Inserted::Routed(t, None),
+                        None => return false,
+                    },
+                    t => t,
+                };
+                if self.trees.len() >= bounds.max_models {
+                    self.drop_least_worth(bounds.declared);
+                }
                 self.made += 1;
-                ModelTree {
+                let key = (pool, model.to_string());
+                self.places.insert(key.clone(), self.trees.len());
+                let mut entry = ModelTree {
+                    key,
                     tree: Tree::with_id(self.made),
                     last_used: clock,
-                }
-            });
-        let tree = &mut entry.tree;
-        let inserted = match text {
-            Inserted::Routed(t, Some(w)) => {
-                tree.insert_walked(t, worker, clock, w);
-                true
+                };
+                let inserted = entry.insert(text, worker, clock);
+                self.trees.push(entry);
+                inserted
             }
-            Inserted::Routed(t, None) => {
-                tree.insert(t, worker, clock);
-                true
-            }
-            Inserted::Replayed(bytes) => tree.insert_bytes(bytes, worker, clock),
         };
         if inserted {
-            entry.last_used = entry.last_used.max(clock);
             self.shrink_to_budget(bounds.max_total_chars);
         }
         inserted
@@ -144,17 +178,23 @@ impl ModelTrees {
         let victim = self
             .trees
             .iter()
-            .min_by_key(|(k, t)| {
+            .enumerate()
+            .min_by_key(|(_, t)| {
                 (
-                    declared(&k.1),
+                    declared(&t.key.1),
                     t.tree.stored_chars(),
                     t.last_used,
-                    (*k).clone(),
+                    &t.key,
                 )
             })
-            .map(|(k, _)| k.clone());
-        if let Some(k) = victim {
-            self.trees.remove(&k);
+            .map(|(place, _)| place);
+        if let Some(place) = victim {
+            let gone = self.trees.swap_remove(place);
+            self.places.remove(&gone.key);
+            // The last tree moved into the place.
+            if let Some(moved) = self.trees.get(place) {
+                self.places.insert(moved.key.clone(), place);
+            }
         }
     }
 
@@ -176,7 +216,7 @@ impl ModelTrees {
     /// Periodic eviction (SMG's `eviction_interval`): every tenant down to
     /// `per_tenant` chars, then all trees down to the budget.
     pub fn evict(&mut self, per_tenant: usize, max_total_chars: usize) {
-        for t in self.trees.values_mut() {
+        for t in &mut self.trees {
             t.tree.evict_tenants_over(per_tenant);
         }
         self.shrink_to_budget(max_total_chars);
@@ -190,9 +230,65 @@ impl ModelTrees {
             return;
         }
         let target = budget - budget / 10;
-        for t in self.trees.values_mut() {
+        for t in &mut self.trees {
             let share = (t.tree.stored_chars() as u128 * target as u128 / total as u128) as usize;
             t.tree.evict_to_budget(share);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tree_is_found_at_its_place_through_drops_and_alternating_lookups() {
+        let declared = |m: &str| m.starts_with("real");
+        let bounds = Bounds {
+            max_models: 5,
+            max_total_chars: 1 << 20,
+            declared: &declared,
+        };
+        let mut trees = ModelTrees::default();
+        let mut state = 11u64;
+        for step in 0..2000u64 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let n = (state >> 33) % 9;
+            let pool = [Pool::Regular, Pool::Decode][(n % 2) as usize];
+            let model = if n < 3 {
+                format!("real{n}")
+            } else {
+                format!("junk{n}")
+            };
+            // Each tree holds only texts naming its own key.
+            let text = format!("{pool:?}/{model}/{step}");
+            assert!(trees.insert(
+                (pool, &model),
+                Inserted::Routed(&text, None),
+                0,
+                step,
+                &bounds
+            ));
+            assert!(trees.trees.len() <= 5);
+            assert_eq!(trees.places.len(), trees.trees.len());
+            for (place, t) in trees.trees.iter().enumerate() {
+                assert_eq!(trees.places.get(&t.key), Some(&place), "step {step}");
+                let prefix = format!("{:?}/{}/", t.key.0, t.key.1);
+                let found = trees.get(t.key.0, &t.key.1).unwrap();
+                assert!(found.prefix_match(&prefix).matched_chars == prefix.len());
+            }
+            assert!(
+                trees.get(pool, &model).is_some(),
+                "the tree just inserted into"
+            );
+        }
+        // Declared models' trees outlived the junk.
+        for n in 0..3u64 {
+            let pool = [Pool::Regular, Pool::Decode][(n % 2) as usize];
+            assert!(trees.get(pool, &format!("real{n}")).is_some());
+        }
+        assert!(trees.get(Pool::Prefill, "real0").is_none());
     }
 }
