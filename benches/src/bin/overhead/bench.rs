@@ -66,6 +66,8 @@ pub struct Load {
     pub variants: Vec<String>,
     /// `--callgrind-keep`: where the counts' dumps are kept.
     pub keep: Option<PathBuf>,
+    /// `--cache-sim`: callgrind simulates the caches as well.
+    pub cache_sim: bool,
 }
 
 /// What one variant measured over all repetitions.
@@ -441,7 +443,7 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
     for rep in 0..load.reps {
         for (i, (c, hits)) in counted.iter_mut().zip(hits.iter_mut()).enumerate() {
             let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &c.variant)?;
-            let counter = Counter::new(&dir, &envoy_bin)?;
+            let counter = Counter::new(&dir, &envoy_bin, load.cache_sim)?;
             let envoy = start_envoy(&c.variant, &upstreams, p.threads, &dir, &counter.launcher())?;
             let url = envoy.url();
             // At the counted phase's concurrency: a policy that spreads under load

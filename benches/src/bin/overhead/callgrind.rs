@@ -61,7 +61,9 @@ impl Counter {
     /// Writes `dir/envoy-callgrind`, which runs `envoy_bin` under callgrind with the
     /// arguments it is given; pass its [`Counter::launcher`] to `envoy::start` in
     /// place of Envoy.
-    pub fn new(dir: &Path, envoy_bin: &Path) -> Result<Counter> {
+    /// With `cache_sim`, valgrind simulates the caches too (slower; the same
+    /// instructions).
+    pub fn new(dir: &Path, envoy_bin: &Path, cache_sim: bool) -> Result<Counter> {
         let counter = Counter {
             dir: dir.to_path_buf(),
         };
@@ -72,9 +74,10 @@ impl Counter {
              # No rep movsb/stosb, which valgrind counts a byte at a time (see callgrind.rs).\n\
              GLIBC_TUNABLES={TUNABLES}; export GLIBC_TUNABLES\n\
              exec valgrind --tool=callgrind --instr-atstart=no --smc-check=all-non-file \\\n  \
-             --separate-threads=yes \\\n  \
+             --separate-threads=yes{} \\\n  \
              --vgdb-prefix={} --callgrind-out-file={} \\\n  \
              {} \"$@\"\n",
+            if cache_sim { " --cache-sim=yes" } else { "" },
             sh_quote(&dir.join(VGDB_PREFIX))?,
             sh_quote(&dir.join(OUT_FILE))?,
             sh_quote(envoy_bin)?,

@@ -97,6 +97,11 @@ struct Args {
     /// hostcalls or V8's code, the instructions went to).
     #[arg(long, value_name = "DIR", requires = "callgrind")]
     callgrind_keep: Option<std::path::PathBuf>,
+    /// With --callgrind: also simulate the caches (valgrind's `--cache-sim=yes`), so
+    /// the kept dumps count each function's instruction and data cache misses too
+    /// (`benches/envoy-profile --cache` reads them). The counts are the same.
+    #[arg(long, requires = "callgrind")]
+    cache_sim: bool,
 }
 
 /// Defaults of `--warm` and `--requests`: timing needs many requests to average
@@ -321,6 +326,7 @@ fn main() -> Result<()> {
         slices: args.slices.max(1),
         variants: args.variants.clone(),
         keep: args.callgrind_keep.clone(),
+        cache_sim: args.cache_sim,
     };
     let tps = cpu::ticks_per_second();
     let rt = tokio::runtime::Runtime::new()?;
