@@ -144,6 +144,8 @@ impl<const N: usize> Mine<N> {
     }
 
     /// A new slot for `worker` (its name hashing to `hash`), its counts zero.
+    #[cold]
+    #[inline(never)]
     fn slot(&mut self, worker: &str, hash: u64) -> usize {
         if self.slots.len() - self.live.len() >= PARKED_LIMIT {
             self.drop_parked();
@@ -181,7 +183,9 @@ impl<const N: usize> Mine<N> {
 
     /// Puts the entry of the worker at `place` in `live` in the row as its values
     /// now are: a new one at the end, else its values in place (the name before
-    /// them stays).
+    /// them stays). Values that keep their encoded length (nearly every change: a
+    /// count moving by one) are written over the old ones where they are, with no
+    /// copy (V8 runs each `memory.copy`, a few bytes here, as a call out of the VM).
     fn encode_entry(&mut self, place: usize) {
         let (Some(held), Some(&start), Some(&len)) = (
             self.live.get(place).and_then(|&s| self.slots.get(s)),
@@ -190,36 +194,56 @@ impl<const N: usize> Mine<N> {
         ) else {
             return;
         };
+        let name_len = held.name.len();
+        let from = start + varint_len(name_len as u64) + name_len;
+        let values_len: usize = held.values.iter().map(|v| varint_len(*v)).sum();
+        let to = (start + len).min(self.row.len());
+        if len != 0 {
+            if let Some(slot) = self.row.get_mut(from..to).filter(|s| s.len() == values_len) {
+                let mut at = 0;
+                for v in &held.values {
+                    at += write_varint(slot.get_mut(at..).unwrap_or_default(), *v);
+                }
+                return;
+            }
+        }
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         let from = if len == 0 {
-            put_varint(&mut scratch, held.name.len() as u64);
+            put_varint(&mut scratch, name_len as u64);
             scratch.extend_from_slice(held.name.as_bytes());
             start
         } else {
-            start + varint_len(held.name.len() as u64) + held.name.len()
+            from
         };
         for v in &held.values {
             put_varint(&mut scratch, *v);
         }
-        let to = (start + len).min(self.row.len());
-        let from = from.min(to);
-        let new_len = len.saturating_sub(to - from) + scratch.len();
-        match self.row.get_mut(from..to) {
-            Some(slot) if slot.len() == scratch.len() => slot.copy_from_slice(&scratch),
-            _ => {
-                // An entry at the end (a new one, mostly) moves no other.
-                let last = to == self.row.len();
-                self.row.splice(from..to, scratch.iter().copied());
-                if !last {
-                    self.moved_after(start, len, new_len);
-                }
-                if let Some(l) = self.lens.get_mut(place) {
-                    *l = new_len;
-                }
-            }
-        }
+        self.resize_entry(place, (start, len), from.min(to)..to, &scratch);
         self.scratch = scratch;
+    }
+
+    /// Puts `bytes` in place of `range` of the entry at `place` in `live` (at
+    /// `start`, `len` bytes long), whose length changes: a new entry, or a count
+    /// whose encoding grew or shrank.
+    #[inline(never)]
+    fn resize_entry(
+        &mut self,
+        place: usize,
+        (start, len): (usize, usize),
+        range: std::ops::Range<usize>,
+        bytes: &[u8],
+    ) {
+        let new_len = len.saturating_sub(range.len()) + bytes.len();
+        // An entry at the end (a new one, mostly) moves no other.
+        let last = range.end == self.row.len();
+        self.row.splice(range, bytes.iter().copied());
+        if !last {
+            self.moved_after(start, len, new_len);
+        }
+        if let Some(l) = self.lens.get_mut(place) {
+            *l = new_len;
+        }
     }
 
     /// The live entries after the one at `start` move as it goes from `len` bytes
@@ -238,6 +262,7 @@ impl<const N: usize> Mine<N> {
 
     /// The worker at `pos`, at `place` in `live`, holds nothing now: its entry
     /// leaves the row and its slot stays.
+    #[inline(never)]
     fn park(&mut self, pos: usize, place: usize) {
         let (Some(held), Some(&start), Some(&len), true) = (
             self.slots.get_mut(pos),
@@ -287,6 +312,23 @@ pub(super) fn entry<'a, const N: usize>(r: &mut Reader<'a>) -> Option<(&'a str, 
 }
 
 /// Bytes of `v` as a LEB128 varint (`put_varint`).
+/// Writes `v` as `put_varint` encodes it at the start of `out`, which must hold
+/// `varint_len(v)` bytes (bytes past its end are dropped). The bytes written.
+fn write_varint(out: &mut [u8], mut v: u64) -> usize {
+    let mut n = 0;
+    loop {
+        let byte = (v as u8 & 0x7f) | if v >= 0x80 { 0x80 } else { 0 };
+        if let Some(b) = out.get_mut(n) {
+            *b = byte;
+        }
+        n += 1;
+        v >>= 7;
+        if v == 0 {
+            return n;
+        }
+    }
+}
+
 fn varint_len(mut v: u64) -> usize {
     let mut n = 1;
     while v >= 0x80 {
@@ -365,6 +407,29 @@ mod tests {
         assert_eq!(entries(&mine.row), vec![("w0".to_string(), [3, 3])]);
         let held: Vec<&str> = mine.held().map(|h| h.name.as_str()).collect();
         assert_eq!(held, vec!["w0"]);
+    }
+
+    #[test]
+    fn a_varint_written_in_place_is_the_one_put_at_the_end() {
+        for v in [
+            0,
+            1,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut put = Vec::new();
+            put_varint(&mut put, v);
+            assert_eq!(varint_len(v), put.len());
+            let mut written = vec![0xaa; put.len() + 1];
+            assert_eq!(write_varint(&mut written, v), put.len());
+            assert_eq!(&written[..put.len()], &put[..], "{v}");
+            assert_eq!(written[put.len()], 0xaa, "nothing past it");
+        }
     }
 
     #[test]
