@@ -225,11 +225,11 @@ mod tests {
 
     /// Plans `body` sent to `path` on an idle fleet; rooms come from `entropy`.
     fn go(r: &mut Router, path: &str, body: &str, entropy: Option<u64>) -> Planned {
-        let req = parse(path, body.as_bytes());
+        let mut req = parse(path, body.as_bytes());
         let loads = Loads::inflight_only(&[0; 4]);
         plan(
             r,
-            &mut req.clone(),
+            &mut req,
             body.as_bytes(),
             &loads,
             &mut SplitMix64(1),
@@ -439,10 +439,10 @@ mod tests {
         let mut flags = vec![false; 2];
         flags[first.main.worker as usize] = true;
         loads.overloaded = flags.into();
-        let req = parse("/v1/completions", text.as_bytes());
+        let mut req = parse("/v1/completions", text.as_bytes());
         let again = plan(
             &mut r,
-            &mut req.clone(),
+            &mut req,
             text.as_bytes(),
             &loads,
             &mut SplitMix64(1),

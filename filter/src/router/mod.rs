@@ -355,6 +355,8 @@ impl Router {
             && decision.reason == Reason::CacheMiss
             && matched
                 .is_some_and(|m| owners_filtered(self.cfg.cache_threshold, m, candidates, flagged));
+        // The text's length and chars first: it borrows `req`, which the record
+        // then takes it from.
         let recorded = match (policy, text) {
             (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some((
                 text.len(),
@@ -552,12 +554,12 @@ mod tests {
                     .map(|t| format!("c{conv} tür{t}"))
                     .collect();
                 let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
-                let req = chat(&turns);
+                let mut req = chat(&turns);
                 let inflight: Vec<u64> = (0..4)
                     .map(|_| rng.below(if i % 3 == 0 { 100 } else { 2 }) as u64)
                     .collect();
                 let routed = r
-                    .route(&mut req.clone(), &Loads::inflight_only(&inflight), &mut rng)
+                    .route(&mut req, &Loads::inflight_only(&inflight), &mut rng)
                     .unwrap();
                 let Some(Record {
                     op,
@@ -601,9 +603,9 @@ mod tests {
         let first = go(&mut r, &chat(&[sys, "q1"]), &[0; 4], &mut rng).unwrap();
         let name = format!("w{}", first.worker);
         // The next turn goes to the same worker, whose engine then fails.
-        let next = chat(&[sys, "q1", "q2"]);
+        let mut next = chat(&[sys, "q1", "q2"]);
         let routed = r
-            .route(&mut next.clone(), &Loads::inflight_only(&[0; 4]), &mut rng)
+            .route(&mut next, &Loads::inflight_only(&[0; 4]), &mut rng)
             .unwrap();
         let Some(Record {
             op:
@@ -915,12 +917,10 @@ mod tests {
         let mut stream = Vec::new();
         for i in 0..40 {
             let body = format!(r#"{{"prompt":"conversation {} tour n° {i} 日本"}}"#, i % 5);
-            let p = parse("/v1/completions", body.as_bytes());
+            let mut p = parse("/v1/completions", body.as_bytes());
             let vm = if i % 2 == 0 { &mut a } else { &mut b };
             let loads = Loads::inflight_only(&[0; 3]);
-            if let Some(Record { op, .. }) =
-                vm.route(&mut p.clone(), &loads, &mut rng).unwrap().record
-            {
+            if let Some(Record { op, .. }) = vm.route(&mut p, &loads, &mut rng).unwrap().record {
                 stream.push(op);
             }
             if i % 7 == 0 {
@@ -1004,10 +1004,10 @@ mod tests {
             .map(|i| format!("system prompt {}. user turn {} of {}", i % 3, i / 6, i % 6))
             .collect();
         for (seq, text) in texts.iter().enumerate() {
-            let p = chat(&[text]);
+            let mut p = chat(&[text]);
             let loads = Loads::inflight_only(&[seq as u64 % 3, 0, 1]);
             let ra = a.route(&mut p.clone(), &loads, &mut rng.0).unwrap();
-            let rb = b.route(&mut p.clone(), &loads, &mut rng.1).unwrap();
+            let rb = b.route(&mut p, &loads, &mut rng.1).unwrap();
             assert_eq!(ra.decision, rb.decision, "{policy}, request {seq}");
             if seq % 5 == 0 {
                 let Parsed::Routable(earlier) = chat(&[&texts[seq / 2]]) else {
@@ -1335,7 +1335,7 @@ mod tests {
     fn an_added_worker_joins_its_own_pool_only() {
         let mut r = pd_router(PD);
         let mut rng = SplitMix64(9);
-        let p = chat(&["a prompt routed before the fleet grew"]);
+        let mut p = chat(&["a prompt routed before the fleet grew"]);
         let (pre, _) = go_pd(&mut r, &p, &mut rng);
         let owner = name(&r, &pre);
         let grown = PD.replace(
@@ -1344,7 +1344,7 @@ mod tests {
         );
         r.reconfigure(Config::from_json(grown.as_bytes()).unwrap());
         let routed = r
-            .route_pd(&mut p.clone(), &Loads::inflight_only(&[0; 5]), &mut rng)
+            .route_pd(&mut p, &Loads::inflight_only(&[0; 5]), &mut rng)
             .unwrap();
         assert_eq!(routed.prefill.decision.reason, Reason::CacheHit);
         assert_eq!(name(&r, &routed.prefill.decision), owner);

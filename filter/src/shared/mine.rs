@@ -196,9 +196,9 @@ impl<const N: usize> Mine<N> {
         };
         let name_len = held.name.len();
         let from = start + varint_len(name_len as u64) + name_len;
-        let values_len: usize = held.values.iter().map(|v| varint_len(*v)).sum();
         let to = (start + len).min(self.row.len());
         if len != 0 {
+            let values_len: usize = held.values.iter().map(|v| varint_len(*v)).sum();
             if let Some(slot) = self.row.get_mut(from..to).filter(|s| s.len() == values_len) {
                 let mut at = 0;
                 for v in &held.values {
@@ -311,7 +311,6 @@ pub(super) fn entry<'a, const N: usize>(r: &mut Reader<'a>) -> Option<(&'a str, 
     Some((name, values))
 }
 
-/// Bytes of `v` as a LEB128 varint (`put_varint`).
 /// Writes `v` as `put_varint` encodes it at the start of `out`, which must hold
 /// `varint_len(v)` bytes (bytes past its end are dropped). The bytes written.
 fn write_varint(out: &mut [u8], mut v: u64) -> usize {
@@ -329,6 +328,7 @@ fn write_varint(out: &mut [u8], mut v: u64) -> usize {
     }
 }
 
+/// Bytes of `v` as a LEB128 varint (`put_varint`).
 fn varint_len(mut v: u64) -> usize {
     let mut n = 1;
     while v >= 0x80 {

@@ -46,11 +46,10 @@ impl Tenants {
     }
 
     /// Keeps the holds `keep` says to.
-    pub(super) fn retain(&mut self, keep: impl FnMut(&Hold) -> bool) {
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Hold) -> bool) {
         match self {
             Tenants::None => {}
             Tenants::One(h) => {
-                let mut keep = keep;
                 if !keep(h) {
                     *self = Tenants::None;
                 }
