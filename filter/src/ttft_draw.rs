@@ -11,12 +11,13 @@ use crate::tree::{Leaves, TenantId, TenantMatches, Tree};
 /// fleet no larger than `sample_size`, or `sample_size` 0. `position` is each
 /// worker's among the candidates, by worker index; `held` the request's walk of
 /// `tree` (the model's, if it has one yet), `leaves` the tree's conversations by
-/// worker (`NO_LEAVES` without a tree), `input` the text's chars.
+/// worker (`NO_LEAVES` without a tree), `input` the text's chars; `found` the
+/// sample's room, kept from request to request.
 pub fn sample(
     (tree, held, leaves): (Option<&Tree>, &TenantMatches, &Leaves),
     (candidates, position): (&[Candidate], &[Option<u32>]),
     (sample_size, input): (usize, u64),
-    rng: &mut dyn Rng,
+    (found, rng): (&mut Vec<u64>, &mut dyn Rng),
 ) -> Option<policy::Marks> {
     if sample_size == 0 || candidates.len() <= sample_size {
         return None;
@@ -30,13 +31,13 @@ pub fn sample(
     };
     let continuing: Vec<usize> = held.continued.iter().filter_map(|&t| at(t)).collect();
     let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
-    let holders = tree.map(|t| t.holders_within(held, margin));
+    let holders = tree
+        .map(|t| t.holders_within(held, margin))
+        .unwrap_or_default();
     let longest = held.longest();
     let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
     let drawn = policy::Drawn {
-        holders: (holders.as_ref().map_or(0, |h| h.len()), |j| {
-            holders.as_ref()?.get(j)
-        }),
+        holders: holders.iter(),
         holds: |t| {
             longest > margin && held.depth(t, leaves.get(t)).saturating_add(margin) >= longest
         },
@@ -45,5 +46,5 @@ pub fn sample(
         position: at,
         continuing: &continuing,
     };
-    policy::ttft_sample(candidates.len(), sample_size, drawn, rng)
+    policy::ttft_sample(candidates.len(), sample_size, drawn, (found, rng))
 }

@@ -16,6 +16,8 @@ use crate::ttft_draw;
 pub struct Scratch {
     matches: TenantMatches,
     scored: Vec<policy::Scored>,
+    /// The sample's tally of a short holder list (`policy::ttft_sample`).
+    holders: Vec<u64>,
 }
 
 /// A decision, and what its record needs.
@@ -58,7 +60,7 @@ pub fn route(
         (tree, held, leaves),
         (candidates, position),
         (params.sample_size, input),
-        rng,
+        (&mut scratch.holders, rng),
     );
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);

@@ -43,12 +43,15 @@ const STACK_MARKS: usize = 8;
 /// walk.
 const HOLDER_LEVELS: usize = 64;
 
+/// The bits of a found holder's word that hold its level (`HOLDER_LEVELS`).
+const LEVEL_BITS: u32 = 6;
+const LEVEL_MASK: u64 = (1 << LEVEL_BITS) - 1;
+
 /// Which workers a sample draws from, each where it is among the candidates
 /// (`position`: `None` for a worker that is not one).
 pub struct Drawn<'t, H, S, C, F, P> {
-    /// How many workers hold a match within the margin of the request's longest,
-    /// and the `j`th of them.
-    pub holders: (usize, H),
+    /// The workers holding a match within the margin of the request's longest.
+    pub holders: H,
     /// Whether a worker is one of them.
     pub holds: S,
     /// A worker's conversations, as `fewest` counts them.
@@ -99,19 +102,16 @@ impl Marks {
         }
     }
 
-    /// Marks position `i` (one past the list is left out).
-    fn mark(&mut self, i: usize) {
-        if i >= self.n {
-            return;
-        }
+    /// A marker of positions, the words found once for all its marks rather than
+    /// at every mark.
+    fn marker(&mut self) -> Marker<'_> {
+        let n = self.n;
         let words = if self.on_heap.is_empty() {
             self.on_stack.as_mut_slice()
         } else {
             self.on_heap.as_mut_slice()
         };
-        if let Some(word) = words.get_mut(i / 64) {
-            *word |= 1 << (i % 64);
-        }
+        Marker { words, n }
     }
 
     /// How many positions are marked.
@@ -137,16 +137,35 @@ impl Marks {
     }
 }
 
+/// Marks positions of a `Marks`.
+struct Marker<'m> {
+    words: &'m mut [u64],
+    n: usize,
+}
+
+impl Marker<'_> {
+    /// Marks position `i` (one past the list is left out).
+    fn mark(&mut self, i: usize) {
+        if i < self.n {
+            if let Some(word) = self.words.get_mut(i / 64) {
+                *word |= 1 << (i % 64);
+            }
+        }
+    }
+}
+
 /// The positions in the candidate list of the candidates a request scores, or
 /// `None` to score all `n` (a fleet of at most `sample_size`, or `sample_size` 0).
+/// `found` is room for a short holder list's tally, kept by the caller from
+/// request to request.
 pub fn ttft_sample<'b, H, S, C, F, P>(
     n: usize,
     sample_size: usize,
     drawn: Drawn<'_, H, S, C, F, P>,
-    rng: &mut dyn Rng,
+    (found, rng): (&mut Vec<u64>, &mut dyn Rng),
 ) -> Option<Marks>
 where
-    H: Fn(usize) -> Option<TenantId>,
+    H: ExactSizeIterator<Item = TenantId>,
     S: Fn(TenantId) -> bool,
     C: Fn(TenantId) -> usize,
     F: Iterator<Item = Block<'b>>,
@@ -156,49 +175,58 @@ where
         return None;
     }
     let Drawn {
-        holders: (holding, holder),
+        holders,
         holds,
         conversations,
         fewest,
         position,
         continuing,
     } = drawn;
+    let holding = holders.len();
     let mut marks = Marks::new(n);
-    let mut mark = |i: Option<usize>| {
-        if let Some(i) = i {
-            marks.mark(i);
-        }
-    };
-    continuing.iter().for_each(|&i| mark(Some(i)));
+    let mut marker = marks.marker();
+    let mut mark = |i| marker.mark(i);
+    continuing.iter().for_each(|&i| mark(i));
     let mut fewest = fewest.peekable();
     // Holders the walk below still has to find.
-    let mut holders = 0;
+    let mut to_find = 0;
     if holding <= sample_size {
-        (0..holding).for_each(|j| mark(holder(j).and_then(&position)));
+        holders.filter_map(&position).for_each(&mut mark);
     } else if holding.saturating_mul(holding) > sample_size.saturating_mul(n) {
-        holders = sample_size;
+        to_find = sample_size;
     } else {
         // A few holders in a large fleet: the walk meets one every `n / holding`
         // workers at best, `sample_size * n / holding` steps (128 at 256 workers,
         // 16 sampled and 32 holders), and later where the holders, having taken
         // their prompt's conversations, sit above the fleet's fewest (in replays
         // at 256 workers, about 240 steps for 17 holders, 210 for 56). Reading
-        // the list twice, to tally its holders by count and then to take them,
-        // is `2 * holding` steps. Counts are tallied from the fleet's fewest,
+        // the list once to tally its holders by count, and the tally's words once
+        // more to take them, is `2 * holding` steps. Counts are tallied from the fleet's fewest,
         // which no holder has fewer than.
         let base = fewest
             .peek()
             .and_then(|b| b.get(0))
             .map_or(0, &conversations);
-        let level = |t| conversations(t).saturating_sub(base).min(HOLDER_LEVELS - 1);
-        let candidate = |j| {
-            let t = holder(j)?;
-            position(t).filter(|&at| at < n).map(|at| (level(t), at))
-        };
+        // Each holder that is a candidate is looked up once, and kept as its level
+        // in the low bits of its position: looked up again to be taken, a holder
+        // cost V8 about 40 instructions more (1.3k a request at 256 workers).
+        // Written by index into room grown once, not pushed: a push cost V8 about
+        // 8 instructions more a holder.
+        if found.len() < holding {
+            found.resize(holding, 0);
+        }
+        let found = found.as_mut_slice();
         let mut at_level = [0usize; HOLDER_LEVELS];
-        for (l, _) in (0..holding).filter_map(&candidate) {
-            if let Some(a) = at_level.get_mut(l) {
+        let mut len = 0;
+        for t in holders {
+            let Some(at) = position(t).filter(|&at| at < n) else {
+                continue;
+            };
+            let l = conversations(t).saturating_sub(base).min(HOLDER_LEVELS - 1);
+            if let (Some(a), Some(slot)) = (at_level.get_mut(l), found.get_mut(len)) {
                 *a += 1;
+                *slot = (at as u64) << LEVEL_BITS | l as u64;
+                len += 1;
             }
         }
         // The cut: every holder below level `cut` is taken, and `need` of the
@@ -211,20 +239,24 @@ where
         let ties = at_level[cut];
         if below + ties > sample_size && cut == HOLDER_LEVELS - 1 {
             // The cut is among counts the tally lumped together.
-            holders = sample_size;
+            to_find = sample_size;
         } else {
             let need = ties.min(sample_size - below);
             // A run of `need` ties, cyclic from one drawn at random: each tie as
             // likely to be taken as any other.
             let from = rng.below(ties);
+            // The run, and its part wrapped round to the first ties.
+            let (run, wrapped) = (from..from + need, (from + need).saturating_sub(ties));
             let mut tie = 0;
-            for (l, at) in (0..holding).filter_map(&candidate) {
-                let taken = l < cut
-                    || (l == cut && (from..from + need).contains(&tie))
-                    || (l == cut && tie + ties < from + need);
-                tie += usize::from(l == cut);
-                if taken {
-                    mark(Some(at));
+            for &e in found.get(..len).unwrap_or_default() {
+                let (l, at) = ((e & LEVEL_MASK) as usize, (e >> LEVEL_BITS) as usize);
+                if l < cut {
+                    mark(at);
+                } else if l == cut {
+                    if run.contains(&tie) || tie < wrapped {
+                        mark(at);
+                    }
+                    tie += 1;
                 }
             }
         }
@@ -238,7 +270,7 @@ where
         let len = block.len();
         let from = rng.below(len);
         for k in 0..len {
-            if fleet == 0 && holders == 0 {
+            if fleet == 0 && to_find == 0 {
                 break;
             }
             let i = if k < len - from {
@@ -252,14 +284,14 @@ where
             let Some(at) = position(t) else {
                 continue;
             };
-            let as_holder = holders > 0 && holds(t);
+            let as_holder = to_find > 0 && holds(t);
             if fleet > 0 || as_holder {
-                mark(Some(at));
+                mark(at);
                 fleet = fleet.saturating_sub(1);
-                holders -= usize::from(as_holder);
+                to_find -= usize::from(as_holder);
             }
         }
-        if fleet == 0 && holders == 0 {
+        if fleet == 0 && to_find == 0 {
             break;
         }
     }
@@ -296,14 +328,14 @@ mod tests {
             n,
             k,
             Drawn {
-                holders: (holders.len(), |j| holders.get(j).copied()),
+                holders: holders.iter().copied(),
                 holds: |t| holders.contains(&t),
                 conversations: |t| none.get(t),
                 fewest: none.fewest_first(n),
                 position: |t| Some(t as usize).filter(|&i| i < n),
                 continuing,
             },
-            rng,
+            (&mut Vec::new(), rng),
         ))
     }
 
@@ -325,14 +357,14 @@ mod tests {
         holders: &[TenantId],
         leaves: &Leaves,
         out: &[TenantId],
-        rng: &mut dyn Rng,
+        (found, rng): (&mut Vec<u64>, &mut dyn Rng),
     ) -> (Vec<usize>, usize) {
         let asked = std::cell::Cell::new(0);
         let s = positions(ttft_sample(
             n,
             k,
             Drawn {
-                holders: (holders.len(), |j| holders.get(j).copied()),
+                holders: holders.iter().copied(),
                 holds: |t| {
                     asked.set(asked.get() + 1);
                     holders.contains(&t)
@@ -342,7 +374,7 @@ mod tests {
                 position: |t| (!out.contains(&t)).then_some(t as usize),
                 continuing: &[],
             },
-            rng,
+            (found, rng),
         ))
         .unwrap();
         (s, asked.get())
@@ -356,9 +388,10 @@ mod tests {
             let mut marks = Marks::new(n);
             assert!(marks.is_empty());
             let mut want = std::collections::BTreeSet::new();
+            let mut marker = marks.marker();
             for _ in 0..200 {
                 let i = rng.below(n + 2);
-                marks.mark(i);
+                marker.mark(i);
                 if i < n {
                     want.insert(i);
                 }
@@ -442,14 +475,14 @@ mod tests {
                 100,
                 8,
                 Drawn {
-                    holders: (holders.len(), |j| holders.get(j).copied()),
+                    holders: holders.iter().copied(),
                     holds: |t| !(50..60).contains(&t),
                     conversations: |t| leaves.get(t),
                     fewest: leaves.fewest_first(100),
                     position: |t| Some(t as usize),
                     continuing: &[],
                 },
-                &mut rng,
+                (&mut Vec::new(), &mut rng),
             ))
             .unwrap();
             // The six holders with one, and two of those with two (more when
@@ -483,7 +516,7 @@ mod tests {
                 255,
                 60,
                 Drawn {
-                    holders: (0, |_| None),
+                    holders: std::iter::empty(),
                     holds: |_| false,
                     conversations: |t| leaves.get(t),
                     fewest: leaves.fewest_first(256),
@@ -494,7 +527,7 @@ mod tests {
                     },
                     continuing: &[],
                 },
-                &mut rng,
+                (&mut Vec::new(), &mut rng),
             ))
             .unwrap();
             // The nine candidates with 2 (positions 40..49, without 45's), then
@@ -539,7 +572,13 @@ mod tests {
             let mut rng = SplitMix64(21);
             let mut third = [0u32; 256];
             for _ in 0..2000 {
-                let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[0], &mut rng);
+                let (s, asked) = sample_by_counts(
+                    (256, 16),
+                    &holders,
+                    &leaves,
+                    &[0],
+                    (&mut Vec::new(), &mut rng),
+                );
                 assert_eq!(asked == 0, listed, "{holding} holders: the list is read");
                 let held: Vec<usize> = s
                     .iter()
@@ -568,6 +607,28 @@ mod tests {
     }
 
     #[test]
+    fn the_tallys_room_kept_from_a_longer_list_changes_no_sample() {
+        // Lists of 64, then 17, 40 and 32 holders of 256 (all read from their
+        // list), each sampled with the room the one before left and with a new
+        // one, from the same random state: the same sample.
+        let leaves = leaves_of(256, |t| 1 + (t as usize * 7) % 5);
+        let mut kept = Vec::new();
+        for (holding, every) in [(64, 4), (17, 15), (40, 6), (32, 8)] {
+            let holders: Vec<TenantId> = (0..holding).map(|i| i * every).collect();
+            for seed in 0..20 {
+                let sampled = |found: &mut Vec<u64>| {
+                    let mut rng = SplitMix64(seed);
+                    sample_by_counts((256, 16), &holders, &leaves, &[], (found, &mut rng))
+                };
+                let (with_kept, asked) = sampled(&mut kept);
+                assert_eq!(asked, 0, "{holding} holders: the list is read");
+                assert_eq!(with_kept, sampled(&mut Vec::new()).0, "{holding} holders");
+            }
+        }
+        assert_eq!(kept.len(), 64, "grown once, to the longest list");
+    }
+
+    #[test]
     fn one_holder_past_the_size_is_the_one_with_the_most_conversations_left_out() {
         // 17 holders of 256, 16 sampled, the fleet at 3 conversations, the holders
         // at 5 but worker 160's at 9: every holder but 160. With worker 10 no
@@ -580,14 +641,26 @@ mod tests {
         });
         let mut rng = SplitMix64(23);
         for _ in 0..200 {
-            let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[], &mut rng);
+            let (s, asked) = sample_by_counts(
+                (256, 16),
+                &holders,
+                &leaves,
+                &[],
+                (&mut Vec::new(), &mut rng),
+            );
             assert_eq!(asked, 0, "the list is read");
             assert!(
                 holders[..16].iter().all(|&t| s.contains(&(t as usize))),
                 "{s:?}"
             );
             assert!(!s.contains(&160), "160 has the most: {s:?}");
-            let (s, _) = sample_by_counts((256, 16), &holders, &leaves, &[10], &mut rng);
+            let (s, _) = sample_by_counts(
+                (256, 16),
+                &holders,
+                &leaves,
+                &[10],
+                (&mut Vec::new(), &mut rng),
+            );
             assert!(
                 holders
                     .iter()
@@ -611,7 +684,13 @@ mod tests {
         });
         let mut rng = SplitMix64(25);
         for _ in 0..50 {
-            let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[], &mut rng);
+            let (s, asked) = sample_by_counts(
+                (256, 16),
+                &holders,
+                &leaves,
+                &[],
+                (&mut Vec::new(), &mut rng),
+            );
             assert!(asked > 0, "the fleet is walked");
             assert!((0..40).step_by(8).all(|t| s.contains(&t)), "{s:?}");
             let held = s.iter().filter(|&&i| i % 8 == 0).count();

@@ -37,19 +37,12 @@ pub struct TenantMatches {
 
 /// The tenants holding the whole of a text's longest match, indexed where they are
 /// rather than copied: a shared prompt's node has every worker of the fleet on it.
+#[derive(Default)]
 pub struct Holders<'t>(&'t [Hold]);
 
 impl Holders<'_> {
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn get(&self, at: usize) -> Option<TenantId> {
-        self.0.get(at).map(|h| h.tenant)
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = TenantId> + '_ {
+        self.0.iter().map(|h| h.tenant)
     }
 }
 
