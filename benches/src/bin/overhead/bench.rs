@@ -396,6 +396,11 @@ pub struct Counted {
     /// valgrind's slowness charges to a request many times over.
     pub main_instructions: u64,
     pub requests: usize,
+    /// Seconds the counted requests took: valgrind serves them at a pace a
+    /// hundred times slower than Envoy's own, and work done by the second (the
+    /// ticks' per-worker gauges, counters handed over on their lag) is charged to
+    /// each request at that pace.
+    pub counted_secs: f64,
     /// Router variants: the share of routed requests labelled `cache_hit`.
     pub hit_rate: Option<f64>,
 }
@@ -403,6 +408,11 @@ pub struct Counted {
 impl Counted {
     pub fn instructions_per_request(&self) -> f64 {
         self.instructions as f64 / self.requests.max(1) as f64
+    }
+
+    /// Requests a second while counted.
+    pub fn pace(&self) -> f64 {
+        self.requests as f64 / self.counted_secs.max(f64::MIN_POSITIVE)
     }
 
     /// The instructions of the threads that serve requests (all but the main one).
@@ -450,7 +460,7 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             // (predicted_ttft's cap) first uses most workers' clusters there, and
             // Envoy's upstream connects to them were counted as the filter's cost.
             warm_up(rt, &url, load.connections, &warm, &c.variant)?;
-            let ((records, _), count) = counter
+            let ((records, took), count) = counter
                 .counting(envoy.pid(), || {
                     Ok(replay(rt, &url, load.connections, &counted_bodies))
                 })
@@ -473,13 +483,15 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             let per_request = count.all as f64 / records.len().max(1) as f64;
             let main = count.main as f64 / records.len().max(1) as f64;
             eprintln!(
-                "overhead: {} rep {rep}: {per_request:.0} instructions per request ({main:.0} on the main thread)",
-                c.variant
+                "overhead: {} rep {rep}: {per_request:.0} instructions per request ({main:.0} on the main thread), {:.0} requests a second",
+                c.variant,
+                records.len() as f64 / took.as_secs_f64().max(f64::MIN_POSITIVE)
             );
             c.runs.push(per_request);
             c.instructions += count.all;
             c.main_instructions += count.main;
             c.requests += records.len();
+            c.counted_secs += took.as_secs_f64();
             hits.count(&c.variant, &envoy)?;
         }
     }

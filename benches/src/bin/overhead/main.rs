@@ -259,8 +259,8 @@ fn report_callgrind(
     let signed = |n: f64| format!("{}{}", if n > 0.0 { "+" } else { "" }, thousands(n));
     let mut out = format!(
         "\n{} workers, {} bodies, Envoy --concurrency {}, under callgrind ({connections} connection{})\n\n\
-         | variant | Envoy instructions/req | x floor | - floor | - floor, worker threads | runs | cache_hit |\n\
-         |---|---|---|---|---|---|---|\n",
+         | variant | Envoy instructions/req | x floor | - floor | - floor, worker threads | runs | req/s counted | cache_hit |\n\
+         |---|---|---|---|---|---|---|---|\n",
         p.workers,
         size_label(p.body_bytes),
         p.threads,
@@ -273,13 +273,14 @@ fn report_callgrind(
         let runs: Vec<String> = c.runs.iter().map(|r| thousands(*r)).collect();
         let hit = hit_label(c.hit_rate);
         out += &format!(
-            "| {} | {} | {:.2} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.2} | {} | {} | {} | {:.0} | {} |\n",
             c.variant,
             thousands(per_request),
             per_request / floor,
             signed(per_request - floor),
             signed(on_workers - worker_floor),
             runs.join(" / "),
+            c.pace(),
             hit
         );
         rows.push(json!({
@@ -288,6 +289,7 @@ fn report_callgrind(
             "worker_thread_instructions_per_req": on_workers,
             "instructions_per_req_runs": c.runs,
             "requests": c.requests,
+            "req_per_s_counted": c.pace(),
             "cache_hit_rate": c.hit_rate,
         }));
     }
