@@ -353,6 +353,17 @@ mod tests {
     /// was asked whether it holds the match (the walk asks, a read of the holder
     /// list does not).
     fn sample_by_counts(
+        nk: (usize, usize),
+        holders: &[TenantId],
+        leaves: &Leaves,
+        out: &[TenantId],
+        rng: &mut dyn Rng,
+    ) -> (Vec<usize>, usize) {
+        sample_in_room(nk, holders, leaves, out, (&mut Vec::new(), rng))
+    }
+
+    /// `sample_by_counts` with the tally's room given.
+    fn sample_in_room(
         (n, k): (usize, usize),
         holders: &[TenantId],
         leaves: &Leaves,
@@ -572,13 +583,7 @@ mod tests {
             let mut rng = SplitMix64(21);
             let mut third = [0u32; 256];
             for _ in 0..2000 {
-                let (s, asked) = sample_by_counts(
-                    (256, 16),
-                    &holders,
-                    &leaves,
-                    &[0],
-                    (&mut Vec::new(), &mut rng),
-                );
+                let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[0], &mut rng);
                 assert_eq!(asked == 0, listed, "{holding} holders: the list is read");
                 let held: Vec<usize> = s
                     .iter()
@@ -618,7 +623,7 @@ mod tests {
             for seed in 0..20 {
                 let sampled = |found: &mut Vec<u64>| {
                     let mut rng = SplitMix64(seed);
-                    sample_by_counts((256, 16), &holders, &leaves, &[], (found, &mut rng))
+                    sample_in_room((256, 16), &holders, &leaves, &[], (found, &mut rng))
                 };
                 let (with_kept, asked) = sampled(&mut kept);
                 assert_eq!(asked, 0, "{holding} holders: the list is read");
@@ -641,26 +646,14 @@ mod tests {
         });
         let mut rng = SplitMix64(23);
         for _ in 0..200 {
-            let (s, asked) = sample_by_counts(
-                (256, 16),
-                &holders,
-                &leaves,
-                &[],
-                (&mut Vec::new(), &mut rng),
-            );
+            let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[], &mut rng);
             assert_eq!(asked, 0, "the list is read");
             assert!(
                 holders[..16].iter().all(|&t| s.contains(&(t as usize))),
                 "{s:?}"
             );
             assert!(!s.contains(&160), "160 has the most: {s:?}");
-            let (s, _) = sample_by_counts(
-                (256, 16),
-                &holders,
-                &leaves,
-                &[10],
-                (&mut Vec::new(), &mut rng),
-            );
+            let (s, _) = sample_by_counts((256, 16), &holders, &leaves, &[10], &mut rng);
             assert!(
                 holders
                     .iter()
@@ -684,13 +677,7 @@ mod tests {
         });
         let mut rng = SplitMix64(25);
         for _ in 0..50 {
-            let (s, asked) = sample_by_counts(
-                (256, 16),
-                &holders,
-                &leaves,
-                &[],
-                (&mut Vec::new(), &mut rng),
-            );
+            let (s, asked) = sample_by_counts((256, 16), &holders, &leaves, &[], &mut rng);
             assert!(asked > 0, "the fleet is walked");
             assert!((0..40).step_by(8).all(|t| s.contains(&t)), "{s:?}");
             let held = s.iter().filter(|&&i| i % 8 == 0).count();
