@@ -35,8 +35,9 @@ pub struct TenantMatches {
     pub walked: Walked,
 }
 
-/// The tenants holding the whole of a text's longest match, indexed where they are
+/// The tenants holding the whole of a text's longest match, read where they are
 /// rather than copied: a shared prompt's node has every worker of the fleet on it.
+/// None by default (a model with no tree yet).
 #[derive(Default)]
 pub struct Holders<'t>(&'t [Hold]);
 
