@@ -592,14 +592,15 @@ mod tests {
         let mut screens = Screens::default();
         screens.screen((&cfg, 0), Pool::Regular, "", &loads);
         for number in 1..40u64 {
-            // Made whole on the first; then each updated from the one before.
+            // Made whole on the first; then each updated from the one before, in
+            // the worker it moves.
+            let w = (number % 64) as usize;
             loads.revision = Revision {
                 number,
                 since: (number > 1).then(|| number - 1),
-                changed: vec![(number % 64) as usize],
+                changed: vec![w],
                 ..Revision::default()
             };
-            let w = (number % 64) as usize;
             loads.inflight.update(w, |n| *n = (*n + 1) % 2);
             let kept = screens.screen((&cfg, 0), Pool::Regular, "", &loads).clone();
             assert_eq!(kept, screen(&cfg, Pool::Regular, "", &loads), "{number}");

@@ -201,8 +201,8 @@ where
         // their prompt's conversations, sit above the fleet's fewest (in replays
         // at 256 workers, about 240 steps for 17 holders, 210 for 56). Reading
         // the list once to tally its holders by count, and the tally's words once
-        // more to take them, is `2 * holding` steps. Counts are tallied from the fleet's fewest,
-        // which no holder has fewer than.
+        // more to take them, is `2 * holding` steps. Counts are tallied from the
+        // fleet's fewest, which no holder has fewer than.
         let base = fewest
             .peek()
             .and_then(|b| b.get(0))

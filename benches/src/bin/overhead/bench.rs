@@ -396,8 +396,8 @@ pub struct Counted {
     /// valgrind's slowness charges to a request many times over.
     pub main_instructions: u64,
     pub requests: usize,
-    /// Seconds the counted requests took: valgrind serves them at a pace a
-    /// hundred times slower than Envoy's own, and work done by the second (the
+    /// Seconds the counted requests took: valgrind serves them at a pace tens of
+    /// times slower than Envoy's own, and work done by the second (the
     /// ticks' per-worker gauges, counters handed over on their lag) is charged to
     /// each request at that pace.
     pub counted_secs: f64,
@@ -412,7 +412,7 @@ impl Counted {
 
     /// Requests a second while counted.
     pub fn pace(&self) -> f64 {
-        self.requests as f64 / self.counted_secs.max(f64::MIN_POSITIVE)
+        per_second(self.requests, self.counted_secs)
     }
 
     /// The instructions of the threads that serve requests (all but the main one).
@@ -420,6 +420,11 @@ impl Counted {
         self.instructions.saturating_sub(self.main_instructions) as f64
             / self.requests.max(1) as f64
     }
+}
+
+/// `n` over `secs` seconds, a second.
+fn per_second(n: usize, secs: f64) -> f64 {
+    n as f64 / secs.max(f64::MIN_POSITIVE)
 }
 
 /// Runs one point with every Envoy under callgrind; results in `load.variants` order.
@@ -485,7 +490,7 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
             eprintln!(
                 "overhead: {} rep {rep}: {per_request:.0} instructions per request ({main:.0} on the main thread), {:.0} requests a second",
                 c.variant,
-                records.len() as f64 / took.as_secs_f64().max(f64::MIN_POSITIVE)
+                per_second(records.len(), took.as_secs_f64())
             );
             c.runs.push(per_request);
             c.instructions += count.all;
