@@ -8,13 +8,28 @@
 //! reads the router's own plugin configuration (only `workers[].cluster`, defaulting
 //! to the name, and `cluster_header`), so one Envoy config serves both.
 //!
+//! With `"floor_hostcalls": true` in the same config it also makes, on every
+//! request, the hostcalls the router makes whatever it decides (`floor_hostcalls`),
+//! so what those cost and what the router's own code costs are told apart.
+//!
 //! Everything but the configuration reader is wasm32 only; natively the crate is
-//! just `clusters`, so `cargo test --workspace` covers it.
+//! just `routes`, so `cargo test --workspace` covers it.
 
 use serde::Deserialize;
 
 /// The router's default routing header (`target: cluster`).
 pub const DEFAULT_CLUSTER_HEADER: &str = "x-llm-router-cluster";
+
+/// The header the router removes on every request: the routing header it does not
+/// route by (`target: endpoint`'s default), so a client cannot pick its upstream.
+pub const UNUSED_ROUTING_HEADER: &str = "x-gateway-destination-endpoint";
+
+/// The request header that asks the router for its decision headers.
+pub const EXPLAIN_HEADER: &str = "x-llm-router-explain";
+
+/// A shared-data key holding an empty value, read on every request as the router
+/// reads its tables' bell.
+pub const BELL_KEY: &str = "llm_floor.tables.bell";
 
 #[derive(Deserialize)]
 struct Worker {
@@ -27,11 +42,28 @@ struct PluginConfig {
     #[serde(default)]
     workers: Vec<Worker>,
     cluster_header: Option<String>,
+    #[serde(default)]
+    floor_hostcalls: bool,
 }
 
-/// The routing header and the workers' clusters, in order, from the router's plugin
-/// configuration; `None` when it is not JSON or lists no worker.
-pub fn clusters(config: &[u8]) -> Option<(String, Vec<String>)> {
+/// What the floor routes by, from the router's plugin configuration.
+#[derive(Debug, PartialEq)]
+pub struct Routes {
+    /// The routing header.
+    pub header: String,
+    /// The workers' clusters, in order.
+    pub clusters: Vec<String>,
+    /// Make the router's own hostcalls too: the unused routing header removed and
+    /// the explain header looked up (request headers), the clock and the tables'
+    /// bell read (the body's end), `:status` read (response headers). The router
+    /// makes each on every request with its default configuration, whatever policy
+    /// decides.
+    pub floor_hostcalls: bool,
+}
+
+/// The routes from the router's plugin configuration; `None` when it is not JSON or
+/// lists no worker.
+pub fn routes(config: &[u8]) -> Option<Routes> {
     let cfg: PluginConfig = serde_json::from_slice(config).ok()?;
     let clusters: Vec<String> = cfg
         .workers
@@ -44,7 +76,11 @@ pub fn clusters(config: &[u8]) -> Option<(String, Vec<String>)> {
     let header = cfg
         .cluster_header
         .unwrap_or_else(|| DEFAULT_CLUSTER_HEADER.to_string());
-    Some((header, clusters))
+    Some(Routes {
+        header,
+        clusters,
+        floor_hostcalls: cfg.floor_hostcalls,
+    })
 }
 
 #[cfg(target_arch = "wasm32")]
@@ -57,17 +93,17 @@ mod glue {
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 
-    /// The routing header and clusters, plus the round-robin position, per VM.
-    #[derive(Default)]
-    struct Routes {
-        header: String,
-        clusters: Vec<String>,
+    use super::{Routes, BELL_KEY, EXPLAIN_HEADER, UNUSED_ROUTING_HEADER};
+
+    /// The routes, plus the round-robin position, per VM.
+    struct Turns {
+        routes: Routes,
         next: Cell<usize>,
     }
 
     #[derive(Default)]
     struct Root {
-        routes: Rc<Routes>,
+        turns: Option<Rc<Turns>>,
     }
 
     impl Context for Root {}
@@ -78,25 +114,24 @@ mod glue {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            match super::clusters(&bytes) {
-                Some((header, clusters)) => {
-                    self.routes = Rc::new(Routes {
-                        header,
-                        clusters,
-                        next: Cell::new(0),
-                    });
-                    true
-                }
-                None => {
-                    let _ = hostcalls::log(LogLevel::Error, "llm-floor: no workers configured");
-                    false
-                }
+            let Some(routes) = super::routes(&bytes) else {
+                let _ = hostcalls::log(LogLevel::Error, "llm-floor: no workers configured");
+                return false;
+            };
+            if routes.floor_hostcalls {
+                // The router's bell holds an empty value: one that is there.
+                let _ = hostcalls::set_shared_data(BELL_KEY, Some(&[]), None);
             }
+            self.turns = Some(Rc::new(Turns {
+                routes,
+                next: Cell::new(0),
+            }));
+            true
         }
 
         fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
             Some(Box::new(Stream {
-                routes: self.routes.clone(),
+                turns: self.turns.clone()?,
             }))
         }
 
@@ -106,13 +141,19 @@ mod glue {
     }
 
     struct Stream {
-        routes: Rc<Routes>,
+        turns: Rc<Turns>,
     }
 
     impl Context for Stream {}
 
     impl HttpContext for Stream {
         fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+            if self.turns.routes.floor_hostcalls {
+                let _ =
+                    hostcalls::remove_map_value(MapType::HttpRequestHeaders, UNUSED_ROUTING_HEADER);
+                let explain = hostcalls::get_map_value(MapType::HttpRequestHeaders, EXPLAIN_HEADER);
+                std::hint::black_box(&explain);
+            }
             if end_of_stream {
                 self.route(0)
             } else {
@@ -127,6 +168,14 @@ mod glue {
                 Action::Pause
             }
         }
+
+        fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+            if self.turns.routes.floor_hostcalls {
+                let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status");
+                std::hint::black_box(&status);
+            }
+            Action::Continue
+        }
     }
 
     impl Stream {
@@ -138,12 +187,21 @@ mod glue {
                 .flatten()
                 .unwrap_or_default();
             std::hint::black_box(&body);
-            let r = &self.routes;
-            let i = r.next.get();
-            r.next.set(i.wrapping_add(1));
-            if let Some(cluster) = r.clusters.get(i % r.clusters.len().max(1)) {
-                let _ =
-                    hostcalls::set_map_value(MapType::HttpRequestHeaders, &r.header, Some(cluster));
+            let t = &self.turns;
+            if t.routes.floor_hostcalls {
+                let now = hostcalls::get_current_time();
+                let bell = hostcalls::get_shared_data(BELL_KEY);
+                std::hint::black_box((&now, &bell));
+            }
+            let i = t.next.get();
+            t.next.set(i.wrapping_add(1));
+            let clusters = &t.routes.clusters;
+            if let Some(cluster) = clusters.get(i % clusters.len().max(1)) {
+                let _ = hostcalls::set_map_value(
+                    MapType::HttpRequestHeaders,
+                    &t.routes.header,
+                    Some(cluster),
+                );
             }
             // The route was chosen before the header existed; make Envoy look again.
             let _ = hostcalls::call_foreign_function("clear_route_cache", None);
@@ -166,19 +224,22 @@ mod tests {
         let cfg = br#"{"policy":"cache_aware","workers":[
             {"name":"w0","cluster":"engine_w0","address":"127.0.0.1:1"},{"name":"w1"}]}"#;
         assert_eq!(
-            clusters(cfg),
-            Some((
-                DEFAULT_CLUSTER_HEADER.to_string(),
-                vec!["engine_w0".to_string(), "w1".to_string()]
-            ))
+            routes(cfg),
+            Some(Routes {
+                header: DEFAULT_CLUSTER_HEADER.to_string(),
+                clusters: vec!["engine_w0".to_string(), "w1".to_string()],
+                floor_hostcalls: false,
+            })
         );
-        let custom = br#"{"cluster_header":"x-c","workers":[{"name":"a"}]}"#;
-        assert_eq!(clusters(custom).map(|(h, _)| h), Some("x-c".to_string()));
+        let custom = br#"{"cluster_header":"x-c","floor_hostcalls":true,"workers":[{"name":"a"}]}"#;
+        let custom = routes(custom);
+        assert_eq!(custom.as_ref().map(|r| r.header.as_str()), Some("x-c"));
+        assert_eq!(custom.map(|r| r.floor_hostcalls), Some(true));
     }
 
     #[test]
     fn a_config_without_workers_is_refused() {
-        assert_eq!(clusters(b"{}"), None);
-        assert_eq!(clusters(b"not json"), None);
+        assert_eq!(routes(b"{}"), None);
+        assert_eq!(routes(b"not json"), None);
     }
 }

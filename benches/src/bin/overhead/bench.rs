@@ -104,15 +104,21 @@ impl Measured {
     }
 }
 
+/// The floor guest, with settings or without (`floor`, `floor+key=value`).
+fn is_floor(variant: &str) -> bool {
+    variant.split('+').next() == Some(FLOOR)
+}
+
 /// A variant's policy and `.wasm`: `policy` runs the built filter (or, for
-/// `floor`, the floor guest beside it); `policy@path` runs the filter at `path`, so
-/// two builds can be compared side by side in one run.
+/// `floor`, the floor guest beside it, with its settings as well:
+/// `floor+floor_hostcalls=true`); `policy@path` runs the filter at `path`, so two
+/// builds can be compared side by side in one run.
 fn policy_and_wasm(variant: &str) -> Result<(&str, PathBuf)> {
     if let Some((policy, path)) = variant.split_once('@') {
         return Ok((policy, PathBuf::from(path)));
     }
     let router = paths::wasm_path()?;
-    if variant != FLOOR {
+    if !is_floor(variant) {
         return Ok((variant, router));
     }
     let floor = router.with_file_name("llm_floor.wasm");
@@ -517,7 +523,7 @@ struct Hits {
 impl Hits {
     /// Adds what `envoy`, running `variant`, decided.
     fn count(&mut self, variant: &str, envoy: &Envoy) -> Result<()> {
-        if variant != FLOOR {
+        if !is_floor(variant) {
             let (hit, routed) = decisions(envoy)?;
             self.hit += hit;
             self.routed += routed;
@@ -526,7 +532,7 @@ impl Hits {
     }
 
     fn rate(self, variant: &str) -> Option<f64> {
-        (variant != FLOOR).then(|| self.hit as f64 / self.routed.max(1) as f64)
+        (!is_floor(variant)).then(|| self.hit as f64 / self.routed.max(1) as f64)
     }
 }
 
