@@ -551,3 +551,20 @@ fn decisions(envoy: &Envoy) -> Result<(u64, u64)> {
         .sum();
     Ok((stat(&names::decision_metric(Label::CacheHit)), routed))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_floor_with_settings_is_still_the_floor_guest() {
+        assert!(is_floor("floor"));
+        assert!(is_floor("floor+floor_hostcalls=true"));
+        assert!(!is_floor("cache_aware"));
+        assert!(!is_floor("floor_like+x=1"));
+        assert!(!is_floor("cache_aware+sync_batch_ms=100"));
+        let (policy, settings) = policy_settings("floor+floor_hostcalls=true").unwrap();
+        assert_eq!(policy, FLOOR);
+        assert_eq!(settings.get("floor_hostcalls"), Some(&Value::Bool(true)));
+    }
+}
