@@ -24,6 +24,9 @@ use crate::cpu;
 
 /// The filter that only buffers and reads the body.
 pub const FLOOR: &str = "floor";
+/// The floor making, on each request, the hostcalls the router makes whatever it
+/// decides (`benches/floor`'s `floor_hostcalls`).
+pub const FLOOR_HOSTCALLS: &str = "floor+floor_hostcalls=true";
 
 /// Chars of the user turn that varies per conversation (the rest of a body is one of
 /// 8 system prompts).
@@ -559,11 +562,11 @@ mod tests {
     #[test]
     fn a_floor_with_settings_is_still_the_floor_guest() {
         assert!(is_floor("floor"));
-        assert!(is_floor("floor+floor_hostcalls=true"));
+        assert!(is_floor(FLOOR_HOSTCALLS));
         assert!(!is_floor("cache_aware"));
         assert!(!is_floor("floor_like+x=1"));
         assert!(!is_floor("cache_aware+sync_batch_ms=100"));
-        let (policy, settings) = policy_settings("floor+floor_hostcalls=true").unwrap();
+        let (policy, settings) = policy_settings(FLOOR_HOSTCALLS).unwrap();
         assert_eq!(policy, FLOOR);
         assert_eq!(settings.get("floor_hostcalls"), Some(&Value::Bool(true)));
     }

@@ -3,8 +3,9 @@
 //!
 //! For each point of the grid (workers, body size, Envoy threads) it starts a few
 //! fake engines that answer at once (`canned`; workers beyond them share them round robin),
-//! one Envoy per variant (`floor`, `round_robin`, `cache_aware`, `predicted_ttft`:
-//! the same bootstrap and plugin config, only the `.wasm` and the policy differ),
+//! one Envoy per variant (`floor`, the floor making the router's hostcalls,
+//! `round_robin`, `cache_aware`, `predicted_ttft`: the same bootstrap and plugin
+//! config, only the `.wasm`, the policy and its settings differ),
 //! sends every Envoy the same warm-up (10k conversations, not measured), then, in
 //! repetitions that rotate which variant goes first, the same closed-loop load: a
 //! latency phase at one connection and a throughput phase at 64, the latter in
@@ -33,7 +34,7 @@ mod canned;
 mod cpu;
 
 use anyhow::{bail, Result};
-use bench::{Counted, Load, Measured, Point, FLOOR};
+use bench::{Counted, Load, Measured, Point, FLOOR, FLOOR_HOSTCALLS};
 use clap::Parser;
 use serde_json::json;
 
@@ -85,8 +86,11 @@ struct Args {
     /// Engines (at most one per worker; `canned`).
     #[arg(long, default_value_t = 4)]
     engines: usize,
-    /// Variants; the floor must be among them (ratios are to it).
-    #[arg(long, value_delimiter = ',', default_values = [FLOOR, "round_robin", "cache_aware", "predicted_ttft"])]
+    /// Variants; the floor must be among them (ratios are to it). The default has
+    /// the floor making the router's own hostcalls too
+    /// (`floor+floor_hostcalls=true`): the least a filter that does what the router
+    /// must can cost.
+    #[arg(long, value_delimiter = ',', default_values = [FLOOR, FLOOR_HOSTCALLS, "round_robin", "cache_aware", "predicted_ttft"])]
     variants: Vec<String>,
     /// Count Envoy's instructions per request under callgrind instead of timing it
     /// (--latency-requests does not apply).
