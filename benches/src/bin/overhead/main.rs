@@ -161,6 +161,15 @@ fn paired_above(runs: &[f64], floor_runs: &[f64]) -> f64 {
     median(&diffs)
 }
 
+/// Microseconds with their sign, or `-` where the run has nothing to take them from.
+fn signed_us(us: f64) -> String {
+    if us.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{us:+.0}")
+    }
+}
+
 /// A variant's `cache_hit` share for the tables (`-`: the floor decides nothing).
 fn hit_label(rate: Option<f64>) -> String {
     rate.map_or("-".to_string(), |h| format!("{:.0}%", h * 100.0))
@@ -171,10 +180,13 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
     let floor = results.iter().find(|m| m.variant == FLOOR);
     let floor_cpu = floor.map(Measured::cpu_us_per_request).unwrap_or(f64::NAN);
     let floor_rps = floor.map(|m| median(&m.rps)).unwrap_or(f64::NAN);
+    // The router's own code: what a variant costs above the floor that makes its
+    // hostcalls, when the run has it.
+    let calls = results.iter().find(|m| m.variant == FLOOR_HOSTCALLS);
     let mut out = format!(
         "\n{} workers, {} bodies, Envoy --concurrency {}\n\n\
-         | variant | p50 / p99 ms (1 conn) | req/s (64 conn) | x floor | Envoy CPU us/req | x floor | - floor us | - floor us, paired | of it user space, paired | CPU us/req at 1 conn | cache_hit |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         | variant | p50 / p99 ms (1 conn) | req/s (64 conn) | x floor | Envoy CPU us/req | x floor | - floor us | - floor us, paired | of it user space, paired | - floor with hostcalls us, paired | CPU us/req at 1 conn | cache_hit |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
         p.workers,
         size_label(p.body_bytes),
         p.threads
@@ -186,8 +198,9 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
         let hit = hit_label(m.hit_rate);
         let paired = floor.map_or(f64::NAN, |f| paired_above(&m.cpu_runs, &f.cpu_runs));
         let user = floor.map_or(f64::NAN, |f| paired_above(&m.user_runs, &f.user_runs));
+        let own = calls.map_or(f64::NAN, |c| paired_above(&m.cpu_runs, &c.cpu_runs));
         out += &format!(
-            "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:+.0} | {:+.0} | {:.0} | {} |\n",
+            "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:+.0} | {:+.0} | {} | {:.0} | {} |\n",
             m.variant,
             percentile(&m.latencies_ms, 50.0),
             percentile(&m.latencies_ms, 99.0),
@@ -198,6 +211,7 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             cpu - floor_cpu,
             paired,
             user,
+            signed_us(own),
             m.cpu_c1_us_per_request(),
             hit
         );
@@ -219,6 +233,7 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             "cpu_us_above_floor_paired": paired,
             "user_us_per_req_runs": m.user_runs,
             "user_us_above_floor_paired": user,
+            "cpu_us_above_floor_with_hostcalls_paired": own,
             "cpu_us_per_req_1_conn": m.cpu_c1_us_per_request(),
             "requests": m.requests,
             "errors": m.errors,
@@ -385,6 +400,13 @@ mod tests {
         let variant = [130.0, 190.0, 205.0];
         assert_eq!(paired_above(&variant, &floor), 30.0);
         assert_eq!(paired_above(&floor, &floor), 0.0);
+    }
+
+    #[test]
+    fn a_difference_the_run_cannot_take_reads_as_a_dash() {
+        assert_eq!(signed_us(12.4), "+12");
+        assert_eq!(signed_us(-3.0), "-3");
+        assert_eq!(signed_us(f64::NAN), "-");
     }
 
     #[test]
