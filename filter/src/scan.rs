@@ -185,18 +185,17 @@ mod simd {
         bytes.chunks_exact(128).filter_map(|c| c.try_into().ok())
     }
 
-    /// Whether no byte of `v` stops a plain run or is past ASCII. As
-    /// `stop_or_high`, but the flipped vectors' signed minimum is compared once.
+    /// Whether no byte of `v` stops a plain run or is past ASCII: `stop_or_high`
+    /// for eight vectors, with the flipped vectors' signed minimum compared once.
     fn quiet(v: [v128; 8]) -> bool {
-        let [a, b, c, d, e, f, g, h] = v.map(|x| v128_xor(x, u8x16_splat(2)));
+        let [a, b, c, d, e, f, g, h] = v.map(flipped);
         let least = i8x16_min(
             i8x16_min(i8x16_min(a, b), i8x16_min(c, d)),
             i8x16_min(i8x16_min(e, f), i8x16_min(g, h)),
         );
-        let backslash = v.map(|x| i8x16_eq(x, u8x16_splat(b'\\')));
-        let [a, b, c, d, e, f, g, h] = backslash;
+        let [a, b, c, d, e, f, g, h] = v.map(backslashes);
         let stops = v128_or(
-            i8x16_lt(least, i8x16_splat(0x21)),
+            below_plain(least),
             v128_or(any4([a, b, c, d]), any4([e, f, g, h])),
         );
         !v128_any_true(stops)
@@ -215,14 +214,24 @@ mod simd {
     /// `v ^ 2` keeps 0x00-0x1f among themselves, turns the quote (0x22) into 0x20
     /// and every other plain ASCII byte into one above it, and keeps the high bit,
     /// which makes a byte past ASCII negative; the backslash is compared alone.
-    /// Below 0x21 rather than at most 0x20: V8 has one x64 instruction for a
-    /// signed less-than, and builds at-most from two.
     fn stop_or_high(v: v128) -> v128 {
-        let flipped = v128_xor(v, u8x16_splat(2));
-        v128_or(
-            i8x16_lt(flipped, i8x16_splat(0x21)),
-            i8x16_eq(v, u8x16_splat(b'\\')),
-        )
+        v128_or(below_plain(flipped(v)), backslashes(v))
+    }
+
+    /// `v ^ 2` (see `stop_or_high`).
+    fn flipped(v: v128) -> v128 {
+        v128_xor(v, u8x16_splat(2))
+    }
+
+    /// Flipped bytes that stop a plain run or are past ASCII: below 0x21 rather
+    /// than at most 0x20, since V8 has one x64 instruction for a signed less-than
+    /// and builds at-most from two.
+    fn below_plain(flipped: v128) -> v128 {
+        i8x16_lt(flipped, i8x16_splat(0x21))
+    }
+
+    fn backslashes(v: v128) -> v128 {
+        i8x16_eq(v, u8x16_splat(b'\\'))
     }
 
     /// Whether any lane of the four is set, as one vector.
