@@ -238,6 +238,15 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(target_arch = "wasm32"))]
+    fn the_header_names_are_the_routers() {
+        use llm_router::config::{DEFAULT_CLUSTER_HEADER as CLUSTER, DEFAULT_ENDPOINT_HEADER};
+        assert_eq!(DEFAULT_CLUSTER_HEADER, CLUSTER);
+        assert_eq!(UNUSED_ROUTING_HEADER, DEFAULT_ENDPOINT_HEADER);
+        assert_eq!(EXPLAIN_HEADER, llm_router::header_names::EXPLAIN_HEADER);
+    }
+
+    #[test]
     fn a_config_without_workers_is_refused() {
         assert_eq!(routes(b"{}"), None);
         assert_eq!(routes(b"not json"), None);
