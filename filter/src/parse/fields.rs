@@ -185,6 +185,8 @@ fn part<'a>(json: &mut Json<'a>) -> Read<Option<Cow<'a, str>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn a_plain_message_is_a_role_and_a_content_in_either_order_or_nothing_read() {

@@ -286,6 +286,8 @@ impl Reading<'_> {
 mod tests {
     use super::*;
     use crate::rng::{Rng, SplitMix64};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The Value-based reader this module replaced, kept as the oracle the streaming
     /// readers must agree with on every body.

@@ -101,6 +101,8 @@ impl Children {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn sorted(c: &Children) -> Vec<(char, NodeIdx)> {
         let mut all: Vec<_> = c.iter().collect();

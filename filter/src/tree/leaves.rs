@@ -224,6 +224,8 @@ impl Leaves {
 mod tests {
     use super::*;
     use crate::rng::{Rng, SplitMix64};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The blocks as sorted lists of tenants.
     fn blocks(l: &Leaves, tenants: usize) -> Vec<Vec<TenantId>> {

@@ -495,6 +495,8 @@ impl Tree {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// Walks the whole tree and checks the invariants the rest of the code relies
     /// on: accounted sizes match, every tenant on a node holds its parent, no empty

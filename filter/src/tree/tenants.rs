@@ -97,6 +97,8 @@ impl FromIterator<Hold> for Tenants {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn hold(tenant: u32) -> Hold {
         Hold {

@@ -480,6 +480,8 @@ impl Entries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// Reads `body` as one looked-at value, rendered back to compare.
     fn read(body: &str) -> Read<String> {

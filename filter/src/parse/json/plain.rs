@@ -44,6 +44,8 @@ impl<'a> Json<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn a_plain_pair_is_read_whole_or_not_at_all() {
