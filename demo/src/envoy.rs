@@ -2,10 +2,12 @@
 //! YAML and which needs no escaping of the embedded plugin configuration), starting
 //! it on OS-chosen ports, and reading its stats.
 //!
-//! The bootstrap carries the settings that matter for LLM traffic (DESIGN.md §8):
-//! `allow_on_headers_stop_iteration` (else the body callback never runs),
-//! `failure_policy: FAIL_RELOAD` (a crashed VM is replaced), route `timeout: 0s`
-//! (generations outlive the 15 s default) and a raised request body limit.
+//! The bootstrap carries the settings LLM traffic needs on Envoy 1.40, the same the
+//! shipped example configs (`envoy/envoy-*.yaml`) carry:
+//! `allow_on_headers_stop_iteration` (else the body callback never runs and the
+//! request hangs), `failure_policy: FAIL_RELOAD` (a crashed VM is replaced), route
+//! `timeout: 0s` (generations outlive the 15 s default) and the route's
+//! `request_body_buffer_limit` (long prompts exceed the 1 MiB default).
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
