@@ -17,8 +17,7 @@
 use std::rc::Rc;
 
 use crate::config::{Config, Pool};
-use crate::load::{LoadTable, Loads};
-use crate::policy::{Candidate, EngineQueue};
+use crate::load::{Candidate, EngineQueue, LoadTable, Loads};
 use crate::tree::TenantId;
 
 /// The candidates left after the overload screen.

@@ -51,9 +51,6 @@ pub mod shared;
 pub mod small_blocks;
 pub mod target;
 pub mod tree;
-pub mod ttft_draw;
-pub mod ttft_route;
-pub mod work_hold;
 pub mod worker_stats;
 
 // Not in the unit tests on wasm32-unknown-unknown: they run under Node, which has

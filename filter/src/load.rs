@@ -6,11 +6,14 @@
 //!
 //! Samples are stamped with the filter's clock when they arrive (the collector's
 //! clock may differ) and are fresh while younger than `stale_after_ms`.
+//!
+//! The per-worker values the shared tables store and the policies read (a
+//! `Candidate`, `predicted_ttft`'s `WorkerWork` and `WorkerCosts`) are declared
+//! here, below both, so that neither imports the other.
 
 use std::rc::Rc;
 
-use crate::policy::{others_load, Candidate, TtftCandidate, WorkerCosts, WorkerWork};
-use crate::tree::TenantMatches;
+use crate::tree::TenantId;
 
 /// One engine's load as last reported.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -215,40 +218,47 @@ impl Loads {
     }
 }
 
-impl Loads {
-    /// What `predicted_ttft` knows of one candidate: the router's own work there,
-    /// the engine's load beyond this Envoy's (the screen's fresh sample, if any),
-    /// its share of the request's prefix (`held`), its conversations and its learned
-    /// costs.
-    #[inline]
-    pub fn ttft_candidate(
-        &self,
-        c: &Candidate,
-        (held, conversations): (&TenantMatches, u64),
-    ) -> TtftCandidate {
-        let i = c.worker as usize;
-        let others = c.engine.map_or(0, |q| {
-            // Peer replicas' requests are already in the candidate's (fleet)
-            // in-flight count, so they are not "others" too: without this, a fleet
-            // of replicas counted each other's load twice until the next sample.
-            let own = self.own_at_sample.get(i).copied().unwrap_or(0);
-            let peers = self.peer_inflight.get(i);
-            others_load(
-                q.waiting.saturating_add(q.running),
-                own.saturating_add(peers),
-            )
-        });
-        TtftCandidate {
-            worker: c.worker,
-            inflight: c.inflight,
-            work: self.work.get(i),
-            others,
-            cached_chars: held.depth(c.worker, conversations as usize) as u64,
-            continues: held.continues(c.worker),
-            conversations,
-            costs: self.costs.get(i).copied().unwrap_or_default(),
+/// A fresh engine sample's queue, as the gate and the pin read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineQueue {
+    pub waiting: u64,
+    pub running: u64,
+}
+
+/// A routable worker: its router-side in-flight count and, when fresh, what its
+/// engine last reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub worker: TenantId,
+    pub inflight: u64,
+    pub engine: Option<EngineQueue>,
+}
+
+impl Candidate {
+    /// The engine's own load when known, the router's in-flight count otherwise.
+    pub fn pressure(&self) -> u64 {
+        match self.engine {
+            Some(q) => q.waiting.saturating_add(q.running),
+            None => self.inflight,
         }
     }
+}
+
+/// A worker's learned costs (`predicted_ttft`'s) (either may be unknown yet).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WorkerCosts {
+    pub prefill_us_per_char: Option<f64>,
+    pub service_ms: Option<f64>,
+}
+
+/// What the router counts for one worker besides its in-flight requests
+/// (`predicted_ttft`'s outstanding prefill).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerWork {
+    /// Requests sent whose first byte has not come back.
+    pub prefilling: u64,
+    /// Their uncached prefill chars.
+    pub ahead_chars: u64,
 }
 
 #[cfg(test)]
@@ -353,58 +363,5 @@ mod tests {
         );
         assert!(t.fresh(2, 1000, 1000).is_none());
         assert!(t.fresh(9, 1000, 1000).is_none());
-    }
-
-    #[test]
-    fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
-        let sample = |waiting_running: u64| {
-            Some(Report::Sample(EngineSample {
-                num_waiting: waiting_running,
-                num_running: 0,
-                kv_usage: None,
-                ttft_p90_s: None,
-                tpot_p90_s: None,
-                at_ms: 1000,
-            }))
-        };
-        let loads = Loads {
-            peer_inflight: vec![3, 0].into(),
-            own_at_sample: vec![2, 2].into(),
-            engine: LoadTable {
-                reports: vec![sample(10), sample(1)],
-            }
-            .into(),
-            now_ms: 1000,
-            ..Loads::inflight_only(&[2, 2])
-        };
-        // As the screen gives them: with the fresh sample's queue.
-        let c = |worker: crate::tree::TenantId| Candidate {
-            worker,
-            inflight: loads.fleet_inflight(worker as usize),
-            engine: loads.engine.fresh(worker as usize, 1000, 5000).map(|s| {
-                crate::policy::EngineQueue {
-                    waiting: s.num_waiting,
-                    running: s.num_running,
-                }
-            }),
-        };
-        let held = TenantMatches::default();
-        let w0 = loads.ttft_candidate(&c(0), (&held, 3));
-        assert_eq!(
-            (w0.worker, w0.inflight, w0.others, w0.conversations),
-            (0, 5, 5, 3),
-            "10 on the engine: 2 ours, 3 peers'"
-        );
-        let w1 = loads.ttft_candidate(&c(1), (&held, 0));
-        assert_eq!(w1.others, 0, "never negative");
-        let unsampled = Candidate {
-            engine: None,
-            ..c(0)
-        };
-        assert_eq!(
-            loads.ttft_candidate(&unsampled, (&held, 0)).others,
-            0,
-            "no fresh sample: the router's own count stands"
-        );
     }
 }

@@ -18,6 +18,7 @@ mod decision_headers;
 mod gate;
 mod health;
 mod overload;
+mod policies;
 mod replicas;
 mod stats;
 mod target;
@@ -27,6 +28,8 @@ mod workers;
 pub use decision_headers::DecisionHeaders;
 pub use health::*;
 pub use overload::*;
+pub(crate) use policies::policies;
+pub use policies::Policy;
 pub use replicas::*;
 pub use target::*;
 pub use ttft::*;
@@ -80,30 +83,6 @@ pub const DEFAULT_LEAVE_GRACE_MS: u64 = 10_000;
 /// How long the prefill copy of a PD request may take before the client gets a 504.
 /// SGLang's decode side waits this long for KV before giving up.
 pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 300_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    #[default]
-    CacheAware,
-    RoundRobin,
-    Random,
-    PowerOfTwo,
-    /// Lowest predicted time to first token (`crate::policy::predicted_ttft`).
-    PredictedTtft,
-}
-
-impl Policy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::CacheAware => "cache_aware",
-            Policy::RoundRobin => "round_robin",
-            Policy::Random => "random",
-            Policy::PowerOfTwo => "power_of_two",
-            Policy::PredictedTtft => "predicted_ttft",
-        }
-    }
-}
 
 fn default_cache_threshold() -> f64 {
     DEFAULT_CACHE_THRESHOLD
@@ -860,19 +839,8 @@ mod tests {
         let c = with(r#","policy":"predicted_ttft""#).unwrap();
         assert_eq!(c.policy, Policy::PredictedTtft);
         assert!(c.uses_predicted_ttft());
-        let p = c.ttft_params();
-        assert_eq!(p.load_factor, DEFAULT_LOAD_FACTOR);
-        assert_eq!(p.prefill_us_per_char, DEFAULT_PREFILL_US_PER_CHAR);
-        assert_eq!(p.service_ms, DEFAULT_SERVICE_MS);
-        let set = with(
-            r#","policy":"predicted_ttft","load_factor":0,"prefill_us_per_char":2.5,"service_ms":0"#,
-        )
-        .unwrap();
-        assert_eq!(set.ttft_params().load_factor, 0.0);
-        assert_eq!(set.ttft_params().prefill_us_per_char, 2.5);
-        assert_eq!(p.sample_size, DEFAULT_TTFT_SAMPLE_SIZE);
-        let sampled = with(r#","policy":"predicted_ttft","ttft_sample_size":16"#).unwrap();
-        assert_eq!(sampled.ttft_params().sample_size, 16);
+        with(r#","policy":"predicted_ttft","load_factor":0,"prefill_us_per_char":2.5,"service_ms":0"#)
+            .unwrap();
         let e = with(r#","ttft_sample_size":8"#).unwrap_err();
         assert_eq!(
             e.field, "ttft_sample_size",

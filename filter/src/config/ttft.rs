@@ -1,8 +1,9 @@
 //! `predicted_ttft`'s settings: the plugin configuration's flat `load_factor`,
 //! `prefill_us_per_char`, `service_ms`, `stay_factor` and `ttft_sample_size` keys,
-//! their defaults and rules, resolved into the `TtftParams` the policy reads. They
-//! live with the rest of the configuration so `config` depends on nothing else in
-//! the crate.
+//! their defaults and rules, which the policy resolves into its parameters
+//! (`crate::policy::predicted_ttft::TtftParams`). They live with the rest of the
+//! configuration so that one struct parses and validates it all (`deny_unknown_fields`
+//! sees every key) and `config` depends on nothing else in the crate.
 
 use super::{err, Config, ConfigError};
 
@@ -28,42 +29,14 @@ pub const DEFAULT_STAY_FACTOR: f64 = 4.0;
 /// (0: of any size); a larger fleet's request scores its conversation's worker,
 /// the holders of its longest match (up to that many: those with the fewest
 /// conversations) and a quarter as many of the workers with the fewest
-/// conversations (`policy::ttft_sample`). On by default: on eight replays at 64
+/// conversations (`crate::policy::predicted_ttft`, `sample.rs`). On by default: on eight replays at 64
 /// and 256 workers it placed every request as scoring every worker did but one
 /// (within 0.1 point of cached tokens), and a fleet of 256 costs Envoy about 1.3
-/// times what 4 do (stop 45), against 1.85 times scoring every worker (README,
+/// times what 4 do, against 1.85 times scoring every worker (README,
 /// "Predicted TTFT").
 pub const DEFAULT_TTFT_SAMPLE_SIZE: usize = 16;
 
-/// The policy's settings, defaults filled in (`Config::ttft_params`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TtftParams {
-    pub load_factor: f64,
-    /// Prefill cost per uncached char before a worker's is learned.
-    pub prefill_us_per_char: f64,
-    /// Service time per request ahead before a worker's is learned.
-    pub service_ms: f64,
-    /// A holder of the longest match stays while its prediction is at most this
-    /// many times the best.
-    pub stay_factor: f64,
-    /// Fleets larger than this are sampled (0: never).
-    pub sample_size: usize,
-}
-
 impl Config {
-    /// `predicted_ttft`'s parameters, defaults filled in.
-    pub fn ttft_params(&self) -> TtftParams {
-        TtftParams {
-            load_factor: self.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR),
-            prefill_us_per_char: self
-                .prefill_us_per_char
-                .unwrap_or(DEFAULT_PREFILL_US_PER_CHAR),
-            service_ms: self.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
-            stay_factor: self.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
-            sample_size: self.ttft_sample_size.unwrap_or(DEFAULT_TTFT_SAMPLE_SIZE),
-        }
-    }
-
     /// The settings' value rules (whether they may be set at all is the policy
     /// check in `validate`).
     pub(super) fn validate_ttft_values(&self) -> Result<(), ConfigError> {

@@ -11,7 +11,7 @@ use crate::decision::Decision;
 use crate::plan::Plan;
 use crate::router::Record;
 use crate::shared::{Op, Recorded, Stage};
-use crate::work_hold::WorkHold;
+use crate::policy::predicted_ttft::WorkHold;
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
 /// released correctly even if a config update reorders the workers meanwhile. The

@@ -17,7 +17,7 @@ use crate::decision::Decision;
 use crate::header_names::{PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER};
 use crate::pd::PrefillFailure;
 use crate::plan::Refusal;
-use crate::work_hold::WorkHold;
+use crate::policy::predicted_ttft::WorkHold;
 
 /// Prefill error bodies quoted back to the client, at most this many bytes.
 const PREFILL_ERROR_QUOTE_BYTES: usize = 512;

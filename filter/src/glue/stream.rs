@@ -26,7 +26,7 @@ use crate::parse::{self, Parsed, Reading};
 use crate::plan::{plan, Refusal};
 use crate::shared::truncate_text;
 use crate::target::route_target;
-use crate::work_hold::WorkHold;
+use crate::policy::predicted_ttft::WorkHold;
 
 /// What a routed stream chose: the worker that gets the request itself (regular or
 /// decode) and, in PD mode, the prefill leg.

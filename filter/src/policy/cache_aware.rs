@@ -20,12 +20,101 @@
 //!      (`cache_worker_queued`), abandoning the matched prefix;
 //! 5. otherwise least in-flight (ties random): `cache_miss`.
 //!
-//! The caller inserts the routing text under the chosen worker whatever the rung.
+//! The routing text is recorded under the chosen worker whatever the rung; a body
+//! without one goes to the least loaded (`super::unreadable`).
 
-use super::{decide, least_by, least_loaded, least_pressure, Candidate};
+use super::{
+    decide, least_by, least_loaded, least_pressure, unreadable, Ask, Chosen, Held, Select,
+};
+use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::load::Candidate;
 use crate::rng::Rng;
-use crate::tree::{PrefixMatch, TenantId};
+use crate::tree::{char_len, PrefixMatch, TenantId};
+
+/// The last decision's prefix match, kept so that its owners' list is refilled
+/// rather than allocated on every request.
+#[derive(Debug, Default)]
+pub struct CacheAware {
+    found: PrefixMatch,
+}
+
+impl Select for CacheAware {
+    type Params = CacheAwareParams;
+
+    fn params(cfg: &Config) -> CacheAwareParams {
+        CacheAwareParams {
+            cache_threshold: cfg.cache_threshold,
+            balance_abs_threshold: cfg.balance_abs_threshold,
+            balance_rel_threshold: cfg.balance_rel_threshold,
+            worker_queue_limit: cfg.worker_queue_limit,
+            saturation_queue_floor: cfg.saturation_queue_floor,
+        }
+    }
+
+    fn select(&mut self, params: &CacheAwareParams, ask: &Ask<'_>, rng: &mut dyn Rng) -> Chosen {
+        let Some(text) = ask.text else {
+            return Chosen::only(unreadable(ask.candidates, rng));
+        };
+        let tree = ask.tree;
+        let (mut looked, mut walked) = (false, None);
+        let (looked_up, walk) = (&mut looked, &mut walked);
+        let found = &mut self.found;
+        let decision = cache_aware(
+            params,
+            ask.candidates,
+            move || {
+                *looked_up = true;
+                match tree {
+                    Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
+                    None => found.refill(0, char_len(text), []),
+                }
+                &*found
+            },
+            rng,
+        );
+        let matched = looked.then_some(&self.found);
+        // An owner of the match holds all of it; anyone else, what a walk of its
+        // own says (a balanced fleet never walked the tree at all).
+        let held_chars = decision.as_ref().map_or(0, |d| match matched {
+            Some(m) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
+            _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
+        });
+        // Only a miss can hide a filtered owner: any other reason either hit an
+        // owner or never consulted the tree. A miss comes after the walk, so the
+        // match is at hand.
+        let owner_overloaded = !ask.flagged.is_empty()
+            && decision
+                .as_ref()
+                .is_some_and(|d| d.reason == Reason::CacheMiss)
+            && matched.is_some_and(|m| {
+                owners_filtered(params.cache_threshold, m, ask.candidates, ask.flagged)
+            });
+        let text_chars = matched.map_or_else(|| char_len(text), |m| m.input_chars);
+        Chosen {
+            decision,
+            record: Some(Held {
+                held_chars,
+                text_chars,
+            }),
+            walked,
+            owner_overloaded,
+        }
+    }
+}
+
+/// Whether `found` has owners above the cache threshold, none of them a candidate
+/// and some of them flagged.
+fn owners_filtered(
+    cache_threshold: f64,
+    found: &PrefixMatch,
+    candidates: &[Candidate],
+    flagged: &[TenantId],
+) -> bool {
+    found.match_rate() > cache_threshold
+        && found.owners.iter().any(|o| flagged.contains(o))
+        && owning(candidates, &found.owners).is_empty()
+}
 
 /// SMG's imbalance test. Both conditions must hold: a small absolute gap on a busy
 /// fleet is noise, and a large ratio on an idle fleet is too.
@@ -111,12 +200,12 @@ pub fn cache_aware<'m>(
     least_loaded(candidates, rng).map(|w| decide(w, Reason::CacheMiss, matched, none))
 }
 
-/// The candidates among `owners`, in worker order (also the router's test of whether a
+/// The candidates among `owners`, in worker order (also the test of whether a
 /// match's owners were all screened out). Both lists are sorted by worker
 /// (`PrefixMatch` sorts its owners), so the smaller is searched for in the larger: a
 /// conversation has one owner among hundreds of candidates, a shared system prompt
 /// hundreds of owners.
-pub(crate) fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Owning<'c> {
+fn owning<'c>(candidates: &'c [Candidate], owners: &[TenantId]) -> Owning<'c> {
     if owners.len() < candidates.len() {
         owners
             .iter()

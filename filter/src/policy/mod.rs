@@ -1,65 +1,145 @@
-//! Worker selection: one file per policy, each a pure function of the candidates'
-//! loads (and a random source where ties are broken at random). The candidates come
-//! from `crate::candidates` (the serving set after the overload screen); a policy
-//! returns a `Decision` or `None` when there is no candidate.
+//! Worker selection behind one seam, pingora's `BackendSelection` in a Wasm VM: each
+//! policy is a module here whose selector implements `Select`, with its own
+//! parameter struct built once from the configuration and its own state (a
+//! round-robin counter, the buffers a tree policy refills), and a pure `select` from
+//! one request's screened candidates to a `Chosen`. The policies are listed once,
+//! in `crate::config::policies`; `Selectors`, one per pool, is generated from that
+//! list and dispatches by a `match` (no allocation, no virtual call per request).
+//! The candidates come from `crate::candidates` (the serving set after the overload
+//! screen).
 //!
 //! - `cache_aware`: SGLang model gateway's prefix-affinity ladder with the queue
 //!   gate and saturation pin (the algorithm is stated at the top of its file);
 //! - `predicted_ttft`: the least predicted time to first token (work ahead plus
-//!   own uncached prefill) under a bounded-load cap (stated at the top of its file);
+//!   own uncached prefill) under a bounded-load cap (its folder: the algorithm is
+//!   stated at the top of `ladder.rs`);
 //! - `round_robin`, `random`, `power_of_two`: load spreading without a tree;
-//! - `unreadable` (here): least-load for a body without routing text.
+//! - `unreadable` (here): least-load for a body without routing text, which the
+//!   tree policies fall back to.
+//!
+//! A new policy is a module here implementing `Select` and its line in
+//! `crate::config::policies` (docs: "Adding a policy").
 
-mod cache_aware;
-mod power_of_two;
-mod predicted_ttft;
-mod random;
-mod round_robin;
-mod ttft_sample;
-
-pub(crate) use cache_aware::owning;
-pub use cache_aware::{
-    any_fresh_queue_below, cache_aware, fleet_all_queued, is_imbalanced, queue_gate_admits,
-    CacheAwareParams,
-};
-pub use power_of_two::power_of_two;
-pub use predicted_ttft::{
-    learn_prefill, learn_service, load_cap, match_margin, others_load, Ladder, Scored,
-    TtftCandidate, TtftParams, WorkerCosts, WorkerWork,
-};
-pub use random::random;
-pub use round_robin::round_robin;
-pub use ttft_sample::{ttft_sample, Drawn, Marks};
-
+use crate::config::{Config, Policy};
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::load::{Candidate, Loads};
 use crate::rng::Rng;
-use crate::tree::TenantId;
+use crate::tree::{TenantId, Tree, Walked};
 
-/// A fresh engine sample's queue, as the gate and the pin read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineQueue {
-    pub waiting: u64,
-    pub running: u64,
+/// A routing policy: its parameters, read from the configuration when it changes,
+/// and its choice for one request.
+pub trait Select: Default {
+    /// What the policy reads of the configuration, defaults filled in.
+    type Params;
+
+    /// The parameters under `cfg` (validated: `Config::validate` holds).
+    fn params(cfg: &Config) -> Self::Params;
+
+    /// The worker for one request, or no decision when there is no candidate.
+    fn select(&mut self, params: &Self::Params, ask: &Ask<'_>, rng: &mut dyn Rng) -> Chosen;
 }
 
-/// A routable worker: its router-side in-flight count and, when fresh, what its
-/// engine last reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Candidate {
-    pub worker: TenantId,
+/// One request as a policy sees it, in one pool.
+pub struct Ask<'a> {
+    /// The routing text, cut to `max_routing_text_bytes` (none: the body gave none).
+    pub text: Option<&'a str>,
+    /// The pool's tree of the request's model, if it has one yet.
+    pub tree: Option<&'a Tree>,
+    /// The screened candidates, in worker order.
+    pub candidates: &'a [Candidate],
+    /// Serving workers the overload screen filtered out.
+    pub flagged: &'a [TenantId],
+    /// Each worker's position among `candidates`, by worker index.
+    pub position: &'a [Option<u32>],
+    /// Requests in flight on the pool's candidates in all.
     pub inflight: u64,
-    pub engine: Option<EngineQueue>,
+    pub loads: &'a Loads,
 }
 
-impl Candidate {
-    /// The engine's own load when known, the router's in-flight count otherwise.
-    pub fn pressure(&self) -> u64 {
-        match self.engine {
-            Some(q) => q.waiting.saturating_add(q.running),
-            None => self.inflight,
+/// A policy's answer.
+#[derive(Debug, Default)]
+pub struct Chosen {
+    pub decision: Option<Decision>,
+    /// A tree policy's: the text is recorded under the chosen worker.
+    pub record: Option<Held>,
+    /// Where the policy's walk of the tree ended, for that record's insert.
+    pub walked: Option<Walked>,
+    /// The prefix's owners were all flagged overloaded and filtered out, so a
+    /// logical cache hit became a physical miss on another worker.
+    pub owner_overloaded: bool,
+}
+
+impl Chosen {
+    /// A decision of a policy that records nothing.
+    pub fn only(decision: Option<Decision>) -> Chosen {
+        Chosen {
+            decision,
+            ..Chosen::default()
         }
     }
 }
+
+/// What a tree policy's record says of its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Chars of the text the chosen worker held before this request.
+    pub held_chars: usize,
+    /// Chars of the text.
+    pub text_chars: usize,
+}
+
+/// Declares each listed policy's module and `Selectors`, the dispatch among them.
+macro_rules! registry {
+    ($($name:ident $module:ident,)*) => {
+        $(pub mod $module;)*
+
+        /// The parameters of a pool's configured policy.
+        #[derive(Debug)]
+        enum Params {
+            $($name(<$module::$name as Select>::Params),)*
+        }
+
+        impl Params {
+            fn of(policy: Policy, cfg: &Config) -> Params {
+                match policy {
+                    $(Policy::$name => Params::$name($module::$name::params(cfg)),)*
+                }
+            }
+        }
+
+        /// One pool's policies: the configured one's parameters, and every
+        /// policy's state, kept when the configuration changes (as a round-robin
+        /// counter always was).
+        #[derive(Debug)]
+        pub struct Selectors {
+            params: Params,
+            $($module: $module::$name,)*
+        }
+
+        impl Selectors {
+            pub fn new(policy: Policy, cfg: &Config) -> Selectors {
+                Selectors {
+                    params: Params::of(policy, cfg),
+                    $($module: $module::$name::default(),)*
+                }
+            }
+
+            /// Takes `policy` and its parameters under a new `cfg`.
+            pub fn configure(&mut self, policy: Policy, cfg: &Config) {
+                self.params = Params::of(policy, cfg);
+            }
+
+            /// The configured policy's choice.
+            #[inline]
+            pub fn select(&mut self, ask: &Ask<'_>, rng: &mut dyn Rng) -> Chosen {
+                match &self.params {
+                    $(Params::$name(p) => self.$module.select(p, ask, rng),)*
+                }
+            }
+        }
+    };
+}
+crate::config::policies!(registry);
 
 /// The candidate with the least `key`, ties broken at random so an idle fleet
 /// spreads.
@@ -116,6 +196,7 @@ pub fn unreadable(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decisio
 pub(crate) mod testing {
     //! Candidates for the policies' tests.
     use super::*;
+    use crate::load::EngineQueue;
 
     /// Candidates without engine samples, by in-flight count.
     pub fn cands(loads: &[u64]) -> Vec<Candidate> {
@@ -158,9 +239,23 @@ mod tests {
     #[test]
     fn no_candidates_no_decision() {
         let mut rng = SplitMix64(1);
-        assert!(round_robin(&[], &mut 0).is_none());
-        assert!(random(&[], &mut rng).is_none());
-        assert!(power_of_two(&[], &mut rng).is_none());
+        let cfg = Config::from_json(br#"{"workers":[{"name":"w0"}]}"#).unwrap();
+        let loads = Loads::default();
+        for text in [None, Some("a prompt")] {
+            let ask = Ask {
+                text,
+                tree: None,
+                candidates: &[],
+                flagged: &[],
+                position: &[],
+                inflight: 0,
+                loads: &loads,
+            };
+            for &policy in Policy::ALL {
+                let chosen = Selectors::new(policy, &cfg).select(&ask, &mut rng);
+                assert!(chosen.decision.is_none(), "{}", policy.as_str());
+            }
+        }
         assert!(unreadable(&[], &mut rng).is_none());
     }
 }

@@ -1,9 +1,24 @@
 //! Power of two choices: two distinct random candidates, the less loaded wins; it
 //! spreads load nearly as well as least-load without herding on one worker.
 
-use super::{decide, Candidate};
+use super::{decide, Ask, Chosen, Select};
+use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::load::Candidate;
 use crate::rng::Rng;
+
+#[derive(Debug, Default)]
+pub struct PowerOfTwo;
+
+impl Select for PowerOfTwo {
+    type Params = ();
+
+    fn params(_: &Config) {}
+
+    fn select(&mut self, _: &(), ask: &Ask<'_>, rng: &mut dyn Rng) -> Chosen {
+        Chosen::only(power_of_two(ask.candidates, rng))
+    }
+}
 
 /// Two distinct random candidates, the less loaded wins (ties: the first drawn).
 pub fn power_of_two(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {

@@ -1,8 +1,23 @@
 //! Uniform random choice among the candidates.
 
-use super::{decide, Candidate};
+use super::{decide, Ask, Chosen, Select};
+use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::load::Candidate;
 use crate::rng::Rng;
+
+#[derive(Debug, Default)]
+pub struct Random;
+
+impl Select for Random {
+    type Params = ();
+
+    fn params(_: &Config) {}
+
+    fn select(&mut self, _: &(), ask: &Ask<'_>, rng: &mut dyn Rng) -> Chosen {
+        Chosen::only(random(ask.candidates, rng))
+    }
+}
 
 pub fn random(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
     if candidates.is_empty() {

@@ -1,8 +1,27 @@
-//! Round robin: each pool keeps its own counter (in the router), so one pool's
-//! traffic does not skew another's.
+//! Round robin: each pool keeps its own counter (its own `Selectors`), so one
+//! pool's traffic does not skew another's.
 
-use super::{decide, Candidate};
+use super::{decide, Ask, Chosen, Select};
+use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::load::Candidate;
+use crate::rng::Rng;
+
+/// The counter of one pool's requests.
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    counter: u64,
+}
+
+impl Select for RoundRobin {
+    type Params = ();
+
+    fn params(_: &Config) {}
+
+    fn select(&mut self, _: &(), ask: &Ask<'_>, _: &mut dyn Rng) -> Chosen {
+        Chosen::only(round_robin(ask.candidates, &mut self.counter))
+    }
+}
 
 /// Round robin over the candidates, advancing a caller-held counter.
 pub fn round_robin(candidates: &[Candidate], counter: &mut u64) -> Option<Decision> {

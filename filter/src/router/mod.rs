@@ -18,16 +18,15 @@
 //! stale owner (re-homing).
 
 use crate::candidates::{self, Screened, Screens};
-use crate::config::{Config, Policy, Pool, WorkerNames};
+use crate::config::{Config, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::model_trees::ModelTrees;
 use crate::parse::Parsed;
-use crate::policy::{self, CacheAwareParams, Candidate};
+use crate::policy::{Ask, Selectors};
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
-use crate::tree::{PrefixMatch, TenantId, Walked};
-use crate::ttft_route;
+use crate::tree::{TenantId, Walked};
 
 mod apply;
 
@@ -91,8 +90,9 @@ pub struct PdRouted {
 pub struct Router {
     cfg: Config,
     trees: ModelTrees,
-    /// Round-robin position per pool, so one pool's traffic does not skew another's.
-    rr_counters: [u64; 3],
+    /// Each pool's policy: its own state (a round-robin position, so one pool's
+    /// traffic does not skew another's) and parameters.
+    selectors: PoolSelectors,
     /// One past the newest operation applied.
     clock: u64,
     /// Discovery mode: the version of the worker list in `cfg` (0: none yet).
@@ -106,27 +106,52 @@ pub struct Router {
     /// Where the last decision's walk of its text ended, for the insert it records
     /// (`apply_routed`).
     walked: Option<Walked>,
-    /// The last `cache_aware` decision's prefix match, kept so that its owners'
-    /// list is refilled rather than allocated on every request.
-    found: PrefixMatch,
-    /// What a `predicted_ttft` decision fills, kept for the next.
-    ttft: ttft_route::Scratch,
+}
+
+/// A pool's policy each.
+struct PoolSelectors {
+    regular: Selectors,
+    prefill: Selectors,
+    decode: Selectors,
+}
+
+impl PoolSelectors {
+    fn new(cfg: &Config) -> PoolSelectors {
+        PoolSelectors {
+            regular: Selectors::new(cfg.policy_of(Pool::Regular), cfg),
+            prefill: Selectors::new(cfg.policy_of(Pool::Prefill), cfg),
+            decode: Selectors::new(cfg.policy_of(Pool::Decode), cfg),
+        }
+    }
+
+    fn configure(&mut self, cfg: &Config) {
+        for pool in [Pool::Regular, Pool::Prefill, Pool::Decode] {
+            self.get_mut(pool).configure(cfg.policy_of(pool), cfg);
+        }
+    }
+
+    fn get_mut(&mut self, pool: Pool) -> &mut Selectors {
+        match pool {
+            Pool::Regular => &mut self.regular,
+            Pool::Prefill => &mut self.prefill,
+            Pool::Decode => &mut self.decode,
+        }
+    }
 }
 
 impl Router {
     pub fn new(cfg: Config) -> Self {
+        let selectors = PoolSelectors::new(&cfg);
         Router {
             names: WorkerNames::new(&cfg.workers),
             cfg,
             trees: ModelTrees::default(),
-            rr_counters: [0; 3],
+            selectors,
             clock: 0,
             membership_version: 0,
             cfg_version: 0,
             screens: Screens::default(),
             walked: None,
-            found: PrefixMatch::default(),
-            ttft: ttft_route::Scratch::default(),
         }
     }
 
@@ -175,6 +200,7 @@ impl Router {
         let old = std::mem::replace(&mut self.cfg, cfg);
         self.cfg_version += 1;
         self.names = WorkerNames::new(&self.cfg.workers);
+        self.selectors.configure(&self.cfg);
         let new_index: Vec<Option<TenantId>> = old
             .workers
             .iter()
@@ -256,7 +282,6 @@ impl Router {
         if self.cfg.workers.is_empty() {
             return Err(NoWorker::NoDiscoveredWorker);
         }
-        let policy = self.cfg.policy_of(pool);
         let (model, text) = match req {
             Parsed::Routable(r) => (
                 r.model.as_str(),
@@ -276,95 +301,30 @@ impl Router {
             .screen((&self.cfg, self.cfg_version), pool, model, loads);
         let (all_flagged, all_down) = (*all_flagged, *all_down);
         let gate_inert = candidates::gate_inert(candidates, self.cfg.worker_queue_limit);
-        // The tree policies also say how much of the text the chosen worker holds
-        // (what its `Record` carries); the others record nothing. `cache_aware` also
-        // gives the match it walked, if it walked the tree, and the policies that
-        // counted the text's chars, that count.
-        let (decision, held_chars, matched, text_chars) = match (policy, text) {
-            (Policy::CacheAware, Some(text)) => {
-                let params = CacheAwareParams {
-                    cache_threshold: self.cfg.cache_threshold,
-                    balance_abs_threshold: self.cfg.balance_abs_threshold,
-                    balance_rel_threshold: self.cfg.balance_rel_threshold,
-                    worker_queue_limit: self.cfg.worker_queue_limit,
-                    saturation_queue_floor: self.cfg.saturation_queue_floor,
-                };
-                let tree = self.trees.get(pool, model);
-                let (mut looked, mut walked) = (false, None);
-                let (looked_up, walk) = (&mut looked, &mut walked);
-                let found = &mut self.found;
-                let decision = policy::cache_aware(
-                    &params,
-                    candidates,
-                    move || {
-                        *looked_up = true;
-                        match tree {
-                            Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
-                            None => found.refill(0, crate::tree::char_len(text), []),
-                        }
-                        &*found
-                    },
-                    rng,
-                );
-                let matched = looked.then_some(&self.found);
-                // An owner of the match holds all of it; anyone else, what a walk
-                // of its own says (a balanced fleet never walked the tree at all).
-                let held = decision.as_ref().map_or(0, |d| match matched {
-                    Some(m) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
-                    _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
-                });
-                let counted = matched.map(|m| m.input_chars);
-                self.walked = walked;
-                (decision, held, matched, counted)
-            }
-            (Policy::PredictedTtft, Some(text)) => {
-                let r = ttft_route::route(
-                    (self.trees.get(pool, model), text),
-                    (candidates, position, *total),
-                    (loads, &self.cfg.ttft_params()),
-                    &mut self.ttft,
-                    rng,
-                );
-                self.walked = r.walked;
-                (r.decision, r.held_chars, None, Some(r.input_chars))
-            }
-            (Policy::CacheAware | Policy::PredictedTtft, None) => {
-                (policy::unreadable(candidates, rng), 0, None, None)
-            }
-            (Policy::RoundRobin, _) => {
-                let mut spare = 0;
-                let counter = self
-                    .rr_counters
-                    .get_mut(pool as usize)
-                    .unwrap_or(&mut spare);
-                (policy::round_robin(candidates, counter), 0, None, None)
-            }
-            (Policy::Random, _) => (policy::random(candidates, rng), 0, None, None),
-            (Policy::PowerOfTwo, _) => (policy::power_of_two(candidates, rng), 0, None, None),
+        let ask = Ask {
+            text,
+            tree: self.trees.get(pool, model),
+            candidates,
+            flagged,
+            position,
+            inflight: *total,
+            loads,
         };
-        let mut decision = decision.ok_or(NoWorker::NoWorkerForModel)?;
+        let chosen = self.selectors.get_mut(pool).select(&ask, rng);
+        self.walked = chosen.walked;
+        let mut decision = chosen.decision.ok_or(NoWorker::NoWorkerForModel)?;
         if all_down {
             decision.reason = Reason::AllDown;
         } else if all_flagged {
             decision.reason = Reason::AllOverloaded;
         }
-        // Only a miss can hide a filtered owner: any other reason either hit an
-        // owner or never consulted the tree. A miss is `cache_aware`'s after its
-        // walk, so the match is at hand.
-        let owner_overloaded = !flagged.is_empty()
-            && decision.reason == Reason::CacheMiss
-            && matched
-                .is_some_and(|m| owners_filtered(self.cfg.cache_threshold, m, candidates, flagged));
-        // The text's length and chars first: it borrows `req`, which the record
-        // then takes it from.
-        let recorded = match (policy, text) {
-            (Policy::CacheAware | Policy::PredictedTtft, Some(text)) => Some((
-                text.len(),
-                text_chars.unwrap_or_else(|| crate::tree::char_len(text)) as u64,
-            )),
-            _ => None,
-        };
-        let record = recorded.map(|(text_bytes, text_chars)| {
+        // A filtered owner shows as a miss, which a fleet all down or all flagged
+        // does not report.
+        let owner_overloaded = chosen.owner_overloaded && !all_down && !all_flagged;
+        // The text's length first: it borrows `req`, which the record then takes
+        // it from.
+        let recorded = chosen.record.zip(text.map(str::len));
+        let record = recorded.map(|(held, text_bytes)| {
             let (model, text) = then.model_and_text(req, text_bytes);
             Record {
                 op: Op::Insert {
@@ -378,8 +338,8 @@ impl Router {
                         .unwrap_or_default(),
                     text,
                 },
-                held_chars: held_chars as u64,
-                text_chars,
+                held_chars: held.held_chars as u64,
+                text_chars: held.text_chars as u64,
             }
         });
         Ok(Routed {
@@ -414,19 +374,6 @@ impl Use {
         text.truncate(text_bytes);
         (std::mem::take(&mut r.model), text)
     }
-}
-
-/// Whether `found` has owners above the cache threshold, none of them a candidate
-/// and some of them flagged.
-fn owners_filtered(
-    cache_threshold: f64,
-    found: &PrefixMatch,
-    candidates: &[Candidate],
-    flagged: &[TenantId],
-) -> bool {
-    found.match_rate() > cache_threshold
-        && found.owners.iter().any(|o| flagged.contains(o))
-        && policy::owning(candidates, &found.owners).is_empty()
 }
 
 #[cfg(test)]

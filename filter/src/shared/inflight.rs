@@ -28,8 +28,7 @@ use super::owned::{Counts, OwnedCounts};
 use super::ring::OpRing;
 use super::{put_bytes, Reader, SharedStore};
 use crate::config::WorkerNames;
-use crate::load::{Loads, Revision, Tally, WorkerCounts};
-use crate::policy::WorkerWork;
+use crate::load::{Loads, Revision, Tally, WorkerCounts, WorkerWork};
 
 /// Columns of a row's entry: requests in flight, of them those prefilling, and
 /// their uncached prefill chars.

@@ -521,7 +521,7 @@ mod tests {
                         let name = format!("w{vm}");
                         let costs = CostTable::new(&keys);
                         costs.learn(s, &WorkerNames::new(&w), &name, |c| {
-                            crate::policy::WorkerCosts {
+                            crate::load::WorkerCosts {
                                 service_ms: Some(1.0),
                                 ..c
                             }
@@ -604,7 +604,7 @@ mod tests {
         ensure_tables(&store, &keys, 10);
         let costs = CostTable::new(&keys);
         costs.learn(&store, &WorkerNames::default(), "w0", |c| {
-            crate::policy::WorkerCosts {
+            crate::load::WorkerCosts {
                 service_ms: Some(3.0),
                 ..c
             }

@@ -15,7 +15,7 @@ use super::{
     put_bytes, InflightTable, Keys, OpRing, Reader, SetOutcome, SharedStore, CAS_ATTEMPTS,
 };
 use crate::config::WorkerNames;
-use crate::policy::WorkerCosts;
+use crate::load::WorkerCosts;
 
 /// Stored form of "unknown" for a learned cost.
 const UNKNOWN: u64 = u64::MAX;
@@ -411,7 +411,11 @@ mod tests {
         let ws = names();
         assert_eq!(*t.by_worker(&store, &ws), vec![WorkerCosts::default(); 2]);
         t.learn(&store, &ws, "w1", |c| WorkerCosts {
-            prefill_us_per_char: crate::policy::learn_prefill(c.prefill_us_per_char, 8000.0, 1000),
+            prefill_us_per_char: crate::policy::predicted_ttft::learn_prefill(
+                c.prefill_us_per_char,
+                8000.0,
+                1000,
+            ),
             ..c
         });
         assert_eq!(

@@ -1,9 +1,11 @@
 //! Which candidates a sampled `predicted_ttft` request scores, drawn from what the
-//! request's tree says (`policy::ttft_sample` decides from these inputs): the
+//! request's tree says (`super::sample` decides from these inputs): the
 //! candidates whose conversation it continues, the holders of a match within the
 //! margin of its longest, and the fleet's workers by conversations, fewest first.
 
-use crate::policy::{self, Candidate};
+use super::ladder::match_margin;
+use super::sample::{ttft_sample, Drawn, Marks};
+use crate::load::Candidate;
 use crate::rng::Rng;
 use crate::tree::{Leaves, TenantId, TenantMatches, Tree};
 
@@ -18,7 +20,7 @@ pub fn sample(
     (candidates, position): (&[Candidate], &[Option<u32>]),
     (sample_size, input): (usize, u64),
     (found, rng): (&mut Vec<u64>, &mut dyn Rng),
-) -> Option<policy::Marks> {
+) -> Option<Marks> {
     if sample_size == 0 || candidates.len() <= sample_size {
         return None;
     }
@@ -30,13 +32,13 @@ pub fn sample(
             .map(|p| p as usize)
     };
     let continuing: Vec<usize> = held.continued.iter().filter_map(|&t| at(t)).collect();
-    let margin = usize::try_from(policy::match_margin(input)).unwrap_or(0);
+    let margin = usize::try_from(match_margin(input)).unwrap_or(0);
     let holders = tree
         .map(|t| t.holders_within(held, margin))
         .unwrap_or_default();
     let longest = held.longest();
     let fleet = candidates.last().map_or(0, |c| c.worker as usize + 1);
-    let drawn = policy::Drawn {
+    let drawn = Drawn {
         holders: holders.iter(),
         holds: |t| {
             longest > margin && held.depth(t, leaves.get(t)).saturating_add(margin) >= longest
@@ -46,5 +48,5 @@ pub fn sample(
         position: at,
         continuing: &continuing,
     };
-    policy::ttft_sample(candidates.len(), sample_size, drawn, (found, rng))
+    ttft_sample(candidates.len(), sample_size, drawn, (found, rng))
 }

@@ -71,9 +71,10 @@
 //! replicated on as many workers as its traffic needs, each with an even share of
 //! the conversations, which then stay where their history is.
 
-use super::decide;
-pub use crate::config::TtftParams;
+use super::TtftParams;
 use crate::decision::{Decision, GateAudit, Prediction, Reason};
+use crate::load::{WorkerCosts, WorkerWork};
+use crate::policy::decide;
 use crate::rng::Rng;
 use crate::tree::TenantId;
 
@@ -87,22 +88,6 @@ pub const MIN_LEARN_CHARS: u64 = 256;
 /// The filter's clock counts milliseconds: a first byte in the same millisecond took
 /// about half of one, not nothing (a zero cost would make a worker look free).
 pub const MIN_TTFB_US: f64 = 500.0;
-
-/// A worker's learned costs (either may be unknown yet).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct WorkerCosts {
-    pub prefill_us_per_char: Option<f64>,
-    pub service_ms: Option<f64>,
-}
-
-/// What the router counts for one worker besides its in-flight requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WorkerWork {
-    /// Requests sent whose first byte has not come back.
-    pub prefilling: u64,
-    /// Their uncached prefill chars.
-    pub ahead_chars: u64,
-}
 
 /// One candidate as the model sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -220,7 +205,7 @@ pub struct Ladder<'p> {
 impl<'p> Ladder<'p> {
     /// A ladder for a request of `input_chars` over a fleet of `n` candidates
     /// holding `total_inflight` requests between them, given those it scores (all
-    /// of them, or a sample: `super::ttft_sample`) in `list`, emptied first: a
+    /// of them, or a sample: `super::sample`) in `list`, emptied first: a
     /// caller that scores every request keeps the list (`into_list`), which at
     /// 256 workers is a kilobyte.
     pub fn new(

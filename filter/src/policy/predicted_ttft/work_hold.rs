@@ -14,9 +14,10 @@
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
 
+use super::ladder::{learn_prefill, learn_service};
 use crate::config::WorkerNames;
 use crate::decision::Prediction;
-use crate::policy::{learn_prefill, learn_service, WorkerCosts};
+use crate::load::WorkerCosts;
 use crate::shared::{CostTable, InflightTable, SharedStore};
 
 /// Where a booked request is.
@@ -123,7 +124,7 @@ impl WorkHold {
 mod tests {
     use super::*;
     use crate::config::testing::names;
-    use crate::policy::WorkerWork;
+    use crate::load::WorkerWork;
     use crate::shared::testing::{ring, MemStore};
     use crate::shared::{Keys, OpRing};
 

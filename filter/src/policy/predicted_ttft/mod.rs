@@ -1,0 +1,124 @@
+//! `predicted_ttft`: the least predicted time to first token under a bounded-load
+//! cap. The algorithm and its parameters are stated at the top of `ladder.rs`, the
+//! model and its rungs; around it:
+//!
+//! - `route`: one request's decision: its walk of the tree, the candidates it
+//!   scores, the ladder's pick;
+//! - `draw` and `sample`: which candidates a request scores in a fleet larger than
+//!   `ttft_sample_size`;
+//! - `work_hold`: a request's prefill booked in the in-flight table until its first
+//!   byte, which teaches the worker's costs.
+//!
+//! Its settings are parsed and validated with the rest of the configuration
+//! (`crate::config`, `ttft.rs`); its tables live with the other shared tables
+//! (`crate::shared::CostTable`, the in-flight table's work), their values in
+//! `crate::load`.
+
+mod draw;
+mod ladder;
+mod route;
+mod sample;
+pub mod work_hold;
+
+pub use ladder::{learn_prefill, learn_service, Ladder, Scored, TtftCandidate};
+pub use work_hold::WorkHold;
+
+use super::{unreadable, Ask, Chosen, Held, Select};
+use crate::config::{
+    Config, DEFAULT_LOAD_FACTOR, DEFAULT_PREFILL_US_PER_CHAR, DEFAULT_SERVICE_MS,
+    DEFAULT_STAY_FACTOR, DEFAULT_TTFT_SAMPLE_SIZE,
+};
+use crate::rng::Rng;
+
+/// The policy's settings, defaults filled in (`Select::params`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftParams {
+    pub load_factor: f64,
+    /// Prefill cost per uncached char before a worker's is learned.
+    pub prefill_us_per_char: f64,
+    /// Service time per request ahead before a worker's is learned.
+    pub service_ms: f64,
+    /// A holder of the longest match stays while its prediction is at most this
+    /// many times the best.
+    pub stay_factor: f64,
+    /// Fleets larger than this are sampled (0: never).
+    pub sample_size: usize,
+}
+
+/// What a decision fills, kept for the next.
+#[derive(Debug, Default)]
+pub struct PredictedTtft {
+    scratch: route::Scratch,
+}
+
+impl Select for PredictedTtft {
+    type Params = TtftParams;
+
+    /// `predicted_ttft`'s parameters, defaults filled in.
+    fn params(cfg: &Config) -> TtftParams {
+        TtftParams {
+            load_factor: cfg.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR),
+            prefill_us_per_char: cfg
+                .prefill_us_per_char
+                .unwrap_or(DEFAULT_PREFILL_US_PER_CHAR),
+            service_ms: cfg.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
+            stay_factor: cfg.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
+            sample_size: cfg.ttft_sample_size.unwrap_or(DEFAULT_TTFT_SAMPLE_SIZE),
+        }
+    }
+
+    fn select(&mut self, params: &TtftParams, ask: &Ask<'_>, rng: &mut dyn Rng) -> Chosen {
+        let Some(text) = ask.text else {
+            return Chosen::only(unreadable(ask.candidates, rng));
+        };
+        let r = route::route(
+            (ask.tree, text),
+            (ask.candidates, ask.position, ask.inflight),
+            (ask.loads, params),
+            &mut self.scratch,
+            rng,
+        );
+        Chosen {
+            decision: r.decision,
+            record: Some(Held {
+                held_chars: r.held_chars,
+                text_chars: r.input_chars,
+            }),
+            walked: r.walked,
+            owner_overloaded: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(extra: &str) -> TtftParams {
+        let json = format!(r#"{{"workers":[{{"name":"w0"}}],"policy":"predicted_ttft"{extra}}}"#);
+        PredictedTtft::params(&Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn params_take_the_settings_and_default_the_rest() {
+        let p = params("");
+        assert_eq!(p.load_factor, DEFAULT_LOAD_FACTOR);
+        assert_eq!(p.prefill_us_per_char, DEFAULT_PREFILL_US_PER_CHAR);
+        assert_eq!(p.service_ms, DEFAULT_SERVICE_MS);
+        assert_eq!(p.stay_factor, DEFAULT_STAY_FACTOR);
+        assert_eq!(p.sample_size, DEFAULT_TTFT_SAMPLE_SIZE);
+        let set = params(
+            r#","load_factor":0,"prefill_us_per_char":2.5,"service_ms":0,"stay_factor":2,"ttft_sample_size":8"#,
+        );
+        assert_eq!(
+            set,
+            TtftParams {
+                load_factor: 0.0,
+                prefill_us_per_char: 2.5,
+                service_ms: 0.0,
+                stay_factor: 2.0,
+                sample_size: 8,
+            }
+        );
+    }
+}

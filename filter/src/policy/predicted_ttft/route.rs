@@ -1,0 +1,199 @@
+//! `predicted_ttft`'s decision for one routing text: its walk of the model's tree
+//! (each worker's share of the text and conversations), the candidates a sampled
+//! fleet scores (`super::draw`), each one's predicted time to first token and the
+//! ladder's pick.
+
+use super::draw;
+use super::ladder::{others_load, Ladder, Scored, TtftCandidate};
+use super::TtftParams;
+use crate::decision::Decision;
+use crate::load::{Candidate, Loads};
+use crate::rng::Rng;
+use crate::tree::{Leaves, TenantMatches, Tree, Walked, NO_LEAVES};
+
+/// What a decision fills and the next one refills, kept by the router so that
+/// no request allocates them: at 256 workers each is a kilobyte.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    matches: TenantMatches,
+    scored: Vec<Scored>,
+    /// The sample's tally of a short holder list (`super::sample`).
+    holders: Vec<u64>,
+}
+
+/// A decision, and what its record needs.
+pub struct TtftRouted {
+    pub decision: Option<Decision>,
+    /// Chars of the text the chosen worker held.
+    pub held_chars: usize,
+    /// The text's chars.
+    pub input_chars: usize,
+    /// Where the walk ended, for the insert the decision records (none without a
+    /// tree).
+    pub walked: Option<Walked>,
+}
+
+/// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
+/// in all, at `position` by worker index) by `tree`, the model's if it has one
+/// yet, filling `scratch`.
+pub fn route(
+    (tree, text): (Option<&Tree>, &str),
+    (candidates, position, inflight): (&[Candidate], &[Option<u32>], u64),
+    (loads, params): (&Loads, &TtftParams),
+    scratch: &mut Scratch,
+    rng: &mut dyn Rng,
+) -> TtftRouted {
+    let held = &mut scratch.matches;
+    match tree {
+        Some(t) => t.tenant_matches_into(text, held),
+        None => held.clear(),
+    }
+    let held = &*held;
+    let input_chars = match tree {
+        Some(_) => held.text_chars,
+        None => crate::tree::char_len(text),
+    };
+    let input = input_chars as u64;
+    let leaves = tree.map_or(&NO_LEAVES, |t| t.leaves());
+    // A fleet larger than the sample size scores a sample (`super::sample`);
+    // otherwise every candidate, in one loop.
+    let sample = draw::sample(
+        (tree, held, leaves),
+        (candidates, position),
+        (params.sample_size, input),
+        (&mut scratch.holders, rng),
+    );
+    let list = std::mem::take(&mut scratch.scored);
+    let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
+    let seen = (loads, held, leaves);
+    match &sample {
+        None => {
+            for c in candidates {
+                ladder.push(scored_candidate(c, seen, (params, input)));
+            }
+        }
+        Some(at) => at.for_each(|i| {
+            if let Some(c) = candidates.get(i) {
+                ladder.push(scored_candidate(c, seen, (params, input)));
+            }
+        }),
+    }
+    let decision = ladder.decide(rng);
+    scratch.scored = ladder.into_list();
+    let held_chars = decision
+        .as_ref()
+        .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));
+    TtftRouted {
+        decision,
+        held_chars,
+        input_chars,
+        walked: tree.map(|_| held.walked),
+    }
+}
+
+/// Candidate `c` as the ladder compares it, from the loads, its share of the text
+/// and its conversations (leaves by worker). Inlined into each loop that scores: as
+/// a closure shared by two loops it was compiled to a call per worker, about 10k
+/// Envoy instructions a request at 256 workers.
+#[inline(always)]
+fn scored_candidate(
+    c: &Candidate,
+    (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
+    (params, input): (&TtftParams, u64),
+) -> Scored {
+    let conversations = leaves.get(c.worker) as u64;
+    ttft_candidate(loads, c, (held, conversations)).scored(params, input)
+}
+
+/// What `predicted_ttft` knows of one candidate: the router's own work there,
+/// the engine's load beyond this Envoy's (the screen's fresh sample, if any),
+/// its share of the request's prefix (`held`), its conversations and its learned
+/// costs.
+#[inline]
+fn ttft_candidate(
+    loads: &Loads,
+    c: &Candidate,
+    (held, conversations): (&TenantMatches, u64),
+) -> TtftCandidate {
+    let i = c.worker as usize;
+    let others = c.engine.map_or(0, |q| {
+        // Peer replicas' requests are already in the candidate's (fleet)
+        // in-flight count, so they are not "others" too: without this, a fleet
+        // of replicas counted each other's load twice until the next sample.
+        let own = loads.own_at_sample.get(i).copied().unwrap_or(0);
+        let peers = loads.peer_inflight.get(i);
+        others_load(
+            q.waiting.saturating_add(q.running),
+            own.saturating_add(peers),
+        )
+    });
+    TtftCandidate {
+        worker: c.worker,
+        inflight: c.inflight,
+        work: loads.work.get(i),
+        others,
+        cached_chars: held.depth(c.worker, conversations as usize) as u64,
+        continues: held.continues(c.worker),
+        conversations,
+        costs: loads.costs.get(i).copied().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{EngineSample, LoadTable, Report};
+
+    #[test]
+    fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
+        let sample = |waiting_running: u64| {
+            Some(Report::Sample(EngineSample {
+                num_waiting: waiting_running,
+                num_running: 0,
+                kv_usage: None,
+                ttft_p90_s: None,
+                tpot_p90_s: None,
+                at_ms: 1000,
+            }))
+        };
+        let loads = Loads {
+            peer_inflight: vec![3, 0].into(),
+            own_at_sample: vec![2, 2].into(),
+            engine: LoadTable {
+                reports: vec![sample(10), sample(1)],
+            }
+            .into(),
+            now_ms: 1000,
+            ..Loads::inflight_only(&[2, 2])
+        };
+        // As the screen gives them: with the fresh sample's queue.
+        let c = |worker: crate::tree::TenantId| Candidate {
+            worker,
+            inflight: loads.fleet_inflight(worker as usize),
+            engine: loads.engine.fresh(worker as usize, 1000, 5000).map(|s| {
+                crate::load::EngineQueue {
+                    waiting: s.num_waiting,
+                    running: s.num_running,
+                }
+            }),
+        };
+        let held = TenantMatches::default();
+        let w0 = ttft_candidate(&loads, &c(0), (&held, 3));
+        assert_eq!(
+            (w0.worker, w0.inflight, w0.others, w0.conversations),
+            (0, 5, 5, 3),
+            "10 on the engine: 2 ours, 3 peers'"
+        );
+        let w1 = ttft_candidate(&loads, &c(1), (&held, 0));
+        assert_eq!(w1.others, 0, "never negative");
+        let unsampled = Candidate {
+            engine: None,
+            ..c(0)
+        };
+        assert_eq!(
+            ttft_candidate(&loads, &unsampled, (&held, 0)).others,
+            0,
+            "no fresh sample: the router's own count stands"
+        );
+    }
+}
