@@ -24,14 +24,11 @@ fn chat(conversation: usize, turn: usize) -> Vec<u8> {
         "conversation {conversation}: {}",
         "you are a careful assistant. ".repeat(10)
     );
-    let mut turns = Vec::new();
-    for t in 0..=turn {
-        turns.push(format!("question {t} of {conversation}"));
-        if t < turn {
-            turns.push(format!("answer {t}"));
-        }
-    }
-    let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+    let turns = support::conversation_turns(
+        turn,
+        |t| format!("question {t} of {conversation}"),
+        |t| format!("answer {t}"),
+    );
     support::chat_with_system("m", Some(&system), &turns)
 }
 

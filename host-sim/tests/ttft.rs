@@ -28,17 +28,16 @@ fn system() -> String {
 
 /// Conversation `conv` at `turn`: the shared system prompt, then its own turns.
 fn chat(conv: usize, turn: usize) -> Vec<u8> {
-    let mut turns = Vec::new();
-    for t in 0..=turn {
-        turns.push(format!(
-            "conversation {conv} question {t}: {}",
-            "details ".repeat(40)
-        ));
-        if t < turn {
-            turns.push(format!("answer {t} to {conv}: {}", "words ".repeat(40)));
-        }
-    }
-    let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+    let turns = support::conversation_turns(
+        turn,
+        |t| {
+            format!(
+                "conversation {conv} question {t}: {}",
+                "details ".repeat(40)
+            )
+        },
+        |t| format!("answer {t} to {conv}: {}", "words ".repeat(40)),
+    );
     support::chat_with_system("m", Some(&system()), &turns)
 }
 

@@ -123,14 +123,31 @@ pub fn chat(model: &str, turns: &[&str]) -> Vec<u8> {
     chat_with_system(model, None, turns)
 }
 
+/// A conversation's turns up to `turn` (0-based): each earlier question with its
+/// answer, then the new question, as [`chat_with_system`] takes them.
+pub fn conversation_turns(
+    turn: usize,
+    question: impl Fn(usize) -> String,
+    answer: impl Fn(usize) -> String,
+) -> Vec<String> {
+    let mut turns = Vec::new();
+    for t in 0..=turn {
+        turns.push(question(t));
+        if t < turn {
+            turns.push(answer(t));
+        }
+    }
+    turns
+}
+
 /// A chat body: an optional system prompt, then turns alternating user/assistant.
-pub fn chat_with_system(model: &str, system: Option<&str>, turns: &[&str]) -> Vec<u8> {
+pub fn chat_with_system(model: &str, system: Option<&str>, turns: &[impl AsRef<str>]) -> Vec<u8> {
     let system = system.map(|s| format!(r#"{{"role":"system","content":{}}}"#, json_str(s)));
     let msgs: Vec<String> = system
         .into_iter()
         .chain(turns.iter().enumerate().map(|(i, t)| {
             let role = if i % 2 == 0 { "user" } else { "assistant" };
-            format!(r#"{{"role":"{role}","content":{}}}"#, json_str(t))
+            format!(r#"{{"role":"{role}","content":{}}}"#, json_str(t.as_ref()))
         }))
         .collect();
     format!(

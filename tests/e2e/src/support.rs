@@ -5,7 +5,7 @@
 use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_router::header_names::EXPLAIN_HEADER;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,26 @@ pub fn send(
 /// `POST path` with a JSON body.
 pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Response {
     send(addr, path, &[], body.to_string().as_bytes())
+}
+
+/// A conversation's chat body for model `mock` at `turn` (0-based): the system
+/// prompt, each earlier question with its answer, then the new question. The test
+/// says what its questions and answers look like (their length decides how much of
+/// a prompt is the conversation's own).
+pub fn conversation(
+    system: &str,
+    turn: usize,
+    question: impl Fn(usize) -> String,
+    answer: impl Fn(usize) -> String,
+) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for t in 0..=turn {
+        messages.push(json!({"role": "user", "content": question(t)}));
+        if t < turn {
+            messages.push(json!({"role": "assistant", "content": answer(t)}));
+        }
+    }
+    json!({"model": "mock", "messages": messages})
 }
 
 /// The prompt tokens the engine served from its cache, as its answer reports them

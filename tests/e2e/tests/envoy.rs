@@ -6,7 +6,7 @@
 //! fail.
 
 use e2e::support::{
-    cached_tokens, header, post, send, start, wait_for, wait_until, EXPLAINED_JSON,
+    cached_tokens, conversation, header, post, send, start, wait_for, wait_until, EXPLAINED_JSON,
 };
 use llm_demo::admin::{self, Response};
 use llm_demo::envoy::Target;
@@ -25,16 +25,22 @@ fn fleet(workers: usize, plugin_config: Value) -> Fleet {
 /// A conversation's body at `turn` (0-based): a system prompt, earlier turns with
 /// replies, and a new question.
 fn chat(system: &str, session: usize, turn: usize) -> Value {
-    let mut messages = vec![json!({"role": "system", "content": system})];
-    for t in 0..=turn {
-        messages.push(json!({"role": "user", "content": format!(
-            "session {session} question {t}: {}", "please explain the details at length ".repeat(4))}));
-        if t < turn {
-            messages.push(json!({"role": "assistant", "content": format!(
-                "answer {t} for session {session}: {}", "here is a long and careful answer ".repeat(4))}));
-        }
-    }
-    json!({"model": "mock", "messages": messages})
+    conversation(
+        system,
+        turn,
+        |t| {
+            format!(
+                "session {session} question {t}: {}",
+                "please explain the details at length ".repeat(4)
+            )
+        },
+        |t| {
+            format!(
+                "answer {t} for session {session}: {}",
+                "here is a long and careful answer ".repeat(4)
+            )
+        },
+    )
 }
 
 fn system_prompt(i: usize) -> String {

@@ -3,7 +3,7 @@
 //! server, exactly as SGLang engines do. A pair only completes if the filter gave
 //! both the same room and the decode the chosen prefill's bootstrap address.
 
-use e2e::support::{cached_tokens, header, post, start, EXPLAINED_JSON};
+use e2e::support::{cached_tokens, conversation, header, post, start, EXPLAINED_JSON};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::{json, Value};
@@ -20,16 +20,16 @@ fn pd_fleet(prefill: usize, decode: usize, engine_args: &[&str], plugin: Value) 
 }
 
 fn chat(session: usize, turn: usize) -> Value {
-    let mut messages = vec![json!({"role": "system", "content":
-        format!("Session {session} 助手 🚀. ") + &"Keep the answers short and exact. ".repeat(25)})];
-    for t in 0..=turn {
-        messages
-            .push(json!({"role": "user", "content": format!("question {t} of session {session}")}));
-        if t < turn {
-            messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
-        }
-    }
-    json!({"model": "mock", "messages": messages, "max_tokens": 4})
+    let system =
+        format!("Session {session} 助手 🚀. ") + &"Keep the answers short and exact. ".repeat(25);
+    let mut body = conversation(
+        &system,
+        turn,
+        |t| format!("question {t} of session {session}"),
+        |t| format!("answer {t}"),
+    );
+    body["max_tokens"] = json!(4);
+    body
 }
 
 fn pairs(f: &Fleet) -> u64 {

@@ -7,7 +7,7 @@
 //! Needs the filter built (`cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm`) and Envoy installed (`envoy/get-envoy`); `tests/run` does both.
 
-use e2e::support::{cached_tokens, header, post, start};
+use e2e::support::{cached_tokens, conversation, header, post, start};
 use llm_demo::admin::Response;
 use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
@@ -18,16 +18,22 @@ fn system() -> String {
 }
 
 fn chat(session: usize, turn: usize) -> Value {
-    let mut messages = vec![json!({"role": "system", "content": system()})];
-    for t in 0..=turn {
-        messages.push(json!({"role": "user", "content": format!(
-            "session {session} question {t}: {}", "please explain the details ".repeat(8))}));
-        if t < turn {
-            messages.push(json!({"role": "assistant", "content": format!(
-                "answer {t} for session {session}: {}", "a careful answer ".repeat(8))}));
-        }
-    }
-    json!({"model": "mock", "messages": messages})
+    conversation(
+        &system(),
+        turn,
+        |t| {
+            format!(
+                "session {session} question {t}: {}",
+                "please explain the details ".repeat(8)
+            )
+        },
+        |t| {
+            format!(
+                "answer {t} for session {session}: {}",
+                "a careful answer ".repeat(8)
+            )
+        },
+    )
 }
 
 /// The first turns of `n` conversations, sent at once.
