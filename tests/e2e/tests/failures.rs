@@ -1,12 +1,13 @@
-//! End-to-end: dead and frozen engines out of rotation through the real Envoy 1.40
-//! (issue 14, failure 2). Eight clients keep 4 engine mocks busy; one engine is
+//! End-to-end: dead and frozen engines out of rotation through the real Envoy 1.40.
+//! Eight clients keep 4 engine mocks busy; one engine is
 //! SIGKILLed (or SIGSTOPped) mid-run. The filter learns of the failure from the
 //! finished stream (`response.flags`: refused connection, reset, idle timeout) and
 //! takes the worker out on every Envoy thread at once; the prober brings it back
-//! when it answers. Before this, a killed engine kept getting requests (it looked
-//! least loaded with nothing in flight) and a frozen one held them for ever.
+//! when it answers. Without that, a killed engine would keep getting requests (it
+//! looks least loaded with nothing in flight) and a frozen one would hold them for
+//! ever.
 //!
-//! Prints the measured numbers (the README quotes them):
+//! Prints the measured numbers (the book's "Failures" page quotes them):
 //! `cargo test -p e2e --test failures -- --nocapture`.
 
 use e2e::support::{start, wait_for, EXPLAINED_JSON};
