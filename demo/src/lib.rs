@@ -14,3 +14,5 @@ pub mod fleet;
 pub mod paths;
 pub mod process;
 pub mod replicas;
+pub mod side_by_side;
+pub mod smg;

@@ -1,9 +1,12 @@
 //! `llm-demo`: engine mocks + Envoy with the filter + a multi-turn workload, then a
 //! report. `envoy/demo` builds what is missing and runs this.
 //!
-//! The run is repeated with a baseline policy (round robin unless `--baseline none`)
-//! on a fresh fleet, so the engine-reported cache hit ratio of the two can be
-//! compared on the same workload. The last line of stdout is one JSON object.
+//! The run is repeated with each baseline router (round robin unless `--baseline`
+//! says otherwise) on a fresh fleet, so the engine-reported cache hit ratio and the
+//! latencies of all of them can be compared on the same workload, side by side in one
+//! table. A baseline can be another policy of the filter, Envoy's own ring hash, or
+//! SGLang's model gateway (`smg`, installed from PyPI on first use). The last line of
+//! stdout is one JSON object.
 //!
 //! `--slow-worker N` runs the overload schedule instead: the workload in thirds,
 //! each paced over `--phase-s`, with engine mock N slow (TTFT 1.5 s) during the
@@ -22,6 +25,7 @@ use clap::Parser;
 use llm_demo::admin;
 use llm_demo::envoy::Target;
 use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_demo::{side_by_side, smg};
 use llm_load::cli::Replay;
 use llm_load::fleet::PdArgs;
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
@@ -53,12 +57,14 @@ struct Args {
     /// Routing policy: cache_aware, predicted_ttft, round_robin, random, power_of_two.
     #[arg(long, default_value = "cache_aware")]
     policy: String,
-    /// The comparison run on a fresh fleet: a policy name, `no_gate` (this run's
-    /// config without `worker_queue_limit`/`saturation_queue_floor`), `ring_hash`
-    /// (no filter in the request path: Envoy's `RING_HASH` on `x-session-id`), or `none`.
+    /// The comparison runs, each on a fresh fleet, comma-separated: a policy name,
+    /// `no_gate` (this run's config without `worker_queue_limit`/`saturation_queue_floor`),
+    /// `ring_hash` (no filter in the request path: Envoy's `RING_HASH` on
+    /// `x-session-id`), `smg` (SGLang's model gateway 1.13.0 from PyPI, `cache_aware`,
+    /// in front of the same engines), or `none`. E.g. `--baseline ring_hash,smg`.
     /// Default: `no_gate` when the filter config sets the gate, else `round_robin`.
-    #[arg(long)]
-    baseline: Option<String>,
+    #[arg(long, value_delimiter = ',')]
+    baseline: Vec<String>,
     /// How often the companion collector scrapes the engines and pushes to the filter.
     #[arg(long, default_value_t = 200)]
     collector_interval_ms: u64,
@@ -257,33 +263,107 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
 /// The baseline that is no policy of the filter: Envoy's `RING_HASH` on the load
 /// tool's session header.
 const RING_HASH: &str = "ring_hash";
+/// The baseline that is another router: SGLang's model gateway.
+const SMG: &str = "smg";
+
+/// What routes one run's requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Router {
+    /// The filter with `policy`; `no_gate`: without the queue gate's knobs.
+    Filter { policy: String, no_gate: bool },
+    /// Envoy's own session hashing, the filter out of the request path.
+    RingHash,
+    /// SMG in front of the engines, Envoy and the filter idle beside it.
+    Smg,
+}
+
+impl Router {
+    /// The router `name` names, `no_gate` being the main policy without its gate.
+    fn named(name: &str, main_policy: &str) -> Router {
+        match name {
+            RING_HASH => Router::RingHash,
+            SMG => Router::Smg,
+            "no_gate" => Router::Filter {
+                policy: main_policy.into(),
+                no_gate: true,
+            },
+            p => Router::Filter {
+                policy: p.into(),
+                no_gate: false,
+            },
+        }
+    }
+
+    /// The run's name in the report and the name of its directory.
+    fn label(&self) -> String {
+        match self {
+            Router::Filter {
+                policy,
+                no_gate: true,
+            } => format!("{policy}+no_gate"),
+            Router::Filter { policy, .. } => policy.clone(),
+            Router::RingHash => RING_HASH.into(),
+            Router::Smg => format!("{SMG}-{}", smg::SMG_VERSION),
+        }
+    }
+}
+
+/// The main run's router, `--policy`.
+fn main_router(args: &Args) -> Router {
+    Router::named(&args.policy, &args.policy)
+}
+
+/// The baseline runs `--baseline` asks for, in its order: by default `no_gate` when
+/// the filter config sets the gate, else `round_robin`, and none with
+/// `--slow-worker`; the main run's own router is not run twice.
+fn baselines(args: &Args) -> Result<Vec<Router>> {
+    let names = match args.baseline.as_slice() {
+        [] if args.slow_worker.is_some() => return Ok(Vec::new()),
+        [] => vec![run::default_baseline(&plugin_config(args, &args.policy, false)?).to_string()],
+        [none] if none == "none" => return Ok(Vec::new()),
+        names => names.to_vec(),
+    };
+    let main = main_router(args);
+    let mut out: Vec<Router> = Vec::new();
+    for name in &names {
+        if name == "none" {
+            bail!("--baseline none runs no comparison, so it cannot be listed with others");
+        }
+        let router = Router::named(name, &args.policy);
+        if out.contains(&router) {
+            bail!("--baseline lists {name} twice");
+        }
+        if router != main {
+            out.push(router);
+        }
+    }
+    Ok(out)
+}
 
 fn run_policy(
     args: &Args,
-    policy: &str,
-    no_gate: bool,
+    router: &Router,
+    smg_bin: Option<&std::path::Path>,
     items: &[WorkItem],
     rt: &tokio::runtime::Runtime,
 ) -> Result<RunResult> {
-    let label = if no_gate {
-        format!("{policy}+no_gate")
-    } else {
-        policy.to_string()
-    };
+    let label = router.label();
     let target = match args.target.as_str() {
-        // Envoy's own session hashing, the filter out of the request path.
-        _ if policy == RING_HASH => Target::RingHash,
+        _ if *router == Router::RingHash => Target::RingHash,
         "cluster" => Target::Cluster,
         "endpoint" => Target::Endpoint,
         other => bail!("--target must be cluster or endpoint, got {other}"),
     };
-    // With `ring_hash` the filter only takes the collector's pushes: any valid
-    // config does, so it keeps the main run's.
-    let filter_policy = match (policy, args.policy.as_str()) {
-        (RING_HASH, RING_HASH) => "cache_aware",
-        (RING_HASH, main) => main,
-        (p, _) => p,
+    // Without the filter in the request path it only takes the collector's pushes:
+    // any valid config does, so it keeps the main run's.
+    let (filter_policy, no_gate) = match (router, main_router(args)) {
+        (Router::Filter { policy, no_gate }, _) => (policy.as_str(), *no_gate),
+        (_, Router::Filter { .. }) => (args.policy.as_str(), false),
+        _ => ("cache_aware", false),
     };
+    if *router == Router::Smg && args.pd.pd {
+        bail!("the smg baseline routes a regular pool; it does not run with --pd");
+    }
     let spec = fleet_spec(args, filter_policy, no_gate, target, &label)?;
     let engines = match args.pd.pools() {
         Some((prefill, decode)) => format!("{prefill} prefill + {decode} decode"),
@@ -294,16 +374,30 @@ fn run_policy(
         args.envoy_concurrency, args.target
     );
     let fleet = Fleet::start(&spec)?;
+    // Declared after the fleet, so dropped before it: SMG stops before its engines.
+    let smg = match router {
+        Router::Smg => {
+            let bin = smg_bin.context("the smg baseline needs the smg executable")?;
+            let workers: Vec<SocketAddr> = fleet.engines.iter().map(|e| e.addr).collect();
+            eprintln!(
+                "llm-demo: starting smg {} ({}) in front of the engines",
+                smg::SMG_VERSION,
+                smg::SMG_POLICY
+            );
+            Some(smg::start(bin, &workers, &fleet.dir)?)
+        }
+        _ => None,
+    };
+    let url = smg.as_ref().map_or_else(|| fleet.url(), |s| s.url());
     eprintln!(
-        "llm-demo: replaying {} requests through {} (concurrency {})",
+        "llm-demo: replaying {} requests through {url} (concurrency {})",
         items.len(),
-        fleet.url(),
         args.concurrency
     );
     let started = Instant::now();
     let (records, wall, slow_phases) = match args.slow_worker {
         Some(n) => {
-            let (records, wall, phases) = slow_schedule(args, &fleet, n, items, rt)?;
+            let (records, wall, phases) = slow_schedule(args, &fleet, &url, n, items, rt)?;
             (
                 records,
                 wall,
@@ -312,7 +406,7 @@ fn run_policy(
         }
         None => {
             let replay = Replay::closed_loop(
-                &fleet.url(),
+                &url,
                 args.concurrency,
                 Duration::from_secs_f64(args.timeout_s),
             );
@@ -330,6 +424,14 @@ fn run_policy(
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new(label, summary, stat);
     result.notes.push(format!("charts: {}", charts.display()));
+    if let Some(smg) = &smg {
+        result.notes.push(format!(
+            "smg {} ({}) routed, Envoy's filter idle; log {}",
+            smg::SMG_VERSION,
+            smg::SMG_POLICY,
+            smg.log.display()
+        ));
+    }
     if args.pd.pd {
         let pd = PdCounts {
             pairs: fleet
@@ -447,14 +549,9 @@ fn staggered(items: &[WorkItem]) -> Vec<WorkItem> {
     keyed.into_iter().map(|(_, _, it)| it.clone()).collect()
 }
 
-/// Replays `items` in chunks of `--concurrency`, paced so the whole takes at least
-/// `--phase-s`.
-fn paced(
-    args: &Args,
-    fleet: &Fleet,
-    items: &[WorkItem],
-    rt: &tokio::runtime::Runtime,
-) -> Vec<Record> {
+/// Replays `items` to `url` in chunks of `--concurrency`, paced so the whole takes at
+/// least `--phase-s`.
+fn paced(args: &Args, url: &str, items: &[WorkItem], rt: &tokio::runtime::Runtime) -> Vec<Record> {
     let chunk = args.concurrency.max(1);
     let chunks = items.len().div_ceil(chunk).max(1);
     let step = Duration::from_secs_f64(args.phase_s.max(0.0) / chunks as f64);
@@ -466,7 +563,7 @@ fn paced(
             std::thread::sleep(wait);
         }
         let replay = Replay::closed_loop(
-            &fleet.url(),
+            url,
             args.concurrency,
             Duration::from_secs_f64(args.timeout_s),
         );
@@ -484,6 +581,7 @@ type SlowRun = (Vec<Record>, Duration, Vec<(&'static str, Summary)>);
 fn slow_schedule(
     args: &Args,
     fleet: &Fleet,
+    url: &str,
     slow: usize,
     items: &[WorkItem],
     rt: &tokio::runtime::Runtime,
@@ -512,7 +610,7 @@ fn slow_schedule(
             if *name == "slow" { "slow" } else { "healthy" }
         );
         let phase_start = Instant::now();
-        let mut records = paced(args, fleet, part, rt);
+        let mut records = paced(args, url, part, rt);
         phases.push((*name, summarize(&records, phase_start.elapsed())));
         // Send times count from the run's start, not the phase's.
         let offset_ms = phase_start.duration_since(started).as_secs_f64() * 1000.0;
@@ -596,31 +694,28 @@ fn real_main(args: &Args) -> Result<bool> {
         );
         return Ok(checks && result.summary.errors == 0);
     }
-    let main_run = run_policy(args, &args.policy, false, &items, &rt)?;
-    let baseline_name = match &args.baseline {
-        Some(b) => b.clone(),
-        None if args.slow_worker.is_some() => "none".to_string(),
-        None => run::default_baseline(&plugin_config(args, &args.policy, false)?).into(),
-    };
-    let baseline = match baseline_name.as_str() {
-        "none" => None,
-        "no_gate" => Some(run_policy(args, &args.policy, true, &items, &rt)?),
-        p if p == args.policy => None,
-        p => Some(run_policy(args, p, false, &items, &rt)?),
-    };
-    let workers = args.pd.engines(args.workers);
-    run::print_report(
-        &main_run,
-        baseline.as_ref(),
-        args.envoy_concurrency,
-        workers,
-        Some(&args.dir.display().to_string()),
-    );
-    let errors = main_run.summary.errors + baseline.as_ref().map_or(0, |b| b.summary.errors);
-    // Every routed request's pair must have met (batches aside, one room each).
-    let unpaired = [Some(&main_run), baseline.as_ref()]
+    let main = main_router(args);
+    let baselines = baselines(args)?;
+    // Installed (on first use) before any run, so a failed install costs no run.
+    let smg_bin = if [&main]
         .into_iter()
-        .flatten()
+        .chain(&baselines)
+        .any(|r| *r == Router::Smg)
+    {
+        Some(smg::smg_bin()?)
+    } else {
+        None
+    };
+    let runs = [&main]
+        .into_iter()
+        .chain(&baselines)
+        .map(|r| run_policy(args, r, smg_bin.as_deref(), &items, &rt))
+        .collect::<Result<Vec<_>>>()?;
+    print_report(args, &runs);
+    let errors: usize = runs.iter().map(|r| r.summary.errors).sum();
+    // Every routed request's pair must have met (batches aside, one room each).
+    let unpaired = runs
+        .iter()
         .filter_map(|r| {
             let pairs = r.fields.get("pd_pairs")?.as_u64()?;
             let routed = r.summary.requests.saturating_sub(r.summary.errors);
@@ -632,4 +727,117 @@ fn real_main(args: &Args) -> Result<bool> {
         eprintln!("llm-demo: PD pairs do not match the routed requests ({u})");
     }
     Ok(errors == 0 && unpaired.is_empty())
+}
+
+/// Each run's report, the side-by-side table when there was a comparison, where the
+/// logs are, then the last-line JSON: the main run's, the first baseline under
+/// `baseline` and, with several, every baseline under `baselines`.
+fn print_report(args: &Args, runs: &[RunResult]) {
+    println!();
+    for r in runs {
+        print!("{}", r.report());
+    }
+    if runs.len() > 1 {
+        println!("== side by side: the same workload, a fresh fleet each ==");
+        print!("{}", side_by_side::table(&runs.iter().collect::<Vec<_>>()));
+    }
+    println!("logs and configs: {}", args.dir.display());
+    let (main, baselines) = runs.split_first().expect("the main run");
+    let mut line = run::last_line(
+        main,
+        baselines.first(),
+        args.envoy_concurrency,
+        args.pd.engines(args.workers),
+    );
+    if baselines.len() > 1 {
+        line["baselines"] = baselines.iter().map(RunResult::json).collect();
+    }
+    println!("{line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(flags: &[&str]) -> Args {
+        Args::try_parse_from(["llm-demo"].iter().chain(flags)).expect("valid flags")
+    }
+
+    fn filter(policy: &str, no_gate: bool) -> Router {
+        Router::Filter {
+            policy: policy.into(),
+            no_gate,
+        }
+    }
+
+    #[test]
+    fn baseline_lists_several_routers_in_order() {
+        let args = parse(&["--baseline", "ring_hash,smg,round_robin"]);
+        assert_eq!(
+            baselines(&args).unwrap(),
+            [Router::RingHash, Router::Smg, filter("round_robin", false)]
+        );
+        let args = parse(&["--baseline", "smg", "--baseline", "no_gate"]);
+        assert_eq!(
+            baselines(&args).unwrap(),
+            [Router::Smg, filter("cache_aware", true)],
+            "the flag repeats as well as it lists"
+        );
+    }
+
+    #[test]
+    fn one_baseline_and_the_defaults_run_as_before() {
+        assert_eq!(
+            baselines(&parse(&[])).unwrap(),
+            [filter("round_robin", false)],
+            "round robin unless the config sets the gate"
+        );
+        assert_eq!(
+            baselines(&parse(&["--slow-worker", "1"])).unwrap(),
+            [],
+            "the overload schedule compares nothing by default"
+        );
+        assert_eq!(baselines(&parse(&["--baseline", "none"])).unwrap(), []);
+        assert_eq!(
+            baselines(&parse(&[
+                "--policy",
+                "predicted_ttft",
+                "--baseline",
+                "predicted_ttft,smg"
+            ]))
+            .unwrap(),
+            [Router::Smg],
+            "the main run's own router is not run again"
+        );
+    }
+
+    #[test]
+    fn baseline_lists_that_cannot_be_meant_are_refused() {
+        let err = baselines(&parse(&["--baseline", "none,smg"])).unwrap_err();
+        assert!(err.to_string().contains("none"), "{err}");
+        let err = baselines(&parse(&["--baseline", "smg,ring_hash,smg"])).unwrap_err();
+        assert!(err.to_string().contains("smg twice"), "{err}");
+    }
+
+    #[test]
+    fn every_router_has_its_own_label() {
+        let labels: Vec<String> = [
+            filter("cache_aware", false),
+            filter("cache_aware", true),
+            Router::RingHash,
+            Router::Smg,
+        ]
+        .iter()
+        .map(Router::label)
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "cache_aware",
+                "cache_aware+no_gate",
+                "ring_hash",
+                "smg-1.13.0"
+            ]
+        );
+    }
 }

@@ -17,7 +17,7 @@ use llm_router::metric_names as names;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-use crate::{fleet_spec, run_policy, Args};
+use crate::{fleet_spec, main_router, run_policy, Args};
 
 /// One replicated run.
 struct ReplicasRun {
@@ -118,7 +118,7 @@ fn run_replicas(
 /// Runs one Envoy, then the replicas with and without sharing; returns whether
 /// every request succeeded.
 pub fn run(args: &Args, items: &[WorkItem], rt: &tokio::runtime::Runtime) -> Result<bool> {
-    let one = run_policy(args, &args.policy, false, items, rt)?;
+    let one = run_policy(args, &main_router(args), None, items, rt)?;
     let mut runs = vec![
         run_replicas(args, items, rt, Sharing::On)?,
         run_replicas(args, items, rt, Sharing::Off)?,
