@@ -3,13 +3,14 @@
 //!
 //! A push is all-or-nothing: the token, the size, the JSON shape, every worker name
 //! and every number are checked before anything is stored, so a bad push changes no
-//! state (the glue stores the reports with `crate::shared::SamplesTable`).
+//! state (the glue stores the reports with `crate::shared::SamplesTable`). The
+//! format and its ceilings are `llm_router_push`'s, the types the collector writes.
 //!
 //! The token is compared through SHA-256 digests, so the comparison takes the same
 //! time whatever prefix of the token a caller guessed.
 
-use serde::Deserialize;
-use serde_json::Value;
+use llm_router_push::{Push, WorkerStats};
+use serde::de::IgnoredAny;
 use sha2::{Digest, Sha256};
 
 use crate::config::WorkerConfig;
@@ -65,54 +66,14 @@ pub fn token_matches(authorization: Option<&str>, token: &str) -> bool {
     diff == 0 && !token.is_empty()
 }
 
-#[derive(Deserialize)]
-struct Push {
-    workers: Vec<Value>,
-}
-
-/// Sane ceilings for pushed numbers: anything above is a broken or hostile
-/// collector, not an engine (a TTFT of 1e300 would flag every worker overloaded).
-pub const MAX_PUSHED_LATENCY_S: f64 = 3600.0;
-pub const MAX_PUSHED_TPOT_S: f64 = 60.0;
-pub const MAX_PUSHED_QUEUE: u64 = 1_000_000;
-
-fn number(
-    obj: &serde_json::Map<String, Value>,
-    field: &str,
-    name: &str,
-    max: f64,
-) -> Result<Option<f64>, PushError> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(v) if v.is_finite() && (0.0..=max).contains(&v) => Ok(Some(v)),
-            _ => Err(PushError::BadRequest(format!(
-                "worker `{name}`: `{field}` must be a number within 0..={max}"
-            ))),
-        },
-        Some(_) => Err(PushError::BadRequest(format!(
-            "worker `{name}`: `{field}` must be a number"
-        ))),
-    }
-}
-
-fn count(obj: &serde_json::Map<String, Value>, field: &str, name: &str) -> Result<u64, PushError> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(0),
-        Some(v) => v
-            .as_u64()
-            .filter(|n| *n <= MAX_PUSHED_QUEUE)
-            .ok_or_else(|| {
-                PushError::BadRequest(format!(
-                    "worker `{name}`: `{field}` must be an integer within 0..={MAX_PUSHED_QUEUE}"
-                ))
-            }),
-    }
-}
-
 /// Checks a push body against the configured workers and returns the new reports
 /// by worker index (workers the push does not mention keep `None`). A worker is
 /// named by `name`, or by `address` (as the collector sees endpoint-mode pools).
+///
+/// The size is checked before parsing, so a huge body costs no allocation; the
+/// shape and every number are checked as the body is read (`llm_router_push`);
+/// `membership` is skipped here (discovery mode reads it with the worker-config
+/// rules, `crate::membership`).
 pub fn parse_push(
     body: &[u8],
     max_bytes: usize,
@@ -122,59 +83,48 @@ pub fn parse_push(
     if body.len() > max_bytes {
         return Err(PushError::TooLarge { limit: max_bytes });
     }
-    let push: Push = serde_json::from_slice(body)
-        .map_err(|e| PushError::BadRequest(format!("not a snapshot object with `workers`: {e}")))?;
+    let push: Push<IgnoredAny> = serde_json::from_slice(body)
+        .map_err(|e| PushError::BadRequest(format!("snapshot refused: {e}")))?;
     let mut out: Vec<Option<Report>> = vec![None; workers.len()];
-    for entry in &push.workers {
-        let Some(obj) = entry.as_object() else {
-            return Err(PushError::BadRequest(
-                "each worker must be an object".into(),
-            ));
-        };
-        let name = obj.get("name").and_then(Value::as_str);
-        let address = obj.get("address").and_then(Value::as_str);
-        let label = name.or(address).unwrap_or("?");
-        let index = workers.iter().position(|w| {
-            name.is_some_and(|n| n == w.name)
-                || (name.is_none() && address.is_some() && w.address.as_deref() == address)
+    for stats in &push.workers {
+        let label = stats
+            .name
+            .as_deref()
+            .or(stats.address.as_deref())
+            .unwrap_or("?");
+        let index = workers.iter().position(|w| match &stats.name {
+            Some(name) => *name == w.name,
+            None => stats.address.is_some() && w.address == stats.address,
         });
-        let Some(index) = index else {
+        let Some(slot) = index.and_then(|i| out.get_mut(i)) else {
             return Err(PushError::BadRequest(format!(
                 "unknown worker `{label}`: not in the plugin config's workers"
             )));
         };
-        let reachable = match obj.get("reachable") {
-            None => true,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(PushError::BadRequest(format!(
-                    "worker `{label}`: `reachable` must be a boolean"
-                )))
-            }
-        };
-        let report = if reachable {
-            let kv_usage = number(obj, "kv_usage", label, 1.0)?;
-            Report::Sample(EngineSample {
-                num_waiting: count(obj, "num_waiting", label)?,
-                num_running: count(obj, "num_running", label)?,
-                kv_usage,
-                ttft_p90_s: number(obj, "ttft_p90_s", label, MAX_PUSHED_LATENCY_S)?,
-                tpot_p90_s: number(obj, "tpot_p90_s", label, MAX_PUSHED_TPOT_S)?,
-                at_ms: now_ms,
-            })
-        } else {
-            Report::Unreachable { at_ms: now_ms }
-        };
-        match out.get_mut(index) {
-            Some(slot @ None) => *slot = Some(report),
-            _ => {
-                return Err(PushError::BadRequest(format!(
-                    "worker `{label}` appears twice"
-                )))
-            }
+        if slot.is_some() {
+            return Err(PushError::BadRequest(format!(
+                "worker `{label}` appears twice"
+            )));
         }
+        *slot = Some(report(stats, now_ms));
     }
     Ok(out)
+}
+
+/// What a checked line says of its worker: numbers left out read as an idle queue
+/// and unknown usage and latencies.
+fn report(stats: &WorkerStats, now_ms: u64) -> Report {
+    if !stats.reachable {
+        return Report::Unreachable { at_ms: now_ms };
+    }
+    Report::Sample(EngineSample {
+        num_waiting: stats.num_waiting.unwrap_or(0),
+        num_running: stats.num_running.unwrap_or(0),
+        kv_usage: stats.kv_usage,
+        ttft_p90_s: stats.ttft_p90_s,
+        tpot_p90_s: stats.tpot_p90_s,
+        at_ms: now_ms,
+    })
 }
 
 #[cfg(test)]
@@ -218,6 +168,49 @@ mod tests {
                 s.at_ms
             ),
             (3, 5, Some(0.5), None, 77)
+        );
+    }
+
+    /// What the collector writes with the shared types is what the filter reads.
+    #[test]
+    fn a_push_written_with_the_shared_types_is_read_back() {
+        let push = Push {
+            collector: Some("llm-collector".into()),
+            seq: Some(1),
+            interval_ms: Some(1000),
+            workers: vec![
+                WorkerStats {
+                    engine: Some("sglang".into()),
+                    num_waiting: Some(3),
+                    num_running: Some(5),
+                    kv_usage: Some(0.5),
+                    ttft_p90_s: Some(0.8),
+                    tpot_p90_s: Some(0.02),
+                    ..WorkerStats::reachable(Some("w1".into()), None)
+                },
+                WorkerStats::unreachable(None, Some("10.0.0.1:8000".into()), "refused".into()),
+            ],
+            membership: Some(vec![llm_router_push::Member {
+                name: "w9".into(),
+                ..Default::default()
+            }]),
+        };
+        let body = serde_json::to_vec(&push).unwrap();
+        let sample = EngineSample {
+            num_waiting: 3,
+            num_running: 5,
+            kv_usage: Some(0.5),
+            ttft_p90_s: Some(0.8),
+            tpot_p90_s: Some(0.02),
+            at_ms: 9,
+        };
+        assert_eq!(
+            parse_push(&body, 4096, &workers(), 9),
+            Ok(vec![
+                Some(Report::Unreachable { at_ms: 9 }),
+                Some(Report::Sample(sample))
+            ]),
+            "every number arrives, the pool host by its address; membership is not read here"
         );
     }
 

@@ -15,7 +15,7 @@
 //! natively.
 
 use core::fmt::Display;
-use serde::de::{Deserializer, Error as _};
+use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
 
 /// Ceiling of `num_waiting` and `num_running`: more is a broken or hostile
@@ -173,59 +173,69 @@ pub struct Member {
 
 /// Readers of `WorkerStats`' fields that refuse a value naming the field and the
 /// rule: serde's own messages ("invalid type: string, expected u64") name neither.
+/// One reader per kind of value, kept out of line: the filter reads a push about
+/// once a second, so its code size matters more than its speed.
 mod field {
     use super::*;
 
-    /// Reads `T` and keeps it only if `ok`; any other value is refused with `rule`.
-    fn read<'de, D, T>(
-        d: D,
-        field: &str,
-        ok: impl FnOnce(&T) -> bool,
-        rule: impl Display,
-    ) -> Result<T, D::Error>
-    where
-        D: Deserializer<'de>,
-        T: Deserialize<'de>,
-    {
-        match T::deserialize(d) {
-            Ok(v) if ok(&v) => Ok(v),
-            _ => Err(D::Error::custom(format_args!("`{field}` must be {rule}"))),
+    fn refuse<E: serde::de::Error>(field: &str, rule: &dyn Display) -> E {
+        E::custom(format_args!("`{field}` must be {rule}"))
+    }
+
+    #[inline(never)]
+    fn text<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<Option<String>, D::Error> {
+        Option::deserialize(d).map_err(|_: D::Error| refuse(field, &"a string"))
+    }
+
+    #[inline(never)]
+    fn flag<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<bool, D::Error> {
+        bool::deserialize(d).map_err(|_: D::Error| refuse(field, &"a boolean"))
+    }
+
+    /// A count within `0..=MAX_QUEUE`, or nothing.
+    #[inline(never)]
+    fn count<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<Option<u64>, D::Error> {
+        match Option::<u64>::deserialize(d) {
+            Ok(v) if v.is_none_or(|v| v <= MAX_QUEUE) => Ok(v),
+            _ => Err(refuse(
+                field,
+                &format_args!("an integer within 0..={MAX_QUEUE}"),
+            )),
         }
     }
 
-    /// Absent, or within `0..=max` (which refuses NaN).
-    fn within<T: PartialOrd + Default>(max: T) -> impl FnOnce(&Option<T>) -> bool {
-        move |v| v.as_ref().is_none_or(|v| *v >= T::default() && *v <= max)
-    }
-
-    fn any<T>(_: &T) -> bool {
-        true
+    /// A number within `0..=max` (which refuses NaN), or nothing.
+    #[inline(never)]
+    fn number<'de, D: Deserializer<'de>>(
+        d: D,
+        field: &str,
+        max: f64,
+    ) -> Result<Option<f64>, D::Error> {
+        match Option::<f64>::deserialize(d) {
+            Ok(v) if v.is_none_or(|v| (0.0..=max).contains(&v)) => Ok(v),
+            _ => Err(refuse(field, &format_args!("a number within 0..={max}"))),
+        }
     }
 
     macro_rules! fields {
-        ($($field:ident: $t:ty, $ok:expr, $rule:expr;)*) => {$(
+        ($($field:ident: $t:ty = $read:ident($($max:expr)?);)*) => {$(
             pub(super) fn $field<'de, D: Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
-                read(d, stringify!($field), $ok, $rule)
+                $read(d, stringify!($field) $(, $max)?)
             }
         )*};
     }
 
     fields! {
-        name: Option<String>, any, "a string";
-        address: Option<String>, any, "a string";
-        reachable: bool, any, "a boolean";
-        error: Option<String>, any, "a string";
-        engine: Option<String>, any, "a string";
-        num_waiting: Option<u64>, within(MAX_QUEUE),
-            format_args!("an integer within 0..={MAX_QUEUE}");
-        num_running: Option<u64>, within(MAX_QUEUE),
-            format_args!("an integer within 0..={MAX_QUEUE}");
-        kv_usage: Option<f64>, within(MAX_KV_USAGE),
-            format_args!("a number within 0..={MAX_KV_USAGE}");
-        ttft_p90_s: Option<f64>, within(MAX_TTFT_S),
-            format_args!("a number within 0..={MAX_TTFT_S}");
-        tpot_p90_s: Option<f64>, within(MAX_TPOT_S),
-            format_args!("a number within 0..={MAX_TPOT_S}");
+        name: Option<String> = text();
+        address: Option<String> = text();
+        reachable: bool = flag();
+        error: Option<String> = text();
+        engine: Option<String> = text();
+        num_waiting: Option<u64> = count();
+        num_running: Option<u64> = count();
+        kv_usage: Option<f64> = number(MAX_KV_USAGE);
+        ttft_p90_s: Option<f64> = number(MAX_TTFT_S);
+        tpot_p90_s: Option<f64> = number(MAX_TPOT_S);
     }
 }
 
