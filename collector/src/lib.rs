@@ -11,10 +11,11 @@
 //! One module per concept: [`cli`] (flags), [`membership`] (which engines, from flags
 //! or Envoy's admin API), [`scrape`] (HTTP GET with a timeout), [`metrics`] (what we
 //! read from the Prometheus text), [`histogram`] (windowed quantiles, pure),
-//! [`backoff`] (retry schedule, pure), [`snapshot`] (the pushed JSON), [`push`] (the
-//! POST to each filter, one [`push::Target`] per `--push-url`), [`telemetry`] (its
-//! own `/healthz` and `/metrics`), [`logging`] (structured logs) and [`run`] (the
-//! loop tying them together).
+//! [`backoff`] (retry schedule, pure), [`snapshot`] (the pushed document, in the
+//! types the filter reads: `llm_router_push`), [`push`] (the POST to each filter,
+//! one [`push::Target`] per `--push-url`), [`telemetry`] (its own `/healthz` and
+//! `/metrics`), [`logging`] (structured logs) and [`run`] (the loop tying them
+//! together).
 
 pub mod backoff;
 pub mod cli;

@@ -34,7 +34,10 @@ fn main() -> ExitCode {
         if config.once {
             match llm_collector::run::run_once(config).await {
                 Ok(result) => {
-                    println!("{}", result.snapshot.to_json());
+                    println!(
+                        "{}",
+                        String::from_utf8_lossy(&llm_collector::snapshot::body(&result.snapshot))
+                    );
                     let failures = result.failures();
                     if failures.is_empty() {
                         ExitCode::SUCCESS

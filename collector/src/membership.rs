@@ -3,6 +3,7 @@
 //! config) decides membership and the collector never disagrees with the proxy.
 
 use anyhow::{bail, Context as _};
+use llm_router_push::Member;
 use serde::Deserialize;
 
 /// How the filter knows a worker, which decides how the snapshot names it.
@@ -35,14 +36,13 @@ impl Worker {
     /// The worker as the snapshot's `membership` lists it, with the fields a
     /// configured worker has, so a filter in discovery mode (`workers_from:
     /// collector`) takes the collector's list as its own.
-    pub fn member_json(&self) -> serde_json::Value {
-        let mut o = serde_json::Map::new();
-        o.insert("name".into(), self.name.clone().into());
-        if let Some(c) = &self.cluster {
-            o.insert("cluster".into(), c.clone().into());
+    pub fn member(&self) -> Member {
+        Member {
+            name: self.name.clone(),
+            cluster: self.cluster.clone(),
+            address: Some(self.address.clone()),
+            ..Member::default()
         }
-        o.insert("address".into(), self.address.clone().into());
-        serde_json::Value::Object(o)
     }
 }
 
@@ -201,7 +201,7 @@ mod tests {
     fn static_specs() {
         let w = parse_static("w0=http://127.0.0.1:8001").unwrap();
         assert_eq!(
-            w.member_json(),
+            serde_json::to_value(w.member()).unwrap(),
             serde_json::json!({"name":"w0","address":"127.0.0.1:8001"}),
             "a flag names no cluster: the filter's default (the name) applies"
         );
@@ -234,7 +234,7 @@ mod tests {
         assert!(w.iter().all(|w| w.naming == Naming::Named));
         assert_eq!(w[0].metrics_url, "http://127.0.0.1:8001/metrics");
         assert_eq!(
-            w[0].member_json(),
+            serde_json::to_value(w[0].member()).unwrap(),
             serde_json::json!({"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}),
             "the filter reaches the worker through the cluster Envoy named"
         );
@@ -255,7 +255,7 @@ mod tests {
         assert_eq!(pool[1].name, "[::1]:8000");
         assert_eq!(pool[1].metrics_url, "http://[::1]:8000/metrics");
         assert_eq!(
-            pool[0].member_json(),
+            serde_json::to_value(pool[0].member()).unwrap(),
             serde_json::json!({"name":"10.0.0.8:8000","address":"10.0.0.8:8000"}),
             "a pool host is named by its address, with no cluster of its own"
         );

@@ -18,9 +18,10 @@ use crate::membership::{self, Worker};
 use crate::metrics::{self, EngineMetrics};
 use crate::push::{PushOutcome, PushShared, Target};
 use crate::scrape;
-use crate::snapshot::{Snapshot, WorkerReport, COLLECTOR_NAME};
+use crate::snapshot::{self, COLLECTOR_NAME};
 use crate::telemetry::{EngineLabel, Telemetry};
 use bytes::Bytes;
+use llm_router_push::{Push, WorkerStats};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -213,7 +214,7 @@ impl Collector {
     }
 
     /// Scrapes every due engine concurrently and returns one report per worker.
-    async fn scrape_all(&mut self, now: Instant) -> Vec<WorkerReport> {
+    async fn scrape_all(&mut self, now: Instant) -> Vec<WorkerStats> {
         let mut tasks = JoinSet::new();
         for (i, w) in self.workers.iter().enumerate() {
             let due = self
@@ -273,7 +274,7 @@ impl Collector {
                         Some(b) => state.tpot.observe(now, b.clone()),
                         None => state.tpot.clear(),
                     }
-                    WorkerReport::reachable(w, &m, state.ttft.p90(), state.tpot.p90())
+                    snapshot::reachable(w, &m, state.ttft.p90(), state.tpot.p90())
                 }
                 Some(Err(e)) => {
                     self.shared
@@ -295,7 +296,7 @@ impl Collector {
                     }
                     state.up = Some(false);
                     state.last_error = e;
-                    WorkerReport::unreachable(w, &state.last_error)
+                    snapshot::unreachable(w, &state.last_error)
                 }
                 None => {
                     let error = if state.last_error.is_empty() {
@@ -303,7 +304,7 @@ impl Collector {
                     } else {
                         state.last_error.clone()
                     };
-                    WorkerReport::unreachable(w, &error)
+                    snapshot::unreachable(w, &error)
                 }
             });
         }
@@ -312,7 +313,7 @@ impl Collector {
 
     /// One interval's work: the snapshot, and whether it may be pushed (not before
     /// Envoy has named the workers: an empty push would wipe the filter's table).
-    pub async fn tick(&mut self) -> (Snapshot, bool) {
+    pub async fn tick(&mut self) -> (Push, bool) {
         let due = self.ticks.is_multiple_of(MEMBERSHIP_EVERY) || self.admin_ok != Some(true);
         if due {
             // Errors are logged inside; the last list stays in use.
@@ -324,14 +325,14 @@ impl Collector {
         self.shared
             .telemetry
             .engines_reachable
-            .set(workers.iter().filter(|w| w.is_reachable()).count() as i64);
+            .set(workers.iter().filter(|w| w.reachable).count() as i64);
         self.seq += 1;
-        let snapshot = Snapshot {
-            collector: COLLECTOR_NAME,
-            seq: self.seq,
-            interval_ms: u64::try_from(self.cfg.interval.as_millis()).unwrap_or(u64::MAX),
+        let snapshot = Push {
+            collector: Some(COLLECTOR_NAME.to_string()),
+            seq: Some(self.seq),
+            interval_ms: Some(u64::try_from(self.cfg.interval.as_millis()).unwrap_or(u64::MAX)),
             workers,
-            membership: self.workers.iter().map(Worker::member_json).collect(),
+            membership: Some(self.workers.iter().map(Worker::member).collect()),
         };
         let have_workers = match self.cfg.membership {
             Membership::Static(_) => true,
@@ -415,7 +416,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             _ = ticker.tick() => {
                 let (snapshot, pushable) = collector.tick().await;
                 if pushable {
-                    tx.send_replace(Some(Bytes::from(snapshot.to_json().to_string())));
+                    tx.send_replace(Some(snapshot::body(&snapshot)));
                 }
                 collector.telemetry().tick_finished(Instant::now());
             }
@@ -426,7 +427,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 /// What `--once` did: the snapshot, and each push URL's outcome (none when there
 /// was nothing to push).
 pub struct OnceResult {
-    pub snapshot: Snapshot,
+    pub snapshot: Push,
     pub pushes: Vec<(String, PushOutcome)>,
 }
 
@@ -459,7 +460,7 @@ pub async fn run_once(cfg: Config) -> anyhow::Result<OnceResult> {
     let (snapshot, pushable) = collector.tick().await;
     let mut pushes = Vec::new();
     if pushable {
-        let body = Bytes::from(snapshot.to_json().to_string());
+        let body = snapshot::body(&snapshot);
         let mut set = JoinSet::new();
         for mut target in collector.targets() {
             let shared = collector.shared.clone();

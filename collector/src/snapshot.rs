@@ -1,5 +1,5 @@
-//! The JSON document pushed to the filter: one object per interval naming every
-//! worker, reachable or not.
+//! The document pushed to the filter: one `llm_router_push::Push` per interval
+//! naming every worker, reachable or not.
 //!
 //! The filter replaces its whole load table with each push, so every known worker
 //! is always listed; an unreachable one says so explicitly rather than being left
@@ -8,148 +8,69 @@
 //! `membership` lists the workers the collector knows (from `--engine` flags or
 //! Envoy's clusters), with the fields a configured worker has: a filter in
 //! discovery mode (`workers_from: collector`) takes it as its worker list, and a
-//! filter with static workers ignores it (unknown fields of a push are not read), so
-//! the one document serves both.
+//! filter with static workers skips it, so the one document serves both.
+//!
+//! The filter refuses a whole push for one number out of range, so the numbers are
+//! cleaned here first: NaN and negatives are left out (unknown) and the rest held to
+//! the format's ceilings.
 
 use crate::membership::{Naming, Worker};
 use crate::metrics::EngineMetrics;
-use serde_json::{json, Map, Value};
+use bytes::Bytes;
+use llm_router_push::{Push, WorkerStats, MAX_KV_USAGE, MAX_QUEUE, MAX_TPOT_S, MAX_TTFT_S};
 
 /// The `collector` field: lets the filter's logs tell which pusher sent what.
 pub const COLLECTOR_NAME: &str = "llm-collector";
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    pub collector: &'static str,
-    /// Increases by one per snapshot built, from 1, so gaps show skipped pushes.
-    pub seq: u64,
-    pub interval_ms: u64,
-    pub workers: Vec<WorkerReport>,
-    /// The known workers, `Worker::member_json` each.
-    pub membership: Vec<Value>,
-}
-
-/// One worker's line, as the filter reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkerReport {
-    /// `None` for endpoint-mode pool hosts: the filter then matches `address`.
-    pub name: Option<String>,
-    pub address: String,
-    pub state: WorkerState,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum WorkerState {
-    Reachable {
-        engine: &'static str,
-        num_waiting: u64,
-        num_running: u64,
-        /// Unknown numbers are sent as `null`: known to be unknown.
-        kv_usage: Option<f64>,
-        ttft_p90_s: Option<f64>,
-        tpot_p90_s: Option<f64>,
-    },
-    /// Nothing is known but why: every number is left out.
-    Unreachable { error: String },
-}
-
-/// A finite, non-negative number or nothing: the filter refuses NaN, infinities and
-/// negatives, and one bad number would make it refuse the whole push.
-fn clean(v: Option<f64>) -> Option<f64> {
-    v.filter(|x| x.is_finite() && *x >= 0.0)
+/// A finite, non-negative number held to `max`, or nothing.
+fn clean(v: Option<f64>, max: f64) -> Option<f64> {
+    v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x.min(max))
 }
 
 /// Gauges arrive as floats ("3.0"); the filter wants whole counts.
 fn count(v: f64) -> u64 {
     if v.is_finite() && v > 0.0 {
-        v.round() as u64
+        (v.round() as u64).min(MAX_QUEUE)
     } else {
         0
     }
 }
 
-impl WorkerReport {
-    fn name_of(w: &Worker) -> Option<String> {
-        (w.naming == Naming::Named).then(|| w.name.clone())
-    }
+/// How the filter finds the worker: by name, or by address for pool hosts.
+fn identity(w: &Worker) -> (Option<String>, Option<String>) {
+    let name = (w.naming == Naming::Named).then(|| w.name.clone());
+    (name, Some(w.address.clone()))
+}
 
-    pub fn reachable(
-        w: &Worker,
-        m: &EngineMetrics,
-        ttft_p90: Option<f64>,
-        tpot_p90: Option<f64>,
-    ) -> Self {
-        WorkerReport {
-            name: Self::name_of(w),
-            address: w.address.clone(),
-            state: WorkerState::Reachable {
-                engine: m.engine.as_str(),
-                num_waiting: count(m.num_waiting),
-                num_running: count(m.num_running),
-                kv_usage: clean(m.kv_usage).map(|u| u.min(1.0)),
-                ttft_p90_s: clean(ttft_p90),
-                tpot_p90_s: clean(tpot_p90),
-            },
-        }
-    }
-
-    pub fn unreachable(w: &Worker, error: &str) -> Self {
-        WorkerReport {
-            name: Self::name_of(w),
-            address: w.address.clone(),
-            state: WorkerState::Unreachable {
-                error: error.to_string(),
-            },
-        }
-    }
-
-    pub fn is_reachable(&self) -> bool {
-        matches!(self.state, WorkerState::Reachable { .. })
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut o = Map::new();
-        if let Some(name) = &self.name {
-            o.insert("name".into(), json!(name));
-        }
-        o.insert("address".into(), json!(self.address));
-        match &self.state {
-            WorkerState::Reachable {
-                engine,
-                num_waiting,
-                num_running,
-                kv_usage,
-                ttft_p90_s,
-                tpot_p90_s,
-            } => {
-                o.insert("reachable".into(), json!(true));
-                o.insert("num_waiting".into(), json!(num_waiting));
-                o.insert("num_running".into(), json!(num_running));
-                o.insert("kv_usage".into(), json!(kv_usage));
-                o.insert("ttft_p90_s".into(), json!(ttft_p90_s));
-                o.insert("tpot_p90_s".into(), json!(tpot_p90_s));
-                o.insert("engine".into(), json!(engine));
-            }
-            WorkerState::Unreachable { error } => {
-                o.insert("reachable".into(), json!(false));
-                o.insert("error".into(), json!(error));
-            }
-        }
-        Value::Object(o)
+/// A scraped worker's line, with the windowed latency quantiles.
+pub fn reachable(
+    w: &Worker,
+    m: &EngineMetrics,
+    ttft_p90: Option<f64>,
+    tpot_p90: Option<f64>,
+) -> WorkerStats {
+    let (name, address) = identity(w);
+    WorkerStats {
+        engine: Some(m.engine.as_str().to_string()),
+        num_waiting: Some(count(m.num_waiting)),
+        num_running: Some(count(m.num_running)),
+        kv_usage: clean(m.kv_usage, MAX_KV_USAGE),
+        ttft_p90_s: clean(ttft_p90, MAX_TTFT_S),
+        tpot_p90_s: clean(tpot_p90, MAX_TPOT_S),
+        ..WorkerStats::reachable(name, address)
     }
 }
 
-impl Snapshot {
-    /// The request body (and `--once`'s output).
-    pub fn to_json(&self) -> Value {
-        json!({
-            "collector": self.collector,
-            "seq": self.seq,
-            "interval_ms": self.interval_ms,
-            "workers": self.workers.iter().map(WorkerReport::to_json).collect::<Vec<_>>(),
-            "membership": self.membership,
-        })
-    }
+/// A worker whose scrape failed (or has not run): why, and no number.
+pub fn unreachable(w: &Worker, error: &str) -> WorkerStats {
+    let (name, address) = identity(w);
+    WorkerStats::unreachable(name, address, error.to_string())
+}
+
+/// The request body (and `--once`'s output).
+pub fn body(push: &Push) -> Bytes {
+    // Strings, integers and floats only: serde_json cannot fail on them.
+    Bytes::from(serde_json::to_vec(push).expect("a push serializes"))
 }
 
 #[cfg(test)]
@@ -167,6 +88,16 @@ mod tests {
         }
     }
 
+    fn snapshot(workers: Vec<WorkerStats>, membership: &[Worker]) -> Push {
+        Push {
+            collector: Some(COLLECTOR_NAME.into()),
+            seq: Some(7),
+            interval_ms: Some(1000),
+            workers,
+            membership: Some(membership.iter().map(Worker::member).collect()),
+        }
+    }
+
     #[test]
     fn contract() {
         let m = EngineMetrics {
@@ -177,34 +108,36 @@ mod tests {
             ttft: None,
             tpot: None,
         };
-        let s = Snapshot {
-            collector: COLLECTOR_NAME,
-            seq: 7,
-            interval_ms: 1000,
-            workers: vec![
-                WorkerReport::reachable(&worker("w0", Naming::Named), &m, Some(0.8), None),
-                WorkerReport::unreachable(&worker("w1", Naming::Named), "connection refused"),
-                WorkerReport::reachable(
+        let w0 = Worker {
+            cluster: Some("engine_w0".into()),
+            ..worker("w0", Naming::Named)
+        };
+        let s = snapshot(
+            vec![
+                reachable(&w0, &m, Some(0.8), None),
+                unreachable(&worker("w1", Naming::Named), "connection refused"),
+                reachable(
                     &worker("127.0.0.1:8001", Naming::ByAddress),
                     &m,
                     Some(f64::NAN),
                     Some(-1.0),
                 ),
             ],
-            membership: vec![json!({"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"})],
-        };
+            &[w0],
+        );
         // Compared as JSON values: key order is not part of the contract (and depends
         // on serde_json's `preserve_order`, which the workspace turns on).
         let want: serde_json::Value = serde_json::from_str(
-            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true,"tpot_p90_s":null,"ttft_p90_s":null}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
+            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
         )
         .unwrap();
-        assert_eq!(s.to_json(), want);
+        let got: serde_json::Value = serde_json::from_slice(&body(&s)).unwrap();
+        assert_eq!(got, want);
     }
 
     /// What the collector discovers from Envoy, pushed to a filter of either mode:
     /// the discovery filter takes the membership and the samples that name it; a
-    /// static filter reads the samples and ignores the membership.
+    /// static filter reads the samples and skips the membership.
     #[test]
     fn both_filter_modes_take_the_snapshot() {
         use llm_router::config::Config;
@@ -219,17 +152,14 @@ mod tests {
             &["pool".into()],
         )
         .unwrap();
-        let s = Snapshot {
-            collector: COLLECTOR_NAME,
-            seq: 1,
-            interval_ms: 1000,
-            workers: workers
+        let s = snapshot(
+            workers
                 .iter()
-                .map(|w| WorkerReport::unreachable(w, "not scraped yet"))
+                .map(|w| unreachable(w, "not scraped yet"))
                 .collect(),
-            membership: workers.iter().map(Worker::member_json).collect(),
-        };
-        let body = serde_json::to_vec(&s.to_json()).unwrap();
+            &workers,
+        );
+        let body = body(&s);
 
         let discovery =
             Config::from_json(br#"{"workers_from":"collector","stats_token":"t"}"#).unwrap();
@@ -251,11 +181,41 @@ mod tests {
         assert!(reports.iter().all(Option::is_some), "{reports:?}");
     }
 
+    /// The filter refuses a whole push for one number out of range: whatever an
+    /// engine exports, the line the collector writes is one the filter reads.
+    #[test]
+    fn any_scrape_makes_a_line_the_filter_takes() {
+        use llm_router::load::Report;
+        let wild = [f64::NAN, f64::INFINITY, -1.0, 1e300, 2.6];
+        let w = worker("w0", Naming::Named);
+        let config =
+            llm_router::config::Config::from_json(br#"{"workers":[{"name":"w0"}]}"#).unwrap();
+        for v in wild {
+            let m = EngineMetrics {
+                engine: Engine::Sglang,
+                num_waiting: v,
+                num_running: v,
+                kv_usage: Some(v),
+                ttft: None,
+                tpot: None,
+            };
+            let s = snapshot(vec![reachable(&w, &m, Some(v), Some(v))], &[]);
+            let reports = llm_router::push::parse_push(&body(&s), 1 << 20, &config.workers, 0)
+                .unwrap_or_else(|e| panic!("{v}: {}", e.reason()));
+            assert!(
+                matches!(reports[0], Some(Report::Sample(_))),
+                "{v}: {reports:?}"
+            );
+        }
+    }
+
     #[test]
     fn counts_are_whole_and_never_negative() {
         assert_eq!(count(2.6), 3);
         assert_eq!(count(-1.0), 0);
         assert_eq!(count(f64::NAN), 0);
-        assert_eq!(clean(Some(f64::INFINITY)), None);
+        assert_eq!(count(1e300), MAX_QUEUE);
+        assert_eq!(clean(Some(f64::INFINITY), MAX_TTFT_S), None);
+        assert_eq!(clean(Some(5000.0), MAX_TTFT_S), Some(MAX_TTFT_S));
     }
 }

@@ -208,6 +208,13 @@ async fn handle(st: &Mutex<RecvState>, req: Request<Incoming>) -> Response<Full<
         *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
         return r;
     }
+    // Refused as the filter would refuse it (an unknown field, a number out of
+    // range), so every push this test keeps is one the filter takes.
+    if let Err(e) = serde_json::from_slice::<llm_router_push::Push>(&body) {
+        let mut r = Response::new(Full::new(Bytes::from(e.to_string())));
+        *r.status_mut() = hyper::StatusCode::BAD_REQUEST;
+        return r;
+    }
     let v: Value = serde_json::from_slice(&body).expect("pushed body is JSON");
     s.bodies.push(v);
     let mut r = Response::new(Full::new(Bytes::from(if s.status == 200 {
