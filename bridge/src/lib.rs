@@ -1,7 +1,7 @@
 //! `llm-bridge`: one per Envoy replica, beside it. The filter cannot open sockets,
 //! so this process carries the replica's routing operations to its peers over NATS
 //! core pub/sub and theirs back in, through the filter's authenticated replicas
-//! endpoint on the loopback listener (`llm_router::replica`):
+//! endpoint on the loopback listener (`llm_router::background::replica`):
 //!
 //! - export: every `--poll-ms` it asks the filter for its own inserts since its
 //!   cursor (`GET ?after=SEQ`) and publishes the batch on `<prefix>.ops.<replica>`

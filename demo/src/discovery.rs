@@ -22,7 +22,7 @@ use crate::envoy::{self, endpoint, Envoy, EnvoySpec, Target};
 use crate::fleet::{start_engine, Engine, TempDir};
 use crate::paths;
 use crate::process::Guard;
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 
 /// The pool cluster Envoy discovers the engines of.
 pub const POOL_CLUSTER: &str = "engines";

@@ -79,7 +79,7 @@ pub struct EnvoySpec {
 
 use llm_load::fleet::cluster_name;
 use llm_load::run::envoy_stat;
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 
 /// The plugin configuration as the filter will see it.
 pub fn plugin_config(spec: &EnvoySpec) -> Value {

@@ -35,7 +35,7 @@ use llm_load::run::envoy_stat;
 use llm_load::run::{self, PdCounts, RunResult};
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::{load_workload, WorkItem};
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

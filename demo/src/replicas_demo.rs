@@ -13,7 +13,7 @@ use llm_load::cli::Replay;
 use llm_load::record::Record;
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::WorkItem;
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

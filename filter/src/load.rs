@@ -1,5 +1,5 @@
 //! What the router knows of the workers' load when it decides: its own in-flight
-//! counts (shared by every thread) plus peer replicas' (`crate::replica`), the
+//! counts (shared by every thread) plus peer replicas' (`crate::background::replica`), the
 //! collector's last engine samples, and the
 //! overload flags, gathered once per request into a `Loads` snapshot
 //! (`crate::shared::read_loads`).
@@ -160,7 +160,7 @@ impl<T: Copy + Default + PartialEq> From<Vec<T>> for Tally<T> {
 /// How a request's in-flight tables (`Loads::inflight`, `Loads::work`) were made:
 /// whole, or as the previous request's with only the workers whose counts this
 /// VM changed since touched (`crate::shared::InflightTable::by_worker`). A screen
-/// kept from that request then refills only those workers (`crate::candidates`):
+/// kept from that request then refills only those workers (`crate::request::candidates`):
 /// with dozens of workers busy, summing and refilling every busy worker's count
 /// for each request was most of what a large fleet added to it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -187,7 +187,7 @@ pub struct Loads {
     /// request's.
     pub revision: Revision,
     /// Peer replicas' in-flight requests by worker index, from their fresh reports
-    /// (`crate::replica`; missing: 0).
+    /// (`crate::background::replica`; missing: 0).
     pub peer_inflight: WorkerCounts,
     /// The collector's last reports, shared with this VM's copy of the tables
     /// (`crate::shared::TableCache`): copying them for each request cost a fleet of
@@ -197,7 +197,7 @@ pub struct Loads {
     /// Overload flags by worker index (missing: not flagged), shared with this VM's
     /// copy of the tables like `engine`.
     pub overloaded: Rc<[bool]>,
-    /// Down after a failure, by worker index (missing: up); see `crate::health`.
+    /// Down after a failure, by worker index (missing: up); see `crate::background::health`.
     pub down: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
     pub work: Tally<WorkerWork>,

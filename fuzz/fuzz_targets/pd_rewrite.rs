@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
 use llm_router::parse::ApiKind;
-use llm_router::pd::{inject_bootstrap, Bootstrap};
+use llm_router::request::pd::{inject_bootstrap, Bootstrap};
 use llm_router::rng::SplitMix64;
 use serde_json::value::RawValue;
 

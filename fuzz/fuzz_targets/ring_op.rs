@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use llm_router::config::{Config, Pool};
-use llm_router::router::Router;
+use llm_router::request::router::Router;
 use llm_router::shared::{Incoming, Op};
 
 /// A router whose tree already holds a text (accented and CJK, so edges split

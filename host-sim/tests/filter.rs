@@ -10,7 +10,7 @@
 mod support;
 
 use host_sim::{Host, RequestSpec, StreamHandle, StreamOutcome};
-use llm_router::header_names::EXPLAIN_HEADER;
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use llm_router::rng::{Rng as _, SplitMix64};
 use std::collections::{BTreeMap, BTreeSet};
 use support::{chat, completion, filter, fleet_config as fleet, metric, CLUSTER_HEADER};

@@ -9,7 +9,7 @@
 mod support;
 
 use host_sim::{Host, HttpCall, RequestSpec};
-use llm_router::header_names::EXPLAIN_HEADER;
+use llm_router::support::header_names::EXPLAIN_HEADER;
 
 const LEASE_KEY: &str = "llm_router.overload.lease";
 

@@ -7,7 +7,7 @@
 mod support;
 
 use host_sim::{Host, HttpCall, RequestSpec, StreamOutcome};
-use llm_router::header_names::EXPLAIN_HEADER;
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde_json::Value;
 use support::CLUSTER_HEADER;
 const PAIRS: &str = "wasmcustom.llm_router_pd_pairs";

@@ -5,7 +5,7 @@
 mod support;
 
 use host_sim::MetricValue;
-use llm_router::metric_names::{split_vm_metric, vm};
+use llm_router::support::metric_names::{split_vm_metric, vm};
 use std::collections::BTreeMap;
 
 /// `(memory_bytes, tree_chars)` by VM id.

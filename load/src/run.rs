@@ -12,7 +12,7 @@ use crate::report::JsonSummary;
 use crate::stats::Summary;
 use anyhow::{bail, Result};
 use llm_router::decision::{Label, Reason};
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 

@@ -1,10 +1,10 @@
-//! Which routed responses carry the decision headers (`crate::header_names`).
+//! Which routed responses carry the decision headers (`crate::support::header_names`).
 //!
 //! They cost Envoy a header write each (the three of a plain request about 13.8k
 //! instructions, against a request's 100k or so for all the rest the router does),
 //! and they name the fleet's workers to whoever sent the request. So by default
 //! only a request that asks for them gets them: one carrying
-//! `x-llm-router-explain` (`crate::header_names::EXPLAIN_HEADER`), as `llm-load`
+//! `x-llm-router-explain` (`crate::support::header_names::EXPLAIN_HEADER`), as `llm-load`
 //! and the tests send it. Asking costs a header lookup that finds nothing, which
 //! Envoy answers without copying anything into the VM.
 

@@ -250,13 +250,13 @@ pub struct Config {
     /// Which responses get `x-llm-router-worker`, `-decision` and `-reason`.
     #[serde(default)]
     pub decision_headers: DecisionHeaders,
-    /// Latency-aware overload flags; see `crate::overload`.
+    /// Latency-aware overload flags; see `crate::background::overload`.
     #[serde(default)]
     pub overload: OverloadConfig,
-    /// Failed workers out of rotation until probed back; see `crate::health`.
+    /// Failed workers out of rotation until probed back; see `crate::background::health`.
     #[serde(default)]
     pub health: HealthConfig,
-    /// The replica bridge's endpoint (`crate::replica`).
+    /// The replica bridge's endpoint (`crate::background::replica`).
     #[serde(default)]
     pub replicas: ReplicasConfig,
     /// Seeds the tie-break generator so a run can be replayed decision for decision

@@ -1,6 +1,6 @@
 //! The `replicas` object of the plugin configuration: the endpoint through which
 //! this Envoy's bridge (`llm-bridge`) exports its routing operations to peer
-//! replicas and imports theirs (`crate::replica`), and how long a peer's in-flight
+//! replicas and imports theirs (`crate::background::replica`), and how long a peer's in-flight
 //! report counts. The endpoint takes the stats token (`stats_token`); without one it
 //! is off, like the stats endpoint.
 

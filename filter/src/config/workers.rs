@@ -5,7 +5,7 @@
 //! it is used.
 //!
 //! In discovery mode (`workers_from: collector`) the plugin config lists no workers:
-//! the collector's membership pushes do (`crate::membership`), and a pushed list
+//! the collector's membership pushes do (`crate::background::membership`), and a pushed list
 //! passes the same rules, checked by the same code, as a configured one.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,15 +1,15 @@
 //! A routed request's bookkeeping on the host: the in-flight counts it holds until
-//! its stream ends, its metrics (`crate::bookkeeping::Booking`), the tree
+//! its stream ends, its metrics (`crate::request::bookkeeping::Booking`), the tree
 //! operations its plan records, and their undoing if no engine served it.
 
 use std::rc::Rc;
 
 use super::host::HostStore;
 use super::state::State;
-use crate::bookkeeping::booking;
+use crate::request::bookkeeping::booking;
 use crate::decision::Decision;
-use crate::plan::Plan;
-use crate::router::Record;
+use crate::request::plan::Plan;
+use crate::request::router::Record;
 use crate::shared::{Op, Recorded, Stage};
 use crate::policy::predicted_ttft::WorkHold;
 

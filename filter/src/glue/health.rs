@@ -1,6 +1,6 @@
 //! Worker health on the host: every finished routed stream is judged from what
 //! Envoy says about it (`response.code`, `response.flags`, `response.code_details`;
-//! see `crate::health::classify`), and a failure takes its worker out on every
+//! see `crate::background::health::classify`), and a failure takes its worker out on every
 //! thread at once through the shared health table. The prober lease holder steps
 //! the table on the collector's reports, on time and on probe answers
 //! (`super::prober`).
@@ -12,7 +12,7 @@ use super::hostcalls;
 use super::metrics::HealthMetrics;
 use super::state::State;
 use crate::config::{probe_cluster, Config};
-use crate::health::{
+use crate::background::health::{
     classify, report_event, served_by_callbacks, Event, Outcome, Recovery, Transition,
 };
 use crate::load::LoadTable;

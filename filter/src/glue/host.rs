@@ -3,7 +3,7 @@
 //! host's shared data as the core's `SharedStore`.
 
 use super::hostcalls;
-use crate::counters::CounterBatch;
+use crate::support::counters::CounterBatch;
 use proxy_wasm::types::{LogLevel, MapType, MetricType};
 use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
@@ -46,7 +46,7 @@ pub fn request_ended(idle: bool, now_ms: u64) {
 }
 
 /// Hands this VM's summed counter increments to the host if they are due
-/// (`crate::counters`; `idle`: the VM holds no request), or whatever the time
+/// (`crate::support::counters`; `idle`: the VM holds no request), or whatever the time
 /// (`force`: a probe's answer).
 pub fn flush_counters(idle: bool, now_ms: u64, force: bool) {
     let taken = COUNTERS.with(|c| {
@@ -66,7 +66,7 @@ pub fn flush_counters(idle: bool, now_ms: u64, force: bool) {
 pub struct Metric {
     id: Option<u32>,
     kind: MetricType,
-    /// A counter's place in this VM's batch (`crate::counters::CounterBatch`).
+    /// A counter's place in this VM's batch (`crate::support::counters::CounterBatch`).
     slot: u32,
 }
 

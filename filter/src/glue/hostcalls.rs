@@ -10,7 +10,7 @@
 //! SDK's would bring its panics back). `dispatch_http_call` is the one the SDK must
 //! make itself (see there).
 
-use crate::header_pairs::{self, Pairs};
+use crate::support::header_pairs::{self, Pairs};
 use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType, Status};
 use std::ptr::{null, null_mut};
 use std::time::Duration;
@@ -216,7 +216,7 @@ pub fn get_map(map: MapType) -> Result<Vec<(String, String)>, Status> {
         .collect())
 }
 
-/// A header map as the host serializes it (`crate::header_pairs`), in one hostcall;
+/// A header map as the host serializes it (`crate::support::header_pairs`), in one hostcall;
 /// empty when the host has none.
 pub fn get_map_bytes(map: MapType) -> Result<Bytes, Status> {
     let (mut data, mut size) = (null_mut(), 0);

@@ -1,5 +1,5 @@
 //! Discovery mode's side of a collector push: the push's `membership` is merged
-//! into the shared worker list (`crate::membership`), and the push's samples are
+//! into the shared worker list (`crate::background::membership`), and the push's samples are
 //! checked against the merged list before anything is stored, so a push is taken
 //! or refused whole. A changed list is written with CAS (two pushes on two threads
 //! never build on the same version) and shared through the operation ring.
@@ -7,7 +7,7 @@
 use super::host::HostStore;
 use super::state::State;
 use crate::config::WorkerConfig;
-use crate::membership::{parse_membership, update};
+use crate::background::membership::{parse_membership, update};
 use crate::push::PushError;
 use crate::shared::{Membership, Op, SetOutcome, CAS_ATTEMPTS};
 

@@ -1,14 +1,14 @@
 //! The stats this VM reports, defined once per VM by the names in
-//! `crate::metric_names` (same-named stats of all VMs are one in Envoy).
+//! `crate::support::metric_names` (same-named stats of all VMs are one in Envoy).
 
 use std::cell::Cell;
 
 use super::host::Metric;
-use crate::bookkeeping::Booking;
+use crate::request::bookkeeping::Booking;
 use crate::config::Config;
 use crate::decision::{Decision, Label, Reason};
-use crate::metric_names::{self as names, worker, worker_metric};
-use crate::worker_stats::WorkerGauges;
+use crate::support::metric_names::{self as names, worker, worker_metric};
+use crate::background::worker_stats::WorkerGauges;
 
 /// Request-path stats.
 pub struct Metrics {

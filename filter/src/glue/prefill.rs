@@ -14,9 +14,9 @@ use super::hostcalls;
 use super::state::State;
 use crate::config::{Config, WorkerConfig};
 use crate::decision::Decision;
-use crate::header_names::{PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER};
-use crate::pd::PrefillFailure;
-use crate::plan::Refusal;
+use crate::support::header_names::{PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER};
+use crate::request::pd::PrefillFailure;
+use crate::request::plan::Refusal;
 use crate::policy::predicted_ttft::WorkHold;
 
 /// Prefill error bodies quoted back to the client, at most this many bytes.

@@ -20,8 +20,8 @@ use super::hostcalls;
 use super::metrics::OverloadMetrics;
 use super::state::State;
 use crate::config::{probe_cluster, Config, OverloadConfig, WorkerConfig};
-use crate::health::Event as HealthEvent;
-use crate::overload::{observe_latencies, Event, Transition};
+use crate::background::health::Event as HealthEvent;
+use crate::background::overload::{observe_latencies, Event, Transition};
 use crate::shared::{FlagTable, Keys, ProbeLease};
 
 /// A probe waiting for its answer.

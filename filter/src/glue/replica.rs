@@ -1,4 +1,4 @@
-//! The replicas endpoint on the host (`crate::replica` decides): the bridge's
+//! The replicas endpoint on the host (`crate::background::replica` decides): the bridge's
 //! `GET` is answered from the ring at once; its `POST` is checked on the headers,
 //! buffered, checked whole, and only then recorded: the imported inserts go into the
 //! ring (every VM applies them as it applies its own threads'), the peer's in-flight
@@ -10,9 +10,9 @@ use super::host::{self, request_header, HostStore};
 use super::hostcalls;
 use super::reply;
 use super::state::{Shared, State};
-use crate::header_names::REASON_HEADER;
+use crate::support::header_names::REASON_HEADER;
 use crate::push::token_matches;
-use crate::replica::{export, import, request_of, Batch, ReplicaError, Request};
+use crate::background::replica::{export, import, request_of, Batch, ReplicaError, Request};
 use crate::shared::{Batch as RingBatch, Gate, PeerLoads, PeerReport, PushLockout};
 
 /// The endpoint's stats.

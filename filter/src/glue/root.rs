@@ -15,9 +15,9 @@ use super::prober::Prober;
 use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::config::{Config, ConfigError};
-use crate::metric_names::{vm, vm_metric};
+use crate::support::metric_names::{vm, vm_metric};
 use crate::shared::{ensure_tables, Keys, Op, OpRing};
-use crate::worker_stats::worker_gauges;
+use crate::background::worker_stats::worker_gauges;
 
 /// Takes the push token from the VM's environment when the config names a variable
 /// (`stats_token_env`): Envoy sets it from `vm_config.environment_variables`.
@@ -205,7 +205,7 @@ impl RootContext for Root {
         let now = host::now_ms();
         self.tick(now);
         // Whatever the VM counted since its last hand-over, the tick's own included:
-        // at once when it holds no request, else when due (`crate::counters`).
+        // at once when it holds no request, else when due (`crate::support::counters`).
         let idle = self
             .state
             .borrow()

@@ -1,5 +1,5 @@
 //! One HTTP stream: strip client routing headers, buffer the body, decide at end of
-//! stream (`crate::plan`), apply the plan (routing header, PD body and prefill copy,
+//! stream (`crate::request::plan`), apply the plan (routing header, PD body and prefill copy,
 //! bookkeeping), clear the route cache, and hold the in-flight counts until the
 //! stream ends (however it ends). Collector pushes are handed to `push`.
 
@@ -17,15 +17,15 @@ use super::reply;
 use super::state::Shared;
 use crate::config::{DecisionHeaders, Target};
 use crate::decision::Decision;
-use crate::header_names::{
+use crate::support::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, EXPLAIN_HEADER, PREDICTED_TTFT_HEADER,
     PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
 };
-use crate::models;
+use crate::request::models;
 use crate::parse::{self, Parsed, Reading};
-use crate::plan::{plan, Refusal};
+use crate::request::plan::{plan, Refusal};
 use crate::shared::truncate_text;
-use crate::target::route_target;
+use crate::request::target::route_target;
 use crate::policy::predicted_ttft::WorkHold;
 
 /// What a routed stream chose: the worker that gets the request itself (regular or
@@ -281,7 +281,7 @@ impl Stream {
 
     /// Takes the main worker out if its upstream failed (`super::health`); not after
     /// the filter's own reply (a failed prefill), which is no verdict on it, nor after
-    /// a 4xx (`crate::health::refused`), a verdict on the request. Each way no engine
+    /// a 4xx (`crate::background::health::refused`), a verdict on the request. Each way no engine
     /// served the request: what it recorded is undone.
     fn judge_upstream(&mut self) {
         let Some(routed) = self.routed.as_mut() else {
@@ -295,7 +295,7 @@ impl Stream {
         if self.replied {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), None);
         } else if health::observe(state, worker, self.seen)
-            || crate::health::refused(self.seen.status)
+            || crate::background::health::refused(self.seen.status)
         {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), Some(worker));
         }

@@ -171,7 +171,7 @@ pub struct CacheAwareParams {
 /// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
 /// rung passes, so an imbalanced fleet costs no tree walk; it lends the match, which
 /// its caller keeps (the router reads the owners again after deciding).
-/// `candidates` come in worker order, as `crate::candidates` screens them: the
+/// `candidates` come in worker order, as `crate::request::candidates` screens them: the
 /// match's owners are looked up in them.
 pub fn cache_aware<'m>(
     params: &CacheAwareParams,

@@ -5,7 +5,7 @@
 //! one request's screened candidates to a `Chosen`. The policies are listed once,
 //! in `crate::config::policies`; `Selectors`, one per pool, is generated from that
 //! list and dispatches by a `match` (no allocation, no virtual call per request).
-//! The candidates come from `crate::candidates` (the serving set after the overload
+//! The candidates come from `crate::request::candidates` (the serving set after the overload
 //! screen).
 //!
 //! - `cache_aware`: SGLang model gateway's prefix-affinity ladder with the queue

@@ -1,4 +1,4 @@
-//! The overload flag table: every worker's `Flag` (see `crate::overload`) in one
+//! The overload flag table: every worker's `Flag` (see `crate::background::overload`) in one
 //! key (`super::worker_states`), every worker stored. Only the prober lease holder
 //! writes it; every request reads it (through `crate::shared::read_loads`).
 
@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::worker_states::{StateTable, States, WorkerState};
 use super::Keys;
-use crate::overload::{EnterReason, Flag};
+use crate::background::overload::{EnterReason, Flag};
 
 /// Every worker's flag, by worker index.
 pub type Flags = States<Flag>;
@@ -64,10 +64,10 @@ mod tests {
     use super::*;
     use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
-    use crate::overload::Transition;
+    use crate::background::overload::Transition;
 
-    use crate::overload::observe_latencies;
-    use crate::overload::testing::{cfg, sample};
+    use crate::background::overload::observe_latencies;
+    use crate::background::overload::testing::{cfg, sample};
 
     #[test]
     fn flags_round_trip_by_name() {

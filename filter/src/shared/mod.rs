@@ -14,7 +14,7 @@
 //! - `membership`: discovery mode's worker list and its version;
 //! - `health`: the workers down after a failure (written by any VM);
 //! - `lockout`: the push endpoint's failed token checks;
-//! - `peers`: peer replicas' in-flight counts (`crate::replica`);
+//! - `peers`: peer replicas' in-flight counts (`crate::background::replica`);
 //! - `work`: `predicted_ttft`'s outstanding prefill, learned costs and the
 //!   in-flight counts at the last sample.
 //!
@@ -508,7 +508,7 @@ mod tests {
     #[test]
     fn first_writes_racing_on_every_table_both_count_once_the_tables_exist() {
         use crate::config::testing::named_workers;
-        use crate::health::{DownReason, Event, Recovery};
+        use crate::background::health::{DownReason, Event, Recovery};
         let keys = Keys::new("t");
         let w = named_workers(3);
         // Each table's first write from two threads, and whether both landed.

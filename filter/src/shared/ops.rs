@@ -4,7 +4,7 @@
 //! joins, leaves and removals, whose tenants go with them). Workers are named, not indexed, so VMs momentarily on different config
 //! versions still agree. The encoding is a tag byte plus length-prefixed fields;
 //! decoding never panics and refuses unknown tags and trailing bytes. An insert
-//! imported from a peer replica (`crate::replica`) has its own tag: every VM applies
+//! imported from a peer replica (`crate::background::replica`) has its own tag: every VM applies
 //! it like a local one, but the replica export skips it, so no operation travels back
 //! to where it came from.
 

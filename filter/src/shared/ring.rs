@@ -361,7 +361,7 @@ impl OpRing {
     /// `get` of kilobytes and a decode of every text in it, for nothing), and
     /// giving `apply` each operation encoded: it decodes and applies it and says
     /// whether it was well formed (garbage counts as a gap). The VMs decode as
-    /// they apply (`crate::router::Router::apply_encoded`), an insert's text
+    /// they apply (`crate::request::router::Router::apply_encoded`), an insert's text
     /// checked as UTF-8 only past what the tree holds of it.
     pub fn catch_up_past(
         &self,

@@ -145,7 +145,7 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
                 prefill_failures: done
                     .host
                     .metric(&run::envoy_stat(
-                        llm_router::metric_names::PD_PREFILL_FAILURES,
+                        llm_router::support::metric_names::PD_PREFILL_FAILURES,
                     ))
                     .unwrap_or(0),
                 prefill_per_worker: done

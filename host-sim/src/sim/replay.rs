@@ -24,7 +24,7 @@ use llm_load::response::{parse_json_body, snippet};
 use llm_load::scheduler::Dispatch;
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::WorkItem;
-use llm_router::header_names::{DECISION_HEADER, EXPLAIN_HEADER};
+use llm_router::support::header_names::{DECISION_HEADER, EXPLAIN_HEADER};
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -11,7 +11,7 @@
 #![allow(dead_code)]
 
 use host_sim::{Filter, Host, HostBuilder, RequestSpec, StreamHandle, StreamOutcome};
-use llm_router::header_names::EXPLAIN_HEADER;
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -51,7 +51,7 @@ use host_sim::replay::Calls;
 use host_sim::{Filter, Host, RequestSpec};
 use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
-use llm_router::header_names::EXPLAIN_HEADER;
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 
 use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
-use llm_router::header_names::EXPLAIN_HEADER;
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

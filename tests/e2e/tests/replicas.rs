@@ -12,7 +12,7 @@
 use e2e::support::{header, post, wait_until};
 use llm_demo::fleet::FleetSpec;
 use llm_demo::replicas::{nats_server_bin, Replica, Replicas};
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 use serde_json::json;
 
 /// `n` replicas over 4 engine mocks with sharing on, or `None` (the test skips)

@@ -13,7 +13,7 @@ use llm_load::generate::{conversation, GenerateConfig};
 use llm_load::record::Record;
 use llm_load::workload::{WorkItem, CHAT_PATH};
 use llm_router::decision::Label;
-use llm_router::metric_names as names;
+use llm_router::support::metric_names as names;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

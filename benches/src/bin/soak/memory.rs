@@ -9,7 +9,7 @@
 //! are within `bound_pct` percent of what they were then, and no VM was replaced (a
 //! VM that trapped is reloaded under a new id, starting small again).
 
-use llm_router::metric_names::{split_vm_metric, vm};
+use llm_router::support::metric_names::{split_vm_metric, vm};
 use std::collections::BTreeMap;
 
 /// One VM's gauges.

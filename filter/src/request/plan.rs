@@ -9,17 +9,17 @@
 //! filtered prefix owner) comes back in `Notes`.
 //!
 //! PD: the prefill pool's ladder and the decode pool's ladder each pick a worker;
-//! a request with a body gets the bootstrap fields (`crate::pd`) naming the prefill
+//! a request with a body gets the bootstrap fields (`crate::request::pd`) naming the prefill
 //! worker, and the same body goes to both. A request without a body (`GET
 //! /v1/models`) has no prompt to prefill and goes to the decode worker alone.
 
 use crate::decision::Decision;
 use crate::load::Loads;
 use crate::parse::{Parsed, Unreadable};
-use crate::pd::{self, Bootstrap, RewriteError};
+use crate::request::pd::{self, Bootstrap, RewriteError};
 use crate::rng::{Rng, Rooms};
-use crate::router::{NoWorker, Record, Router};
-use crate::target::route_target;
+use crate::request::router::{NoWorker, Record, Router};
+use crate::request::target::route_target;
 
 /// Where a routed request goes and what it leaves behind.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,7 +195,7 @@ fn finish(
     records: Vec<Record>,
 ) -> Result<Plan, Refusal> {
     // The glue reads the routing header and value for `main` from the configuration
-    // (`crate::target`) when it sets them: only whether there are any is settled here.
+    // (`crate::request::target`) when it sets them: only whether there are any is settled here.
     route_target(router.config(), main.worker).ok_or(Refusal::UnknownWorker)?;
     Ok(Plan {
         main,

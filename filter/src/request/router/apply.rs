@@ -4,7 +4,7 @@
 
 use super::Router;
 use crate::config::Pool;
-use crate::model_trees::{Bounds, Inserted};
+use crate::request::model_trees::{Bounds, Inserted};
 use crate::shared::{Incoming, Op};
 use crate::tree::{TenantId, Walked};
 

@@ -74,7 +74,7 @@ pub const HEALTH_DOWN_NOW: &str = "llm_router_health_down_now";
 /// Finished requests whose upstream failed (connect failure, reset, timeout, 5xx).
 pub const UPSTREAM_FAILURES: &str = "llm_router_upstream_failures";
 
-/// Replica bridge (`crate::replica`): local inserts exported to the bridge.
+/// Replica bridge (`crate::background::replica`): local inserts exported to the bridge.
 pub const REPLICA_OPS_EXPORTED: &str = "llm_router_replica_ops_exported";
 /// Peer inserts imported into the ring.
 pub const REPLICA_OPS_IMPORTED: &str = "llm_router_replica_ops_imported";

@@ -4,7 +4,7 @@
 //! increments, holds the in-flight counts, and records the plan's tree operations.
 
 use crate::decision::Decision;
-use crate::plan::Plan;
+use crate::request::plan::Plan;
 
 /// The counts one routed request adds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub fn booking(plan: &Plan) -> Booking<'_> {
 mod tests {
     use super::*;
     use crate::decision::{GateAudit, Reason};
-    use crate::plan::PrefillLeg;
+    use crate::request::plan::PrefillLeg;
 
     fn decision(worker: u32, reason: Reason) -> Decision {
         Decision {

@@ -268,7 +268,7 @@ mod tests {
         use crate::load::Loads;
         use crate::parse::{parse, Parsed};
         use crate::rng::SplitMix64;
-        use crate::router::{NoWorker, Router};
+        use crate::request::router::{NoWorker, Router};
         use crate::shared::{Membership, Op};
 
         fn list(version: u64, workers: &[WorkerConfig]) -> Op {
@@ -290,7 +290,7 @@ mod tests {
             let routed = r
                 .route(&mut chat(text), &Loads::inflight_only(&vec![0; n]), rng)
                 .unwrap();
-            if let Some(crate::router::Record { op, .. }) = &routed.record {
+            if let Some(crate::request::router::Record { op, .. }) = &routed.record {
                 r.apply_local(op);
             }
             let d = routed.decision;
