@@ -267,8 +267,8 @@ mod tests {
         use crate::decision::Reason;
         use crate::load::Loads;
         use crate::parse::{parse, Parsed};
-        use crate::rng::SplitMix64;
         use crate::request::router::{NoWorker, Router};
+        use crate::rng::SplitMix64;
         use crate::shared::{Membership, Op};
 
         fn list(version: u64, workers: &[WorkerConfig]) -> Op {

@@ -6,12 +6,12 @@ use std::rc::Rc;
 
 use super::host::HostStore;
 use super::state::State;
-use crate::request::bookkeeping::booking;
 use crate::decision::Decision;
+use crate::policy::predicted_ttft::WorkHold;
+use crate::request::bookkeeping::booking;
 use crate::request::plan::Plan;
 use crate::request::router::Record;
 use crate::shared::{Op, Recorded, Stage};
-use crate::policy::predicted_ttft::WorkHold;
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
 /// released correctly even if a config update reorders the workers meanwhile. The

@@ -11,10 +11,10 @@ use super::host::{self, HostStore};
 use super::hostcalls;
 use super::metrics::HealthMetrics;
 use super::state::State;
-use crate::config::{probe_cluster, Config};
 use crate::background::health::{
     classify, report_event, served_by_callbacks, Event, Outcome, Recovery, Transition,
 };
+use crate::config::{probe_cluster, Config};
 use crate::load::LoadTable;
 use crate::shared::HealthTable;
 

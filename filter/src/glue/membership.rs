@@ -6,8 +6,8 @@
 
 use super::host::HostStore;
 use super::state::State;
-use crate::config::WorkerConfig;
 use crate::background::membership::{parse_membership, update};
+use crate::config::WorkerConfig;
 use crate::push::PushError;
 use crate::shared::{Membership, Op, SetOutcome, CAS_ATTEMPTS};
 

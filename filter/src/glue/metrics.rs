@@ -4,11 +4,11 @@
 use std::cell::Cell;
 
 use super::host::Metric;
-use crate::request::bookkeeping::Booking;
+use crate::background::worker_stats::WorkerGauges;
 use crate::config::Config;
 use crate::decision::{Decision, Label, Reason};
+use crate::request::bookkeeping::Booking;
 use crate::support::metric_names::{self as names, worker, worker_metric};
-use crate::background::worker_stats::WorkerGauges;
 
 /// Request-path stats.
 pub struct Metrics {

@@ -14,10 +14,10 @@ use super::hostcalls;
 use super::state::State;
 use crate::config::{Config, WorkerConfig};
 use crate::decision::Decision;
-use crate::support::header_names::{PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER};
+use crate::policy::predicted_ttft::WorkHold;
 use crate::request::pd::PrefillFailure;
 use crate::request::plan::Refusal;
-use crate::policy::predicted_ttft::WorkHold;
+use crate::support::header_names::{PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER};
 
 /// Prefill error bodies quoted back to the client, at most this many bytes.
 const PREFILL_ERROR_QUOTE_BYTES: usize = 512;

@@ -10,10 +10,10 @@ use super::host::{self, request_header, HostStore};
 use super::hostcalls;
 use super::reply;
 use super::state::{Shared, State};
-use crate::support::header_names::REASON_HEADER;
-use crate::push::token_matches;
 use crate::background::replica::{export, import, request_of, Batch, ReplicaError, Request};
+use crate::push::token_matches;
 use crate::shared::{Batch as RingBatch, Gate, PeerLoads, PeerReport, PushLockout};
+use crate::support::header_names::REASON_HEADER;
 
 /// The endpoint's stats.
 /// A peer batch being received.

@@ -5,8 +5,8 @@ use proxy_wasm::types::{Action, LogLevel};
 
 use super::host;
 use super::hostcalls;
-use crate::support::header_names::REASON_HEADER;
 use crate::request::plan::Refusal;
+use crate::support::header_names::REASON_HEADER;
 
 /// A local reply with a JSON body, the reason in `x-llm-router-reason`.
 pub fn json(status: u32, reason: &str, body: &str) -> Action {

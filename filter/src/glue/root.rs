@@ -14,10 +14,10 @@ use super::hostcalls;
 use super::prober::Prober;
 use super::state::{Shared, State};
 use super::stream::Stream;
-use crate::config::{Config, ConfigError};
-use crate::support::metric_names::{vm, vm_metric};
-use crate::shared::{ensure_tables, Keys, Op, OpRing};
 use crate::background::worker_stats::worker_gauges;
+use crate::config::{Config, ConfigError};
+use crate::shared::{ensure_tables, Keys, Op, OpRing};
+use crate::support::metric_names::{vm, vm_metric};
 
 /// Takes the push token from the VM's environment when the config names a variable
 /// (`stats_token_env`): Envoy sets it from `vm_config.environment_variables`.

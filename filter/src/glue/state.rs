@@ -11,8 +11,8 @@ use super::host::{self, HostStore};
 use super::metrics::{Metrics, ReplicaMetrics};
 use crate::config::Config;
 use crate::load::{LoadTable, Loads};
-use crate::rng::SplitMix64;
 use crate::request::router::Router;
+use crate::rng::SplitMix64;
 use crate::shared::{
     owner_expiry_ms, read_loads, BellWatch, ByWorker, CostTable, EvictionClock, Flushed,
     InflightTable, Keys, MembershipTable, Op, OpRing, Outbox, OwnAtSample, Recorded, SamplesTable,

@@ -17,16 +17,16 @@ use super::reply;
 use super::state::Shared;
 use crate::config::{DecisionHeaders, Target};
 use crate::decision::Decision;
+use crate::parse::{self, Parsed, Reading};
+use crate::policy::predicted_ttft::WorkHold;
+use crate::request::models;
+use crate::request::plan::{plan, Refusal};
+use crate::request::target::route_target;
+use crate::shared::truncate_text;
 use crate::support::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, EXPLAIN_HEADER, PREDICTED_TTFT_HEADER,
     PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
 };
-use crate::request::models;
-use crate::parse::{self, Parsed, Reading};
-use crate::request::plan::{plan, Refusal};
-use crate::shared::truncate_text;
-use crate::request::target::route_target;
-use crate::policy::predicted_ttft::WorkHold;
 
 /// What a routed stream chose: the worker that gets the request itself (regular or
 /// decode) and, in PD mode, the prefill leg.

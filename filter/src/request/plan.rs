@@ -17,9 +17,9 @@ use crate::decision::Decision;
 use crate::load::Loads;
 use crate::parse::{Parsed, Unreadable};
 use crate::request::pd::{self, Bootstrap, RewriteError};
-use crate::rng::{Rng, Rooms};
 use crate::request::router::{NoWorker, Record, Router};
 use crate::request::target::route_target;
+use crate::rng::{Rng, Rooms};
 
 /// Where a routed request goes and what it leaves behind.
 #[derive(Debug, Clone, PartialEq)]

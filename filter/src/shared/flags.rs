@@ -62,9 +62,9 @@ impl WorkerState for Flag {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    use crate::background::overload::Transition;
     use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
-    use crate::background::overload::Transition;
 
     use crate::background::overload::observe_latencies;
     use crate::background::overload::testing::{cfg, sample};

@@ -61,10 +61,10 @@ impl WorkerState for Health {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
-    use crate::config::testing::named_workers as workers;
-    use crate::config::WorkerConfig;
     use crate::background::health::Transition;
     use crate::background::health::{Event, Recovery};
+    use crate::config::testing::named_workers as workers;
+    use crate::config::WorkerConfig;
 
     #[test]
     fn states_round_trip_by_name_and_store_only_the_down() {

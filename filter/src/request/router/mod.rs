@@ -17,13 +17,13 @@
 //! prefix goes elsewhere, the next request with it hits there instead of chasing the
 //! stale owner (re-homing).
 
-use crate::request::candidates::{self, Screened, Screens};
 use crate::config::{Config, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
-use crate::request::model_trees::ModelTrees;
 use crate::parse::Parsed;
 use crate::policy::{Ask, Selectors};
+use crate::request::candidates::{self, Screened, Screens};
+use crate::request::model_trees::ModelTrees;
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
 use crate::tree::{TenantId, Walked};
