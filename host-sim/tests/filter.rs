@@ -10,8 +10,8 @@
 mod support;
 
 use host_sim::{Host, RequestSpec, StreamHandle, StreamOutcome};
-use llm_router::support::header_names::EXPLAIN_HEADER;
 use llm_router::rng::{Rng as _, SplitMix64};
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use std::collections::{BTreeMap, BTreeSet};
 use support::{chat, completion, filter, fleet_config as fleet, metric, CLUSTER_HEADER};
 

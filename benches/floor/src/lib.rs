@@ -243,7 +243,10 @@ mod tests {
         use llm_router::config::{DEFAULT_CLUSTER_HEADER as CLUSTER, DEFAULT_ENDPOINT_HEADER};
         assert_eq!(DEFAULT_CLUSTER_HEADER, CLUSTER);
         assert_eq!(UNUSED_ROUTING_HEADER, DEFAULT_ENDPOINT_HEADER);
-        assert_eq!(EXPLAIN_HEADER, llm_router::support::header_names::EXPLAIN_HEADER);
+        assert_eq!(
+            EXPLAIN_HEADER,
+            llm_router::support::header_names::EXPLAIN_HEADER
+        );
     }
 
     #[test]

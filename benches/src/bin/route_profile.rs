@@ -23,8 +23,8 @@ use llm_load::workload::CHAT_PATH;
 use llm_router::config::Config;
 use llm_router::load::{Loads, WorkerWork};
 use llm_router::parse::{parse, Parsed};
-use llm_router::rng::SplitMix64;
 use llm_router::request::router::Router;
+use llm_router::rng::SplitMix64;
 use std::collections::VecDeque;
 
 #[derive(Parser, Debug)]
