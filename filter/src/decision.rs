@@ -4,108 +4,75 @@
 
 use crate::tree::TenantId;
 
-/// Why the worker was chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// The prefix owner (match rate above `cache_threshold`).
-    CacheHit,
-    /// Match rate at or below the threshold: least in-flight.
-    CacheMiss,
-    /// In-flight loads imbalanced beyond both thresholds: least in-flight, tree
-    /// ignored.
-    Imbalanced,
-    /// The body gave no routing text: least in-flight.
-    Unreadable,
-    /// Every prefix owner was queued at the limit; diverted to a worker that is not.
-    CacheWorkerQueued,
-    /// Every owner and every worker of the fleet queued: stayed with an owner.
-    AllQueued,
-    /// Every owner queued and no worker provably below the floor: pinned to an owner.
-    SaturationPin,
-    /// Every candidate was flagged overloaded: routed among them rather than refused.
-    AllOverloaded,
-    /// Every serving worker was down after failures: routed among them rather than
-    /// refused (a wrong verdict must not refuse the whole fleet).
-    AllDown,
-    RoundRobin,
-    Random,
-    PowerOfTwo,
-    /// `predicted_ttft`: the lowest predicted TTFT is on a worker holding this
-    /// request's longest cached prefix (stayed with the cache).
-    TtftCache,
-    /// `predicted_ttft`: a worker holding the longest prefix was eligible, but
-    /// another was predicted faster (moved: the queue outweighed the cache).
-    TtftSpread,
-    /// `predicted_ttft`: every holder of the longest prefix was above the
-    /// bounded-load cap.
-    TtftCapped,
-    /// `predicted_ttft`: no worker holds any of the text: the least predicted work.
-    TtftCold,
+/// Declares `Reason` from its list: each reason's doc, variant, spelling and label
+/// on one entry, so a new reason (a new policy's, say) is one entry, and `ALL`,
+/// `as_str` and `label` cannot miss it.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $name:ident = $spelling:literal, $label:ident;)*) => {
+        /// Why the worker was chosen.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Reason {
+            /// Every reason, for per-reason counters.
+            pub const ALL: [Reason; [$(stringify!($name)),*].len()] = [$(Reason::$name),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$name => $spelling,)*
+                }
+            }
+
+            /// The metric class. `all_queued` is deliberately not `cache_hit_*`, so
+            /// a query on `cache_hit.*` does not read a saturated fleet as a
+            /// healthy one; a fleet that is all overloaded (or all down) is
+            /// saturated too.
+            pub fn label(self) -> Label {
+                match self {
+                    $(Reason::$name => Label::$label,)*
+                }
+            }
+        }
+    };
 }
 
-impl Reason {
-    /// Every reason, for per-reason counters.
-    pub const ALL: [Reason; 16] = [
-        Reason::CacheHit,
-        Reason::CacheMiss,
-        Reason::Imbalanced,
-        Reason::Unreadable,
-        Reason::CacheWorkerQueued,
-        Reason::AllQueued,
-        Reason::SaturationPin,
-        Reason::AllOverloaded,
-        Reason::AllDown,
-        Reason::RoundRobin,
-        Reason::Random,
-        Reason::PowerOfTwo,
-        Reason::TtftCache,
-        Reason::TtftSpread,
-        Reason::TtftCapped,
-        Reason::TtftCold,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::CacheHit => "cache_hit",
-            Reason::CacheMiss => "cache_miss",
-            Reason::Imbalanced => "imbalanced",
-            Reason::Unreadable => "unreadable_body",
-            Reason::CacheWorkerQueued => "cache_worker_queued",
-            Reason::AllQueued => "all_queued",
-            Reason::SaturationPin => "saturation_pin",
-            Reason::AllOverloaded => "all_overloaded",
-            Reason::AllDown => "all_down",
-            Reason::RoundRobin => "round_robin",
-            Reason::Random => "random",
-            Reason::PowerOfTwo => "power_of_two",
-            Reason::TtftCache => "ttft_cache",
-            Reason::TtftSpread => "ttft_spread",
-            Reason::TtftCapped => "ttft_capped",
-            Reason::TtftCold => "ttft_cold",
-        }
-    }
-
-    /// The metric class. `all_queued` is deliberately not `cache_hit_*`, so a query
-    /// on `cache_hit.*` does not read a saturated fleet as a healthy one; a fleet
-    /// that is all overloaded (or all down) is saturated too.
-    pub fn label(self) -> Label {
-        match self {
-            Reason::CacheHit | Reason::TtftCache => Label::CacheHit,
-            Reason::CacheWorkerQueued => Label::CacheWorkerQueued,
-            Reason::AllQueued | Reason::SaturationPin | Reason::AllOverloaded | Reason::AllDown => {
-                Label::AllQueued
-            }
-            Reason::CacheMiss
-            | Reason::Imbalanced
-            | Reason::Unreadable
-            | Reason::RoundRobin
-            | Reason::Random
-            | Reason::PowerOfTwo
-            | Reason::TtftSpread
-            | Reason::TtftCapped
-            | Reason::TtftCold => Label::CacheMiss,
-        }
-    }
+reasons! {
+    /// The prefix owner (match rate above `cache_threshold`).
+    CacheHit = "cache_hit", CacheHit;
+    /// Match rate at or below the threshold: least in-flight.
+    CacheMiss = "cache_miss", CacheMiss;
+    /// In-flight loads imbalanced beyond both thresholds: least in-flight, tree
+    /// ignored.
+    Imbalanced = "imbalanced", CacheMiss;
+    /// The body gave no routing text: least in-flight.
+    Unreadable = "unreadable_body", CacheMiss;
+    /// Every prefix owner was queued at the limit; diverted to a worker that is not.
+    CacheWorkerQueued = "cache_worker_queued", CacheWorkerQueued;
+    /// Every owner and every worker of the fleet queued: stayed with an owner.
+    AllQueued = "all_queued", AllQueued;
+    /// Every owner queued and no worker provably below the floor: pinned to an owner.
+    SaturationPin = "saturation_pin", AllQueued;
+    /// Every candidate was flagged overloaded: routed among them rather than refused.
+    AllOverloaded = "all_overloaded", AllQueued;
+    /// Every serving worker was down after failures: routed among them rather than
+    /// refused (a wrong verdict must not refuse the whole fleet).
+    AllDown = "all_down", AllQueued;
+    RoundRobin = "round_robin", CacheMiss;
+    Random = "random", CacheMiss;
+    PowerOfTwo = "power_of_two", CacheMiss;
+    /// `predicted_ttft`: the lowest predicted TTFT is on a worker holding this
+    /// request's longest cached prefix (stayed with the cache).
+    TtftCache = "ttft_cache", CacheHit;
+    /// `predicted_ttft`: a worker holding the longest prefix was eligible, but
+    /// another was predicted faster (moved: the queue outweighed the cache).
+    TtftSpread = "ttft_spread", CacheMiss;
+    /// `predicted_ttft`: every holder of the longest prefix was above the
+    /// bounded-load cap.
+    TtftCapped = "ttft_capped", CacheMiss;
+    /// `predicted_ttft`: no worker holds any of the text: the least predicted work.
+    TtftCold = "ttft_cold", CacheMiss;
 }
 
 /// Decision classes; exactly one per routed request, so they sum to the routed count.
