@@ -14,7 +14,7 @@
 //! cleaned here first: NaN and negatives are left out (unknown) and the rest held to
 //! the format's ceilings.
 
-use crate::background::membership::{Naming, Worker};
+use crate::membership::{Naming, Worker};
 use crate::metrics::EngineMetrics;
 use bytes::Bytes;
 use llm_router_push::{Push, WorkerStats, MAX_KV_USAGE, MAX_QUEUE, MAX_TPOT_S, MAX_TTFT_S};
@@ -140,13 +140,13 @@ mod tests {
     /// static filter reads the samples and skips the membership.
     #[test]
     fn both_filter_modes_take_the_snapshot() {
-        use llm_router::background::membership::{parse_membership, update};
         use llm_router::config::Config;
+        use llm_router::membership::{parse_membership, update};
         use llm_router::push::parse_push;
         let clusters = r#"{"cluster_statuses":[
             {"name":"engine_w0","host_statuses":[{"address":{"socket_address":{"address":"127.0.0.1","port_value":8001}}}]},
             {"name":"pool","host_statuses":[{"address":{"socket_address":{"address":"10.0.0.8","port_value":8000}}}]}]}"#;
-        let (workers, _) = crate::background::membership::parse_envoy_clusters(
+        let (workers, _) = crate::membership::parse_envoy_clusters(
             clusters.as_bytes(),
             "engine_",
             &["pool".into()],
