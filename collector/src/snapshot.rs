@@ -140,8 +140,8 @@ mod tests {
     /// static filter reads the samples and skips the membership.
     #[test]
     fn both_filter_modes_take_the_snapshot() {
+        use llm_router::background::membership::{parse_membership, update};
         use llm_router::config::Config;
-        use llm_router::membership::{parse_membership, update};
         use llm_router::push::parse_push;
         let clusters = r#"{"cluster_statuses":[
             {"name":"engine_w0","host_statuses":[{"address":{"socket_address":{"address":"127.0.0.1","port_value":8001}}}]},
