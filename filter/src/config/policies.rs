@@ -1,9 +1,10 @@
 //! The one list of routing policies. A policy is registered by one line here,
-//! `Name module` (the first is the default, SMG's): the configuration takes its name (`module`, snake case) for
-//! `policy`, `prefill_policy` and `decode_policy`, and `crate::policy` declares
-//! `module` and dispatches to its `Name` selector (`crate::policy::Select`). The
-//! list is a macro that hands it to another, so the configuration, which imports
-//! nothing above it, names the policies without naming their code.
+//! `Name module` (the first is the default, SMG's): the configuration takes its
+//! name (`module`) for `policy`, `prefill_policy` and `decode_policy`, and
+//! `crate::policy` declares `module` and dispatches to its `Name`, which implements
+//! `crate::policy::Select`. The list is a macro that hands it to another, so the
+//! configuration, which imports nothing above it, names the policies without
+//! naming their code.
 
 /// Calls `$then! { Name module, ... }` with every policy.
 macro_rules! policies {

@@ -29,11 +29,10 @@ pub const DEFAULT_STAY_FACTOR: f64 = 4.0;
 /// (0: of any size); a larger fleet's request scores its conversation's worker,
 /// the holders of its longest match (up to that many: those with the fewest
 /// conversations) and a quarter as many of the workers with the fewest
-/// conversations (`crate::policy::predicted_ttft`, `sample.rs`). On by default: on eight replays at 64
-/// and 256 workers it placed every request as scoring every worker did but one
-/// (within 0.1 point of cached tokens), and a fleet of 256 costs Envoy about 1.3
-/// times what 4 do, against 1.85 times scoring every worker (README,
-/// "Predicted TTFT").
+/// conversations (`crate::policy::predicted_ttft`, its sample). On by default: on
+/// eight replays at 64 and 256 workers it placed every request as scoring every
+/// worker did but one (within 0.1 point of cached tokens), and a fleet of 256 costs
+/// Envoy about 1.3 times what 4 do, against 1.85 times scoring every worker.
 pub const DEFAULT_TTFT_SAMPLE_SIZE: usize = 16;
 
 impl Config {

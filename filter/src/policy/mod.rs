@@ -1,12 +1,13 @@
 //! Worker selection behind one seam, pingora's `BackendSelection` in a Wasm VM: each
 //! policy is a module here whose selector implements `Select`, with its own
 //! parameter struct built once from the configuration and its own state (a
-//! round-robin counter, the buffers a tree policy refills), and a pure `select` from
-//! one request's screened candidates to a `Chosen`. The policies are listed once,
-//! in `crate::config::policies`; `Selectors`, one per pool, is generated from that
-//! list and dispatches by a `match` (no allocation, no virtual call per request).
-//! The candidates come from `crate::request::candidates` (the serving set after the overload
-//! screen).
+//! round-robin counter, the buffers a tree policy refills), and a `select` that
+//! decides from one request's screened candidates alone (no clock, no host; the
+//! randomness is passed in). The policies are listed once, in
+//! `crate::config::policies`; `Selectors`, one per pool, is generated from that list
+//! and dispatches by a `match` (no allocation, no virtual call per request). The
+//! candidates come from `crate::request::candidates` (the serving set after the
+//! overload screen).
 //!
 //! - `cache_aware`: SGLang model gateway's prefix-affinity ladder with the queue
 //!   gate and saturation pin (the algorithm is stated at the top of its file);

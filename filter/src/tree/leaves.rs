@@ -1,5 +1,5 @@
 //! Each tenant's conversations (its leaves in the tree), also kept in order of how
-//! many it holds: a sampled fleet (`policy::ttft_sample`) draws the workers with
+//! many it holds: a sampled fleet (`predicted_ttft`'s sample) draws the workers with
 //! the fewest conversations, which the fleet rung prefers, without a pass over the
 //! fleet. Drawn from the whole fleet instead, a sample of 16 out of 256 saw the
 //! fewest only by chance, and conversations spread 8 to 16 a worker where the
