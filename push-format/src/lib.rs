@@ -57,6 +57,20 @@ pub struct Push<M = Member> {
     pub membership: Option<Vec<M>>,
 }
 
+impl<M> Push<M> {
+    /// A push of samples alone, as a test or a simulator sends it: no pusher named,
+    /// no membership (the filter keeps its worker list).
+    pub fn new(workers: Vec<WorkerStats>) -> Self {
+        Push {
+            collector: None,
+            seq: None,
+            interval_ms: None,
+            workers,
+            membership: None,
+        }
+    }
+}
+
 /// One worker's line: who it is, whether the collector could scrape it, and its
 /// engine's numbers at the last scrape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@
 use engine_model::cache::CacheLookup;
 use engine_model::engine::{Engine, EngineSpec, Served};
 use engine_model::prompt::{self, Endpoint};
+use llm_router_push::{Push, WorkerStats};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 
@@ -280,21 +281,22 @@ impl SimFleet {
         }
     }
 
-    /// The snapshot the companion collector would push at `now_ms`.
+    /// The snapshot the companion collector would push at `now_ms`, in the types
+    /// the filter reads.
     pub fn stats_push(&self, now_ms: f64) -> String {
-        let workers: Vec<Value> = self
+        let workers = self
             .engines
             .iter()
-            .map(|e| {
-                json!({
-                    "name": e.name,
-                    "num_waiting": e.engine.num_waiting(now_ms),
-                    "num_running": e.engine.num_running(now_ms),
-                    "kv_usage": e.engine.cache().usage(),
-                })
+            .map(|e| WorkerStats {
+                num_waiting: Some(e.engine.num_waiting(now_ms) as u64),
+                num_running: Some(e.engine.num_running(now_ms) as u64),
+                kv_usage: Some(e.engine.cache().usage()),
+                ..WorkerStats::reachable(Some(e.name.clone()), None)
             })
             .collect();
-        json!({ "workers": workers }).to_string()
+        let push: Push = Push::new(workers);
+        // Strings, integers and floats only: serde_json cannot fail on them.
+        serde_json::to_string(&push).expect("a push serializes")
     }
 }
 
