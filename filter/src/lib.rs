@@ -4,10 +4,11 @@
 //! Its folders follow the work: `request/` is a request's path after `parse/` (the
 //! candidates, the policy's choice through the router, the plan, its target and its
 //! bookkeeping), `policy/` holds the policies behind one seam, `background/` what
-//! the ticks and the collector's pushes drive (health, overload, membership, peer
-//! replicas, per-worker stats), `shared/` the state every thread of an Envoy
-//! shares, and `support/` the helpers; `config/`, `tree/`, `parse/` and the values
-//! a decision is made of (`decision`, `load`) sit below them.
+//! the ticks and the collector's pushes drive (membership, peer replicas,
+//! per-worker stats), `shared/` the state every thread of an Envoy shares, and
+//! `support/` the helpers; `config/`, `tree/`, `parse/`, the values a decision is
+//! made of (`decision`, `load`) and the workers' state machines (`worker/`: health
+//! and overload) sit below them.
 //!
 //! It is layered, each module importing only from the layers below it (a test,
 //! `layers.rs`, reads this list and holds the code to it):
@@ -20,8 +21,8 @@
 //!    request sees it), `request::models` (the `/v1/models` listing),
 //!    `request::target` (the header that names the worker), `request::model_trees`
 //!    (a VM's trees and their bounds), `request::pd` (the bootstrap rewrite);
-//! 4. `support::metric_names`, `background::health` (failures and probes),
-//!    `background::overload` (the flag machine), `push` (the collector's snapshot),
+//! 4. `support::metric_names`, `worker::health` (failures and probes),
+//!    `worker::overload` (the flag machine), `push` (the collector's snapshot),
 //!    `background::worker_stats` (what each tick reports per worker);
 //! 5. `shared` (the tables in proxy-wasm shared data and their one key space),
 //!    `background::membership` (discovery mode's worker list updates);
@@ -52,6 +53,7 @@ pub mod scan;
 pub mod shared;
 pub mod support;
 pub mod tree;
+pub mod worker;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod layers;

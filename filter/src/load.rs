@@ -197,7 +197,7 @@ pub struct Loads {
     /// Overload flags by worker index (missing: not flagged), shared with this VM's
     /// copy of the tables like `engine`.
     pub overloaded: Rc<[bool]>,
-    /// Down after a failure, by worker index (missing: up); see `crate::background::health`.
+    /// Down after a failure, by worker index (missing: up); see `crate::worker::health`.
     pub down: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
     pub work: Tally<WorkerWork>,

@@ -1,5 +1,5 @@
 //! The `health` object of the plugin configuration: when a worker taken out for a
-//! failure comes back (`crate::background::health` runs the machine). Probes reuse the overload
+//! failure comes back (`crate::worker::health` runs the machine). Probes reuse the overload
 //! probe's request, interval and timeout (`overload.probe_*`), so a worker has one
 //! probe definition whatever flagged it.
 

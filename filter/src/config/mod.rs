@@ -250,10 +250,10 @@ pub struct Config {
     /// Which responses get `x-llm-router-worker`, `-decision` and `-reason`.
     #[serde(default)]
     pub decision_headers: DecisionHeaders,
-    /// Latency-aware overload flags; see `crate::background::overload`.
+    /// Latency-aware overload flags; see `crate::worker::overload`.
     #[serde(default)]
     pub overload: OverloadConfig,
-    /// Failed workers out of rotation until probed back; see `crate::background::health`.
+    /// Failed workers out of rotation until probed back; see `crate::worker::health`.
     #[serde(default)]
     pub health: HealthConfig,
     /// The replica bridge's endpoint (`crate::background::replica`).

@@ -1,5 +1,5 @@
 //! The `overload` object of the plugin configuration: the thresholds and probe
-//! settings of the latency-aware overload flags (`crate::background::overload` runs the
+//! settings of the latency-aware overload flags (`crate::worker::overload` runs the
 //! machine), their defaults, and the rules they must follow. It lives with the rest
 //! of the configuration so `config` depends on nothing else in the crate.
 

@@ -1,6 +1,6 @@
 //! Worker health on the host: every finished routed stream is judged from what
 //! Envoy says about it (`response.code`, `response.flags`, `response.code_details`;
-//! see `crate::background::health::classify`), and a failure takes its worker out on every
+//! see `crate::worker::health::classify`), and a failure takes its worker out on every
 //! thread at once through the shared health table. The prober lease holder steps
 //! the table on the collector's reports, on time and on probe answers
 //! (`super::prober`).
@@ -11,12 +11,12 @@ use super::host::{self, HostStore};
 use super::hostcalls;
 use super::metrics::HealthMetrics;
 use super::state::State;
-use crate::background::health::{
-    classify, report_event, served_by_callbacks, Event, Outcome, Recovery, Transition,
-};
 use crate::config::{probe_cluster, Config};
 use crate::load::LoadTable;
 use crate::shared::HealthTable;
+use crate::worker::health::{
+    classify, report_event, served_by_callbacks, Event, Outcome, Recovery, Transition,
+};
 
 /// What a routed stream's response callbacks saw: its status (read only with health
 /// on) and whether the response reached its end.

@@ -19,10 +19,10 @@ use super::host::{self, HostStore};
 use super::hostcalls;
 use super::metrics::OverloadMetrics;
 use super::state::State;
-use crate::background::health::Event as HealthEvent;
-use crate::background::overload::{observe_latencies, Event, Transition};
 use crate::config::{probe_cluster, Config, OverloadConfig, WorkerConfig};
 use crate::shared::{FlagTable, Keys, ProbeLease};
+use crate::worker::health::Event as HealthEvent;
+use crate::worker::overload::{observe_latencies, Event, Transition};
 
 /// A probe waiting for its answer.
 struct Pending {

@@ -281,7 +281,7 @@ impl Stream {
 
     /// Takes the main worker out if its upstream failed (`super::health`); not after
     /// the filter's own reply (a failed prefill), which is no verdict on it, nor after
-    /// a 4xx (`crate::background::health::refused`), a verdict on the request. Each way no engine
+    /// a 4xx (`crate::worker::health::refused`), a verdict on the request. Each way no engine
     /// served the request: what it recorded is undone.
     fn judge_upstream(&mut self) {
         let Some(routed) = self.routed.as_mut() else {
@@ -295,7 +295,7 @@ impl Stream {
         if self.replied {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), None);
         } else if health::observe(state, worker, self.seen)
-            || crate::background::health::refused(self.seen.status)
+            || crate::worker::health::refused(self.seen.status)
         {
             bookkeeping::unserved(state, std::mem::take(&mut routed.undo), Some(worker));
         }

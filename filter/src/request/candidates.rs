@@ -5,7 +5,7 @@
 //! The screen drops flagged workers the same way for every pool and policy, unless
 //! every serving worker is flagged: then all of them stay candidates and the caller
 //! says `all_overloaded`, because refusing would turn slow answers into no answers.
-//! Down workers (`crate::background::health`) go first, the same way (`all_down` when every
+//! Down workers (`crate::worker::health`) go first, the same way (`all_down` when every
 //! serving worker is down: a wrong verdict must not refuse a whole fleet).
 //!
 //! A screen depends on the request only through its in-flight counts: the rest

@@ -1,4 +1,4 @@
-//! The overload flag table: every worker's `Flag` (see `crate::background::overload`) in one
+//! The overload flag table: every worker's `Flag` (see `crate::worker::overload`) in one
 //! key (`super::worker_states`), every worker stored. Only the prober lease holder
 //! writes it; every request reads it (through `crate::shared::read_loads`).
 
@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::worker_states::{StateTable, States, WorkerState};
 use super::Keys;
-use crate::background::overload::{EnterReason, Flag};
+use crate::worker::overload::{EnterReason, Flag};
 
 /// Every worker's flag, by worker index.
 pub type Flags = States<Flag>;
@@ -62,12 +62,12 @@ impl WorkerState for Flag {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
-    use crate::background::overload::Transition;
     use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
+    use crate::worker::overload::Transition;
 
-    use crate::background::overload::observe_latencies;
-    use crate::background::overload::testing::{cfg, sample};
+    use crate::worker::overload::observe_latencies;
+    use crate::worker::overload::testing::{cfg, sample};
 
     #[test]
     fn flags_round_trip_by_name() {

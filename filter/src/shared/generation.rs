@@ -163,7 +163,7 @@ mod tests {
     use super::super::testing::{Counting, MemStore};
     use super::super::OpRing;
     use super::*;
-    use crate::background::health::{DownReason, Health};
+    use crate::worker::health::{DownReason, Health};
 
     /// A store that stamps as the glue's store does, and counts its reads.
     #[derive(Default)]
@@ -295,9 +295,9 @@ mod tests {
         assert_eq!(tables().overloaded[..], [false, false]);
         FlagTable::new(&keys).update(&store, &cfg.workers, |f| {
             if let Some(flag) = f.0.get_mut(0) {
-                *flag = crate::background::overload::Flag::Overloaded {
+                *flag = crate::worker::overload::Flag::Overloaded {
                     since_ms: 1,
-                    reason: crate::background::overload::EnterReason::Ttft,
+                    reason: crate::worker::overload::EnterReason::Ttft,
                     probe_successes: 0,
                     latency_recovered: false,
                 };

@@ -1,4 +1,4 @@
-//! The health table: the workers that are down (see `crate::background::health`), in one key
+//! The health table: the workers that are down (see `crate::worker::health`), in one key
 //! (`super::worker_states`) holding only the down ones, so the steady state is `{}`
 //! and costs every request one small `get`. Any VM writes a failure it saw (CAS, so
 //! two threads seeing one death flip it once); the prober lease holder steps
@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::worker_states::{StateTable, States, WorkerState};
 use super::Keys;
-use crate::background::health::{DownReason, Health};
+use crate::worker::health::{DownReason, Health};
 
 /// Every worker's health, by worker index.
 pub type HealthStates = States<Health>;
@@ -61,10 +61,10 @@ impl WorkerState for Health {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
-    use crate::background::health::Transition;
-    use crate::background::health::{Event, Recovery};
     use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
+    use crate::worker::health::Transition;
+    use crate::worker::health::{Event, Recovery};
 
     #[test]
     fn states_round_trip_by_name_and_store_only_the_down() {

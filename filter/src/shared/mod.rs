@@ -507,8 +507,8 @@ mod tests {
 
     #[test]
     fn first_writes_racing_on_every_table_both_count_once_the_tables_exist() {
-        use crate::background::health::{DownReason, Event, Recovery};
         use crate::config::testing::named_workers;
+        use crate::worker::health::{DownReason, Event, Recovery};
         let keys = Keys::new("t");
         let w = named_workers(3);
         // Each table's first write from two threads, and whether both landed.

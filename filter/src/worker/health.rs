@@ -1,7 +1,7 @@
 //! Worker health from failures: a worker whose upstream failed (connect failure,
 //! reset, timeout, 5xx) or that the collector reports `reachable: false` is down,
 //! and a down worker is out of the candidates on every thread (see `candidates`)
-//! until probes show it answers again. Latency flags (`crate::background::overload`) never see a
+//! until probes show it answers again. Latency flags (`crate::worker::overload`) never see a
 //! dead engine: it produces no latency at all.
 //!
 //! Two inputs, two functions here:
