@@ -1,14 +1,15 @@
 //! The collector's stats push to the filter, defined once: the collector serializes
 //! these types and the filter deserializes them, so a new engine metric is one field
-//! here, the line that fills it in the collector and the line that reads it in the
-//! filter.
+//! here (its unit, source and ceiling beside it), where the collector fills it and
+//! where the filter takes it.
 //!
 //! A push is one JSON object per interval (`Push`) naming every worker the collector
 //! knows, reachable or not. What deserializes is in range: every number is checked
 //! as it is read against the ceilings below, and a refusal names the field and the
 //! rule (serde_json adds where in the body), so the filter stores nothing from a
 //! push that breaks one. Unknown fields are refused too: a misspelt metric would
-//! otherwise read as "not reported" and route on stale numbers without a word.
+//! otherwise read as "not reported", without a word. So a collector that sends a
+//! new field needs filters that know it: upgrade the filters first.
 //!
 //! Unknown numbers are left out (or `null`): known to be unknown, never zero. The
 //! crate needs only serde, so it builds for the filter's wasm32 target as it does
@@ -37,7 +38,8 @@ pub const MAX_TPOT_S: f64 = 60.0;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a snapshot object with `workers`")]
 pub struct Push<M = Member> {
-    /// Which pusher sent it, for the filter's logs (the collector: `llm-collector`).
+    /// Which pusher sent it (the collector: `llm-collector`), for people reading a
+    /// push; the filter does not use it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collector: Option<String>,
     /// Increases by one per snapshot built, from 1, so gaps show skipped pushes.
@@ -296,6 +298,12 @@ mod tests {
             "absent numbers are left out, not sent as zeros"
         );
         assert_eq!(parse(&json), Ok(push));
+        let samples_only: Push = Push::new(vec![]);
+        assert_eq!(
+            serde_json::to_string(&samples_only).unwrap(),
+            r#"{"workers":[]}"#,
+            "a push of samples alone sends no membership: the filter keeps its list"
+        );
     }
 
     #[test]
