@@ -129,6 +129,24 @@ impl Prometheus {
         }
     }
 
+    /// A range query's series (`data.result`: each with `metric` and `values`), as
+    /// a graph panel draws them, from `start` to `end` (Unix seconds) every `step`.
+    pub fn query_range(
+        &self,
+        expr: &str,
+        start: f64,
+        end: f64,
+        step: Duration,
+    ) -> Result<Vec<Value>> {
+        let path = format!(
+            "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={}",
+            url_encode(expr),
+            step.as_secs_f64()
+        );
+        let v = self.api(&path)?;
+        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
     /// `/api/v1/rules`' groups.
     pub fn rule_groups(&self) -> Result<Vec<Value>> {
         let v = self.api("/api/v1/rules")?;
@@ -203,6 +221,31 @@ pub fn sample_value(sample: &Value) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// The numbers of a range query's series (`values` are `[time, "text"]` pairs);
+/// NaN where one is not a number.
+pub fn series_values(series: &Value) -> Vec<f64> {
+    series["values"]
+        .as_array()
+        .map(|vs| {
+            vs.iter()
+                .map(|v| {
+                    v[1].as_str()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(f64::NAN)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Now, in Unix seconds (what Prometheus' API takes for times).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +264,13 @@ mod tests {
         assert_eq!(sample_value(&json!({"value": [1.5, "0.25"]})), 0.25);
         assert!(sample_value(&json!({"value": [1.5, "NaN"]})).is_nan());
         assert!(sample_value(&json!({})).is_nan());
+    }
+
+    #[test]
+    fn series_values_reads_every_point() {
+        let v = series_values(&json!({"values": [[1, "0"], [3, "2.5"], [5, "NaN"]]}));
+        assert_eq!(v[..2], [0.0, 2.5]);
+        assert!(v[2].is_nan());
+        assert!(series_values(&json!({})).is_empty());
     }
 }

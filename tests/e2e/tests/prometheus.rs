@@ -1,18 +1,25 @@
 //! Observability proven by a real Prometheus. The Grafana dashboard
 //! (`observe/grafana-dashboard.json`): a Prometheus scrapes Envoy's
 //! `/stats/prometheus` while engine mocks, the collector and Envoy with the filter
-//! serve traffic, and every panel's every query, with Grafana's variables filled in,
-//! must return a sample with a number (not NaN) from `/api/v1/query` during the run.
-//! The same Prometheus evaluates the alert rules (`observe/alerts.yaml`) against
-//! that data, and every rule must evaluate without error. The alert rules' logic:
-//! `promtool check rules` and `promtool test rules observe/alerts.test.yaml`, which
-//! must fire every alert at least once.
+//! serve traffic, and every panel's every query, with Grafana's variables filled in
+//! as Grafana would, must return a sample with a number (not NaN) from
+//! `/api/v1/query`; drawn over the run as a graph panel draws it
+//! (`/api/v1/query_range`), each must also show a non-zero point, unless it reads
+//! only series this run cannot move ([`ZERO_IN_THIS_RUN`] says which and why; their
+//! zero-valued series are there because the filter defines every stat at start).
+//! The run makes the rarer panels move: engines that queue make the queue gate
+//! divert, one worker is made slow until it is flagged overloaded and its probes
+//! fail, then fast until it recovers, and one client now and then sends a body that
+//! is not JSON and a push with a wrong token. The same Prometheus evaluates the
+//! alert rules (`observe/alerts.yaml`) on that data: every rule must evaluate
+//! without error. The alert rules' logic: `promtool check rules` and `promtool test
+//! rules observe/alerts.test.yaml`, which must fire every alert at least once.
 //!
 //! Prometheus and promtool come from `PROMETHEUS` / `PROMTOOL`, else PATH; without
 //! them the tests fail and say to run `envoy/get-prometheus`, as the other
 //! end-to-end tests do without Envoy.
 
-use e2e::prometheus::{promtool_bin, sample_value, Prometheus, Scrape};
+use e2e::prometheus::{promtool_bin, sample_value, series_values, unix_now, Prometheus, Scrape};
 use e2e::support::start;
 use llm_demo::admin;
 use llm_demo::fleet::FleetSpec;
@@ -178,22 +185,29 @@ fn grafana_variables_are_filled_in_as_grafana_would() {
 }
 
 /// Clients sending multi-turn chats over shared system prompts until dropped; the
-/// threads stop and are joined on drop, on failure too.
+/// threads stop and are joined on drop, on failure too. Client 0 also misbehaves
+/// now and then: a body that is not JSON (routed by load) and a push with a wrong
+/// token (refused), so the panels of those show them.
 struct Traffic {
     stop: Arc<AtomicBool>,
     ok: Arc<AtomicU64>,
     threads: Vec<JoinHandle<()>>,
 }
 
+/// Client 0's every this many requests is a bad one.
+const BAD_EVERY: u64 = 25;
+
 impl Traffic {
-    fn start(listener: SocketAddr, clients: usize) -> Traffic {
+    fn start(listener: SocketAddr, stats: SocketAddr, clients: usize) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
         let ok = Arc::new(AtomicU64::new(0));
         let threads = (0..clients)
             .map(|c| {
                 let (stop, ok) = (stop.clone(), ok.clone());
                 std::thread::spawn(move || {
+                    let json = [("content-type", "application/json")];
                     let mut session = c;
+                    let mut sent = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let system = format!("system prompt {}: ", session % 3)
                             + &"you answer questions about caches and queues. ".repeat(20);
@@ -202,13 +216,30 @@ impl Traffic {
                             if stop.load(Ordering::Relaxed) {
                                 break;
                             }
+                            sent += 1;
+                            if c == 0 && sent.is_multiple_of(BAD_EVERY) {
+                                let _ = admin::request(
+                                    listener,
+                                    "POST",
+                                    "/v1/completions",
+                                    &json,
+                                    b"not json at all",
+                                );
+                                let _ = admin::request(
+                                    stats,
+                                    "POST",
+                                    "/llm-router/stats",
+                                    &[json[0], ("authorization", "Bearer wrong")],
+                                    br#"{"workers": []}"#,
+                                );
+                            }
                             prompt.push_str(&format!(" user turn {turn}: tell me more."));
                             let body = json!({"model": "mock", "prompt": prompt, "max_tokens": 4});
                             let r = admin::request(
                                 listener,
                                 "POST",
                                 "/v1/completions",
-                                &[("content-type", "application/json")],
+                                &json,
                                 body.to_string().as_bytes(),
                             );
                             if r.is_ok_and(|r| r.status == 200) {
@@ -247,6 +278,112 @@ fn show(samples: &[Value]) -> String {
     format!("{} samples [{}]", samples.len(), shown.join(", "))
 }
 
+/// The series this run cannot move, by name, and why; a query reading only these
+/// returns their zero-valued series (the filter defines every stat when it starts).
+/// Every other dashboard query must draw a non-zero point during the run.
+const ZERO_IN_THIS_RUN: &[(&str, &str)] = &[
+    (
+        "llm_router_pd_pairs",
+        "needs a prefill/decode fleet (tests/e2e/tests/pd.rs)",
+    ),
+    (
+        "llm_router_pd_prefill_failures",
+        "needs a prefill/decode fleet whose prefill fails (tests/e2e/tests/pd.rs)",
+    ),
+    (
+        "llm_router_no_worker",
+        "every request here has a worker for its model",
+    ),
+    (
+        "llm_router_worker_unreachable",
+        "the collector reaches every engine",
+    ),
+    ("llm_router_sync_gaps", "a healthy sync ring has no gaps"),
+    (
+        "llm_router_sync_append_failures",
+        "a healthy sync ring takes every append",
+    ),
+    (
+        "llm_router_queue_gate_unsampled",
+        "the collector samples every engine",
+    ),
+    (
+        "llm_router_queue_gate_inert",
+        "the collector samples every engine",
+    ),
+    (
+        "llm_router_saturation_pins",
+        "needs saturation_queue_floor (tests/e2e/tests/gate.rs)",
+    ),
+];
+
+/// Whether `expr` reads only series of [`ZERO_IN_THIS_RUN`].
+fn zero_in_this_run(expr: &str) -> bool {
+    let names = metric_names(expr);
+    !names.is_empty()
+        && names
+            .iter()
+            .all(|n| ZERO_IN_THIS_RUN.iter().any(|(z, _)| z == n))
+}
+
+/// Every `llm_router_*` name in `text`.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("llm_router_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn queries_reading_only_series_this_run_cannot_move_are_named() {
+    assert!(zero_in_this_run("sum(rate(llm_router_pd_pairs[8s]))"));
+    assert!(!zero_in_this_run(
+        "sum(rate(llm_router_pd_pairs[8s])) / sum(rate(llm_router_decisions[8s]))"
+    ));
+    assert!(!zero_in_this_run("vector(0)"));
+    assert_eq!(
+        metric_names("a(llm_router_x{w=\"1\"}) + llm_router_y_bucket"),
+        vec!["llm_router_x", "llm_router_y_bucket"]
+    );
+}
+
+/// Overload thresholds scaled to test time (as tests/e2e/tests/overload.rs): a
+/// worker is flagged at TTFT p90 >= 1 s and recovers below 0.5 s after 3 probes
+/// answered within 400 ms in a row.
+fn overload_config() -> Value {
+    json!({
+        "ttft_enter_s": 1.0, "ttft_recover_s": 0.5,
+        "tpot_enter_s": 5.0, "tpot_recover_s": 1.0,
+        "probe_interval_ms": 200, "probe_timeout_ms": 400,
+        "probe_successes_to_recover": 3,
+    })
+}
+
+/// One worker's overload episode, driven while the clients' traffic runs, each
+/// step once Prometheus has scraped the last: the overload series at zero, then the
+/// worker made slow until it is flagged and its probes fail, then made fast until it
+/// recovers. So every change is in Prometheus' data, however the scrapes fall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Episode {
+    Baseline,
+    Slow,
+    Fast,
+    Recovered,
+}
+
+fn set_ttft(addr: SocketAddr, ms: u64) {
+    let r = admin::post(addr, "/admin/latency", &json!({"ttft_ms": ms}).to_string())
+        .unwrap_or_else(|e| panic!("engine {addr} /admin/latency: {e:#}"));
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let dash: Value = serde_json::from_str(&repo_file("observe/grafana-dashboard.json"))
@@ -256,19 +393,26 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let panel_count = panels(&dash).len();
     assert!(panel_count >= 10, "a dashboard worth opening");
 
-    // Engines that run one request at a time, so queues form under the clients'
-    // load; the queue gate (limit 1) then diverts from queued owners (the
-    // diverted-prefix panel) on what the collector reports; two Envoy threads share
-    // their prefix trees (the sync panel).
+    // Engines that run one request at a time, 20 ms each (4 tokens), so queues form
+    // under the clients' load without taking every cycle of the machine; the queue
+    // gate (limit 1) then diverts from queued owners (the diverted-prefix panel) on
+    // what the collector reports; two Envoy threads share their prefix trees (the
+    // sync panel); overload thresholds scaled for the episode.
     let f = start(&FleetSpec {
         workers: 3,
-        engine_args: vec!["--max-running=1".into()],
-        plugin_config: json!({"worker_queue_limit": 1, "sync_interval_ms": 100}),
+        engine_args: vec!["--max-running=1".into(), "--decode-ms-per-token=5".into()],
+        plugin_config: json!({
+            "worker_queue_limit": 1,
+            "sync_interval_ms": 100,
+            "overload": overload_config(),
+        }),
         collector_interval_ms: Some(100),
+        collector_args: vec!["--window-s".into(), "3".into()],
         envoy_concurrency: 2,
         ..FleetSpec::default()
     });
     let alerts = repo_path("observe/alerts.yaml");
+    let run_start = unix_now();
     let prom = Prometheus::start(
         &[Scrape {
             job: "envoy".into(),
@@ -279,78 +423,171 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         &[&alerts],
     )
     .unwrap_or_else(|e| panic!("cannot start prometheus: {e:#}"));
+    let stats = f
+        .envoy
+        .stats_listener
+        .expect("the collector's stats listener");
     // Dropped first: the clients stop before Prometheus and the fleet.
-    let traffic = Traffic::start(f.envoy.listener, 6);
+    let traffic = Traffic::start(f.envoy.listener, stats, 6);
 
-    // Each query must show a number at some scrape of the run; a query Prometheus
-    // cannot parse fails at once.
-    let deadline = Instant::now() + PANELS_DEADLINE;
+    let slow = f.engine("w0").expect("engine w0").addr;
+    let mut measured: Vec<JoinHandle<()>> = Vec::new();
+    let scraped = |q: &str| prom.query(q).is_ok_and(|s| !s.is_empty());
+
+    // Each query must show a number (not NaN) at some scrape of the run while the
+    // episode plays out; a query Prometheus cannot parse fails at once.
+    let run_clock = Instant::now();
+    let deadline = run_clock + PANELS_DEADLINE;
+    let mut episode = Episode::Baseline;
     let mut pending: Vec<Target> = targets.clone();
     let mut last: BTreeMap<String, String> = BTreeMap::new();
     let mut seen: Vec<(Target, String)> = Vec::new();
-    while !pending.is_empty() && Instant::now() < deadline {
-        pending.retain(|t| {
-            let key = format!("{} {}", t.panel, t.ref_id);
-            match prom.query(&t.expr) {
-                Ok(samples) if samples.iter().any(|s| sample_value(s).is_finite()) => {
-                    seen.push((t.clone(), show(&samples)));
-                    false
-                }
-                Ok(samples) => {
-                    last.insert(key, show(&samples));
-                    true
-                }
-                Err(e) => {
-                    let e = format!("{e:#}");
-                    assert!(
-                        !e.contains("bad_data"),
-                        "panel {:?} {}: Prometheus refuses `{}`: {e}",
-                        t.panel,
-                        t.ref_id,
-                        t.expr
-                    );
-                    last.insert(key, e);
-                    true
-                }
+    let key = |t: &Target| format!("{} {}", t.panel, t.ref_id);
+    while (!pending.is_empty() || episode != Episode::Recovered) && Instant::now() < deadline {
+        match episode {
+            Episode::Baseline if scraped("llm_router_overload_entered == 0") => {
+                // Two requests straight to its engine give the collector a TTFT over
+                // the threshold however little the router sends it.
+                set_ttft(slow, 1500);
+                measured.extend((0..2).map(|i| {
+                    std::thread::spawn(move || {
+                        let prompt = format!("slow {i}");
+                        let body = json!({"model": "mock", "prompt": prompt, "max_tokens": 2});
+                        let _ = admin::post(slow, "/v1/completions", &body.to_string());
+                    })
+                }));
+                episode = Episode::Slow;
+                eprintln!("{:?}: w0 slow", run_clock.elapsed());
+            }
+            Episode::Slow
+                if scraped("max(llm_router_worker_overloaded) == 1")
+                    && scraped("llm_router_overload_probes_failed > 0") =>
+            {
+                set_ttft(slow, 0);
+                episode = Episode::Fast;
+                eprintln!("{:?}: w0 flagged, made fast", run_clock.elapsed());
+            }
+            Episode::Fast if scraped("llm_router_overload_recovered > 0") => {
+                episode = Episode::Recovered;
+                eprintln!("{:?}: w0 recovered", run_clock.elapsed());
+            }
+            _ => {}
+        }
+        pending.retain(|t| match prom.query(&t.expr) {
+            Ok(samples) if samples.iter().any(|s| sample_value(s).is_finite()) => {
+                seen.push((t.clone(), show(&samples)));
+                false
+            }
+            Ok(samples) => {
+                last.insert(key(t), show(&samples));
+                true
+            }
+            Err(e) => {
+                let e = format!("{e:#}");
+                assert!(
+                    !e.contains("bad_data"),
+                    "panel {:?} {}: Prometheus refuses `{}`: {e}",
+                    t.panel,
+                    t.ref_id,
+                    t.expr
+                );
+                last.insert(key(t), e);
+                true
             }
         });
-        if !pending.is_empty() {
+        std::thread::sleep(SCRAPE / 4);
+    }
+    for m in measured {
+        let _ = m.join();
+    }
+    let fail = |what: &str, missing: &[Target], last: &BTreeMap<String, String>| -> String {
+        let lines: Vec<String> = missing
+            .iter()
+            .map(|t| {
+                format!(
+                    "panel {:?} {}: `{}` -> {}",
+                    t.panel,
+                    t.ref_id,
+                    t.expr,
+                    last.get(&key(t))
+                        .map(String::as_str)
+                        .unwrap_or("never asked")
+                )
+            })
+            .collect();
+        format!(
+            "{} of {} dashboard queries {what} in {PANELS_DEADLINE:?} (episode {episode:?}, {} requests answered; targets {:?}); envoy log tail:\n{}\n{}",
+            missing.len(),
+            targets.len(),
+            traffic.answered(),
+            prom.targets()
+                .unwrap_or_default()
+                .iter()
+                .map(|t| format!("{} {} {}", t["scrapeUrl"], t["health"], t["lastError"]))
+                .collect::<Vec<_>>(),
+            llm_demo::envoy::tail(&f.envoy.log),
+            lines.join("\n")
+        )
+    };
+    assert_eq!(
+        episode,
+        Episode::Recovered,
+        "{}",
+        fail("(the overload episode never ended)", &pending, &last)
+    );
+    assert!(
+        pending.is_empty(),
+        "{}",
+        fail("showed no number", &pending, &last)
+    );
+    eprintln!("{:?}: every query showed a number", run_clock.elapsed());
+
+    // Over the whole run, as a graph panel draws it (`query_range` every scrape),
+    // every query but those of series this run cannot move shows a non-zero point;
+    // polled, as the last scrapes may still be on their way.
+    let mut flat: Vec<Target> = targets
+        .iter()
+        .filter(|t| !zero_in_this_run(&t.expr))
+        .cloned()
+        .collect();
+    let mut shown: BTreeMap<String, f64> = BTreeMap::new();
+    while !flat.is_empty() && Instant::now() < deadline {
+        flat.retain(|t| {
+            let series = prom
+                .query_range(&t.expr, run_start, unix_now(), SCRAPE)
+                .unwrap_or_default();
+            let peak = series
+                .iter()
+                .flat_map(series_values)
+                .filter(|v| v.is_finite())
+                .fold(0.0f64, |a, v| a.max(v.abs()));
+            last.insert(key(t), format!("peak {peak} over {} series", series.len()));
+            if peak > 0.0 {
+                shown.insert(key(t), peak);
+            }
+            peak == 0.0
+        });
+        if !flat.is_empty() {
             std::thread::sleep(SCRAPE / 4);
         }
     }
-    let missing: Vec<String> = pending
-        .iter()
-        .map(|t| {
-            let key = format!("{} {}", t.panel, t.ref_id);
-            format!(
-                "panel {:?} {}: `{}` -> {}",
-                t.panel,
-                t.ref_id,
-                t.expr,
-                last.get(&key).map(String::as_str).unwrap_or("never asked")
-            )
-        })
-        .collect();
     assert!(
-        missing.is_empty(),
-        "{} of {} dashboard queries showed no number in {PANELS_DEADLINE:?} ({} requests answered; targets {:?}); envoy log tail:\n{}\n{}",
-        missing.len(),
-        targets.len(),
-        traffic.answered(),
-        prom.targets()
-            .unwrap_or_default()
-            .iter()
-            .map(|t| format!("{} {} {}", t["scrapeUrl"], t["health"], t["lastError"]))
-            .collect::<Vec<_>>(),
-        llm_demo::envoy::tail(&f.envoy.log),
-        missing.join("\n")
+        flat.is_empty(),
+        "{}",
+        fail("drew only zeros over the run", &flat, &last)
     );
     for (t, samples) in &seen {
-        eprintln!("panel {:?} {}: {samples}", t.panel, t.ref_id);
+        let peak = shown
+            .get(&key(t))
+            .map_or("zero all run (defined from start)".to_string(), |p| {
+                format!("peak {p}")
+            });
+        eprintln!("panel {:?} {}: {samples}; {peak}", t.panel, t.ref_id);
     }
     eprintln!(
-        "{panel_count} panels, {} queries, each returned data ({} requests answered)",
+        "{panel_count} panels, {} queries, each returned data; {} drew non-zero points ({} requests answered)",
         targets.len(),
+        shown.len(),
         traffic.answered()
     );
 
