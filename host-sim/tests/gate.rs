@@ -9,6 +9,7 @@
 mod support;
 
 use host_sim::{Host, RequestSpec};
+use llm_router_push::{Push, WorkerStats};
 use support::push;
 
 fn host(vms: usize, extra: &str) -> Host {
@@ -19,13 +20,19 @@ fn host(vms: usize, extra: &str) -> Host {
     support::host(&config, vms, 5, &["c0", "c1", "c2"])
 }
 
+/// A push of w0..w2's queues, each with one request running.
 fn queues(waiting: [u64; 3]) -> String {
-    let workers: Vec<String> = waiting
+    let workers = waiting
         .iter()
         .enumerate()
-        .map(|(i, w)| format!(r#"{{"name":"w{i}","num_waiting":{w},"num_running":1}}"#))
+        .map(|(i, &w)| WorkerStats {
+            num_waiting: Some(w),
+            num_running: Some(1),
+            ..WorkerStats::reachable(Some(format!("w{i}")), None)
+        })
         .collect();
-    format!(r#"{{"workers":[{}]}}"#, workers.join(","))
+    let push: Push = Push::new(workers);
+    serde_json::to_string(&push).unwrap()
 }
 
 /// Routes a completion; returns (cluster, reason).

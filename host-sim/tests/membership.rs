@@ -10,6 +10,7 @@
 mod support;
 
 use host_sim::{Host, RequestSpec};
+use llm_router_push::{Member, Push, WorkerStats};
 use support::{push, stat};
 
 const VMS: usize = 3;
@@ -25,19 +26,21 @@ fn host() -> Host {
 /// A push listing `members` (as the collector names them from Envoy's clusters),
 /// each with an idle sample.
 fn members(names: &[&str]) -> String {
-    let membership: Vec<String> = names
-        .iter()
-        .map(|n| format!(r#"{{"name":"{n}","cluster":"engine_{n}"}}"#))
-        .collect();
-    let workers: Vec<String> = names
-        .iter()
-        .map(|n| format!(r#"{{"name":"{n}","num_waiting":0,"num_running":0}}"#))
-        .collect();
-    format!(
-        r#"{{"membership":[{}],"workers":[{}]}}"#,
-        membership.join(","),
-        workers.join(",")
-    )
+    let idle = names.iter().map(|n| WorkerStats {
+        num_waiting: Some(0),
+        num_running: Some(0),
+        ..WorkerStats::reachable(Some(n.to_string()), None)
+    });
+    let membership = names.iter().map(|n| Member {
+        name: n.to_string(),
+        cluster: Some(format!("engine_{n}")),
+        ..Member::default()
+    });
+    let push = Push {
+        membership: Some(membership.collect()),
+        ..Push::new(idle.collect())
+    };
+    serde_json::to_string(&push).unwrap()
 }
 
 fn accepted(h: &mut Host, vm: usize, names: &[&str]) {
