@@ -73,7 +73,7 @@ pub fn token_matches(authorization: Option<&str>, token: &str) -> bool {
 /// The size is checked before parsing, so a huge body costs no allocation; the
 /// shape and every number are checked as the body is read (`llm_router_push`);
 /// `membership` is skipped here (discovery mode reads it with the worker-config
-/// rules, `crate::membership`).
+/// rules, `crate::background::membership`).
 pub fn parse_push(
     body: &[u8],
     max_bytes: usize,
