@@ -262,6 +262,22 @@ pub struct WorkerWork {
 }
 
 #[cfg(test)]
+impl EngineSample {
+    /// A sample of an engine's queue alone, no KV or latency figures; a test sets
+    /// the others it needs with `..EngineSample::queue(..)`.
+    pub fn queue(num_waiting: u64, num_running: u64, at_ms: u64) -> EngineSample {
+        EngineSample {
+            num_waiting,
+            num_running,
+            kv_usage: None,
+            ttft_p90_s: None,
+            tpot_p90_s: None,
+            at_ms,
+        }
+    }
+}
+
+#[cfg(test)]
 impl Loads {
     /// No engine samples, no flags: the router's own counts only.
     pub fn inflight_only(inflight: &[u64]) -> Loads {
@@ -275,6 +291,8 @@ impl Loads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn worker_counts_know_their_busy_workers() {
@@ -343,14 +361,7 @@ mod tests {
     fn freshness_is_strictly_younger_than_the_limit() {
         let t = LoadTable {
             reports: vec![
-                Some(Report::Sample(EngineSample {
-                    num_waiting: 1,
-                    num_running: 0,
-                    kv_usage: None,
-                    ttft_p90_s: None,
-                    tpot_p90_s: None,
-                    at_ms: 1000,
-                })),
+                Some(Report::Sample(EngineSample::queue(1, 0, 1000))),
                 Some(Report::Unreachable { at_ms: 1000 }),
                 None,
             ],

@@ -48,6 +48,8 @@ impl Rng for Rooms<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn below_stays_in_range_and_survives_zero() {

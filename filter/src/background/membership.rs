@@ -122,6 +122,8 @@ pub fn merge(
 mod tests {
     use super::*;
     use crate::config::Pool;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn discovery() -> Config {
         Config::from_json(br#"{"workers_from":"collector","stats_token":"t","max_workers":3}"#)
@@ -266,10 +268,12 @@ mod tests {
         use super::*;
         use crate::decision::Reason;
         use crate::load::Loads;
-        use crate::parse::{parse, Parsed};
+        use crate::parse::testing::chat;
         use crate::request::router::{NoWorker, Router};
         use crate::rng::SplitMix64;
         use crate::shared::{Membership, Op};
+        #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+        use wasm_bindgen_test::wasm_bindgen_test as test;
 
         fn list(version: u64, workers: &[WorkerConfig]) -> Op {
             Op::Membership(Membership {
@@ -278,17 +282,11 @@ mod tests {
             })
         }
 
-        fn chat(text: &str) -> Parsed {
-            let body =
-                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{text}"}}]}}"#);
-            parse("/v1/chat/completions", body.as_bytes())
-        }
-
         /// Routes and records, as one VM does; the worker's name and the reason.
         fn go(r: &mut Router, text: &str, rng: &mut SplitMix64) -> (String, Reason) {
             let n = r.config().workers.len();
             let routed = r
-                .route(&mut chat(text), &Loads::inflight_only(&vec![0; n]), rng)
+                .route(&mut chat(&[text]), &Loads::inflight_only(&vec![0; n]), rng)
                 .unwrap();
             if let Some(crate::request::router::Record { op, .. }) = &routed.record {
                 r.apply_local(op);
@@ -315,7 +313,7 @@ mod tests {
         #[test]
         fn no_list_yet_is_a_clear_refusal() {
             let mut r = Router::new(discovery());
-            let got = r.route(&mut chat("hi"), &Loads::default(), &mut SplitMix64(1));
+            let got = r.route(&mut chat(&["hi"]), &Loads::default(), &mut SplitMix64(1));
             assert_eq!(got.unwrap_err(), NoWorker::NoDiscoveredWorker);
             assert_eq!(
                 NoWorker::NoDiscoveredWorker.as_str(),

@@ -412,6 +412,8 @@ mod tests {
     use crate::config::testing::workers;
     use crate::config::Pool;
     use crate::shared::testing::{owned, ring, MemStore};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn insert(text: &str, worker: &str) -> Op {
         Op::Insert {

@@ -67,15 +67,13 @@ pub fn worker_gauges(cfg: &Config, loads: &Loads) -> Vec<WorkerGauges> {
 mod tests {
     use super::*;
     use crate::load::{EngineSample, LoadTable};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn sample(waiting: u64, kv: Option<f64>, at_ms: u64) -> Option<Report> {
         Some(Report::Sample(EngineSample {
-            num_waiting: waiting,
-            num_running: 2,
             kv_usage: kv,
-            ttft_p90_s: None,
-            tpot_p90_s: None,
-            at_ms,
+            ..EngineSample::queue(waiting, 2, at_ms)
         }))
     }
 

@@ -39,6 +39,8 @@ impl<'de> Deserialize<'de> for DecisionHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn read(json: &str) -> Result<DecisionHeaders, String> {
         serde_json::from_str(json).map_err(|e| e.to_string())

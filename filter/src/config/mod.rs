@@ -483,6 +483,8 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const TWO_WORKERS: &str = r#"{"workers":[{"name":"w0"},{"name":"w1"}]}"#;
 

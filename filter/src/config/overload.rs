@@ -191,6 +191,8 @@ pub fn probe_cluster<'a>(cfg: &Config, w: &'a WorkerConfig) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn endpoint_workers_are_probed_only_through_a_cluster_of_their_own() {

@@ -79,6 +79,8 @@ impl ReplicasConfig {
 #[cfg(test)]
 mod tests {
     use super::super::Config;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn check(replicas: &str) -> Result<Config, String> {
         let json = format!(r#"{{"workers":[{{"name":"a"}}],"replicas":{replicas}}}"#);

@@ -324,6 +324,8 @@ impl Config {
 mod tests {
     use super::super::testing::named_workers;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn rows_are_spread_by_name_over_the_workers() {

@@ -183,8 +183,8 @@ pub fn parse(path: &str, body: &[u8]) -> Parsed {
 
 /// A body's routing fields, read before the path is known: a body whose shape
 /// alone names its API (`Reading::shape`) is routed without asking Envoy for the
-/// path, a copy into the VM that cost about 8k Envoy instructions a request
-/// (README, "Stop 44").
+/// path, a copy into the VM that costs about 8k Envoy instructions a request
+/// (`benches/overhead --callgrind` counts it).
 pub struct Reading<'a>(Result<Body<'a>, Unreadable>);
 
 /// Reads `body`'s routing fields (`Reading::parsed` turns them into a `Parsed`).
@@ -279,6 +279,26 @@ impl Reading<'_> {
             model,
             endpoint,
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Chat requests for other modules' tests.
+    use super::{parse, Parsed};
+
+    /// A chat body for model `m`: one user message a turn.
+    pub fn chat_body(turns: &[&str]) -> String {
+        let msgs: Vec<String> = turns
+            .iter()
+            .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
+            .collect();
+        format!(r#"{{"model":"m","messages":[{}]}}"#, msgs.join(","))
+    }
+
+    /// [`chat_body`] as the router reads it.
+    pub fn chat(turns: &[&str]) -> Parsed {
+        parse("/v1/chat/completions", chat_body(turns).as_bytes())
     }
 }
 

@@ -313,6 +313,8 @@ mod tests {
     use crate::decision::Label;
     use crate::rng::SplitMix64;
     use crate::tree::TenantId;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const SMG: CacheAwareParams = CacheAwareParams {
         cache_threshold: 0.3,

@@ -223,6 +223,8 @@ mod tests {
     use super::testing::cands;
     use super::*;
     use crate::rng::SplitMix64;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn least_loaded_breaks_ties_at_random() {

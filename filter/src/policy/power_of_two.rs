@@ -51,6 +51,8 @@ mod tests {
     use super::super::testing::cands;
     use super::*;
     use crate::rng::SplitMix64;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn power_of_two_never_picks_the_busiest_of_two() {

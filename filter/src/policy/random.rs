@@ -32,6 +32,8 @@ mod tests {
     use super::super::testing::cands;
     use super::*;
     use crate::rng::SplitMix64;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn random_covers_all() {

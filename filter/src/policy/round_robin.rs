@@ -42,6 +42,8 @@ pub fn round_robin(candidates: &[Candidate], counter: &mut u64) -> Option<Decisi
 mod tests {
     use super::super::testing::cands;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn round_robin_cycles() {

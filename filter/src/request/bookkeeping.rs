@@ -39,6 +39,8 @@ mod tests {
     use super::*;
     use crate::decision::{GateAudit, Reason};
     use crate::request::plan::PrefillLeg;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn decision(worker: u32, reason: Reason) -> Decision {
         Decision {

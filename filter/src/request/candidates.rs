@@ -349,6 +349,8 @@ pub fn gate_inert(candidates: &[Candidate], worker_queue_limit: Option<u64>) -> 
 mod tests {
     use super::*;
     use crate::load::{EngineSample, LoadTable, Report, Revision};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn cfg() -> Config {
         Config::from_json(
@@ -359,14 +361,7 @@ mod tests {
     }
 
     fn sample(waiting: u64, at_ms: u64) -> Option<Report> {
-        Some(Report::Sample(EngineSample {
-            num_waiting: waiting,
-            num_running: 1,
-            kv_usage: None,
-            ttft_p90_s: None,
-            tpot_p90_s: None,
-            at_ms,
-        }))
+        Some(Report::Sample(EngineSample::queue(waiting, 1, at_ms)))
     }
 
     #[test]

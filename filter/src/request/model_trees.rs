@@ -240,6 +240,8 @@ impl ModelTrees {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn every_tree_is_found_at_its_place_through_drops_and_alternating_lookups() {

@@ -38,6 +38,8 @@ pub fn list_body(cfg: &Config) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn the_list_is_the_union_of_declared_models() {

@@ -349,6 +349,8 @@ mod tests {
     use crate::parse::endpoint_of;
     use crate::rng::SplitMix64;
     use serde_json::Value;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const P: Bootstrap = Bootstrap {
         host: "10.0.0.7",

@@ -210,9 +210,12 @@ mod tests {
     use crate::config::Config;
     use crate::decision::Reason;
     use crate::parse::parse;
+    use crate::parse::testing::chat_body;
     use crate::rng::SplitMix64;
     use crate::shared::Op;
     use serde_json::Value;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const REGULAR: &str = r#"{"workers":[{"name":"w0","cluster":"engine_0"},{"name":"w1"}]}"#;
     const PD: &str = r#"{"workers":[
@@ -238,7 +241,7 @@ mod tests {
     }
 
     fn chat(text: &str) -> String {
-        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{text}"}}]}}"#)
+        chat_body(&[text])
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub fn route_target(cfg: &Config, worker: TenantId) -> Option<RouteTarget<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn target(json: &str, worker: TenantId) -> Option<(String, String, String)> {
         let cfg = Config::from_json(json.as_bytes()).unwrap();

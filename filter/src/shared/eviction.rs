@@ -36,6 +36,8 @@ impl EvictionClock {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn eviction_is_claimed_once_per_interval() {

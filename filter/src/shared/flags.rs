@@ -65,6 +65,8 @@ mod tests {
     use crate::config::testing::named_workers as workers;
     use crate::config::WorkerConfig;
     use crate::worker::overload::Transition;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use crate::worker::overload::observe_latencies;
     use crate::worker::overload::testing::{cfg, sample};

@@ -164,6 +164,8 @@ mod tests {
     use super::super::OpRing;
     use super::*;
     use crate::worker::health::{DownReason, Health};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A store that stamps as the glue's store does, and counts its reads.
     #[derive(Default)]

@@ -65,6 +65,8 @@ mod tests {
     use crate::config::WorkerConfig;
     use crate::worker::health::Transition;
     use crate::worker::health::{Event, Recovery};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn states_round_trip_by_name_and_store_only_the_down() {

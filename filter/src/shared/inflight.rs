@@ -244,6 +244,8 @@ mod tests {
     use super::super::{stamp_after_write, Keys, SetOutcome};
     use super::*;
     use crate::config::testing::{named_workers, names};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn inflight_counts_add_and_saturate() {

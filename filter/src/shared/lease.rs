@@ -69,6 +69,8 @@ mod tests {
     use super::super::testing::MemStore;
     use super::*;
     use crate::config::OverloadConfig;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn lease_is_held_renewed_and_taken_over_when_it_expires() {

@@ -113,6 +113,8 @@ impl PushLockout {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn the_gate_closes_at_the_limit_and_opens_when_the_window_ends() {

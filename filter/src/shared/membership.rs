@@ -184,6 +184,8 @@ impl MembershipTable {
 mod tests {
     use super::super::testing::MemStore;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn sample() -> Membership {
         let mut a: WorkerConfig =

@@ -350,6 +350,8 @@ pub struct Change<const N: usize> {
 mod tests {
     use super::*;
     use crate::rng::{Rng, SplitMix64};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The row's entries, decoded and sorted.
     fn entries(row: &[u8]) -> Vec<(String, [u64; 2])> {

@@ -447,6 +447,8 @@ mod tests {
     use super::testing::MemStore;
     use super::*;
     use crate::load::Revision;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn varints_round_trip_and_refuse_what_no_u64_holds() {

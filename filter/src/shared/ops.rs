@@ -276,6 +276,8 @@ pub(crate) fn insert_op(text: &str, worker: &str) -> Op {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn decode(bytes: &[u8]) -> Option<Op> {
         Op::decode_with(bytes, str::to_owned)

@@ -213,6 +213,8 @@ mod tests {
     use super::super::testing::{ring, Counting, MemStore};
     use super::super::Keys;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn a_window_of_zero_is_always_due_and_a_window_runs_from_the_last_sync() {

@@ -454,6 +454,8 @@ mod tests {
     use super::super::{SetOutcome, SharedStore};
     use super::*;
     use crate::config::testing::names;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const EXPIRY: u64 = 5000;
 

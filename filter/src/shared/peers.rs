@@ -137,6 +137,8 @@ mod tests {
     use super::super::testing::MemStore;
     use super::*;
     use crate::config::testing::names;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn report(replica: &str, at_ms: u64, counts: &[(&str, u64)]) -> PeerReport {
         PeerReport {

@@ -455,6 +455,8 @@ mod tests {
     use super::super::testing::{owned, ring, MemStore};
     use super::super::Op;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn appended_ops_are_read_in_order_by_every_reader() {

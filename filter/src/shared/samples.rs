@@ -84,15 +84,14 @@ fn decode_table(bytes: &[u8], workers: &[WorkerConfig]) -> LoadTable {
 mod tests {
     use super::*;
     use crate::config::testing::workers;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn sample(waiting: u64, running: u64, at_ms: u64) -> Report {
         Report::Sample(EngineSample {
-            num_waiting: waiting,
-            num_running: running,
             kv_usage: Some(0.5),
-            ttft_p90_s: None,
             tpot_p90_s: Some(0.02),
-            at_ms,
+            ..EngineSample::queue(waiting, running, at_ms)
         })
     }
 

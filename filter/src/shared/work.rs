@@ -384,6 +384,8 @@ mod tests {
     use super::super::testing::MemStore;
     use super::*;
     use crate::config::testing::names;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A learning step that sets the service time.
     fn service(ms: Option<f64>) -> impl Fn(WorkerCosts) -> WorkerCosts {

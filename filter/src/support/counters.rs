@@ -105,6 +105,8 @@ impl CounterBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn increments_are_summed_and_handed_over_when_idle_or_due() {

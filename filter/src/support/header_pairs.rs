@@ -77,6 +77,8 @@ pub fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn owned(bytes: &[u8]) -> Vec<(String, String)> {
         Pairs::new(bytes)

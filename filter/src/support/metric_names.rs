@@ -190,6 +190,8 @@ pub const STATS_TAGS: [(&str, &str); 4] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn worker_and_reason_stats_are_named_for_tag_extraction() {

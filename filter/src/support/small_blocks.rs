@@ -14,7 +14,7 @@
 //! long edges stay dlmalloc's alone. A kept size is rounded up to its class, which
 //! the tree's small nodes pay too: in `benches/soak` (40k requests, a 4M-char
 //! budget) a VM held 6.6 MiB for 3.97M chars, 1.73 bytes a char, where dlmalloc
-//! alone held 1.7 (talc, a whole allocator tried at stop 43, took 2.2).
+//! alone held 1.7 (talc, a whole allocator in its place, held 2.2).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ptr;
@@ -234,6 +234,8 @@ mod tests {
     use super::*;
     use std::alloc::System;
     use std::cell::Cell;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The system allocator, counting what it is asked for.
     #[derive(Default)]

@@ -263,6 +263,8 @@ mod tests {
     use super::flag::*;
     use super::*;
     use crate::load::EngineSample;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn only_a_4xx_refuses_the_request() {
@@ -482,14 +484,7 @@ mod tests {
 
     #[test]
     fn report_events_need_a_fresh_report() {
-        let sample = EngineSample {
-            num_waiting: 0,
-            num_running: 0,
-            kv_usage: None,
-            ttft_p90_s: None,
-            tpot_p90_s: None,
-            at_ms: 1000,
-        };
+        let sample = EngineSample::queue(0, 0, 1000);
         let t = LoadTable {
             reports: vec![
                 Some(Report::Sample(sample)),

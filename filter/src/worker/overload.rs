@@ -226,12 +226,9 @@ pub(crate) mod testing {
     pub(crate) fn sample(ttft: Option<f64>, tpot: Option<f64>, at_ms: u64) -> LoadTable {
         LoadTable {
             reports: vec![Some(Report::Sample(EngineSample {
-                num_waiting: 0,
-                num_running: 0,
-                kv_usage: None,
                 ttft_p90_s: ttft,
                 tpot_p90_s: tpot,
-                at_ms,
+                ..EngineSample::queue(0, 0, at_ms)
             }))],
         }
     }
@@ -242,6 +239,8 @@ mod tests {
     use super::testing::{cfg, sample};
     use super::*;
     use crate::load::Report;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn judge(ttft: Option<f64>, tpot: Option<f64>) -> Latency {
         assess(&sample(ttft, tpot, 0), 0, 0, 5000, &cfg())

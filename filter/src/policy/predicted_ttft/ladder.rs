@@ -401,6 +401,8 @@ mod tests {
     use super::*;
     use crate::decision::Label;
     use crate::rng::SplitMix64;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const P: TtftParams = TtftParams {
         load_factor: 0.25,

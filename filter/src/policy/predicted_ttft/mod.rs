@@ -93,6 +93,8 @@ impl Select for PredictedTtft {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn params(extra: &str) -> TtftParams {
         let json = format!(r#"{{"workers":[{{"name":"w0"}}],"policy":"predicted_ttft"{extra}}}"#);

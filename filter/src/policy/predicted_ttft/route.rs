@@ -143,18 +143,17 @@ fn ttft_candidate(
 mod tests {
     use super::*;
     use crate::load::{EngineSample, LoadTable, Report};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
         let sample = |waiting_running: u64| {
-            Some(Report::Sample(EngineSample {
-                num_waiting: waiting_running,
-                num_running: 0,
-                kv_usage: None,
-                ttft_p90_s: None,
-                tpot_p90_s: None,
-                at_ms: 1000,
-            }))
+            Some(Report::Sample(EngineSample::queue(
+                waiting_running,
+                0,
+                1000,
+            )))
         };
         let loads = Loads {
             peer_inflight: vec![3, 0].into(),

@@ -304,6 +304,8 @@ mod tests {
     use super::*;
     use crate::rng::SplitMix64;
     use crate::tree::Leaves;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The sample's positions, ascending.
     fn positions(marks: Option<Marks>) -> Option<Vec<usize>> {

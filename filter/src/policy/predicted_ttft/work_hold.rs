@@ -127,6 +127,8 @@ mod tests {
     use crate::load::WorkerWork;
     use crate::shared::testing::{ring, MemStore};
     use crate::shared::{Keys, OpRing};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     struct Fixture {
         store: MemStore,

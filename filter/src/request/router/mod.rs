@@ -380,7 +380,10 @@ impl Use {
 mod tests {
     use super::*;
     use crate::parse::parse;
+    use crate::parse::testing::chat;
     use crate::rng::SplitMix64;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn router(extra: &str, workers: usize) -> Router {
         let ws: Vec<String> = (0..workers)
@@ -402,17 +405,6 @@ mod tests {
             r.apply_local(op);
         }
         Ok(routed.decision)
-    }
-
-    fn chat(turns: &[&str]) -> Parsed {
-        let msgs: Vec<String> = turns
-            .iter()
-            .map(|t| format!(r#"{{"role":"user","content":"{t}"}}"#))
-            .collect();
-        parse(
-            "/v1/chat/completions",
-            format!(r#"{{"model":"m","messages":[{}]}}"#, msgs.join(",")).as_bytes(),
-        )
     }
 
     #[test]
