@@ -12,7 +12,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use llm_router_push::{Push, WorkerStats};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -106,7 +106,7 @@ fn load(addr: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
 /// What the stand-in filter saw and how it answers.
 struct RecvState {
     status: u16,
-    bodies: Vec<Value>,
+    bodies: Vec<Push>,
     bad_auth: usize,
     clusters_json: String,
 }
@@ -166,7 +166,7 @@ impl Receiver {
         self.state.lock().unwrap().status = s;
     }
 
-    fn bodies(&self) -> Vec<Value> {
+    fn bodies(&self) -> Vec<Push> {
         self.state.lock().unwrap().bodies.clone()
     }
 
@@ -208,15 +208,16 @@ async fn handle(st: &Mutex<RecvState>, req: Request<Incoming>) -> Response<Full<
         *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
         return r;
     }
-    // Refused as the filter would refuse it (an unknown field, a number out of
-    // range), so every push this test keeps is one the filter takes.
-    if let Err(e) = serde_json::from_slice::<llm_router_push::Push>(&body) {
-        let mut r = Response::new(Full::new(Bytes::from(e.to_string())));
-        *r.status_mut() = hyper::StatusCode::BAD_REQUEST;
-        return r;
+    // Read as the filter reads it: an unknown field or a number out of range is
+    // refused, so every push this test keeps is one the filter takes.
+    match serde_json::from_slice::<Push>(&body) {
+        Ok(push) => s.bodies.push(push),
+        Err(e) => {
+            let mut r = Response::new(Full::new(Bytes::from(e.to_string())));
+            *r.status_mut() = hyper::StatusCode::BAD_REQUEST;
+            return r;
+        }
     }
-    let v: Value = serde_json::from_slice(&body).expect("pushed body is JSON");
-    s.bodies.push(v);
     let mut r = Response::new(Full::new(Bytes::from(if s.status == 200 {
         "ok"
     } else {
@@ -233,14 +234,13 @@ fn collector_cmd(push_url: &str, args: &[String]) -> Command {
     c
 }
 
-fn worker<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
-    snapshot["workers"]
-        .as_array()
-        .and_then(|ws| {
-            ws.iter()
-                .find(|w| w["name"] == name || w["address"] == name)
-        })
-        .unwrap_or_else(|| panic!("no worker {name} in {snapshot}"))
+fn worker<'a>(snapshot: &'a Push, name: &str) -> &'a WorkerStats {
+    let named = |s: &Option<String>| s.as_deref() == Some(name);
+    snapshot
+        .workers
+        .iter()
+        .find(|w| named(&w.name) || named(&w.address))
+        .unwrap_or_else(|| panic!("no worker {name} in {snapshot:?}"))
 }
 
 /// An address where nothing listens (bound, then released).
@@ -298,38 +298,32 @@ async fn once_prints_a_snapshot_that_reflects_load() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).expect("stdout is the snapshot JSON");
+    let printed: Push =
+        serde_json::from_slice(&out.stdout).expect("stdout is the snapshot, in the shared format");
 
-    assert_eq!(printed["collector"], "llm-collector");
-    assert_eq!(printed["seq"], 1);
-    assert_eq!(printed["interval_ms"], 1000);
+    assert_eq!(printed.collector.as_deref(), Some("llm-collector"));
+    assert_eq!((printed.seq, printed.interval_ms), (Some(1), Some(1000)));
     let a = worker(&printed, "w0");
-    assert_eq!(a["reachable"], true, "{a}");
-    assert_eq!(a["engine"], "vllm");
-    assert_eq!(a["address"], w0.addr.to_string());
-    assert_eq!(a["num_running"], 1, "{a}");
-    assert!(
-        a["num_waiting"].as_u64().unwrap() >= 2,
-        "queued requests show: {a}"
-    );
-    assert!(
-        a["ttft_p90_s"].is_null(),
-        "one scrape has no window yet: {a}"
-    );
+    assert!(a.reachable, "{a:?}");
+    assert_eq!(a.engine.as_deref(), Some("vllm"));
+    assert_eq!(a.address, Some(w0.addr.to_string()));
+    assert_eq!(a.num_running, Some(1), "{a:?}");
+    assert!(a.num_waiting >= Some(2), "queued requests show: {a:?}");
+    assert_eq!(a.ttft_p90_s, None, "one scrape has no window yet: {a:?}");
     let b = worker(&printed, "w1");
     assert_eq!(
-        (b["reachable"].clone(), b["engine"].clone()),
-        (true.into(), "sglang".into()),
-        "{b}"
+        (b.reachable, b.engine.as_deref()),
+        (true, Some("sglang")),
+        "{b:?}"
     );
-    assert_eq!(
-        (b["num_waiting"].as_u64(), b["num_running"].as_u64()),
-        (Some(0), Some(0))
-    );
+    assert_eq!((b.num_waiting, b.num_running), (Some(0), Some(0)));
     let d = worker(&printed, "down");
-    assert_eq!(d["reachable"], false, "a dead engine is never idle: {d}");
-    assert!(d["error"].as_str().unwrap().contains("refused"), "{d}");
-    assert!(d.get("num_waiting").is_none(), "{d}");
+    assert!(!d.reachable, "a dead engine is never idle: {d:?}");
+    assert!(
+        d.error.as_ref().is_some_and(|e| e.contains("refused")),
+        "{d:?}"
+    );
+    assert_eq!(d.num_waiting, None, "{d:?}");
 
     // Exactly that snapshot was pushed, with the bearer token.
     let bodies = recv.bodies();
@@ -382,18 +376,18 @@ async fn loop_tracks_load_and_survives_receiver_and_engine_failures() {
     let seen = wait_for(Duration::from_secs(15), || {
         recv.bodies()
             .into_iter()
-            .find(|b| worker(b, "w0")["num_waiting"].as_u64().unwrap_or(0) >= 1)
+            .find(|b| worker(b, "w0").num_waiting >= Some(1))
     })
     .await
     .expect("a push showing w0's queue");
-    assert_eq!(worker(&seen, "w0")["num_running"], 1, "{seen}");
-    assert_eq!(worker(&seen, "w1")["num_waiting"], 0, "{seen}");
+    assert_eq!(worker(&seen, "w0").num_running, Some(1), "{seen:?}");
+    assert_eq!(worker(&seen, "w1").num_waiting, Some(0), "{seen:?}");
 
     // Once requests finish, the windowed TTFT p90 is known and reflects the 300 ms.
     let p90 = wait_for(Duration::from_secs(15), || {
         recv.bodies()
             .last()
-            .and_then(|b| worker(b, "w0")["ttft_p90_s"].as_f64())
+            .and_then(|b| worker(b, "w0").ttft_p90_s)
     })
     .await
     .expect("a ttft p90 once requests completed");
@@ -407,20 +401,16 @@ async fn loop_tracks_load_and_survives_receiver_and_engine_failures() {
     let down = wait_for(Duration::from_secs(10), || {
         recv.bodies()
             .last()
-            .filter(|b| worker(b, "w1")["reachable"] == false)
+            .filter(|b| !worker(b, "w1").reachable)
             .cloned()
     })
     .await
     .expect("w1 reported unreachable");
-    assert!(worker(&down, "w1").get("num_waiting").is_none(), "{down}");
-    assert_eq!(worker(&down, "w0")["reachable"], true);
+    assert_eq!(worker(&down, "w1").num_waiting, None, "{down:?}");
+    assert!(worker(&down, "w0").reachable);
 
     // Sequence numbers only go up.
-    let seqs: Vec<u64> = recv
-        .bodies()
-        .iter()
-        .map(|b| b["seq"].as_u64().unwrap())
-        .collect();
+    let seqs: Vec<u64> = recv.bodies().iter().map(|b| b.seq.unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     assert_eq!(recv.state.lock().unwrap().bad_auth, 0);
 
@@ -474,16 +464,12 @@ async fn once_with_envoy_admin_membership() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ws = s["workers"].as_array().unwrap();
-    assert_eq!(ws.len(), 2, "{s}");
-    assert_eq!(worker(&s, "w0")["reachable"], true);
+    let s: Push = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s.workers.len(), 2, "{s:?}");
+    assert!(worker(&s, "w0").reachable);
     let pool = worker(&s, &p.addr.to_string());
-    assert!(
-        pool.get("name").is_none(),
-        "pool hosts are sent by address: {pool}"
-    );
-    assert_eq!(pool["engine"], "sglang");
+    assert_eq!(pool.name, None, "pool hosts are sent by address: {pool:?}");
+    assert_eq!(pool.engine.as_deref(), Some("sglang"));
     assert_eq!(recv.bodies().len(), 1);
 
     // Admin unreachable: --once fails rather than pushing an empty snapshot.
