@@ -13,6 +13,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use llm_router_push::Push;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -35,7 +36,7 @@ vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25
 /// What an in-test server saw and how it answers pushes.
 struct State {
     push_status: u16,
-    bodies: Vec<Value>,
+    bodies: Vec<Push>,
     /// Accept connections but never answer (a hung Envoy).
     hang: bool,
     /// Served on `GET /clusters` (standing in for Envoy's admin).
@@ -112,7 +113,7 @@ impl Server {
         format!("{}/llm-router/stats", self.base())
     }
 
-    fn bodies(&self) -> Vec<Value> {
+    fn bodies(&self) -> Vec<Push> {
         self.state.lock().unwrap().bodies.clone()
     }
 
@@ -143,7 +144,7 @@ async fn handle(st: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Byte
         401
     } else {
         s.bodies
-            .push(serde_json::from_slice(&body).expect("JSON push"));
+            .push(serde_json::from_slice(&body).expect("a push in the shared format"));
         s.push_status
     };
     let mut r = Response::new(Full::new(Bytes::from(if status == 200 {
@@ -300,7 +301,7 @@ async fn several_push_urls_metrics_and_healthz() {
     })
     .await
     .expect("20 pushes to the good URL");
-    let seqs: Vec<u64> = bodies.iter().map(|b| b["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = bodies.iter().map(|b| b.seq.unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     let span = seqs[seqs.len() - 1] - seqs[0] + 1;
     // Serial pushes would deliver about one in ten (one per 1 s timeout at 100 ms);
@@ -309,7 +310,7 @@ async fn several_push_urls_metrics_and_healthz() {
         seqs.len() as f64 >= 0.8 * span as f64,
         "the good URL missed snapshots: {seqs:?}"
     );
-    assert_eq!(bodies[0]["workers"][0]["num_waiting"], 3);
+    assert_eq!(bodies[0].workers[0].num_waiting, Some(3));
 
     // /metrics: per-URL attempts and failures, push latency, scrapes, engines.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -470,7 +471,7 @@ async fn once_exit_codes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let printed: Push = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(a.bodies(), vec![printed.clone()]);
     assert_eq!(b.bodies(), vec![printed]);
 
@@ -481,7 +482,7 @@ async fn once_exit_codes() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let printed: Push = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(a.bodies().last(), Some(&printed));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -573,13 +574,10 @@ async fn https_scrape_and_push_trusting_a_private_ca() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let w0 = &printed["workers"][0];
-    assert_eq!(w0["reachable"], true, "{printed}");
-    assert_eq!(
-        (w0["num_waiting"].as_u64(), w0["num_running"].as_u64()),
-        (Some(3), Some(2))
-    );
+    let printed: Push = serde_json::from_slice(&out.stdout).unwrap();
+    let w0 = &printed.workers[0];
+    assert!(w0.reachable, "{printed:?}");
+    assert_eq!((w0.num_waiting, w0.num_running), (Some(3), Some(2)));
     assert_eq!(recv.bodies(), vec![printed]);
 
     // Without it, the certificate is not trusted: the engine is unreachable (saying
@@ -588,12 +586,12 @@ async fn https_scrape_and_push_trusting_a_private_ca() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let w0 = &printed["workers"][0];
-    assert_eq!(w0["reachable"], false, "{printed}");
+    let printed: Push = serde_json::from_slice(&out.stdout).unwrap();
+    let w0 = &printed.workers[0];
+    assert!(!w0.reachable, "{printed:?}");
     assert!(
-        w0["error"].as_str().unwrap().contains("certificate"),
-        "{printed}"
+        w0.error.as_ref().is_some_and(|e| e.contains("certificate")),
+        "{printed:?}"
     );
     assert_eq!(recv.bodies().len(), 1, "nothing delivered untrusted");
 
@@ -625,8 +623,12 @@ async fn https_scrape_and_push_trusting_a_private_ca() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(printed["workers"][0]["reachable"], true, "{printed}");
-    assert_eq!(printed["workers"][0]["name"], "w0", "{printed}");
+    let printed: Push = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(printed.workers[0].reachable, "{printed:?}");
+    assert_eq!(
+        printed.workers[0].name.as_deref(),
+        Some("w0"),
+        "{printed:?}"
+    );
     std::fs::remove_file(&ca_file).ok();
 }
