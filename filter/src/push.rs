@@ -131,6 +131,8 @@ fn report(stats: &WorkerStats, now_ms: u64) -> Report {
 mod tests {
     use super::*;
     use crate::config::testing::workers;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn token_check() {
