@@ -378,6 +378,14 @@ enum Episode {
     Recovered,
 }
 
+/// The overload alert on the slow worker, pending (its `for:` is minutes).
+const OVERLOADED_PENDING: &str =
+    r#"ALERTS{alertname="LLMRouterWorkerOverloaded", worker="w0", alertstate="pending"}"#;
+
+/// The refused-pushes alert, pending on the bad pushes.
+const REJECTED_PENDING: &str =
+    r#"ALERTS{alertname="LLMRouterStatsPushesRejected", alertstate="pending"}"#;
+
 fn set_ttft(addr: SocketAddr, ms: u64) {
     let r = admin::post(addr, "/admin/latency", &json!({"ttft_ms": ms}).to_string())
         .unwrap_or_else(|e| panic!("engine {addr} /admin/latency: {e:#}"));
@@ -459,9 +467,11 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
                 episode = Episode::Slow;
                 eprintln!("{:?}: w0 slow", run_clock.elapsed());
             }
+            // The alert's expression matches Envoy's series: it is pending.
             Episode::Slow
                 if scraped("max(llm_router_worker_overloaded) == 1")
-                    && scraped("llm_router_overload_probes_failed > 0") =>
+                    && scraped("llm_router_overload_probes_failed > 0")
+                    && scraped(OVERLOADED_PENDING) =>
             {
                 set_ttft(slow, 0);
                 episode = Episode::Fast;
@@ -516,7 +526,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             })
             .collect();
         format!(
-            "{} of {} dashboard queries {what} in {PANELS_DEADLINE:?} (episode {episode:?}, {} requests answered; targets {:?}); envoy log tail:\n{}\n{}",
+            "{} of {} dashboard queries {what} in {PANELS_DEADLINE:?} (episode {episode:?}, {} requests answered; targets {:?}); envoy log tail:\n{}\n{}\nprometheus log tail:\n{}",
             missing.len(),
             targets.len(),
             traffic.answered(),
@@ -526,7 +536,8 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
                 .map(|t| format!("{} {} {}", t["scrapeUrl"], t["health"], t["lastError"]))
                 .collect::<Vec<_>>(),
             llm_demo::envoy::tail(&f.envoy.log),
-            lines.join("\n")
+            lines.join("\n"),
+            llm_demo::envoy::tail(&prom.log)
         )
     };
     assert_eq!(
@@ -592,7 +603,9 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     );
 
     // The alert rules, loaded by the same Prometheus, evaluate on this data without
-    // error (a rule is `unknown` until its first evaluation).
+    // error (a rule is `unknown` until its first evaluation), and two of them match
+    // what the run did: the overload alert went pending during the episode (above),
+    // the refused-pushes alert goes pending on the bad pushes.
     let expected_alerts = repo_file("observe/alerts.yaml")
         .lines()
         .filter(|l| l.trim_start().starts_with("- alert:"))
@@ -605,8 +618,9 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             .iter()
             .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
             .collect();
-        let evaluated =
-            rules.len() == expected_alerts && rules.iter().all(|r| r["health"] != "unknown");
+        let evaluated = rules.len() == expected_alerts
+            && rules.iter().all(|r| r["health"] != "unknown")
+            && scraped(REJECTED_PENDING);
         if evaluated || Instant::now() > rules_deadline {
             break rules;
         }
@@ -616,6 +630,10 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         rules.len(),
         expected_alerts,
         "Prometheus loaded every alert rule: {rules:?}"
+    );
+    assert!(
+        scraped(REJECTED_PENDING),
+        "the refused-pushes alert goes pending on Envoy's series: {rules:?}"
     );
     for r in &rules {
         assert_eq!(r["type"], "alerting", "{r}");
