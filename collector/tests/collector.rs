@@ -208,7 +208,7 @@ async fn handle(st: &Mutex<RecvState>, req: Request<Incoming>) -> Response<Full<
         *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
         return r;
     }
-    // Read as the filter reads it: an unknown field or a number out of range is
+    // Read as the filter reads it: a wrong type or a number out of range is
     // refused, so every push this test keeps is one the filter takes.
     match serde_json::from_slice::<Push>(&body) {
         Ok(push) => s.bodies.push(push),

@@ -7,9 +7,10 @@
 //! knows, reachable or not. What deserializes is in range: every number is checked
 //! as it is read against the ceilings below, and a refusal names the field and the
 //! rule (serde_json adds where in the body), so the filter stores nothing from a
-//! push that breaks one. Unknown fields are refused too: a misspelt metric would
-//! otherwise read as "not reported", without a word. So a collector that sends a
-//! new field needs filters that know it: upgrade the filters first.
+//! push that breaks one. Fields it does not know are passed over, so a newer
+//! collector that sends a new metric feeds an older filter (collectors and filters
+//! are upgraded one at a time, in either order); the collector and the filter name
+//! every field through these types, so neither can misspell one.
 //!
 //! Unknown numbers are left out (or `null`): known to be unknown, never zero. The
 //! crate needs only serde, so it builds for the filter's wasm32 target as it does
@@ -36,7 +37,7 @@ pub const MAX_TPOT_S: f64 = 60.0;
 /// entries with its own worker-config rules, or skips them (`serde::de::IgnoredAny`)
 /// when it wants the samples alone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a snapshot object with `workers`")]
+#[serde(expecting = "a snapshot object with `workers`")]
 pub struct Push<M = Member> {
     /// Which pusher sent it (the collector: `llm-collector`), for people reading a
     /// push; the filter does not use it.
@@ -76,7 +77,7 @@ impl<M> Push<M> {
 /// One worker's line: who it is, whether the collector could scrape it, and its
 /// engine's numbers at the last scrape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a worker object")]
+#[serde(expecting = "a worker object")]
 pub struct WorkerStats {
     /// The worker's `name` in the filter's worker list. Left out for a pool host
     /// the collector knows by address only (`target: endpoint` pools).
@@ -357,11 +358,10 @@ mod tests {
     }
 
     #[test]
-    fn wrong_shapes_and_unknown_fields_are_refused_by_name() {
+    fn wrong_shapes_are_refused_by_name() {
         let cases = [
             (r#","reachable":"yes""#, "`reachable` must be a boolean"),
             (r#","address":7"#, "`address` must be a string"),
-            (r#","num_wating":1"#, "unknown field `num_wating`"),
         ];
         for (fields, want) in cases {
             let e = worker(fields).unwrap_err();
@@ -372,7 +372,6 @@ mod tests {
             (r#"{"workers":{}}"#, "a sequence"),
             (r#"{}"#, "missing field `workers`"),
             (r#"[]"#, "a snapshot object with `workers`"),
-            (r#"{"workers":[],"extra":1}"#, "unknown field `extra`"),
             (
                 r#"{"workers":[],"membership":[{"name":"a","port":1}]}"#,
                 "`port`",
@@ -382,5 +381,18 @@ mod tests {
             let e = parse(body).unwrap_err();
             assert!(e.contains(want), "{body}: {e}");
         }
+    }
+
+    #[test]
+    fn fields_a_newer_collector_adds_are_passed_over() {
+        let push = parse(
+            r#"{"workers":[{"name":"w0","num_waiting":2,"kv_capacity_tokens":{"a":[1]}}],"schema":2}"#,
+        )
+        .expect("a push with fields this build does not know is read");
+        assert_eq!(
+            push.workers[0].num_waiting,
+            Some(2),
+            "the known fields are kept"
+        );
     }
 }
