@@ -6,7 +6,9 @@ use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// How long a condition may take to come true: generous, because a loaded 2-core
@@ -97,4 +99,32 @@ pub fn wait_for(what: &str, fleet: &Fleet, ok: impl Fn() -> bool) {
             llm_demo::envoy::tail(&fleet.envoy.log)
         );
     }
+}
+
+/// `path` in the repository (the tests read its shipped files: dashboard, rules).
+pub fn repo_path(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+/// The text of a file in the repository, which must be there.
+pub fn repo_file(path: &str) -> String {
+    let p = repo_path(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Every `llm_router_*` metric name in `text` (a query, a rule file, a scrape).
+pub fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("llm_router_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
 }

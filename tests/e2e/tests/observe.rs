@@ -3,33 +3,10 @@
 //! appears in Envoy's `/stats/prometheus` after a short run through the example
 //! tag rules (the demo's bootstrap carries the same `stats_tags`).
 
-use e2e::support::{post, start, wait_until};
+use e2e::support::{metric_names, post, repo_file, start, wait_until};
 use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-
-fn repo_file(path: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path);
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// Every `llm_router_*` name in `text`.
-fn metric_names(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("llm_router_") {
-        let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        out.insert(tail[..end].to_string());
-        rest = &tail[end..];
-    }
-    out
-}
 
 /// The dashboard's queries.
 fn dashboard_queries() -> Vec<String> {

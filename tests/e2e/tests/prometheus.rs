@@ -20,28 +20,16 @@
 //! end-to-end tests do without Envoy.
 
 use e2e::prometheus::{promtool_bin, sample_value, series_values, unix_now, Prometheus, Scrape};
-use e2e::support::start;
+use e2e::support::{metric_names, repo_file, repo_path, start};
 use llm_demo::admin;
 use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-fn repo_path(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
-}
-
-fn repo_file(path: &str) -> String {
-    let p = repo_path(path);
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
 
 /// How often the test's Prometheus scrapes Envoy and evaluates the rules.
 const SCRAPE: Duration = Duration::from_secs(2);
@@ -326,21 +314,6 @@ fn zero_in_this_run(expr: &str) -> bool {
             .all(|n| ZERO_IN_THIS_RUN.iter().any(|(z, _)| z == n))
 }
 
-/// Every `llm_router_*` name in `text`.
-fn metric_names(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("llm_router_") {
-        let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        out.push(tail[..end].to_string());
-        rest = &tail[end..];
-    }
-    out
-}
-
 #[test]
 fn queries_reading_only_series_this_run_cannot_move_are_named() {
     assert!(zero_in_this_run("sum(rate(llm_router_pd_pairs[8s]))"));
@@ -350,7 +323,9 @@ fn queries_reading_only_series_this_run_cannot_move_are_named() {
     assert!(!zero_in_this_run("vector(0)"));
     assert_eq!(
         metric_names("a(llm_router_x{w=\"1\"}) + llm_router_y_bucket"),
-        vec!["llm_router_x", "llm_router_y_bucket"]
+        ["llm_router_x", "llm_router_y_bucket"]
+            .map(String::from)
+            .into()
     );
 }
 
