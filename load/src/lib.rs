@@ -7,6 +7,8 @@
 //! Each module holds one concept:
 //! - [`workload`]: the JSONL workload format and its parser.
 //! - [`generate`]: the deterministic multi-turn chat workload generator.
+//! - [`family`]: a seeded family of workloads and fleets, one member a seed (the
+//!   policy sweep's, `host-sim sweep`).
 //! - [`scheduler`]: dispatch order and concurrency (session ordering, in-flight cap).
 //! - [`arrivals`]: Poisson arrival times for `--request-rate`.
 //! - [`response`]: turning a response body (JSON or SSE) into usage and worker.
@@ -28,6 +30,7 @@ pub mod arrivals;
 pub mod cli;
 #[cfg(feature = "net")]
 pub mod client;
+pub mod family;
 pub mod fleet;
 pub mod generate;
 pub mod html;
