@@ -57,8 +57,8 @@
 //! 4. `abi` (the `env.proxy_*` hostcalls, one file per family) and `wasi` (preview1).
 //! 5. `vm`: [`Filter`], [`HostBuilder`], [`Host`], [`VmHandle`], guest calls and the
 //!    stream state machine.
-//! 6. [`sim`]: [`fleet`] and [`replay`]. The CLI (`main.rs`, `cli/`) sits on the public
-//!    API.
+//! 6. [`sim`]: [`fleet`], [`replay`] and [`sweep`]. The CLI (`main.rs`, `cli/`) sits on
+//!    the public API.
 //!
 //! ## Example
 //!
@@ -126,7 +126,7 @@ mod types;
 mod vm;
 mod wasi;
 
-pub use sim::{fleet, replay};
+pub use sim::{fleet, replay, sweep};
 pub use types::codes::{LogLevel, Status};
 pub use types::fault::{envoy_failures, Answer, Fault, Trigger};
 pub use types::values::{

@@ -14,6 +14,11 @@
 //! line is the same JSON; the flags mean what the demo's do. It exits 3 when any
 //! request failed, as `envoy/demo` and `llm-load` do.
 //!
+//! `host-sim sweep [--seeds N] [--default P] [--policies ...]` runs every policy over N
+//! members of `llm-load`'s seeded workload family, each against its own simulated
+//! fleet in virtual time, and prints each seed's parameters and every policy's cached
+//! ratio and TTFT, then where the default loses to the best of the others.
+//!
 //! `host-sim wasi-run MODULE.wasm [ARGS...]` runs a WASI preview1 command module (e.g. a
 //! libtest binary from `cargo test --target wasm32-wasip1`) and exits with its exit code;
 //! it is the cargo runner for that target (`.cargo/config.toml`).
@@ -21,7 +26,7 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
-use cli::{check_config, replay, run};
+use cli::{check_config, replay, run, sweep};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -45,6 +50,9 @@ enum Command {
     /// Replay a workload through the filter against a simulated engine fleet, in
     /// virtual time, and print `envoy/demo`'s summary (same last-line JSON).
     Replay(replay::ReplayArgs),
+    /// Run every policy over a seeded family of workloads and fleets, in virtual
+    /// time, and print where the default loses to the best of the others.
+    Sweep(sweep::SweepArgs),
     /// Run a WASI preview1 command module (`_start`), e.g. a wasm32-wasip1 test binary,
     /// passing ARGS through; exits with the module's exit code.
     WasiRun(WasiRunArgs),
@@ -72,6 +80,7 @@ fn main() {
             }
             Err(e) => Err(e),
         },
+        Command::Sweep(args) => sweep::sweep(args).map(|()| Value::Null),
         Command::WasiRun(args) => match host_sim::run_wasi_command(&args.module, &args.args) {
             Ok(code) => std::process::exit(code),
             Err(e) => {

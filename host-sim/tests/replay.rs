@@ -32,6 +32,7 @@ fn replay(vms: usize, concurrency: usize) -> Replay {
         vms,
         concurrency,
         engine: EngineSpec::default(),
+        engine_specs: Vec::new(),
         collector_interval_ms: Some(200),
     }
 }
@@ -113,6 +114,85 @@ fn a_queueing_fleet_under_the_gate_diverts() {
         decisions(&run, "cache_worker_queued") > 0,
         "queued owners are diverted from"
     );
+}
+
+/// Engines shaped one by one (a heterogeneous fleet, as engine mocks started with
+/// their own flags): an engine without a cache never hits, a slower one takes longer
+/// to its first token, and every stream reports its time to first token.
+#[test]
+fn each_engine_keeps_its_own_shape_and_streams_report_ttft() {
+    let cfg = GenerateConfig {
+        stream_fraction: 1.0,
+        sessions: 9,
+        turns: 3,
+        system_prompts: 1,
+        ..GenerateConfig::default()
+    };
+    let items = parse_workload(&to_jsonl(&generate(&cfg)).unwrap()).unwrap();
+    let mut sim = replay(1, 1);
+    let slow = EngineSpec {
+        latency: engine_model::latency::Latency {
+            prefill_us_per_token: sim.engine.latency.prefill_us_per_token * 10.0,
+            ..sim.engine.latency
+        },
+        ..sim.engine
+    };
+    let cacheless = EngineSpec {
+        cache_blocks: 0,
+        ..sim.engine
+    };
+    sim.engine_specs = vec![cacheless, slow];
+    let run = sim
+        .run(&filter(), &json!({"policy": "round_robin"}), &items)
+        .unwrap();
+    assert_eq!(run.summary.errors, 0, "{:?}", run.summary.error_reasons);
+    let on = |w: &str| -> Vec<&llm_load::record::Record> {
+        let on_w = |r: &&llm_load::record::Record| r.worker.as_deref() == Some(w);
+        run.records.iter().filter(on_w).collect()
+    };
+    assert!(
+        on("w0").iter().all(|r| r.cached_tokens == Some(0)),
+        "w0 caches nothing"
+    );
+    assert!(
+        on("w2").iter().any(|r| r.cached_tokens > Some(0)),
+        "w2 has the default cache"
+    );
+    let slowest = |w: &str| on(w).iter().filter_map(|r| r.ttft_ms).fold(0.0, f64::max);
+    assert!(
+        slowest("w1") > 5.0 * slowest("w2"),
+        "w1 prefills 10x slower: {} vs {} ms",
+        slowest("w1"),
+        slowest("w2")
+    );
+    assert!(run
+        .records
+        .iter()
+        .all(|r| r.ttft_ms.is_some() && r.ttft_ms == r.ttfb_ms));
+}
+
+/// A member of the workload family runs under every policy on its own fleet, and the
+/// same seed gives the same outcomes.
+#[test]
+fn a_family_member_runs_under_every_policy_and_repeats() {
+    use host_sim::sweep::{self, POLICIES};
+    use llm_load::family::Member;
+    // A small member: the family's draws are the sweep's business, not this test's.
+    let mut member = Member::draw(3);
+    member.workload.sessions = 12;
+    member.workload.turns = 2;
+    let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
+    let outcomes: Vec<_> = POLICIES
+        .iter()
+        .map(|p| sweep::run(&filter(), &member, 1, &items, p).unwrap())
+        .collect();
+    for o in &outcomes {
+        assert_eq!(o.errors, 0, "{}", o.policy);
+        assert!((0.0..=1.0).contains(&o.cached), "{o:?}");
+        assert!(o.ttft_p50_ms <= o.ttft_p99_ms, "{o:?}");
+    }
+    let again = sweep::run(&filter(), &member, 1, &items, "predicted_ttft").unwrap();
+    assert_eq!(again, outcomes[1], "same member, same policy: same outcome");
 }
 
 /// A user's own config (its worker names, clusters, an address, `target: endpoint`

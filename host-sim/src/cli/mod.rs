@@ -1,10 +1,12 @@
 //! The CLI's subcommands, each a thin layer over host-sim's public API: [`run`] (one
-//! request, printed as JSON), [`check_config`] (the filter's own validation) and
-//! [`replay`] (a workload against the simulated fleet, reported as `envoy/demo` does).
+//! request, printed as JSON), [`check_config`] (the filter's own validation),
+//! [`replay`] (a workload against the simulated fleet, reported as `envoy/demo` does)
+//! and [`sweep`] (every policy over a seeded family of workloads and fleets).
 
 pub(crate) mod check_config;
 pub(crate) mod replay;
 pub(crate) mod run;
+pub(crate) mod sweep;
 
 use anyhow::{Context as _, Result};
 

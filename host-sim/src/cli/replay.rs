@@ -114,6 +114,7 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             },
             ..EngineSpec::default()
         },
+        engine_specs: Vec::new(),
         collector_interval_ms: (args.collector_interval_ms > 0)
             .then_some(args.collector_interval_ms),
     };

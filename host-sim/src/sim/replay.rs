@@ -18,7 +18,7 @@
 use super::fleet::SimFleet;
 use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use anyhow::{bail, Context as _, Result};
-use engine_model::engine::EngineSpec;
+use engine_model::engine::{Engine, EngineSpec};
 use llm_load::record::Record;
 use llm_load::response::{parse_json_body, snippet};
 use llm_load::scheduler::Dispatch;
@@ -45,8 +45,11 @@ pub struct Replay {
     pub vms: usize,
     /// Requests in flight at most.
     pub concurrency: usize,
-    /// Every engine's shape.
+    /// Every engine's shape...
     pub engine: EngineSpec,
+    /// ...but engine `i`'s is `engine_specs[i]` where given: a heterogeneous fleet (a
+    /// slower engine, a smaller cache), as engine mocks started with their own flags.
+    pub engine_specs: Vec<EngineSpec>,
     /// Push the fleet's gauges this often (virtual ms); `None`: no collector.
     pub collector_interval_ms: Option<u64>,
 }
@@ -211,12 +214,16 @@ impl Replay {
     /// The simulated engines: the config's own `workers` when it lists them, else
     /// the demo's fleet (`w0..`, or `p0..`/`d0..` with PD).
     pub fn fleet(&self, config: &Value) -> Result<SimFleet> {
-        Ok(match (config.get("workers"), self.pd) {
+        let mut fleet = match (config.get("workers"), self.pd) {
             (Some(workers), _) => SimFleet::from_workers(workers, self.engine)
                 .map_err(|e| anyhow::anyhow!("the plugin config's {e}"))?,
             (None, Some((prefill, decode))) => SimFleet::pd(prefill, decode, self.engine),
             (None, None) => SimFleet::demo(self.workers, self.engine),
-        })
+        };
+        for (e, spec) in fleet.engines.iter_mut().zip(&self.engine_specs) {
+            e.engine = Engine::new(*spec);
+        }
+        Ok(fleet)
     }
 
     /// Runs `items` through `filter` with plugin config `config` (see
@@ -405,7 +412,9 @@ impl Replay {
             .served
             .map_or((now, now), |s| (s.finished_ms, s.first_token_ms));
         if item.stream && answer.status == 200 {
+            // The engine's first byte is its first token.
             record.ttfb_ms = Some(first_ms - sent);
+            record.ttft_ms = record.ttfb_ms;
         }
         Ok(Routed::Engine(InFlight {
             item: i,

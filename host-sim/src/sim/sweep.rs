@@ -1,0 +1,293 @@
+//! The policy sweep: every policy over members of `llm-load`'s seeded workload family
+//! ([`llm_load::family`]), each replayed through the real filter against its own
+//! simulated fleet in virtual time ([`Replay`]), and a verdict on whether the default
+//! policy is the best router across the family.
+//!
+//! A member's fleet is the engine mocks its [`EngineShape`]s describe (running slots,
+//! prefill cost, cache size per engine), the collector pushing every
+//! [`COLLECTOR_INTERVAL_MS`], one Envoy worker thread unless asked for more. Each
+//! policy is measured by what a user sees: the engines' cached share of prompt tokens
+//! and the p50 and p99 time to first token.
+//!
+//! The default is judged against the best of the other policies on each measure
+//! separately (the highest cached ratio of any other, the lowest p99 of any other):
+//! the issue's bar ([`ISSUE_53_BAR`]) is the default within 0.005 of that cached ratio
+//! and at most 1.05x that p99 on at least 90% of seeds, and never more than 0.02
+//! behind or 1.3x over on any.
+
+use super::replay::Replay;
+use crate::Filter;
+use anyhow::{bail, Result};
+use engine_model::engine::EngineSpec;
+use engine_model::latency::Latency;
+use llm_load::family::{EngineShape, Member};
+use llm_load::workload::WorkItem;
+
+/// The policies a sweep runs unless told otherwise: every one the filter has.
+pub const POLICIES: [&str; 5] = [
+    "cache_aware",
+    "predicted_ttft",
+    "round_robin",
+    "random",
+    "power_of_two",
+];
+
+/// How often the simulated collector pushes the fleet's gauges (`host-sim replay`'s
+/// and the demo's default).
+pub const COLLECTOR_INTERVAL_MS: u64 = 200;
+
+/// What a default must do against the best other policy, seed by seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bar {
+    /// On a near seed: cached ratio at most this far below the best other's...
+    pub near_cached: f64,
+    /// ...and TTFT p99 at most this many times the best other's.
+    pub near_p99: f64,
+    /// Near on at least this share of the seeds.
+    pub near_share: f64,
+    /// On every seed: cached ratio at most this far below the best other's...
+    pub worst_cached: f64,
+    /// ...and TTFT p99 at most this many times the best other's.
+    pub worst_p99: f64,
+}
+
+/// Issue 53's "done when".
+pub const ISSUE_53_BAR: Bar = Bar {
+    near_cached: 0.005,
+    near_p99: 1.05,
+    near_share: 0.9,
+    worst_cached: 0.02,
+    worst_p99: 1.3,
+};
+
+/// One policy's run on one member.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub policy: String,
+    /// Engine-reported cached prompt tokens over all prompt tokens.
+    pub cached: f64,
+    /// Time to first token, virtual ms.
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    /// Requests that failed (a sound run has none).
+    pub errors: usize,
+}
+
+/// The engine mock's shape of one of the member's engines.
+pub fn engine_spec(shape: &EngineShape) -> EngineSpec {
+    let default = EngineSpec::default();
+    EngineSpec {
+        cache_blocks: shape.cache_chars.div_ceil(default.block_chars),
+        max_running: shape.max_running,
+        latency: Latency {
+            prefill_us_per_token: shape.prefill_us_per_token,
+            ..default.latency
+        },
+        ..default
+    }
+}
+
+/// The replay of `member` on `vms` Envoy worker threads: its fleet, its load.
+pub fn replay_of(member: &Member, vms: usize) -> Replay {
+    let specs: Vec<EngineSpec> = member.engines.iter().map(engine_spec).collect();
+    Replay {
+        workers: specs.len(),
+        pd: None,
+        vms,
+        concurrency: member.concurrency,
+        engine: specs.first().copied().unwrap_or_default(),
+        engine_specs: specs,
+        collector_interval_ms: Some(COLLECTOR_INTERVAL_MS),
+    }
+}
+
+/// Runs `items` (the member's workload) through `filter` routing by `policy`, the
+/// filter's `rng_seed` the member's seed.
+pub fn run(
+    filter: &Filter,
+    member: &Member,
+    vms: usize,
+    items: &[WorkItem],
+    policy: &str,
+) -> Result<Outcome> {
+    let config = llm_load::run::plugin_config("policy", policy, policy, None, false, member.seed)?;
+    let done = replay_of(member, vms).run(filter, &config, items)?;
+    let s = &done.summary;
+    let (Some(ttft_p50_ms), Some(ttft_p99_ms)) = (s.ttft_p50_ms, s.ttft_p99_ms) else {
+        bail!(
+            "seed {}, {policy}: no request reported a first token ({} errors)",
+            member.seed,
+            s.errors
+        );
+    };
+    Ok(Outcome {
+        policy: policy.to_string(),
+        cached: s.cached_token_ratio,
+        ttft_p50_ms,
+        ttft_p99_ms,
+        errors: s.errors,
+    })
+}
+
+/// Where the default stands on one seed against the best of the others.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Standing {
+    /// The best other cached ratio minus the default's (positive: the default loses).
+    pub cached_gap: f64,
+    /// The other policy with the best cached ratio.
+    pub best_cached: String,
+    /// The default's TTFT p99 over the lowest other's (above 1: the default loses).
+    pub p99_ratio: f64,
+    /// The other policy with the lowest TTFT p99.
+    pub best_p99: String,
+}
+
+impl Standing {
+    /// The default's standing among `outcomes` (which hold it and at least one
+    /// other); `None` when they do not.
+    pub fn of(default: &str, outcomes: &[Outcome]) -> Option<Standing> {
+        let own = outcomes.iter().find(|o| o.policy == default)?;
+        let others = || outcomes.iter().filter(|o| o.policy != default);
+        let best_cached = others().max_by(|a, b| a.cached.total_cmp(&b.cached))?;
+        let best_p99 = others().min_by(|a, b| a.ttft_p99_ms.total_cmp(&b.ttft_p99_ms))?;
+        Some(Standing {
+            cached_gap: best_cached.cached - own.cached,
+            best_cached: best_cached.policy.clone(),
+            p99_ratio: own.ttft_p99_ms / best_p99.ttft_p99_ms,
+            best_p99: best_p99.policy.clone(),
+        })
+    }
+
+    /// Whether the default is near the best others on this seed.
+    pub fn near(&self, bar: &Bar) -> bool {
+        self.cached_gap <= bar.near_cached && self.p99_ratio <= bar.near_p99
+    }
+
+    /// Whether the default falls past the bar's limit for any seed.
+    pub fn broken(&self, bar: &Bar) -> bool {
+        self.cached_gap > bar.worst_cached || self.p99_ratio > bar.worst_p99
+    }
+}
+
+/// The bar's verdict over a sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Seeds where the default is near the best others.
+    pub near: usize,
+    pub seeds: usize,
+    /// Seeds where it is not near, and of those the ones past the limit.
+    pub not_near: Vec<u64>,
+    pub broken: Vec<u64>,
+}
+
+impl Verdict {
+    /// Judges each seed's standing.
+    pub fn of(standings: &[(u64, Standing)], bar: &Bar) -> Verdict {
+        let not_near: Vec<u64> = standings
+            .iter()
+            .filter(|(_, s)| !s.near(bar))
+            .map(|(seed, _)| *seed)
+            .collect();
+        let broken = standings
+            .iter()
+            .filter(|(_, s)| s.broken(bar))
+            .map(|(seed, _)| *seed)
+            .collect();
+        Verdict {
+            near: standings.len() - not_near.len(),
+            seeds: standings.len(),
+            not_near,
+            broken,
+        }
+    }
+
+    /// Whether the default clears the bar: near on enough seeds, broken on none.
+    pub fn holds(&self, bar: &Bar) -> bool {
+        self.seeds > 0
+            && self.near as f64 >= bar.near_share * self.seeds as f64
+            && self.broken.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(policy: &str, cached: f64, ttft_p99_ms: f64) -> Outcome {
+        Outcome {
+            policy: policy.to_string(),
+            cached,
+            ttft_p50_ms: ttft_p99_ms / 2.0,
+            ttft_p99_ms,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn the_default_is_measured_against_the_best_other_on_each_measure() {
+        let outcomes = [
+            outcome("cache_aware", 0.90, 200.0),
+            outcome("predicted_ttft", 0.92, 150.0),
+            outcome("round_robin", 0.70, 100.0),
+        ];
+        let s = Standing::of("cache_aware", &outcomes).unwrap();
+        assert!((s.cached_gap - 0.02).abs() < 1e-12, "{s:?}");
+        assert_eq!(s.best_cached, "predicted_ttft");
+        assert_eq!((s.p99_ratio, s.best_p99.as_str()), (2.0, "round_robin"));
+        let own = Standing::of("predicted_ttft", &outcomes).unwrap();
+        assert!(own.cached_gap < 0.0, "ahead on cache: a negative gap");
+        assert_eq!(own.p99_ratio, 1.5);
+        assert_eq!(Standing::of("random", &outcomes), None, "no such run");
+        assert_eq!(
+            Standing::of("round_robin", &outcomes[2..]),
+            None,
+            "no others"
+        );
+    }
+
+    #[test]
+    fn near_and_broken_take_their_boundaries_inclusively() {
+        let bar = ISSUE_53_BAR;
+        let standing = |cached_gap: f64, p99_ratio: f64| Standing {
+            cached_gap,
+            best_cached: "a".into(),
+            p99_ratio,
+            best_p99: "b".into(),
+        };
+        assert!(standing(0.005, 1.05).near(&bar));
+        assert!(!standing(0.0051, 1.0).near(&bar));
+        assert!(!standing(0.0, 1.051).near(&bar));
+        assert!(!standing(0.02, 1.3).broken(&bar));
+        assert!(standing(0.021, 1.0).broken(&bar));
+        assert!(standing(-0.1, 1.31).broken(&bar));
+    }
+
+    #[test]
+    fn the_bar_holds_on_ninety_percent_near_and_none_broken() {
+        let bar = ISSUE_53_BAR;
+        let at = |gap: f64, ratio: f64| Standing {
+            cached_gap: gap,
+            best_cached: "a".into(),
+            p99_ratio: ratio,
+            best_p99: "b".into(),
+        };
+        let mut standings: Vec<(u64, Standing)> = (0..9).map(|s| (s, at(0.0, 1.0))).collect();
+        standings.push((9, at(0.01, 1.2)));
+        let v = Verdict::of(&standings, &bar);
+        assert_eq!((v.near, v.seeds, v.not_near.clone()), (9, 10, vec![9]));
+        assert!(v.broken.is_empty());
+        assert!(v.holds(&bar), "9 of 10 near, none broken");
+        standings[0].1 = at(0.0, 1.06);
+        let v = Verdict::of(&standings, &bar);
+        assert!(!v.holds(&bar), "8 of 10 near is under 90%");
+        standings[0].1 = at(0.0, 1.0);
+        standings[9].1 = at(0.03, 1.0);
+        let v = Verdict::of(&standings, &bar);
+        assert_eq!(v.broken, vec![9]);
+        assert!(!v.holds(&bar), "one seed past the limit fails it");
+        assert!(
+            !Verdict::of(&[], &bar).holds(&bar),
+            "no seeds prove nothing"
+        );
+    }
+}
