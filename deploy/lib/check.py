@@ -129,20 +129,32 @@ def invariants(r):
         errs.append(f"stats listener {r.stats_listener} binds {stats_addr}, not loopback")
 
     public = listeners[r.public_listener]
-    routes = [rt for h in hcms(public) for vh in h["route_config"]["virtual_hosts"]
-              for rt in vh.get("routes", []) if "route" in rt]
+    hroutes = [(h, rt) for h in hcms(public) for vh in h["route_config"]["virtual_hosts"]
+               for rt in vh.get("routes", []) if "route" in rt]
+    routes = [rt for _, rt in hroutes]
     if not routes:
         errs.append(f"listener {r.public_listener} has no routes to engines")
-    conn_limit = public.get("per_connection_buffer_limit_bytes", 0)
-    for rt in routes:
+    # Envoy's default; Envoy Gateway's renderer sets its own 32 KiB.
+    conn_limit = public.get("per_connection_buffer_limit_bytes", ONE_MIB)
+    if conn_limit <= ONE_MIB:
+        errs.append(f"listener {r.public_listener}: per_connection_buffer_limit_bytes is "
+                    f"{conn_limit} (at most 1 MiB): the filter reads the whole body before it "
+                    "routes, so long prompts get 413. Raise the listener's limit (a route's "
+                    "request_body_buffer_limit needs Envoy 1.36, and before 1.37 is not "
+                    "applied when a filter stops at the headers)")
+    for h, rt in hroutes:
+        where = f"route {json.dumps(rt['match'])}"
         if rt["route"].get("timeout") != "0s":
-            errs.append(f"route {json.dumps(rt['match'])}: timeout is "
-                        f"{rt['route'].get('timeout', 'unset (15 s)')}, not 0s: long "
-                        "generations would be cut")
-        if conn_limit <= ONE_MIB and rt.get("request_body_buffer_limit", 0) <= ONE_MIB:
-            errs.append(f"route {json.dumps(rt['match'])}: the body buffer is Envoy's 1 MiB "
-                        "default (long prompts get 413); raise request_body_buffer_limit "
-                        "or the listener's per_connection_buffer_limit_bytes")
+            errs.append(f"{where}: timeout is {rt['route'].get('timeout', 'unset (15 s)')}, "
+                        "not 0s: long generations would be cut")
+        idle = rt["route"].get("idle_timeout")
+        source = "the route's idle_timeout"
+        if idle is None:
+            idle, source = h.get("stream_idle_timeout"), "the HCM's stream_idle_timeout"
+        if idle is not None and recipes.parse_duration(idle) == 0:
+            errs.append(f"{where}: no idle timeout ({source} is {idle}): a frozen engine "
+                        "would hold the request forever; give the stream an idle timeout "
+                        "(the recipes use 120 s)")
 
     try:
         pc, spc = plugin_config(pub), plugin_config(st)
@@ -182,7 +194,124 @@ def invariants(r):
             errs.append(f"collector engines {sorted(engines)} are not the workers {names}")
     if r.collector is not None:
         errs.extend(probe_problems(r.collector))
+    errs.extend(secret_namespace_problems(r))
     return errs
+
+
+# Every `kubectl -n NS create secret TYPE NAME` the docs and recipes give.
+CREATE_SECRET = re.compile(r"kubectl\s+-n\s+(\S+)\s+create\s+secret\s+\S+\s+([a-z0-9.-]+)")
+
+
+def doc_texts():
+    """{path relative to the repository: text} of the recipes and the docs that tell
+    how to deploy them."""
+    out = {}
+    for dirpath, _, names in os.walk(DEPLOY):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            if n.endswith((".yaml", ".md")) or os.path.dirname(path) == os.path.join(DEPLOY, "oci"):
+                with open(path) as f:
+                    out[os.path.relpath(path, ROOT)] = f.read()
+    for rel in ("README.md", os.path.join("docs", "src", "deploy.md")):
+        with open(os.path.join(ROOT, rel)) as f:
+            out[rel] = f.read()
+    return out
+
+
+def created_secrets(texts):
+    """{Secret: {namespaces the docs create it in}}."""
+    out = {}
+    for text in texts.values():
+        for ns, name in CREATE_SECRET.findall(text):
+            out.setdefault(name, set()).add(ns)
+    return out
+
+
+def secret_namespace_problems(r, texts=None):
+    """Each Secret the Envoy pods refer to must be created, by the documented command,
+    in the namespace where the pods run: a Secret is read from the pod's own
+    namespace only, and a missing one keeps the pod in CreateContainerConfigError."""
+    if r.pod_namespace is None:
+        return []
+    created = created_secrets(texts if texts is not None else doc_texts())
+    errs = []
+    for name, what in r.secret_refs:
+        where = created.get(name)
+        if not where:
+            errs.append(f"Secret {name} ({what}): no documented `kubectl -n NS create "
+                        "secret` makes it")
+        elif r.pod_namespace not in where:
+            errs.append(f"Secret {name} ({what}) is created in {', '.join(sorted(where))}, "
+                        f"but the Envoy pods run in {r.pod_namespace}: it does not resolve "
+                        "there and the pods stay in CreateContainerConfigError"
+                        + (" (set provider.kubernetes.deploy.type: GatewayNamespace in "
+                           "eg-values.yaml)" if r.name == "envoy-gateway" else ""))
+    return errs
+
+
+def version_problems(texts):
+    """The version bounds, wherever the recipes and docs name a version: the Envoy
+    Gateway chart exists and is within the bounds, an Envoy or Istio proxy image is not
+    older than the minimum, and each "X or later" states the minimum."""
+    errs = []
+    lo, hi = recipes.MIN_ENVOY_GATEWAY, recipes.LATEST_ENVOY_GATEWAY
+    for path, text in sorted(texts.items()):
+        for v in re.findall(r"gateway-helm\s+--version\s+v(\d+\.\d+\.\d+)", text):
+            t = tuple(int(x) for x in v.split("."))
+            if t > hi:
+                errs.append(f"{path}: Envoy Gateway chart v{v} is not a release (the latest is "
+                            f"v{recipes.vstr(hi)})")
+            elif t < lo:
+                errs.append(f"{path}: Envoy Gateway v{v} is older than v{recipes.vstr(lo)}, the "
+                            "oldest release the recipe works on")
+        for v in re.findall(r"Envoy Gateway v(\d+\.\d+(?:\.\d+)?)(?:\+| or later)", text):
+            if v != recipes.vstr(lo):
+                errs.append(f"{path}: says Envoy Gateway v{v} or later; the bound is "
+                            f"v{recipes.vstr(lo)}")
+        for v in re.findall(r"Istio (\d+\.\d+(?:\.\d+)?) or later", text):
+            if v != recipes.vstr(recipes.MIN_ISTIO):
+                errs.append(f"{path}: says Istio {v} or later; the bound is "
+                            f"{recipes.vstr(recipes.MIN_ISTIO)}")
+        envoy_bounds = (re.findall(r"Envoy\**\s+\(?(1\.\d+) or later", text)
+                        + re.findall(r"Envoy\**\s+\(?>= ?(1\.\d+)", text))
+        for v in envoy_bounds:
+            if v != recipes.vstr(recipes.MIN_ENVOY):
+                errs.append(f"{path}: says Envoy {v} or later; the bound is "
+                            f"{recipes.vstr(recipes.MIN_ENVOY)}")
+        for a, b in re.findall(r"envoyproxy/envoy:[a-z-]*v?(\d+)\.(\d+)\.\d+", text):
+            if (int(a), int(b)) < recipes.MIN_ENVOY:
+                errs.append(f"{path}: Envoy image {a}.{b} is older than "
+                            f"{recipes.vstr(recipes.MIN_ENVOY)}")
+        for a, b in re.findall(r"istio/proxyv2:(\d+)\.(\d+)", text):
+            if (int(a), int(b)) < recipes.MIN_ISTIO:
+                errs.append(f"{path}: Istio proxy {a}.{b} is older than "
+                            f"{recipes.vstr(recipes.MIN_ISTIO)}")
+    return errs
+
+
+def text_mutations():
+    """(what, file, old, new, expected words): broken copies of the docs' versions and
+    Secret commands, for version_problems and secret_namespace_problems."""
+    values = os.path.join("deploy", "envoy-gateway", "eg-values.yaml")
+    book = os.path.join("docs", "src", "deploy.md")
+    return [
+        ("a chart version that is not a release", values, "--version v1.9.0",
+         "--version v1.10.0", "not a release"),
+        ("Envoy Gateway v1.5.4 installed", values, "--version v1.9.0", "--version v1.5.4",
+         "older than"),
+        ("the book says Istio 1.27 or later", book, "Istio 1.28 or later",
+         "Istio 1.27 or later", "the bound is 1.28"),
+        ("the book says Envoy Gateway v1.5 or later", book, "Envoy Gateway v1.7.0 or later",
+         "Envoy Gateway v1.5 or later", "the bound is v1.7.0"),
+        ("the README says stock Envoy (1.34 or later", "README.md", "**stock Envoy** (1.35",
+         "**stock Envoy** (1.34", "the bound is 1.35"),
+        ("the xDS bootstrap says Envoy (>= 1.36)", os.path.join("deploy", "xds", "bootstrap.yaml"),
+         "Envoy (>= 1.35)", "Envoy (>= 1.36)", "the bound is 1.35"),
+        ("the Secret created in envoy-gateway-system", None,
+         "kubectl -n llm create secret generic llm-collector-token",
+         "kubectl -n envoy-gateway-system create secret generic llm-collector-token",
+         "CreateContainerConfigError"),
+    ]
 
 
 def push_endpoint_problems(r, pc, spc, vm_config):
@@ -400,6 +529,18 @@ def route_conversations(port, sessions=8):
     return used
 
 
+def long_prompt(port):
+    """A 2 MiB prompt is routed, not refused with 413: the body buffer is raised where
+    it applies while the filter holds the request at its headers."""
+    body = chat(0, 0)
+    body["messages"].append({"role": "user", "content": "x" * (2 * ONE_MIB)})
+    status, h, resp = request(port, "POST", "/v1/chat/completions", body, timeout=60)
+    if status != 200 or h.get("x-llm-router-worker") is None:
+        raise CheckFailed(f"a 2 MiB prompt got {status} ({resp[:200]!r}): the body buffer "
+                          "is not raised where the filter reads the body")
+    return "a 2 MiB prompt routed"
+
+
 def push_checks(procs, tmp, ports, stats_path, token, engines, admin):
     """The push endpoint only where it belongs: llm-collector's push with the token is
     accepted on the stats listener and a wrong token refused (401); on the client-facing
@@ -489,10 +630,11 @@ def live_static(r, envoy, tmp):
         used = route_conversations(ports[r.public_listener])
         if len(used) < 2:
             raise CheckFailed(f"every conversation went to {used}: routing is not spreading")
+        big = long_prompt(ports[r.public_listener])
         note = push_checks(procs, tmp, (ports[r.public_listener], ports[r.stats_listener]),
                            spc.get("stats_path", "/llm-router/stats"), next(iter(env.values())),
                            engines, admin)
-        return f"{len(used)} workers used, conversations stick, {note}"
+        return f"{len(used)} workers used, conversations stick, {big}, {note}"
     finally:
         procs.stop()
 
@@ -548,6 +690,7 @@ def live_xds(xds_dir, envoy, tmp):
             listener_ports(admin)))
         public = next(n for n in ports if n != "llm_stats")
         used = route_conversations(ports[public])
+        long_prompt(ports[public])
         push_checks(procs, tmp, (ports[public], ports["llm_stats"]),
                     spc.get("stats_path", "/llm-router/stats"), next(iter(env.values())), engines,
                     admin)
@@ -755,8 +898,37 @@ def mutations():
         d["ecds"]["resources"][0]["typed_config"]["config"].pop("allow_on_headers_stop_iteration", None)
 
     def xds_no_buffer(d):
-        del d["lds"]["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"][
-            "route_config"]["virtual_hosts"][0]["routes"][0]["request_body_buffer_limit"]
+        del d["lds"]["resources"][0]["per_connection_buffer_limit_bytes"]
+
+    def xds_route_buffer(d):
+        # A route's request_body_buffer_limit in place of the listener's: not enough.
+        li = d["lds"]["resources"][0]
+        del li["per_connection_buffer_limit_bytes"]
+        li["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+            "virtual_hosts"][0]["routes"][0]["request_body_buffer_limit"] = 67108864
+
+    def xds_no_idle(d):
+        li = d["lds"]["resources"][0]
+        li["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+            "virtual_hosts"][0]["routes"][0]["route"]["idle_timeout"] = "0s"
+
+    def eg_controller_namespace(d):
+        values = next(v for f, v in d if f == "eg-values.yaml")
+        del values["config"]["envoyGateway"]["provider"]["kubernetes"]["deploy"]
+
+    def eg_no_stream_idle(d):
+        del find(d, "ClientTrafficPolicy")["spec"]["timeout"]
+
+    def istio_no_stream_idle(d):
+        ef = find(d, "EnvoyFilter")["spec"]
+        ef["configPatches"] = [cp for cp in ef["configPatches"] if cp["applyTo"] != "NETWORK_FILTER"]
+
+    def istio_old_proxy(d):
+        pod = find(d, "Deployment")["spec"]["template"]["spec"]
+        recipes.container_named(pod["containers"], "istio-proxy")["image"] = "docker.io/istio/proxyv2:1.27.3"
+
+    def istio_secret_elsewhere(d):
+        find(d, "Deployment")["metadata"]["namespace"] = "istio-system"
 
     def xds_not_watched(d):
         del d["bootstrap"]["dynamic_resources"]["lds_config"]["path_config_source"]["watched_directory"]
@@ -767,7 +939,7 @@ def mutations():
         ("envoy-gateway", "HTTPRoute timeouts removed", eg_no_timeout, "timeout"),
         ("envoy-gateway", "filter appended after the router", eg_after_router, "router"),
         ("envoy-gateway", "pre-v1.10 listener name", eg_old_name, "does not generate"),
-        ("envoy-gateway", "ClientTrafficPolicy buffer removed", eg_no_buffer, "1 MiB"),
+        ("envoy-gateway", "ClientTrafficPolicy buffer removed", eg_no_buffer, "32768"),
         ("envoy-gateway", "HTTPRoute rules reordered", eg_rules_reordered, "no route sends"),
         ("envoy-gateway", "Envoy 1.34 pinned", eg_old_envoy, ">= 1.35"),
         ("istio", "allow_on_headers_stop_iteration removed", istio_no_allow, "allow_on_headers_stop_iteration"),
@@ -782,7 +954,16 @@ def mutations():
         ("istio", "collector readiness probe removed", istio_no_readiness, "readinessProbe"),
         ("envoy-gateway", "collector listens on loopback", eg_probe_loopback, "loopback"),
         ("xds", "allow_on_headers_stop_iteration removed", xds_no_allow, "allow_on_headers_stop_iteration"),
-        ("xds", "request_body_buffer_limit removed", xds_no_buffer, "1 MiB"),
+        ("xds", "the listener's buffer limit removed", xds_no_buffer, "1 MiB"),
+        ("xds", "a route buffer limit in place of the listener's", xds_route_buffer, "1.37"),
+        ("xds", "route idle_timeout 0s", xds_no_idle, "frozen engine"),
+        ("envoy-gateway", "Envoy pods in the controller's namespace", eg_controller_namespace,
+         "CreateContainerConfigError"),
+        ("envoy-gateway", "no stream idle timeout", eg_no_stream_idle, "frozen engine"),
+        ("istio", "no stream idle timeout", istio_no_stream_idle, "frozen engine"),
+        ("istio", "istio-proxy pinned to 1.27", istio_old_proxy, "before 1.28"),
+        ("istio", "the gateway in another namespace than its Secrets", istio_secret_elsewhere,
+         "CreateContainerConfigError"),
         ("xds", "lds not watched", xds_not_watched, "watched_directory"),
     ]
 
@@ -828,7 +1009,37 @@ def oci_checks(tmp):
             g.write(f.read() + b"\0")
         if subprocess.run([verify, out + "-2", "--wasm", other], capture_output=True).returncode == 0:
             raise CheckFailed(f"oci {fmt}: verify accepted a layout whose wasm differs")
-    return ", ".join(notes) + "; corrupted blob and different wasm refused"
+        if fmt == "artifact":
+            untitled = os.path.join(tmp, "oci-untitled")
+            shutil.copytree(out + "-2", untitled)
+            drop_layer_title(untitled)
+            p = subprocess.run([verify, untitled], capture_output=True, text=True)
+            if p.returncode == 0 or "oras pull" not in p.stderr:
+                raise CheckFailed("oci artifact: verify accepted a layer without the "
+                                  f"plugin.wasm title that `oras pull` needs ({p.stderr})")
+    return (", ".join(notes) + "; corrupted blob, different wasm and an untitled layer "
+            "refused")
+
+
+def drop_layer_title(layout):
+    """Rewrites a layout's manifest without its layer's annotations (and the index to
+    the new manifest): what `oras pull` would skip."""
+    index_path = os.path.join(layout, "index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    blobs = os.path.join(layout, "blobs", "sha256")
+    desc = index["manifests"][0]
+    with open(os.path.join(blobs, desc["digest"].split(":", 1)[1]), "rb") as f:
+        manifest = json.loads(f.read())
+    for layer in manifest["layers"]:
+        layer.pop("annotations", None)
+    data = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    with open(os.path.join(blobs, digest), "wb") as f:
+        f.write(data)
+    desc.update(digest="sha256:" + digest, size=len(data))
+    with open(index_path, "w") as f:
+        json.dump(index, f)
 
 
 # ---------------------------------------------------------------------------------
@@ -872,6 +1083,16 @@ def main():
         return f"{n} documents"
 
     step("every YAML file under deploy/ parses", parse_all)
+
+    def versions():
+        errs = version_problems(doc_texts())
+        if errs:
+            raise CheckFailed("\n  " + "\n  ".join(errs))
+        return (f"Envoy >= {recipes.vstr(recipes.MIN_ENVOY)}, Envoy Gateway "
+                f"v{recipes.vstr(recipes.MIN_ENVOY_GATEWAY)} to "
+                f"v{recipes.vstr(recipes.LATEST_ENVOY_GATEWAY)}, Istio >= "
+                f"{recipes.vstr(recipes.MIN_ISTIO)} wherever a version is named")
+    step("version bounds in the recipes and docs", versions)
     rendered = {}
     for name in RECIPES:
         def do_render(name=name):
@@ -929,7 +1150,20 @@ def main():
             if not any(words in e for e in errs):
                 raise CheckFailed(f"{recipe} with {what} failed, but not for that reason: {errs}")
             caught.append(what)
-        return f"{len(caught)} broken recipes caught"
+        texts = doc_texts()
+        for what, path, old, new, words in text_mutations():
+            broken = dict(texts)
+            for p in ([path] if path else list(broken)):
+                if path and old not in broken[p]:
+                    raise CheckFailed(f"text self-test {what!r}: {p} no longer says {old!r}")
+                broken[p] = broken[p].replace(old, new)
+            errs = version_problems(broken)
+            for name in ("envoy-gateway", "istio"):
+                errs += secret_namespace_problems(render(name), broken)
+            if not any(words in e for e in errs):
+                raise CheckFailed(f"with {what} the checks did not fail for that reason: {errs}")
+            caught.append(what)
+        return f"{len(caught)} broken recipes and docs caught"
     step("self-test: broken recipes fail", self_test)
 
     if a.keep or failures:

@@ -33,6 +33,22 @@ ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 ECDS_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 
 
+# Version bounds; the book's deploy page gives the source of each.
+MIN_ENVOY = (1, 35)               # the Wasm filter's allow_on_headers_stop_iteration
+# v1.5.5 bundles an Envoy API that knows allow_on_headers_stop_iteration (before it,
+# Envoy Gateway refuses the patched listener); v1.7.0 leaves a route's idle_timeout to
+# the ClientTrafficPolicy's streamIdleTimeout (before it, `timeouts.request: 0s` sets
+# idle_timeout 0 whatever the listener says).
+MIN_ENVOY_GATEWAY = (1, 7, 0)
+LATEST_ENVOY_GATEWAY = (1, 9, 0)  # the newest Envoy Gateway release (its git tags)
+MIN_ISTIO = (1, 28)               # istiod keeps allow_on_headers_stop_iteration
+EG_CONTROLLER_NAMESPACE = "envoy-gateway-system"
+
+
+def vstr(v):
+    return ".".join(str(x) for x in v)
+
+
 class RecipeError(Exception):
     """The recipe is malformed or inconsistent: a check failure, with the reason."""
 
@@ -49,6 +65,8 @@ class Rendered:
         self.collector_args = None     # the collector container's args
         self.collector = None          # the collector container, probes included
         self.route_style = "header_match"  # or "cluster_header"
+        self.pod_namespace = None      # where the Envoy pods run (Kubernetes recipes)
+        self.secret_refs = []          # [(Secret, what refers to it)] of those pods
         self.notes = []
 
 
@@ -78,6 +96,15 @@ def one(docs, kind):
     if len(found) != 1:
         raise RecipeError(f"expected one {kind}, found {len(found)}")
     return found[0]
+
+
+def parse_duration(d):
+    """A protobuf or Kubernetes duration (0s, 120s, 1.5s, 5m, 1h30m) to seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", str(d))
+    if not parts or "".join(n + u for n, u in parts) != str(d):
+        raise RecipeError(f"bad duration {d!r}")
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * unit[u] for n, u in parts)
 
 
 def parse_quantity(q):
@@ -243,6 +270,21 @@ def secret_env(container):
     return out
 
 
+def pod_secret_refs(containers, volumes):
+    """[(Secret, what refers to it)]: every Secret a pod's containers take env from
+    and every Secret volume, optional ones included (they resolve or are empty)."""
+    out = []
+    for c in containers:
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                out.append((ref.get("name"), f"container {c.get('name')} env {e.get('name')}"))
+    for v in volumes:
+        if "secret" in v:
+            out.append((v["secret"].get("secretName"), f"volume {v.get('name')}"))
+    return out
+
+
 def container_named(containers, name):
     for c in containers:
         if c.get("name") == name:
@@ -293,6 +335,19 @@ def render_envoy_gateway(docs, wasm_path):
     route_name = f"http-{port}"
     bind_port = port + 10000 if port < 1024 else port
 
+    # A ClientTrafficPolicy's streamIdleTimeout is the HCM's stream_idle_timeout; from
+    # v1.7.0 a route then gets no idle_timeout of its own. Without it, a route with a
+    # request timeout gets idle_timeout max(1h, timeout), or 0 when the timeout is 0.
+    listener_idle = None
+    for ctp in kinds(docs, "ClientTrafficPolicy"):
+        sit = (((ctp["spec"].get("timeout") or {}).get("http")) or {}).get("streamIdleTimeout")
+        if sit is not None:
+            listener_idle = sit
+    route_idle = None
+    for btp in kinds(docs, "BackendTrafficPolicy"):
+        sit = (((btp["spec"].get("timeout") or {}).get("http")) or {}).get("streamIdleTimeout")
+        if sit is not None:
+            route_idle = sit
     routes, clusters = [], []
     for hr in kinds(docs, "HTTPRoute"):
         ns, name = hr["metadata"]["namespace"], hr["metadata"]["name"]
@@ -308,6 +363,11 @@ def render_envoy_gateway(docs, wasm_path):
             timeout = (rule.get("timeouts") or {}).get("request")
             if timeout is not None:
                 action["timeout"] = timeout
+            if route_idle is not None:
+                action["idle_timeout"] = route_idle
+            elif listener_idle is None and timeout is not None:
+                t = parse_duration(timeout)
+                action["idle_timeout"] = "0s" if t == 0 else f"{max(3600, t):g}s"
             for m in rule.get("matches") or [{}]:
                 match = {"prefix": (m.get("path") or {}).get("value", "/")}
                 headers = [{"name": h["name"], "string_match": {"exact": h["value"]}}
@@ -325,10 +385,16 @@ def render_envoy_gateway(docs, wasm_path):
             hcm(f"http-{bind_port}", {"name": route_name}, [router(suppress_envoy_headers=True)])
         ]},
     }
+    # Envoy Gateway gives its listeners a 32 KiB buffer unless a ClientTrafficPolicy
+    # sets one.
+    listener["per_connection_buffer_limit_bytes"] = 32768
     for ctp in kinds(docs, "ClientTrafficPolicy"):
         limit = (ctp["spec"].get("connection") or {}).get("bufferLimit")
         if limit is not None:
             listener["per_connection_buffer_limit_bytes"] = parse_quantity(limit)
+    if listener_idle is not None:
+        for h in hcms(listener):
+            h["stream_idle_timeout"] = f"{parse_duration(listener_idle):g}s"
     listeners = {listener_name: listener}
     cluster_map = {c["name"]: c for c in clusters}
 
@@ -389,9 +455,19 @@ def render_envoy_gateway(docs, wasm_path):
     image = dep.get("container", {}).get("image")
     if image:
         m = re.search(r"v?(\d+)\.(\d+)\.\d+$", image)
-        if not m or (int(m.group(1)), int(m.group(2))) < (1, 35):
+        if not m or (int(m.group(1)), int(m.group(2))) < MIN_ENVOY:
             raise RecipeError(f"Envoy image {image}: allow_on_headers_stop_iteration needs "
-                              "Envoy >= 1.35")
+                              f"Envoy >= {vstr(MIN_ENVOY)}")
+    # Where Envoy Gateway runs the Envoy pods: the controller's namespace unless its
+    # config (eg-values.yaml) says deploy.type GatewayNamespace.
+    values = [d for f, d in docs if f == "eg-values.yaml"]
+    kube = ((((values[0] if values else {}).get("config") or {}).get("envoyGateway") or {})
+            .get("provider") or {}).get("kubernetes") or {}
+    deploy_type = (kube.get("deploy") or {}).get("type") or "ControllerNamespace"
+    r.pod_namespace = gw_ns if deploy_type == "GatewayNamespace" else EG_CONTROLLER_NAMESPACE
+    r.secret_refs = pod_secret_refs(
+        [dict(dep.get("container", {}), name="envoy")] + list(dep.get("initContainers", []))
+        + list(patch_containers), dep.get("pod", {}).get("volumes", []))
     return r
 
 
@@ -477,6 +553,9 @@ def render_istio(docs, wasm_path):
             router(),
         ])]}],
     }
+    # Istio disables the HCM's stream idle timeout on every HTTP listener.
+    for h in hcms(listener):
+        h["stream_idle_timeout"] = "0s"
     listeners = [listener]
     added, ecds = [], {}
 
@@ -517,6 +596,22 @@ def render_istio(docs, wasm_path):
                             _merge(li, value)
                 else:
                     raise RecipeError(f"LISTENER {op} is not modelled")
+            elif cp["applyTo"] == "NETWORK_FILTER":
+                if op != "MERGE":
+                    raise RecipeError(f"NETWORK_FILTER {op} is not modelled")
+                fname = (((match.get("listener") or {}).get("filterChain") or {})
+                         .get("filter") or {}).get("name")
+                hit = False
+                for li in listeners:
+                    if not _istio_listener_matches(li, match):
+                        continue
+                    for chain in li.get("filter_chains") or []:
+                        for f in chain.get("filters") or []:
+                            if fname in (None, f.get("name")):
+                                _merge(f, value)
+                                hit = True
+                if not hit:
+                    raise RecipeError(f"NETWORK_FILTER patch matches no filter: {match}")
             elif cp["applyTo"] == "HTTP_FILTER":
                 fc = ((match.get("listener") or {}).get("filterChain") or {}).get("filter") or {}
                 sub = (fc.get("subFilter") or {}).get("name")
@@ -584,9 +679,20 @@ def render_istio(docs, wasm_path):
     collector = collector_container(pod["containers"])
     r.collector_secret = token_secret_of(collector, pod.get("volumes", []))
     r.secrets = shipped_secrets(docs)
-    r.envoy_env = secret_env(container_named(pod["containers"], "istio-proxy"))
+    proxy = container_named(pod["containers"], "istio-proxy")
+    r.envoy_env = secret_env(proxy)
     r.collector_args = collector["args"]
     r.collector = collector
+    r.pod_namespace = deployment["metadata"]["namespace"]
+    r.secret_refs = pod_secret_refs(pod["containers"], pod.get("volumes", []))
+    image = proxy.get("image", "auto")
+    if image != "auto":
+        m = re.search(r":(\d+)\.(\d+)(\.\d+)?[^:/]*$", image)
+        if not m or (int(m.group(1)), int(m.group(2))) < MIN_ISTIO:
+            raise RecipeError(f"istio-proxy image {image}: Istio before {vstr(MIN_ISTIO)} "
+                              "drops allow_on_headers_stop_iteration from the EnvoyFilter "
+                              "(requests hang); leave `image: auto` or pin "
+                              f"{vstr(MIN_ISTIO)} or later")
     return r
 
 
