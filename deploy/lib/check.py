@@ -1,6 +1,8 @@
 """The offline checks of the deployment recipes (run by deploy/check).
 
-1. Every YAML file under deploy/ parses.
+1. Every YAML file under deploy/ parses, and every version the recipes and docs name
+   is within the bounds in recipes.py (MIN_ENVOY, MIN_ENVOY_GATEWAY,
+   LATEST_ENVOY_GATEWAY, MIN_ISTIO).
 2. Each recipe (Envoy Gateway, Istio, plain Envoy + xDS) is rendered into the Envoy
    configuration it produces (see recipes.py) and must satisfy the invariants the
    filter needs: every Wasm filter has allow_on_headers_stop_iteration: true and
@@ -9,8 +11,11 @@
    config holds no push token and the stats listener's is `stats_only` with the token
    from Envoy's environment (`stats_token_env`, in host_env_keys), set from the Secret
    the collector reads; no recipe ships a token; the stats listener is loopback only;
-   engine routes have timeout 0s and the body buffer is raised; every worker's
-   cluster exists and is what its route sends to; the collector's push URL and engine
+   engine routes have timeout 0s and an idle timeout that is not 0 (Envoy Gateway
+   sets 0 with `timeouts.request: 0s`, Istio disables the HCM's), the client-facing
+   listener's buffer limit is above 1 MiB; every Secret the Envoy pods refer to is
+   created by the docs' `kubectl -n NS create secret` in the pods' namespace; every
+   worker's cluster exists and is what its route sends to; the collector's push URL and engine
    names agree with the plugin configs, and its readiness and liveness probes ask
    /healthz on its --listen port, listening beyond loopback.
 3. The rendered configuration passes `envoy --mode validate` (which loads the .wasm
@@ -18,18 +23,21 @@
    each plugin config passes `host-sim check-config`.
 4. Live: each rendered configuration runs in a real Envoy in front of engine mocks
    (OS-chosen ports): requests are routed to the engine the filter chose and a
-   conversation sticks; with a fresh token in Envoy's environment, llm-collector's push
-   is accepted on the stats listener and a wrong token is refused there, the same push
-   with the right token is not taken on the client-facing listener, and a chat request
-   on the stats listener is a local 404. The xDS example runs from its own files, and a new
+   conversation sticks; a 2 MiB prompt is routed (not 413); with a fresh token in
+   Envoy's environment, llm-collector's push is accepted on the stats listener and a
+   wrong token is refused there, the same push with the right token is not taken on
+   the client-facing listener, and a chat request on the stats listener is a local
+   404. The xDS example runs from its own files, and a new
    ecds.yaml is applied without a restart while a config the filter rejects is not.
 5. The OCI image layout: built, verified, rebuilt to the same digest; with skopeo
-   installed, `skopeo inspect` reads it.
+   installed, `skopeo inspect` reads it; a corrupted blob, another .wasm and an
+   artifact layer without the plugin.wasm title (`oras pull` would skip it) are refused.
 6. Self-test: broken copies of the recipes (allow_on_headers_stop_iteration removed,
    FAIL_OPEN, no route timeout, the filter after the router, a token in the
    client-facing config, a shipped `change-me` Secret, Envoy's token from another
    Secret, the old listener name, a corrupted blob, collector probes missing or on
-   loopback...) must each fail.
+   loopback, the Envoy Gateway pods away from their Secrets, no idle timeout, a chart
+   version that is not a release...) must each fail.
 """
 
 import argparse
