@@ -6,6 +6,7 @@
 
 use crate::arrivals::Arrivals;
 use crate::client::{build_client, normalize_base_url, send, Target};
+use crate::family::Member;
 use crate::generate::{generate, to_jsonl, GenerateConfig};
 use crate::record::Record;
 use crate::report::{human, json_line};
@@ -119,6 +120,10 @@ pub struct GenerateArgs {
     /// Emit /v1/completions bodies with a flattened `prompt` instead of `messages`.
     #[arg(long)]
     pub completions: bool,
+    /// Write member SEED of the policy sweep's workload family (`host-sim sweep`)
+    /// instead of the shape the flags above give, and print its load and fleet.
+    #[arg(long, value_name = "SEED")]
+    pub family: Option<u64>,
     /// Output file.
     #[arg(long)]
     pub out: PathBuf,
@@ -126,6 +131,13 @@ pub struct GenerateArgs {
 
 impl GenerateArgs {
     fn config(&self) -> Result<GenerateConfig> {
+        if let Some(seed) = self.family {
+            return Ok(GenerateConfig {
+                model: self.model.clone(),
+                completions: self.completions,
+                ..Member::draw(seed).workload
+            });
+        }
         if !(0.0..=1.0).contains(&self.stream_fraction) {
             bail!(
                 "--stream-fraction must be within 0..=1, got {}",
@@ -149,6 +161,12 @@ impl GenerateArgs {
 /// `llm-load generate`: writes the workload file.
 pub fn generate_cmd(args: &GenerateArgs) -> Result<()> {
     let cfg = args.config()?;
+    if let Some(seed) = args.family {
+        eprintln!(
+            "llm-load: family member {seed}: {}",
+            Member::draw(seed).describe()
+        );
+    }
     let lines = generate(&cfg);
     let text = to_jsonl(&lines)?;
     std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out.display()))?;

@@ -545,3 +545,24 @@ async fn streams_report_ttft_and_inter_token_gaps() {
         "{summary}"
     );
 }
+
+/// `generate --family SEED` writes that member of the sweep's family, byte for byte
+/// what the library generates for it, and names its load and fleet.
+#[tokio::test]
+async fn generate_family_writes_the_members_workload() {
+    use llm_load::family::Member;
+    use llm_load::generate::{generate, to_jsonl};
+    let out = scratch("family-5.jsonl");
+    let done = Command::new(BIN)
+        .args(["generate", "--family", "5", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert!(done.status.success(), "{done:?}");
+    let member = Member::draw(5);
+    let expected = to_jsonl(&generate(&member.workload)).unwrap();
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), expected);
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert!(said.contains(&member.describe()), "{said}");
+}
