@@ -2,26 +2,50 @@
 //! label (the decision class counted in metrics). `as_str()` is the one spelling used
 //! in logs, metrics and response headers.
 
+use crate::config::Policy;
 use crate::tree::TenantId;
 
 /// Declares `Reason` from its list: each reason's doc, variant, spelling and label
-/// on one entry, so a new reason (a new policy's, say) is one entry, and `ALL`,
-/// `as_str` and `label` cannot miss it.
+/// on one entry, so a new reason is one entry, and `ALL`, `as_str` and `label`
+/// cannot miss it. Every policy also has a reason of its own, `Picked`, which comes
+/// with its registration line: a policy whose decisions all have one reason needs no
+/// entry here.
 macro_rules! reasons {
     ($($(#[$doc:meta])* $name:ident = $spelling:literal, $label:ident;)*) => {
         /// Why the worker was chosen.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Reason {
             $($(#[$doc])* $name,)*
+            /// The policy's own choice, spelled as the policy's name (`round_robin`,
+            /// `random`, ...), counted as a miss: the policy did not follow a prefix.
+            Picked(Policy),
         }
 
+        /// The reasons of the list, without the policies' own.
+        const LISTED: &[Reason] = &[$(Reason::$name),*];
+
         impl Reason {
-            /// Every reason, for per-reason counters.
-            pub const ALL: [Reason; [$(stringify!($name)),*].len()] = [$(Reason::$name),*];
+            /// Every reason, for per-reason counters: the list's, then every
+            /// policy's own in the policies' order.
+            pub const ALL: [Reason; LISTED.len() + Policy::ALL.len()] = {
+                let mut all = [Reason::Picked(Policy::ALL[0]); LISTED.len() + Policy::ALL.len()];
+                let mut i = 0;
+                while i < LISTED.len() {
+                    all[i] = LISTED[i];
+                    i += 1;
+                }
+                let mut p = 0;
+                while p < Policy::ALL.len() {
+                    all[LISTED.len() + p] = Reason::Picked(Policy::ALL[p]);
+                    p += 1;
+                }
+                all
+            };
 
             pub fn as_str(self) -> &'static str {
                 match self {
                     $(Reason::$name => $spelling,)*
+                    Reason::Picked(policy) => policy.as_str(),
                 }
             }
 
@@ -32,6 +56,7 @@ macro_rules! reasons {
             pub fn label(self) -> Label {
                 match self {
                     $(Reason::$name => Label::$label,)*
+                    Reason::Picked(_) => Label::CacheMiss,
                 }
             }
         }
@@ -59,9 +84,6 @@ reasons! {
     /// Every serving worker was down after failures: routed among them rather than
     /// refused (a wrong verdict must not refuse the whole fleet).
     AllDown = "all_down", AllQueued;
-    RoundRobin = "round_robin", CacheMiss;
-    Random = "random", CacheMiss;
-    PowerOfTwo = "power_of_two", CacheMiss;
     /// `predicted_ttft`: the lowest predicted TTFT is on a worker holding this
     /// request's longest cached prefix (stayed with the cache).
     TtftCache = "ttft_cache", CacheHit;

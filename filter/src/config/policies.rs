@@ -25,7 +25,7 @@ pub(crate) use policies;
 macro_rules! policy_names {
     ($first:ident $first_module:ident, $($name:ident $module:ident,)*) => {
         /// A pool's routing policy, as the configuration names it.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
         pub enum Policy {
             #[default]
             $first,

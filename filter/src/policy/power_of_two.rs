@@ -2,7 +2,7 @@
 //! spreads load nearly as well as least-load without herding on one worker.
 
 use super::{decide, Ask, Chosen, Select};
-use crate::config::Config;
+use crate::config::{Config, Policy};
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::load::Candidate;
 use crate::rng::Rng;
@@ -40,7 +40,7 @@ pub fn power_of_two(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decis
     };
     Some(decide(
         pick.worker,
-        Reason::PowerOfTwo,
+        Reason::Picked(Policy::PowerOfTwo),
         0,
         GateAudit::default(),
     ))

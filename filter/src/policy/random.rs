@@ -1,7 +1,7 @@
 //! Uniform random choice among the candidates.
 
 use super::{decide, Ask, Chosen, Select};
-use crate::config::Config;
+use crate::config::{Config, Policy};
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::load::Candidate;
 use crate::rng::Rng;
@@ -24,7 +24,12 @@ pub fn random(candidates: &[Candidate], rng: &mut dyn Rng) -> Option<Decision> {
         return None;
     }
     let pick = candidates.get(rng.below(candidates.len()))?;
-    Some(decide(pick.worker, Reason::Random, 0, GateAudit::default()))
+    Some(decide(
+        pick.worker,
+        Reason::Picked(Policy::Random),
+        0,
+        GateAudit::default(),
+    ))
 }
 
 #[cfg(test)]

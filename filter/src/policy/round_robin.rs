@@ -2,7 +2,7 @@
 //! pool's traffic does not skew another's.
 
 use super::{decide, Ask, Chosen, Select};
-use crate::config::Config;
+use crate::config::{Config, Policy};
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::load::Candidate;
 use crate::rng::Rng;
@@ -32,7 +32,7 @@ pub fn round_robin(candidates: &[Candidate], counter: &mut u64) -> Option<Decisi
     *counter = counter.wrapping_add(1);
     Some(decide(
         pick.worker,
-        Reason::RoundRobin,
+        Reason::Picked(Policy::RoundRobin),
         0,
         GateAudit::default(),
     ))

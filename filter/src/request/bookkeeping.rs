@@ -37,6 +37,7 @@ pub fn booking(plan: &Plan) -> Booking<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Policy;
     use crate::decision::{GateAudit, Reason};
     use crate::request::plan::PrefillLeg;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -54,7 +55,7 @@ mod tests {
 
     fn plan(prefill: Option<Decision>) -> Plan {
         Plan {
-            main: decision(1, Reason::PowerOfTwo),
+            main: decision(1, Reason::Picked(Policy::PowerOfTwo)),
             prefill: prefill.map(|decision| PrefillLeg {
                 decision,
                 body: Vec::new(),

@@ -379,6 +379,7 @@ impl Use {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Policy;
     use crate::parse::parse;
     use crate::parse::testing::chat;
     use crate::rng::SplitMix64;
@@ -1228,7 +1229,7 @@ mod tests {
         for _ in 0..4 {
             let (pre, dec) = go_pd(&mut r, &p, &mut rng);
             assert_eq!(r.config().workers[pre.worker as usize].pool, Pool::Prefill);
-            assert_eq!(dec.reason, Reason::RoundRobin);
+            assert_eq!(dec.reason, Reason::Picked(Policy::RoundRobin));
             decodes.push(name(&r, &dec));
         }
         assert_eq!(decodes, ["d0", "d1", "d0", "d1"]);
