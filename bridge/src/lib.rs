@@ -22,8 +22,12 @@
 //! at-most-once delivery plus catch-up from peers is enough, and a bus that stores
 //! nothing has nothing to repair after an outage.
 
+pub mod bus;
 pub mod cli;
+pub mod envelope;
 pub mod envoy;
+pub mod fleet;
+pub mod replay;
 pub mod retained;
 pub mod run;
 pub mod stats;

@@ -9,34 +9,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::connection::State;
-use async_nats::{Client, ConnectOptions, Event, HeaderMap, Message};
+use async_nats::{Client, Event};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::cli::Settings;
+use crate::envelope::{Kind, Refusal, Stamp};
 use crate::envoy::Envoy;
+use crate::fleet::{boot_nonce, now_ms, Admitted, Gate, Sealer};
 use crate::retained::Retained;
 use crate::stats::Stats;
 
-/// The header naming the replica a batch comes from.
-pub const REPLICA_HEADER: &str = "llm-router-replica";
 /// A publish that takes longer than this counts as failed (it is retried).
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
-/// Reconnection attempts back off to at most this.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
-
-fn headers(replica: &str) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert(REPLICA_HEADER, replica);
-    h
-}
-
-/// The replica a message comes from, unless it is ours or unnamed.
-fn peer_of(msg: &Message, me: &str) -> Option<String> {
-    let from = msg.headers.as_ref()?.get(REPLICA_HEADER)?.as_str();
-    (from != me && !from.is_empty()).then(|| from.to_string())
-}
 
 /// Logs a failure when a run of them starts and when it ends, not every time.
 struct Transition {
@@ -63,21 +49,45 @@ impl Transition {
     }
 }
 
+/// What every task needs: the settings, the bus, the filter, the counters and this
+/// run's seal.
+#[derive(Clone)]
+struct Ctx {
+    s: Settings,
+    client: Client,
+    envoy: Envoy,
+    stats: Arc<Stats>,
+    sealer: Arc<Sealer>,
+    boot: u64,
+}
+
+impl Ctx {
+    fn gate(&self) -> Gate {
+        Gate::new(
+            self.s.fleet_key.clone(),
+            &self.s.replica,
+            self.boot,
+            self.s.max_message_age_ms,
+        )
+    }
+}
+
 pub async fn run(s: Settings) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
+    let boot = boot_nonce()?;
     let (connected_tx, connected_rx) = mpsc::unbounded_channel();
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
     let events = stats.clone();
-    let client = ConnectOptions::new()
-        .name(format!("llm-bridge {}", s.replica))
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .reconnect_delay_callback(|attempts| {
-            (Duration::from_millis(100) * attempts as u32).min(MAX_RECONNECT_DELAY)
-        })
+    let client = crate::bus::options(&s)?
         .event_callback(move |event| {
             let stats = events.clone();
             let tx = connected_tx.clone();
+            let fatal = fatal_tx.clone();
             async move {
+                if let Some(why) = crate::bus::fatal(&event) {
+                    let _ = fatal.send(why);
+                    return;
+                }
                 match event {
                     Event::Connected => {
                         stats.bus_connected.store(1, Ordering::Relaxed);
@@ -97,6 +107,11 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
         })
         .connect(s.nats.as_str())
         .await?;
+    if s.fleet_key.is_empty() {
+        tracing::warn!(
+            "--insecure-no-fleet-key: anyone who can publish on the bus can change this replica's routing"
+        );
+    }
     let envoy = Envoy::new(&s.envoy_url, &s.token);
     let retained = Arc::new(Mutex::new(Retained::new(s.retain_bytes)));
     let ops_subject = format!("{}.ops", s.prefix);
@@ -106,54 +121,44 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     tracing::info!(replica = %s.replica, nats = %s.nats, envoy = %s.envoy_url, "bridge started");
     // The one stdout line: supervisors (and the demo) wait for it.
     println!("llm-bridge started (replica {})", s.replica);
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(export_loop(
-        s.clone(),
-        client.clone(),
-        envoy.clone(),
-        stats.clone(),
-        retained.clone(),
-        ops_subject,
-    ));
-    tasks.spawn(import_loop(
-        s.replica.clone(),
-        ops,
-        envoy.clone(),
-        stats.clone(),
-    ));
-    tasks.spawn(answer_catchups(
-        s.replica.clone(),
-        client.clone(),
-        asks,
-        retained,
-        stats.clone(),
-    ));
-    tasks.spawn(catch_up_on_connect(
-        s.clone(),
+    let ctx = Ctx {
+        sealer: Arc::new(Sealer::new(s.fleet_key.clone(), &s.replica, boot)),
+        s,
         client,
         envoy,
-        stats.clone(),
+        stats: stats.clone(),
+        boot,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(export_loop(ctx.clone(), retained.clone(), ops_subject));
+    tasks.spawn(import_loop(ctx.clone(), ops));
+    tasks.spawn(answer_catchups(ctx.clone(), asks, retained));
+    tasks.spawn(catch_up_on_connect(
+        ctx.clone(),
         connected_rx,
         catchup_subject,
     ));
-    if let Some(addr) = s.listen {
+    if let Some(addr) = ctx.s.listen {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         tracing::info!(%addr, "serving /metrics");
         tasks.spawn(serve_metrics(listener, stats));
     }
-    // The loops end only if the client is gone.
-    tasks.join_next().await;
-    anyhow::bail!("a bridge task ended")
+    tokio::select! {
+        // The loops end only if the client is gone.
+        _ = tasks.join_next() => anyhow::bail!("a bridge task ended"),
+        Some(why) = fatal_rx.recv() => anyhow::bail!(why),
+    }
 }
 
-async fn export_loop(
-    s: Settings,
-    client: Client,
-    envoy: Envoy,
-    stats: Arc<Stats>,
-    retained: Arc<Mutex<Retained>>,
-    subject: String,
-) {
+async fn export_loop(ctx: Ctx, retained: Arc<Mutex<Retained>>, subject: String) {
+    let Ctx {
+        s,
+        client,
+        envoy,
+        stats,
+        sealer,
+        ..
+    } = ctx;
     let mut cursor = 0u64;
     let mut last_publish: Option<Instant> = None;
     let mut filter = Transition::new("export from the filter");
@@ -183,11 +188,10 @@ async fn export_loop(
             tokio::time::sleep(s.poll).await;
             continue;
         }
-        let sent = tokio::time::timeout(
-            PUBLISH_TIMEOUT,
-            client.publish_with_headers(subject.clone(), headers(&s.replica), batch.body.clone()),
-        )
-        .await;
+        // Sealed afresh on every attempt: a retry is a new message, not a replay.
+        let (_, sealed) = sealer.seal(Kind::Ops, Stamp::default(), &batch.body, now_ms());
+        let sent =
+            tokio::time::timeout(PUBLISH_TIMEOUT, client.publish(subject.clone(), sealed)).await;
         match sent {
             Ok(Ok(())) => {
                 bus.ok();
@@ -218,93 +222,115 @@ async fn export_loop(
     }
 }
 
-async fn import_loop(me: String, mut ops: async_nats::Subscriber, envoy: Envoy, stats: Arc<Stats>) {
+/// Every peer batch that passes the fleet gate goes into the filter, in arrival order.
+async fn import_loop(ctx: Ctx, mut ops: async_nats::Subscriber) {
+    let mut gate = ctx.gate();
     let mut filter = Transition::new("import into the filter");
     while let Some(msg) = ops.next().await {
-        let Some(from) = peer_of(&msg, &me) else {
-            continue;
+        let (from, batch) = match gate.admit(&msg.payload, Kind::Ops, now_ms()) {
+            Ok(Admitted::Peer(h, batch)) => (h.sender, batch),
+            Ok(Admitted::Own) => continue,
+            Err(r) => {
+                ctx.stats.refuse(r, &msg.subject);
+                continue;
+            }
         };
-        match envoy.import(&from, false, msg.payload).await {
+        match ctx.envoy.import(&from, false, batch).await {
             Ok(()) => {
                 filter.ok();
-                Stats::inc(&stats.batches_imported);
+                Stats::inc(&ctx.stats.batches_imported);
             }
             Err(e) => {
-                Stats::inc(&stats.import_failures);
+                Stats::inc(&ctx.stats.import_failures);
                 filter.failed(&e);
             }
         }
     }
 }
 
-/// A peer asks for what this replica published recently: send it, oldest first.
+/// A peer asks for what this replica published recently: send it, oldest first,
+/// to the inbox the (authenticated) ask names, each answer naming the ask.
 async fn answer_catchups(
-    me: String,
-    client: Client,
+    ctx: Ctx,
     mut asks: async_nats::Subscriber,
     retained: Arc<Mutex<Retained>>,
-    stats: Arc<Stats>,
 ) {
-    while let Some(ask) = asks.next().await {
-        let (Some(reply), Some(_)) = (ask.reply.clone(), peer_of(&ask, &me)) else {
+    let mut gate = ctx.gate();
+    while let Some(msg) = asks.next().await {
+        let (ask, inbox) = match gate.admit(&msg.payload, Kind::Ask, now_ms()) {
+            Ok(Admitted::Peer(h, inbox)) => (h.stamp, inbox),
+            Ok(Admitted::Own) => continue,
+            Err(r) => {
+                ctx.stats.refuse(r, &msg.subject);
+                continue;
+            }
+        };
+        let Some(inbox) = std::str::from_utf8(&inbox)
+            .ok()
+            .filter(|i| !i.is_empty() && !i.contains([' ', '*', '>']))
+        else {
+            ctx.stats.refuse(Refusal::Malformed, &msg.subject);
             continue;
         };
         let batches: Vec<Bytes> = retained.lock().map(|r| r.snapshot()).unwrap_or_default();
         for b in batches {
+            let (_, sealed) = ctx.sealer.seal(Kind::Answer, ask, &b, now_ms());
             let sent = tokio::time::timeout(
                 PUBLISH_TIMEOUT,
-                client.publish_with_headers(reply.clone(), headers(&me), b),
+                ctx.client.publish(inbox.to_string(), sealed),
             )
             .await;
             if !matches!(sent, Ok(Ok(()))) {
                 break;
             }
         }
-        Stats::inc(&stats.catchup_answers);
+        Stats::inc(&ctx.stats.catchup_answers);
     }
 }
 
 /// On every (re)connection: ask the peers for their recent batches and replay
-/// them into the filter for `--catchup-ms`.
+/// them into the filter for `--catchup-ms`. Only answers to this very ask pass.
 async fn catch_up_on_connect(
-    s: Settings,
-    client: Client,
-    envoy: Envoy,
-    stats: Arc<Stats>,
+    ctx: Ctx,
     mut connected: mpsc::UnboundedReceiver<()>,
     subject: String,
 ) {
     while connected.recv().await.is_some() {
-        let inbox = client.new_inbox();
-        let Ok(mut answers) = client.subscribe(inbox.clone()).await else {
+        let inbox = ctx.client.new_inbox();
+        let Ok(mut answers) = ctx.client.subscribe(inbox.clone()).await else {
             continue;
         };
-        Stats::inc(&stats.catchup_requests);
-        let asked = client
-            .publish_with_reply_and_headers(
-                subject.clone(),
-                inbox,
-                headers(&s.replica),
-                Bytes::new(),
-            )
-            .await;
-        if let Err(e) = asked {
+        Stats::inc(&ctx.stats.catchup_requests);
+        let (ask, sealed) =
+            ctx.sealer
+                .seal(Kind::Ask, Stamp::default(), inbox.as_bytes(), now_ms());
+        if let Err(e) = ctx.client.publish(subject.clone(), sealed).await {
             tracing::warn!("catch-up request not sent: {e}");
             continue;
         }
-        let deadline = tokio::time::Instant::now() + s.catchup;
+        let mut gate = ctx.gate();
+        let deadline = tokio::time::Instant::now() + ctx.s.catchup;
         let mut replayed = 0u64;
         while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, answers.next()).await {
-            let Some(from) = peer_of(&msg, &s.replica) else {
-                continue;
+            let (from, batch) = match gate.admit(&msg.payload, Kind::Answer, now_ms()) {
+                Ok(Admitted::Peer(h, batch)) if h.reply_to == ask => (h.sender, batch),
+                Ok(Admitted::Peer(..)) => {
+                    ctx.stats.refuse(Refusal::Replayed, &msg.subject);
+                    continue;
+                }
+                Ok(Admitted::Own) => continue,
+                Err(r) => {
+                    ctx.stats.refuse(r, &msg.subject);
+                    continue;
+                }
             };
-            match envoy.import(&from, true, msg.payload).await {
+            match ctx.envoy.import(&from, true, batch).await {
                 Ok(()) => {
                     replayed += 1;
-                    Stats::inc(&stats.catchup_batches);
+                    Stats::inc(&ctx.stats.catchup_batches);
                 }
                 Err(e) => {
-                    Stats::inc(&stats.import_failures);
+                    Stats::inc(&ctx.stats.import_failures);
                     tracing::warn!("catch-up batch from {from} not taken: {e}");
                 }
             }

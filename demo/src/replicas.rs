@@ -1,11 +1,14 @@
 //! Several Envoy replicas in front of one set of engine mocks, each with its own
 //! collector and (with sharing on) its bridge (`llm-bridge`), and the NATS server
-//! the bridges share. The bus can be stopped and resumed on the same port, and a
-//! replica can join late, which is what the end-to-end tests and `envoy/demo
-//! --envoys N` exercise.
+//! the bridges share. The bus is set up as a deployment should be: the server
+//! requires a token, and the bridges seal every message under a fleet key (both
+//! generated per run, in files in the run's directory). The bus can be stopped and
+//! resumed on the same port, and a replica can join late, which is what the
+//! end-to-end tests and `envoy/demo --envoys N` exercise.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
+use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,8 +39,16 @@ pub fn nats_server_bin() -> Result<PathBuf> {
 }
 
 /// A port free now (the OS picks it; the caller binds it soon after).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A secret of `bytes` random bytes, hex-encoded (twice as many characters).
+pub fn random_secret(bytes: usize) -> String {
+    (0..bytes.div_ceil(8))
+        .map(|_| format!("{:016x}", random_u64()))
+        .collect::<String>()[..2 * bytes]
+        .to_string()
 }
 
 /// A NATS server on a fixed loopback port, which can be stopped and resumed.
@@ -45,15 +56,20 @@ pub struct Nats {
     pub port: u16,
     bin: PathBuf,
     log: PathBuf,
+    /// The server's flags beyond address and port (authorization, TLS).
+    args: Vec<String>,
     guard: Option<Guard>,
 }
 
 impl Nats {
-    pub fn start(dir: &Path) -> Result<Nats> {
+    /// Starts `nats-server` with `args` added (e.g. `--auth TOKEN`), logging to
+    /// `dir/nats.log`.
+    pub fn start(dir: &Path, args: &[&str]) -> Result<Nats> {
         let mut nats = Nats {
             port: free_port()?,
             bin: nats_server_bin()?,
             log: dir.join("nats.log"),
+            args: args.iter().map(|a| a.to_string()).collect(),
             guard: None,
         };
         nats.resume()?;
@@ -79,7 +95,8 @@ impl Nats {
             return Ok(());
         }
         let mut cmd = Command::new(&self.bin);
-        cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string()]);
+        cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.args);
         let mut guard = spawn("nats-server", cmd, &self.log)?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -100,11 +117,79 @@ impl Nats {
     }
 }
 
+/// What a bridge needs to join the fleet's bus: where it is, the NATS token, and
+/// the fleet key (files, as a deployment mounts secrets).
+#[derive(Debug, Clone)]
+pub struct BusAccess {
+    pub url: String,
+    pub nats_token_file: PathBuf,
+    pub fleet_key_file: PathBuf,
+}
+
+impl BusAccess {
+    /// Writes `nats_token` and a fresh fleet key into `dir`, for the bus at `url`.
+    pub fn write(dir: &Path, url: String, nats_token: &str) -> Result<BusAccess> {
+        let access = BusAccess {
+            url,
+            nats_token_file: dir.join("nats.token"),
+            fleet_key_file: dir.join("fleet.key"),
+        };
+        std::fs::write(&access.nats_token_file, nats_token)?;
+        std::fs::write(&access.fleet_key_file, random_secret(32))?;
+        Ok(access)
+    }
+
+    pub fn nats_token(&self) -> Result<String> {
+        Ok(std::fs::read_to_string(&self.nats_token_file)?
+            .trim()
+            .to_string())
+    }
+
+    /// The bridge's flags for this bus.
+    pub fn bridge_args(&self) -> Vec<OsString> {
+        vec![
+            "--nats".into(),
+            self.url.clone().into(),
+            "--nats-token-file".into(),
+            self.nats_token_file.clone().into(),
+            "--fleet-key-file".into(),
+            self.fleet_key_file.clone().into(),
+        ]
+    }
+}
+
+/// A running bridge and where it serves its /metrics.
+pub struct Bridge {
+    pub guard: Guard,
+    pub metrics: SocketAddr,
+}
+
+impl Bridge {
+    /// A counter or gauge from the bridge's /metrics, by its full series name (as
+    /// `llm_bridge_messages_refused{reason="replayed"}`); absent is an error.
+    pub fn stat(&self, series: &str) -> Result<u64> {
+        let resp = crate::admin::get(self.metrics, "/metrics")?;
+        if resp.status != 200 {
+            bail!("llm-bridge /metrics answered {}", resp.status);
+        }
+        resp.body
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .with_context(|| format!("llm-bridge /metrics has no `{series}`"))
+    }
+}
+
 /// One replica: its Envoy, and the processes beside it.
 pub struct Replica {
     pub name: String,
     // Dropped in this order: the bridge and the collector, then Envoy.
-    pub bridge: Option<Guard>,
+    pub bridge: Option<Bridge>,
     pub collector: Option<Guard>,
     pub envoy: Envoy,
 }
@@ -120,6 +205,8 @@ pub struct Replicas {
     // Dropped in this order: the replicas, the bus, the engines.
     pub replicas: Vec<Replica>,
     pub nats: Option<Nats>,
+    /// How bridges join the bus (with sharing on).
+    pub access: Option<BusAccess>,
     pub engines: Vec<Engine>,
     pub token: String,
     spec: EnvoySpec,
@@ -152,14 +239,18 @@ impl Replicas {
             .as_str()
             .context("stats_token must be a string")?
             .to_string();
-        let nats = if sharing {
-            Some(Nats::start(&dir)?)
+        let (nats, access) = if sharing {
+            let token = random_secret(16);
+            let nats = Nats::start(&dir, &["--auth", &token])?;
+            let access = BusAccess::write(&dir, nats.url(), &token)?;
+            (Some(nats), Some(access))
         } else {
-            None
+            (None, None)
         };
         let mut replicas = Replicas {
             replicas: Vec::new(),
             nats,
+            access,
             spec: envoy_spec(fleet, &engines, plugin_config)?,
             engines,
             token,
@@ -194,8 +285,8 @@ impl Replicas {
             )?),
             None => None,
         };
-        let bridge = match &self.nats {
-            Some(nats) => Some(start_bridge(&name, &envoy, &self.token, &nats.url(), &dir)?),
+        let bridge = match &self.access {
+            Some(access) => Some(start_bridge(&name, &envoy, &self.token, access, &dir)?),
             None => None,
         };
         self.replicas.push(Replica {
@@ -226,29 +317,32 @@ impl Replicas {
     }
 }
 
-/// Starts `llm-bridge` beside `envoy` and waits until it runs.
+/// Starts `llm-bridge` beside `envoy` on the bus `access` describes, serving its
+/// /metrics on a free port, and waits until it runs.
 pub fn start_bridge(
     name: &str,
     envoy: &Envoy,
     token: &str,
-    nats: &str,
+    access: &BusAccess,
     dir: &Path,
-) -> Result<Guard> {
+) -> Result<Bridge> {
     let Some(stats) = envoy.stats_listener else {
         bail!("the Envoy config has no llm_stats listener for the bridge");
     };
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     let mut cmd = Command::new(paths::bin_path("llm-bridge")?);
     cmd.arg("--envoy-url")
         .arg(format!("http://{stats}{REPLICAS_PATH}"))
         .arg("--token")
         .arg(token)
-        .arg("--nats")
-        .arg(nats)
+        .args(access.bridge_args())
         .arg("--replica")
-        .arg(name);
+        .arg(name)
+        .arg("--listen")
+        .arg(metrics.to_string());
     let log = dir.join("bridge.log");
     let (guard, ()) = spawn_until("llm-bridge", cmd, &log, Duration::from_secs(30), |line| {
         line.starts_with("llm-bridge started").then_some(())
     })?;
-    Ok(guard)
+    Ok(Bridge { guard, metrics })
 }
