@@ -199,6 +199,8 @@ pub struct Loads {
     pub overloaded: Rc<[bool]>,
     /// Down after a failure, by worker index (missing: up); see `crate::worker::health`.
     pub down: Rc<[bool]>,
+    /// Down with their last connect failed, by worker index (missing: no).
+    pub refused: Rc<[bool]>,
     /// `predicted_ttft` only (else empty): outstanding prefill by worker index.
     pub work: Tally<WorkerWork>,
     /// `predicted_ttft` only: learned costs by worker index, shared with this VM's

@@ -1,8 +1,12 @@
 //! Dead and frozen engines out of rotation, on the real filter in virtual time: a
-//! request whose upstream fails (refused connection, reset, idle timeout, the
-//! engine's 5xx) takes its worker out on every VM at once; the lease-holding VM
-//! probes it and a good probe brings it back; the collector's `reachable: false`
-//! does the same; a client that hangs up or a 4xx takes nobody out.
+//! refused connection takes its worker out on every VM at once, and resets, idle
+//! timeouts and the engine's 5xx after a run of 5 in a row, within a cap on the
+//! pool's share out (Envoy's outlier detection defaults); a failure after a
+//! request the client made unusual (a body the filter cannot read, or over
+//! `health.judged_body_bytes`) counts for nothing; the lease-holding VM probes a
+//! down worker and a good probe brings it back, later each time it is taken out
+//! again; the collector's `reachable: false` takes it out and its reaching the
+//! engine again brings it back; a client that hangs up or a 4xx takes nobody out.
 //!
 //! Issue 14, failure 2: after one of 4 engines died, requests kept going to it (it
 //! looked least loaded with nothing in flight). Here it gets none of the next 80.
@@ -71,6 +75,39 @@ fn fail_one(h: &mut Host, status: u32, flags: u64, details: &str) -> String {
     cluster
 }
 
+/// Routes bodies made by `body` (from a counter) on VM 0 until `times` land on
+/// `cluster`, and fails those with `failure` (status, flags, details); the requests
+/// landing elsewhere are answered 200.
+fn fail_on(h: &mut Host, cluster: &str, body: &Body, times: usize, failure: (u32, u64, &str)) {
+    let mut failed = 0;
+    for i in 0..400 {
+        if failed == times {
+            return;
+        }
+        let spec = RequestSpec::post_json("/v1/completions", body(i));
+        let (landed, out) = support::open(h, 0, spec);
+        if landed == cluster {
+            let (status, flags, details) = failure;
+            h.vm(0)
+                .fail_upstream(out.handle, status, flags, details)
+                .unwrap();
+            failed += 1;
+        } else {
+            support::answer(h, 0, out.handle);
+        }
+    }
+    assert_eq!(failed, times, "requests that landed on {cluster}");
+}
+
+/// Makes the `i`th request's body.
+type Body = dyn Fn(usize) -> Vec<u8>;
+
+const RESET: (u32, u64, &str) = (
+    503,
+    UC,
+    "upstream_reset_before_response_started{connection_termination}",
+);
+
 /// The one pending probe, which must go to `cluster`; answers it with `status`.
 fn answer_probe(h: &mut Host, cluster: &str, status: u32) {
     let calls = h.pending_http_calls();
@@ -111,8 +148,8 @@ fn a_refused_connection_takes_the_worker_out_on_every_vm_until_a_probe_answers()
 }
 
 #[test]
-fn resets_timeouts_and_5xx_take_a_worker_out_but_clients_and_4xx_do_not() {
-    // (status, flags, details, goes down)
+fn resets_timeouts_and_5xx_take_a_worker_out_after_five_in_a_row_but_clients_and_4xx_never() {
+    // (status, flags, details, goes down after five)
     let cases: [(u32, u64, &str, bool); 6] = [
         (
             503,
@@ -128,18 +165,39 @@ fn resets_timeouts_and_5xx_take_a_worker_out_but_clients_and_4xx_do_not() {
     ];
     for (status, flags, details, down) in cases {
         let mut h = host(2, "");
-        let (cluster, handle) = open(&mut h, 0, "one request");
-        if details == "via_upstream" {
-            h.vm(0).respond(handle, status, &[], b"{}").unwrap();
-            h.vm(0).finish(handle).unwrap();
-        } else if flags == DC {
-            h.vm(0).reset(handle).unwrap();
-        } else {
-            h.vm(0)
-                .fail_upstream(handle, status, flags, details)
-                .unwrap();
+        let target = "engine_2";
+        for n in 1..=5 {
+            let mut landed = false;
+            for i in 0..400 {
+                let body = support::completion("m", &format!("{n} {i} request"));
+                let spec = RequestSpec::post_json("/v1/completions", body);
+                let (cluster, out) = support::open(&mut h, 0, spec);
+                if cluster != target {
+                    support::answer(&mut h, 0, out.handle);
+                    continue;
+                }
+                if details == "via_upstream" {
+                    h.vm(0).respond(out.handle, status, &[], b"{}").unwrap();
+                    h.vm(0).finish(out.handle).unwrap();
+                } else if flags == DC {
+                    h.vm(0).reset(out.handle).unwrap();
+                } else {
+                    h.vm(0)
+                        .fail_upstream(out.handle, status, flags, details)
+                        .unwrap();
+                }
+                landed = true;
+                break;
+            }
+            assert!(landed, "a request landed on {target}");
+            let want = u64::from(down && n == 5);
+            assert_eq!(
+                stat(&h, "health_down"),
+                want,
+                "{status} {flags:#x} {details}: {n} in a row, out = {want}"
+            );
         }
-        let hits = routed_to(&mut h, "next", 20, &cluster);
+        let hits = routed_to(&mut h, "next", 20, target);
         assert_eq!(
             hits == 0,
             down,
@@ -149,23 +207,136 @@ fn resets_timeouts_and_5xx_take_a_worker_out_but_clients_and_4xx_do_not() {
 }
 
 #[test]
-fn a_stream_cut_after_its_headers_counts_as_a_failure() {
-    let mut h = host(2, "");
-    let (cluster, handle) = open(&mut h, 1, "a long generation");
-    h.vm(1).respond_headers(handle, 200, &[]).unwrap();
-    h.vm(1)
-        .fail_upstream(
-            handle,
-            200,
-            0x10,
-            "upstream_reset_after_response_started{remote_reset}",
-        )
-        .unwrap();
-    assert_eq!(routed_to(&mut h, "next", 20, &cluster), 0);
+fn a_served_request_ends_a_run_of_failures() {
+    let mut h = host(1, "");
+    let body = |i| support::completion("m", &format!("{i} a fresh prompt"));
+    fail_on(&mut h, "engine_1", &body, 4, RESET);
+    // One request served by engine_1 clears its four.
+    let mut served = false;
+    for i in 0..400 {
+        let prompt = format!(
+            "{:016x} served",
+            (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        );
+        let (cluster, _) = support::route_completion(&mut h, 0, &prompt);
+        if cluster == "engine_1" {
+            served = true;
+            break;
+        }
+    }
+    assert!(served, "a request landed on engine_1");
+    fail_on(&mut h, "engine_1", &body, 4, RESET);
+    assert_eq!(
+        stat(&h, "health_down"),
+        0,
+        "4, a success, 4: never 5 in a row"
+    );
+    fail_on(&mut h, "engine_1", &body, 1, RESET);
+    assert_eq!(stat(&h, "health_down"), 1, "the fifth in a row");
 }
 
 #[test]
-fn the_collectors_unreachable_takes_a_worker_out_until_it_is_reachable_and_probed() {
+fn a_run_of_failures_takes_out_at_most_the_pools_cap_but_a_refused_connect_always() {
+    let mut h = host(2, "");
+    let body = |i| support::completion("m", &format!("{i} any"));
+    fail_on(&mut h, "engine_0", &body, 5, RESET);
+    assert_eq!(
+        stat(&h, "health_down"),
+        1,
+        "the first of four may go (10%, at least one)"
+    );
+    fail_on(&mut h, "engine_3", &body, 12, RESET);
+    assert_eq!(
+        stat(&h, "health_down"),
+        1,
+        "a second of four would be 50%: it stays in rotation"
+    );
+    assert!(routed_to(&mut h, "capped", 20, "engine_3") > 0);
+    fail_one_on(&mut h, "engine_3");
+    assert_eq!(
+        stat(&h, "health_down"),
+        2,
+        "a refused connect is the engine's: out whatever the cap"
+    );
+    assert_eq!(routed_to(&mut h, "after", 20, "engine_3"), 0);
+}
+
+/// Fails one request on `cluster` with a refused connection.
+fn fail_one_on(h: &mut Host, cluster: &str) {
+    let body = |i| support::completion("m", &format!("{i} meets a refused connect"));
+    fail_on(h, cluster, &body, 1, (503, UF, CONNECT_FAILURE));
+}
+
+#[test]
+fn failures_after_a_body_the_client_made_unusual_are_the_clients() {
+    // A chat body of numbers: no text the filter can read, so routed by load.
+    let numbers = |i: usize| format!(r#"{{"model":"m","messages":[{i},0,0,0]}}"#).into_bytes();
+    // A readable body over `judged_body_bytes`.
+    let big = |i: usize| support::completion("m", &format!("{i} {}", "long prompt ".repeat(200)));
+    let bodies: [(&Body, &str); 2] = [(&numbers, "unreadable"), (&big, "oversized")];
+    for (body, what) in bodies {
+        let mut h = host(2, r#","health":{"judged_body_bytes":1000}"#);
+        for w in 0..4 {
+            fail_on(&mut h, &format!("engine_{w}"), body, 8, RESET);
+        }
+        assert_eq!(
+            stat(&h, "health_down"),
+            0,
+            "{what}: 8 resets on every engine, none counted"
+        );
+        assert_eq!(
+            stat(&h, "upstream_failures"),
+            32,
+            "{what}: still counted as failed upstreams"
+        );
+        for w in 0..4 {
+            assert!(
+                routed_to(&mut h, &format!("{what}{w}"), 20, &format!("engine_{w}")) > 0,
+                "{what}: engine_{w} still in rotation"
+            );
+        }
+        fail_on(&mut h, "engine_1", body, 1, (503, UF, CONNECT_FAILURE));
+        assert_eq!(
+            stat(&h, "health_down"),
+            1,
+            "{what}: a refused connect counts whatever the request"
+        );
+    }
+}
+
+#[test]
+fn re_ejection_backs_off() {
+    let mut h = host(1, r#","health":{"backoff_ms":10000}"#);
+    let dead = fail_one(&mut h, 503, UF, CONNECT_FAILURE);
+    h.advance_time(1000).unwrap();
+    answer_probe(&mut h, &dead, 200);
+    assert_eq!(stat(&h, "health_recovered"), 1, "the first time, one probe");
+    fail_one_on(&mut h, &dead);
+    assert_eq!(stat(&h, "health_down"), 2);
+    h.advance_time(1000).unwrap();
+    answer_probe(&mut h, &dead, 200);
+    h.advance_time(1000).unwrap();
+    assert_eq!(
+        routed_to(&mut h, "held", 20, &dead),
+        0,
+        "out again soon after: held 10 s whatever the probes"
+    );
+    for _ in 0..10 {
+        h.advance_time(1000).unwrap();
+        if let Some(call) = h.pending_http_calls().first() {
+            h.answer_http_call(call.token, 200, &[], b"{}").unwrap();
+        }
+    }
+    assert_eq!(
+        stat(&h, "health_recovered"),
+        2,
+        "back after the longer hold"
+    );
+    assert!(routed_to(&mut h, "back", 20, &dead) > 0);
+}
+
+#[test]
+fn the_collectors_unreachable_takes_a_worker_out_until_it_reaches_it_again() {
     let mut h = host(2, "");
     let push = |h: &mut Host, w1: &str| {
         let body = format!(
@@ -186,12 +357,94 @@ fn the_collectors_unreachable_takes_a_worker_out_until_it_is_reachable_and_probe
         0,
         "a good probe is not enough while the collector cannot reach it"
     );
-    // The engine answered its probe; once the collector reaches it too, it is back
-    // (and, its queue the shortest, takes the traffic).
+    // The collector reaches it again: back at the next tick, no probe needed (and,
+    // its queue the shortest, it takes the traffic).
     push(&mut h, r#"{"name":"w1","num_waiting":0}"#);
     h.advance_time(1000).unwrap();
     assert_eq!(stat(&h, "health_down_now"), 0);
     assert!(routed_to(&mut h, "c", 20, "engine_1") > 0);
+}
+
+#[test]
+fn a_reachable_report_alone_brings_back_a_worker_out_for_a_refused_connect() {
+    let mut h = host(2, "");
+    let dead = fail_one(&mut h, 503, UF, CONNECT_FAILURE);
+    let index = &dead["engine_".len()..];
+    h.advance_time(1).unwrap();
+    let lines: Vec<String> = (0..4)
+        .map(|i| {
+            let waiting = if i.to_string() == index { 0 } else { 5 };
+            format!(r#"{{"name":"w{i}","num_waiting":{waiting}}}"#)
+        })
+        .collect();
+    let body = format!(r#"{{"workers":[{}]}}"#, lines.join(","));
+    assert_eq!(support::push(&mut h, 0, "tok", &body).0, 200);
+    h.advance_time(1000).unwrap();
+    assert_eq!(
+        stat(&h, "health_recovered"),
+        1,
+        "the collector connected after it went out"
+    );
+    assert!(routed_to(&mut h, "c", 20, &dead) > 0);
+}
+
+#[test]
+fn all_down_never_chooses_a_worker_whose_last_connect_failed_while_others_may_answer() {
+    // Envoy and the collector up before the engines: every worker reported
+    // unreachable, so all are down.
+    let mut h = host(2, "");
+    let all_unreachable = r#"{"workers":[{"name":"w0","reachable":false},{"name":"w1","reachable":false},{"name":"w2","reachable":false},{"name":"w3","reachable":false}]}"#;
+    assert_eq!(support::push(&mut h, 0, "tok", all_unreachable).0, 200);
+    h.advance_time(1000).unwrap();
+    assert_eq!(stat(&h, "health_down_now"), 4);
+    // Engine 3 never comes up: its first request meets a refused connect.
+    fail_one_on(&mut h, "engine_3");
+    for vm in 0..2 {
+        for i in 0..20 {
+            let spec = RequestSpec::post_json(
+                "/v1/completions",
+                support::completion("m", &format!("burst {vm} {i}")),
+            );
+            let (cluster, out) = support::open(&mut h, vm, spec);
+            assert_ne!(
+                cluster, "engine_3",
+                "request {i} on vm {vm} went to the refused engine"
+            );
+            // The others answer: a served request brings its worker back.
+            support::answer(&mut h, vm, out.handle);
+        }
+    }
+    h.advance_time(1000).unwrap();
+    assert!(
+        stat(&h, "health_down_now") < 4,
+        "a worker that served a request is back"
+    );
+    // The collector reaches the three engines that came up.
+    let three_up = r#"{"workers":[{"name":"w0"},{"name":"w1"},{"name":"w2"},{"name":"w3","reachable":false}]}"#;
+    assert_eq!(support::push(&mut h, 0, "tok", three_up).0, 200);
+    h.advance_time(1000).unwrap();
+    assert_eq!(
+        stat(&h, "health_down_now"),
+        1,
+        "the engines that came up are back; the dead one is not"
+    );
+}
+
+#[test]
+fn a_stream_cut_after_its_headers_counts_as_a_failure() {
+    // One failure in a row is enough here.
+    let mut h = host(2, r#","health":{"consecutive_failures":1}"#);
+    let (cluster, handle) = open(&mut h, 1, "a long generation");
+    h.vm(1).respond_headers(handle, 200, &[]).unwrap();
+    h.vm(1)
+        .fail_upstream(
+            handle,
+            200,
+            0x10,
+            "upstream_reset_after_response_started{remote_reset}",
+        )
+        .unwrap();
+    assert_eq!(routed_to(&mut h, "next", 20, &cluster), 0);
 }
 
 #[test]

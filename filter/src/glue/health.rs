@@ -13,17 +13,21 @@ use super::metrics::HealthMetrics;
 use super::state::State;
 use crate::config::{probe_cluster, Config};
 use crate::load::LoadTable;
-use crate::shared::HealthTable;
+use crate::shared::{HealthStates, HealthTable};
 use crate::worker::health::{
-    classify, report_event, served_by_callbacks, Event, Outcome, Recovery, Transition,
+    cap_has_room, classify, report_event, served_by_callbacks, DownReason, Event, Outcome, Rules,
+    Transition,
 };
 
 /// What a routed stream's response callbacks saw: its status (read only with health
-/// on) and whether the response reached its end.
+/// on) and whether the response reached its end; and whether its request was one
+/// a failure would be judged on (`judged`: a body the filter read, within
+/// `health.judged_body_bytes`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Seen {
     pub status: Option<u64>,
     pub complete: bool,
+    pub judged: bool,
 }
 
 /// The response's `:status`, read once its headers arrive (health on only).
@@ -43,23 +47,34 @@ fn int_property(path: &[&str]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
 }
 
-/// What bringing worker `index` back takes: probes through its own cluster, or
-/// (no cluster of its own) the hold time alone.
-fn recovery(cfg: &Config, index: usize) -> Recovery {
+/// The rules for worker `index` given every worker's health now: probes through
+/// its own cluster, or (no cluster of its own) the hold time alone; and whether its
+/// pool's cap has room for one more out.
+fn rules(cfg: &Config, states: &HealthStates, index: usize) -> Rules {
+    let h = &cfg.health;
+    let pool = cfg.workers.get(index).map(|w| w.pool);
+    let (mut size, mut down) = (0, 0);
+    for (w, s) in cfg.workers.iter().zip(&states.0) {
+        if Some(w.pool) == pool {
+            size += 1;
+            down += usize::from(s.is_down());
+        }
+    }
     let probeable = cfg
         .workers
         .get(index)
         .is_some_and(|w| probe_cluster(cfg, w).is_some());
-    if probeable {
-        Recovery {
-            probes_needed: cfg.health.probe_successes_to_recover,
-            hold_ms: 0,
-        }
-    } else {
-        Recovery {
-            probes_needed: 0,
-            hold_ms: cfg.health.unprobed_hold_ms,
-        }
+    Rules {
+        consecutive_failures: h.consecutive_failures,
+        room: cap_has_room(down, size, h.max_ejection_percent),
+        probes_needed: if probeable {
+            h.probe_successes_to_recover
+        } else {
+            0
+        },
+        hold_ms: if probeable { 0 } else { h.unprobed_hold_ms },
+        backoff_ms: h.backoff_ms,
+        max_backoff_ms: h.max_backoff_ms,
     }
 }
 
@@ -74,14 +89,21 @@ pub fn step(
     let cfg = state.router.config();
     let table = HealthTable::new(&state.shared.keys);
     let flips = table.update(&HostStore, &cfg.workers, |s| {
-        s.0.iter_mut()
-            .enumerate()
-            .filter(|(i, _)| index.is_none_or(|want| want == *i))
-            .filter_map(|(i, h)| {
-                let e = event(i)?;
-                h.step(e, now_ms, recovery(cfg, i)).map(|t| (i, t))
-            })
-            .collect()
+        let mut flips = Vec::new();
+        for i in 0..s.0.len() {
+            if index.is_some_and(|want| want != i) {
+                continue;
+            }
+            let Some(e) = event(i) else {
+                continue;
+            };
+            // The cap counts the workers out as this step finds them.
+            let r = rules(cfg, s, i);
+            if let Some(t) = s.0.get_mut(i).and_then(|h| h.step(e, now_ms, r)) {
+                flips.push((i, t));
+            }
+        }
+        flips
     });
     let metrics = HealthMetrics::define();
     for (i, t) in &flips {
@@ -112,14 +134,59 @@ pub fn step(
     flips
 }
 
-/// Judges a routed stream that just ended on `worker` and takes the worker out if
-/// its upstream failed; whether it failed (never judged with health off: the
-/// judgement costs property reads on every stream).
+/// Judges a routed stream that just ended on `worker`: a failure on evidence about
+/// the engine steps its health (out at once for a refused connect, else after a run;
+/// see `crate::worker::health`), and a served request clears the record of a worker
+/// that has one. Returns whether the upstream failed (never judged with health off:
+/// the judgement costs property reads on every stream).
 pub fn observe(state: &State, worker: &str, seen: Seen) -> bool {
     let cfg = state.router.config();
-    if !cfg.health.enabled || served_by_callbacks(seen.status, seen.complete).is_some() {
+    if !cfg.health.enabled {
         return false;
     }
+    let outcome = match served_by_callbacks(seen.status, seen.complete) {
+        Some(o) => o,
+        None => judge(),
+    };
+    let index = cfg.workers.iter().position(|w| w.name == worker);
+    match outcome {
+        Outcome::Failed(reason) => {
+            HealthMetrics::define().upstream_failures.inc();
+            // A refused connect is the engine's whatever the request was.
+            let counts = seen.judged || reason == DownReason::ConnectFailure;
+            if let (true, Some(i)) = (counts, index) {
+                step(state, Some(i), host::now_ms(), |_| {
+                    Some(Event::Failed(reason))
+                });
+            }
+            true
+        }
+        Outcome::Served => {
+            if let Some(i) = index.filter(|i| tracked(state, *i)) {
+                step(state, Some(i), host::now_ms(), |_| Some(Event::Served));
+            }
+            false
+        }
+        Outcome::NoVerdict => false,
+    }
+}
+
+/// Whether worker `index` has a health record, as this VM's copy of the tables says
+/// (a copy at most one tick old; no read while nothing changed).
+fn tracked(state: &State, index: usize) -> bool {
+    let s = &state.shared;
+    let cfg = state.router.config();
+    let tables = s.tables.tables(
+        &HostStore,
+        &s.keys,
+        (cfg, state.router.names()),
+        s.ring.generation(),
+    );
+    tables.tracked.get(index).copied().unwrap_or(false)
+}
+
+/// `classify` on the properties Envoy keeps for the stream.
+fn judge() -> Outcome {
     let flags = int_property(&["response", "flags"]).unwrap_or(0);
     let status = int_property(&["response", "code"]);
     // The details are a string; read them only when the flags alone do not decide.
@@ -132,16 +199,7 @@ pub fn observe(state: &State, worker: &str, seen: Seen) -> bool {
     } else {
         "via_upstream".to_string()
     };
-    let Outcome::Failed(reason) = classify(status, flags, &details) else {
-        return false;
-    };
-    HealthMetrics::define().upstream_failures.inc();
-    if let Some(index) = cfg.workers.iter().position(|w| w.name == worker) {
-        step(state, Some(index), host::now_ms(), |_| {
-            Some(Event::Failed(reason))
-        });
-    }
-    true
+    classify(status, flags, &details)
 }
 
 /// The lease holder's tick: the collector's fresh reports and the passing of time;

@@ -87,6 +87,11 @@ impl Stream {
             drop(slot);
             return reply::refusal(Refusal::NotConfigured);
         };
+        // A failure after a body the filter found no text in (not JSON, no
+        // messages or prompt, messages that are not objects), or one over the
+        // judged size, is the request's: the engine answered the client.
+        self.seen.judged = matches!(&parsed, Parsed::Routable(r) if !r.text.is_empty())
+            && body.len() as u64 <= state.router.config().health.judged_body_bytes;
         if let Parsed::Unroutable { reason, .. } = &parsed {
             state.metrics.unreadable.inc();
             host::log(

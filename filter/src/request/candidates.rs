@@ -6,7 +6,9 @@
 //! every serving worker is flagged: then all of them stay candidates and the caller
 //! says `all_overloaded`, because refusing would turn slow answers into no answers.
 //! Down workers (`crate::worker::health`) go first, the same way (`all_down` when every
-//! serving worker is down: a wrong verdict must not refuse a whole fleet).
+//! serving worker is down: a wrong verdict must not refuse a whole fleet); then the
+//! down workers whose last connect failed are passed over while another down worker
+//! may answer (a refused connect is a fact, the other verdicts may be wrong).
 //!
 //! A screen depends on the request only through its in-flight counts: the rest
 //! (serving set, flags, which samples are fresh) changes with the configuration, the
@@ -93,7 +95,17 @@ fn screen_serving(serving: Vec<Candidate>, loads: &Loads) -> Screened {
     let (down, live): (Vec<Candidate>, Vec<Candidate>) =
         serving.into_iter().partition(|c| marked(&loads.down, c));
     let all_down = live.is_empty() && !down.is_empty();
-    let live = if all_down { down } else { live };
+    let live = if all_down {
+        let (refused, answering): (Vec<Candidate>, Vec<Candidate>) =
+            down.into_iter().partition(|c| marked(&loads.refused, c));
+        if answering.is_empty() {
+            refused
+        } else {
+            answering
+        }
+    } else {
+        live
+    };
     let (flagged, open): (Vec<Candidate>, Vec<Candidate>) =
         live.into_iter().partition(|c| marked(&loads.overloaded, c));
     let flagged_ids = flagged.iter().map(|c| c.worker).collect();
@@ -146,6 +158,7 @@ struct Kept {
     engine: Rc<LoadTable>,
     overloaded: Rc<[bool]>,
     down: Rc<[bool]>,
+    refused: Rc<[bool]>,
     /// The screen holds from `since_ms` until `until_ms` (exclusive).
     since_ms: u64,
     until_ms: u64,
@@ -169,6 +182,7 @@ impl Kept {
             && Rc::ptr_eq(&self.engine, &loads.engine)
             && Rc::ptr_eq(&self.overloaded, &loads.overloaded)
             && Rc::ptr_eq(&self.down, &loads.down)
+            && Rc::ptr_eq(&self.refused, &loads.refused)
             && (self.since_ms..self.until_ms).contains(&loads.now_ms)
     }
 
@@ -297,6 +311,7 @@ impl Screens {
             engine: Rc::clone(&loads.engine),
             overloaded: Rc::clone(&loads.overloaded),
             down: Rc::clone(&loads.down),
+            refused: Rc::clone(&loads.refused),
             since_ms: loads.now_ms,
             until_ms,
             screened,
@@ -468,6 +483,31 @@ mod tests {
             (ids(&s), s.all_down, s.all_flagged),
             (vec![1], true, false),
             "all down, then the flags screen as usual"
+        );
+    }
+
+    #[test]
+    fn all_down_passes_over_a_refused_connect_while_another_may_answer() {
+        let screened = |refused: &[bool]| {
+            let loads = Loads {
+                down: [true, true, true].as_slice().into(),
+                refused: refused.into(),
+                ..Loads::inflight_only(&[0; 3])
+            };
+            let s = screen(&cfg(), Pool::Regular, "m", &loads);
+            let ids: Vec<_> = s.candidates.iter().map(|c| c.worker).collect();
+            (ids, s.all_down)
+        };
+        assert_eq!(
+            screened(&[true, false]),
+            (vec![1], true),
+            "a's last connect failed, b's verdict may be wrong"
+        );
+        assert_eq!(screened(&[false, false]), (vec![0, 1], true));
+        assert_eq!(
+            screened(&[true, true]),
+            (vec![0, 1], true),
+            "every one refused: all stay, a wrong verdict must not refuse the fleet"
         );
     }
 

@@ -29,7 +29,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::ring::{decode_head, encode_head};
-use super::{FlagTable, HealthTable, Keys, OwnAtSample, PeerLoads, PeerReport, SamplesTable};
+use super::{
+    FlagTable, HealthStates, HealthTable, Keys, OwnAtSample, PeerLoads, PeerReport, SamplesTable,
+};
 use super::{SetOutcome, SharedStore, CAS_ATTEMPTS};
 use crate::config::{Config, WorkerNames};
 use crate::load::LoadTable;
@@ -85,6 +87,11 @@ pub struct Tables {
     pub overloaded: Rc<[bool]>,
     /// Down by worker index (empty: health off).
     pub down: Rc<[bool]>,
+    /// Down with their last connect failed, by worker index (empty: health off).
+    pub refused: Rc<[bool]>,
+    /// With a health record (down, failing, recently ejected), by worker index: a
+    /// served request on one of these is told to the health table.
+    pub tracked: Rc<[bool]>,
     /// The engines' samples by worker index.
     pub engine: Rc<LoadTable>,
     /// Every peer's report: which are fresh depends on the time of the request.
@@ -131,6 +138,11 @@ impl TableCache {
 }
 
 fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames) -> Tables {
+    let health = if cfg.health.enabled {
+        HealthTable::new(keys).read(store, &cfg.workers)
+    } else {
+        HealthStates::default()
+    };
     Tables {
         overloaded: if cfg.overload.enabled {
             FlagTable::new(keys)
@@ -140,14 +152,9 @@ fn read(store: &dyn SharedStore, keys: &Keys, cfg: &Config, names: &WorkerNames)
         } else {
             Rc::default()
         },
-        down: if cfg.health.enabled {
-            HealthTable::new(keys)
-                .read(store, &cfg.workers)
-                .down()
-                .into()
-        } else {
-            Rc::default()
-        },
+        down: health.down().into(),
+        refused: health.refused().into(),
+        tracked: health.tracked().into(),
         engine: Rc::new(SamplesTable::new(keys).read(store, &cfg.workers)),
         peers: PeerLoads::new(keys).read(store),
         own_at_sample: if cfg.uses_predicted_ttft() {
@@ -209,6 +216,8 @@ mod tests {
                     reason: DownReason::ConnectFailure,
                     probe_successes: 0,
                     collector_ok: true,
+                    refused: true,
+                    ejections: 1,
                 };
             }
             Vec::<()>::new()
@@ -223,6 +232,7 @@ mod tests {
             "the write moved the generation on"
         );
         assert_eq!(tables(ring.generation()).down[..], [false, true]);
+        assert_eq!(tables(ring.generation()).refused[..], [false, true]);
     }
 
     #[test]

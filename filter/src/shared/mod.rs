@@ -267,6 +267,7 @@ pub fn read_loads(
         now_ms,
         overloaded: Rc::clone(&tables.overloaded),
         down: Rc::clone(&tables.down),
+        refused: Rc::clone(&tables.refused),
         work: counts.work,
         costs: if ttft {
             costs.by_worker(store, names)
@@ -510,7 +511,7 @@ mod tests {
     #[test]
     fn first_writes_racing_on_every_table_both_count_once_the_tables_exist() {
         use crate::config::testing::named_workers;
-        use crate::worker::health::{DownReason, Event, Recovery};
+        use crate::worker::health::{DownReason, Event, Rules};
         let keys = Keys::new("t");
         let w = named_workers(3);
         // Each table's first write from two threads, and whether both landed.
@@ -537,9 +538,13 @@ mod tests {
             (
                 "health",
                 Box::new(|e| {
-                    let r = Recovery {
+                    let r = Rules {
+                        consecutive_failures: 1,
+                        room: true,
                         probes_needed: 1,
                         hold_ms: 0,
+                        backoff_ms: 0,
+                        max_backoff_ms: 0,
                     };
                     let s = race(e, |s, vm| {
                         HealthTable::new(&keys).update(s, &w, |st| {
