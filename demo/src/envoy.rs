@@ -6,8 +6,8 @@
 //! shipped example configs (`envoy/envoy-*.yaml`) carry:
 //! `allow_on_headers_stop_iteration` (else the body callback never runs and the
 //! request hangs), `failure_policy: FAIL_RELOAD` (a crashed VM is replaced), route
-//! `timeout: 0s` (generations outlive the 15 s default) and the route's
-//! `request_body_buffer_limit` (long prompts exceed the 1 MiB default).
+//! `timeout: 0s` (generations outlive the 15 s default) and the listener's
+//! `per_connection_buffer_limit_bytes` (long prompts exceed the 1 MiB default).
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -228,12 +228,14 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     if let Some(ms) = spec.route_idle_timeout_ms {
         route["idle_timeout"] = json!(format!("{}.{:03}s", ms / 1000, ms % 1000));
     }
-    let llm = listener(
+    let mut llm = listener(
         "llm",
-        json!({"match": {"prefix": "/"}, "route": route,
-               "request_body_buffer_limit": REQUEST_BODY_LIMIT_BYTES}),
+        json!({"match": {"prefix": "/"}, "route": route}),
         spec.target != Target::RingHash,
     );
+    // The listener's limit, as in envoy/*.yaml: a route's request_body_buffer_limit
+    // is not applied before Envoy 1.37 when a filter stops at the headers.
+    llm["per_connection_buffer_limit_bytes"] = json!(REQUEST_BODY_LIMIT_BYTES);
     // The filter answers pushes itself; anything else here is not found.
     let stats = listener(
         "llm_stats",
