@@ -197,10 +197,11 @@ fn log_uniform(rng: &mut Draws, range: RangeInclusive<f64>) -> f64 {
     lo * (hi / lo).powf(rng.unit())
 }
 
-/// Log-uniform in `range`, rounded.
+/// Log-uniform over the integers of `range`: the integer part of a log-uniform draw
+/// in `[lo, hi + 1)`, so each doubling is about as likely as the next.
 fn log_uniform_int(rng: &mut Draws, range: RangeInclusive<usize>) -> usize {
     let (lo, hi) = (*range.start(), *range.end());
-    let x = log_uniform(rng, lo as f64..=(hi as f64 + 0.5)).floor() as usize;
+    let x = log_uniform(rng, lo as f64..=(hi + 1) as f64).floor() as usize;
     x.clamp(lo, hi)
 }
 
