@@ -136,7 +136,10 @@ fn run_seed(
     let items = parse_workload(&to_jsonl(&generate(&member.workload))?)?;
     let outcomes = policies
         .iter()
-        .map(|p| sweep::run(filter, member, vms, &items, p))
+        .map(|p| {
+            sweep::run(filter, member, vms, &items, p)
+                .with_context(|| format!("seed {}, policy {p}", member.seed))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(SeedRun {
         member: member.clone(),

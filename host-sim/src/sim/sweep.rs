@@ -114,11 +114,7 @@ pub fn run(
     let done = replay_of(member, vms).run(filter, &config, items)?;
     let s = &done.summary;
     let (Some(ttft_p50_ms), Some(ttft_p99_ms)) = (s.ttft_p50_ms, s.ttft_p99_ms) else {
-        bail!(
-            "seed {}, {policy}: no request reported a first token ({} errors)",
-            member.seed,
-            s.errors
-        );
+        bail!("no request reported a first token ({} errors)", s.errors);
     };
     Ok(Outcome {
         policy: policy.to_string(),
