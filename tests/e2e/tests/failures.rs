@@ -2,8 +2,9 @@
 //! Eight clients keep 4 engine mocks busy; one engine is
 //! SIGKILLed (or SIGSTOPped) mid-run. The filter learns of the failure from the
 //! finished stream (`response.flags`: refused connection, reset, idle timeout) and
-//! takes the worker out on every Envoy thread at once; the prober brings it back
-//! when it answers. Without that, a killed engine would keep getting requests (it
+//! takes the worker out on every Envoy thread at once on a refused connection, or
+//! after a run of resets or timeouts (5 in a row, the shipped default); the prober
+//! brings it back when it answers. Without that, a killed engine would keep getting requests (it
 //! looks least loaded with nothing in flight) and a frozen one would hold them for
 //! ever.
 //!
@@ -31,6 +32,10 @@ struct Record {
     end: Instant,
     status: u16,
     worker: String,
+    /// Envoy's answer says the connection was refused (`UF`): the failure that
+    /// takes a dead engine out at once (the resets of the requests in flight on it
+    /// only count toward a run).
+    refused: bool,
 }
 
 /// Closed-loop load: `CLIENTS` threads, each sending its next completion (a prompt
@@ -62,18 +67,20 @@ impl Load {
                             EXPLAINED_JSON,
                             body.to_string().as_bytes(),
                         );
-                        let (status, worker) = match &r {
+                        let (status, worker, refused) = match &r {
                             Ok(r) => (
                                 r.status,
                                 r.header("x-llm-router-worker").unwrap_or("").to_string(),
+                                r.body.contains("connection failure"),
                             ),
-                            Err(_) => (0, String::new()),
+                            Err(_) => (0, String::new(), false),
                         };
                         records.lock().unwrap().push(Record {
                             start,
                             end: Instant::now(),
                             status,
                             worker,
+                            refused,
                         });
                     }
                 })
@@ -149,9 +156,11 @@ fn a_killed_engine_leaves_rotation_at_once() {
     let records = load.stop();
 
     let failed: Vec<&Record> = records.iter().filter(|r| r.status != 200).collect();
-    let first_failure = failed.iter().map(|r| r.end).min();
+    // The requests in flight on the engine are reset; the first refused connect
+    // takes it out.
+    let first_failure = failed.iter().filter(|r| r.refused).map(|r| r.end).min();
     let in_flight = in_flight_at(&records, victim, killed_at);
-    // What arrived between the kill and the first failure coming back: the
+    // What arrived between the kill and the first refused connect coming back: the
     // detection interval.
     let arrived = first_failure.map_or(0, |t| {
         records

@@ -1,0 +1,281 @@
+//! End-to-end: health verdicts that are about the engine, through the real Envoy
+//! 1.40 with the shipped health defaults (issue 55). A client's malformed or
+//! oversized requests, whatever the engine does with them, take no engine out of
+//! rotation; a killed engine still leaves rotation within a request or two; and
+//! Envoy and the collector started before the engines, one of them never coming
+//! up, route a concurrent burst without failing once the dead engine refused a
+//! connect.
+//!
+//! Prints the measured numbers: `cargo test -p e2e --test verdicts -- --nocapture`.
+
+use e2e::support::{header, post, send, start, wait_for, wait_until};
+use llm_demo::admin;
+use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_demo::process::{self, Guard};
+use serde_json::json;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A chat body of numbers, `{"model":"mock","messages":[0,0,...]}`, of about
+/// `bytes` bytes: nothing in it the filter can read as text.
+fn numbers(bytes: usize) -> Vec<u8> {
+    let head = br#"{"model":"mock","messages":["#;
+    let mut body = Vec::with_capacity(bytes + 8);
+    body.extend_from_slice(head);
+    body.push(b'0');
+    while body.len() + 4 < bytes {
+        body.extend_from_slice(b",0");
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
+/// 47.7 MiB: the issue's request, past the engine mock's own 32 MiB body limit.
+const HUGE: usize = 50_000_000;
+
+fn fleet(workers: usize) -> Fleet {
+    start(&FleetSpec {
+        workers,
+        plugin_config: json!({"overload": {"probe_interval_ms": 300, "probe_timeout_ms": 1000}}),
+        envoy_concurrency: 2,
+        ..FleetSpec::default()
+    })
+}
+
+fn stat(f: &Fleet, name: &str) -> u64 {
+    f.envoy.filter_stat(name).unwrap()
+}
+
+/// A conversation's two turns on `f`: the worker of each and the second's decision.
+fn two_turns(f: &Fleet, tag: &str) -> (String, String, String) {
+    let system = format!("{tag}: a system prompt long enough to be worth a cache hit. ");
+    let first = json!({"model": "mock", "max_tokens": 2, "messages": [
+        {"role": "system", "content": system.repeat(4)},
+        {"role": "user", "content": "first question"}]});
+    let r1 = post(f.envoy.listener, "/v1/chat/completions", &first);
+    assert_eq!(r1.status, 200, "{tag}: first turn {r1:?}");
+    let second = json!({"model": "mock", "max_tokens": 2, "messages": [
+        {"role": "system", "content": system.repeat(4)},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "second question"}]});
+    let r2 = post(f.envoy.listener, "/v1/chat/completions", &second);
+    assert_eq!(r2.status, 200, "{tag}: second turn {r2:?}");
+    (
+        header(&r1, "x-llm-router-worker"),
+        header(&r2, "x-llm-router-worker"),
+        header(&r2, "x-llm-router-decision"),
+    )
+}
+
+#[test]
+fn a_47_mib_request_of_numbers_takes_no_engine_out() {
+    let f = fleet(4);
+    let r = send(f.envoy.listener, "/v1/chat/completions", &[], numbers(HUGE));
+    println!(
+        "47.7 MiB of numbers: {} ({:?})",
+        r.status,
+        r.header("x-llm-router-reason")
+    );
+    assert!(r.status >= 400, "the engine cannot serve it: {}", r.status);
+    assert_eq!(
+        stat(&f, "llm_router_health_down"),
+        0,
+        "no engine left rotation"
+    );
+    let (a, b, decision) = two_turns(&f, "after");
+    assert_eq!(
+        (a, decision.as_str()),
+        (b, "cache_hit"),
+        "routing stays cache-aware"
+    );
+}
+
+#[test]
+fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_rotation() {
+    let f = fleet(4);
+    let (owner, _, _) = two_turns(&f, "before");
+    // 20 at once, spread by load over all four: 6 past the engine's body limit
+    // (it resets them), 14 it refuses with its own 400.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..20)
+        .map(|i| {
+            let (addr, seen) = (f.envoy.listener, seen.clone());
+            std::thread::spawn(move || {
+                let size = if i % 10 < 3 { HUGE } else { 1 << 20 };
+                let r = send(addr, "/v1/chat/completions", &[], numbers(size));
+                let worker = r.header("x-llm-router-worker").unwrap_or("").to_string();
+                seen.lock().unwrap().push((size, r.status, worker));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    let workers: std::collections::BTreeSet<&str> =
+        seen.iter().map(|(_, _, w)| w.as_str()).collect();
+    println!("20 malformed requests at once: (size, status, worker) {seen:?}");
+    assert!(
+        seen.iter().all(|(_, status, _)| *status >= 400),
+        "each is refused: {seen:?}"
+    );
+    assert!(workers.len() >= 3, "spread over the engines: {workers:?}");
+    assert_eq!(
+        stat(&f, "llm_router_health_down"),
+        0,
+        "no engine left rotation"
+    );
+    let (a, b, decision) = two_turns(&f, "before");
+    assert_eq!(
+        (a.as_str(), b.as_str(), decision.as_str()),
+        (owner.as_str(), owner.as_str(), "cache_hit"),
+        "the conversation still goes to its engine"
+    );
+}
+
+#[test]
+fn killing_one_engine_of_four_fails_at_most_2_of_the_next_40_requests() {
+    let f = fleet(4);
+    for i in 0..8 {
+        let body = json!({"model": "mock", "max_tokens": 2, "prompt": format!("{i} warm up")});
+        assert_eq!(post(f.envoy.listener, "/v1/completions", &body).status, 200);
+    }
+    let victim = "w2";
+    let pid = f.engine(victim).unwrap().guard.id();
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(killed, "kill -KILL {pid}");
+    let mut failed = Vec::new();
+    for i in 0..40 {
+        let body = json!({"model": "mock", "max_tokens": 2,
+            "prompt": format!("{:016x} after the kill", (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))});
+        let r = post(f.envoy.listener, "/v1/completions", &body);
+        if r.status != 200 {
+            failed.push((
+                i,
+                r.status,
+                r.header("x-llm-router-worker").map(str::to_string),
+            ));
+        }
+    }
+    println!(
+        "kill 1 of 4 engines: {} of the next 40 failed: {failed:?}",
+        failed.len()
+    );
+    assert!(failed.len() <= 2, "failed: {failed:?}");
+    assert!(
+        stat(&f, "llm_router_health_down") >= 1,
+        "the dead engine is out"
+    );
+}
+
+/// An engine mock named `name` listening on `port` (the one Envoy and the collector
+/// were given before it ran), once it answers.
+fn engine_on(f: &Fleet, name: &str, port: u16) -> Guard {
+    let mut cmd = Command::new(llm_demo::paths::bin_path("engine-mock").unwrap());
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--worker-id",
+        name,
+        "--role",
+        "regular",
+    ]);
+    let log = f.dir.join(format!("engine-{name}-again.log"));
+    let guard = process::spawn(name, cmd, &log).unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let up = wait_until(|| admin::get(addr, "/metrics").is_ok_and(|r| r.status == 200));
+    assert!(up, "engine {name} on port {port} came up");
+    guard
+}
+
+#[test]
+fn started_before_the_engines_a_burst_fails_nothing_after_the_first_refused_connect() {
+    // Envoy and the collector up with five engines that are not there yet: the
+    // fleet's engines are killed at once, and the collector reports them all
+    // unreachable.
+    let mut spec = FleetSpec {
+        workers: 5,
+        plugin_config: json!({"overload": {"probe_interval_ms": 300, "probe_timeout_ms": 1000}}),
+        envoy_concurrency: 2,
+        ..FleetSpec::default()
+    };
+    spec.collector_interval_ms = Some(1000);
+    let f = start(&spec);
+    let ports: Vec<(String, u16)> = f
+        .engines
+        .iter()
+        .map(|e| (e.name.clone(), e.addr.port()))
+        .collect();
+    for e in &f.engines {
+        let _ = Command::new("kill")
+            .args(["-KILL", &e.guard.id().to_string()])
+            .status();
+    }
+    wait_for(
+        "the collector to report every engine unreachable",
+        &f,
+        || stat(&f, "llm_router_health_down_now") == 5,
+    );
+    // Four come up; w4 never does.
+    let _up: Vec<Guard> = ports
+        .iter()
+        .filter(|(name, _)| name != "w4")
+        .map(|(name, port)| engine_on(&f, name, *port))
+        .collect();
+    // 32 clients at once, each 8 turns of one conversation on a shared hot prefix.
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let system = "a hot system prompt that every conversation shares. ".repeat(8);
+    let threads: Vec<_> = (0..32)
+        .map(|c| {
+            let (addr, records, system) = (f.envoy.listener, records.clone(), system.clone());
+            std::thread::spawn(move || {
+                for t in 0..8 {
+                    let body = json!({"model": "mock", "max_tokens": 2, "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": format!("client {c} turn {t}")}]});
+                    let start = Instant::now();
+                    let r = post(addr, "/v1/chat/completions", &body);
+                    let worker = r.header("x-llm-router-worker").unwrap_or("").to_string();
+                    records
+                        .lock()
+                        .unwrap()
+                        .push((start, Instant::now(), r.status, worker));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let records = records.lock().unwrap().clone();
+    let failed: Vec<_> = records.iter().filter(|r| r.2 != 200).collect();
+    let first_failure = failed.iter().map(|r| r.1).min();
+    // A margin for the failed stream to end in Envoy after its answer left.
+    let settled = first_failure.map(|t| t + Duration::from_millis(500));
+    let late: Vec<_> = failed
+        .iter()
+        .filter(|r| settled.is_some_and(|s| r.0 > s))
+        .collect();
+    let to_dead = records.iter().filter(|r| r.3 == "w4").count();
+    println!(
+        "started before the engines, w4 never up, 32 clients x 8 turns: {} of {} failed \
+         ({} after the first failed connect came back); {to_dead} went to w4",
+        failed.len(),
+        records.len(),
+        late.len()
+    );
+    assert!(
+        failed.iter().all(|r| r.3 == "w4"),
+        "only the dead engine's requests fail: {failed:?}"
+    );
+    assert!(
+        late.is_empty(),
+        "failed after the first refused connect: {late:?}"
+    );
+    assert_eq!(records.len(), 256);
+}
