@@ -193,6 +193,14 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     }
     let again = sweep::run(&filter(), &member, 1, &items, "predicted_ttft").unwrap();
     assert_eq!(again, outcomes[1], "same member, same policy: same outcome");
+    let variant = "predicted_ttft+load_factor=1.5";
+    let tuned = sweep::run(&filter(), &member, 1, &items, variant).unwrap();
+    assert_eq!(tuned.policy, variant, "a variant is reported by its name");
+    let refused = sweep::run(&filter(), &member, 1, &items, "cache_aware+load_factor=1.5");
+    assert!(
+        refused.is_err(),
+        "a variant's settings reach the filter, which refuses load_factor without predicted_ttft"
+    );
 }
 
 /// A user's own config (its worker names, clusters, an address, `target: endpoint`

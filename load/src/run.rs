@@ -83,6 +83,24 @@ pub fn plugin_config(
     Ok(Value::Object(cfg))
 }
 
+/// A policy variant, `policy+key=value+...`: the policy and the plugin settings it
+/// adds (a value is read as JSON, else as a string), so one build can be measured
+/// with a setting and without, side by side (`benches/overhead --variants`,
+/// `host-sim sweep --policies`).
+pub fn policy_variant(variant: &str) -> Result<(&str, Map<String, Value>)> {
+    let mut parts = variant.split('+');
+    let policy = parts.next().unwrap_or_default();
+    let mut settings = Map::new();
+    for part in parts {
+        let Some((key, value)) = part.split_once('=') else {
+            bail!("variant setting `{part}`: expected key=value");
+        };
+        let value = serde_json::from_str(value).unwrap_or_else(|_| Value::from(value));
+        settings.insert(key.to_string(), value);
+    }
+    Ok((policy, settings))
+}
+
 /// What one run measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunResult {
@@ -320,6 +338,17 @@ pub fn default_baseline(main_config: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_variant_names_its_policy_and_its_settings() {
+        let (policy, settings) = policy_variant("predicted_ttft+load_factor=1.5+x=abc").unwrap();
+        assert_eq!(policy, "predicted_ttft");
+        assert_eq!(settings["load_factor"], 1.5, "a value is read as JSON");
+        assert_eq!(settings["x"], "abc", "else as a string");
+        assert_eq!(policy_variant("random").unwrap(), ("random", Map::new()));
+        let err = policy_variant("random+oops").unwrap_err().to_string();
+        assert!(err.contains("`oops`"), "{err}");
+    }
 
     #[test]
     fn baseline_keeps_its_policy_and_no_gate_drops_the_gate() {

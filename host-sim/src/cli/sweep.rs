@@ -27,7 +27,9 @@ pub(crate) struct SweepArgs {
     /// The policy judged against the best of the others.
     #[arg(long, default_value = "cache_aware")]
     default: String,
-    /// The policies to run (comma-separated; the default is added when missing).
+    /// The policies to run (comma-separated; the default is added when missing). A
+    /// policy may carry plugin settings of its own, `policy+key=value+...` (a value
+    /// read as JSON, else as a string), and so may `--default`.
     #[arg(long, value_delimiter = ',', default_values_t = POLICIES.map(String::from))]
     policies: Vec<String>,
     /// VMs (Envoy worker threads).
@@ -154,9 +156,17 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
     let mut standings = Vec::new();
     let mut best_cached: BTreeMap<&str, usize> = BTreeMap::new();
     let mut best_p99: BTreeMap<&str, usize> = BTreeMap::new();
+    // Wide enough for `policy+key=value` variants.
+    let width = runs
+        .values()
+        .flat_map(|r| r.outcomes.iter().map(|o| o.policy.len()))
+        .fold(15, usize::max);
     for (seed, run) in runs {
         out += &format!("seed {seed}: {}\n", run.member.describe());
-        out += "  policy           cached  TTFT p50  TTFT p99  errors\n";
+        out += &format!(
+            "  {:<width$} {:>7}  {:>8} {:>8}  {:>7}\n",
+            "policy", "cached", "TTFT p50", "TTFT p99", "errors"
+        );
         let top_cached = run.outcomes.iter().map(|o| o.cached).fold(0.0, f64::max);
         let top_p99 = run
             .outcomes
@@ -174,7 +184,7 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
                 *best_p99.entry(&o.policy).or_default() += 1;
             }
             out += &format!(
-                "  {:<15} {:>7.3}{} {:>8.1} {:>8.1}{} {:>7}\n",
+                "  {:<width$} {:>7.3}{} {:>8.1} {:>8.1}{} {:>7}\n",
                 o.policy,
                 o.cached,
                 if cached_star { '*' } else { ' ' },

@@ -63,6 +63,7 @@ pub const ISSUE_53_BAR: Bar = Bar {
 /// One policy's run on one member.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
+    /// The policy variant (`policy+key=value...`).
     pub policy: String,
     /// Engine-reported cached prompt tokens over all prompt tokens.
     pub cached: f64,
@@ -101,23 +102,33 @@ pub fn replay_of(member: &Member, vms: usize) -> Replay {
     }
 }
 
-/// Runs `items` (the member's workload) through `filter` routing by `policy`, the
-/// filter's `rng_seed` the member's seed.
+/// Runs `items` (the member's workload) through `filter` routing by `variant` (a
+/// policy, or `policy+key=value+...` with settings of its own), the filter's
+/// `rng_seed` the member's seed.
 pub fn run(
     filter: &Filter,
     member: &Member,
     vms: usize,
     items: &[WorkItem],
-    policy: &str,
+    variant: &str,
 ) -> Result<Outcome> {
-    let config = llm_load::run::plugin_config("policy", policy, policy, None, false, member.seed)?;
+    let (policy, settings) = llm_load::run::policy_variant(variant)?;
+    let settings = serde_json::Value::Object(settings);
+    let config = llm_load::run::plugin_config(
+        "policy",
+        policy,
+        policy,
+        Some(&settings),
+        false,
+        member.seed,
+    )?;
     let done = replay_of(member, vms).run(filter, &config, items)?;
     let s = &done.summary;
     let (Some(ttft_p50_ms), Some(ttft_p99_ms)) = (s.ttft_p50_ms, s.ttft_p99_ms) else {
         bail!("no request reported a first token ({} errors)", s.errors);
     };
     Ok(Outcome {
-        policy: policy.to_string(),
+        policy: variant.to_string(),
         cached: s.cached_token_ratio,
         ttft_p50_ms,
         ttft_p99_ms,

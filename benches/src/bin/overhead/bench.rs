@@ -11,6 +11,7 @@ use llm_load::cli::Replay;
 use llm_load::fleet::worker_name;
 use llm_load::generate::{conversation, GenerateConfig};
 use llm_load::record::Record;
+use llm_load::run::policy_variant;
 use llm_load::workload::{WorkItem, CHAT_PATH};
 use llm_router::decision::Label;
 use llm_router::support::metric_names as names;
@@ -134,23 +135,6 @@ fn policy_and_wasm(variant: &str) -> Result<(&str, PathBuf)> {
     Ok((variant, floor))
 }
 
-/// A variant's policy and the plugin settings it adds: `policy+key=value+...` (a
-/// value is read as JSON, else as a string), so one build can be measured with a
-/// setting and without, side by side.
-fn policy_settings(policy: &str) -> Result<(&str, serde_json::Map<String, Value>)> {
-    let mut parts = policy.split('+');
-    let policy = parts.next().unwrap_or_default();
-    let mut settings = serde_json::Map::new();
-    for part in parts {
-        let Some((key, value)) = part.split_once('=') else {
-            bail!("variant setting `{part}`: expected key=value");
-        };
-        let value = serde_json::from_str(value).unwrap_or_else(|_| Value::from(value));
-        settings.insert(key.to_string(), value);
-    }
-    Ok((policy, settings))
-}
-
 /// Chat bodies of about `bytes` bytes: conversation `session`'s first turn, one of 8
 /// system prompts plus its own user message.
 pub fn bodies(bytes: usize, sessions: std::ops::Range<usize>) -> Vec<WorkItem> {
@@ -209,7 +193,7 @@ fn start_envoy(
     envoy_bin: &Path,
 ) -> Result<Envoy> {
     let (policy, wasm) = policy_and_wasm(variant)?;
-    let (policy, settings) = policy_settings(policy)?;
+    let (policy, settings) = policy_variant(policy)?;
     // The floor reads only the workers of the same plugin config.
     let policy = if policy == FLOOR {
         "round_robin"
@@ -566,7 +550,7 @@ mod tests {
         assert!(!is_floor("cache_aware"));
         assert!(!is_floor("floor_like+x=1"));
         assert!(!is_floor("cache_aware+sync_batch_ms=100"));
-        let (policy, settings) = policy_settings(FLOOR_HOSTCALLS).unwrap();
+        let (policy, settings) = policy_variant(FLOOR_HOSTCALLS).unwrap();
         assert_eq!(policy, FLOOR);
         assert_eq!(settings.get("floor_hostcalls"), Some(&Value::Bool(true)));
     }
