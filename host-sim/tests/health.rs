@@ -510,3 +510,37 @@ fn a_request_no_engine_served_leaves_no_tree_entry_under_its_worker() {
     support::route_completion(&mut h, 0, &second);
     assert_eq!(matched(&h) - before, second.chars().count() as u64);
 }
+
+#[test]
+fn a_body_past_max_body_bytes_gets_the_filters_413_at_every_size() {
+    let mut h = host(2, r#","max_body_bytes":4000"#);
+    let numbers = |n: usize| {
+        let zeros = vec!["0"; n].join(",");
+        format!(r#"{{"model":"m","messages":[{zeros}]}}"#).into_bytes()
+    };
+    for n in [2_001, 5_000, 50_000] {
+        let body = numbers(n);
+        let len = body.len();
+        let spec = RequestSpec::post_json("/v1/chat/completions", body);
+        let out = h.vm(0).request(spec).expect("request runs");
+        let reply = out
+            .local_response
+            .unwrap_or_else(|| panic!("{len} bytes: the filter answers itself"));
+        assert_eq!(reply.status, 413, "{len} bytes");
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        assert!(
+            text.contains("request body too large: body_too_large"),
+            "{len} bytes: the same message at every size: {text}"
+        );
+    }
+    let (_, out) = support::open(
+        &mut h,
+        0,
+        RequestSpec::post_json("/v1/chat/completions", numbers(1_900)),
+    );
+    assert!(
+        out.local_response.is_none(),
+        "3830 bytes: within the bound, routed"
+    );
+    assert_eq!(stat(&h, "health_down"), 0);
+}

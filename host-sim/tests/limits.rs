@@ -24,10 +24,11 @@ fn numbers_body(mb: usize) -> Vec<u8> {
 
 /// Envoy 1.40 reloaded the VM on an 18 MB body of numbers (the filter built a
 /// `serde_json::Value` per number and ran out of its 1 GiB); a body up to the shipped
-/// 64 MiB buffer limit is now routed, and the VM keeps serving.
+/// 64 MiB buffer limit is now routed (with `max_body_bytes` raised to it), and the
+/// VM keeps serving.
 #[test]
 fn bodies_of_millions_of_numbers_are_routed_without_a_trap() {
-    let config = fleet_config(4, "");
+    let config = fleet_config(4, r#","max_body_bytes":67108864"#);
     let mut host = build(builder(&config, 1, 1, &fleet_clusters(4)), &config);
     for mb in [18, 60] {
         let out = host
@@ -72,7 +73,7 @@ fn the_vm_memory_is_capped_like_envoys() {
 /// it ran the VM out of its 1 GiB.
 #[test]
 fn pd_rewrites_bodies_of_millions_of_numbers_without_a_trap() {
-    let config = r#"{"workers":[
+    let config = r#"{"max_body_bytes":67108864,"workers":[
         {"name":"p0","pool":"prefill","cluster":"prefill_0","address":"10.0.0.1:30000","bootstrap_port":8998},
         {"name":"d0","pool":"decode","cluster":"decode_0"}]}"#;
     let mut host = build(builder(config, 1, 1, &["prefill_0", "decode_0"]), config);

@@ -65,6 +65,10 @@ pub const DEFAULT_SYNC_BATCH_MS: u64 = 2;
 pub const MAX_SYNC_BATCH_MS: u64 = 1000;
 /// An engine sample older than this is not used (the collector pushes every 1 s).
 pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;
+/// A request body past this (32 MiB) is refused by the filter itself (413) as soon
+/// as it grows past it: reading a body costs the Envoy thread its size in time, and
+/// engines refuse bodies past their own limits their own ways (a 400 or a reset).
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 pub const DEFAULT_STATS_PATH: &str = "/llm-router/stats";
 pub const DEFAULT_STATS_MAX_BYTES: usize = 1 << 20;
 /// The prefill pool is where prompts are cached, so it follows prefixes (SMG's
@@ -119,6 +123,9 @@ fn default_sync_batch() -> u64 {
 }
 fn default_stale_after() -> u64 {
     DEFAULT_STALE_AFTER_MS
+}
+fn default_max_body() -> u64 {
+    DEFAULT_MAX_BODY_BYTES
 }
 fn default_stats_path() -> String {
     DEFAULT_STATS_PATH.to_string()
@@ -216,6 +223,9 @@ pub struct Config {
     pub ttft_sample_size: Option<usize>,
     #[serde(default = "default_stale_after")]
     pub stale_after_ms: u64,
+    /// A routed request's body past this many bytes gets the filter's 413.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: u64,
     /// Bearer token of the stats push endpoint; unset disables the endpoint.
     #[serde(default)]
     pub stats_token: Option<String>,
@@ -441,6 +451,9 @@ impl Config {
             return Err(err("prefill_timeout_ms", "must be >= 1"));
         }
         self.validate_ttft_values()?;
+        if self.max_body_bytes == 0 {
+            return Err(err("max_body_bytes", "must be >= 1"));
+        }
         if self.stale_after_ms == 0 {
             return Err(err("stale_after_ms", "must be >= 1"));
         }
@@ -760,6 +773,13 @@ mod tests {
         assert_eq!(field_of(with(r#","stats_path":"stats""#)), "stats_path");
         assert_eq!(field_of(with(r#","stats_max_bytes":0"#)), "stats_max_bytes");
         assert_eq!(field_of(with(r#","stale_after_ms":0"#)), "stale_after_ms");
+    }
+
+    #[test]
+    fn max_body_bytes_defaults_to_32_mib_and_must_be_positive() {
+        assert_eq!(with("").unwrap().max_body_bytes, 32 << 20);
+        assert_eq!(with(r#","max_body_bytes":1"#).unwrap().max_body_bytes, 1);
+        assert_eq!(field_of(with(r#","max_body_bytes":0"#)), "max_body_bytes");
     }
 
     #[test]

@@ -32,10 +32,11 @@ pub fn refusal(r: Refusal) -> Action {
     let (status, reason) = (r.status(), r.as_str());
     let message = match status {
         400 => format!("request cannot be routed: {reason}"),
+        413 => format!("request body too large: {reason} (over the router's max_body_bytes)"),
         _ => format!("no worker available: {reason}"),
     };
     let kind = match status {
-        400 => "invalid_request_error",
+        400 | 413 => "invalid_request_error",
         _ => "service_unavailable",
     };
     let body = serde_json::json!({"error": {"message": message, "type": kind}});

@@ -259,6 +259,21 @@ impl Stream {
         None
     }
 
+    /// Refuses a request to route whose body grew past `max_body_bytes`, as soon as
+    /// it does: the same 413 at every size past the bound, and no more of it read
+    /// (`None`: within it, or a push or replica batch, which have their own).
+    fn too_large(&self, body_size: usize) -> Option<Action> {
+        if self.push || self.replica.is_some() {
+            return None;
+        }
+        let max = self
+            .state
+            .borrow()
+            .as_ref()
+            .map(|s| s.router.config().max_body_bytes)?;
+        (body_size as u64 > max).then(|| reply::refusal(Refusal::BodyTooLarge))
+    }
+
     /// Takes a whole push or replica batch (`None`: the body is neither).
     fn take_own(&mut self, body: &[u8]) -> Option<Action> {
         if self.push {
@@ -426,6 +441,9 @@ impl HttpContext for Stream {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if let Some(refused) = self.oversized(body_size) {
+            return refused;
+        }
+        if let Some(refused) = self.too_large(body_size) {
             return refused;
         }
         if !end_of_stream {

@@ -67,6 +67,8 @@ pub enum Refusal {
     BodyRewriteFailed,
     /// PD: the prefill copy could not be dispatched.
     PrefillDispatchFailed,
+    /// The body grew past `max_body_bytes`: refused before it is read whole.
+    BodyTooLarge,
 }
 
 impl Refusal {
@@ -74,6 +76,7 @@ impl Refusal {
     pub fn status(self) -> u32 {
         match self {
             Refusal::Rewrite(_) => 400,
+            Refusal::BodyTooLarge => 413,
             _ => 503,
         }
     }
@@ -89,6 +92,7 @@ impl Refusal {
             Refusal::HeaderRejected => "header_rejected",
             Refusal::BodyRewriteFailed => "body_rewrite_failed",
             Refusal::PrefillDispatchFailed => "prefill_dispatch_failed",
+            Refusal::BodyTooLarge => "body_too_large",
         }
     }
 

@@ -1,10 +1,10 @@
 //! End-to-end: health verdicts that are about the engine, through the real Envoy
-//! 1.40 with the shipped health defaults (issue 55). A client's malformed or
-//! oversized requests, whatever the engine does with them, take no engine out of
-//! rotation; a killed engine still leaves rotation within a request or two; and
-//! Envoy and the collector started before the engines, one of them never coming
-//! up, route a concurrent burst without failing once the dead engine refused a
-//! connect.
+//! 1.40 with the shipped defaults (issue 55). A client's malformed requests,
+//! whatever the engine does with them, take no engine out of rotation, and bodies
+//! past `max_body_bytes` (32 MiB) get the filter's own 413 at any size; a killed
+//! engine still leaves rotation within a request or two; and Envoy and the
+//! collector started before the engines, one of them never coming up, route a
+//! concurrent burst without failing once the dead engine refused a connect.
 //!
 //! Prints the measured numbers: `cargo test -p e2e --test verdicts -- --nocapture`.
 
@@ -31,7 +31,8 @@ fn numbers(bytes: usize) -> Vec<u8> {
     body
 }
 
-/// 47.7 MiB: the issue's request, past the engine mock's own 32 MiB body limit.
+/// 47.7 MiB: the issue's request, past `max_body_bytes` (and the engine mock's own
+/// 32 MiB body limit).
 const HUGE: usize = 50_000_000;
 
 fn fleet(workers: usize) -> Fleet {
@@ -78,7 +79,11 @@ fn a_47_mib_request_of_numbers_takes_no_engine_out() {
         r.status,
         r.header("x-llm-router-reason")
     );
-    assert!(r.status >= 400, "the engine cannot serve it: {}", r.status);
+    assert_eq!(
+        (r.status, r.header("x-llm-router-reason")),
+        (413, Some("body_too_large")),
+        "the filter's own answer"
+    );
     assert_eq!(
         stat(&f, "llm_router_health_down"),
         0,
@@ -96,8 +101,8 @@ fn a_47_mib_request_of_numbers_takes_no_engine_out() {
 fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_rotation() {
     let f = fleet(4);
     let (owner, _, _) = two_turns(&f, "before");
-    // 20 at once, spread by load over all four: 6 past the engine's body limit
-    // (it resets them), 14 it refuses with its own 400.
+    // 20 at once: 6 past `max_body_bytes` (the filter's 413), 14 of 1 MiB spread
+    // by load over all four engines, which refuse them with their own 400.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let threads: Vec<_> = (0..20)
         .map(|i| {
@@ -114,12 +119,17 @@ fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_r
         t.join().unwrap();
     }
     let seen = seen.lock().unwrap().clone();
-    let workers: std::collections::BTreeSet<&str> =
-        seen.iter().map(|(_, _, w)| w.as_str()).collect();
+    let workers: std::collections::BTreeSet<&str> = seen
+        .iter()
+        .filter(|(size, _, _)| *size != HUGE)
+        .map(|(_, _, w)| w.as_str())
+        .collect();
     println!("20 malformed requests at once: (size, status, worker) {seen:?}");
+    let refused = |size: usize| if size == HUGE { 413 } else { 400 };
     assert!(
-        seen.iter().all(|(_, status, _)| *status >= 400),
-        "each is refused: {seen:?}"
+        seen.iter()
+            .all(|(size, status, _)| *status == refused(*size)),
+        "each is refused with a 4xx, past the bound by the filter: {seen:?}"
     );
     assert!(workers.len() >= 3, "spread over the engines: {workers:?}");
     assert_eq!(
