@@ -208,14 +208,28 @@ fn started_before_the_engines_a_burst_fails_nothing_after_the_first_refused_conn
     // Envoy and the collector up with five engines that are not there yet: the
     // fleet's engines are killed at once, and the collector reports them all
     // unreachable.
+    // Slow probes and scrapes, so the burst meets the fleet still all down.
     let mut spec = FleetSpec {
         workers: 5,
-        plugin_config: json!({"overload": {"probe_interval_ms": 300, "probe_timeout_ms": 1000}}),
+        plugin_config: json!({"overload": {"probe_interval_ms": 5000, "probe_timeout_ms": 1000}}),
         envoy_concurrency: 2,
         ..FleetSpec::default()
     };
-    spec.collector_interval_ms = Some(1000);
+    spec.collector_interval_ms = Some(3000);
     let f = start(&spec);
+    // The worst case of the issue: the hot prefix's owner in the tree is the engine
+    // that will never come up.
+    let hot = |k: usize| {
+        json!({"model": "mock", "max_tokens": 2, "messages": [
+        {"role": "system", "content": format!("{k} {}", "a hot system prompt that every conversation shares. ".repeat(8))},
+        {"role": "user", "content": "warm up"}]})
+    };
+    let k = (0..100)
+        .find(|k| {
+            let r = post(f.envoy.listener, "/v1/chat/completions", &hot(*k));
+            r.header("x-llm-router-worker") == Some("w4")
+        })
+        .expect("a hot prefix owned by w4");
     let ports: Vec<(String, u16)> = f
         .engines
         .iter()
@@ -237,9 +251,13 @@ fn started_before_the_engines_a_burst_fails_nothing_after_the_first_refused_conn
         .filter(|(name, _)| name != "w4")
         .map(|(name, port)| engine_on(&f, name, *port))
         .collect();
+    let down_before = stat(&f, "llm_router_health_down_now");
     // 32 clients at once, each 8 turns of one conversation on a shared hot prefix.
     let records = Arc::new(Mutex::new(Vec::new()));
-    let system = "a hot system prompt that every conversation shares. ".repeat(8);
+    let system = hot(k)["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let threads: Vec<_> = (0..32)
         .map(|c| {
             let (addr, records, system) = (f.envoy.listener, records.clone(), system.clone());
@@ -274,7 +292,8 @@ fn started_before_the_engines_a_burst_fails_nothing_after_the_first_refused_conn
     let to_dead = records.iter().filter(|r| r.3 == "w4").count();
     println!(
         "started before the engines, w4 never up, 32 clients x 8 turns: {} of {} failed \
-         ({} after the first failed connect came back); {to_dead} went to w4",
+         ({} after the first failed connect came back); {to_dead} went to w4; \
+         {down_before} workers down when it began",
         failed.len(),
         records.len(),
         late.len()
