@@ -173,6 +173,56 @@ impl Member {
     }
 }
 
+/// A kind of traffic or fleet, for reading a sweep kind by kind; a member is of
+/// several kinds at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    pub name: &'static str,
+    pub of: fn(&Member) -> bool,
+}
+
+/// The kinds the cases are made of, and their complements where a policy's
+/// behaviour turns on the difference.
+pub const KINDS: [Kind; 8] = [
+    Kind {
+        name: "one hot prompt",
+        of: |m| m.workload.system_prompts == 1,
+    },
+    Kind {
+        name: "prompts <= engines",
+        of: |m| m.workload.system_prompts <= m.engines.len(),
+    },
+    Kind {
+        name: "prompts > engines",
+        of: |m| m.workload.system_prompts > m.engines.len(),
+    },
+    Kind {
+        name: "documents >= 8k chars",
+        of: |m| m.workload.system_prompt_chars >= 8000,
+    },
+    Kind {
+        name: "1 or 2 slots",
+        of: |m| m.engines.iter().all(|e| e.max_running <= 2),
+    },
+    Kind {
+        name: "slower engines",
+        of: |m| {
+            let first = m.engines.first().map(|e| e.prefill_us_per_token);
+            m.engines
+                .iter()
+                .any(|e| Some(e.prefill_us_per_token) != first)
+        },
+    },
+    Kind {
+        name: "small caches",
+        of: |m| m.cache_share() < 1.0,
+    },
+    Kind {
+        name: "ample caches",
+        of: |m| m.cache_share() >= 1.0,
+    },
+];
+
 /// Distinct prompt text the workload sends: its system prompts and every
 /// conversation's turns (what a fleet would cache to hit on everything).
 pub fn working_set_chars(w: &GenerateConfig) -> usize {
@@ -279,22 +329,16 @@ mod tests {
             );
         }
         let share = |p: &dyn Fn(&Member) -> bool| members.iter().filter(|m| p(m)).count();
-        let heterogeneous = share(&|m| {
-            m.engines
-                .iter()
-                .any(|e| e.prefill_us_per_token != m.engines[0].prefill_us_per_token)
-        });
-        assert!(
-            (150..=250).contains(&heterogeneous),
-            "{heterogeneous} of 400 with slow engines"
-        );
-        let pressured = share(&|m| m.cache_share() < 1.0);
-        assert!(
-            (150..=250).contains(&pressured),
-            "{pressured} of 400 with small caches"
-        );
-        let hot = share(&|m| m.workload.system_prompts == 1);
-        assert!(hot >= 20, "{hot} of 400 with one hot prompt");
+        let of = |name: &str| KINDS.iter().find(|k| k.name == name).map(|k| share(&k.of));
+        for kind in KINDS {
+            let n = share(&kind.of);
+            assert!(n >= 20, "{n} of 400 of kind {}", kind.name);
+        }
+        // Half the seeds each, give or take the draw.
+        for half in ["slower engines", "small caches"] {
+            let n = of(half).unwrap_or(0);
+            assert!((150..=250).contains(&n), "{n} of 400 of kind {half}");
+        }
         let documents =
             share(&|m| m.workload.system_prompt_chars >= 8000 && m.workload.user_chars <= 100);
         assert!(

@@ -8,7 +8,7 @@
 
 use anyhow::{Context as _, Result};
 use host_sim::sweep::{self, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES};
-use llm_load::family::Member;
+use llm_load::family::{Member, KINDS};
 use llm_load::generate::{generate, to_jsonl};
 use llm_load::workload::parse_workload;
 use serde_json::json;
@@ -214,6 +214,19 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
     };
     out += &format!("best cached ratio, seeds: {}\n", counts(&best_cached));
     out += &format!("best TTFT p99, seeds:     {}\n", counts(&best_p99));
+    out += &format!("{default} near the best other, by kind (a seed is of several):\n");
+    for kind in KINDS {
+        let of_kind: Vec<&(u64, Standing)> = standings
+            .iter()
+            .filter(|(seed, _)| runs.get(seed).is_some_and(|r| (kind.of)(&r.member)))
+            .collect();
+        let near = of_kind.iter().filter(|(_, s)| s.near(&bar)).count();
+        out += &format!(
+            "  {:<22} near on {near:>2} of {:>2} seeds\n",
+            kind.name,
+            of_kind.len()
+        );
+    }
     let losses = |pick: &dyn Fn(&Standing) -> bool| {
         standings
             .iter()
