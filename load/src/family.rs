@@ -23,7 +23,9 @@
 //!   hold the whole working set.
 //!
 //! Every request streams, so every request reports its time to first token. The same
-//! seed gives the same member forever (the workspace's SplitMix64).
+//! seed gives the same member forever (the workspace's SplitMix64). [`KINDS`] names
+//! the kinds a member is of (one hot prompt, slower engines, small caches...), so a
+//! sweep can be read kind by kind.
 
 use crate::generate::{Draws, GenerateConfig};
 use std::ops::RangeInclusive;
