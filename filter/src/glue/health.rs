@@ -22,12 +22,13 @@ use crate::worker::health::{
 /// What a routed stream's response callbacks saw: its status (read only with health
 /// on) and whether the response reached its end; and whether its request was one
 /// a failure would be judged on (`judged`: a body the filter read, within
-/// `health.judged_body_bytes`).
+/// `health.judged_body_bytes`) and when it was routed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Seen {
     pub status: Option<u64>,
     pub complete: bool,
     pub judged: bool,
+    pub routed_ms: u64,
 }
 
 /// The response's `:status`, read once its headers arrive (health on only).
@@ -163,7 +164,10 @@ pub fn observe(state: &State, worker: &str, seen: Seen) -> bool {
         }
         Outcome::Served => {
             if let Some(i) = index.filter(|i| tracked(state, *i)) {
-                step(state, Some(i), host::now_ms(), |_| Some(Event::Served));
+                let served = Event::Served {
+                    routed_ms: seen.routed_ms,
+                };
+                step(state, Some(i), host::now_ms(), |_| Some(served));
             }
             false
         }

@@ -102,6 +102,7 @@ impl Stream {
         // See every prefix any thread routed, every thread's load, and the engines':
         // as of now if this request syncs, else as of this VM's last sync.
         state.shared.recent_ms.set(host::now_ms());
+        self.seen.routed_ms = state.shared.recent_ms.get();
         state.sync_or_listen();
         let loads = state.loads();
         let planned = plan(

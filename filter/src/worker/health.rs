@@ -167,10 +167,11 @@ pub enum Event {
     /// A request on the worker failed, on evidence about the engine (a failure that
     /// followed a request the client made unusual is never told: `judged`).
     Failed(DownReason),
-    /// A real request on the worker was served (told only when the worker has a
-    /// record: a served request clears a run of failures, and brings a down worker
-    /// back as a good probe does).
-    Served,
+    /// A real request on the worker, routed at `routed_ms`, was served (told only
+    /// when the worker has a record): it ends a run of failures, and one routed
+    /// after the worker went out (in `all_down`) counts as a good probe; one routed
+    /// before says nothing about the engine since.
+    Served { routed_ms: u64 },
     /// A probe's outcome (a 2xx within the probe timeout, or not).
     Probe { ok: bool },
     /// The collector's last fresh report, received at `at_ms`: scraped or not.
@@ -321,7 +322,7 @@ impl Health {
                 }
                 failures
             }
-            Event::Served => 0,
+            Event::Served { .. } => 0,
             _ => failures,
         };
         let remembered = ejections > 0 && now_ms.saturating_sub(back_ms) < rules.max_backoff_ms;
@@ -360,12 +361,17 @@ impl Health {
                 *refused |= r == DownReason::ConnectFailure;
             }
             Event::Probe { ok: false } => *probe_successes = 0,
-            Event::Probe { ok: true } | Event::Served => {
+            Event::Probe { ok: true } => {
+                *probe_successes = probe_successes.saturating_add(1);
+                *refused = false;
+            }
+            Event::Served { routed_ms } if routed_ms >= *since_ms => {
                 *probe_successes = probe_successes.saturating_add(1);
                 *refused = false;
                 // A real request served outweighs a scrape that failed.
-                *collector_ok |= event == Event::Served;
+                *collector_ok = true;
             }
+            Event::Served { .. } => {}
             Event::Report { reachable, at_ms } => {
                 *collector_ok = reachable;
                 let unreached =
@@ -574,6 +580,7 @@ mod tests {
     const FAIL: Event = Event::Failed(DownReason::ConnectFailure);
     const RESET: Event = Event::Failed(DownReason::Reset);
     const OK: Event = Event::Probe { ok: true };
+    const SERVED: Event = Event::Served { routed_ms: 0 };
     const BAD: Event = Event::Probe { ok: false };
     const fn report(reachable: bool, at_ms: u64) -> Event {
         Event::Report { reachable, at_ms }
@@ -581,7 +588,7 @@ mod tests {
 
     #[test]
     fn a_refused_connect_or_an_unreachable_report_is_out_at_once() {
-        for e in [OK, BAD, Event::Tick, Event::Served, report(true, 0)] {
+        for e in [OK, BAD, Event::Tick, SERVED, report(true, 0)] {
             assert_eq!(run(&[e], PROBED).1, vec![], "{e:?} leaves an up worker");
         }
         let (h, flips) = run(&[FAIL], PROBED);
@@ -630,10 +637,10 @@ mod tests {
                 vec![(200, Transition::Down(reason))],
                 "{reason:?}: the third in a row"
             );
-            let (h, flips) = run(&[f, f, Event::Served, f, f], PROBED);
+            let (h, flips) = run(&[f, f, SERVED, f, f], PROBED);
             assert_eq!(flips, vec![], "{reason:?}: a served request ends the run");
             assert!(!h.is_down());
-            let (h, _) = run(&[f, Event::Served], PROBED);
+            let (h, _) = run(&[f, SERVED], PROBED);
             assert_eq!(h, Health::Up, "nothing left on record");
         }
         let capped = Rules {
@@ -685,11 +692,26 @@ mod tests {
         assert!(h.is_down(), "a failed probe restarts the run");
         let (h, _) = run(&[FAIL, OK, FAIL, OK], PROBED);
         assert!(h.is_down(), "a failed request restarts the run");
-        let (_, flips) = run(&[FAIL, Event::Served, OK], PROBED);
+        let (_, flips) = run(&[FAIL, SERVED, OK], PROBED);
         assert_eq!(
             flips.last(),
             Some(&(200, Transition::Up { after_ms: 200 })),
-            "a served request counts as a good probe"
+            "a served request routed after it went out counts as a good probe"
+        );
+        let early = Event::Served { routed_ms: 0 };
+        let (h, _) = run(&[Event::Tick, FAIL, early, OK], PROBED);
+        assert!(
+            h.is_down(),
+            "one routed before it went out says nothing since"
+        );
+        let one = Rules {
+            probes_needed: 1,
+            ..PROBED
+        };
+        let (h, _) = run(&[report(false, 0), SERVED], one);
+        assert!(
+            !h.is_down(),
+            "served after a failed scrape: back, the request outweighs the scrape"
         );
         let (h, _) = run(&[report(false, 0), OK, OK, OK], PROBED);
         assert!(h.is_down(), "the collector still cannot reach it");
