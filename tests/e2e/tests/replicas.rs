@@ -6,14 +6,27 @@
 //! stops nothing: every request is still answered, the filter's stats show the
 //! peers gone, and the replicas converge again when it returns.
 //!
+//! The bus admits only the fleet: batches forged without the fleet key, captured
+//! and played back, or altered on the way, published on the real nats-server,
+//! change no replica's state and are counted by the bridges; a bridge joins a NATS
+//! server that requires a user and password with them, and without them (or
+//! without a fleet key) stops at once saying why.
+//!
 //! Needs the filter built (`cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm`) and the binaries (`cargo build -p engine-mock -p llm-bridge`).
 
+use bytes::Bytes;
 use e2e::support::{header, post, wait_until};
-use llm_demo::fleet::FleetSpec;
-use llm_demo::replicas::{nats_server_bin, Replica, Replicas};
+use llm_bridge::envelope::{FleetKey, Kind, Stamp};
+use llm_bridge::fleet::{boot_nonce, now_ms, Sealer};
+use llm_demo::fleet::{FleetSpec, TempDir};
+use llm_demo::process::{spawn, spawn_until};
+use llm_demo::replicas::{nats_server_bin, random_secret, Nats, Replica, Replicas};
 use llm_router::support::metric_names as names;
 use serde_json::json;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// `n` replicas over 4 engine mocks with sharing on, or `None` (the test skips)
 /// when there is no nats-server.
@@ -188,5 +201,301 @@ fn the_bus_going_away_stops_nothing_and_sharing_resumes() {
         (worker.as_str(), decision.as_str()),
         (owner.as_str(), "cache_hit"),
         "a prefix routed during the outage is shared once the bus is back"
+    );
+}
+
+/// The series of the bridge's refusals for `reason`.
+fn refused(reason: &str) -> String {
+    format!("llm_bridge_messages_refused{{reason=\"{reason}\"}}")
+}
+
+fn bridge_stat(r: &Replica, series: &str) -> u64 {
+    r.bridge
+        .as_ref()
+        .expect("sharing is on: every replica has a bridge")
+        .stat(series)
+        .unwrap_or(0)
+}
+
+/// The envelope's stamp fields start after magic, version, kind, the sender's
+/// length and the sender; the sequence number is the second u64.
+fn seq_low_byte(msg: &[u8]) -> usize {
+    7 + msg[6] as usize + 15
+}
+
+#[test]
+fn forged_replayed_and_altered_batches_change_nothing_and_are_counted() {
+    let Some(rs) = replicas(2) else { return };
+    let (a, b) = (&rs.replicas[0], &rs.replicas[1]);
+    wait_for("the replicas to see each other", &rs, || {
+        stat(a, names::REPLICA_PEERS) == 1 && stat(b, names::REPLICA_PEERS) == 1
+    });
+    let access = rs.access.clone().expect("sharing is on");
+    let key = std::fs::read_to_string(&access.fleet_key_file).expect("the fleet key file");
+    let key = FleetKey::new(key.trim().as_bytes().to_vec(), "llm-router");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    // The client's handles are dropped inside the runtime, after the test.
+    let _in_runtime = rt.enter();
+    // An eavesdropper with bus access (the NATS token) but not the fleet key.
+    let (bus, mut sub) = rt.block_on(async {
+        let bus = async_nats::ConnectOptions::with_token(access.nats_token().unwrap())
+            .connect(access.url.as_str())
+            .await
+            .expect("the test connects to the bus");
+        let sub = bus.subscribe("llm-router.ops").await.expect("subscribe");
+        bus.flush().await.expect("flush");
+        (bus, sub)
+    });
+
+    // Replica a routes a prefix; the batch carrying it passes the eavesdropper.
+    let p = prompt("captured");
+    route(a, &p);
+    wait_for("replica b to import a's insert", &rs, || {
+        stat(b, names::REPLICA_OPS_IMPORTED) >= 1
+    });
+    let captured: Vec<Bytes> = rt.block_on(async {
+        use futures_util::StreamExt;
+        let mut out = Vec::new();
+        // What arrived so far, and a moment more (a keeps publishing its loads).
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await {
+            if key
+                .open(&msg.payload)
+                .is_ok_and(|(h, _)| h.sender == a.name)
+            {
+                out.push(msg.payload);
+            }
+        }
+        out
+    });
+    assert!(!captured.is_empty(), "the eavesdropper saw a's batches");
+    let k = captured.len() as u64;
+
+    let imported = |r: &Replica| stat(r, names::REPLICA_OPS_IMPORTED);
+    let before = (imported(a), imported(b));
+    let reasons = ["replayed", "unauthenticated", "malformed", "wrong_kind"];
+    let counts = |r: &Replica| reasons.map(|why| bridge_stat(r, &refused(why)));
+    let b_before = counts(b);
+    let a_unauthenticated = bridge_stat(a, &refused("unauthenticated"));
+
+    // Replayed: every captured batch again, as it was.
+    let mut attack: Vec<(&str, Bytes)> = captured
+        .iter()
+        .map(|m| ("llm-router.ops", m.clone()))
+        .collect();
+    for m in &captured {
+        // Altered: a byte of the batch, or the sequence number to pass as new.
+        let mut body = m.to_vec();
+        let n = body.len();
+        body[n - 33] ^= 0x01;
+        attack.push(("llm-router.ops", body.into()));
+        let mut seq = m.to_vec();
+        seq[seq_low_byte(m)] = seq[seq_low_byte(m)].wrapping_add(100);
+        attack.push(("llm-router.ops", seq.into()));
+        // Forged: the same batch sealed under another key, as a's, fresh.
+        let (_, batch) = key.open(m).expect("captured from the fleet");
+        let wrong = FleetKey::new(random_secret(32).into_bytes(), "llm-router");
+        let forged = Sealer::new(wrong, &a.name, boot_nonce().unwrap());
+        attack.push((
+            "llm-router.ops",
+            forged.seal(Kind::Ops, Stamp::default(), &batch, now_ms()).1,
+        ));
+        // Forged: the bare batch, as a bridge without envelopes sent it.
+        attack.push(("llm-router.ops", batch));
+    }
+    // A catch-up ask from outside, and a batch moved onto the catch-up subject.
+    let outsider = Sealer::new(
+        FleetKey::new(random_secret(32).into_bytes(), "llm-router"),
+        "outsider",
+        1,
+    );
+    attack.push((
+        "llm-router.catchup",
+        outsider
+            .seal(Kind::Ask, Stamp::default(), b"_INBOX.x", now_ms())
+            .1,
+    ));
+    attack.push(("llm-router.catchup", captured[0].clone()));
+    rt.block_on(async {
+        for (subject, msg) in attack {
+            bus.publish(subject, msg).await.expect("publish");
+        }
+        bus.flush().await.expect("flush");
+    });
+
+    let expected = [k, 3 * k + 1, k, 1];
+    wait_for(
+        "replica b's bridge to refuse every attack message",
+        &rs,
+        || {
+            let now = counts(b);
+            (0..reasons.len()).all(|i| now[i] - b_before[i] >= expected[i])
+        },
+    );
+    let after = counts(b);
+    for (i, why) in reasons.iter().enumerate() {
+        assert_eq!(
+            after[i] - b_before[i],
+            expected[i],
+            "replica b refused exactly the attack's `{why}` messages"
+        );
+    }
+    // Its own batches played back, a drops as echoes; the rest it refuses too.
+    wait_for(
+        "replica a's bridge to refuse the altered and forged ones",
+        &rs,
+        || bridge_stat(a, &refused("unauthenticated")) - a_unauthenticated > 3 * k,
+    );
+    // Give any message that slipped through time to reach the filters.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        (imported(a), imported(b)),
+        before,
+        "no forged, replayed or altered batch changed a replica's routing state"
+    );
+
+    // The fleet's own batches still pass: the attack moved no guard.
+    let q = prompt("after the attack");
+    let (owner, _) = route(a, &q);
+    wait_for("replica b to import a's next insert", &rs, || {
+        imported(b) > before.1
+    });
+    let (worker, decision) = route(b, &format!("{q} and more"));
+    assert_eq!(
+        (worker.as_str(), decision.as_str()),
+        (owner.as_str(), "cache_hit"),
+        "sharing goes on after the attack"
+    );
+}
+
+/// A bridge for a replica whose Envoy is not there (the bus is what is tested),
+/// with `extra` flags; its log is `dir/<name>.log`.
+fn bridge_cmd(name: &str, nats: &Nats, extra: &[&str]) -> Command {
+    let dead_envoy = format!(
+        "http://127.0.0.1:{}/llm-router/replicas",
+        llm_demo::replicas::free_port().unwrap()
+    );
+    let mut cmd = Command::new(llm_demo::paths::bin_path("llm-bridge").expect("llm-bridge built"));
+    cmd.args([
+        "--envoy-url",
+        &dead_envoy,
+        "--token",
+        "t",
+        "--replica",
+        name,
+        "--nats",
+        &nats.url(),
+    ])
+    .args(extra);
+    cmd
+}
+
+/// Runs a bridge that must stop by itself; its exit status and log.
+fn bridge_stops(dir: &Path, name: &str, cmd: Command) -> (std::process::ExitStatus, String) {
+    let log = dir.join(format!("{name}.log"));
+    let mut guard = spawn(name, cmd, &log).expect("start llm-bridge");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = guard.exited() {
+            return (status, std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} should have stopped; its log:\n{}",
+            llm_demo::envoy::tail(&log)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_bridge_joins_a_bus_that_requires_credentials_and_stops_clearly_without_them() {
+    if let Err(e) = nats_server_bin() {
+        eprintln!("SKIPPED: {e:#}");
+        return;
+    }
+    let tmp = TempDir::new("llm-bus-auth").expect("a temp dir");
+    let dir = tmp.0.as_path();
+    let password = random_secret(16);
+    let nats = Nats::start(dir, &["--user", "bridge", "--pass", &password]).expect("nats-server");
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let key = write("fleet.key", &random_secret(32));
+    let good = write("good.pass", &password);
+    let bad = write("bad.pass", "not-the-password");
+
+    let metrics =
+        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::replicas::free_port().unwrap()));
+    let cmd = bridge_cmd(
+        "right",
+        &nats,
+        &[
+            "--nats-user",
+            "bridge",
+            "--nats-password-file",
+            &good,
+            "--fleet-key-file",
+            &key,
+            "--listen",
+            &metrics.to_string(),
+        ],
+    );
+    let log = dir.join("right.log");
+    let (guard, ()) = spawn_until("llm-bridge", cmd, &log, Duration::from_secs(30), |l| {
+        l.starts_with("llm-bridge started").then_some(())
+    })
+    .expect("the bridge with the right credentials starts");
+    let bridge = llm_demo::replicas::Bridge { guard, metrics };
+    assert!(
+        wait_until(|| bridge.stat("llm_bridge_bus_connected").unwrap_or(0) == 1),
+        "the bridge with the right user and password is on the bus; its log:\n{}",
+        llm_demo::envoy::tail(&log)
+    );
+
+    for (name, extra) in [
+        ("no-credentials", vec!["--fleet-key-file", key.as_str()]),
+        (
+            "wrong-password",
+            vec![
+                "--nats-user",
+                "bridge",
+                "--nats-password-file",
+                bad.as_str(),
+                "--fleet-key-file",
+                key.as_str(),
+            ],
+        ),
+    ] {
+        let (status, log) = bridge_stops(dir, name, bridge_cmd(name, &nats, &extra));
+        assert!(!status.success(), "{name}: the bridge fails ({status})");
+        assert!(
+            log.contains("refused this bridge's credentials"),
+            "{name}: the bridge says the bus refused its credentials; its log:\n{log}"
+        );
+    }
+    let (status, log) = bridge_stops(
+        dir,
+        "no-fleet-key",
+        bridge_cmd(
+            "no-fleet-key",
+            &nats,
+            &["--nats-user", "bridge", "--nats-password-file", &good],
+        ),
+    );
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "a bridge without a fleet key does not start"
+    );
+    assert!(
+        log.contains("--fleet-key-file") && log.contains("--insecure-no-fleet-key"),
+        "it names the flag, and the way to run without one; its log:\n{log}"
     );
 }
