@@ -251,6 +251,11 @@ fn a_run_of_failures_takes_out_at_most_the_pools_cap_but_a_refused_connect_alway
         1,
         "a second of four would be 50%: it stays in rotation"
     );
+    assert_eq!(
+        stat(&h, "health_capped"),
+        8,
+        "the 5th to the 12th failure in a row were held by the cap"
+    );
     assert!(routed_to(&mut h, "capped", 20, "engine_3") > 0);
     fail_one_on(&mut h, "engine_3");
     assert_eq!(
@@ -288,6 +293,11 @@ fn failures_after_a_body_the_client_made_unusual_are_the_clients() {
             stat(&h, "upstream_failures"),
             32,
             "{what}: still counted as failed upstreams"
+        );
+        assert_eq!(
+            stat(&h, "upstream_failures_unjudged"),
+            32,
+            "{what}: each counted as the client's"
         );
         for w in 0..4 {
             assert!(

@@ -15,8 +15,8 @@ use crate::config::{probe_cluster, Config};
 use crate::load::LoadTable;
 use crate::shared::{HealthStates, HealthTable};
 use crate::worker::health::{
-    cap_has_room, classify, report_event, served_by_callbacks, DownReason, Event, Outcome, Rules,
-    Transition,
+    cap_has_room, classify, report_event, served_by_callbacks, DownReason, Event, Health, Outcome,
+    Rules, Transition,
 };
 
 /// What a routed stream's response callbacks saw: its status (read only with health
@@ -89,8 +89,10 @@ pub fn step(
 ) -> Vec<(usize, Transition)> {
     let cfg = state.router.config();
     let table = HealthTable::new(&state.shared.keys);
+    let mut capped = 0;
     let flips = table.update(&HostStore, &cfg.workers, |s| {
         let mut flips = Vec::new();
+        capped = 0;
         for i in 0..s.0.len() {
             if index.is_some_and(|want| want != i) {
                 continue;
@@ -100,13 +102,20 @@ pub fn step(
             };
             // The cap counts the workers out as this step finds them.
             let r = rules(cfg, s, i);
-            if let Some(t) = s.0.get_mut(i).and_then(|h| h.step(e, now_ms, r)) {
-                flips.push((i, t));
+            let Some(h) = s.0.get_mut(i) else {
+                continue;
+            };
+            match h.step(e, now_ms, r) {
+                Some(t) => flips.push((i, t)),
+                None => capped += u64::from(held_by_cap(h, e, r)),
             }
         }
         flips
     });
     let metrics = HealthMetrics::define();
+    if capped > 0 {
+        metrics.capped.add(capped);
+    }
     for (i, t) in &flips {
         let name = cfg.workers.get(*i).map_or("?", |w| w.name.as_str());
         match t {
@@ -135,6 +144,13 @@ pub fn step(
     flips
 }
 
+/// Whether a failure left `h` in rotation only because its pool's cap had no room.
+fn held_by_cap(h: &Health, e: Event, r: Rules) -> bool {
+    let run = matches!(e, Event::Failed(reason) if reason != DownReason::ConnectFailure);
+    let long = matches!(h, Health::Watched { failures, .. } if *failures >= r.consecutive_failures);
+    run && long && !r.room
+}
+
 /// Judges a routed stream that just ended on `worker`: a failure on evidence about
 /// the engine steps its health (out at once for a refused connect, else after a run;
 /// see `crate::worker::health`), and a served request clears the record of a worker
@@ -155,6 +171,9 @@ pub fn observe(state: &State, worker: &str, seen: Seen) -> bool {
             HealthMetrics::define().upstream_failures.inc();
             // A refused connect is the engine's whatever the request was.
             let counts = seen.judged || reason == DownReason::ConnectFailure;
+            if !counts {
+                HealthMetrics::define().unjudged.inc();
+            }
             if let (true, Some(i)) = (counts, index) {
                 step(state, Some(i), host::now_ms(), |_| {
                     Some(Event::Failed(reason))

@@ -225,6 +225,8 @@ pub struct HealthMetrics {
     /// Workers down now (set on the lease holder's tick).
     pub down_now: Metric,
     pub upstream_failures: Metric,
+    pub unjudged: Metric,
+    pub capped: Metric,
 }
 
 impl HealthMetrics {
@@ -234,6 +236,8 @@ impl HealthMetrics {
             recovered: Metric::counter(names::HEALTH_RECOVERED),
             down_now: Metric::gauge(names::HEALTH_DOWN_NOW),
             upstream_failures: Metric::counter(names::UPSTREAM_FAILURES),
+            unjudged: Metric::counter(names::UPSTREAM_FAILURES_UNJUDGED),
+            capped: Metric::counter(names::HEALTH_CAPPED),
         }
     }
 }

@@ -73,6 +73,13 @@ pub const HEALTH_RECOVERED: &str = "llm_router_health_recovered";
 pub const HEALTH_DOWN_NOW: &str = "llm_router_health_down_now";
 /// Finished requests whose upstream failed (connect failure, reset, timeout, 5xx).
 pub const UPSTREAM_FAILURES: &str = "llm_router_upstream_failures";
+/// Of those, the ones after a request the client made unusual (a body with no text
+/// the filter can read, or over `health.judged_body_bytes`): not counted against
+/// the engine.
+pub const UPSTREAM_FAILURES_UNJUDGED: &str = "llm_router_upstream_failures_unjudged";
+/// Failures that made a run long enough to take a worker out while its pool's cap
+/// (`health.max_ejection_percent`) held it in rotation.
+pub const HEALTH_CAPPED: &str = "llm_router_health_capped";
 
 /// Replica bridge (`crate::background::replica`): local inserts exported to the bridge.
 pub const REPLICA_OPS_EXPORTED: &str = "llm_router_replica_ops_exported";
