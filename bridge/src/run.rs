@@ -4,7 +4,7 @@
 //! the filter routes on its own state whatever happens here.
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,11 +78,14 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
     let (connected_tx, connected_rx) = mpsc::unbounded_channel();
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
     let events = stats.clone();
+    // Set while connection attempts fail, so a run of failures is logged once.
+    let failing = Arc::new(AtomicBool::new(false));
     let client = crate::bus::options(&s)?
         .event_callback(move |event| {
             let stats = events.clone();
             let tx = connected_tx.clone();
             let fatal = fatal_tx.clone();
+            let failing = failing.clone();
             async move {
                 if let Some(why) = crate::bus::fatal(&event) {
                     let _ = fatal.send(why);
@@ -90,9 +93,20 @@ pub async fn run(s: Settings) -> anyhow::Result<()> {
                 }
                 match event {
                     Event::Connected => {
+                        failing.store(false, Ordering::Relaxed);
                         stats.bus_connected.store(1, Ordering::Relaxed);
                         tracing::info!("bus connected");
                         let _ = tx.send(());
+                    }
+                    Event::ClientError(e) => {
+                        Stats::inc(&stats.connect_failures);
+                        if !failing.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                "bus: cannot connect ({e}); retrying 100 ms to 1 s apart. \
+                                 RUST_LOG=async_nats::connector=debug shows the cause \
+                                 (e.g. a server certificate no --nats-ca signs)"
+                            );
+                        }
                     }
                     Event::Disconnected => {
                         stats.bus_connected.store(0, Ordering::Relaxed);

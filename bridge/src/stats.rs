@@ -39,6 +39,7 @@ macro_rules! counters {
 counters! {
     bus_connected: "1 while the bus connection is up",
     bus_disconnects: "Times the bus connection was lost",
+    connect_failures: "Attempts to connect to the bus that failed (retried)",
     batches_published: "Batches published to peers",
     ops_published: "Operations published to peers",
     polls_held: "Polls skipped because the bus was down (the operations wait in the ring)",

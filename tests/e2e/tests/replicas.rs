@@ -10,7 +10,8 @@
 //! and played back, or altered on the way, published on the real nats-server,
 //! change no replica's state and are counted by the bridges; a bridge joins a NATS
 //! server that requires a user and password with them, and without them (or
-//! without a fleet key) stops at once saying why.
+//! without a fleet key) stops at once saying why; and one joins a server over TLS
+//! trusting the private CA it is given, and not without it.
 //!
 //! Needs the filter built (`cargo build -p llm-router --target wasm32-wasip1
 //! --profile wasm`) and the binaries (`cargo build -p engine-mock -p llm-bridge`).
@@ -497,5 +498,95 @@ fn a_bridge_joins_a_bus_that_requires_credentials_and_stops_clearly_without_them
     assert!(
         log.contains("--fleet-key-file") && log.contains("--insecure-no-fleet-key"),
         "it names the flag, and the way to run without one; its log:\n{log}"
+    );
+}
+
+/// A private CA (PEM) and a certificate it signs for 127.0.0.1, with its key (PEM).
+fn private_ca() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "llm-bridge test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn a_bridge_joins_a_bus_over_tls_trusting_the_ca_it_is_given() {
+    if let Err(e) = nats_server_bin() {
+        eprintln!("SKIPPED: {e:#}");
+        return;
+    }
+    let tmp = TempDir::new("llm-bus-tls").expect("a temp dir");
+    let dir = tmp.0.as_path();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (ca, cert, cert_key) = private_ca();
+    let (ca, cert, cert_key) = (
+        write("ca.pem", &ca),
+        write("server.pem", &cert),
+        write("server.key", &cert_key),
+    );
+    let token = random_secret(16);
+    let token_file = write("nats.token", &token);
+    let key = write("fleet.key", &random_secret(32));
+    let nats = Nats::start(
+        dir,
+        &[
+            "--tls",
+            "--tlscert",
+            &cert,
+            "--tlskey",
+            &cert_key,
+            "--auth",
+            &token,
+        ],
+    )
+    .expect("nats-server with TLS");
+    let tls_url = format!("tls://127.0.0.1:{}", nats.port);
+    let start = |name: &str, extra: &[&str]| {
+        let metrics =
+            std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::replicas::free_port().unwrap()));
+        let mut cmd = bridge_cmd(name, &nats, extra);
+        cmd.args(["--nats", &tls_url, "--nats-token-file", &token_file])
+            .args(["--fleet-key-file", &key, "--listen", &metrics.to_string()]);
+        let log = dir.join(format!("{name}.log"));
+        let (guard, ()) = spawn_until("llm-bridge", cmd, &log, Duration::from_secs(30), |l| {
+            l.starts_with("llm-bridge started").then_some(())
+        })
+        .expect("the bridge starts");
+        (llm_demo::replicas::Bridge { guard, metrics }, log)
+    };
+    let (trusting, log) = start("trusting", &["--nats-ca", &ca]);
+    assert!(
+        wait_until(|| trusting.stat("llm_bridge_bus_connected").unwrap_or(0) == 1),
+        "the bridge given the CA is on the bus over TLS; its log:\n{}",
+        llm_demo::envoy::tail(&log)
+    );
+    let (untrusting, log) = start("untrusting", &[]);
+    assert!(
+        wait_until(|| untrusting.stat("llm_bridge_connect_failures").unwrap_or(0) >= 2),
+        "the bridge without the CA counts its failed connections; its log:\n{}",
+        llm_demo::envoy::tail(&log)
+    );
+    assert!(
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("bus: cannot connect")),
+        "and says so; its log:\n{}",
+        llm_demo::envoy::tail(&log)
+    );
+    assert_eq!(
+        untrusting.stat("llm_bridge_bus_connected").unwrap(),
+        0,
+        "a server certificate from a CA the bridge was not given is not trusted"
     );
 }
