@@ -98,6 +98,48 @@ fn a_47_mib_request_of_numbers_takes_no_engine_out() {
 }
 
 #[test]
+fn with_the_bound_raised_an_engine_resetting_47_mib_bodies_is_the_clients_failure() {
+    // The bound at Envoy's buffer limit: the bodies reach the engines, whose own
+    // 32 MiB limit answers them with a 400 or a reset.
+    let f = start(&FleetSpec {
+        workers: 4,
+        plugin_config: json!({"max_body_bytes": 67108864,
+            "overload": {"probe_interval_ms": 300, "probe_timeout_ms": 1000}}),
+        envoy_concurrency: 2,
+        ..FleetSpec::default()
+    });
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let r = send(f.envoy.listener, "/v1/chat/completions", &[], numbers(HUGE));
+        statuses.push((
+            r.status,
+            r.header("x-llm-router-worker").map(str::to_string),
+        ));
+    }
+    let failed = statuses.iter().filter(|(s, _)| *s >= 500).count() as u64;
+    println!("8 of 47.7 MiB to the engines: (status, worker) {statuses:?}");
+    assert!(
+        statuses.iter().all(|(s, _)| *s >= 400),
+        "the engines cannot serve them: {statuses:?}"
+    );
+    // Counters reach Envoy when the stream's thread is done with it.
+    wait_for("each failed upstream counted as the client's", &f, || {
+        stat(&f, "llm_router_upstream_failures_unjudged") == failed
+    });
+    assert_eq!(
+        stat(&f, "llm_router_health_down"),
+        0,
+        "no engine left rotation"
+    );
+    let (a, b, decision) = two_turns(&f, "raised");
+    assert_eq!(
+        (a, decision.as_str()),
+        (b, "cache_hit"),
+        "routing stays cache-aware"
+    );
+}
+
+#[test]
 fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_rotation() {
     let f = fleet(4);
     let (owner, _, _) = two_turns(&f, "before");
