@@ -5,8 +5,9 @@
 //! A server that is down is waited for: retrying fixes it. A server that refuses
 //! the bridge's credentials is not: retrying the same credentials forever would
 //! look like a bus outage in the metrics while the replica quietly routes alone.
-//! So an authorization violation ends the bridge with a message naming the flags,
-//! and its supervisor shows it (and restarts it with whatever the files hold then).
+//! So an authorization violation (or a seed that cannot sign the server's nonce)
+//! ends the bridge with a message naming the flags, and its supervisor shows it
+//! (and restarts it with whatever the files hold then).
 
 use std::time::Duration;
 
@@ -54,6 +55,12 @@ pub fn fatal(event: &Event) -> Option<String> {
         Event::ClientError(ClientError::Other(kind)) if kind == "authorization violation" => {
             Some(refused())
         }
+        // The nkey seed or credentials file cannot sign the server's nonce.
+        Event::ClientError(ClientError::Other(kind)) if kind == "failed signing nonce" => Some(
+            "the NATS credentials cannot sign the server's challenge: \
+             --nats-nkey-file or --nats-creds does not hold a valid nkey seed"
+                .to_string(),
+        ),
         _ => None,
     }
 }
@@ -77,6 +84,8 @@ mod tests {
         ] {
             assert!(fatal(&e).unwrap().contains("--nats-token-file"), "{e}");
         }
+        let bad_seed = Event::ClientError(ClientError::Other("failed signing nonce".into()));
+        assert!(fatal(&bad_seed).unwrap().contains("--nats-nkey-file"));
         for e in [
             Event::Disconnected,
             Event::ClientError(ClientError::Other("IO error".into())),

@@ -10,7 +10,8 @@
 //! and played back, or altered on the way, published on the real nats-server,
 //! change no replica's state and are counted by the bridges; a bridge joins a NATS
 //! server that requires a user and password with them, and without them (or
-//! without a fleet key) stops at once saying why; and one joins a server over TLS
+//! without a fleet key) stops at once saying why, and one that knows its nkey with
+//! its seed and not with another; and one joins a server over TLS
 //! trusting the private CA it is given, and not without it.
 //!
 //! Needs the filter built (`cargo build -p llm-router --target wasm32-wasip1
@@ -589,4 +590,78 @@ fn a_bridge_joins_a_bus_over_tls_trusting_the_ca_it_is_given() {
         0,
         "a server certificate from a CA the bridge was not given is not trusted"
     );
+}
+
+#[test]
+fn a_bridge_joins_a_bus_that_knows_its_nkey_and_not_with_another() {
+    if let Err(e) = nats_server_bin() {
+        eprintln!("SKIPPED: {e:#}");
+        return;
+    }
+    let tmp = TempDir::new("llm-bus-nkey").expect("a temp dir");
+    let dir = tmp.0.as_path();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (known, stranger) = (nkeys::KeyPair::new_user(), nkeys::KeyPair::new_user());
+    let conf = write(
+        "nats.conf",
+        &format!(
+            "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}\n",
+            known.public_key()
+        ),
+    );
+    let nats = Nats::start(dir, &["-c", &conf]).expect("nats-server with nkey users");
+    let key = write("fleet.key", &random_secret(32));
+    let known_seed = write("known.nk", &known.seed().unwrap());
+    let stranger_seed = write("stranger.nk", &stranger.seed().unwrap());
+    let not_a_seed = write("garbage.nk", "SUnot-a-seed");
+
+    let metrics =
+        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::replicas::free_port().unwrap()));
+    let cmd = bridge_cmd(
+        "known",
+        &nats,
+        &[
+            "--nats-nkey-file",
+            &known_seed,
+            "--fleet-key-file",
+            &key,
+            "--listen",
+            &metrics.to_string(),
+        ],
+    );
+    let log = dir.join("known.log");
+    let (guard, ()) = spawn_until("llm-bridge", cmd, &log, Duration::from_secs(30), |l| {
+        l.starts_with("llm-bridge started").then_some(())
+    })
+    .expect("the bridge with the known nkey starts");
+    let bridge = llm_demo::replicas::Bridge { guard, metrics };
+    assert!(
+        wait_until(|| bridge.stat("llm_bridge_bus_connected").unwrap_or(0) == 1),
+        "the bridge whose nkey the server knows is on the bus; its log:\n{}",
+        llm_demo::envoy::tail(&log)
+    );
+    for (name, seed, says) in [
+        (
+            "stranger",
+            &stranger_seed,
+            "refused this bridge's credentials",
+        ),
+        ("garbage", &not_a_seed, "does not hold a valid nkey seed"),
+    ] {
+        let cmd = bridge_cmd(
+            name,
+            &nats,
+            &["--nats-nkey-file", seed, "--fleet-key-file", &key],
+        );
+        let (status, log) = bridge_stops(dir, name, cmd);
+        assert!(!status.success(), "{name}: the bridge fails ({status})");
+        assert!(
+            log.contains(says),
+            "{name}: the bridge says `{says}`; its log:\n{log}"
+        );
+    }
 }
