@@ -75,6 +75,48 @@ fn refused() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    fn settings(auth: NatsAuth) -> Settings {
+        let mut s = crate::cli::Args::try_parse_from([
+            "llm-bridge",
+            "--envoy-url",
+            "http://127.0.0.1:1/r",
+            "--token",
+            "t",
+            "--replica",
+            "a",
+            "--insecure-no-fleet-key",
+        ])
+        .unwrap()
+        .settings()
+        .unwrap();
+        s.nats_auth = auth;
+        s
+    }
+
+    #[test]
+    fn every_authentication_builds_and_a_bad_credentials_file_is_named() {
+        let seed = "SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU";
+        let creds = format!(
+            "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJqd3QiLCJhbGciOiJlZDI1NTE5In0.e30.sig\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+        );
+        for auth in [
+            NatsAuth::None,
+            NatsAuth::Creds(creds),
+            NatsAuth::Nkey(seed.into()),
+            NatsAuth::Token("t".into()),
+            NatsAuth::UserPassword("u".into(), "p".into()),
+        ] {
+            let what = format!("{auth:?}");
+            assert!(options(&settings(auth)).is_ok(), "{what}");
+        }
+        let e = options(&settings(NatsAuth::Creds("not a creds file".into())))
+            .err()
+            .expect("a file without a JWT is refused at start");
+        assert!(e.to_string().contains("--nats-creds"), "{e}");
+    }
 
     #[test]
     fn only_refused_credentials_end_the_bridge() {
