@@ -113,8 +113,7 @@ mod tests {
             assert!(options(&settings(auth)).is_ok(), "{what}");
         }
         let e = options(&settings(NatsAuth::Creds("not a creds file".into())))
-            .err()
-            .expect("a file without a JWT is refused at start");
+            .expect_err("a file without a JWT is refused at start");
         assert!(e.to_string().contains("--nats-creds"), "{e}");
     }
 
