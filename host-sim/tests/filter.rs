@@ -920,7 +920,9 @@ fn garbage_bodies() -> Vec<(String, Vec<u8>)> {
     out.push(("whitespace only".into(), b" \n\t\r ".to_vec()));
     out.push((
         "wrong types".into(),
-        br#"{"model":{"x":1},"stream":"yes","messages":[1,"two",null,{"role":5,"content":{"type":"image"}}]}"#.to_vec(),
+        // Wrong types inside message objects (messages that are not objects get the
+        // filter's 400 on a chat path: `health.rs`).
+        br#"{"model":{"x":1},"stream":"yes","messages":[{"role":5,"content":{"type":"image"}},{"role":null,"content":[1,"two",null]}]}"#.to_vec(),
     ));
     out
 }

@@ -274,7 +274,8 @@ fn fail_one_on(h: &mut Host, cluster: &str) {
 
 #[test]
 fn failures_after_a_body_the_client_made_unusual_are_the_clients() {
-    // A chat body of numbers: no text the filter can read, so routed by load.
+    // Chat messages of numbers sent to `/v1/completions`, where `messages` is not
+    // what the engine reads: no text the filter can read, so routed by load.
     let numbers = |i: usize| format!(r#"{{"model":"m","messages":[{i},0,0,0]}}"#).into_bytes();
     // A readable body over `judged_body_bytes`.
     let big = |i: usize| support::completion("m", &format!("{i} {}", "long prompt ".repeat(200)));
@@ -522,6 +523,58 @@ fn a_request_no_engine_served_leaves_no_tree_entry_under_its_worker() {
 }
 
 #[test]
+fn messages_of_numbers_get_the_filters_400_at_every_size_and_no_engine_is_asked() {
+    let mut h = host(2, r#","max_body_bytes":4000"#);
+    let numbers = |n: usize| {
+        let zeros = vec!["0"; n].join(",");
+        format!(r#"{{"model":"m","messages":[{zeros}]}}"#).into_bytes()
+    };
+    let mut bodies: Vec<(Vec<u8>, &str)> = [1, 10, 1_900]
+        .into_iter()
+        .map(|n| (numbers(n), "messages[0] must be an object"))
+        .collect();
+    bodies.push((
+        br#"{"messages":[{"role":"user","content":"hi"},{},7],"model":"m"}"#.to_vec(),
+        "messages[2] must be an object",
+    ));
+    bodies.push((
+        br#"{"model":"m","messages":"hi"}"#.to_vec(),
+        "messages must be an array",
+    ));
+    for vm in [0, 1] {
+        for (body, rule) in &bodies {
+            let len = body.len();
+            let spec = RequestSpec::post_json("/v1/chat/completions", body.clone());
+            let out = h.vm(vm).request(spec).expect("request runs");
+            let reply = out
+                .local_response
+                .unwrap_or_else(|| panic!("{len} bytes: the filter answers itself"));
+            assert_eq!(reply.status, 400, "{len} bytes");
+            let text = String::from_utf8_lossy(&reply.body).into_owned();
+            assert!(
+                text.contains(rule),
+                "{len} bytes: the element and the rule, at every size: {text}"
+            );
+            assert!(
+                reply
+                    .headers
+                    .iter()
+                    .any(|(k, v)| k == "x-llm-router-reason" && v == "invalid_body"),
+                "{len} bytes: the reason header: {:?}",
+                reply.headers
+            );
+            assert!(!out.continued, "{len} bytes: no engine is asked");
+        }
+    }
+    assert_eq!(stat(&h, "health_down"), 0);
+    assert_eq!(stat(&h, "upstream_failures"), 0, "no upstream was tried");
+    // The same messages sent where `messages` is not read are routed by load.
+    let spec = RequestSpec::post_json("/v1/completions", numbers(10));
+    let (_, out) = support::open(&mut h, 0, spec);
+    assert!(out.local_response.is_none(), "routed on /v1/completions");
+}
+
+#[test]
 fn a_body_past_max_body_bytes_gets_the_filters_413_at_every_size() {
     let mut h = host(2, r#","max_body_bytes":4000"#);
     let numbers = |n: usize| {
@@ -543,14 +596,17 @@ fn a_body_past_max_body_bytes_gets_the_filters_413_at_every_size() {
             "{len} bytes: the same message at every size: {text}"
         );
     }
-    let (_, out) = support::open(
-        &mut h,
-        0,
-        RequestSpec::post_json("/v1/chat/completions", numbers(1_900)),
-    );
-    assert!(
-        out.local_response.is_none(),
-        "3830 bytes: within the bound, routed"
+    let out = h
+        .vm(0)
+        .request(RequestSpec::post_json(
+            "/v1/chat/completions",
+            numbers(1_900),
+        ))
+        .expect("request runs");
+    assert_eq!(
+        out.local_response.map(|r| r.status),
+        Some(400),
+        "3830 bytes: within the bound, the filter's 400 (the test above)"
     );
     assert_eq!(stat(&h, "health_down"), 0);
 }

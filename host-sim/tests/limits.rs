@@ -7,18 +7,20 @@ mod support;
 use host_sim::RequestSpec;
 use support::{build, builder, fleet_clusters, fleet_config};
 
-/// `{"messages":[0,0,...]}` of about `mb` megabytes: millions of tiny JSON values.
+/// A chat message whose content is `[0,0,...]`, of about `mb` megabytes: millions
+/// of tiny JSON values in a valid body (numbers in `messages` itself are refused at
+/// the first: `health.rs`).
 fn numbers_body(mb: usize) -> Vec<u8> {
     let n = mb * 1024 * 1024 / 2;
-    let mut b = Vec::with_capacity(n * 2 + 16);
-    b.extend_from_slice(br#"{"messages":["#);
+    let mut b = Vec::with_capacity(n * 2 + 48);
+    b.extend_from_slice(br#"{"messages":[{"role":"user","content":["#);
     for i in 0..n {
         if i > 0 {
             b.push(b',');
         }
         b.push(b'0');
     }
-    b.extend_from_slice(b"]}");
+    b.extend_from_slice(b"]}]}");
     b
 }
 

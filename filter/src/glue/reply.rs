@@ -30,9 +30,12 @@ pub fn json(status: u32, reason: &str, body: &str) -> Action {
 /// A refused request: an OpenAI-style error body.
 pub fn refusal(r: Refusal) -> Action {
     let (status, reason) = (r.status(), r.as_str());
-    let message = match status {
-        400 => format!("request cannot be routed: {reason}"),
-        413 => format!("request body too large: {reason} (over the router's max_body_bytes)"),
+    let message = match (status, r.detail()) {
+        (_, Some(detail)) => detail,
+        (400, None) => format!("request cannot be routed: {reason}"),
+        (413, None) => {
+            format!("request body too large: {reason} (over the router's max_body_bytes)")
+        }
         _ => format!("no worker available: {reason}"),
     };
     let kind = match status {

@@ -20,7 +20,7 @@ use crate::decision::Decision;
 use crate::parse::{self, Parsed, Reading};
 use crate::policy::predicted_ttft::WorkHold;
 use crate::request::models;
-use crate::request::plan::{plan, Refusal};
+use crate::request::plan::{plan, refused_body, Refusal};
 use crate::request::target::route_target;
 use crate::shared::truncate_text;
 use crate::support::header_names::{
@@ -88,11 +88,13 @@ impl Stream {
             return reply::refusal(Refusal::NotConfigured);
         };
         // A failure after a body the filter found no text in (not JSON, no
-        // messages or prompt, messages that are not objects), or one over the
-        // judged size, is the request's: the engine answered the client.
+        // messages or prompt), or one over the judged size, is the request's: the
+        // engine answered the client. A body `plan` refuses is not counted as routed
+        // by load.
         self.seen.judged = matches!(&parsed, Parsed::Routable(r) if !r.text.is_empty())
             && body.len() as u64 <= state.router.config().health.judged_body_bytes;
-        if let Parsed::Unroutable { reason, .. } = &parsed {
+        let routed_by_load = refused_body(&parsed).is_none();
+        if let (Parsed::Unroutable { reason, .. }, true) = (&parsed, routed_by_load) {
             state.metrics.unreadable.inc();
             host::log(
                 LogLevel::Debug,

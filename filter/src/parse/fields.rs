@@ -1,16 +1,17 @@
 //! The chat fields routing reads (`model`, `stream`, `messages`; the prompt-like
 //! fields are in `inputs`), read as the JSON streams by: each field builds only
 //! what routing keeps (a string, the routing text) and skips everything else without
-//! materialising it. A body of millions of tiny values (`{"messages":[0,0,...]}`) then
+//! materialising it. A body of millions of tiny values (a content array `[0,0,...]`) then
 //! costs its own size in time and next to nothing in memory, where building
 //! `serde_json::Value`s for it ran Envoy's 1 GiB Wasm VM out of memory.
 //!
 //! The readers keep the meaning the fields always had (`mod.rs` documents it): a
-//! non-object message adds no text but counts, a content part's `type` must be
+//! non-object message ends the reading (`Invalid`), a content part's `type` must be
 //! `text`/`input_text` or not a string, the first element of a prompt batch decides
 //! its shape, and for duplicate keys the last wins.
 
 use super::json::{Entries, Json, Read, Token};
+use super::Invalid;
 use std::borrow::Cow;
 
 /// A value routing looks at only if it is a string, `true`, or an unsigned integer.
@@ -50,24 +51,28 @@ impl<'a> Leaf<'a> {
 const MESSAGES_AT_ONCE: usize = 8;
 
 /// `messages` as routing text: every message as `role: text\n` in order; `None`
-/// unless it is a non-empty array.
-pub(super) fn chat_text(json: &mut Json) -> Read<Option<String>> {
-    let mut items = match json.token()? {
-        Token::Array(items) => items,
-        other => return other.drain(json).map(|()| None),
+/// for an empty array. A value that is not an array, or an element that is not an
+/// object, is what no engine accepts (`Invalid`): reading stops there, at the first
+/// such element, with nothing built for the rest.
+pub(super) fn chat_text(json: &mut Json) -> Read<Result<Option<String>, Invalid>> {
+    let Token::Array(mut items) = json.token()? else {
+        return Ok(Err(Invalid::MessagesNotArray));
     };
     // Room for a conversation of a few turns at once: growing from empty reallocated
     // it twice a request (a message is a few words: two borrowed strings).
     let mut messages = Vec::with_capacity(MESSAGES_AT_ONCE);
-    let mut any = false;
+    let mut index = 0;
     while items.next(json)? {
-        any = true;
         match Message::read_plain(json) {
             Some(m) => messages.push(m),
-            None => messages.extend(Message::read(json)?),
+            None => match Message::read(json)? {
+                Some(m) => messages.push(m),
+                None => return Ok(Err(Invalid::MessageNotObject(index))),
+            },
         }
+        index += 1;
     }
-    Ok(any.then(|| Message::lines(&messages)))
+    Ok(Ok((index > 0).then(|| Message::lines(&messages))))
 }
 
 /// One message read as an object: its role (`""` unless a string) and content text.
@@ -79,11 +84,11 @@ pub(super) struct Message<'a> {
 }
 
 impl<'a> Message<'a> {
-    /// `None` if the value is not an object.
+    /// `None` if the value is not an object (read no further than its first token).
     pub(super) fn read(json: &mut Json<'a>) -> Read<Option<Message<'a>>> {
         match json.token()? {
             Token::Object(entries) => Message::read_entries(entries, json).map(Some),
-            other => other.drain(json).map(|()| None),
+            _ => Ok(None),
         }
     }
 

@@ -10,6 +10,14 @@
 //! message items read as chat messages). A body we cannot read is never dropped: it
 //! is routed by load, and the outcome says why.
 //!
+//! One shape is what no engine accepts: `messages` given (not `null`) but not an
+//! array, or an element of it that is not an object (`Invalid`). Reading stops at
+//! the first such element, whatever the body's size, and `request::plan` refuses it
+//! when the path names chat. A completion `prompt` and `/generate`'s `text` are not
+//! judged: engines validate them with coercions of their own (pydantic's lax mode
+//! takes `[1, "2"]` and `[true]` as token ids), so a wrong-looking one is still
+//! routed and the engine answers it.
+//!
 //! `Parsed` keeps the API the path names (`endpoint`), so later stages (PD's body
 //! rewrite) read the body the same way without looking at the path again.
 
@@ -55,6 +63,29 @@ pub enum Unreadable {
     NotJson,
     /// JSON, but neither `messages`, `prompt` nor `text` in a usable shape.
     NoRoutingText,
+    /// `messages` is not an array of objects: read no further. Refused when the
+    /// path names chat (`request::plan`); routed by load on any other path, where
+    /// `messages` is not what the engine reads.
+    Invalid(Invalid),
+}
+
+/// A `messages` no chat engine accepts: the element and the rule it breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invalid {
+    /// `messages` is given (not `null`) but is not an array.
+    MessagesNotArray,
+    /// `messages[i]` is not an object.
+    MessageNotObject(usize),
+}
+
+impl Invalid {
+    /// The rule, naming the element, as the client reads it.
+    pub fn message(self) -> String {
+        match self {
+            Invalid::MessagesNotArray => "messages must be an array".to_string(),
+            Invalid::MessageNotObject(i) => format!("messages[{i}] must be an object"),
+        }
+    }
 }
 
 impl Unreadable {
@@ -63,6 +94,7 @@ impl Unreadable {
             Unreadable::EmptyBody => "empty_body",
             Unreadable::NotJson => "body_not_json",
             Unreadable::NoRoutingText => "no_routing_text",
+            Unreadable::Invalid(_) => "messages_invalid",
         }
     }
 }
@@ -110,6 +142,8 @@ struct Body<'a> {
     text: Option<Option<String>>,
     input: Option<InputText>,
     instructions: Option<Leaf<'a>>,
+    /// `messages` broke a rule: the body was read up to that element only.
+    invalid: Option<Invalid>,
 }
 
 impl<'a> Body<'a> {
@@ -145,7 +179,13 @@ impl<'a> Body<'a> {
             match field {
                 0 => b.model = Some(Leaf::read(j)?),
                 1 => b.stream = Some(Leaf::read(j)?),
-                2 => b.messages = Some(fields::chat_text(j)?),
+                2 => match fields::chat_text(j)? {
+                    Ok(text) => b.messages = Some(text),
+                    Err(invalid) => {
+                        b.invalid = Some(invalid);
+                        return Ok(b);
+                    }
+                },
                 3 => b.prompt = Some(inputs::prompt_text(j)?),
                 4 => b.text = Some(inputs::prompt_text(j)?),
                 5 => b.input = Some(inputs::input_text(j)?),
@@ -205,7 +245,8 @@ impl Reading<'_> {
         let Ok(b) = &self.0 else {
             return None;
         };
-        if b.input.is_some() {
+        // Read only in part: the path decides whether it is refused.
+        if b.input.is_some() || b.invalid.is_some() {
             return None;
         }
         let fields = [
@@ -238,6 +279,13 @@ impl Reading<'_> {
             .and_then(Leaf::into_text)
             .map(Cow::into_owned)
             .unwrap_or_default();
+        if let Some(invalid) = b.invalid {
+            return Parsed::Unroutable {
+                reason: Unreadable::Invalid(invalid),
+                model,
+                endpoint,
+            };
+        }
         let stream = b.stream == Some(Leaf::Bool(true));
         let (mut chat, mut prompt, mut text) =
             (b.messages.flatten(), b.prompt.flatten(), b.text.flatten());
@@ -312,7 +360,7 @@ mod tests {
     /// The Value-based reader this module replaced, kept as the oracle the streaming
     /// readers must agree with on every body.
     mod reference {
-        use super::super::{endpoint_of, ApiKind, Parsed, RoutingRequest, Unreadable};
+        use super::super::{endpoint_of, ApiKind, Invalid, Parsed, RoutingRequest, Unreadable};
         use serde::Deserialize;
         use serde_json::Value;
         #[derive(Deserialize)]
@@ -424,6 +472,23 @@ mod tests {
                 Some(Value::String(s)) => s.clone(),
                 _ => String::new(),
             };
+            // `messages` given but not an array of objects: the first element
+            // that is not one.
+            let invalid = match &b.messages {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .position(|m| !m.is_object())
+                    .map(Invalid::MessageNotObject),
+                Some(_) => Some(Invalid::MessagesNotArray),
+            };
+            if let Some(invalid) = invalid {
+                return Parsed::Unroutable {
+                    reason: Unreadable::Invalid(invalid),
+                    model,
+                    endpoint,
+                };
+            }
             let stream = matches!(b.stream, Some(Value::Bool(true)));
             let attempt = |kind: ApiKind| -> Option<String> {
                 match kind {
@@ -549,8 +614,12 @@ mod tests {
         for (key, value) in [
             ("model", scalar as fn(&mut SplitMix64) -> String),
             ("stream", scalar),
-            ("messages", |r: &mut SplitMix64| list(r, message)),
-            ("messages", scalar),
+            // One `messages` at most: past an invalid one the readers look no
+            // further, so a duplicate after it is not seen (the unit tests pin it).
+            ("messages", |r: &mut SplitMix64| match r.below(2) {
+                0 => list(r, message),
+                _ => scalar(r),
+            }),
             ("prompt", prompt),
             ("text", prompt),
             ("extra", |r: &mut SplitMix64| list(r, message)),
@@ -565,7 +634,7 @@ mod tests {
     #[test]
     fn the_streaming_readers_agree_with_the_value_reader_on_random_bodies() {
         let mut rng = SplitMix64(0x5eed);
-        let mut routable = 0;
+        let (mut routable, mut invalid) = (0, 0);
         for i in 0..20_000 {
             let body = random_body(&mut rng);
             for path in ["/v1/chat/completions", "/v1/completions", "/generate", "/x"] {
@@ -573,12 +642,20 @@ mod tests {
                 let want = reference::parse(path, body.as_bytes());
                 assert_eq!(got, want, "case {i} on {path}: {body}");
                 routable += usize::from(matches!(got, Parsed::Routable(_)));
+                invalid += usize::from(matches!(
+                    got,
+                    Parsed::Unroutable {
+                        reason: Unreadable::Invalid(_),
+                        ..
+                    }
+                ));
             }
         }
         assert!(
             routable > 10_000,
             "the bodies exercise routable shapes: {routable}"
         );
+        assert!(invalid > 1_000, "and invalid messages: {invalid}");
     }
 
     /// `parsed` with `endpoint` as a path naming it would set it.
@@ -694,11 +771,102 @@ mod tests {
     #[test]
     fn millions_of_tiny_values_cost_their_size_not_values() {
         // 2M numbers: the Value reader would build 2M Values; these readers keep none.
-        let mut body = String::from(r#"{"model":"m","messages":["#);
+        let mut body = String::from(r#"{"model":"m","messages":[{"role":"user","content":["#);
         body.push_str(&"0,".repeat(2_000_000));
-        body.push_str(r#"{"role":"user","content":"last"}]}"#);
+        body.push_str(r#""last"]}]}"#);
         let r = routable("/v1/chat/completions", &body);
         assert_eq!((r.model.as_str(), r.text.as_str()), ("m", "user: last\n"));
+    }
+
+    #[test]
+    fn messages_not_an_array_of_objects_stop_the_reading_at_the_first_bad_element() {
+        let invalid = |body: &[u8]| match parse("/v1/chat/completions", body) {
+            Parsed::Unroutable {
+                reason: Unreadable::Invalid(i),
+                model,
+                ..
+            } => (i, model),
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        // Refused at its first element at any size: what follows is never read,
+        // not even to see that it is JSON.
+        for n in [1, 1000, 2_000_000] {
+            let mut body = br#"{"model":"m","messages":["#.to_vec();
+            body.extend_from_slice(&b"0,".repeat(n));
+            assert_eq!(
+                invalid(&body),
+                (Invalid::MessageNotObject(0), "m".into()),
+                "{n} numbers"
+            );
+        }
+        for (body, want) in [
+            (
+                r#"{"messages":[{"role":"u","content":"c"},{},"s"],"model":"m"}"#,
+                Invalid::MessageNotObject(2),
+            ),
+            (
+                r#"{"messages":[{"role":"u","content":"c"},null]}"#,
+                Invalid::MessageNotObject(1),
+            ),
+            (
+                r#"{"messages":[[{"role":"u"}]]}"#,
+                Invalid::MessageNotObject(0),
+            ),
+            (r#"{"messages":[true]}"#, Invalid::MessageNotObject(0)),
+            (r#"{"messages":"hi"}"#, Invalid::MessagesNotArray),
+            (r#"{"messages":7}"#, Invalid::MessagesNotArray),
+            (r#"{"messages":{}}"#, Invalid::MessagesNotArray),
+            (r#"{"messages":false}"#, Invalid::MessagesNotArray),
+            // The first `messages` decides; a second is never reached.
+            (
+                r#"{"messages":[1],"messages":[{"role":"u","content":"c"}]}"#,
+                Invalid::MessageNotObject(0),
+            ),
+        ] {
+            assert_eq!(invalid(body.as_bytes()).0, want, "{body}");
+        }
+        assert_eq!(
+            Invalid::MessageNotObject(3).message(),
+            "messages[3] must be an object"
+        );
+        assert_eq!(
+            Invalid::MessagesNotArray.message(),
+            "messages must be an array"
+        );
+        assert_eq!(
+            Unreadable::Invalid(Invalid::MessagesNotArray).as_str(),
+            "messages_invalid"
+        );
+        // Valid shapes and absent ones are not invalid.
+        for body in [
+            r#"{"messages":null}"#,
+            r#"{"messages":[]}"#,
+            r#"{"messages":[{}]}"#,
+            r#"{"messages":[{"role":"u","content":"c"}],"prompt":[{}],"text":7}"#,
+        ] {
+            assert!(
+                !matches!(
+                    parse("/v1/chat/completions", body.as_bytes()),
+                    Parsed::Unroutable {
+                        reason: Unreadable::Invalid(_),
+                        ..
+                    }
+                ),
+                "{body}"
+            );
+        }
+        // Read in part, the body names no API by its shape: the path decides.
+        for body in [r#"{"prompt":"p","messages":[0]}"#, r#"{"messages":"x"}"#] {
+            assert_eq!(read(body.as_bytes()).shape(), None, "{body}");
+            assert!(matches!(
+                parse("/v1/completions", body.as_bytes()),
+                Parsed::Unroutable {
+                    reason: Unreadable::Invalid(_),
+                    endpoint: Some(ApiKind::Completions),
+                    ..
+                }
+            ));
+        }
     }
 
     fn routable(path: &str, body: &str) -> RoutingRequest {
@@ -888,7 +1056,7 @@ mod tests {
             Unreadable::NotJson
         );
         assert_eq!(
-            parse("/v1/chat/completions", br#"{"model":"m","messages":"hi"}"#),
+            parse("/v1/chat/completions", br#"{"model":"m","messages":null}"#),
             Parsed::Unroutable {
                 reason: Unreadable::NoRoutingText,
                 model: "m".into(),

@@ -15,7 +15,7 @@
 
 use crate::decision::Decision;
 use crate::load::Loads;
-use crate::parse::{Parsed, Unreadable};
+use crate::parse::{ApiKind, Invalid, Parsed, Unreadable};
 use crate::request::pd::{self, Bootstrap, RewriteError};
 use crate::request::router::{NoWorker, Record, Router};
 use crate::request::target::route_target;
@@ -69,13 +69,16 @@ pub enum Refusal {
     PrefillDispatchFailed,
     /// The body grew past `max_body_bytes`: refused before it is read whole.
     BodyTooLarge,
+    /// The body breaks a rule of the API its path names that every engine
+    /// enforces (`refused_body`): the client gets the rule, no engine is asked.
+    InvalidBody(Invalid),
 }
 
 impl Refusal {
     /// The HTTP status of the local reply.
     pub fn status(self) -> u32 {
         match self {
-            Refusal::Rewrite(_) => 400,
+            Refusal::Rewrite(_) | Refusal::InvalidBody(_) => 400,
             Refusal::BodyTooLarge => 413,
             _ => 503,
         }
@@ -93,6 +96,16 @@ impl Refusal {
             Refusal::BodyRewriteFailed => "body_rewrite_failed",
             Refusal::PrefillDispatchFailed => "prefill_dispatch_failed",
             Refusal::BodyTooLarge => "body_too_large",
+            Refusal::InvalidBody(_) => "invalid_body",
+        }
+    }
+
+    /// What the client is told, when it is more than the reason: the element and
+    /// the rule of an invalid body (`messages[3] must be an object`).
+    pub fn detail(self) -> Option<String> {
+        match self {
+            Refusal::InvalidBody(i) => Some(i.message()),
+            _ => None,
         }
     }
 
@@ -128,6 +141,22 @@ pub fn plan(
     Planned { notes, outcome }
 }
 
+/// A body the filter refuses itself: `messages` that is not an array of objects,
+/// sent to a chat path. Every chat engine refuses it (its 400, or a reset past its
+/// body limit, which would look like the engine's failure), so the filter answers
+/// with the same 400 at every size. On any other path `messages` is a field the
+/// engine ignores, so the body is routed (by load: it was read only in part).
+pub fn refused_body(req: &Parsed) -> Option<Refusal> {
+    match req {
+        Parsed::Unroutable {
+            reason: Unreadable::Invalid(invalid),
+            endpoint: Some(ApiKind::Chat),
+            ..
+        } => Some(Refusal::InvalidBody(*invalid)),
+        _ => None,
+    }
+}
+
 fn decide(
     router: &mut Router,
     req: &mut Parsed,
@@ -137,6 +166,9 @@ fn decide(
     entropy: &mut dyn FnMut() -> Option<u64>,
     notes: &mut Notes,
 ) -> Result<Plan, Refusal> {
+    if let Some(refused) = refused_body(req) {
+        return Err(refused);
+    }
     if !router.config().is_pd() {
         let routed = router.route(req, loads, rng).map_err(Refusal::NoWorker)?;
         notes.gate_inert = routed.gate_inert;
@@ -291,6 +323,79 @@ mod tests {
             .unwrap();
         assert_eq!(p.main.reason, Reason::Unreadable);
         assert!(p.records.is_empty());
+    }
+
+    #[test]
+    fn messages_that_are_not_objects_sent_to_chat_are_a_400_naming_the_element() {
+        for pd in [false, true] {
+            let mut r = router(if pd { PD } else { REGULAR });
+            for (body, invalid, detail) in [
+                (
+                    r#"{"model":"m","messages":[0,0,0]}"#,
+                    Invalid::MessageNotObject(0),
+                    "messages[0] must be an object",
+                ),
+                (
+                    r#"{"messages":[{"role":"user","content":"a"},{},{"role":"u"},"x"]}"#,
+                    Invalid::MessageNotObject(3),
+                    "messages[3] must be an object",
+                ),
+                // Read no further than the element: what follows is not looked at.
+                (
+                    r#"{"messages":[{"role":"u","content":"c"},[],"#,
+                    Invalid::MessageNotObject(1),
+                    "messages[1] must be an object",
+                ),
+                (
+                    r#"{"messages":"hi","model":"m"}"#,
+                    Invalid::MessagesNotArray,
+                    "messages must be an array",
+                ),
+                (
+                    r#"{"messages":{"role":"user","content":"a"}}"#,
+                    Invalid::MessagesNotArray,
+                    "messages must be an array",
+                ),
+            ] {
+                let refusal = go(&mut r, "/v1/chat/completions", body, Some(7))
+                    .outcome
+                    .unwrap_err();
+                assert_eq!(refusal, Refusal::InvalidBody(invalid), "pd {pd}: {body}");
+                assert_eq!(
+                    (refusal.status(), refusal.as_str(), refusal.detail()),
+                    (400, "invalid_body", Some(detail.to_string())),
+                    "pd {pd}: the client is told the element and the rule: {body}"
+                );
+                assert!(!refusal.is_no_worker());
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_messages_on_other_paths_and_bodies_lacking_them_are_routed() {
+        let mut r = router(REGULAR);
+        for (path, body) in [
+            // `messages` is not what these engines read: routed by load.
+            ("/v1/completions", r#"{"prompt":"p","messages":[0]}"#),
+            ("/generate", r#"{"messages":"x","text":"t"}"#),
+            ("/v1/embeddings", r#"{"messages":[{}, 1],"input":"i"}"#),
+            ("/x", r#"{"messages":[0]}"#),
+            // Lacking fields routing needs, or not JSON: routed as before.
+            ("/v1/chat/completions", r#"{"model":"m","messages":null}"#),
+            ("/v1/chat/completions", r#"{"model":"m"}"#),
+            ("/v1/chat/completions", r#"{"messages":[]}"#),
+            ("/v1/chat/completions", "{nope"),
+            ("/v1/chat/completions", "[0,0]"),
+            ("/v1/completions", r#"{"prompt":[{}]}"#),
+            ("/generate", r#"{"text":7}"#),
+        ] {
+            let planned = go(&mut r, path, body, None);
+            let p = planned
+                .outcome
+                .unwrap_or_else(|e| panic!("{path} {body}: {e:?}"));
+            assert_eq!(p.main.reason, Reason::Unreadable, "{path} {body}");
+            assert!(p.records.is_empty(), "{path} {body}");
+        }
     }
 
     #[test]
@@ -492,6 +597,12 @@ mod tests {
                 503,
                 "no_decode_worker_for_model",
             ),
+            (
+                Refusal::InvalidBody(Invalid::MessageNotObject(0)),
+                400,
+                "invalid_body",
+            ),
+            (Refusal::BodyTooLarge, 413, "body_too_large"),
         ];
         for (r, status, reason) in cases {
             assert_eq!((r.status(), r.as_str()), (status, reason), "{r:?}");

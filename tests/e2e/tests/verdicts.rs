@@ -1,7 +1,9 @@
 //! End-to-end: health verdicts that are about the engine, through the real Envoy
-//! 1.40 with the shipped defaults (issue 55). A client's malformed requests,
-//! whatever the engine does with them, take no engine out of rotation, and bodies
-//! past `max_body_bytes` (32 MiB) get the filter's own 413 at any size; a killed
+//! 1.40 with the shipped defaults (issue 55). A chat body whose `messages` are not
+//! objects gets the filter's own 400 naming the element at any size up to
+//! `max_body_bytes` (32 MiB), and bodies past it the filter's own 413 at any size;
+//! other requests engines refuse (not JSON), whatever the engine does with them,
+//! take no engine out of rotation; a killed
 //! engine still leaves rotation within a request or two; and Envoy and the
 //! collector started before the engines, one of them never coming up, route a
 //! concurrent burst without failing once the dead engine refused a connect.
@@ -18,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A chat body of numbers, `{"model":"mock","messages":[0,0,...]}`, of about
-/// `bytes` bytes: nothing in it the filter can read as text.
+/// `bytes` bytes: no chat engine accepts it (`messages[0] must be an object`).
 fn numbers(bytes: usize) -> Vec<u8> {
     let head = br#"{"model":"mock","messages":["#;
     let mut body = Vec::with_capacity(bytes + 8);
@@ -29,6 +31,20 @@ fn numbers(bytes: usize) -> Vec<u8> {
     }
     body.extend_from_slice(b"]}");
     body
+}
+
+/// `bytes` bytes that are not JSON: the filter routes them by load, and the
+/// engine refuses them its own way.
+fn not_json(bytes: usize) -> Vec<u8> {
+    vec![b'x'; bytes]
+}
+
+/// The filter's own 400 for a chat body of numbers: status, reason, message.
+fn refused_as_invalid(r: &admin::Response) -> bool {
+    r.status == 400
+        && r.header("x-llm-router-reason") == Some("invalid_body")
+        && r.body.contains("messages[0] must be an object")
+        && r.header("x-llm-router-worker").is_none()
 }
 
 /// 47.7 MiB: the issue's request, past `max_body_bytes` (and the engine mock's own
@@ -99,8 +115,9 @@ fn a_47_mib_request_of_numbers_takes_no_engine_out() {
 
 #[test]
 fn with_the_bound_raised_an_engine_resetting_47_mib_bodies_is_the_clients_failure() {
-    // The bound at Envoy's buffer limit: the bodies reach the engines, whose own
-    // 32 MiB limit answers them with a 400 or a reset.
+    // The bound at Envoy's buffer limit: 47.7 MiB of numbers still gets the
+    // filter's 400, as at 1 MiB; bodies that are not JSON reach the engines, whose
+    // own 32 MiB limit answers them with a 400 or a reset.
     let f = start(&FleetSpec {
         workers: 4,
         plugin_config: json!({"max_body_bytes": 67108864,
@@ -108,16 +125,29 @@ fn with_the_bound_raised_an_engine_resetting_47_mib_bodies_is_the_clients_failur
         envoy_concurrency: 2,
         ..FleetSpec::default()
     });
+    let r = send(f.envoy.listener, "/v1/chat/completions", &[], numbers(HUGE));
+    println!(
+        "47.7 MiB of numbers, bound raised: {} {:?} {}",
+        r.status,
+        r.header("x-llm-router-reason"),
+        r.body
+    );
+    assert!(refused_as_invalid(&r), "the filter's own 400: {r:?}");
     let mut statuses = Vec::new();
     for _ in 0..8 {
-        let r = send(f.envoy.listener, "/v1/chat/completions", &[], numbers(HUGE));
+        let r = send(
+            f.envoy.listener,
+            "/v1/chat/completions",
+            &[],
+            not_json(HUGE),
+        );
         statuses.push((
             r.status,
             r.header("x-llm-router-worker").map(str::to_string),
         ));
     }
     let failed = statuses.iter().filter(|(s, _)| *s >= 500).count() as u64;
-    println!("8 of 47.7 MiB to the engines: (status, worker) {statuses:?}");
+    println!("8 of 47.7 MiB not JSON to the engines: (status, worker) {statuses:?}");
     assert!(
         statuses.iter().all(|(s, _)| *s >= 400),
         "the engines cannot serve them: {statuses:?}"
@@ -140,11 +170,12 @@ fn with_the_bound_raised_an_engine_resetting_47_mib_bodies_is_the_clients_failur
 }
 
 #[test]
-fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_rotation() {
+fn a_burst_of_malformed_and_oversized_requests_gets_the_filters_4xx_and_leaves_every_engine_in_rotation(
+) {
     let f = fleet(4);
     let (owner, _, _) = two_turns(&f, "before");
-    // 20 at once: 6 past `max_body_bytes` (the filter's 413), 14 of 1 MiB spread
-    // by load over all four engines, which refuse them with their own 400.
+    // 20 at once: 6 past `max_body_bytes` (the filter's 413), 14 of 1 MiB (the
+    // filter's 400: no engine is asked).
     let seen = Arc::new(Mutex::new(Vec::new()));
     let threads: Vec<_> = (0..20)
         .map(|i| {
@@ -153,7 +184,11 @@ fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_r
                 let size = if i % 10 < 3 { HUGE } else { 1 << 20 };
                 let r = send(addr, "/v1/chat/completions", &[], numbers(size));
                 let worker = r.header("x-llm-router-worker").unwrap_or("").to_string();
-                seen.lock().unwrap().push((size, r.status, worker));
+                let reason = r.header("x-llm-router-reason").unwrap_or("").to_string();
+                if size != HUGE {
+                    assert!(refused_as_invalid(&r), "the filter's own 400: {r:?}");
+                }
+                seen.lock().unwrap().push((size, r.status, reason, worker));
             })
         })
         .collect();
@@ -161,19 +196,22 @@ fn a_burst_of_malformed_and_oversized_requests_over_every_engine_leaves_all_in_r
         t.join().unwrap();
     }
     let seen = seen.lock().unwrap().clone();
-    let workers: std::collections::BTreeSet<&str> = seen
-        .iter()
-        .filter(|(size, _, _)| *size != HUGE)
-        .map(|(_, _, w)| w.as_str())
-        .collect();
-    println!("20 malformed requests at once: (size, status, worker) {seen:?}");
-    let refused = |size: usize| if size == HUGE { 413 } else { 400 };
+    println!("20 malformed requests at once: (size, status, reason, worker) {seen:?}");
+    let refused = |size: usize| {
+        if size == HUGE {
+            (413, "body_too_large")
+        } else {
+            (400, "invalid_body")
+        }
+    };
     assert!(
         seen.iter()
-            .all(|(size, status, _)| *status == refused(*size)),
-        "each is refused with a 4xx, past the bound by the filter: {seen:?}"
+            .all(
+                |(size, status, reason, worker)| (*status, reason.as_str()) == refused(*size)
+                    && worker.is_empty()
+            ),
+        "each is refused by the filter with its 4xx, no engine asked: {seen:?}"
     );
-    assert!(workers.len() >= 3, "spread over the engines: {workers:?}");
     assert_eq!(
         stat(&f, "llm_router_health_down"),
         0,
