@@ -17,7 +17,14 @@
    created by the docs' `kubectl -n NS create secret` in the pods' namespace; every
    worker's cluster exists and is what its route sends to; the collector's push URL and engine
    names agree with the plugin configs, and its readiness and liveness probes ask
-   /healthz on its --listen port, listening beyond loopback.
+   /healthz on its --listen port, listening beyond loopback. Every recipe runs
+   llm-bridge beside its Envoy (bridge_problems), and every bridge has --fleet-key-file
+   (never --insecure-no-fleet-key), one NATS authentication, tls:// URLs and
+   --nats-ca, and reads its own Envoy's replicas endpoint with --token-file; on
+   Kubernetes its files are on mounted Secrets (checked with the others) and its
+   --replica differs per pod. deploy/nats (nats_problems): the server config requires
+   TLS and a user the bridges name, its Deployment's Secrets and ConfigMap are created
+   in its namespace, and the Kubernetes bridges connect to its Service.
 3. The rendered configuration passes `envoy --mode validate` (which loads the .wasm
    and runs its on_configure, so the plugin config is checked by the filter too), and
    each plugin config passes `host-sim check-config`.
@@ -37,7 +44,8 @@
    client-facing config, a shipped `change-me` Secret, Envoy's token from another
    Secret, the old listener name, a corrupted blob, collector probes missing or on
    loopback, the Envoy Gateway pods away from their Secrets, no idle timeout, a chart
-   version that is not a release...) must each fail.
+   version that is not a release, a bridge without the fleet key, NATS authentication,
+   TLS or its CA, the bridges' Secrets created elsewhere...) must each fail.
 """
 
 import argparse
@@ -203,6 +211,79 @@ def invariants(r):
     if r.collector is not None:
         errs.extend(probe_problems(r.collector))
     errs.extend(secret_namespace_problems(r))
+    errs.extend(bridge_problems(r, spc, _port_of(listeners[r.stats_listener])))
+    return errs
+
+
+# The bridge's NATS authentications: exactly one (--nats-user goes with
+# --nats-password-file).
+NATS_AUTH = ("--nats-creds", "--nats-nkey-file", "--nats-token-file", "--nats-user")
+
+
+def bridge_problems(r, spc, stats_port):
+    """Every recipe runs llm-bridge beside each Envoy, and every bridge locks the bus
+    both ways: NATS's own authentication (one of --nats-creds, --nats-nkey-file,
+    --nats-token-file, --nats-user with --nats-password-file) over TLS (tls:// URLs,
+    --nats-ca), and the fleet key (--fleet-key-file; never --insecure-no-fleet-key).
+    It reads its own Envoy's replicas endpoint, on the loopback stats listener, with
+    the push token from a file; on Kubernetes every file it reads is on a mounted
+    Secret or ConfigMap (the push token the collector's), and its --replica differs
+    per pod."""
+    if not r.bridges:
+        return ["no llm-bridge beside the Envoys: the replicas do not share routing "
+                "state (docs/src/replicas.md)"]
+    errs = []
+    path = (spc.get("replicas") or {}).get("path", "/llm-router/replicas")
+    for b in r.bridges:
+        f = recipes.flags(b.args)
+        where = f"llm-bridge ({b.where})"
+        if "--insecure-no-fleet-key" in f:
+            errs.append(f"{where} runs with --insecure-no-fleet-key: anyone who can publish "
+                        "on the bus can change every replica's routing")
+        if "--fleet-key-file" not in f:
+            errs.append(f"{where} has no --fleet-key-file: the fleet key is what makes "
+                        "replicas refuse messages from outside the fleet")
+        auth = [a for a in NATS_AUTH if a in f]
+        if not auth:
+            errs.append(f"{where} has no NATS authentication (--nats-creds, --nats-nkey-file, "
+                        "--nats-token-file, or --nats-user with --nats-password-file): "
+                        "the bus would admit anyone")
+        elif len(auth) > 1:
+            errs.append(f"{where} gives more than one NATS authentication ({', '.join(auth)}): "
+                        "the bridge takes one")
+        if "--nats-user" in f and "--nats-password-file" not in f:
+            errs.append(f"{where}: --nats-user without --nats-password-file")
+        urls = ",".join(v or "" for v in f.get("--nats", ["nats://127.0.0.1:4222"])).split(",")
+        for u in urls:
+            if not u.strip().startswith("tls://"):
+                errs.append(f"{where}: --nats {u} is not a tls:// URL: the credentials and "
+                            "every batch would cross the network in clear")
+        if "--nats-ca" not in f:
+            errs.append(f"{where} has no --nats-ca: nothing says which server certificate "
+                        "to trust")
+        want = f"http://127.0.0.1:{stats_port}{path}"
+        got = (f.get("--envoy-url") or [None])[0]
+        if got != want:
+            errs.append(f"{where}: --envoy-url is {got}, not its own Envoy's replicas "
+                        f"endpoint {want} (the loopback stats listener)")
+        if "--token-file" not in f:
+            errs.append(f"{where} has no --token-file: the replicas endpoint takes the push "
+                        "token" + (" (not inline: --token shows in ps)" if "--token" in f else ""))
+        if "--replica" not in f:
+            errs.append(f"{where} has no --replica")
+        if b.files is None:
+            continue
+        if not any("$(" in (v or "") for v in f.get("--replica", [])):
+            errs.append(f"{where}: --replica is the same in every pod (take it from the pod "
+                        "name, $(POD_NAME)): peers would refuse each other as own_replica")
+        for file, src in sorted(b.files.items()):
+            if src is None:
+                errs.append(f"{where}: {file} is on no mounted Secret or ConfigMap")
+        token = [b.files.get(v) for v in f.get("--token-file", [])]
+        if token and token[0] and r.collector_secret and token[0][1:] != r.collector_secret:
+            errs.append(f"{where}: --token-file is Secret {token[0][1]} key {token[0][2]}, "
+                        f"Envoy's token Secret {r.collector_secret[0]} key "
+                        f"{r.collector_secret[1]}: the replicas endpoint would answer 401")
     return errs
 
 
@@ -217,7 +298,7 @@ def doc_texts():
     for dirpath, _, names in os.walk(DEPLOY):
         for n in names:
             path = os.path.join(dirpath, n)
-            if n.endswith((".yaml", ".md")) or os.path.dirname(path) == os.path.join(DEPLOY, "oci"):
+            if n.endswith((".yaml", ".md", ".conf", ".service")) or os.path.dirname(path) == os.path.join(DEPLOY, "oci"):
                 with open(path) as f:
                     out[os.path.relpath(path, ROOT)] = f.read()
     for rel in ("README.md", os.path.join("docs", "src", "deploy.md")):
@@ -254,6 +335,58 @@ def secret_namespace_problems(r, texts=None):
                         "there and the pods stay in CreateContainerConfigError"
                         + (" (set provider.kubernetes.deploy.type: GatewayNamespace in "
                            "eg-values.yaml)" if r.name == "envoy-gateway" else ""))
+    return errs
+
+
+def nats_problems(texts=None):
+    """deploy/nats: the server config requires a user and TLS, its user is the one the
+    bridges name, the Kubernetes Deployment's Secrets and ConfigMap are created in its
+    namespace, and the Kubernetes recipes' bridges connect to its Service."""
+    errs = []
+    texts = texts if texts is not None else doc_texts()
+    conf = texts[os.path.join("deploy", "nats", "nats-server.conf")]
+    body = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+    if not re.search(r"^\s*tls\s*\{[^}]*cert_file", body, re.M):
+        errs.append("nats-server.conf has no tls block with a cert_file: the bus speaks clear "
+                    "text")
+    users = re.findall(r"user:\s*([\w.-]+)", body)
+    if not re.search(r"^\s*authorization\s*\{", body, re.M) or not users:
+        errs.append("nats-server.conf has no authorization users: the bus admits anyone")
+    docs = [d for d in yaml.safe_load_all(texts[os.path.join("deploy", "nats", "nats.yaml")]) if d]
+    dep = next((d for d in docs if d.get("kind") == "Deployment"), None)
+    svc = next((d for d in docs if d.get("kind") == "Service"), None)
+    if dep is None or svc is None:
+        return errs + ["deploy/nats/nats.yaml has no Deployment and Service"]
+    ns = dep["metadata"]["namespace"]
+    pod = dep["spec"]["template"]["spec"]
+    created = created_secrets(texts)
+    maps = {}
+    for text in texts.values():
+        for mns, name in re.findall(r"kubectl\s+-n\s+(\S+)\s+create\s+configmap\s+([a-z0-9.-]+)", text):
+            maps.setdefault(name, set()).add(mns)
+    for name, what in recipes.pod_secret_refs(pod["containers"], pod.get("volumes", [])):
+        if ns not in created.get(name, set()):
+            errs.append(f"NATS: Secret {name} ({what}) is not created in {ns} by a documented "
+                        "`kubectl -n NS create secret`: the pod stays in "
+                        "CreateContainerConfigError")
+    for v in pod.get("volumes", []):
+        if "configMap" in v and ns not in maps.get(v["configMap"]["name"], set()):
+            errs.append(f"NATS: ConfigMap {v['configMap']['name']} is not created in {ns} by a "
+                        "documented `kubectl -n NS create configmap`")
+    host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+    ports = {p["port"] for p in svc["spec"]["ports"]}
+    for name in ("envoy-gateway", "istio"):
+        for b in render(name).bridges:
+            f = recipes.flags(b.args)
+            for v in f.get("--nats-user", []):
+                if v not in users:
+                    errs.append(f"{name}: the bridge's --nats-user {v} is not a user of "
+                                f"nats-server.conf ({', '.join(users)})")
+            for u in ",".join(v or "" for v in f.get("--nats", [])).split(","):
+                m = re.fullmatch(r"tls://([^:/]+):(\d+)", u.strip())
+                if not m or m.group(1) != host or int(m.group(2)) not in ports:
+                    errs.append(f"{name}: the bridge connects to {u}, not the NATS Service "
+                                f"tls://{host}:{min(ports)} of deploy/nats/nats.yaml")
     return errs
 
 
@@ -315,6 +448,21 @@ def text_mutations():
          "**stock Envoy** (1.34", "the bound is 1.35"),
         ("the xDS bootstrap says Envoy (>= 1.36)", os.path.join("deploy", "xds", "bootstrap.yaml"),
          "Envoy (>= 1.35)", "Envoy (>= 1.36)", "the bound is 1.35"),
+        ("the fleet key's Secret created in another namespace", None,
+         "kubectl -n llm create secret generic llm-fleet-key",
+         "kubectl -n nats create secret generic llm-fleet-key", "CreateContainerConfigError"),
+        ("the bridges' NATS password Secret never created", None,
+         "kubectl -n llm create secret generic llm-bridge-nats",
+         "kubectl -n llm create secret generic llm-bridge-nats-password",
+         "CreateContainerConfigError"),
+        ("the NATS server's TLS Secret created in another namespace", None,
+         "kubectl -n llm create secret tls nats-server-tls",
+         "kubectl -n nats create secret tls nats-server-tls", "CreateContainerConfigError"),
+        ("nats-server.conf without tls", os.path.join("deploy", "nats", "nats-server.conf"),
+         "tls {", "no_tls {", "clear text"),
+        ("nats-server.conf without authorization",
+         os.path.join("deploy", "nats", "nats-server.conf"),
+         "authorization {", "no_authorization {", "admits anyone"),
         ("the Secret created in envoy-gateway-system", None,
          "kubectl -n llm create secret generic llm-collector-token",
          "kubectl -n envoy-gateway-system create secret generic llm-collector-token",
@@ -938,6 +1086,78 @@ def mutations():
     def istio_secret_elsewhere(d):
         find(d, "Deployment")["metadata"]["namespace"] = "istio-system"
 
+    def _bridge(d, recipe):
+        if recipe == "xds":
+            return None
+        if recipe == "istio":
+            containers = find(d, "Deployment")["spec"]["template"]["spec"]["containers"]
+        else:
+            dep = find(d, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+            containers = dep["patch"]["value"]["spec"]["template"]["spec"]["containers"]
+        return recipes.container_named(containers, "llm-bridge")
+
+    def _drop_arg(c, flag):
+        c["args"] = [a for a in c["args"] if not a.startswith(flag + "=")]
+
+    def eg_no_fleet_key(d):
+        _drop_arg(_bridge(d, "envoy-gateway"), "--fleet-key-file")
+
+    def istio_insecure(d):
+        c = _bridge(d, "istio")
+        _drop_arg(c, "--fleet-key-file")
+        c["args"].append("--insecure-no-fleet-key")
+
+    def istio_no_nats_auth(d):
+        c = _bridge(d, "istio")
+        _drop_arg(c, "--nats-user")
+        _drop_arg(c, "--nats-password-file")
+
+    def eg_two_nats_auths(d):
+        _bridge(d, "envoy-gateway")["args"].append("--nats-token-file=/var/run/llm-bridge/nats/password")
+
+    def eg_plain_nats(d):
+        c = _bridge(d, "envoy-gateway")
+        c["args"] = [a.replace("tls://", "nats://") for a in c["args"]]
+
+    def istio_no_ca(d):
+        _drop_arg(_bridge(d, "istio"), "--nats-ca")
+
+    def istio_bridge_port(d):
+        c = _bridge(d, "istio")
+        c["args"] = [a.replace("127.0.0.1:10001", "127.0.0.1:10000") for a in c["args"]]
+
+    def eg_fleet_key_unmounted(d):
+        c = _bridge(d, "envoy-gateway")
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "llm-fleet-key"]
+
+    def istio_same_replica(d):
+        c = _bridge(d, "istio")
+        c["args"] = [a.replace("$(POD_NAME)", "gateway") for a in c["args"]]
+
+    def eg_no_bridge(d):
+        dep = find(d, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+        spec = dep["patch"]["value"]["spec"]["template"]["spec"]
+        spec["containers"] = [c for c in spec["containers"] if c["name"] != "llm-bridge"]
+
+    def _unit(d, old, new):
+        assert old in d[recipes.XDS_BRIDGE_UNIT]
+        d[recipes.XDS_BRIDGE_UNIT] = d[recipes.XDS_BRIDGE_UNIT].replace(old, new)
+
+    def xds_insecure(d):
+        _unit(d, "--fleet-key-file /etc/llm-router/fleet.key", "--insecure-no-fleet-key")
+
+    def xds_no_auth(d):
+        _unit(d, "--nats-user llm-bridge \\\n  --nats-password-file /etc/llm-router/nats-password \\\n", "")
+
+    def xds_plain_nats(d):
+        _unit(d, "tls://nats.internal", "nats://nats.internal")
+
+    def xds_no_ca(d):
+        _unit(d, "--nats-ca /etc/llm-router/nats-ca.pem \\\n", "")
+
+    def xds_inline_bridge_token(d):
+        _unit(d, "--token-file /etc/llm-router/stats-token", "--token change-me")
+
     def xds_not_watched(d):
         del d["bootstrap"]["dynamic_resources"]["lds_config"]["path_config_source"]["watched_directory"]
 
@@ -973,6 +1193,22 @@ def mutations():
         ("istio", "the gateway in another namespace than its Secrets", istio_secret_elsewhere,
          "CreateContainerConfigError"),
         ("xds", "lds not watched", xds_not_watched, "watched_directory"),
+        ("envoy-gateway", "the bridge without --fleet-key-file", eg_no_fleet_key, "--fleet-key-file"),
+        ("istio", "the bridge with --insecure-no-fleet-key", istio_insecure, "--insecure-no-fleet-key"),
+        ("istio", "the bridge without NATS authentication", istio_no_nats_auth, "no NATS authentication"),
+        ("envoy-gateway", "the bridge with two NATS authentications", eg_two_nats_auths, "more than one"),
+        ("envoy-gateway", "the bridge on nats:// (no TLS)", eg_plain_nats, "not a tls:// URL"),
+        ("istio", "the bridge without --nats-ca", istio_no_ca, "--nats-ca"),
+        ("istio", "the bridge reading the client-facing listener", istio_bridge_port, "replicas endpoint"),
+        ("envoy-gateway", "the fleet key's Secret not mounted", eg_fleet_key_unmounted,
+         "no mounted Secret"),
+        ("istio", "one --replica for every pod", istio_same_replica, "own_replica"),
+        ("envoy-gateway", "no bridge", eg_no_bridge, "no llm-bridge"),
+        ("xds", "the bridge with --insecure-no-fleet-key", xds_insecure, "--insecure-no-fleet-key"),
+        ("xds", "the bridge without NATS authentication", xds_no_auth, "no NATS authentication"),
+        ("xds", "the bridge on nats:// (no TLS)", xds_plain_nats, "not a tls:// URL"),
+        ("xds", "the bridge without --nats-ca", xds_no_ca, "--nats-ca"),
+        ("xds", "the bridge's token inline", xds_inline_bridge_token, "--token-file"),
     ]
 
 
@@ -1101,6 +1337,14 @@ def main():
                 f"v{recipes.vstr(recipes.LATEST_ENVOY_GATEWAY)}, Istio >= "
                 f"{recipes.vstr(recipes.MIN_ISTIO)} wherever a version is named")
     step("version bounds in the recipes and docs", versions)
+
+    def nats():
+        errs = nats_problems()
+        if errs:
+            raise CheckFailed("\n  " + "\n  ".join(errs))
+        return ("nats-server.conf requires a user and TLS; nats.yaml's Secrets and ConfigMap "
+                "are created in its namespace; the bridges name its user and Service")
+    step("nats: the bus's config and Kubernetes recipe", nats)
     rendered = {}
     for name in RECIPES:
         def do_render(name=name):
@@ -1165,7 +1409,7 @@ def main():
                 if path and old not in broken[p]:
                     raise CheckFailed(f"text self-test {what!r}: {p} no longer says {old!r}")
                 broken[p] = broken[p].replace(old, new)
-            errs = version_problems(broken)
+            errs = version_problems(broken) + nats_problems(broken)
             for name in ("envoy-gateway", "istio"):
                 errs += secret_namespace_problems(render(name), broken)
             if not any(words in e for e in errs):

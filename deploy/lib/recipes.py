@@ -18,6 +18,7 @@ import copy
 import json
 import os
 import re
+import shlex
 
 import yaml
 
@@ -67,6 +68,7 @@ class Rendered:
         self.route_style = "header_match"  # or "cluster_header"
         self.pod_namespace = None      # where the Envoy pods run (Kubernetes recipes)
         self.secret_refs = []          # [(Secret, what refers to it)] of those pods
+        self.bridges = []              # [Bridge] beside each Envoy
         self.notes = []
 
 
@@ -285,6 +287,81 @@ def pod_secret_refs(containers, volumes):
     return out
 
 
+class Bridge:
+    """An llm-bridge the recipe runs beside its Envoy: where it is, its command line,
+    and (Kubernetes) {file it reads: (volume kind, its name, key) or None} for the
+    files its flags name."""
+
+    def __init__(self, where, args, files=None):
+        self.where, self.args, self.files = where, list(args), files
+
+
+# The bridge's flags that take no value.
+BRIDGE_SWITCHES = ("--insecure-no-fleet-key", "-h", "--help", "-V", "--version")
+# The bridge's flags that name a file it reads.
+BRIDGE_FILE_FLAGS = ("--token-file", "--nats-creds", "--nats-nkey-file", "--nats-token-file",
+                     "--nats-password-file", "--nats-ca", "--nats-cert", "--nats-key",
+                     "--fleet-key-file")
+
+
+def flags(args):
+    """{flag: [values]} of a command line, `--flag=value` and `--flag value` alike (a
+    switch maps to [None])."""
+    out, i = {}, 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+        elif a in BRIDGE_SWITCHES or i + 1 >= len(args):
+            k, v = a, None
+        else:
+            k, v = a, args[i + 1]
+            i += 1
+        out.setdefault(k, []).append(v)
+        i += 1
+    return out
+
+
+def mounted_file(container, volumes, path):
+    """(volume kind, Secret or ConfigMap name, key) a container's file comes from,
+    following its mounts; None when it is on no Secret or ConfigMap."""
+    for m in container.get("volumeMounts", []):
+        if path.startswith(m["mountPath"].rstrip("/") + "/"):
+            for v in volumes:
+                if v["name"] != m["name"]:
+                    continue
+                key = path[len(m["mountPath"]):].strip("/")
+                if "secret" in v:
+                    return "Secret", v["secret"].get("secretName"), key
+                if "configMap" in v:
+                    return "ConfigMap", v["configMap"].get("name"), key
+    return None
+
+
+def pod_bridges(containers, volumes):
+    out = []
+    for c in containers:
+        if c.get("name") != "llm-bridge":
+            continue
+        args = list(c.get("command") or [])[1:] + list(c.get("args") or [])
+        files = {}
+        for k, vs in flags(args).items():
+            if k in BRIDGE_FILE_FLAGS:
+                for v in vs:
+                    files[v] = mounted_file(c, volumes, v or "")
+        out.append(Bridge("container llm-bridge", args, files))
+    return out
+
+
+def unit_exec_start(text):
+    """The ExecStart= command line of a systemd unit, continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", text)
+    for line in joined.splitlines():
+        if line.startswith("ExecStart="):
+            return shlex.split(line[len("ExecStart="):])
+    raise RecipeError("the unit has no ExecStart=")
+
+
 def container_named(containers, name):
     for c in containers:
         if c.get("name") == name:
@@ -468,6 +545,7 @@ def render_envoy_gateway(docs, wasm_path):
     r.secret_refs = pod_secret_refs(
         [dict(dep.get("container", {}), name="envoy")] + list(dep.get("initContainers", []))
         + list(patch_containers), dep.get("pod", {}).get("volumes", []))
+    r.bridges = pod_bridges(patch_containers, dep.get("pod", {}).get("volumes", []))
     return r
 
 
@@ -685,6 +763,7 @@ def render_istio(docs, wasm_path):
     r.collector = collector
     r.pod_namespace = deployment["metadata"]["namespace"]
     r.secret_refs = pod_secret_refs(pod["containers"], pod.get("volumes", []))
+    r.bridges = pod_bridges(pod["containers"], pod.get("volumes", []))
     image = proxy.get("image", "auto")
     if image != "auto":
         m = re.search(r":(\d+)\.(\d+)(\.\d+)?[^:/]*$", image)
@@ -709,12 +788,18 @@ XDS_FILES = ("bootstrap", "lds", "cds", "ecds", "ecds-stats")
 ECDS_FILES = ("ecds", "ecds-stats")
 
 
+# The bridge beside the example's Envoy: a systemd unit (its text, not YAML).
+XDS_BRIDGE_UNIT = "llm-bridge.service"
+
+
 def load_xds(directory):
-    """The example's files, parsed."""
+    """The example's files, parsed (the bridge's unit as text)."""
     out = {}
     for name in XDS_FILES:
         with open(os.path.join(directory, name + ".yaml")) as f:
             out[name] = yaml.safe_load(f)
+    with open(os.path.join(directory, XDS_BRIDGE_UNIT)) as f:
+        out[XDS_BRIDGE_UNIT] = f.read()
     return out
 
 
@@ -780,6 +865,8 @@ def render_xds(files, wasm_path):
         raise RecipeError("expected one public and one loopback listener in lds.yaml")
     r = Rendered("xds", doc, public[0], stats[0])
     r.route_style = "cluster_header"
+    if files.get(XDS_BRIDGE_UNIT) is not None:
+        r.bridges = [Bridge(XDS_BRIDGE_UNIT, unit_exec_start(files[XDS_BRIDGE_UNIT])[1:])]
     return r
 
 
