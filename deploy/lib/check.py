@@ -34,7 +34,11 @@
    Envoy's environment, llm-collector's push is accepted on the stats listener and a
    wrong token is refused there, the same push with the right token is not taken on
    the client-facing listener, and a chat request on the stats listener is a local
-   404. The xDS example runs from its own files, and a new
+   404. Then nats-server runs deploy/nats/nats-server.conf (a private CA's certificate,
+   OS-chosen ports) and the recipe's bridge (for xDS, llm-bridge.service's command
+   line), with its own flags, joins it over TLS with
+   the password and publishes what Envoy routes; without the password it is refused.
+   The xDS example runs from its own files, and a new
    ecds.yaml is applied without a restart while a config the filter rejects is not.
 5. The OCI image layout: built, verified, rebuilt to the same digest; with skopeo
    installed, `skopeo inspect` reads it; a corrupted blob, another .wasm and an
@@ -790,9 +794,132 @@ def live_static(r, envoy, tmp):
         note = push_checks(procs, tmp, (ports[r.public_listener], ports[r.stats_listener]),
                            spc.get("stats_path", "/llm-router/stats"), next(iter(env.values())),
                            engines, admin)
-        return f"{len(used)} workers used, conversations stick, {big}, {note}"
+        bridged = live_bridge(r, procs, tmp, (ports[r.public_listener], ports[r.stats_listener]),
+                              next(iter(env.values())), admin)
+        return f"{len(used)} workers used, conversations stick, {big}, {note}; {bridged}"
     finally:
         procs.stop()
+
+
+def nats_server_bin():
+    """nats-server as envoy/get-nats installs it (tests/run sets NATS_SERVER), or None."""
+    if os.environ.get("NATS_SERVER"):
+        return os.environ["NATS_SERVER"]
+    return shutil.which("nats-server") or next(
+        (p for p in ("/usr/sbin/nats-server", "/usr/local/sbin/nats-server") if os.path.isfile(p)),
+        None)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bridge_metric(port, series):
+    status, _, body = request(port, "GET", "/metrics")
+    if status != 200:
+        raise ValueError(f"/metrics answered {status}")
+    for line in body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    raise ValueError(f"no {series}")
+
+
+def start_nats(procs, tmp, tag):
+    """deploy/nats/nats-server.conf as shipped, its certificate paths moved into `tmp`
+    (a private CA signs a certificate for 127.0.0.1) and its port chosen by the OS;
+    returns (port, CA file, the bridges' password)."""
+    d = os.path.join(tmp, f"{tag}-nats")
+    os.makedirs(d)
+    run = lambda *a: subprocess.run(a, cwd=d, check=True, capture_output=True)
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-subj", "/CN=llm-nats-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=nats",
+        "-keyout", "tls.key", "-out", "tls.csr")
+    with open(os.path.join(d, "ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("openssl", "x509", "-req", "-in", "tls.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-out", "tls.crt", "-extfile", "ext")
+    port = free_port()
+    with open(os.path.join(DEPLOY, "nats", "nats-server.conf")) as f:
+        conf = f.read().replace("/etc/nats/tls/", d + "/")
+    conf = re.sub(r"^port: \d+", f"port: {port}", conf, flags=re.M)
+    conf = re.sub(r"^http_port: \d+", f"http_port: {free_port()}", conf, flags=re.M)
+    with open(os.path.join(d, "nats-server.conf"), "w") as f:
+        f.write(conf)
+    password = secrets.token_hex(32)
+    procs.start([nats_server_bin(), "-c", os.path.join(d, "nats-server.conf")],
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "nats.log"), "w"),
+                env=dict(os.environ, NATS_BRIDGE_PASSWORD=password))
+    import socket
+    wait_for("nats-server to listen", lambda: socket.create_connection(("127.0.0.1", port), 1).close() or True)
+    return port, os.path.join(d, "ca.pem"), password
+
+
+def live_bridge(r, procs, tmp, ports, token, admin):
+    """The recipe's bridge, run as the recipe runs it beside this Envoy: its own flags,
+    with the addresses and files moved to this run (its --envoy-url's path, its
+    Secrets' contents generated here), against deploy/nats/nats-server.conf's server.
+    It must join the bus (TLS with the CA, the password) and publish the inserts this
+    Envoy routes; the same bridge without the password must stop (the bus admits no
+    one else)."""
+    if nats_server_bin() is None:
+        return "bridge not run: no nats-server (envoy/get-nats installs it)"
+    public, stats = ports
+    nats_port, ca, password = start_nats(procs, tmp, r.name)
+    d = os.path.join(tmp, f"{r.name}-bridge")
+    os.makedirs(d)
+    contents = {"--token-file": token, "--nats-password-file": password,
+                "--fleet-key-file": secrets.token_urlsafe(32)}
+    f = recipes.flags(r.bridges[0].args)
+    args = [os.path.join(BIN, "llm-bridge")]
+    for k, vs in f.items():
+        for v in vs:
+            if k == "--envoy-url":
+                v = re.sub(r"^http://127\.0\.0\.1:\d+", f"http://127.0.0.1:{stats}", v)
+            elif k == "--nats":
+                v = f"tls://127.0.0.1:{nats_port}"
+            elif k == "--nats-ca":
+                v = ca
+            elif k in contents:
+                path = os.path.join(d, k.lstrip("-"))
+                with open(path, "w") as fh:
+                    fh.write(contents[k] + "\n")
+                v = path
+            elif k in recipes.BRIDGE_FILE_FLAGS:
+                raise CheckFailed(f"the live check has no content for the bridge's {k}")
+            elif k == "--replica":
+                v = f"{r.name}-0"
+            elif k == "--listen":
+                continue
+            args += [k] if v is None else [k, v]
+    metrics = free_port()
+    args += ["--listen", f"127.0.0.1:{metrics}"]
+    log = os.path.join(d, "bridge.log")
+    bridge = procs.start(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    wait_for("the bridge to join the bus", lambda: bridge_metric(metrics, "llm_bridge_bus_connected") == 1)
+    before = bridge_metric(metrics, "llm_bridge_ops_published")
+    for s in range(4):
+        status, _, _ = request(public, "POST", "/v1/chat/completions", chat(300 + s, 0))
+        if status != 200:
+            raise CheckFailed(f"a request beside the bridge got {status}")
+    wait_for("the bridge to publish this Envoy's inserts",
+             lambda: bridge_metric(metrics, "llm_bridge_ops_published") > before)
+    if bridge.poll() is not None:
+        raise CheckFailed(f"the bridge exited: {open(log).read()[-1000:]}")
+    # Without the password the server refuses it, and it stops saying so.
+    bare = [a for i, a in enumerate(args) if a not in ("--nats-user", "--nats-password-file")
+            and args[i - 1] not in ("--nats-user", "--nats-password-file")]
+    bare[bare.index("--listen") + 1] = f"127.0.0.1:{free_port()}"
+    bare[bare.index("--replica") + 1] = f"{r.name}-stranger"
+    p = subprocess.run(bare, capture_output=True, text=True, timeout=30)
+    if p.returncode == 0 or "authorization" not in (p.stdout + p.stderr).lower():
+        raise CheckFailed(f"a bridge without the NATS password was not refused (exit "
+                          f"{p.returncode}): {(p.stdout + p.stderr)[-500:]}")
+    return ("its bridge joined nats-server.conf's bus over TLS with the password and "
+            "published the routed inserts; without the password it was refused")
 
 
 def live_xds(xds_dir, envoy, tmp):
@@ -850,6 +977,9 @@ def live_xds(xds_dir, envoy, tmp):
         push_checks(procs, tmp, (ports[public], ports["llm_stats"]),
                     spc.get("stats_path", "/llm-router/stats"), next(iter(env.values())), engines,
                     admin)
+        bridged = live_bridge(recipes.render_xds(recipes.load_xds(xds_dir), WASM), procs, tmp,
+                              (ports[public], ports["llm_stats"]), next(iter(env.values())),
+                              admin)
         # A new plugin config through ECDS: applied in place, no restart.
         pc2 = dict(pc, policy="round_robin")
         ecds_cfg["configuration"]["value"] = json.dumps(pc2)
@@ -885,7 +1015,8 @@ def live_xds(xds_dir, envoy, tmp):
             raise CheckFailed("Envoy exited during the updates")
         return (f"{len(used)} workers used, push accepted on the stats listener only, ecds.yaml "
                 "v2 applied live "
-                "(round_robin over all workers), v3 with a bad policy rejected, v2 still serving")
+                "(round_robin over all workers), v3 with a bad policy rejected, v2 still serving; "
+                + bridged.replace("its bridge", "llm-bridge.service's bridge"))
     finally:
         procs.stop()
 
