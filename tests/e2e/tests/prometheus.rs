@@ -185,6 +185,12 @@ struct Traffic {
 /// Client 0's every this many requests is a bad one.
 const BAD_EVERY: u64 = 25;
 
+/// Pushes with a wrong token client 0 sends in all: fewer than the filter's lockout
+/// (10 refused tokens a minute), which would refuse the collector's pushes too for
+/// the rest of the minute and leave a slow run without fresh samples, so without
+/// the overload episode the panels need.
+const BAD_PUSHES: u64 = 5;
+
 impl Traffic {
     fn start(listener: SocketAddr, stats: SocketAddr, clients: usize) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
@@ -196,6 +202,7 @@ impl Traffic {
                     let json = [("content-type", "application/json")];
                     let mut session = c;
                     let mut sent = 0u64;
+                    let mut bad_pushes = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let system = format!("system prompt {}: ", session % 3)
                             + &"you answer questions about caches and queues. ".repeat(20);
@@ -213,13 +220,16 @@ impl Traffic {
                                     &json,
                                     b"not json at all",
                                 );
-                                let _ = admin::request(
-                                    stats,
-                                    "POST",
-                                    "/llm-router/stats",
-                                    &[json[0], ("authorization", "Bearer wrong")],
-                                    br#"{"workers": []}"#,
-                                );
+                                if bad_pushes < BAD_PUSHES {
+                                    bad_pushes += 1;
+                                    let _ = admin::request(
+                                        stats,
+                                        "POST",
+                                        "/llm-router/stats",
+                                        &[json[0], ("authorization", "Bearer wrong")],
+                                        br#"{"workers": []}"#,
+                                    );
+                                }
                             }
                             prompt.push_str(&format!(" user turn {turn}: tell me more."));
                             let body = json!({"model": "mock", "prompt": prompt, "max_tokens": 4});
