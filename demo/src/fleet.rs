@@ -1,6 +1,6 @@
 //! A fleet: N engine mock processes behind one Envoy with the filter.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::engine_args;
 use crate::envoy::{self, Envoy, EnvoySpec, Target, Upstream};
 use crate::paths;
 use crate::process::{spawn_until, Guard};
@@ -21,6 +22,9 @@ pub struct FleetSpec {
     pub pd: Option<(usize, usize)>,
     /// Extra `engine-mock` arguments for every worker (e.g. `--max-running 2`).
     pub engine_args: Vec<String>,
+    /// Arguments of the named engines alone (`w2`: a slower one), replacing the
+    /// same flags of `engine_args` (see `engine_args::merged`).
+    pub engine_args_for: BTreeMap<String, Vec<String>>,
     pub target: Target,
     /// Plugin configuration; `workers`/`target` are filled in when absent.
     pub plugin_config: Value,
@@ -41,6 +45,7 @@ impl Default for FleetSpec {
             workers: 4,
             pd: None,
             engine_args: Vec::new(),
+            engine_args_for: BTreeMap::new(),
             target: Target::Cluster,
             plugin_config: serde_json::json!({}),
             envoy_concurrency: 1,
@@ -130,7 +135,8 @@ pub fn start_engine_in(
     })
 }
 
-/// The engines of `spec` (`w0..`, or `p0..` and `d0..` with PD), started in `dir`.
+/// The engines of `spec` (`w0..`, or `p0..` and `d0..` with PD), started in `dir`,
+/// each with the common arguments and its own.
 pub fn start_engines(spec: &FleetSpec, dir: &Path) -> Result<Vec<Engine>> {
     let roster: Vec<(String, &'static str)> = match spec.pd {
         None => (0..spec.workers)
@@ -141,9 +147,27 @@ pub fn start_engines(spec: &FleetSpec, dir: &Path) -> Result<Vec<Engine>> {
             .chain((0..decode).map(|i| (format!("d{i}"), "decode")))
             .collect(),
     };
+    if let Some(name) = spec
+        .engine_args_for
+        .keys()
+        .find(|name| !roster.iter().any(|(n, _)| n == *name))
+    {
+        bail!("engine arguments for {name}, which is no engine of the fleet");
+    }
     roster
         .iter()
-        .map(|(name, pool)| start_engine_in(name, pool, &spec.engine_args, dir))
+        .map(|(name, pool)| {
+            let own = spec
+                .engine_args_for
+                .get(name)
+                .map_or(&[][..], Vec::as_slice);
+            start_engine_in(
+                name,
+                pool,
+                &engine_args::merged(&spec.engine_args, own),
+                dir,
+            )
+        })
         .collect()
 }
 

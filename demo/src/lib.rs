@@ -9,7 +9,9 @@
 
 pub mod admin;
 pub mod discovery;
+pub mod engine_args;
 pub mod envoy;
+pub mod family;
 pub mod fleet;
 pub mod paths;
 pub mod process;

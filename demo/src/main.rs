@@ -8,6 +8,10 @@
 //! SGLang's model gateway (`smg`, installed from PyPI on first use). The last line of
 //! stdout is one JSON object.
 //!
+//! `--family SEED` runs member SEED of `llm-load`'s workload family (the one `host-sim
+//! sweep` runs in virtual time): its workload, its load, and its fleet, each engine
+//! mock with its own flags (`family`, `engine_args`).
+//!
 //! `--slow-worker N` runs the overload schedule instead: the workload in thirds,
 //! each paced over `--phase-s`, with engine mock N slow (TTFT 1.5 s) during the
 //! middle third, and overload thresholds scaled to that time (see `demo_overload`).
@@ -25,8 +29,9 @@ use clap::Parser;
 use llm_demo::admin;
 use llm_demo::envoy::Target;
 use llm_demo::fleet::{Fleet, FleetSpec};
-use llm_demo::{side_by_side, smg};
+use llm_demo::{engine_args, family, side_by_side, smg};
 use llm_load::cli::Replay;
+use llm_load::family::Member;
 use llm_load::fleet::PdArgs;
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
 use llm_load::html;
@@ -87,6 +92,25 @@ struct Args {
     /// Extra argument for every engine mock (repeatable), e.g. `--engine-arg=--max-running=2`.
     #[arg(long = "engine-arg", allow_hyphen_values = true)]
     engine_args: Vec<String>,
+    /// Extra argument for one engine mock, `ENGINE=ARG` (repeatable), e.g.
+    /// `--engine-arg-for w2=--prefill-us-per-token=400`; it replaces the same flag of
+    /// `--engine-arg`, `--prefill-us-per-token` and `--family`.
+    #[arg(
+        long = "engine-arg-for",
+        value_name = "ENGINE=ARG",
+        allow_hyphen_values = true,
+        value_parser = engine_args::parse_for
+    )]
+    engine_args_for: Vec<(String, String)>,
+    /// Member SEED of `llm-load`'s workload family, as `host-sim sweep` runs it: its
+    /// workload, requests in flight, and fleet (engines, each one's running slots,
+    /// prefill cost and cache size), instead of the flags that set those.
+    #[arg(long, value_name = "SEED", conflicts_with_all = [
+        "workload", "workers", "pd", "concurrency", "prefill_us_per_token", "sessions",
+        "turns", "system_prompts", "system_prompt_chars", "user_chars", "stream_fraction",
+        "slow_worker",
+    ])]
+    family: Option<u64>,
     /// Simulated prefill cost of the engine mocks per uncached prompt token, so
     /// cache hits show in latency as they do on a real engine.
     #[arg(long, default_value_t = 100.0)]
@@ -134,7 +158,7 @@ struct Args {
     /// Membership from service discovery: the filter lists no workers, Envoy reads
     /// the engines from a watched EDS file, the collector pushes what Envoy knows;
     /// mid-run an engine joins and `w0` leaves. No baseline run.
-    #[arg(long, conflicts_with_all = ["slow_worker", "baseline", "envoys"])]
+    #[arg(long, conflicts_with_all = ["slow_worker", "baseline", "envoys", "engine_args_for", "family"])]
     discovery: bool,
     /// Several Envoy replicas (N >= 2): the workload spreads round robin over them,
     /// a new connection per request, with sharing through NATS and without, beside
@@ -156,6 +180,34 @@ impl Args {
         .into_iter()
         .chain(self.engine_args.iter().cloned())
         .collect()
+    }
+
+    /// Each engine's own flags, replacing the common ones (`engine_flags`): the family
+    /// member's engine shape, then `--engine-arg` (which is for every engine, so it
+    /// overrides the member too), then the engine's `--engine-arg-for`.
+    fn engine_flags_for(&self) -> BTreeMap<String, Vec<String>> {
+        let mut own = self
+            .family
+            .map(|seed| family::fleet_args(&Member::draw(seed)))
+            .unwrap_or_default();
+        for args in own.values_mut() {
+            *args = engine_args::merged(args, &self.engine_args);
+        }
+        for (name, arg) in &self.engine_args_for {
+            let args = own.entry(name.clone()).or_default();
+            *args = engine_args::merged(args, std::slice::from_ref(arg));
+        }
+        own
+    }
+
+    /// These flags with `--family`'s fleet size and requests in flight.
+    fn with_family(mut self) -> Self {
+        if let Some(seed) = self.family {
+            let member = Member::draw(seed);
+            self.workers = member.engines.len();
+            self.concurrency = member.concurrency;
+        }
+        self
     }
 }
 
@@ -237,6 +289,14 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     if let Some(path) = &args.workload {
         return load_workload(path);
     }
+    let path = args.dir.join("workload.jsonl");
+    if let Some(seed) = args.family {
+        let member = Member::draw(seed);
+        eprintln!("llm-demo: family member {seed}: {}", member.describe());
+        std::fs::write(&path, to_jsonl(&generate(&member.workload))?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        return load_workload(&path);
+    }
     let pool = args.pd.routed_pool(args.workers);
     let sessions = args
         .sessions
@@ -254,7 +314,6 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
         stream_fraction: args.stream_fraction,
         ..GenerateConfig::default()
     };
-    let path = args.dir.join("workload.jsonl");
     std::fs::write(&path, to_jsonl(&generate(&cfg))?)
         .with_context(|| format!("writing {}", path.display()))?;
     load_workload(&path)
@@ -479,6 +538,7 @@ fn fleet_spec(
         workers: args.workers,
         pd: args.pd.pools(),
         engine_args: args.engine_flags(),
+        engine_args_for: args.engine_flags_for(),
         target,
         plugin_config: plugin_config(args, filter_policy, no_gate)?,
         envoy_concurrency: args.envoy_concurrency,
@@ -665,7 +725,7 @@ impl OverloadRun {
 }
 
 fn main() {
-    let args = Args::parse();
+    let args = Args::parse().with_family();
     match real_main(&args) {
         Ok(clean) => std::process::exit(if clean { 0 } else { 3 }),
         Err(e) => {
@@ -817,6 +877,74 @@ mod tests {
         assert!(err.to_string().contains("none"), "{err}");
         let err = baselines(&parse(&["--baseline", "smg,ring_hash,smg"])).unwrap_err();
         assert!(err.to_string().contains("smg twice"), "{err}");
+    }
+
+    #[test]
+    fn an_engine_argument_for_one_engine_replaces_the_common_flag() {
+        let args = parse(&[
+            "--engine-arg=--max-running=2",
+            "--engine-arg-for",
+            "w2=--prefill-us-per-token=400",
+            "--engine-arg-for=w2=--max-running=1",
+        ]);
+        let spec = fleet_spec(&args, "cache_aware", false, Target::Cluster, "x").unwrap();
+        assert_eq!(
+            spec.engine_args,
+            ["--prefill-us-per-token=100", "--max-running=2"]
+        );
+        assert_eq!(
+            spec.engine_args_for.into_iter().collect::<Vec<_>>(),
+            [(
+                "w2".to_string(),
+                vec![
+                    "--prefill-us-per-token=400".to_string(),
+                    "--max-running=1".to_string()
+                ]
+            )]
+        );
+        assert!(Args::try_parse_from(["llm-demo", "--engine-arg-for", "--max-running=1"]).is_err());
+    }
+
+    #[test]
+    fn a_family_member_sets_the_fleet_and_the_load() {
+        let member = Member::draw(12);
+        let args = parse(&["--family", "12", "--engine-arg=--decode-ms-per-token=1"]).with_family();
+        assert_eq!(args.workers, member.engines.len());
+        assert_eq!(args.concurrency, member.concurrency);
+        let own = args.engine_flags_for();
+        assert_eq!(own.len(), member.engines.len());
+        for (i, shape) in member.engines.iter().enumerate() {
+            let flags = &own[&format!("w{i}")];
+            assert!(
+                flags.contains(&format!(
+                    "--prefill-us-per-token={}",
+                    shape.prefill_us_per_token
+                )),
+                "{flags:?}"
+            );
+            assert!(flags.contains(&format!("--max-running={}", shape.max_running)));
+            assert!(
+                flags.contains(&"--decode-ms-per-token=1".to_string()),
+                "--engine-arg still reaches every engine"
+            );
+        }
+        for clash in ["--workers=3", "--concurrency=3", "--sessions=3", "--pd"] {
+            assert!(
+                Args::try_parse_from(["llm-demo", "--family", "12", clash]).is_err(),
+                "{clash} would contradict the member"
+            );
+        }
+    }
+
+    #[test]
+    fn a_family_member_writes_its_own_workload() {
+        let dir = std::env::temp_dir().join(format!("llm-demo-family-{}", std::process::id()));
+        let args = parse(&["--family", "12", "--dir", dir.to_str().unwrap()]).with_family();
+        std::fs::create_dir_all(&dir).unwrap();
+        let items = workload(&args).unwrap();
+        let w = Member::draw(12).workload;
+        assert_eq!(items.len(), w.sessions * w.turns);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
