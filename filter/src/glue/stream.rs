@@ -244,30 +244,22 @@ impl Stream {
         None
     }
 
-    /// Refuses a push or a replica batch grown past its limit (`None`: within it,
-    /// or neither).
+    /// Refuses a body grown past its limit, as soon as it does: a push's or a
+    /// replica batch's own, else, for a request to route, `max_body_bytes` (the same
+    /// 413 at every size past the bound, and no more of it read). `None`: within it.
     fn oversized(&mut self, body_size: usize) -> Option<Action> {
+        // `own_endpoint` makes a stream a push or a replica batch, never both.
         if self.push {
-            if let Some(refused) = push::check_size(&self.state, body_size) {
-                self.push = false;
-                return Some(refused);
-            }
+            let refused = push::check_size(&self.state, body_size);
+            self.push = refused.is_none();
+            return refused;
         }
         if self.replica.is_some() {
-            if let Some(refused) = replica::check_size(&self.state, body_size) {
+            let refused = replica::check_size(&self.state, body_size);
+            if refused.is_some() {
                 self.replica = None;
-                return Some(refused);
             }
-        }
-        None
-    }
-
-    /// Refuses a request to route whose body grew past `max_body_bytes`, as soon as
-    /// it does: the same 413 at every size past the bound, and no more of it read
-    /// (`None`: within it, or a push or replica batch, which have their own).
-    fn too_large(&self, body_size: usize) -> Option<Action> {
-        if self.push || self.replica.is_some() {
-            return None;
+            return refused;
         }
         let max = self
             .state
@@ -444,9 +436,6 @@ impl HttpContext for Stream {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if let Some(refused) = self.oversized(body_size) {
-            return refused;
-        }
-        if let Some(refused) = self.too_large(body_size) {
             return refused;
         }
         if !end_of_stream {
