@@ -75,22 +75,9 @@ fn refused() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     fn settings(auth: NatsAuth) -> Settings {
-        let mut s = crate::cli::Args::try_parse_from([
-            "llm-bridge",
-            "--envoy-url",
-            "http://127.0.0.1:1/r",
-            "--token",
-            "t",
-            "--replica",
-            "a",
-            "--insecure-no-fleet-key",
-        ])
-        .unwrap()
-        .settings()
-        .unwrap();
+        let mut s = crate::cli::testing::parse(&[]).unwrap();
         s.nats_auth = auth;
         s
     }

@@ -290,10 +290,12 @@ impl Args {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
 
-    fn parse(extra: &[&str]) -> anyhow::Result<Settings> {
+    /// A bridge's settings from its required flags and `extra`, without a fleet key
+    /// unless `extra` gives one.
+    pub fn parse(extra: &[&str]) -> anyhow::Result<Settings> {
         let mut argv = vec![
             "llm-bridge",
             "--envoy-url",
@@ -309,6 +311,12 @@ mod tests {
         }
         Args::try_parse_from(argv)?.settings()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::parse;
+    use super::*;
 
     /// A file holding `text`, removed when the test ends.
     struct Secret(PathBuf);
