@@ -243,10 +243,14 @@ fn worker<'a>(snapshot: &'a Push, name: &str) -> &'a WorkerStats {
         .unwrap_or_else(|| panic!("no worker {name} in {snapshot:?}"))
 }
 
-/// An address where nothing listens (bound, then released).
-fn dead_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+/// An address that refuses connections: a socket bound and never listening.
+/// The caller holds it while the test runs, so the kernel cannot hand the
+/// port to an engine mock or receiver another test starts meanwhile.
+fn dead_addr() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    let addr = socket.local_addr().expect("bound address");
+    (socket, addr)
 }
 
 /// Polls `check` until it returns `Some`, for at most `limit`.
@@ -275,7 +279,7 @@ async fn once_prints_a_snapshot_that_reflects_load() {
             "sglang",
         ],
     );
-    let dead = dead_addr();
+    let (_held, dead) = dead_addr();
     let recv = Receiver::start().await;
     let jobs = load(w0.addr, 4);
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -473,7 +477,7 @@ async fn once_with_envoy_admin_membership() {
     assert_eq!(recv.bodies().len(), 1);
 
     // Admin unreachable: --once fails rather than pushing an empty snapshot.
-    let dead = dead_addr();
+    let (_held, dead) = dead_addr();
     let args: Vec<String> = vec![
         "--envoy-admin".into(),
         format!("http://{dead}"),

@@ -172,12 +172,14 @@ fn collector(args: &[String]) -> Command {
     c
 }
 
-/// An address where nothing listens (bound, then released).
-fn dead_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// An address that refuses connections: a socket bound and never listening.
+/// The caller holds it while the test runs, so the kernel cannot hand the
+/// port to an engine mock or receiver another test starts meanwhile.
+fn dead_addr() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    let addr = socket.local_addr().expect("bound address");
+    (socket, addr)
 }
 
 /// Polls `check` until it returns `Some`, for at most `limit`.
@@ -260,7 +262,8 @@ async fn several_push_urls_metrics_and_healthz() {
     let good = Server::start(None).await;
     let hung = Server::start(None).await;
     hung.state.lock().unwrap().hang = true;
-    let dead = format!("http://{}/llm-router/stats", dead_addr());
+    let (_held, dead) = dead_addr();
+    let dead = format!("http://{dead}/llm-router/stats");
     let args: Vec<String> = [
         "--engine",
         &format!("w0={}", engine.base()),
@@ -477,7 +480,8 @@ async fn once_exit_codes() {
 
     // One URL down: 1, the other still got it, stdout still has the snapshot, and
     // stderr names the failed URL.
-    let dead = format!("http://{}/llm-router/stats", dead_addr());
+    let (_held, dead) = dead_addr();
+    let dead = format!("http://{dead}/llm-router/stats");
     let out = collector(&once_args(&engine, &[a.push_url(), dead.clone()]))
         .output()
         .unwrap();
