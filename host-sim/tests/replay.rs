@@ -273,3 +273,43 @@ fn cli_replay_exits_non_zero_when_requests_fail() {
     assert!(String::from_utf8_lossy(&failing.stderr).contains("requests failed"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `replay --family SEED` is the sweep's run of that member (its fleet of unequal
+/// engines, its concurrency and seed), with the per-engine split and records the
+/// sweep does not print.
+#[test]
+fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
+    use host_sim::sweep;
+    use llm_load::family::Member;
+    let seed = 6; // 24 one-turn conversations: small
+    let member = Member::draw(seed);
+    let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
+    let swept = sweep::run(&filter(), &member, 1, &items, "cache_aware").unwrap();
+    let dir = std::env::temp_dir().join(format!("host-sim-family-{}", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
+        .args(["replay", "--baseline", "none", "--policy", "cache_aware"])
+        .args(["--family", &seed.to_string(), "--records-dir"])
+        .arg(&dir)
+        .arg("--wasm")
+        .arg(host_sim::require_built_filter())
+        .output()
+        .expect("host-sim runs");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a last line")).unwrap();
+    assert_eq!(last["requests"], json!(items.len()));
+    assert_eq!(last["workers"], json!(member.engines.len()));
+    let cached = last["cached_token_ratio"].as_f64().unwrap();
+    assert!((cached - swept.cached).abs() < 1e-4, "{cached} vs {swept:?}");
+    let records = std::fs::read_to_string(dir.join("cache_aware.jsonl")).unwrap();
+    assert_eq!(records.lines().count(), items.len());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let both = std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
+        .args(["replay", "--family", "6", "--workers", "3"])
+        .output()
+        .expect("host-sim runs");
+    assert!(!both.status.success(), "the member's fleet is not overridden");
+    assert!(String::from_utf8_lossy(&both.stderr).contains("--workers"));
+}

@@ -19,8 +19,15 @@ pub(crate) struct ReplayArgs {
     #[arg(long)]
     config: Option<String>,
     /// The JSONL workload (`llm-load generate`; the demo writes `.demo/workload.jsonl`).
-    #[arg(long)]
-    workload: PathBuf,
+    #[arg(long, required_unless_present = "family", conflicts_with = "family")]
+    workload: Option<PathBuf>,
+    /// Replay member SEED of the policy sweep's workload family (`host-sim sweep`)
+    /// on its own fleet, as the sweep does: its workload, its engines (slots,
+    /// prefill speeds, cache sizes), its concurrency and seed. The engine and fleet
+    /// flags below are then the member's; `--records-dir` shows where each request
+    /// went, which the sweep's summary does not.
+    #[arg(long, value_name = "SEED", conflicts_with_all = ["workers", "concurrency", "seed", "max_running", "prefill_us_per_token", "pd"])]
+    family: Option<u64>,
     /// Engines in the simulated fleet.
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -78,6 +85,21 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         Some(c) => Some(serde_json::from_slice(&read_config(c)?).context("--config is not JSON")?),
         None => None,
     };
+    let member = args.family.map(llm_load::family::Member::draw);
+    let items = match (&member, &args.workload) {
+        (Some(m), _) => {
+            eprintln!(
+                "host-sim replay: family member {}: {}",
+                m.seed,
+                m.describe()
+            );
+            let jsonl = llm_load::generate::to_jsonl(&llm_load::generate::generate(&m.workload))?;
+            llm_load::workload::parse_workload(&jsonl)?
+        }
+        (None, Some(path)) => llm_load::workload::load_workload(path)?,
+        (None, None) => anyhow::bail!("--workload or --family is required"),
+    };
+    let seed = member.as_ref().map_or(args.seed, |m| m.seed);
     let config = |policy: &str, no_gate: bool| {
         run::plugin_config(
             run::policy_key(args.pd.pd),
@@ -85,10 +107,9 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             &args.policy,
             extra.as_ref(),
             no_gate,
-            args.seed,
+            seed,
         )
     };
-    let items = llm_load::workload::load_workload(&args.workload)?;
     let wasm = args
         .wasm
         .clone()
@@ -100,24 +121,28 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         Some(Value::Array(w)) => w.len(),
         _ => args.pd.engines(args.workers),
     };
-    let sim = host_sim::replay::Replay {
-        workers: args.workers,
-        pd,
-        vms: args.vms,
-        concurrency: args.concurrency,
-        engine: EngineSpec {
-            max_running: args.max_running,
-            latency: Latency {
-                ttft_ms: args.ttft_ms,
-                prefill_us_per_token: args.prefill_us_per_token,
-                decode_ms_per_token: args.decode_ms_per_token,
+    let sim = member.as_ref().map_or_else(
+        || host_sim::replay::Replay {
+            workers: args.workers,
+            pd,
+            vms: args.vms,
+            concurrency: args.concurrency,
+            engine: EngineSpec {
+                max_running: args.max_running,
+                latency: Latency {
+                    ttft_ms: args.ttft_ms,
+                    prefill_us_per_token: args.prefill_us_per_token,
+                    decode_ms_per_token: args.decode_ms_per_token,
+                },
+                ..EngineSpec::default()
             },
-            ..EngineSpec::default()
+            engine_specs: Vec::new(),
+            collector_interval_ms: (args.collector_interval_ms > 0)
+                .then_some(args.collector_interval_ms),
         },
-        engine_specs: Vec::new(),
-        collector_interval_ms: (args.collector_interval_ms > 0)
-            .then_some(args.collector_interval_ms),
-    };
+        |m| host_sim::sweep::replay_of(m, args.vms),
+    );
+    let engines = member.as_ref().map_or(engines, |m| m.engines.len());
     let run_policy = |policy: &str, no_gate: bool| -> Result<RunResult> {
         let label = if no_gate {
             format!("{policy}+no_gate")
@@ -128,7 +153,7 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             "host-sim replay: {} requests, {label}, {engines} engines, {} VM(s), concurrency {}",
             items.len(),
             args.vms,
-            args.concurrency
+            sim.concurrency
         );
         let done = sim.run(&filter, &config(policy, no_gate)?, &items)?;
         if let Some(dir) = &args.records_dir {
