@@ -301,7 +301,10 @@ fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
     assert_eq!(last["requests"], json!(items.len()));
     assert_eq!(last["workers"], json!(member.engines.len()));
     let cached = last["cached_token_ratio"].as_f64().unwrap();
-    assert!((cached - swept.cached).abs() < 1e-4, "{cached} vs {swept:?}");
+    assert!(
+        (cached - swept.cached).abs() < 1e-4,
+        "{cached} vs {swept:?}"
+    );
     let records = std::fs::read_to_string(dir.join("cache_aware.jsonl")).unwrap();
     assert_eq!(records.lines().count(), items.len());
     let _ = std::fs::remove_dir_all(&dir);
@@ -310,6 +313,9 @@ fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
         .args(["replay", "--family", "6", "--workers", "3"])
         .output()
         .expect("host-sim runs");
-    assert!(!both.status.success(), "the member's fleet is not overridden");
+    assert!(
+        !both.status.success(),
+        "the member's fleet is not overridden"
+    );
     assert!(String::from_utf8_lossy(&both.stderr).contains("--workers"));
 }
