@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::callgrind::Counter;
 use crate::canned::Canned;
 use crate::cpu;
+use crate::memory;
 
 /// The filter that only buffers and reads the body.
 pub const FLOOR: &str = "floor";
@@ -97,6 +98,11 @@ pub struct Measured {
     pub first_error: Option<String>,
     /// Router variants: the share of routed requests labelled `cache_hit`.
     pub hit_rate: Option<f64>,
+    /// Envoy's resident memory after each repetition's loaded phase (`memory`).
+    pub rss_bytes: Vec<u64>,
+    /// The router's VMs' Wasm memory together, at the same moments (none for the
+    /// floor).
+    pub vm_bytes: Vec<u64>,
 }
 
 impl Measured {
@@ -351,6 +357,8 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
             m.rps
                 .push(ph.requests as f64 / ph.wall.as_secs_f64().max(1e-9));
             h.count(&m.variant, envoy)?;
+            m.rss_bytes.push(memory::rss_bytes(envoy.pid())?);
+            m.vm_bytes.extend(memory::vm_bytes(&envoy.stats()?));
         }
     }
     for (m, h) in measured.iter_mut().zip(hits) {

@@ -32,6 +32,7 @@ mod bench;
 mod callgrind;
 mod canned;
 mod cpu;
+mod memory;
 
 use anyhow::{bail, Result};
 use bench::{Counted, Load, Measured, Point, FLOOR, FLOOR_HOSTCALLS};
@@ -185,8 +186,8 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
     let calls = results.iter().find(|m| m.variant == FLOOR_HOSTCALLS);
     let mut out = format!(
         "\n{} workers, {} bodies, Envoy --concurrency {}\n\n\
-         | variant | p50 / p99 ms (1 conn) | req/s (64 conn) | x floor | Envoy CPU us/req | x floor | - floor us | - floor us, paired | of it user space, paired | - floor with hostcalls us, paired | CPU us/req at 1 conn | cache_hit |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | variant | p50 / p99 ms (1 conn) | req/s (64 conn) | x floor | Envoy CPU us/req | x floor | - floor us | - floor us, paired | of it user space, paired | - floor with hostcalls us, paired | CPU us/req at 1 conn | cache_hit | Envoy RSS MiB | VMs' memory MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         p.workers,
         size_label(p.body_bytes),
         p.threads
@@ -200,7 +201,7 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
         let user = floor.map_or(f64::NAN, |f| paired_above(&m.user_runs, &f.user_runs));
         let own = calls.map_or(f64::NAN, |c| paired_above(&m.cpu_runs, &c.cpu_runs));
         out += &format!(
-            "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:+.0} | {:+.0} | {} | {:.0} | {} |\n",
+            "| {} | {:.2} / {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:+.0} | {:+.0} | {:+.0} | {} | {:.0} | {} | {} | {} |\n",
             m.variant,
             percentile(&m.latencies_ms, 50.0),
             percentile(&m.latencies_ms, 99.0),
@@ -213,7 +214,9 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             user,
             signed_us(own),
             m.cpu_c1_us_per_request(),
-            hit
+            hit,
+            mib(&m.rss_bytes),
+            mib(&m.vm_bytes),
         );
         if m.errors > 0 {
             out += &format!(
@@ -238,12 +241,23 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
             "requests": m.requests,
             "errors": m.errors,
             "cache_hit_rate": m.hit_rate,
+            "rss_bytes_runs": m.rss_bytes,
+            "vm_memory_bytes_runs": m.vm_bytes,
         }));
     }
     let j = json!({
         "workers": p.workers, "body_bytes": p.body_bytes, "threads": p.threads, "variants": rows
     });
     (out, j)
+}
+
+/// The largest of a variant's memory readings in MiB (`-`: none, as the floor's
+/// VMs report none): a tree only grows over a run.
+fn mib(readings: &[u64]) -> String {
+    readings
+        .iter()
+        .max()
+        .map_or("-".to_string(), |&b| format!("{:.1}", b as f64 / (1 << 20) as f64))
 }
 
 /// `n` rounded, with thousands separated by commas (`225,609`).
