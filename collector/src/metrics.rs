@@ -4,6 +4,7 @@
 //! label set (model name, data-parallel rank, ...). The router wants one number per
 //! engine, so counts are summed over label sets, usage takes the max (the fullest
 //! rank is the one that will preempt), and histograms are summed bucket by bucket.
+//! The KV cache's capacity is one engine's pool: the largest label set's.
 
 use crate::histogram::Buckets;
 use prometheus_parse::{Sample, Scrape, Value};
@@ -32,6 +33,20 @@ struct Names {
     usage: &'static [&'static str],
     ttft: &'static [&'static str],
     tpot: &'static [&'static str],
+    capacity: Capacity,
+}
+
+/// Where an engine family states its KV cache's size in tokens.
+enum Capacity {
+    /// An info metric (value 1) whose labels hold the block count and the tokens
+    /// per block: vLLM's `vllm:cache_config_info{num_gpu_blocks, block_size}`.
+    Blocks {
+        info: &'static str,
+        blocks: &'static str,
+        block_size: &'static str,
+    },
+    /// A gauge of tokens: SGLang's `sglang:max_total_num_tokens`.
+    Tokens(&'static str),
 }
 
 const VLLM: Names = Names {
@@ -46,6 +61,11 @@ const VLLM: Names = Names {
         "vllm:inter_token_latency_seconds",
         "vllm:time_per_output_token_seconds",
     ],
+    capacity: Capacity::Blocks {
+        info: "vllm:cache_config_info",
+        blocks: "num_gpu_blocks",
+        block_size: "block_size",
+    },
 };
 
 const SGLANG: Names = Names {
@@ -58,6 +78,7 @@ const SGLANG: Names = Names {
         "sglang:inter_token_latency_seconds",
         "sglang:time_per_output_token_seconds",
     ],
+    capacity: Capacity::Tokens("sglang:max_total_num_tokens"),
 };
 
 /// One scrape, reduced to what routing uses.
@@ -71,6 +92,8 @@ pub struct EngineMetrics {
     /// Cumulative TTFT buckets summed over label sets; `None` when absent.
     pub ttft: Option<Buckets>,
     pub tpot: Option<Buckets>,
+    /// Tokens the KV cache holds at most; `None` when the engine does not say.
+    pub kv_capacity_tokens: Option<f64>,
 }
 
 /// prometheus-parse matches metric names with `\w+`, which does not admit the `:`
@@ -144,6 +167,32 @@ fn max_of(samples: &[Sample], names: &[&str]) -> Option<f64> {
     })
 }
 
+/// The KV cache's tokens as `capacity` states them, the largest label set's;
+/// `None` when absent or not a positive number.
+fn capacity_tokens(samples: &[Sample], capacity: &Capacity) -> Option<f64> {
+    let tokens = match *capacity {
+        Capacity::Tokens(name) => max_of(samples, &[name])?,
+        Capacity::Blocks {
+            info,
+            blocks,
+            block_size,
+        } => samples
+            .iter()
+            .filter(|s| s.metric == info)
+            .filter_map(|s| {
+                let label = |name: &str| {
+                    s.labels
+                        .get(name)
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                };
+                Some(label(blocks)? * label(block_size)?)
+            })
+            .filter(|t| t.is_finite())
+            .reduce(f64::max)?,
+    };
+    (tokens.is_finite() && tokens > 0.0).then_some(tokens)
+}
+
 /// Histogram buckets summed over label sets for the first present metric in
 /// `names`. Buckets are matched by bound; a bound missing from one label set simply
 /// contributes nothing there, which is what summing the series in PromQL does.
@@ -189,6 +238,7 @@ pub fn extract(text: &str) -> Result<EngineMetrics, String> {
             kv_usage: max_of(&samples, names.usage).map(|u| u.clamp(0.0, 1.0)),
             ttft: histogram(&samples, names.ttft),
             tpot: histogram(&samples, names.tpot),
+            kv_capacity_tokens: capacity_tokens(&samples, &names.capacity),
         });
     }
     Err("no vLLM or SGLang queue metrics in /metrics".to_string())
@@ -208,6 +258,9 @@ vllm:num_requests_running{model_name="mock"} 1.0
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{model_name="mock"} 0.42
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="4096"} 1.0
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="mock"} 0
@@ -242,6 +295,9 @@ sglang:num_running_reqs{model_name="mock"} 1.0
 # HELP sglang:token_usage The token usage.
 # TYPE sglang:token_usage gauge
 sglang:token_usage{model_name="mock"} 0.25
+# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="mock"} 65536.0
 # HELP sglang:cache_hit_rate The prefix cache hit rate.
 # TYPE sglang:cache_hit_rate gauge
 sglang:cache_hit_rate{model_name="mock"} 0.0
@@ -278,6 +334,7 @@ sglang:generation_tokens_total{model_name="mock"} 8
             ])
         );
         assert_eq!(m.tpot, Some(vec![(0.01, 7.0), (0.025, 7.0), (INF, 7.0)]));
+        assert_eq!(m.kv_capacity_tokens, Some(4096.0 * 16.0));
     }
 
     #[test]
@@ -290,6 +347,38 @@ sglang:generation_tokens_total{model_name="mock"} 8
         );
         assert_eq!(m.ttft, Some(vec![(0.001, 0.0), (0.005, 1.0), (INF, 1.0)]));
         assert_eq!(m.tpot, None, "the mock exports no SGLang TPOT histogram");
+        assert_eq!(m.kv_capacity_tokens, Some(65536.0));
+    }
+
+    #[test]
+    fn capacity_is_one_pools_and_absent_or_odd_is_unknown() {
+        let queue = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n";
+        let vllm = |info: &str| {
+            extract(&format!("{queue}{info}"))
+                .unwrap()
+                .kv_capacity_tokens
+        };
+        assert_eq!(
+            vllm(
+                "vllm:cache_config_info{engine=\"0\",block_size=\"16\",num_gpu_blocks=\"100\"} 1\n\
+                 vllm:cache_config_info{engine=\"1\",block_size=\"16\",num_gpu_blocks=\"300\"} 1\n"
+            ),
+            Some(4800.0),
+            "data-parallel engines each have their own pool: the largest"
+        );
+        assert_eq!(vllm(""), None, "not exported");
+        for odd in [
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n",
+            "vllm:cache_config_info{block_size=\"16\"} 1\n",
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"0\"} 1\n",
+            "vllm:cache_config_info{block_size=\"-16\",num_gpu_blocks=\"8\"} 1\n",
+        ] {
+            assert_eq!(vllm(odd), None, "{odd}");
+        }
+        let sglang = "sglang:num_queue_reqs 0\nsglang:num_running_reqs 0\n\
+                      sglang:max_total_num_tokens{tp_rank=\"0\"} 1000\n\
+                      sglang:max_total_num_tokens{tp_rank=\"1\"} 1000\n";
+        assert_eq!(extract(sglang).unwrap().kv_capacity_tokens, Some(1000.0));
     }
 
     #[test]

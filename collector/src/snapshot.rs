@@ -17,7 +17,9 @@
 use crate::membership::{Naming, Worker};
 use crate::metrics::EngineMetrics;
 use bytes::Bytes;
-use llm_router_push::{Push, WorkerStats, MAX_KV_USAGE, MAX_QUEUE, MAX_TPOT_S, MAX_TTFT_S};
+use llm_router_push::{
+    Push, WorkerStats, MAX_KV_CAPACITY_TOKENS, MAX_KV_USAGE, MAX_QUEUE, MAX_TPOT_S, MAX_TTFT_S,
+};
 
 /// The `collector` field: lets the filter's logs tell which pusher sent what.
 pub const COLLECTOR_NAME: &str = "llm-collector";
@@ -34,6 +36,13 @@ fn count(v: f64) -> u64 {
     } else {
         0
     }
+}
+
+/// A token count the filter takes: whole, positive and under its ceiling, or left
+/// out (an engine stating an absurd cache is not believed).
+fn tokens(v: Option<f64>) -> Option<u64> {
+    let v = v.filter(|v| v.is_finite() && *v >= 1.0)?.round();
+    (v <= MAX_KV_CAPACITY_TOKENS as f64).then_some(v as u64)
 }
 
 /// How the filter finds the worker: by name, or by address for pool hosts.
@@ -57,6 +66,7 @@ pub fn reachable(
         kv_usage: clean(m.kv_usage, MAX_KV_USAGE),
         ttft_p90_s: clean(ttft_p90, MAX_TTFT_S),
         tpot_p90_s: clean(tpot_p90, MAX_TPOT_S),
+        kv_capacity_tokens: tokens(m.kv_capacity_tokens),
         ..WorkerStats::reachable(name, address)
     }
 }
@@ -107,6 +117,7 @@ mod tests {
             kv_usage: Some(0.42),
             ttft: None,
             tpot: None,
+            kv_capacity_tokens: Some(65536.0),
         };
         let w0 = Worker {
             cluster: Some("engine_w0".into()),
@@ -128,7 +139,7 @@ mod tests {
         // Compared as JSON values: key order is not part of the contract (and depends
         // on serde_json's `preserve_order`, which the workspace turns on).
         let want: serde_json::Value = serde_json::from_str(
-            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
+            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_capacity_tokens":65536,"kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_capacity_tokens":65536,"kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
         )
         .unwrap();
         let got: serde_json::Value = serde_json::from_slice(&body(&s)).unwrap();
@@ -198,6 +209,7 @@ mod tests {
                 kv_usage: Some(v),
                 ttft: None,
                 tpot: None,
+                kv_capacity_tokens: Some(v),
             };
             let s = snapshot(vec![reachable(&w, &m, Some(v), Some(v))], &[]);
             let reports = llm_router::push::parse_push(&body(&s), 1 << 20, &config.workers, 0)
@@ -206,6 +218,22 @@ mod tests {
                 matches!(reports[0], Some(Report::Sample(_))),
                 "{v}: {reports:?}"
             );
+        }
+    }
+
+    #[test]
+    fn capacities_are_whole_tokens_within_the_ceiling() {
+        assert_eq!(tokens(Some(65536.0)), Some(65536));
+        assert_eq!(tokens(Some(2.6)), Some(3));
+        for odd in [
+            None,
+            Some(0.0),
+            Some(0.4),
+            Some(-5.0),
+            Some(f64::NAN),
+            Some(1e300),
+        ] {
+            assert_eq!(tokens(odd), None, "{odd:?}");
         }
     }
 

@@ -23,6 +23,8 @@ pub struct EngineSample {
     pub kv_usage: Option<f64>,
     pub ttft_p90_s: Option<f64>,
     pub tpot_p90_s: Option<f64>,
+    /// Tokens the engine's KV cache holds at most, as the engine states it.
+    pub kv_capacity_tokens: Option<u64>,
     /// Filter clock (ms) when the push arrived.
     pub at_ms: u64,
 }
@@ -274,6 +276,7 @@ impl EngineSample {
             kv_usage: None,
             ttft_p90_s: None,
             tpot_p90_s: None,
+            kv_capacity_tokens: None,
             at_ms,
         }
     }

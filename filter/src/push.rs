@@ -123,6 +123,7 @@ fn report(stats: &WorkerStats, now_ms: u64) -> Report {
         kv_usage: stats.kv_usage,
         ttft_p90_s: stats.ttft_p90_s,
         tpot_p90_s: stats.tpot_p90_s,
+        kv_capacity_tokens: stats.kv_capacity_tokens,
         at_ms: now_ms,
     })
 }
@@ -188,6 +189,7 @@ mod tests {
                     kv_usage: Some(0.5),
                     ttft_p90_s: Some(0.8),
                     tpot_p90_s: Some(0.02),
+                    kv_capacity_tokens: Some(65536),
                     ..WorkerStats::reachable(Some("w1".into()), None)
                 },
                 WorkerStats::unreachable(None, Some("10.0.0.1:8000".into()), "refused".into()),
@@ -204,6 +206,7 @@ mod tests {
             kv_usage: Some(0.5),
             ttft_p90_s: Some(0.8),
             tpot_p90_s: Some(0.02),
+            kv_capacity_tokens: Some(65536),
             at_ms: 9,
         };
         assert_eq!(

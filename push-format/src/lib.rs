@@ -30,6 +30,9 @@ pub const MAX_KV_USAGE: f64 = 1.0;
 pub const MAX_TTFT_S: f64 = 3600.0;
 /// Ceiling of `tpot_p90_s`, seconds.
 pub const MAX_TPOT_S: f64 = 60.0;
+/// Ceiling of `kv_capacity_tokens`: 2^40 tokens is thousands of times any GPU's KV
+/// cache today.
+pub const MAX_KV_CAPACITY_TOKENS: u64 = 1 << 40;
 
 /// One snapshot, the body of a `POST` to the filter's stats path.
 ///
@@ -127,6 +130,13 @@ pub struct WorkerStats {
     #[serde(default, deserialize_with = "field::tpot_p90_s")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tpot_p90_s: Option<f64>,
+    /// Tokens the engine's KV cache holds at most: vLLM's `vllm:cache_config_info`
+    /// labels `num_gpu_blocks` times `block_size`, SGLang's
+    /// `sglang:max_total_num_tokens` (the largest label set's: one engine's pool).
+    /// What the engine can keep cached, whatever was routed to it.
+    #[serde(default, deserialize_with = "field::kv_capacity_tokens")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 fn answered() -> bool {
@@ -148,6 +158,7 @@ impl WorkerStats {
             kv_usage: None,
             ttft_p90_s: None,
             tpot_p90_s: None,
+            kv_capacity_tokens: None,
         }
     }
 
@@ -209,15 +220,16 @@ mod field {
         bool::deserialize(d).map_err(|_: D::Error| refuse(field, &"a boolean"))
     }
 
-    /// A count within `0..=MAX_QUEUE`, or nothing.
+    /// A count within `0..=max`, or nothing.
     #[inline(never)]
-    fn count<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<Option<u64>, D::Error> {
+    fn count<'de, D: Deserializer<'de>>(
+        d: D,
+        field: &str,
+        max: u64,
+    ) -> Result<Option<u64>, D::Error> {
         match Option::<u64>::deserialize(d) {
-            Ok(v) if v.is_none_or(|v| v <= MAX_QUEUE) => Ok(v),
-            _ => Err(refuse(
-                field,
-                &format_args!("an integer within 0..={MAX_QUEUE}"),
-            )),
+            Ok(v) if v.is_none_or(|v| v <= max) => Ok(v),
+            _ => Err(refuse(field, &format_args!("an integer within 0..={max}"))),
         }
     }
 
@@ -248,8 +260,9 @@ mod field {
         reachable: bool = flag();
         error: Option<String> = text();
         engine: Option<String> = text();
-        num_waiting: Option<u64> = count();
-        num_running: Option<u64> = count();
+        num_waiting: Option<u64> = count(MAX_QUEUE);
+        num_running: Option<u64> = count(MAX_QUEUE);
+        kv_capacity_tokens: Option<u64> = count(MAX_KV_CAPACITY_TOKENS);
         kv_usage: Option<f64> = number(MAX_KV_USAGE);
         ttft_p90_s: Option<f64> = number(MAX_TTFT_S);
         tpot_p90_s: Option<f64> = number(MAX_TPOT_S);
@@ -282,6 +295,7 @@ mod tests {
                     num_waiting: Some(3),
                     kv_usage: Some(0.5),
                     ttft_p90_s: Some(0.8),
+                    kv_capacity_tokens: Some(32768),
                     ..WorkerStats::reachable(Some("w0".into()), None)
                 },
                 WorkerStats::unreachable(None, Some("10.0.0.1:8000".into()), "refused".into()),
@@ -295,7 +309,7 @@ mod tests {
         let json = serde_json::to_string(&push).unwrap();
         assert_eq!(
             json,
-            r#"{"collector":"llm-collector","seq":7,"interval_ms":1000,"workers":[{"name":"w0","reachable":true,"engine":"vllm","num_waiting":3,"kv_usage":0.5,"ttft_p90_s":0.8},{"address":"10.0.0.1:8000","reachable":false,"error":"refused"}],"membership":[{"name":"w0","cluster":"engine_w0"}]}"#,
+            r#"{"collector":"llm-collector","seq":7,"interval_ms":1000,"workers":[{"name":"w0","reachable":true,"engine":"vllm","num_waiting":3,"kv_usage":0.5,"ttft_p90_s":0.8,"kv_capacity_tokens":32768},{"address":"10.0.0.1:8000","reachable":false,"error":"refused"}],"membership":[{"name":"w0","cluster":"engine_w0"}]}"#,
             "absent numbers are left out, not sent as zeros"
         );
         assert_eq!(parse(&json), Ok(push));
@@ -341,6 +355,14 @@ mod tests {
             ("kv_usage", "1", "1.0001", "1e300", "-0.1", "true"),
             ("ttft_p90_s", "3600", "3600.001", "1e400", "-1", "\"x\""),
             ("tpot_p90_s", "60", "60.5", "1e300", "-1e-9", "[]"),
+            (
+                "kv_capacity_tokens",
+                "1099511627776",
+                "1099511627777",
+                "18446744073709551615",
+                "-1",
+                "2.5",
+            ),
         ];
         for (field, ceiling, over, far, negative, wrong) in cases {
             assert!(
@@ -386,7 +408,7 @@ mod tests {
     #[test]
     fn fields_a_newer_collector_adds_are_passed_over() {
         let push = parse(
-            r#"{"workers":[{"name":"w0","num_waiting":2,"kv_capacity_tokens":{"a":[1]}}],"schema":2}"#,
+            r#"{"workers":[{"name":"w0","num_waiting":2,"kv_events_cursor":{"a":[1]}}],"schema":2}"#,
         )
         .expect("a push with fields this build does not know is read");
         assert_eq!(

@@ -121,6 +121,9 @@ pub struct Snapshot {
     pub running: usize,
     /// Cached blocks / capacity, 0..=1.
     pub kv_usage: f64,
+    /// The prefix cache's size: blocks, and tokens a block holds.
+    pub cache_blocks: usize,
+    pub block_tokens: usize,
     /// Prompt tokens looked up in the prefix cache.
     pub cache_query_tokens: u64,
     /// Tokens found in the prefix cache.
@@ -152,6 +155,19 @@ pub fn render(style: MetricsStyle, snap: &Snapshot) -> String {
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
                 snap.kv_usage,
+            );
+            // An info metric: its labels are the cache's configuration (vLLM's own
+            // carries more of them, and no model name).
+            header(
+                &mut out,
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                "gauge",
+            );
+            let _ = writeln!(
+                out,
+                "vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\"}} 1.0",
+                snap.block_tokens, snap.cache_blocks
             );
             r.ttft.render(
                 &mut out,
@@ -212,6 +228,12 @@ pub fn render(style: MetricsStyle, snap: &Snapshot) -> String {
                 "sglang:token_usage",
                 "The token usage.",
                 snap.kv_usage,
+            );
+            gauge(
+                &mut out,
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+                (snap.cache_blocks * snap.block_tokens) as f64,
             );
             let hit_rate = if snap.cache_query_tokens == 0 {
                 0.0
@@ -317,6 +339,8 @@ mod tests {
             waiting: 1,
             running: 2,
             kv_usage: 0.25,
+            cache_blocks: 4096,
+            block_tokens: 16,
             cache_query_tokens: 100,
             cache_hit_tokens: 40,
             registry,
@@ -347,6 +371,9 @@ mod tests {
         assert!(text.contains("vllm:num_requests_waiting{model_name=\"mock\"} 1.0\n"));
         assert!(text.contains("vllm:num_requests_running{model_name=\"mock\"} 2.0\n"));
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"mock\"} 0.25\n"));
+        assert!(text.contains(
+            "vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"True\",num_gpu_blocks=\"4096\"} 1.0\n"
+        ));
         assert!(text.contains(
             "vllm:time_to_first_token_seconds_bucket{le=\"0.005\",model_name=\"mock\"} 1\n"
         ));
@@ -380,6 +407,7 @@ mod tests {
         assert!(text.contains("sglang:num_queue_reqs{model_name=\"mock\"} 1.0\n"));
         assert!(text.contains("sglang:num_running_reqs{model_name=\"mock\"} 2.0\n"));
         assert!(text.contains("sglang:token_usage{model_name=\"mock\"} 0.25\n"));
+        assert!(text.contains("sglang:max_total_num_tokens{model_name=\"mock\"} 65536.0\n"));
         assert!(text.contains("sglang:cache_hit_rate{model_name=\"mock\"} 0.4\n"));
         assert!(text.contains("# TYPE sglang:time_to_first_token_seconds histogram\n"));
         assert!(!text.contains("vllm:"));

@@ -331,9 +331,21 @@ fn shared_prefix_streaming_and_metrics() {
     );
     let kv = metric(&samples, "vllm:kv_cache_usage_perc");
     assert!(kv > 0.0 && kv <= 1.0);
-    assert!(samples
+    // vLLM's info metric describes the cache, not a model: no model name, as there.
+    let (info, series): (Vec<_>, Vec<_>) = samples
+        .iter()
+        .partition(|(name, _, _)| name == "vllm:cache_config_info");
+    assert!(series
         .iter()
         .all(|(_, labels, _)| labels.contains("model_name=\"mock\"")));
+    let [(_, labels, one)] = info.as_slice() else {
+        panic!("one cache_config_info: {info:?}")
+    };
+    assert_eq!(*one, 1.0);
+    assert!(
+        labels.contains("num_gpu_blocks=\"4096\"") && labels.contains("block_size=\"16\""),
+        "the default cache: 4096 blocks of 64 chars, 16 tokens each: {labels}"
+    );
 }
 
 #[test]

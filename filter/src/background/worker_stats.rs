@@ -18,11 +18,13 @@ pub struct WorkerGauges {
     pub engine_running: u64,
     /// KV cache usage, percent rounded (0 without a fresh sample).
     pub engine_kv_usage_pct: u64,
+    /// KV cache capacity in tokens (0 without a fresh sample stating it).
+    pub engine_kv_capacity_tokens: u64,
 }
 
 impl WorkerGauges {
     /// The values in `metric_names::worker::GAUGES` order.
-    pub fn values(&self) -> [u64; 6] {
+    pub fn values(&self) -> [u64; 7] {
         [
             self.inflight,
             u64::from(self.overloaded),
@@ -30,6 +32,7 @@ impl WorkerGauges {
             self.engine_waiting,
             self.engine_running,
             self.engine_kv_usage_pct,
+            self.engine_kv_capacity_tokens,
         ]
     }
 }
@@ -57,6 +60,7 @@ pub fn worker_gauges(cfg: &Config, loads: &Loads) -> Vec<WorkerGauges> {
                     .kv_usage
                     .filter(|u| u.is_finite())
                     .map_or(0, |u| (u.clamp(0.0, 1.0) * 100.0).round() as u64);
+                g.engine_kv_capacity_tokens = s.kv_capacity_tokens.unwrap_or(0);
             }
             g
         })
@@ -73,6 +77,7 @@ mod tests {
     fn sample(waiting: u64, kv: Option<f64>, at_ms: u64) -> Option<Report> {
         Some(Report::Sample(EngineSample {
             kv_usage: kv,
+            kv_capacity_tokens: kv.map(|_| 65536),
             ..EngineSample::queue(waiting, 2, at_ms)
         }))
     }
@@ -99,15 +104,15 @@ mod tests {
         };
         let g = worker_gauges(&cfg, &loads);
         assert_eq!(g.len(), 4, "one per configured worker");
-        assert_eq!(g[0].values(), [3, 0, 0, 4, 2, 46]);
+        assert_eq!(g[0].values(), [3, 0, 0, 4, 2, 46, 65536]);
         assert_eq!(
             g[1].values(),
-            [0, 1, 0, 0, 0, 0],
+            [0, 1, 0, 0, 0, 0, 0],
             "stale sample: no engine load"
         );
         assert_eq!(
             g[2].values(),
-            [1, 0, 1, 0, 0, 0],
+            [1, 0, 1, 0, 0, 0, 0],
             "unreachable, even when old"
         );
         assert_eq!(g[3], WorkerGauges::default(), "never reported");

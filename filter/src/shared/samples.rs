@@ -46,7 +46,8 @@ fn encode_table(workers: &[WorkerConfig], reports: &[Option<Report>]) -> Vec<u8>
         let v = match r {
             Some(Report::Sample(s)) => serde_json::json!({
                 "w": s.num_waiting, "r": s.num_running, "kv": s.kv_usage,
-                "ttft": s.ttft_p90_s, "tpot": s.tpot_p90_s, "at": s.at_ms,
+                "ttft": s.ttft_p90_s, "tpot": s.tpot_p90_s, "cap": s.kv_capacity_tokens,
+                "at": s.at_ms,
             }),
             Some(Report::Unreachable { at_ms }) => serde_json::json!({"down": true, "at": at_ms}),
             None => continue,
@@ -73,6 +74,7 @@ fn decode_table(bytes: &[u8], workers: &[WorkerConfig]) -> LoadTable {
                 kv_usage: v.get("kv").and_then(Value::as_f64),
                 ttft_p90_s: v.get("ttft").and_then(Value::as_f64),
                 tpot_p90_s: v.get("tpot").and_then(Value::as_f64),
+                kv_capacity_tokens: v.get("cap").and_then(Value::as_u64),
                 at_ms,
             }))
         })
@@ -91,6 +93,7 @@ mod tests {
         Report::Sample(EngineSample {
             kv_usage: Some(0.5),
             tpot_p90_s: Some(0.02),
+            kv_capacity_tokens: Some(8192),
             ..EngineSample::queue(waiting, running, at_ms)
         })
     }

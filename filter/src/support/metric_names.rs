@@ -137,15 +137,18 @@ pub mod worker {
     pub const ENGINE_RUNNING: &str = "engine_running";
     /// KV cache usage in percent (0-100).
     pub const ENGINE_KV_USAGE_PCT: &str = "engine_kv_usage_pct";
+    /// The KV cache's capacity in tokens, as the engine states it.
+    pub const ENGINE_KV_CAPACITY_TOKENS: &str = "engine_kv_capacity_tokens";
 
     /// Every gauge field, in the order `WorkerGauges::values` gives them.
-    pub const GAUGES: [&str; 6] = [
+    pub const GAUGES: [&str; 7] = [
         INFLIGHT,
         OVERLOADED,
         UNREACHABLE,
         ENGINE_WAITING,
         ENGINE_RUNNING,
         ENGINE_KV_USAGE_PCT,
+        ENGINE_KV_CAPACITY_TOKENS,
     ];
 }
 

@@ -49,6 +49,19 @@ fn dashboard_and_alert_queries_name_series_envoy_exports() {
             && !t.contains("llm_router_stats_pushes_accepted 0")
     };
     assert!(wait_until(ready), "gauges and pushes never showed");
+    // Each engine's KV capacity, read by the collector from the mock's
+    // `vllm:cache_config_info` (4096 blocks of 16 tokens), reaches Envoy's stats.
+    let capacity = |t: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("llm_router_worker_engine_kv_capacity_tokens{worker="))
+            .filter(|l| l.ends_with(" 65536"))
+            .count()
+    };
+    assert!(
+        wait_until(|| capacity(&f.envoy.prometheus().unwrap_or_default()) == 2),
+        "both engines' KV capacity: {}",
+        f.envoy.prometheus().unwrap_or_default()
+    );
     let text = f.envoy.prometheus().unwrap();
     let mut exported = BTreeSet::new();
     for line in text.lines() {

@@ -254,10 +254,9 @@ fn report(p: Point, results: &[Measured]) -> (String, serde_json::Value) {
 /// The largest of a variant's memory readings in MiB (`-`: none, as the floor's
 /// VMs report none): a tree only grows over a run.
 fn mib(readings: &[u64]) -> String {
-    readings
-        .iter()
-        .max()
-        .map_or("-".to_string(), |&b| format!("{:.1}", b as f64 / (1 << 20) as f64))
+    readings.iter().max().map_or("-".to_string(), |&b| {
+        format!("{:.1}", b as f64 / (1 << 20) as f64)
+    })
 }
 
 /// `n` rounded, with thousands separated by commas (`225,609`).

@@ -45,7 +45,10 @@ mod tests {
         let status = "Name:\tenvoy\nVmPeak:\t  900 kB\nVmRSS:\t  51200 kB\nThreads:\t9\n";
         assert_eq!(parse_rss(status), Some(51200 * 1024));
         assert_eq!(parse_rss("Name:\tenvoy\n"), None);
-        assert!(rss_bytes(std::process::id()).unwrap() > 0, "this process is resident");
+        assert!(
+            rss_bytes(std::process::id()).unwrap() > 0,
+            "this process is resident"
+        );
     }
 
     #[test]
