@@ -353,6 +353,17 @@ def nats_problems(texts=None):
     if not re.search(r"^\s*tls\s*\{[^}]*cert_file", body, re.M):
         errs.append("nats-server.conf has no tls block with a cert_file: the bus speaks clear "
                     "text")
+    # nats-server reads a `$VAR` reference's value as a config value, not as text: a
+    # generated password such as 1e5f... is read as a number and the server does
+    # not start. Passwords generated with a letter first are always text.
+    if re.search(r"password:\s*\$", body):
+        for text in texts.values():
+            for prefix in re.findall(r'--from-literal=password="([^"$]*)\$\(openssl rand', text):
+                if not prefix[:1].isalpha():
+                    errs.append("a NATS password is generated without a letter first "
+                                f"(password=\"{prefix}$(openssl rand ...\"): nats-server reads "
+                                "$NATS_BRIDGE_PASSWORD as a config value and does not start on "
+                                "one like 1e5f... (read as a number)")
     users = re.findall(r"user:\s*([\w.-]+)", body)
     if not re.search(r"^\s*authorization\s*\{", body, re.M) or not users:
         errs.append("nats-server.conf has no authorization users: the bus admits anyone")
@@ -464,6 +475,8 @@ def text_mutations():
          "kubectl -n nats create secret tls nats-server-tls", "CreateContainerConfigError"),
         ("nats-server.conf without tls", os.path.join("deploy", "nats", "nats-server.conf"),
          "tls {", "no_tls {", "clear text"),
+        ("a NATS password generated as bare hex", None,
+         'password="llm-$(openssl rand', 'password="$(openssl rand', "letter first"),
         ("nats-server.conf without authorization",
          os.path.join("deploy", "nats", "nats-server.conf"),
          "authorization {", "no_authorization {", "admits anyone"),
@@ -849,7 +862,8 @@ def start_nats(procs, tmp, tag):
     conf = re.sub(r"^http_port: \d+", f"http_port: {free_port()}", conf, flags=re.M)
     with open(os.path.join(d, "nats-server.conf"), "w") as f:
         f.write(conf)
-    password = secrets.token_hex(32)
+    # As the docs generate it: a letter first (see nats_problems).
+    password = "llm-" + secrets.token_hex(32)
     procs.start([nats_server_bin(), "-c", os.path.join(d, "nats-server.conf")],
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "nats.log"), "w"),
                 env=dict(os.environ, NATS_BRIDGE_PASSWORD=password))
