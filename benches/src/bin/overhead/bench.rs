@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::callgrind::Counter;
 use crate::canned::Canned;
 use crate::cpu;
-use crate::memory;
+use llm_bench::envoy_memory;
 
 /// The filter that only buffers and reads the body.
 pub const FLOOR: &str = "floor";
@@ -357,8 +357,9 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
             m.rps
                 .push(ph.requests as f64 / ph.wall.as_secs_f64().max(1e-9));
             h.count(&m.variant, envoy)?;
-            m.rss_bytes.push(memory::rss_bytes(envoy.pid())?);
-            m.vm_bytes.extend(memory::vm_bytes(&envoy.stats()?));
+            m.rss_bytes.push(envoy_memory::rss(envoy.pid())?);
+            m.vm_bytes
+                .extend(envoy_memory::vms_memory_bytes(&envoy.stats()?));
         }
     }
     for (m, h) in measured.iter_mut().zip(hits) {

@@ -32,7 +32,6 @@ mod bench;
 mod callgrind;
 mod canned;
 mod cpu;
-mod memory;
 
 use anyhow::{bail, Result};
 use bench::{Counted, Load, Measured, Point, FLOOR, FLOOR_HOSTCALLS};

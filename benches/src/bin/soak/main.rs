@@ -113,8 +113,8 @@ fn sample(fleet: &Fleet, requests: usize, errors: usize, started: Instant) -> Re
         requests,
         elapsed_s: started.elapsed().as_secs_f64(),
         errors,
-        envoy_rss_bytes: memory::rss(fleet.envoy.pid())?,
-        vms: memory::vm_gauges(&fleet.envoy.stats()?),
+        envoy_rss_bytes: llm_bench::envoy_memory::rss(fleet.envoy.pid())?,
+        vms: llm_bench::envoy_memory::vm_gauges(&fleet.envoy.stats()?),
     })
 }
 

@@ -9,15 +9,8 @@
 //! are within `bound_pct` percent of what they were then, and no VM was replaced (a
 //! VM that trapped is reloaded under a new id, starting small again).
 
-use llm_router::support::metric_names::{split_vm_metric, vm};
+pub use llm_bench::envoy_memory::Vm;
 use std::collections::BTreeMap;
-
-/// One VM's gauges.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Vm {
-    pub memory_bytes: u64,
-    pub tree_chars: u64,
-}
 
 /// One row of the table.
 #[derive(Debug, Clone, Default)]
@@ -28,37 +21,6 @@ pub struct Sample {
     pub envoy_rss_bytes: u64,
     /// By VM id.
     pub vms: BTreeMap<String, Vm>,
-}
-
-/// `VmRSS` of a `/proc/<pid>/status` text, in bytes.
-pub fn parse_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Envoy's resident memory now.
-pub fn rss(pid: u32) -> anyhow::Result<u64> {
-    let path = format!("/proc/{pid}/status");
-    let text = std::fs::read_to_string(&path)?;
-    parse_rss(&text).ok_or_else(|| anyhow::anyhow!("{path}: no VmRSS"))
-}
-
-/// The per-VM gauges among Envoy's `/stats` (`wasmcustom.llm_router_vm.<id>.<field>`).
-pub fn vm_gauges(stats: &BTreeMap<String, u64>) -> BTreeMap<String, Vm> {
-    let mut out: BTreeMap<String, Vm> = BTreeMap::new();
-    for (name, value) in stats {
-        let Some((id, field)) = name.strip_prefix("wasmcustom.").and_then(split_vm_metric) else {
-            continue;
-        };
-        let entry = out.entry(id.to_string()).or_default();
-        match field {
-            vm::MEMORY_BYTES => entry.memory_bytes = *value,
-            vm::TREE_CHARS => entry.tree_chars = *value,
-            _ => {}
-        }
-    }
-    out
 }
 
 /// Growth from the warm-up sample to the last one.
@@ -133,37 +95,6 @@ mod tests {
                 .collect(),
             ..Sample::default()
         }
-    }
-
-    #[test]
-    fn rss_is_read_in_bytes_from_the_status_file() {
-        let status = "Name:\tenvoy\nVmPeak:\t  900 kB\nVmRSS:\t   81234 kB\nThreads:\t12\n";
-        assert_eq!(parse_rss(status), Some(81234 * 1024));
-        assert_eq!(parse_rss("Name:\tx\n"), None);
-    }
-
-    #[test]
-    fn vm_gauges_are_grouped_by_id() {
-        let stats: BTreeMap<String, u64> = [
-            ("wasmcustom.llm_router_vm.0a0b.memory_bytes", 3 << 20),
-            ("wasmcustom.llm_router_vm.0a0b.tree_chars", 500),
-            ("wasmcustom.llm_router_vm.ffff.memory_bytes", 2 << 20),
-            ("wasmcustom.llm_router_tree_chars", 9),
-            ("wasmcustom.llm_router_worker.w0.routed", 1),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let vms = vm_gauges(&stats);
-        assert_eq!(vms.len(), 2);
-        assert_eq!(
-            vms["0a0b"],
-            Vm {
-                memory_bytes: 3 << 20,
-                tree_chars: 500
-            }
-        );
-        assert_eq!(vms["ffff"].tree_chars, 0);
     }
 
     #[test]

@@ -1,0 +1,3 @@
+//! What the benchmark binaries share.
+
+pub mod envoy_memory;
