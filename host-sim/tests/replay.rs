@@ -190,7 +190,18 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
         assert_eq!(o.errors, 0, "{}", o.policy);
         assert!((0.0..=1.0).contains(&o.cached), "{o:?}");
         assert!(o.ttft_p50_ms <= o.ttft_p99_ms, "{o:?}");
+        assert_eq!(o.per_engine.len(), member.engines.len(), "{o:?}");
+        assert_eq!(
+            o.per_engine.iter().sum::<u64>(),
+            items.len() as u64,
+            "every request is counted on its engine: {o:?}"
+        );
     }
+    assert!(
+        outcomes[2].per_engine.iter().all(|&n| n > 0),
+        "round robin uses every engine: {:?}",
+        outcomes[2]
+    );
     let again = sweep::run(&filter(), &member, 1, &items, "predicted_ttft").unwrap();
     assert_eq!(again, outcomes[1], "same member, same policy: same outcome");
     let variant = "predicted_ttft+load_factor=1.5";

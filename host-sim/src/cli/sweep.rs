@@ -164,7 +164,7 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
     for (seed, run) in runs {
         out += &format!("seed {seed}: {}\n", run.member.describe());
         out += &format!(
-            "  {:<width$} {:>7}  {:>8} {:>8}  {:>7}\n",
+            "  {:<width$} {:>7}  {:>8} {:>8}  {:>7}  requests per engine\n",
             "policy", "cached", "TTFT p50", "TTFT p99", "errors"
         );
         let top_cached = run.outcomes.iter().map(|o| o.cached).fold(0.0, f64::max);
@@ -184,14 +184,19 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
                 *best_p99.entry(&o.policy).or_default() += 1;
             }
             out += &format!(
-                "  {:<width$} {:>7.3}{} {:>8.1} {:>8.1}{} {:>7}\n",
+                "  {:<width$} {:>7.3}{} {:>8.1} {:>8.1}{} {:>7}  {}\n",
                 o.policy,
                 o.cached,
                 if cached_star { '*' } else { ' ' },
                 o.ttft_p50_ms,
                 o.ttft_p99_ms,
                 if p99_star { '*' } else { ' ' },
-                o.errors
+                o.errors,
+                o.per_engine
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join("/")
             );
         }
         if let Some(s) = Standing::of(default, &run.outcomes) {
@@ -290,7 +295,7 @@ fn json_line(run: &SeedRun) -> String {
         .iter()
         .map(|o| {
             json!({"policy": o.policy, "cached": o.cached, "ttft_p50_ms": o.ttft_p50_ms,
-                "ttft_p99_ms": o.ttft_p99_ms, "errors": o.errors})
+                "ttft_p99_ms": o.ttft_p99_ms, "errors": o.errors, "per_engine": o.per_engine})
         })
         .collect();
     let engines: Vec<_> = m

@@ -72,6 +72,9 @@ pub struct Outcome {
     pub ttft_p99_ms: f64,
     /// Requests that failed (a sound run has none).
     pub errors: usize,
+    /// Requests each engine served, engine `i` first: a policy that herds shows
+    /// here before it shows in the tail.
+    pub per_engine: Vec<u64>,
 }
 
 /// The engine mock's shape of one of the member's engines.
@@ -133,6 +136,12 @@ pub fn run(
         ttft_p50_ms,
         ttft_p99_ms,
         errors: s.errors,
+        per_engine: (0..member.engines.len())
+            .map(|i| {
+                let name = llm_load::fleet::worker_name(i);
+                s.per_worker.get(&name).copied().unwrap_or(0)
+            })
+            .collect(),
     })
 }
 
@@ -227,6 +236,7 @@ mod tests {
             ttft_p50_ms: ttft_p99_ms / 2.0,
             ttft_p99_ms,
             errors: 0,
+            per_engine: Vec::new(),
         }
     }
 
