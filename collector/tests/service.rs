@@ -523,49 +523,13 @@ async fn once_exit_codes() {
     );
 }
 
-/// A private CA and a server certificate for 127.0.0.1 signed by it.
-struct Pki {
-    ca_pem: String,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-fn pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "llm-collector test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    Pki {
-        ca_pem: ca.pem(),
-        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_scrape_and_push_trusting_a_private_ca() {
-    let pki = pki();
+    let pki = llm_test_pki::private_ca("llm-collector test CA");
     let ca_file = std::env::temp_dir().join(format!("llm-collector-ca-{}.pem", std::process::id()));
     std::fs::write(&ca_file, &pki.ca_pem).unwrap();
-    let engine = Server::start(Some(pki.acceptor.clone())).await;
-    let recv = Server::start(Some(pki.acceptor.clone())).await;
+    let engine = Server::start(Some(pki.acceptor())).await;
+    let recv = Server::start(Some(pki.acceptor())).await;
     assert!(engine.base().starts_with("https://"));
 
     // Trusted through --ca-file: scraped and pushed over TLS.

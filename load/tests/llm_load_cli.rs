@@ -138,31 +138,6 @@ async fn start_server_with(
     port
 }
 
-/// A private CA (PEM) and a TLS acceptor for 127.0.0.1 with a certificate it signed.
-fn private_ca() -> (String, tokio_rustls::TlsAcceptor) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    (ca.pem(), tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
 fn scratch(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("llm-load-cli");
     std::fs::create_dir_all(&dir).unwrap();
@@ -419,7 +394,8 @@ async fn open_loop_run_writes_records_and_counts_router_named_workers() {
 /// the system store's `SSL_CERT_FILE`, refused without it (every request fails, exit 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_runs_against_a_server_the_system_store_trusts() {
-    let (ca_pem, acceptor) = private_ca();
+    let pki = llm_test_pki::private_ca("llm-load test CA");
+    let (ca_pem, acceptor) = (pki.ca_pem.clone(), pki.acceptor());
     let port = start_server_with(Some(acceptor), Arc::default()).await;
     let ca_file = scratch("ca.pem");
     std::fs::write(&ca_file, ca_pem).unwrap();

@@ -502,23 +502,6 @@ fn a_bridge_joins_a_bus_that_requires_credentials_and_stops_clearly_without_them
     );
 }
 
-/// A private CA (PEM) and a certificate it signs for 127.0.0.1, with its key (PEM).
-fn private_ca() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "llm-bridge test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
-
 #[test]
 fn a_bridge_joins_a_bus_over_tls_trusting_the_ca_it_is_given() {
     if let Err(e) = nats_server_bin() {
@@ -532,7 +515,8 @@ fn a_bridge_joins_a_bus_over_tls_trusting_the_ca_it_is_given() {
         std::fs::write(&p, text).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let (ca, cert, cert_key) = private_ca();
+    let pki = llm_test_pki::private_ca("llm-bridge test CA");
+    let (ca, cert, cert_key) = (pki.ca_pem, pki.cert_pem, pki.key_pem);
     let (ca, cert, cert_key) = (
         write("ca.pem", &ca),
         write("server.pem", &cert),
