@@ -101,6 +101,18 @@ pub fn wait_for(what: &str, fleet: &Fleet, ok: impl Fn() -> bool) {
     }
 }
 
+/// The `overload` settings scaled to test time: a worker is overloaded at a TTFT
+/// p90 of 1 s or more, and recovers below 0.5 s after 3 probes in a row (every
+/// 200 ms) answered within 400 ms.
+pub fn overload_config() -> Value {
+    json!({
+        "ttft_enter_s": 1.0, "ttft_recover_s": 0.5,
+        "tpot_enter_s": 5.0, "tpot_recover_s": 1.0,
+        "probe_interval_ms": 200, "probe_timeout_ms": 400,
+        "probe_successes_to_recover": 3,
+    })
+}
+
 /// `path` in the repository (the tests read its shipped files: dashboard, rules).
 pub fn repo_path(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

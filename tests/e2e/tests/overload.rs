@@ -3,21 +3,10 @@
 //! prefix re-homed elsewhere), probed while flagged, and let back in only after it is
 //! fast again and its probes succeed.
 
-use e2e::support::{header, post, start, wait_for};
+use e2e::support::{header, overload_config, post, start, wait_for};
 use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-
-/// Thresholds scaled to test time: a worker is overloaded at TTFT p90 >= 1 s and
-/// recovers below 0.5 s after 3 probes answered within 400 ms in a row.
-fn overload_config() -> Value {
-    json!({"overload": {
-        "ttft_enter_s": 1.0, "ttft_recover_s": 0.5,
-        "tpot_enter_s": 5.0, "tpot_recover_s": 1.0,
-        "probe_interval_ms": 200, "probe_timeout_ms": 400,
-        "probe_successes_to_recover": 3,
-    }})
-}
 
 const SLOW_TTFT_MS: u64 = 1500;
 
@@ -34,7 +23,7 @@ fn set_ttft(addr: SocketAddr, ms: u64) {
 fn a_slow_worker_is_flagged_avoided_and_let_back_after_its_probes() {
     let f = start(&FleetSpec {
         workers: 3,
-        plugin_config: overload_config(),
+        plugin_config: json!({"overload": overload_config()}),
         collector_interval_ms: Some(100),
         collector_args: vec!["--window-s".into(), "3".into()],
         // Several VMs (two workers and the main thread) compete for the prober lease.

@@ -20,7 +20,7 @@
 //! end-to-end tests do without Envoy.
 
 use e2e::prometheus::{promtool_bin, sample_value, series_values, unix_now, Prometheus, Scrape};
-use e2e::support::{metric_names, repo_file, repo_path, start};
+use e2e::support::{metric_names, overload_config, repo_file, repo_path, start};
 use llm_demo::admin;
 use llm_demo::fleet::FleetSpec;
 use serde_json::{json, Value};
@@ -337,18 +337,6 @@ fn queries_reading_only_series_this_run_cannot_move_are_named() {
             .map(String::from)
             .into()
     );
-}
-
-/// Overload thresholds scaled to test time (as tests/e2e/tests/overload.rs): a
-/// worker is flagged at TTFT p90 >= 1 s and recovers below 0.5 s after 3 probes
-/// answered within 400 ms in a row.
-fn overload_config() -> Value {
-    json!({
-        "ttft_enter_s": 1.0, "ttft_recover_s": 0.5,
-        "tpot_enter_s": 5.0, "tpot_recover_s": 1.0,
-        "probe_interval_ms": 200, "probe_timeout_ms": 400,
-        "probe_successes_to_recover": 3,
-    })
 }
 
 /// One worker's overload episode, driven while the clients' traffic runs, each
