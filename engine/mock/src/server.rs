@@ -6,7 +6,7 @@
 //! tracks the simulated TTFT for both streaming and non-streaming requests. The task stops as
 //! soon as the receiving side is gone (client disconnected), dropping its slot with it.
 
-use crate::cache::{CacheLookup, PrefixCache, CHARS_PER_TOKEN};
+use crate::cache::{CacheLookup, PrefixCache};
 use crate::config::{Config, Role, MAX_OUTPUT_TOKENS};
 use crate::metrics::{self, Registry, Snapshot};
 use crate::pd::{self, Rooms, Transfer};
@@ -98,16 +98,17 @@ impl State {
     }
 
     fn snapshot(&self) -> Snapshot {
-        let (kv_usage, cache_blocks, cache_query_tokens, cache_hit_tokens) = {
+        let (kv_usage, cache_blocks, block_tokens, cache_query_tokens, cache_hit_tokens) = {
             let c = lock(&self.cache);
-            (c.usage(), c.capacity(), c.query_tokens(), c.hit_tokens())
+            let (usage, blocks, tokens) = (c.usage(), c.capacity(), c.block_tokens());
+            (usage, blocks, tokens, c.query_tokens(), c.hit_tokens())
         };
         Snapshot {
             waiting: self.slots.waiting(),
             running: self.slots.running(),
             kv_usage,
             cache_blocks,
-            block_tokens: (self.cfg.block_chars as usize).div_ceil(CHARS_PER_TOKEN),
+            block_tokens,
             cache_query_tokens,
             cache_hit_tokens,
             registry: lock(&self.registry).clone(),

@@ -119,6 +119,16 @@ impl PrefixCache {
         self.capacity
     }
 
+    /// Tokens a block holds (`block_size` in vLLM's `cache_config_info`).
+    pub fn block_tokens(&self) -> usize {
+        self.block_chars.div_ceil(CHARS_PER_TOKEN)
+    }
+
+    /// Tokens the cache holds at most, as an engine states its KV capacity.
+    pub fn capacity_tokens(&self) -> usize {
+        self.capacity * self.block_tokens()
+    }
+
     /// Blocks currently cached.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -209,6 +219,13 @@ mod tests {
 
     fn text(n: usize, c: char) -> String {
         std::iter::repeat_n(c, n).collect()
+    }
+
+    #[test]
+    fn capacity_in_tokens_is_blocks_times_the_tokens_a_block_holds() {
+        assert_eq!(PrefixCache::new(4096, 64).capacity_tokens(), 65536);
+        let odd = PrefixCache::new(10, 65);
+        assert_eq!((odd.block_tokens(), odd.capacity_tokens()), (17, 170));
     }
 
     #[test]

@@ -291,7 +291,7 @@ impl SimFleet {
                 num_waiting: Some(e.engine.num_waiting(now_ms) as u64),
                 num_running: Some(e.engine.num_running(now_ms) as u64),
                 kv_usage: Some(e.engine.cache().usage()),
-                kv_capacity_tokens: Some(capacity_tokens(e.engine.spec())),
+                kv_capacity_tokens: Some(e.engine.cache().capacity_tokens() as u64),
                 ..WorkerStats::reachable(Some(e.name.clone()), None)
             })
             .collect();
@@ -310,15 +310,6 @@ fn error(status: u32, kind: &str, message: &str, worker: &str) -> EngineAnswer {
         body: body.to_string().into_bytes(),
         served: None,
     }
-}
-
-/// The KV cache's tokens, as the engine mock states them (`vllm:cache_config_info`:
-/// its blocks times the tokens a block holds).
-fn capacity_tokens(spec: &engine_model::engine::EngineSpec) -> u64 {
-    let block_tokens = spec
-        .block_chars
-        .div_ceil(engine_model::cache::CHARS_PER_TOKEN);
-    (spec.cache_blocks * block_tokens) as u64
 }
 
 #[cfg(test)]
