@@ -365,6 +365,30 @@ fn set_ttft(addr: SocketAddr, ms: u64) {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
+/// Sends `prompt` through the router and returns the engine that answered it.
+fn served_by(listener: SocketAddr, prompt: &str) -> String {
+    let body = json!({"model": "mock", "prompt": prompt, "max_tokens": 2}).to_string();
+    let r = admin::post(listener, "/v1/completions", &body)
+        .unwrap_or_else(|e| panic!("POST through Envoy: {e:#}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let answer: Value = serde_json::from_str(&r.body).expect("the engine's JSON");
+    answer["worker"].as_str().unwrap_or_default().to_string()
+}
+
+/// A prompt only `worker` holds: new ones, each placed by load, until one lands
+/// there. The clients' prompts may all be held elsewhere when `worker` is flagged,
+/// and then no request ever has only flagged owners to filter out.
+fn prompt_held_by(listener: SocketAddr, worker: &str) -> String {
+    for i in 0..200 {
+        let prompt = format!("a question for one engine, number {i}: ")
+            + &"why do prefix caches miss? ".repeat(20);
+        if served_by(listener, &prompt) == worker {
+            return prompt;
+        }
+    }
+    panic!("200 new prompts, none placed on {worker}");
+}
+
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let dash: Value = serde_json::from_str(&repo_file("observe/grafana-dashboard.json"))
@@ -420,6 +444,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let run_clock = Instant::now();
     let deadline = run_clock + PANELS_DEADLINE;
     let mut episode = Episode::Baseline;
+    let mut held_by_w0 = String::new();
     let mut pending: Vec<Target> = targets.clone();
     let mut last: BTreeMap<String, String> = BTreeMap::new();
     let mut seen: Vec<(Target, String)> = Vec::new();
@@ -427,6 +452,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     while (!pending.is_empty() || episode != Episode::Recovered) && Instant::now() < deadline {
         match episode {
             Episode::Baseline if scraped("llm_router_overload_entered == 0") => {
+                held_by_w0 = prompt_held_by(f.envoy.listener, "w0");
                 // Two requests straight to its engine give the collector a TTFT over
                 // the threshold however little the router sends it.
                 set_ttft(slow, 1500);
@@ -446,6 +472,9 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
                     && scraped("llm_router_overload_probes_failed > 0")
                     && scraped(OVERLOADED_PENDING) =>
             {
+                // Its prefix's only owner is flagged: the request goes elsewhere,
+                // counted as an owner filtered out.
+                assert_ne!(served_by(f.envoy.listener, &held_by_w0), "w0");
                 set_ttft(slow, 0);
                 episode = Episode::Fast;
                 eprintln!("{:?}: w0 flagged, made fast", run_clock.elapsed());
