@@ -2,8 +2,9 @@
 //!
 //! vLLM and SGLang name the same ideas differently, and both export one series per
 //! label set (model name, data-parallel rank, ...). The router wants one number per
-//! engine, so counts are summed over label sets, usage takes the max (the fullest
-//! rank is the one that will preempt), and histograms are summed bucket by bucket.
+//! engine, so counts and counters are summed over label sets, usage takes the max
+//! (the fullest rank is the one that will preempt), and histograms are summed bucket
+//! by bucket.
 //! The KV cache's capacity is one engine's pool: the largest label set's.
 
 use crate::histogram::Buckets;
@@ -34,6 +35,8 @@ struct Names {
     ttft: &'static [&'static str],
     tpot: &'static [&'static str],
     capacity: Capacity,
+    /// The counter of prompt tokens processed, cached ones included.
+    prompt_tokens: &'static str,
 }
 
 /// Where an engine family states its KV cache's size in tokens.
@@ -66,6 +69,7 @@ const VLLM: Names = Names {
         blocks: "num_gpu_blocks",
         block_size: "block_size",
     },
+    prompt_tokens: "vllm:prompt_tokens_total",
 };
 
 const SGLANG: Names = Names {
@@ -79,6 +83,7 @@ const SGLANG: Names = Names {
         "sglang:time_per_output_token_seconds",
     ],
     capacity: Capacity::Tokens("sglang:max_total_num_tokens"),
+    prompt_tokens: "sglang:prompt_tokens_total",
 };
 
 /// One scrape, reduced to what routing uses.
@@ -94,6 +99,9 @@ pub struct EngineMetrics {
     pub tpot: Option<Buckets>,
     /// Tokens the KV cache holds at most; `None` when the engine does not say.
     pub kv_capacity_tokens: Option<f64>,
+    /// Prompt tokens the engine has processed since it started, cached ones
+    /// included, summed over label sets; `None` when the engine does not export it.
+    pub prompt_tokens_total: Option<f64>,
 }
 
 /// prometheus-parse matches metric names with `\w+`, which does not admit the `:`
@@ -239,6 +247,7 @@ pub fn extract(text: &str) -> Result<EngineMetrics, String> {
             ttft: histogram(&samples, names.ttft),
             tpot: histogram(&samples, names.tpot),
             kv_capacity_tokens: capacity_tokens(&samples, &names.capacity),
+            prompt_tokens_total: sum(&samples, names.prompt_tokens),
         });
     }
     Err("no vLLM or SGLang queue metrics in /metrics".to_string())
@@ -283,6 +292,9 @@ vllm:prefix_cache_queries_total{model_name="mock"} 3
 # HELP vllm:request_success_total Count of successfully processed requests.
 # TYPE vllm:request_success_total counter
 vllm:request_success_total{model_name="mock"} 1
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="mock"} 19
 "#;
 
     /// The shape of `engine-mock --metrics-style sglang`'s /metrics (buckets trimmed).
@@ -308,6 +320,12 @@ sglang:time_to_first_token_seconds_bucket{le="0.005",model_name="mock"} 1
 sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="mock"} 1
 sglang:time_to_first_token_seconds_sum{model_name="mock"} 0.001342143
 sglang:time_to_first_token_seconds_count{model_name="mock"} 1
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="mock"} 12
+# HELP sglang:cached_tokens_total Number of cached prompt tokens.
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="mock"} 4
 # HELP sglang:generation_tokens_total Number of generation tokens processed.
 # TYPE sglang:generation_tokens_total counter
 sglang:generation_tokens_total{model_name="mock"} 8
@@ -335,6 +353,7 @@ sglang:generation_tokens_total{model_name="mock"} 8
         );
         assert_eq!(m.tpot, Some(vec![(0.01, 7.0), (0.025, 7.0), (INF, 7.0)]));
         assert_eq!(m.kv_capacity_tokens, Some(4096.0 * 16.0));
+        assert_eq!(m.prompt_tokens_total, Some(19.0));
     }
 
     #[test]
@@ -348,6 +367,11 @@ sglang:generation_tokens_total{model_name="mock"} 8
         assert_eq!(m.ttft, Some(vec![(0.001, 0.0), (0.005, 1.0), (INF, 1.0)]));
         assert_eq!(m.tpot, None, "the mock exports no SGLang TPOT histogram");
         assert_eq!(m.kv_capacity_tokens, Some(65536.0));
+        assert_eq!(
+            m.prompt_tokens_total,
+            Some(12.0),
+            "cached tokens not added again"
+        );
     }
 
     #[test]
@@ -379,6 +403,76 @@ sglang:generation_tokens_total{model_name="mock"} 8
                       sglang:max_total_num_tokens{tp_rank=\"0\"} 1000\n\
                       sglang:max_total_num_tokens{tp_rank=\"1\"} 1000\n";
         assert_eq!(extract(sglang).unwrap().kv_capacity_tokens, Some(1000.0));
+    }
+
+    #[test]
+    fn prompt_tokens_are_summed_over_label_sets_and_absent_is_unknown() {
+        // vLLM V1 with two data-parallel engines, as prometheus_client writes it: a
+        // counter per label set, and a `_created` gauge beside it that is no count.
+        let vllm = r#"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+vllm:num_requests_running{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 120345.0
+vllm:prompt_tokens_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 98211.0
+# HELP vllm:prompt_tokens_created Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_created gauge
+vllm:prompt_tokens_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7512345678e+09
+vllm:prompt_tokens_created{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7512345679e+09
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 51234.0
+vllm:generation_tokens_total{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 40002.0
+"#;
+        let m = extract(vllm).unwrap();
+        assert_eq!((m.num_waiting, m.num_running), (1.0, 5.0));
+        assert_eq!(m.prompt_tokens_total, Some(120345.0 + 98211.0));
+
+        let sglang = r#"# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="Qwen/Qwen2.5-7B-Instruct"} 0.0
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="Qwen/Qwen2.5-7B-Instruct"} 4.0
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="Qwen/Qwen2.5-7B-Instruct"} 5.0421e+06
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="Qwen/Qwen2.5-7B-Instruct"} 812345.0
+"#;
+        let m = extract(sglang).unwrap();
+        assert_eq!(m.engine, Engine::Sglang);
+        assert_eq!(m.prompt_tokens_total, Some(5_042_100.0));
+
+        // Not exported (an older engine, or metrics trimmed): unknown, never 0. The
+        // other family's name does not count, nor does an unreadable value.
+        for text in [
+            "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n",
+            "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n\
+             sglang:prompt_tokens_total 7\n",
+            "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n\
+             vllm:prompt_tokens_total NaN\n",
+        ] {
+            assert_eq!(extract(text).unwrap().prompt_tokens_total, None, "{text}");
+        }
+        // A fresh engine has counted nothing yet: a known 0.
+        let fresh = "sglang:num_queue_reqs 0\nsglang:num_running_reqs 0\n\
+                     # TYPE sglang:prompt_tokens_total counter\n\
+                     sglang:prompt_tokens_total{model_name=\"m\"} 0\n";
+        assert_eq!(extract(fresh).unwrap().prompt_tokens_total, Some(0.0));
+        // OpenMetrics names the counter without `_total` in its TYPE line; the
+        // sample keeps the suffix and is read all the same.
+        let openmetrics = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n\
+                           # TYPE vllm:prompt_tokens counter\n\
+                           vllm:prompt_tokens_total{engine=\"0\"} 5\n";
+        assert_eq!(extract(openmetrics).unwrap().prompt_tokens_total, Some(5.0));
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::membership::{Naming, Worker};
 use crate::metrics::EngineMetrics;
 use bytes::Bytes;
 use llm_router_push::{
-    Push, WorkerStats, MAX_KV_CAPACITY_TOKENS, MAX_KV_USAGE, MAX_QUEUE, MAX_TPOT_S, MAX_TTFT_S,
+    Push, WorkerStats, MAX_KV_CAPACITY_TOKENS, MAX_KV_USAGE, MAX_PROMPT_TOKENS_TOTAL, MAX_QUEUE,
+    MAX_TPOT_S, MAX_TTFT_S,
 };
 
 /// The `collector` field: lets the filter's logs tell which pusher sent what.
@@ -45,6 +46,14 @@ fn tokens(v: Option<f64>) -> Option<u64> {
     (v <= MAX_KV_CAPACITY_TOKENS as f64).then_some(v as u64)
 }
 
+/// A counter's total the filter takes: whole, not negative and under its ceiling,
+/// or left out. Never held to the ceiling: a counter stuck there would read as an
+/// engine that stopped counting. Zero is known (an engine that has served nothing).
+fn total(v: Option<f64>) -> Option<u64> {
+    let v = v.filter(|v| v.is_finite() && *v >= 0.0)?.round();
+    (v <= MAX_PROMPT_TOKENS_TOTAL as f64).then_some(v as u64)
+}
+
 /// How the filter finds the worker: by name, or by address for pool hosts.
 fn identity(w: &Worker) -> (Option<String>, Option<String>) {
     let name = (w.naming == Naming::Named).then(|| w.name.clone());
@@ -67,6 +76,7 @@ pub fn reachable(
         ttft_p90_s: clean(ttft_p90, MAX_TTFT_S),
         tpot_p90_s: clean(tpot_p90, MAX_TPOT_S),
         kv_capacity_tokens: tokens(m.kv_capacity_tokens),
+        prompt_tokens_total: total(m.prompt_tokens_total),
         ..WorkerStats::reachable(name, address)
     }
 }
@@ -118,6 +128,7 @@ mod tests {
             ttft: None,
             tpot: None,
             kv_capacity_tokens: Some(65536.0),
+            prompt_tokens_total: Some(218556.0),
         };
         let w0 = Worker {
             cluster: Some("engine_w0".into()),
@@ -139,7 +150,7 @@ mod tests {
         // Compared as JSON values: key order is not part of the contract (and depends
         // on serde_json's `preserve_order`, which the workspace turns on).
         let want: serde_json::Value = serde_json::from_str(
-            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_capacity_tokens":65536,"kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"reachable":true,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_capacity_tokens":65536,"kv_usage":0.42,"num_running":5,"num_waiting":3,"reachable":true}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
+            r#"{"collector":"llm-collector","interval_ms":1000,"seq":7,"workers":[{"address":"127.0.0.1:8001","engine":"vllm","kv_capacity_tokens":65536,"kv_usage":0.42,"name":"w0","num_running":5,"num_waiting":3,"prompt_tokens_total":218556,"reachable":true,"ttft_p90_s":0.8},{"address":"127.0.0.1:8001","error":"connection refused","name":"w1","reachable":false},{"address":"127.0.0.1:8001","engine":"vllm","kv_capacity_tokens":65536,"kv_usage":0.42,"num_running":5,"num_waiting":3,"prompt_tokens_total":218556,"reachable":true}],"membership":[{"name":"w0","cluster":"engine_w0","address":"127.0.0.1:8001"}]}"#,
         )
         .unwrap();
         let got: serde_json::Value = serde_json::from_slice(&body(&s)).unwrap();
@@ -210,6 +221,7 @@ mod tests {
                 ttft: None,
                 tpot: None,
                 kv_capacity_tokens: Some(v),
+                prompt_tokens_total: Some(v),
             };
             let s = snapshot(vec![reachable(&w, &m, Some(v), Some(v))], &[]);
             let reports = llm_router::push::parse_push(&body(&s), 1 << 20, &config.workers, 0)
@@ -234,6 +246,25 @@ mod tests {
             Some(1e300),
         ] {
             assert_eq!(tokens(odd), None, "{odd:?}");
+        }
+    }
+
+    #[test]
+    fn prompt_token_totals_are_whole_counts_within_the_ceiling() {
+        assert_eq!(total(Some(218556.0)), Some(218556));
+        assert_eq!(total(Some(0.0)), Some(0), "nothing served yet is known");
+        assert_eq!(total(Some(2.6)), Some(3));
+        let ceiling = MAX_PROMPT_TOKENS_TOTAL as f64;
+        assert_eq!(total(Some(ceiling)), Some(MAX_PROMPT_TOKENS_TOTAL));
+        for odd in [
+            None,
+            Some(-5.0),
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(ceiling * 2.0),
+            Some(1e300),
+        ] {
+            assert_eq!(total(odd), None, "{odd:?}");
         }
     }
 

@@ -314,6 +314,10 @@ async fn once_prints_a_snapshot_that_reflects_load() {
     assert_eq!(a.num_running, Some(1), "{a:?}");
     assert!(a.num_waiting >= Some(2), "queued requests show: {a:?}");
     assert_eq!(a.ttft_p90_s, None, "one scrape has no window yet: {a:?}");
+    assert!(
+        a.prompt_tokens_total > Some(0),
+        "the running request's prompt is counted: {a:?}"
+    );
     let b = worker(&printed, "w1");
     assert_eq!(
         (b.reachable, b.engine.as_deref()),
@@ -321,13 +325,18 @@ async fn once_prints_a_snapshot_that_reflects_load() {
         "{b:?}"
     );
     assert_eq!((b.num_waiting, b.num_running), (Some(0), Some(0)));
+    assert_eq!(b.prompt_tokens_total, Some(0), "no request yet: a known 0");
     let d = worker(&printed, "down");
     assert!(!d.reachable, "a dead engine is never idle: {d:?}");
     assert!(
         d.error.as_ref().is_some_and(|e| e.contains("refused")),
         "{d:?}"
     );
-    assert_eq!(d.num_waiting, None, "{d:?}");
+    assert_eq!(
+        (d.num_waiting, d.prompt_tokens_total),
+        (None, None),
+        "{d:?}"
+    );
 
     // Exactly that snapshot was pushed, with the bearer token.
     let bodies = recv.bodies();

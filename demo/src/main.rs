@@ -62,8 +62,9 @@ struct Args {
     /// Routing policy: cache_aware, predicted_ttft, round_robin, random, power_of_two.
     #[arg(long, default_value = "cache_aware")]
     policy: String,
-    /// The comparison runs, each on a fresh fleet, comma-separated: a policy name,
-    /// `no_gate` (this run's config without `worker_queue_limit`/`saturation_queue_floor`),
+    /// The comparison runs, each on a fresh fleet, comma-separated: a policy name
+    /// (with settings of its own, `policy+key=value+...`, e.g.
+    /// `cache_aware+kv_capacity_bound=false`), `no_gate` (this run's config without `worker_queue_limit`/`saturation_queue_floor`),
     /// `ring_hash` (no filter in the request path: Envoy's `RING_HASH` on
     /// `x-session-id`), `smg` (SGLang's model gateway 1.13.0 from PyPI, `cache_aware`,
     /// in front of the same engines), or `none`. E.g. `--baseline ring_hash,smg`.
@@ -256,9 +257,11 @@ struct OverloadRun {
 }
 
 /// The run's plugin config: the demo's (see `llm_load::run::plugin_config`) with,
-/// for `--slow-worker`, overload flags at the demo's scale, and `--filter-config`
-/// merged over it.
+/// for `--slow-worker`, overload flags at the demo's scale, `--filter-config`
+/// merged over it, and the settings a policy variant carries
+/// (`policy+key=value`, `llm_load::run::policy_variant`) over that.
 fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
+    let (policy, settings) = run::policy_variant(policy)?;
     let mut extra = match &args.filter_config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -275,6 +278,7 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
     if args.slow_worker.is_some() {
         extra.entry("overload").or_insert_with(demo_overload);
     }
+    extra.extend(settings);
     run::plugin_config(
         run::policy_key(args.pd.pd),
         policy,

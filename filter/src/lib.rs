@@ -20,7 +20,8 @@
 //! 3. `decision` (what a decision says of itself), `load` (the workers' load as a
 //!    request sees it), `request::models` (the `/v1/models` listing),
 //!    `request::target` (the header that names the worker), `request::model_trees`
-//!    (a VM's trees and their bounds), `request::pd` (the bootstrap rewrite);
+//!    (a VM's trees and their bounds), `request::kv_bounds` (what each engine can
+//!    hold of them), `request::pd` (the bootstrap rewrite);
 //! 4. `support::metric_names`, `worker::health` (failures and probes),
 //!    `worker::overload` (the flag machine), `push` (the collector's snapshot),
 //!    `background::worker_stats` (what each tick reports per worker);

@@ -25,6 +25,10 @@ pub struct EngineSample {
     pub tpot_p90_s: Option<f64>,
     /// Tokens the engine's KV cache holds at most, as the engine states it.
     pub kv_capacity_tokens: Option<u64>,
+    /// The engine's prompt tokens counted since it started, cached ones included:
+    /// against the text routed to it, its chars per token
+    /// (`crate::request::kv_bounds`).
+    pub prompt_tokens_total: Option<u64>,
     /// Filter clock (ms) when the push arrived.
     pub at_ms: u64,
 }
@@ -277,6 +281,7 @@ impl EngineSample {
             ttft_p90_s: None,
             tpot_p90_s: None,
             kv_capacity_tokens: None,
+            prompt_tokens_total: None,
             at_ms,
         }
     }

@@ -124,6 +124,7 @@ fn report(stats: &WorkerStats, now_ms: u64) -> Report {
         ttft_p90_s: stats.ttft_p90_s,
         tpot_p90_s: stats.tpot_p90_s,
         kv_capacity_tokens: stats.kv_capacity_tokens,
+        prompt_tokens_total: stats.prompt_tokens_total,
         at_ms: now_ms,
     })
 }
@@ -190,6 +191,7 @@ mod tests {
                     ttft_p90_s: Some(0.8),
                     tpot_p90_s: Some(0.02),
                     kv_capacity_tokens: Some(65536),
+                    prompt_tokens_total: Some(987_654),
                     ..WorkerStats::reachable(Some("w1".into()), None)
                 },
                 WorkerStats::unreachable(None, Some("10.0.0.1:8000".into()), "refused".into()),
@@ -207,6 +209,7 @@ mod tests {
             ttft_p90_s: Some(0.8),
             tpot_p90_s: Some(0.02),
             kv_capacity_tokens: Some(65536),
+            prompt_tokens_total: Some(987_654),
             at_ms: 9,
         };
         assert_eq!(

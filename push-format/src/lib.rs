@@ -33,6 +33,11 @@ pub const MAX_TPOT_S: f64 = 60.0;
 /// Ceiling of `kv_capacity_tokens`: 2^40 tokens is thousands of times any GPU's KV
 /// cache today.
 pub const MAX_KV_CAPACITY_TOKENS: u64 = 1 << 40;
+/// Ceiling of `prompt_tokens_total`: 2^53, the largest count exact in an f64 (the
+/// engine exports its counter as one) and in a JSON number any reader takes. At a
+/// million prompt tokens a second an engine takes 285 years to count that far: more
+/// is a broken collector.
+pub const MAX_PROMPT_TOKENS_TOTAL: u64 = 1 << 53;
 
 /// One snapshot, the body of a `POST` to the filter's stats path.
 ///
@@ -137,6 +142,12 @@ pub struct WorkerStats {
     #[serde(default, deserialize_with = "field::kv_capacity_tokens")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_capacity_tokens: Option<u64>,
+    /// The engine's cumulative prompt tokens, a counter (`vllm:prompt_tokens_total`,
+    /// `sglang:prompt_tokens_total`, summed over label sets), cached ones included:
+    /// the filter learns chars per token from it against the text it routed.
+    #[serde(default, deserialize_with = "field::prompt_tokens_total")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_total: Option<u64>,
 }
 
 fn answered() -> bool {
@@ -159,6 +170,7 @@ impl WorkerStats {
             ttft_p90_s: None,
             tpot_p90_s: None,
             kv_capacity_tokens: None,
+            prompt_tokens_total: None,
         }
     }
 
@@ -263,6 +275,7 @@ mod field {
         num_waiting: Option<u64> = count(MAX_QUEUE);
         num_running: Option<u64> = count(MAX_QUEUE);
         kv_capacity_tokens: Option<u64> = count(MAX_KV_CAPACITY_TOKENS);
+        prompt_tokens_total: Option<u64> = count(MAX_PROMPT_TOKENS_TOTAL);
         kv_usage: Option<f64> = number(MAX_KV_USAGE);
         ttft_p90_s: Option<f64> = number(MAX_TTFT_S);
         tpot_p90_s: Option<f64> = number(MAX_TPOT_S);
@@ -296,6 +309,7 @@ mod tests {
                     kv_usage: Some(0.5),
                     ttft_p90_s: Some(0.8),
                     kv_capacity_tokens: Some(32768),
+                    prompt_tokens_total: Some(123456),
                     ..WorkerStats::reachable(Some("w0".into()), None)
                 },
                 WorkerStats::unreachable(None, Some("10.0.0.1:8000".into()), "refused".into()),
@@ -309,7 +323,7 @@ mod tests {
         let json = serde_json::to_string(&push).unwrap();
         assert_eq!(
             json,
-            r#"{"collector":"llm-collector","seq":7,"interval_ms":1000,"workers":[{"name":"w0","reachable":true,"engine":"vllm","num_waiting":3,"kv_usage":0.5,"ttft_p90_s":0.8,"kv_capacity_tokens":32768},{"address":"10.0.0.1:8000","reachable":false,"error":"refused"}],"membership":[{"name":"w0","cluster":"engine_w0"}]}"#,
+            r#"{"collector":"llm-collector","seq":7,"interval_ms":1000,"workers":[{"name":"w0","reachable":true,"engine":"vllm","num_waiting":3,"kv_usage":0.5,"ttft_p90_s":0.8,"kv_capacity_tokens":32768,"prompt_tokens_total":123456},{"address":"10.0.0.1:8000","reachable":false,"error":"refused"}],"membership":[{"name":"w0","cluster":"engine_w0"}]}"#,
             "absent numbers are left out, not sent as zeros"
         );
         assert_eq!(parse(&json), Ok(push));
@@ -362,6 +376,14 @@ mod tests {
                 "18446744073709551615",
                 "-1",
                 "2.5",
+            ),
+            (
+                "prompt_tokens_total",
+                "9007199254740992",
+                "9007199254740993",
+                "18446744073709551615",
+                "-1",
+                "\"7\"",
             ),
         ];
         for (field, ceiling, over, far, negative, wrong) in cases {

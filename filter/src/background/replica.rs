@@ -167,7 +167,7 @@ fn encoded_op_len(op: &Op, prev_text: &str) -> usize {
             1 + 4 + model.len() + 4 + worker.len() + 4 + 4 + text.len()
                 - common_prefix(prev_text, text)
         }
-        Op::Forget { .. } | Op::Evict | Op::Membership(_) => 0,
+        Op::Forget { .. } | Op::Evict | Op::Membership(_) | Op::KvBound { .. } => 0,
     }
 }
 
@@ -191,7 +191,7 @@ impl Batch {
                     worker,
                     text,
                 } => Some((pool, model, worker, text)),
-                Op::Forget { .. } | Op::Evict | Op::Membership(_) => None,
+                Op::Forget { .. } | Op::Evict | Op::Membership(_) | Op::KvBound { .. } => None,
             })
             .collect();
         out.extend_from_slice(&(inserts.len() as u32).to_le_bytes());
@@ -481,7 +481,7 @@ mod tests {
             .iter()
             .map(|op| match op {
                 Op::Insert { text, .. } => text.len(),
-                Op::Forget { .. } | Op::Evict | Op::Membership(_) => 0,
+                Op::Forget { .. } | Op::Evict | Op::Membership(_) | Op::KvBound { .. } => 0,
             })
             .sum();
         assert!(

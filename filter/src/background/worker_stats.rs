@@ -3,7 +3,8 @@
 //! the collector reaches the engine, and the engine's last fresh sample.
 //!
 //! Gauges, not counters: every VM writes the same values (they come from shared
-//! data), so the last writer is as good as any.
+//! data, or from the trees every serving VM keeps alike), so the last writer is as
+//! good as any.
 
 use crate::config::Config;
 use crate::load::{Loads, Report};
@@ -20,19 +21,37 @@ pub struct WorkerGauges {
     pub engine_kv_usage_pct: u64,
     /// KV cache capacity in tokens (0 without a fresh sample stating it).
     pub engine_kv_capacity_tokens: u64,
+    /// From the trees (`crate::request::router::Router::tree_gauges`); unset on a
+    /// VM that keeps none, which then
+    /// leaves them to the VMs that do.
+    pub tree: Option<TreeGauges>,
+}
+
+/// What a worker holds of the trees and what its engine can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TreeGauges {
+    pub tree_chars: u64,
+    /// 0: unbounded (capacity or chars per token unknown).
+    pub kv_bound_chars: u64,
+    pub chars_per_token_milli: u64,
 }
 
 impl WorkerGauges {
-    /// The values in `metric_names::worker::GAUGES` order.
-    pub fn values(&self) -> [u64; 7] {
+    /// The values in `metric_names::worker::GAUGES` order; `None`: not this VM's
+    /// to write.
+    pub fn values(&self) -> [Option<u64>; 10] {
+        let tree = self.tree;
         [
-            self.inflight,
-            u64::from(self.overloaded),
-            u64::from(self.unreachable),
-            self.engine_waiting,
-            self.engine_running,
-            self.engine_kv_usage_pct,
-            self.engine_kv_capacity_tokens,
+            Some(self.inflight),
+            Some(u64::from(self.overloaded)),
+            Some(u64::from(self.unreachable)),
+            Some(self.engine_waiting),
+            Some(self.engine_running),
+            Some(self.engine_kv_usage_pct),
+            Some(self.engine_kv_capacity_tokens),
+            tree.map(|t| t.tree_chars),
+            tree.map(|t| t.kv_bound_chars),
+            tree.map(|t| t.chars_per_token_milli),
         ]
     }
 }
@@ -104,15 +123,22 @@ mod tests {
         };
         let g = worker_gauges(&cfg, &loads);
         assert_eq!(g.len(), 4, "one per configured worker");
-        assert_eq!(g[0].values(), [3, 0, 0, 4, 2, 46, 65536]);
+        let shared = |v: [u64; 7]| {
+            let mut all = [None; 10];
+            for (slot, v) in all.iter_mut().zip(v) {
+                *slot = Some(v);
+            }
+            all
+        };
+        assert_eq!(g[0].values(), shared([3, 0, 0, 4, 2, 46, 65536]));
         assert_eq!(
             g[1].values(),
-            [0, 1, 0, 0, 0, 0, 0],
+            shared([0, 1, 0, 0, 0, 0, 0]),
             "stale sample: no engine load"
         );
         assert_eq!(
             g[2].values(),
-            [1, 0, 1, 0, 0, 0, 0],
+            shared([1, 0, 1, 0, 0, 0, 0]),
             "unreachable, even when old"
         );
         assert_eq!(g[3], WorkerGauges::default(), "never reported");

@@ -97,6 +97,10 @@ fn default_balance_abs() -> u64 {
 fn default_balance_rel() -> f64 {
     DEFAULT_BALANCE_REL_THRESHOLD
 }
+fn default_kv_capacity_bound() -> bool {
+    true
+}
+
 fn default_max_tree_size() -> usize {
     DEFAULT_MAX_TREE_SIZE_CHARS
 }
@@ -196,6 +200,11 @@ pub struct Config {
     pub eviction_interval_ms: u64,
     #[serde(default = "default_max_models")]
     pub max_models: usize,
+    /// Each worker's share of the trees is bounded by what its engine's KV cache
+    /// holds, once the collector states the capacity (`crate::request::kv_bounds`);
+    /// `false` bounds the trees by `max_tree_size` and the VM budget only.
+    #[serde(default = "default_kv_capacity_bound")]
+    pub kv_capacity_bound: bool,
     /// Queue gate: a prefix owner whose engine has this many requests waiting (or
     /// more) is no cache candidate. Unset: no gate.
     #[serde(default)]

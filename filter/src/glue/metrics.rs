@@ -40,6 +40,8 @@ pub struct Metrics {
     pub overload_owner_filtered: Metric,
     /// `predicted_ttft`: the chosen worker's predicted TTFT, in ms.
     pub predicted_ttft_ms: Metric,
+    pub kv_bounds_shared: Metric,
+    pub engine_restarts: Metric,
 }
 
 /// One worker's stats (`llm_router_worker.<name>.<field>`).
@@ -104,6 +106,8 @@ impl Metrics {
             pd_prefill_failures: Metric::counter(names::PD_PREFILL_FAILURES),
             overload_owner_filtered: Metric::counter(names::OVERLOAD_OWNER_FILTERED),
             predicted_ttft_ms: Metric::histogram(names::PREDICTED_TTFT_MS),
+            kv_bounds_shared: Metric::counter(names::KV_BOUNDS_SHARED),
+            engine_restarts: Metric::counter(names::ENGINE_RESTARTS),
         };
         m.reconfigure(cfg);
         m
@@ -174,6 +178,7 @@ impl Metrics {
     pub fn set_worker_gauges(&self, gauges: &[WorkerGauges]) {
         for (w, g) in self.workers.iter().zip(gauges) {
             for ((m, last), v) in w.gauges.iter().zip(&w.last).zip(g.values()) {
+                let Some(v) = v else { continue };
                 if last.replace(Some(v)) != Some(v) {
                     m.set(v);
                 }

@@ -16,6 +16,7 @@ use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::background::worker_stats::worker_gauges;
 use crate::config::{Config, ConfigError};
+use crate::request::kv_bounds::KV_BOUNDS_INTERVAL_MS;
 use crate::shared::{ensure_tables, Keys, Op, OpRing};
 use crate::support::metric_names::{vm, vm_metric};
 
@@ -113,6 +114,16 @@ impl Root {
         if state.shared.eviction.claim(&HostStore, now, interval) {
             state.record_now(&Op::Evict);
         }
+        // A VM without the tree has not counted what was routed since the last bound.
+        if state.router.config().kv_capacity_bound
+            && state.serving()
+            && state
+                .shared
+                .kv_bounds
+                .claim(&HostStore, now, KV_BOUNDS_INTERVAL_MS)
+        {
+            state.share_kv_bounds();
+        }
         let vm_gauges = self.vm_gauges.get_or_insert_with(VmGauges::define);
         if state.serving() {
             let tree_chars = state.router.tree_chars() as u64;
@@ -125,7 +136,12 @@ impl Root {
         // the per-worker ones.
         let loads = state.loads();
         state.metrics.inflight.set(loads.inflight.total());
-        let gauges = worker_gauges(state.router.config(), &loads);
+        let mut gauges = worker_gauges(state.router.config(), &loads);
+        if state.serving() {
+            for (i, g) in gauges.iter_mut().enumerate() {
+                g.tree = Some(state.router.tree_gauges(i));
+            }
+        }
         state.metrics.set_worker_gauges(&gauges);
         state.recycle(loads);
         super::replica::tick(state);

@@ -11,11 +11,12 @@ use super::host::{self, HostStore};
 use super::metrics::{Metrics, ReplicaMetrics};
 use crate::config::Config;
 use crate::load::{LoadTable, Loads};
+use crate::request::kv_bounds::Share;
 use crate::request::router::Router;
 use crate::rng::SplitMix64;
 use crate::shared::{
-    owner_expiry_ms, read_loads, BellWatch, ByWorker, CostTable, EvictionClock, Flushed,
-    InflightTable, Keys, MembershipTable, Op, OpRing, Outbox, OwnAtSample, Recorded, SamplesTable,
+    owner_expiry_ms, read_loads, BellWatch, ByWorker, CostTable, Flushed, InflightTable,
+    IntervalClaim, Keys, MembershipTable, Op, OpRing, Outbox, OwnAtSample, Recorded, SamplesTable,
     TableCache,
 };
 
@@ -30,7 +31,9 @@ pub struct SharedState {
     pub outbox: Outbox,
     /// In-flight counts, with `predicted_ttft`'s outstanding prefill.
     pub inflight: InflightTable,
-    pub eviction: EvictionClock,
+    pub eviction: IntervalClaim,
+    /// One VM per interval turns the engines' samples into KV bounds.
+    pub kv_bounds: IntervalClaim,
     pub samples: SamplesTable,
     /// `predicted_ttft`: learned costs, in-flight at sample time.
     pub costs: CostTable,
@@ -90,7 +93,8 @@ impl State {
                 ring,
                 outbox,
                 inflight: InflightTable::new(vm, expiry),
-                eviction: EvictionClock::new(&keys),
+                eviction: IntervalClaim::eviction(&keys),
+                kv_bounds: IntervalClaim::kv_bounds(&keys),
                 samples: SamplesTable::new(&keys),
                 costs: CostTable::new(&keys),
                 own_at_sample: OwnAtSample::new(&keys),
@@ -312,6 +316,30 @@ impl State {
             // Behind other VMs' operations: applied by catching up with them.
             Flushed::Shared { .. } if self.serving => self.catch_up(),
             _ => {}
+        }
+    }
+
+    /// Turns the engines' fresh samples into KV bounds (`crate::request::kv_bounds`)
+    /// and shares those that changed, each applied by every VM at its place in the
+    /// stream. Run by one VM per interval, caught up with the stream: the chars it
+    /// counted since each worker's last bound are the stream's.
+    pub fn share_kv_bounds(&mut self) {
+        let table = self.engine_loads();
+        let now = self.shared.recent_ms.get();
+        let stale_after = self.router.config().stale_after_ms;
+        let steps: Vec<_> = (0..self.router.config().workers.len())
+            .filter_map(|i| {
+                let s = table.fresh(i, now, stale_after)?;
+                self.router
+                    .kv_step(i, s.kv_capacity_tokens, s.prompt_tokens_total)
+            })
+            .collect();
+        for (op, why) in steps {
+            self.metrics.kv_bounds_shared.inc();
+            if why == Share::Restarted {
+                self.metrics.engine_restarts.inc();
+            }
+            self.record_now(&op);
         }
     }
 

@@ -21,23 +21,15 @@ struct ModelTree {
 
 impl ModelTree {
     /// Records `text` under `worker` at `clock` (see `ModelTrees::insert`).
-    fn insert(&mut self, text: Inserted<'_>, worker: TenantId, clock: u64) -> bool {
+    fn insert(&mut self, text: Inserted<'_>, worker: TenantId, clock: u64) -> Option<usize> {
         let tree = &mut self.tree;
-        let inserted = match text {
-            Inserted::Routed(t, Some(w)) => {
-                tree.insert_walked(t, worker, clock, w);
-                true
-            }
-            Inserted::Routed(t, None) => {
-                tree.insert(t, worker, clock);
-                true
-            }
-            Inserted::Replayed(bytes) => tree.insert_bytes(bytes, worker, clock),
+        let chars = match text {
+            Inserted::Routed(t, Some(w)) => tree.insert_walked(t, worker, clock, w),
+            Inserted::Routed(t, None) => tree.insert(t, worker, clock),
+            Inserted::Replayed(bytes) => tree.insert_bytes(bytes, worker, clock)?,
         };
-        if inserted {
-            self.last_used = self.last_used.max(clock);
-        }
-        inserted
+        self.last_used = self.last_used.max(clock);
+        Some(chars)
     }
 }
 
@@ -117,6 +109,38 @@ impl ModelTrees {
         self.trees.iter().map(|t| t.tree.stored_chars()).sum()
     }
 
+    /// Chars `worker` holds in the trees of `pool`.
+    pub fn tenant_chars(&self, pool: Pool, worker: TenantId) -> usize {
+        self.of_pool(pool)
+            .map(|t| t.tree.tenant_chars(worker))
+            .sum()
+    }
+
+    /// Trims `worker` in the trees of `pool` to `max_chars` in all, each tree in
+    /// proportion to what the worker holds there, least recently used leaves first.
+    pub fn trim_tenant(&mut self, pool: Pool, worker: TenantId, max_chars: usize) {
+        let held = self.tenant_chars(pool, worker);
+        if held <= max_chars {
+            return;
+        }
+        for t in self.trees.iter_mut().filter(|t| t.key.0 == pool) {
+            let here = t.tree.tenant_chars(worker);
+            let share = (here as u128 * max_chars as u128 / held as u128) as usize;
+            t.tree.evict_tenant_to(worker, share);
+        }
+    }
+
+    /// Removes `worker` from the trees of `pool`.
+    pub fn remove_tenant(&mut self, pool: Pool, worker: TenantId) {
+        for t in self.trees.iter_mut().filter(|t| t.key.0 == pool) {
+            t.tree.remove_tenant(worker);
+        }
+    }
+
+    fn of_pool(&self, pool: Pool) -> impl Iterator<Item = &ModelTree> {
+        self.trees.iter().filter(move |t| t.key.0 == pool)
+    }
+
     /// Renames every tree's tenants (`None`: the tenant is removed).
     pub fn remap_tenants(&mut self, new_index: impl Fn(TenantId) -> Option<TenantId>) {
         for t in &mut self.trees {
@@ -125,8 +149,8 @@ impl ModelTrees {
     }
 
     /// Records `text` under `worker` at `clock`, making room for a new model's tree
-    /// and keeping the char budget. `false`: another VM's text that is not UTF-8,
-    /// and nothing changed.
+    /// and keeping the char budget; the text's length in chars. `None`: another
+    /// VM's text that is not UTF-8, and nothing changed.
     pub fn insert(
         &mut self,
         (pool, model): (Pool, &str),
@@ -134,17 +158,14 @@ impl ModelTrees {
         worker: TenantId,
         clock: u64,
         bounds: &Bounds,
-    ) -> bool {
+    ) -> Option<usize> {
         let known = self.place(pool, model);
         let inserted = match known.and_then(|place| self.trees.get_mut(place)) {
             Some(entry) => entry.insert(text, worker, clock),
             None => {
                 let text = match text {
                     // A new tree holds nothing to check the text against.
-                    Inserted::Replayed(bytes) => match crate::scan::utf8(bytes) {
-                        Some(t) => Inserted::Routed(t, None),
-                        None => return false,
-                    },
+                    Inserted::Replayed(bytes) => Inserted::Routed(crate::scan::utf8(bytes)?, None),
                     t => t,
                 };
                 if self.trees.len() >= bounds.max_models {
@@ -163,7 +184,7 @@ impl ModelTrees {
                 inserted
             }
         };
-        if inserted {
+        if inserted.is_some() {
             self.shrink_to_budget(bounds.max_total_chars);
         }
         inserted
@@ -266,13 +287,14 @@ mod tests {
             };
             // Each tree holds only texts naming its own key.
             let text = format!("{pool:?}/{model}/{step}");
-            assert!(trees.insert(
+            let inserted = trees.insert(
                 (pool, &model),
                 Inserted::Routed(&text, None),
                 0,
                 step,
-                &bounds
-            ));
+                &bounds,
+            );
+            assert_eq!(inserted, Some(text.len()));
             assert!(trees.trees.len() <= 5);
             assert_eq!(trees.places.len(), trees.trees.len());
             for (place, t) in trees.trees.iter().enumerate() {

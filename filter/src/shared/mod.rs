@@ -7,7 +7,8 @@
 //! - `inflight`: requests in flight per worker, each VM owning its own
 //!   (`owned`: a VM Envoy reloaded stops counting after an expiry), riding in the
 //!   ring's head value;
-//! - `eviction`: the eviction clock, one `Op::Evict` per interval;
+//! - `interval_claim`: work done once per interval by one VM: eviction (`Op::Evict`)
+//!   and the engines' KV bounds (`Op::KvBound`);
 //! - `samples`: the collector's last engine samples;
 //! - `flags`: the overload flags (written by the prober lease holder only);
 //! - `lease`: which VM runs the overload prober;
@@ -30,11 +31,11 @@
 //! and by an in-memory map in tests.
 
 mod batch;
-mod eviction;
 mod flags;
 mod generation;
 mod health;
 mod inflight;
+mod interval_claim;
 mod lease;
 mod lockout;
 mod membership;
@@ -49,11 +50,11 @@ mod work;
 mod worker_states;
 
 pub use batch::Batch;
-pub use eviction::EvictionClock;
 pub use flags::{FlagTable, Flags};
 pub use generation::{stamp_after_write, BellWatch, TableCache, Tables};
 pub use health::{HealthStates, HealthTable};
 pub use inflight::{ByWorker, InflightTable};
+pub use interval_claim::IntervalClaim;
 pub use lease::{claim, Lease, ProbeLease};
 pub use lockout::{Gate, PushLockout};
 pub(crate) use membership::{pool_code, pool_of};
@@ -163,6 +164,10 @@ impl Keys {
         format!("{}.evict.last_ms", self.prefix)
     }
 
+    pub fn kv_bounds(&self) -> String {
+        format!("{}.kv_bounds.last_ms", self.prefix)
+    }
+
     pub fn samples(&self) -> String {
         format!("{}{}", self.prefix, SAMPLES)
     }
@@ -213,7 +218,7 @@ pub(crate) fn create_if_missing(store: &dyn SharedStore, key: &str, empty: &[u8]
 
 /// Creates every table that is read, changed and written back with CAS (see the
 /// module comment), each in its empty state: the learned costs, the overload flags, the health table, the push lockout, the probe
-/// lease, the peers' counts, the discovered worker list, and the eviction clock
+/// lease, the peers' counts, the discovered worker list, and the interval claims
 /// (started at `now_ms`: the first eviction is one interval after the first VM was
 /// configured). The operation ring's keys depend on its size: `OpRing::init_if_missing`.
 pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
@@ -233,7 +238,9 @@ pub fn ensure_tables(store: &dyn SharedStore, keys: &Keys, now_ms: u64) {
         create_if_missing(store, &key, b"");
     }
     create_if_missing(store, &keys.membership(), &Membership::default().encode());
-    create_if_missing(store, &keys.eviction(), &now_ms.to_le_bytes());
+    for key in [keys.eviction(), keys.kv_bounds()] {
+        create_if_missing(store, &key, &now_ms.to_le_bytes());
+    }
 }
 
 /// Everything a request routes by, read once: every thread's in-flight counts, the
@@ -477,6 +484,7 @@ mod tests {
         assert_eq!(k.ring_head(), "llm_router.ring.head");
         assert_eq!(k.ring_slot(3), "llm_router.ring.slot.3");
         assert_eq!(k.eviction(), "llm_router.evict.last_ms");
+        assert_eq!(k.kv_bounds(), "llm_router.kv_bounds.last_ms");
         assert_eq!(k.samples(), "llm_router.samples");
         assert_eq!(k.flags(), "llm_router.overload.flags");
         assert_eq!(k.lease(), "llm_router.overload.lease");
@@ -617,7 +625,7 @@ mod tests {
             }
         });
         assert!(costs.publish(&store));
-        assert!(!EvictionClock::new(&keys).claim(&store, 10, 100));
+        assert!(!IntervalClaim::eviction(&keys).claim(&store, 10, 100));
         ensure_tables(&store, &keys, 500);
         assert_eq!(
             CostTable::new(&keys).by_worker(
@@ -628,7 +636,7 @@ mod tests {
             Some(3.0)
         );
         assert!(
-            EvictionClock::new(&keys).claim(&store, 110, 100),
+            IntervalClaim::eviction(&keys).claim(&store, 110, 100),
             "the clock started with the first VM, not the last"
         );
         assert_eq!(MembershipTable::new(&keys).read(&store).0.version, 0);

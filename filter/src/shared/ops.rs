@@ -11,12 +11,14 @@
 use super::membership::{pool_code, pool_of, Membership};
 use super::{put_bytes, Reader};
 use crate::config::Pool;
+use crate::request::kv_bounds::KvUpdate;
 
 pub(super) const TAG_INSERT: u8 = 1;
 const TAG_EVICT: u8 = 3;
 const TAG_MEMBERSHIP: u8 = 4;
 const TAG_PEER_INSERT: u8 = 5;
 const TAG_FORGET: u8 = 6;
+const TAG_KV_BOUND: u8 = 7;
 
 /// One tree operation, as it travels between VMs. Workers are named, not indexed,
 /// so VMs that are momentarily on different config versions still agree. Its texts
@@ -50,6 +52,14 @@ pub enum Op<S = String> {
     /// only if newer than the VM's). Workers it lacks lose their tenants, in every
     /// VM at the same point, so trees stay identical.
     Membership(Membership),
+    /// What `worker`'s engine can hold from this point of the stream on
+    /// (`crate::request::kv_bounds`), issued by one VM per interval. Local to this
+    /// replica, as eviction is.
+    KvBound {
+        pool: Pool,
+        worker: S,
+        update: KvUpdate,
+    },
 }
 
 /// An operation read in place from the bytes it was decoded from.
@@ -103,6 +113,20 @@ impl<S> Op<S> {
                 }
             }
             TAG_EVICT => Op::Evict,
+            TAG_KV_BOUND => Op::KvBound {
+                pool: pool_of(r.u8()?)?,
+                worker: text(r.str()?),
+                update: KvUpdate {
+                    capacity_tokens: r.u64()?,
+                    chars_per_token_milli: r.u64()?,
+                    anchor_tokens: r.u64()?,
+                    cleared: match r.u8()? {
+                        0 => false,
+                        1 => true,
+                        _ => return None,
+                    },
+                },
+            },
             TAG_MEMBERSHIP => Op::Membership(Membership::decode_from(&mut r)?),
             // Anything else (tag 2 was a single worker's removal, which a whole list
             // replaced: it cannot express a join or a worker's leaving grace) is not
@@ -148,6 +172,7 @@ impl Op {
                 text,
                 ..
             } => fields(model, worker, text) + 16,
+            Op::KvBound { worker, .. } => 2 + 4 + worker.len() + 25,
             _ => 16,
         }
     }
@@ -190,6 +215,19 @@ impl<S: AsRef<str>> Op<S> {
                 out.extend_from_slice(&seq.to_le_bytes());
             }
             Op::Evict => out.push(TAG_EVICT),
+            Op::KvBound {
+                pool,
+                worker,
+                update,
+            } => {
+                out.push(TAG_KV_BOUND);
+                out.push(pool_code(*pool));
+                put_bytes(out, worker.as_ref().as_bytes());
+                out.extend_from_slice(&update.capacity_tokens.to_le_bytes());
+                out.extend_from_slice(&update.chars_per_token_milli.to_le_bytes());
+                out.extend_from_slice(&update.anchor_tokens.to_le_bytes());
+                out.push(u8::from(update.cleared));
+            }
             Op::Membership(m) => {
                 out.push(TAG_MEMBERSHIP);
                 m.encode_into(out);
@@ -377,6 +415,27 @@ mod tests {
             assert_eq!(decode(&bytes[..cut]), None, "a forget cut at {cut}");
         }
         assert!(!is_local_insert(&bytes), "a forget is never exported");
+        let bound = Op::KvBound {
+            pool: Pool::Prefill,
+            worker: "w\u{e9}".into(),
+            update: KvUpdate {
+                capacity_tokens: 65536,
+                chars_per_token_milli: 3906,
+                anchor_tokens: u64::MAX,
+                cleared: true,
+            },
+        };
+        let bytes = bound.encode();
+        assert_eq!(decode(&bytes), Some(bound));
+        for cut in 0..bytes.len() {
+            assert_eq!(decode(&bytes[..cut]), None, "a bound cut at {cut}");
+        }
+        assert!(!is_local_insert(&bytes), "a bound is never exported");
+        let mut not_a_flag = bytes.clone();
+        if let Some(last) = not_a_flag.last_mut() {
+            *last = 2;
+        }
+        assert_eq!(decode(&not_a_flag), None, "cleared is 0 or 1");
         assert_eq!(decode(&[4, 1, 0]), None, "a cut list");
         let mut bytes = insert_op("x", "w").encode();
         bytes.push(0);

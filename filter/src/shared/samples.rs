@@ -47,6 +47,7 @@ fn encode_table(workers: &[WorkerConfig], reports: &[Option<Report>]) -> Vec<u8>
             Some(Report::Sample(s)) => serde_json::json!({
                 "w": s.num_waiting, "r": s.num_running, "kv": s.kv_usage,
                 "ttft": s.ttft_p90_s, "tpot": s.tpot_p90_s, "cap": s.kv_capacity_tokens,
+                "pt": s.prompt_tokens_total,
                 "at": s.at_ms,
             }),
             Some(Report::Unreachable { at_ms }) => serde_json::json!({"down": true, "at": at_ms}),
@@ -75,6 +76,7 @@ fn decode_table(bytes: &[u8], workers: &[WorkerConfig]) -> LoadTable {
                 ttft_p90_s: v.get("ttft").and_then(Value::as_f64),
                 tpot_p90_s: v.get("tpot").and_then(Value::as_f64),
                 kv_capacity_tokens: v.get("cap").and_then(Value::as_u64),
+                prompt_tokens_total: v.get("pt").and_then(Value::as_u64),
                 at_ms,
             }))
         })
@@ -94,6 +96,7 @@ mod tests {
             kv_usage: Some(0.5),
             tpot_p90_s: Some(0.02),
             kv_capacity_tokens: Some(8192),
+            prompt_tokens_total: Some(123_456),
             ..EngineSample::queue(waiting, running, at_ms)
         })
     }

@@ -94,6 +94,12 @@ pub const REPLICA_REQUESTS_REFUSED: &str = "llm_router_replica_requests_refused"
 /// Gauge: peer replicas whose in-flight report is fresh (0: alone, or the bus is
 /// down).
 pub const REPLICA_PEERS: &str = "llm_router_replica_peers";
+/// Engines' KV bounds shared through the operation stream
+/// (`crate::request::kv_bounds`), once per Envoy.
+pub const KV_BOUNDS_SHARED: &str = "llm_router_kv_bounds_shared";
+/// Engines whose prompt-token counter went back (a restart): their share of the
+/// trees was dropped, once per Envoy.
+pub const ENGINE_RESTARTS: &str = "llm_router_engine_restarts";
 
 /// The counter of one decision label, e.g. `llm_router_decisions_cache_hit`.
 pub fn decision_metric(label: Label) -> String {
@@ -139,9 +145,15 @@ pub mod worker {
     pub const ENGINE_KV_USAGE_PCT: &str = "engine_kv_usage_pct";
     /// The KV cache's capacity in tokens, as the engine states it.
     pub const ENGINE_KV_CAPACITY_TOKENS: &str = "engine_kv_capacity_tokens";
+    /// Chars of the trees the worker holds (this Envoy's).
+    pub const TREE_CHARS: &str = "tree_chars";
+    /// The chars its engine can hold (`crate::request::kv_bounds`); 0: unbounded.
+    pub const KV_BOUND_CHARS: &str = "kv_bound_chars";
+    /// Chars of routed text per engine prompt token, in thousandths; 0: not learned.
+    pub const CHARS_PER_TOKEN_MILLI: &str = "chars_per_token_milli";
 
     /// Every gauge field, in the order `WorkerGauges::values` gives them.
-    pub const GAUGES: [&str; 7] = [
+    pub const GAUGES: [&str; 10] = [
         INFLIGHT,
         OVERLOADED,
         UNREACHABLE,
@@ -149,6 +161,9 @@ pub mod worker {
         ENGINE_RUNNING,
         ENGINE_KV_USAGE_PCT,
         ENGINE_KV_CAPACITY_TOKENS,
+        TREE_CHARS,
+        KV_BOUND_CHARS,
+        CHARS_PER_TOKEN_MILLI,
     ];
 }
 

@@ -111,6 +111,8 @@ pub struct Walked {
     edits: u64,
     node: NodeIdx,
     bytes: usize,
+    /// The chars of those bytes.
+    chars: usize,
     text_len: usize,
 }
 
@@ -354,17 +356,25 @@ impl Tree {
         mid
     }
 
-    /// Records that `text` was routed to `tenant` at `clock`.
-    pub fn insert(&mut self, text: &str, tenant: TenantId, clock: u64) {
+    /// Records that `text` was routed to `tenant` at `clock`; its length in chars,
+    /// counted on the way down (what its engine was sent, for
+    /// `crate::request::kv_bounds`).
+    pub fn insert(&mut self, text: &str, tenant: TenantId, clock: u64) -> usize {
         self.touch(ROOT, tenant, clock);
-        self.insert_below(ROOT, text, tenant, clock);
+        self.insert_below(ROOT, text, tenant, clock)
     }
 
     /// `insert`, starting where `walked` (this tree's walk of `text`, if nothing
     /// changed since) ended: the path down to there is touched top down, as
     /// `insert` touches it, without comparing its edges with the text again.
-    /// Anything else is a plain `insert`.
-    pub fn insert_walked(&mut self, text: &str, tenant: TenantId, clock: u64, walked: Walked) {
+    /// Anything else is a plain `insert`. The text's length in chars, as `insert`.
+    pub fn insert_walked(
+        &mut self,
+        text: &str,
+        tenant: TenantId,
+        clock: u64,
+        walked: Walked,
+    ) -> usize {
         let fresh =
             walked.tree == self.id && walked.edits == self.edits && walked.text_len == text.len();
         let rest = text.get(walked.bytes..).filter(|_| fresh);
@@ -384,7 +394,7 @@ impl Tree {
             self.touch(idx, tenant, clock);
         }
         self.path = path;
-        self.insert_below(walked.node, rest, tenant, clock);
+        walked.chars + self.insert_below(walked.node, rest, tenant, clock)
     }
 
     /// A walk of a text of `text_len` bytes that has not left the root yet.
@@ -394,14 +404,23 @@ impl Tree {
             edits: self.edits,
             node: ROOT,
             bytes: 0,
+            chars: 0,
             text_len,
         }
     }
 
     /// The part of an insert below `cur`, whose path `tenant` holds already: `rest`
-    /// of the text follows the edges that match it and ends in a new leaf.
-    fn insert_below(&mut self, mut cur: NodeIdx, text: &str, tenant: TenantId, clock: u64) {
+    /// of the text follows the edges that match it and ends in a new leaf. The
+    /// chars of `text`.
+    fn insert_below(
+        &mut self,
+        mut cur: NodeIdx,
+        text: &str,
+        tenant: TenantId,
+        clock: u64,
+    ) -> usize {
         let mut rest = text;
+        let mut counted = 0;
         while let Some(first) = rest.chars().next() {
             let Some(child) = self.node(cur).children.get(first) else {
                 let chars = char_len(rest);
@@ -415,9 +434,10 @@ impl Tree {
                 });
                 self.node_mut(cur).children.insert(first, leaf);
                 self.touch(leaf, tenant, clock);
-                return;
+                return counted + chars;
             };
             let (bytes, chars) = edge_prefix(self.node(child), rest);
+            counted += chars;
             let next = if bytes < self.node(child).text.len() {
                 self.split(child, bytes, chars)
             } else {
@@ -427,6 +447,7 @@ impl Tree {
             rest = rest.get(bytes..).unwrap_or_default();
             cur = next;
         }
+        counted
     }
 
     /// Walks the path `text` matches from the root, calling `visit` with each node on
@@ -460,6 +481,7 @@ impl Tree {
             }
             walked.node = child;
             walked.bytes = text.len() - rest.len();
+            walked.chars = matched;
         }
         (cur, matched, rest, walked)
     }
@@ -629,9 +651,11 @@ mod tests {
         let (mut by_text, mut by_bytes) = (Tree::new(), Tree::new());
         for (i, text) in texts.iter().enumerate() {
             let (tenant, clock) = (i as TenantId % 3, i as u64 + 1);
-            by_text.insert(text, tenant, clock);
-            assert!(
+            // Either way counts the text's chars, held or new.
+            assert_eq!(by_text.insert(text, tenant, clock), text.chars().count());
+            assert_eq!(
                 by_bytes.insert_bytes(text.as_bytes(), tenant, clock),
+                Some(text.chars().count()),
                 "{text}"
             );
             check_invariants(&by_bytes);
@@ -668,14 +692,14 @@ mod tests {
         stray.push(0xa8);
         cases.push(stray);
         for bytes in &cases {
-            assert!(!t.insert_bytes(bytes, 2, 3), "{bytes:?}");
+            assert_eq!(t.insert_bytes(bytes, 2, 3), None, "{bytes:?}");
             assert_eq!(
                 (listing(&t), t.edits, t.stored_chars()),
                 before,
                 "{bytes:?}"
             );
         }
-        assert!(t.insert_bytes("système élevé".as_bytes(), 2, 3));
+        assert_eq!(t.insert_bytes("système élevé".as_bytes(), 2, 3), Some(13));
         assert_eq!(t.tenant_depth("système élevé", 2), 13);
     }
 
@@ -1340,7 +1364,9 @@ mod tests {
                         match op {
                             0 => tree.evict_to_budget(30),
                             1 => tree.forget(&other, t, 1, clock),
-                            _ => tree.insert(&other, t, clock),
+                            _ => {
+                                tree.insert(&other, t, clock);
+                            }
                         }
                     }
                 }
@@ -1349,8 +1375,9 @@ mod tests {
                 } else {
                     stale += 1;
                 }
-                whole.insert(&text, tenant, clock);
-                walked.insert_walked(&text, tenant, clock, w);
+                let chars = text.chars().count();
+                assert_eq!(whole.insert(&text, tenant, clock), chars);
+                assert_eq!(walked.insert_walked(&text, tenant, clock, w), chars);
                 check_invariants(&walked);
                 assert_eq!(
                     holdings(&whole),

@@ -217,18 +217,26 @@ impl Tree {
     /// SMG's `evict_tenant_by_size`: trims every tenant to at most `max_chars`, least
     /// recently used leaves first.
     pub fn evict_tenants_over(&mut self, max_chars: usize) {
-        let over: Vec<TenantId> = self
+        let mut over: Vec<TenantId> = self
             .tenant_chars
             .iter()
             .filter(|(_, &c)| c > max_chars)
             .map(|(&t, _)| t)
             .collect();
-        let mut over = over;
         over.sort_unstable();
         for tenant in over {
-            let heap = self.leaves_heap(Some(tenant));
-            self.evict_oldest(heap, |t| t.tenant_chars(tenant) <= max_chars);
+            self.evict_tenant_to(tenant, max_chars);
         }
+    }
+
+    /// Trims `tenant` to at most `max_chars`, its least recently used leaves first
+    /// (what its engine evicted, `crate::request::kv_bounds`).
+    pub fn evict_tenant_to(&mut self, tenant: TenantId, max_chars: usize) {
+        if self.tenant_chars(tenant) <= max_chars {
+            return;
+        }
+        let heap = self.leaves_heap(Some(tenant));
+        self.evict_oldest(heap, |t| t.tenant_chars(tenant) <= max_chars);
     }
 
     /// Trims the whole tree to at most `max_stored` chars in memory, least recently

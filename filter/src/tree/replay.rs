@@ -11,12 +11,11 @@ impl Tree {
     /// it: those bytes equal its edges, which are text. Replayed in every VM but
     /// the one that routed it, a 4 KiB text checked in full cost each VM about 1k
     /// Envoy instructions a request, most of them on the prompt the tree held.
-    /// `false`: not UTF-8, and the tree is as it was.
-    pub fn insert_bytes(&mut self, text: &[u8], tenant: TenantId, clock: u64) -> bool {
+    /// Its length in chars (`insert`'s); `None`: not UTF-8, and the tree is as it
+    /// was.
+    pub fn insert_bytes(&mut self, text: &[u8], tenant: TenantId, clock: u64) -> Option<usize> {
         let walked = self.walk_bytes(text);
-        if text.get(walked.bytes..).and_then(scan::utf8).is_none() {
-            return false;
-        }
+        text.get(walked.bytes..).and_then(scan::utf8)?;
         debug_assert!(text
             .get(..walked.bytes)
             .is_some_and(|held| std::str::from_utf8(held).is_ok()));
@@ -25,8 +24,7 @@ impl Tree {
         // char boundary. The rest of `text` was checked just now, and UTF-8 joined to
         // UTF-8 at a char boundary is UTF-8.
         let text = unsafe { std::str::from_utf8_unchecked(text) };
-        self.insert_walked(text, tenant, clock, walked);
-        true
+        Some(self.insert_walked(text, tenant, clock, walked))
     }
 
     /// Where an insert of `text` may start (`Walked`): down the edges it matches
@@ -45,6 +43,7 @@ impl Tree {
             }
             walked.node = child;
             walked.bytes += edge.len();
+            walked.chars += self.node(child).chars;
         }
     }
 }

@@ -292,6 +292,7 @@ impl SimFleet {
                 num_running: Some(e.engine.num_running(now_ms) as u64),
                 kv_usage: Some(e.engine.cache().usage()),
                 kv_capacity_tokens: Some(e.engine.cache().capacity_tokens() as u64),
+                prompt_tokens_total: Some(e.engine.cache().query_tokens()),
                 ..WorkerStats::reachable(Some(e.name.clone()), None)
             })
             .collect();
@@ -336,6 +337,12 @@ mod tests {
         assert_eq!(v["worker"], "w0");
         let bad = fleet.serve(0, 2.0, "/v1/completions", b"{}");
         assert_eq!(bad.status, 400);
+        // The simulated collector pushes each engine's cumulative prompt tokens,
+        // cached ones included; a refused request counts none.
+        let tokens = first.served.unwrap().lookup.prompt_tokens as u64;
+        let push: Push = serde_json::from_str(&fleet.stats_push(3.0)).unwrap();
+        let totals: Vec<_> = push.workers.iter().map(|w| w.prompt_tokens_total).collect();
+        assert_eq!(totals, [Some(2 * tokens), Some(tokens)]);
     }
 
     #[test]

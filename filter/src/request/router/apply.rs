@@ -4,6 +4,7 @@
 
 use super::Router;
 use crate::config::Pool;
+use crate::request::kv_bounds::{KvBound, KvUpdate};
 use crate::request::model_trees::{Bounds, Inserted};
 use crate::shared::{Incoming, Op};
 use crate::tree::{TenantId, Walked};
@@ -58,6 +59,15 @@ impl Router {
                 }
             }
             Op::Evict => self.evict(),
+            Op::KvBound {
+                pool,
+                worker,
+                update,
+            } => {
+                if let Some(idx) = self.worker_index(*pool, worker.as_ref()) {
+                    self.set_kv_bound(*pool, idx, update);
+                }
+            }
             Op::Membership(m) => {
                 self.set_membership(m);
             }
@@ -77,7 +87,9 @@ impl Router {
             }) => {
                 let clock = seq.saturating_add(1);
                 let inserted = match self.worker_index(pool, worker) {
-                    Some(idx) => self.insert((pool, model), Inserted::Replayed(text), idx, clock),
+                    Some(idx) => self
+                        .insert((pool, model), Inserted::Replayed(text), idx, clock)
+                        .is_some(),
                     None => true,
                 };
                 if inserted {
@@ -98,13 +110,16 @@ impl Router {
         self.apply(self.clock, op);
     }
 
+    /// Records `text` under `worker`, which then holds no more than its engine
+    /// can (`crate::request::kv_bounds`). `None`: another VM's text that is not
+    /// UTF-8, and nothing changed.
     fn insert(
         &mut self,
         key: (Pool, &str),
         text: Inserted<'_>,
         worker: TenantId,
         clock: u64,
-    ) -> bool {
+    ) -> Option<usize> {
         let workers = &self.cfg.workers;
         let declared = |m: &str| workers.iter().any(|w| w.models.iter().any(|d| d == m));
         let bounds = Bounds {
@@ -112,7 +127,44 @@ impl Router {
             max_total_chars: self.cfg.max_total_tree_chars,
             declared: &declared,
         };
-        self.trees.insert(key, text, worker, clock, &bounds)
+        let chars = self.trees.insert(key, text, worker, clock, &bounds)?;
+        if let Some(bound) = self.kv.get_mut(worker as usize) {
+            bound.chars_since = bound.chars_since.saturating_add(chars as u64);
+        }
+        if let Some(max) = self.kv_max_chars(worker as usize) {
+            if self.trees.tenant_chars(key.0, worker) > max {
+                self.trees
+                    .trim_tenant(key.0, worker, KvBound::trim_target(max));
+            }
+        }
+        Some(chars)
+    }
+
+    /// Takes a bound the stream carries: an engine that restarted holds nothing,
+    /// and the worker keeps no more than its engine can.
+    fn set_kv_bound(&mut self, pool: Pool, worker: TenantId, update: &KvUpdate) {
+        let at = worker as usize;
+        if self.kv.len() <= at {
+            self.kv.resize(at + 1, KvBound::default());
+        }
+        if let Some(bound) = self.kv.get_mut(at) {
+            bound.set(update);
+        }
+        if update.cleared && self.cfg.kv_capacity_bound {
+            self.trees.remove_tenant(pool, worker);
+        }
+        if let Some(max) = self.kv_max_chars(at) {
+            self.trees.trim_tenant(pool, worker, max);
+        }
+    }
+
+    /// The chars worker `index`'s engine can hold, when the config bounds by it
+    /// and the stream has said.
+    pub fn kv_max_chars(&self, index: usize) -> Option<usize> {
+        if !self.cfg.kv_capacity_bound {
+            return None;
+        }
+        self.kv.get(index)?.max_chars()
     }
 
     /// Periodic eviction (SMG's `eviction_interval`): every tenant down to
@@ -120,5 +172,142 @@ impl Router {
     pub fn evict(&mut self) {
         self.trees
             .evict(self.cfg.max_tree_size, self.cfg.max_total_tree_chars);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn router(extra: &str) -> Router {
+        let json = format!(r#"{{"workers":[{{"name":"a"}},{{"name":"b"}}]{extra}}}"#);
+        Router::new(Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    fn insert(worker: &str, text: &str) -> Op {
+        Op::Insert {
+            pool: Pool::Regular,
+            model: "m".into(),
+            worker: worker.into(),
+            text: text.into(),
+        }
+    }
+
+    /// A bound of `capacity` tokens at 1 char a token, anchored at `anchor`.
+    fn bound(worker: &str, capacity: u64, anchor: u64, cleared: bool) -> Op {
+        Op::KvBound {
+            pool: Pool::Regular,
+            worker: worker.into(),
+            update: KvUpdate {
+                capacity_tokens: capacity,
+                chars_per_token_milli: 1000,
+                anchor_tokens: anchor,
+                cleared,
+            },
+        }
+    }
+
+    fn holds(r: &Router, worker: &str, text: &str) -> bool {
+        let tree = r.tree(Pool::Regular, "m").unwrap();
+        let idx = r.worker_index(Pool::Regular, worker).unwrap();
+        tree.prefix_match(text).owners.contains(&idx)
+            && tree.prefix_match(text).matched_chars == text.len()
+    }
+
+    #[test]
+    fn an_engine_full_of_other_text_makes_its_worker_forget_the_oldest() {
+        let mut r = router("");
+        let texts: Vec<String> = (0..8)
+            .map(|i| format!("conversation {i} ").repeat(10))
+            .collect();
+        let mut seq = 0;
+        for t in &texts {
+            r.apply(seq, &insert("a", t));
+            r.apply(seq + 1, &insert("b", t));
+            seq += 2;
+        }
+        let a_before = r.worker_tree_chars(0);
+        // a's engine holds 4 of the 8 texts' worth.
+        let each = texts[0].len();
+        r.apply(seq, &bound("a", 4 * each as u64, 0, false));
+        assert!(
+            r.worker_tree_chars(0) <= 4 * each,
+            "{} > {}",
+            r.worker_tree_chars(0),
+            4 * each
+        );
+        assert!(r.worker_tree_chars(0) < a_before);
+        assert!(holds(&r, "a", &texts[7]), "the newest stays");
+        assert!(!holds(&r, "a", &texts[0]), "the oldest goes");
+        assert_eq!(r.worker_tree_chars(1), a_before, "b's engine said nothing");
+        // Inserts past the bound trim to fifteen sixteenths of it, oldest first.
+        let more = "a new conversation ".repeat(10);
+        r.apply(seq + 1, &insert("a", &more));
+        assert!(r.worker_tree_chars(0) <= KvBound::trim_target(4 * each).max(4 * each));
+        assert!(holds(&r, "a", &more));
+        let g = r.tree_gauges(0);
+        assert_eq!(
+            (g.kv_bound_chars, g.chars_per_token_milli),
+            (4 * each as u64, 1000)
+        );
+        assert_eq!(g.tree_chars, r.worker_tree_chars(0) as u64);
+    }
+
+    #[test]
+    fn the_config_can_turn_the_bound_off() {
+        let mut r = router(r#","kv_capacity_bound":false"#);
+        r.apply(0, &insert("a", &"x".repeat(100)));
+        r.apply(1, &bound("a", 10, 0, true));
+        assert_eq!(r.worker_tree_chars(0), 100, "neither trimmed nor cleared");
+        assert_eq!(r.tree_gauges(0).kv_bound_chars, 0);
+    }
+
+    #[test]
+    fn a_restarted_engine_leaves_its_worker_nothing() {
+        let mut r = router("");
+        r.apply(0, &insert("a", "some text"));
+        r.apply(1, &insert("b", "some text"));
+        r.apply(2, &bound("a", 1_000_000, 0, true));
+        assert_eq!(r.worker_tree_chars(0), 0);
+        assert_eq!(r.worker_tree_chars(1), 9);
+    }
+
+    #[test]
+    fn chars_routed_since_the_bound_are_counted_replayed_or_not_until_a_new_anchor() {
+        let mut r = router("");
+        r.apply(0, &bound("a", 1000, 5, false));
+        r.apply(1, &insert("a", "héllo"));
+        assert!(r.apply_encoded(2, &insert("a", "héllo wörld").encode()));
+        r.apply(3, &insert("b", "not a's"));
+        assert_eq!(r.kv_bound(0).chars_since, 5 + 11);
+        // The same anchor (a new capacity) keeps the window; a new one starts one.
+        r.apply(4, &bound("a", 2000, 5, false));
+        assert_eq!(r.kv_bound(0).chars_since, 16);
+        r.apply(5, &bound("a", 2000, 9, false));
+        assert_eq!(r.kv_bound(0).chars_since, 0);
+    }
+
+    #[test]
+    fn bounds_follow_their_workers_by_name_through_a_new_list() {
+        let mut r = router("");
+        r.apply(0, &bound("b", 1000, 5, false));
+        let json = br#"{"workers":[{"name":"c"},{"name":"b"},{"name":"a"}]}"#;
+        r.reconfigure(Config::from_json(json).unwrap());
+        assert_eq!(r.kv_bound(1).capacity_tokens, 1000);
+        assert_eq!(r.kv_bound(2), KvBound::default());
+        assert_eq!(r.kv_bound(0), KvBound::default());
+    }
+
+    #[test]
+    fn a_step_names_the_worker_and_its_pool() {
+        let r = router("");
+        let (op, why) = r.kv_step(1, Some(4096), Some(10)).unwrap();
+        assert_eq!(why, crate::request::kv_bounds::Share::Anchored);
+        assert!(matches!(op, Op::KvBound { pool: Pool::Regular, ref worker, .. } if worker == "b"));
+        assert_eq!(r.kv_step(1, None, Some(10)), None);
+        assert_eq!(r.kv_step(7, Some(4096), Some(10)), None, "no such worker");
     }
 }

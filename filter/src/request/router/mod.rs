@@ -17,12 +17,14 @@
 //! prefix goes elsewhere, the next request with it hits there instead of chasing the
 //! stale owner (re-homing).
 
+use crate::background::worker_stats::TreeGauges;
 use crate::config::{Config, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::parse::Parsed;
 use crate::policy::{Ask, Selectors};
 use crate::request::candidates::{self, Screened, Screens};
+use crate::request::kv_bounds::{kv_step, KvBound, KvStep, Share};
 use crate::request::model_trees::ModelTrees;
 use crate::rng::Rng;
 use crate::shared::{truncate_text, Membership, Op};
@@ -106,6 +108,9 @@ pub struct Router {
     /// Where the last decision's walk of its text ended, for the insert it records
     /// (`apply_routed`).
     walked: Option<Walked>,
+    /// What each worker's engine can hold of the trees, by worker index
+    /// (`crate::request::kv_bounds`).
+    kv: Vec<KvBound>,
 }
 
 /// A pool's policy each.
@@ -152,6 +157,7 @@ impl Router {
             cfg_version: 0,
             screens: Screens::default(),
             walked: None,
+            kv: Vec::new(),
         }
     }
 
@@ -213,6 +219,58 @@ impl Router {
         if !identity {
             self.trees
                 .remap_tenants(|old| new_index.get(old as usize).copied().flatten());
+            let mut kv = vec![KvBound::default(); self.cfg.workers.len()];
+            for (old, bound) in self.kv.iter().enumerate() {
+                let new = new_index.get(old).copied().flatten();
+                if let Some(slot) = new.and_then(|n| kv.get_mut(n as usize)) {
+                    *slot = *bound;
+                }
+            }
+            self.kv = kv;
+        }
+    }
+
+    /// Worker `index`'s bound as the stream last set it.
+    pub fn kv_bound(&self, index: usize) -> KvBound {
+        self.kv.get(index).copied().unwrap_or_default()
+    }
+
+    /// What worker `index` holds of the trees and what its engine can hold.
+    pub fn tree_gauges(&self, index: usize) -> TreeGauges {
+        TreeGauges {
+            tree_chars: self.worker_tree_chars(index) as u64,
+            kv_bound_chars: self.kv_max_chars(index).map_or(0, |c| c as u64),
+            chars_per_token_milli: self.kv_bound(index).chars_per_token_milli,
+        }
+    }
+
+    /// Chars worker `index` holds in its pool's trees.
+    pub fn worker_tree_chars(&self, index: usize) -> usize {
+        self.cfg
+            .workers
+            .get(index)
+            .map_or(0, |w| self.trees.tenant_chars(w.pool, index as TenantId))
+    }
+
+    /// What worker `index`'s engine sample means for its bound (`kv_step`): the
+    /// operation to share, if any.
+    pub fn kv_step(
+        &self,
+        index: usize,
+        capacity: Option<u64>,
+        prompt_tokens: Option<u64>,
+    ) -> Option<(Op, Share)> {
+        let w = self.cfg.workers.get(index)?;
+        match kv_step(&self.kv_bound(index), capacity, prompt_tokens) {
+            KvStep::Keep(_) => None,
+            KvStep::Share(update, why) => Some((
+                Op::KvBound {
+                    pool: w.pool,
+                    worker: w.name.clone(),
+                    update,
+                },
+                why,
+            )),
         }
     }
 

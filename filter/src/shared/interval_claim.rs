@@ -1,23 +1,30 @@
-//! The eviction clock: one eviction per interval for the whole Envoy. The VM whose
-//! tick finds the interval elapsed claims it by CAS and appends `Op::Evict`, so every
-//! VM evicts at the same point of the operation stream.
+//! Work done once per interval for the whole Envoy: eviction (`Op::Evict`) and the
+//! engines' KV bounds (`Op::KvBound`). The VM whose tick finds the interval elapsed
+//! claims it by CAS and appends the operation, so every VM applies it at the same
+//! point of the operation stream.
 
 use super::{Keys, Reader, SetOutcome, SharedStore};
 
-/// The time of the last eviction, in one key.
+/// The time the work was last claimed, in one key.
 #[derive(Debug, Clone)]
-pub struct EvictionClock {
+pub struct IntervalClaim {
     key: String,
 }
 
-impl EvictionClock {
-    pub fn new(keys: &Keys) -> EvictionClock {
-        EvictionClock {
+impl IntervalClaim {
+    pub fn eviction(keys: &Keys) -> IntervalClaim {
+        IntervalClaim {
             key: keys.eviction(),
         }
     }
 
-    /// Whether this caller won the eviction due at `now_ms`.
+    pub fn kv_bounds(keys: &Keys) -> IntervalClaim {
+        IntervalClaim {
+            key: keys.kv_bounds(),
+        }
+    }
+
+    /// Whether this caller won the interval due at `now_ms`.
     pub fn claim(&self, store: &dyn SharedStore, now_ms: u64, interval_ms: u64) -> bool {
         let (last, cas) = match store.get(&self.key) {
             Some((v, cas)) => (Reader(&v).u64().unwrap_or(0), cas),
@@ -40,9 +47,15 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
-    fn eviction_is_claimed_once_per_interval() {
+    fn each_interval_is_claimed_once() {
         let store = MemStore::default();
-        let c = EvictionClock::new(&Keys::new("t"));
+        let keys = Keys::new("t");
+        let c = IntervalClaim::eviction(&keys);
+        let other = IntervalClaim::kv_bounds(&keys);
+        assert!(
+            !other.claim(&store, 900, 100),
+            "first tick starts the clock"
+        );
         assert!(!c.claim(&store, 1000, 500), "first tick starts the clock");
         assert!(!c.claim(&store, 1499, 500));
         assert!(c.claim(&store, 1500, 500));
@@ -51,5 +64,9 @@ mod tests {
             "the same interval is claimed once"
         );
         assert!(c.claim(&store, 2000, 500));
+        assert!(
+            other.claim(&store, 1000, 100),
+            "each work has its own clock"
+        );
     }
 }
