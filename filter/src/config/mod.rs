@@ -97,10 +97,6 @@ fn default_balance_abs() -> u64 {
 fn default_balance_rel() -> f64 {
     DEFAULT_BALANCE_REL_THRESHOLD
 }
-fn default_kv_capacity_bound() -> bool {
-    true
-}
-
 fn default_max_tree_size() -> usize {
     DEFAULT_MAX_TREE_SIZE_CHARS
 }
@@ -201,9 +197,10 @@ pub struct Config {
     #[serde(default = "default_max_models")]
     pub max_models: usize,
     /// Each worker's share of the trees is bounded by what its engine's KV cache
-    /// holds, once the collector states the capacity (`crate::request::kv_bounds`);
-    /// `false` bounds the trees by `max_tree_size` and the VM budget only.
-    #[serde(default = "default_kv_capacity_bound")]
+    /// holds, once the collector states the capacity (`crate::request::kv_bounds`).
+    /// Off by default: with `cache_aware`'s threshold a truthful tree pays only
+    /// where some engines have room to spare (see the docs' *What the engines hold*).
+    #[serde(default)]
     pub kv_capacity_bound: bool,
     /// Queue gate: a prefix owner whose engine has this many requests waiting (or
     /// more) is no cache candidate. Unset: no gate.
@@ -528,6 +525,7 @@ mod tests {
         assert_eq!(c.balance_abs_threshold, 64);
         assert_eq!(c.balance_rel_threshold, 1.5);
         assert_eq!(c.max_tree_size, 67_108_864);
+        assert!(!c.kv_capacity_bound, "the KV bound is asked for");
         assert_eq!(c.eviction_interval_ms, 120_000);
         assert_eq!(c.cluster_header, "x-llm-router-cluster");
         assert_eq!(c.endpoint_header, "x-gateway-destination-endpoint");

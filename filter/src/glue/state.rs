@@ -331,7 +331,7 @@ impl State {
             .filter_map(|i| {
                 let s = table.fresh(i, now, stale_after)?;
                 self.router
-                    .kv_step(i, s.kv_capacity_tokens, s.prompt_tokens_total)
+                    .kv_step(i, s.kv_capacity_tokens, s.prompt_tokens_total, now)
             })
             .collect();
         for (op, why) in steps {

@@ -20,6 +20,13 @@ pub const KV_BOUNDS_INTERVAL_MS: u64 = 500;
 /// a few requests, so one long or short prompt does not set the ratio alone.
 pub const MIN_WINDOW_TOKENS: u64 = 4096;
 
+/// How long a window lasts at least. Its tokens are counted from the sample that
+/// anchored it, its chars from when the bound reached the stream, up to an interval
+/// and a collector push later: over 20 s that misalignment is a few percent. (Over
+/// the 1 s a busy engine takes to count 4096 tokens it read 3 chars a token where
+/// the text had 4.)
+pub const MIN_WINDOW_MS: u64 = 20_000;
+
 /// Chars per token, in thousandths, that a window may give. A tokenizer gives about
 /// 4 chars of English a token, 1 to 2 of CJK; a window outside this range is text
 /// the router never saw (other routers' traffic) or a broken counter, and clamped.
@@ -46,6 +53,8 @@ pub struct KvBound {
     pub chars_per_token_milli: u64,
     /// The engine's prompt-token counter where the current window began.
     pub anchor_tokens: Option<u64>,
+    /// When it began (the filter's clock, ms).
+    pub anchor_ms: u64,
     /// Chars inserted under the worker since that point of the stream.
     pub chars_since: u64,
 }
@@ -79,6 +88,7 @@ impl KvBound {
         self.capacity_tokens = update.capacity_tokens;
         self.chars_per_token_milli = update.chars_per_token_milli;
         self.anchor_tokens = Some(update.anchor_tokens);
+        self.anchor_ms = update.anchor_ms;
     }
 }
 
@@ -88,6 +98,7 @@ pub struct KvUpdate {
     pub capacity_tokens: u64,
     pub chars_per_token_milli: u64,
     pub anchor_tokens: u64,
+    pub anchor_ms: u64,
     /// The engine restarted: its cache is empty, so is the worker's share of the tree.
     pub cleared: bool,
 }
@@ -97,8 +108,8 @@ pub struct KvUpdate {
 pub enum Keep {
     /// The sample states no KV capacity: nothing to bound by.
     NoCapacity,
-    /// Nothing new: the window is shorter than `MIN_WINDOW_TOKENS` and the capacity
-    /// is the one shared.
+    /// Nothing new: the window is shorter than `MIN_WINDOW_TOKENS` or
+    /// `MIN_WINDOW_MS`, and the capacity is the one shared.
     ShortWindow,
 }
 
@@ -135,15 +146,26 @@ pub enum KvStep {
 }
 
 /// Compares an engine's sample (its capacity, its prompt-token counter) with the
-/// bound the stream holds for it.
-pub fn kv_step(held: &KvBound, capacity: Option<u64>, prompt_tokens: Option<u64>) -> KvStep {
+/// bound the stream holds for it, at `now_ms`.
+pub fn kv_step(
+    held: &KvBound,
+    capacity: Option<u64>,
+    prompt_tokens: Option<u64>,
+    now_ms: u64,
+) -> KvStep {
     let Some(capacity_tokens) = capacity.filter(|&c| c > 0) else {
         return KvStep::Keep(Keep::NoCapacity);
     };
+    // A new anchor starts a window now; the same one keeps its start.
     let update = |chars_per_token_milli, anchor_tokens, cleared| KvUpdate {
         capacity_tokens,
         chars_per_token_milli,
         anchor_tokens,
+        anchor_ms: if held.anchor_tokens == Some(anchor_tokens) {
+            held.anchor_ms
+        } else {
+            now_ms
+        },
         cleared,
     };
     let ratio = held.chars_per_token_milli;
@@ -162,7 +184,7 @@ pub fn kv_step(held: &KvBound, capacity: Option<u64>, prompt_tokens: Option<u64>
         return KvStep::Share(update(ratio, total, true), Share::Restarted);
     }
     let window = total - anchor;
-    if window >= MIN_WINDOW_TOKENS {
+    if window >= MIN_WINDOW_TOKENS && now_ms.saturating_sub(held.anchor_ms) >= MIN_WINDOW_MS {
         if held.chars_since == 0 {
             // Tokens the router sent nothing for (another router's traffic, or a
             // VM that started inside the window): nothing to learn from.
@@ -190,11 +212,15 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// A window's age when the tests close it.
+    const LATER: u64 = MIN_WINDOW_MS;
+
     fn held(capacity: u64, ratio: u64, anchor: Option<u64>, chars: u64) -> KvBound {
         KvBound {
             capacity_tokens: capacity,
             chars_per_token_milli: ratio,
             anchor_tokens: anchor,
+            anchor_ms: 0,
             chars_since: chars,
         }
     }
@@ -210,11 +236,11 @@ mod tests {
     fn no_capacity_bounds_nothing() {
         let fresh = KvBound::default();
         assert_eq!(
-            kv_step(&fresh, None, Some(10)),
+            kv_step(&fresh, None, Some(10), LATER),
             KvStep::Keep(Keep::NoCapacity)
         );
         assert_eq!(
-            kv_step(&fresh, Some(0), Some(10)),
+            kv_step(&fresh, Some(0), Some(10), LATER),
             KvStep::Keep(Keep::NoCapacity)
         );
         assert_eq!(fresh.max_chars(), None);
@@ -222,7 +248,7 @@ mod tests {
 
     #[test]
     fn the_first_counter_anchors_a_window_and_bounds_at_the_prior() {
-        let (u, why) = share(kv_step(&KvBound::default(), Some(65536), Some(500)));
+        let (u, why) = share(kv_step(&KvBound::default(), Some(65536), Some(500), LATER));
         assert_eq!(why, Share::Anchored);
         assert_eq!(
             (u.capacity_tokens, u.anchor_tokens, u.cleared),
@@ -242,11 +268,17 @@ mod tests {
     fn a_window_closes_at_its_token_count_and_takes_the_ratio_whole_first() {
         let b = held(65536, 0, Some(1000), 16_000);
         // One token short: nothing yet.
-        let short = kv_step(&b, Some(65536), Some(1000 + MIN_WINDOW_TOKENS - 1));
+        let short = kv_step(&b, Some(65536), Some(1000 + MIN_WINDOW_TOKENS - 1), LATER);
         assert_eq!(short, KvStep::Keep(Keep::ShortWindow));
         // 16000 chars over the window's 4096 tokens: 3.906 chars a token.
-        let (u, why) = share(kv_step(&b, Some(65536), Some(1000 + MIN_WINDOW_TOKENS)));
+        let (u, why) = share(kv_step(
+            &b,
+            Some(65536),
+            Some(1000 + MIN_WINDOW_TOKENS),
+            LATER,
+        ));
         assert_eq!(why, Share::Learned);
+        assert_eq!(u.anchor_ms, LATER, "the next window starts now");
         assert_eq!(u.chars_per_token_milli, 16_000 * 1000 / MIN_WINDOW_TOKENS);
         assert_eq!(u.anchor_tokens, 1000 + MIN_WINDOW_TOKENS);
         let mut b = b;
@@ -256,26 +288,46 @@ mod tests {
     }
 
     #[test]
+    fn a_window_lasts_its_time_however_many_tokens_it_counted() {
+        let b = KvBound {
+            anchor_ms: 5000,
+            ..held(65536, 0, Some(0), 1 << 20)
+        };
+        let young = kv_step(&b, Some(65536), Some(1 << 20), 5000 + MIN_WINDOW_MS - 1);
+        assert_eq!(young, KvStep::Keep(Keep::ShortWindow));
+        let (_, why) = share(kv_step(
+            &b,
+            Some(65536),
+            Some(1 << 20),
+            5000 + MIN_WINDOW_MS,
+        ));
+        assert_eq!(why, Share::Learned);
+        // A new capacity meanwhile keeps the window and its start.
+        let (u, why) = share(kv_step(&b, Some(1000), Some(10), 6000));
+        assert_eq!((why, u.anchor_ms), (Share::Resized, 5000));
+    }
+
+    #[test]
     fn a_later_window_weighs_a_quarter() {
         let b = held(1000, 4000, Some(0), 2 * 8192);
-        let (u, _) = share(kv_step(&b, Some(1000), Some(8192)));
+        let (u, _) = share(kv_step(&b, Some(1000), Some(8192), LATER));
         assert_eq!(u.chars_per_token_milli, (3 * 4000 + 2000) / 4);
     }
 
     #[test]
     fn windows_out_of_range_are_clamped() {
         let few = held(1000, 0, Some(0), 1);
-        let (u, _) = share(kv_step(&few, Some(1000), Some(1 << 20)));
+        let (u, _) = share(kv_step(&few, Some(1000), Some(1 << 20), LATER));
         assert_eq!(u.chars_per_token_milli, MIN_CHARS_PER_TOKEN_MILLI);
         let many = held(1000, 0, Some(0), u64::MAX / 2);
-        let (u, _) = share(kv_step(&many, Some(1000), Some(MIN_WINDOW_TOKENS)));
+        let (u, _) = share(kv_step(&many, Some(1000), Some(MIN_WINDOW_TOKENS), LATER));
         assert_eq!(u.chars_per_token_milli, MAX_CHARS_PER_TOKEN_MILLI);
     }
 
     #[test]
     fn a_window_nothing_was_routed_in_starts_again_without_learning() {
         let b = held(1000, 3000, Some(0), 0);
-        let (u, why) = share(kv_step(&b, Some(1000), Some(MIN_WINDOW_TOKENS * 3)));
+        let (u, why) = share(kv_step(&b, Some(1000), Some(MIN_WINDOW_TOKENS * 3), LATER));
         assert_eq!(why, Share::Anchored);
         assert_eq!(
             (u.chars_per_token_milli, u.anchor_tokens),
@@ -286,7 +338,7 @@ mod tests {
     #[test]
     fn a_counter_that_goes_back_is_a_restart_that_clears() {
         let b = held(1000, 3000, Some(50_000), 123);
-        let (u, why) = share(kv_step(&b, Some(1000), Some(20)));
+        let (u, why) = share(kv_step(&b, Some(1000), Some(20), LATER));
         assert_eq!(why, Share::Restarted);
         assert!(u.cleared);
         assert_eq!((u.chars_per_token_milli, u.anchor_tokens), (3000, 20));
@@ -295,7 +347,7 @@ mod tests {
     #[test]
     fn a_new_capacity_is_shared_within_a_window_and_keeps_it_open() {
         let b = held(1000, 3000, Some(100), 999);
-        let (u, why) = share(kv_step(&b, Some(2000), Some(200)));
+        let (u, why) = share(kv_step(&b, Some(2000), Some(200), LATER));
         assert_eq!(why, Share::Resized);
         assert_eq!((u.capacity_tokens, u.anchor_tokens), (2000, 100));
         let mut kept = b;
@@ -303,10 +355,10 @@ mod tests {
         assert_eq!(kept.chars_since, 999, "same anchor, same window");
         assert_eq!(kept.max_chars(), Some(6000));
         // Without a counter too, but then nothing is learned.
-        let (u, why) = share(kv_step(&b, Some(4000), None));
+        let (u, why) = share(kv_step(&b, Some(4000), None, LATER));
         assert_eq!((why, u.chars_per_token_milli), (Share::Resized, 3000));
         assert_eq!(
-            kv_step(&b, Some(1000), None),
+            kv_step(&b, Some(1000), None, LATER),
             KvStep::Keep(Keep::ShortWindow)
         );
     }

@@ -120,6 +120,7 @@ impl<S> Op<S> {
                     capacity_tokens: r.u64()?,
                     chars_per_token_milli: r.u64()?,
                     anchor_tokens: r.u64()?,
+                    anchor_ms: r.u64()?,
                     cleared: match r.u8()? {
                         0 => false,
                         1 => true,
@@ -172,7 +173,7 @@ impl Op {
                 text,
                 ..
             } => fields(model, worker, text) + 16,
-            Op::KvBound { worker, .. } => 2 + 4 + worker.len() + 25,
+            Op::KvBound { worker, .. } => 2 + 4 + worker.len() + 33,
             _ => 16,
         }
     }
@@ -226,6 +227,7 @@ impl<S: AsRef<str>> Op<S> {
                 out.extend_from_slice(&update.capacity_tokens.to_le_bytes());
                 out.extend_from_slice(&update.chars_per_token_milli.to_le_bytes());
                 out.extend_from_slice(&update.anchor_tokens.to_le_bytes());
+                out.extend_from_slice(&update.anchor_ms.to_le_bytes());
                 out.push(u8::from(update.cleared));
             }
             Op::Membership(m) => {
@@ -422,6 +424,7 @@ mod tests {
                 capacity_tokens: 65536,
                 chars_per_token_milli: 3906,
                 anchor_tokens: u64::MAX,
+                anchor_ms: 1_700_000_000_000,
                 cleared: true,
             },
         };

@@ -67,6 +67,11 @@ pub(crate) struct ReplayArgs {
     /// Engine concurrent requests at most (0: unlimited), like `--engine-arg=--max-running=N`.
     #[arg(long, default_value_t = 0)]
     max_running: usize,
+    /// Engine KV cache size in blocks (of 64 chars), like the mock's `--cache-blocks`:
+    /// one value for every engine, or one per engine in order (`256,512,768,1024`:
+    /// a fleet whose caches differ). Default: the mock's 4096.
+    #[arg(long, value_delimiter = ',')]
+    cache_blocks: Vec<usize>,
     /// Print each run's hostcalls a request, by name (what a request costs the
     /// host: in Envoy each one is a V8 exit, and one that returns data an
     /// allocation in the guest too).
@@ -121,22 +126,38 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         Some(Value::Array(w)) => w.len(),
         _ => args.pd.engines(args.workers),
     };
+    let engine = EngineSpec {
+        max_running: args.max_running,
+        cache_blocks: args
+            .cache_blocks
+            .first()
+            .copied()
+            .unwrap_or(EngineSpec::default().cache_blocks),
+        latency: Latency {
+            ttft_ms: args.ttft_ms,
+            prefill_us_per_token: args.prefill_us_per_token,
+            decode_ms_per_token: args.decode_ms_per_token,
+        },
+        ..EngineSpec::default()
+    };
     let sim = member.as_ref().map_or_else(
         || host_sim::replay::Replay {
             workers: args.workers,
             pd,
             vms: args.vms,
             concurrency: args.concurrency,
-            engine: EngineSpec {
-                max_running: args.max_running,
-                latency: Latency {
-                    ttft_ms: args.ttft_ms,
-                    prefill_us_per_token: args.prefill_us_per_token,
-                    decode_ms_per_token: args.decode_ms_per_token,
-                },
-                ..EngineSpec::default()
+            engine: engine.clone(),
+            engine_specs: match args.cache_blocks.as_slice() {
+                [_, _, ..] => args
+                    .cache_blocks
+                    .iter()
+                    .map(|&cache_blocks| EngineSpec {
+                        cache_blocks,
+                        ..engine.clone()
+                    })
+                    .collect(),
+                _ => Vec::new(),
             },
-            engine_specs: Vec::new(),
             collector_interval_ms: (args.collector_interval_ms > 0)
                 .then_some(args.collector_interval_ms),
         },

@@ -4,6 +4,7 @@
 
 use llm_demo::admin::{self, Response};
 use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_demo::process::{self, Guard};
 use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -139,4 +140,26 @@ pub fn metric_names(text: &str) -> BTreeSet<String> {
         rest = &tail[end..];
     }
     out
+}
+
+/// A regular engine mock named `name` listening on `port` (the one Envoy and the
+/// collector were given before it ran), with `args` of its own, once it answers:
+/// an engine that comes up late, or again after a restart.
+pub fn engine_on(f: &Fleet, name: &str, port: u16, args: &[&str]) -> Guard {
+    let mut cmd = std::process::Command::new(llm_demo::paths::bin_path("engine-mock").unwrap());
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--worker-id",
+        name,
+        "--role",
+        "regular",
+    ]);
+    cmd.args(args);
+    let log = f.dir.join(format!("engine-{name}-again.log"));
+    let guard = process::spawn(name, cmd, &log).unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let up = wait_until(|| admin::get(addr, "/metrics").is_ok_and(|r| r.status == 200));
+    assert!(up, "engine {name} on port {port} came up");
+    guard
 }

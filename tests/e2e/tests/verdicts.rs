@@ -10,7 +10,7 @@
 //!
 //! Prints the measured numbers: `cargo test -p e2e --test verdicts -- --nocapture`.
 
-use e2e::support::{header, post, send, start, wait_for, wait_until};
+use e2e::support::{engine_on, header, post, send, start, wait_for, wait_until};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_demo::process::{self, Guard};
@@ -263,26 +263,6 @@ fn killing_one_engine_of_four_fails_at_most_2_of_the_next_40_requests() {
     );
 }
 
-/// An engine mock named `name` listening on `port` (the one Envoy and the collector
-/// were given before it ran), once it answers.
-fn engine_on(f: &Fleet, name: &str, port: u16) -> Guard {
-    let mut cmd = Command::new(llm_demo::paths::bin_path("engine-mock").unwrap());
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--worker-id",
-        name,
-        "--role",
-        "regular",
-    ]);
-    let log = f.dir.join(format!("engine-{name}-again.log"));
-    let guard = process::spawn(name, cmd, &log).unwrap();
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let up = wait_until(|| admin::get(addr, "/metrics").is_ok_and(|r| r.status == 200));
-    assert!(up, "engine {name} on port {port} came up");
-    guard
-}
-
 #[test]
 fn started_before_the_engines_a_burst_fails_nothing_after_the_first_refused_connect() {
     // Envoy and the collector up with five engines that are not there yet: the
@@ -329,7 +309,7 @@ fn started_before_the_engines_a_burst_fails_nothing_after_the_first_refused_conn
     let _up: Vec<Guard> = ports
         .iter()
         .filter(|(name, _)| name != "w4")
-        .map(|(name, port)| engine_on(&f, name, *port))
+        .map(|(name, port)| engine_on(&f, name, *port, &[]))
         .collect();
     let down_before = stat(&f, "llm_router_health_down_now");
     // 32 clients at once, each 8 turns of one conversation on a shared hot prefix.

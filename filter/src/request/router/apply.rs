@@ -183,7 +183,9 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn router(extra: &str) -> Router {
-        let json = format!(r#"{{"workers":[{{"name":"a"}},{{"name":"b"}}]{extra}}}"#);
+        let json = format!(
+            r#"{{"workers":[{{"name":"a"}},{{"name":"b"}}],"kv_capacity_bound":true{extra}}}"#
+        );
         Router::new(Config::from_json(json.as_bytes()).unwrap())
     }
 
@@ -205,6 +207,7 @@ mod tests {
                 capacity_tokens: capacity,
                 chars_per_token_milli: 1000,
                 anchor_tokens: anchor,
+                anchor_ms: 0,
                 cleared,
             },
         }
@@ -257,8 +260,9 @@ mod tests {
     }
 
     #[test]
-    fn the_config_can_turn_the_bound_off() {
-        let mut r = router(r#","kv_capacity_bound":false"#);
+    fn the_bound_is_off_unless_the_config_turns_it_on() {
+        let json = br#"{"workers":[{"name":"a"},{"name":"b"}]}"#;
+        let mut r = Router::new(Config::from_json(json).unwrap());
         r.apply(0, &insert("a", &"x".repeat(100)));
         r.apply(1, &bound("a", 10, 0, true));
         assert_eq!(r.worker_tree_chars(0), 100, "neither trimmed nor cleared");
@@ -304,10 +308,14 @@ mod tests {
     #[test]
     fn a_step_names_the_worker_and_its_pool() {
         let r = router("");
-        let (op, why) = r.kv_step(1, Some(4096), Some(10)).unwrap();
+        let (op, why) = r.kv_step(1, Some(4096), Some(10), 0).unwrap();
         assert_eq!(why, crate::request::kv_bounds::Share::Anchored);
         assert!(matches!(op, Op::KvBound { pool: Pool::Regular, ref worker, .. } if worker == "b"));
-        assert_eq!(r.kv_step(1, None, Some(10)), None);
-        assert_eq!(r.kv_step(7, Some(4096), Some(10)), None, "no such worker");
+        assert_eq!(r.kv_step(1, None, Some(10), 0), None);
+        assert_eq!(
+            r.kv_step(7, Some(4096), Some(10), 0),
+            None,
+            "no such worker"
+        );
     }
 }

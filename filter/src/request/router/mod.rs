@@ -252,16 +252,17 @@ impl Router {
             .map_or(0, |w| self.trees.tenant_chars(w.pool, index as TenantId))
     }
 
-    /// What worker `index`'s engine sample means for its bound (`kv_step`): the
-    /// operation to share, if any.
+    /// What worker `index`'s engine sample means for its bound at `now_ms`
+    /// (`kv_step`): the operation to share, if any.
     pub fn kv_step(
         &self,
         index: usize,
         capacity: Option<u64>,
         prompt_tokens: Option<u64>,
+        now_ms: u64,
     ) -> Option<(Op, Share)> {
         let w = self.cfg.workers.get(index)?;
-        match kv_step(&self.kv_bound(index), capacity, prompt_tokens) {
+        match kv_step(&self.kv_bound(index), capacity, prompt_tokens, now_ms) {
             KvStep::Keep(_) => None,
             KvStep::Share(update, why) => Some((
                 Op::KvBound {
@@ -464,6 +465,43 @@ mod tests {
             r.apply_local(op);
         }
         Ok(routed.decision)
+    }
+
+    #[test]
+    fn the_chars_routed_to_a_worker_are_counted_for_its_kv_bound() {
+        let mut r = router("", 2);
+        let mut rng = SplitMix64(5);
+        for w in ["w0", "w1"] {
+            let update = crate::request::kv_bounds::KvUpdate {
+                capacity_tokens: 1 << 20,
+                chars_per_token_milli: 0,
+                anchor_tokens: 1,
+                anchor_ms: 0,
+                cleared: false,
+            };
+            r.apply_local(&Op::KvBound {
+                pool: Pool::Regular,
+                worker: w.into(),
+                update,
+            });
+        }
+        let mut sent = [0u64; 2];
+        for c in 0..6 {
+            for turn in 0..4 {
+                let msgs: Vec<String> = (0..=turn)
+                    .map(|t| format!("conversation {c} turn {t} says something"))
+                    .collect();
+                let msgs: Vec<&str> = msgs.iter().map(String::as_str).collect();
+                let routed = r
+                    .route(&mut chat(&msgs), &Loads::inflight_only(&[0, 0]), &mut rng)
+                    .unwrap();
+                let record = routed.record.unwrap();
+                sent[routed.decision.worker as usize] += record.text_chars;
+                let seq = r.clock;
+                r.apply_routed(seq, &record.op);
+            }
+        }
+        assert_eq!([r.kv_bound(0).chars_since, r.kv_bound(1).chars_since], sent);
     }
 
     #[test]

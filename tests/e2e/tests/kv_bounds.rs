@@ -1,0 +1,112 @@
+//! End-to-end: with `kv_capacity_bound`, what each engine's KV cache can hold bounds
+//! its worker's share of the tree, through the real Envoy, collector and engine mocks
+//! (issue 54). The collector
+//! reads the mock's `vllm:cache_config_info` and `vllm:prompt_tokens_total`; the
+//! filter bounds at 4 chars a token, learns the engine's own from the text it routed
+//! over a 20 s window, bounds the small engine's
+//! share of the tree to what it can hold, and drops the share when the engine
+//! restarts (its counter goes back) with an empty cache.
+//!
+//! Prints what it saw: `cargo test -p e2e --test kv_bounds -- --nocapture`.
+
+use e2e::support::{engine_on, post, start, wait_for};
+use llm_demo::fleet::{Fleet, FleetSpec};
+use serde_json::json;
+use std::cell::Cell;
+use std::process::Command;
+
+/// Worker `w`'s gauge `field` (`llm_router_worker.<w>.<field>`).
+fn gauge(f: &Fleet, w: &str, field: &str) -> u64 {
+    f.envoy
+        .filter_stat(&format!("llm_router_worker.{w}.{field}"))
+        .unwrap_or(0)
+}
+
+/// A distinct 400-char completion prompt.
+fn prompt(i: u64) -> serde_json::Value {
+    let tag = format!("{:016x} ", (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    json!({"model": "mock", "max_tokens": 2, "prompt": tag.repeat(25)})
+}
+
+#[test]
+fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
+    let mut spec = FleetSpec {
+        workers: 2,
+        plugin_config: json!({"sync_interval_ms": 100, "kv_capacity_bound": true}),
+        collector_interval_ms: Some(100),
+        envoy_concurrency: 2,
+        ..FleetSpec::default()
+    };
+    // 16 blocks of 64 chars (16 tokens each): 256 tokens, about 1 KiB of text.
+    let small = ["--cache-blocks", "16"];
+    spec.engine_args_for
+        .insert("w0".into(), small.iter().map(|s| s.to_string()).collect());
+    let f = start(&spec);
+    let sent = Cell::new(0u64);
+    let send_one = || {
+        let r = post(f.envoy.listener, "/v1/completions", &prompt(sent.get()));
+        assert_eq!(r.status, 200, "{r:?}");
+        sent.set(sent.get() + 1);
+    };
+    // Distinct prompts go where the load is least: both engines get far more text
+    // than w0's cache holds. Until a window closes, 4 chars a token: w0 may hold
+    // 1024 chars of the tree, w1 its 65536 tokens' worth.
+    wait_for("w0's share within the bound at 4 chars a token", &f, || {
+        (0..5).for_each(|_| send_one());
+        gauge(&f, "w0", "kv_bound_chars") == 1024
+            && gauge(&f, "w1", "kv_bound_chars") == 65536 * 4
+            && gauge(&f, "w0", "tree_chars") <= 1024
+            && gauge(&f, "w1", "tree_chars") > 4 * 1024
+    });
+    assert!(
+        gauge(&f, "w0", "tree_chars") > 0,
+        "w0 keeps its newest text"
+    );
+    // A window lasts 20 s and 4096 of the engine's tokens: then chars per token is
+    // the engine's own, which the mock counts as a token per 4 chars of prompt.
+    wait_for("w0's chars per token learned", &f, || {
+        (0..5).for_each(|_| send_one());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        gauge(&f, "w0", "chars_per_token_milli") > 0
+    });
+    let ratio = gauge(&f, "w0", "chars_per_token_milli");
+    assert!(
+        (3600..=4400).contains(&ratio),
+        "chars per token x1000: {ratio}"
+    );
+    wait_for("w0's share within its learned bound", &f, || {
+        let bound = gauge(&f, "w0", "kv_bound_chars");
+        bound == 256 * gauge(&f, "w0", "chars_per_token_milli") / 1000
+            && gauge(&f, "w0", "tree_chars") <= bound
+    });
+    println!(
+        "{} prompts: w0 learned {ratio} chars per 1000 tokens, holds {} of its bound {}; w1 holds {}",
+        sent.get(),
+        gauge(&f, "w0", "tree_chars"),
+        gauge(&f, "w0", "kv_bound_chars"),
+        gauge(&f, "w1", "tree_chars")
+    );
+
+    // w0's engine restarts: its cache is empty, and so is its share of the tree.
+    let w0_engine = f.engine("w0").unwrap();
+    let (pid, port) = (w0_engine.guard.id(), w0_engine.addr.port());
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(killed, "kill -KILL {pid}");
+    let _again = engine_on(&f, "w0", port, &small);
+    wait_for("the restart seen and w0's share dropped", &f, || {
+        f.envoy
+            .filter_stat("llm_router_engine_restarts")
+            .unwrap_or(0)
+            >= 1
+            && gauge(&f, "w0", "tree_chars") == 0
+    });
+    assert!(gauge(&f, "w1", "tree_chars") > 0, "w1 keeps its share");
+    // The restarted engine is routed to again, and its share grows anew.
+    wait_for("w0 routed to again", &f, || {
+        send_one();
+        gauge(&f, "w0", "tree_chars") > 0
+    });
+}
