@@ -7,7 +7,9 @@
 //! its last one (the cross-thread sync under churn), `predicted_ttft` beside
 //! `cache_aware` (a per-tenant match, the work and cost tables read at the decision
 //! and written at the decision, the first byte and the end), and `round_robin` for
-//! comparison (no tree, no operations to share), and the floor (`benches/floor`: a
+//! comparison (no tree, no operations to share), `cache_aware` with `kv_capacity_bound`
+//! on engines a push states hold 65536 tokens (each insert checks the worker's share)
+//! or 4096 (the 64 conversations keep the trims going), and the floor (`benches/floor`: a
 //! guest that only buffers and reads the body and sets the routing header), so the
 //! guest CPU the router adds per request is attributable without Envoy.
 //!
@@ -31,18 +33,68 @@ use host_sim::{Filter, Host, RequestSpec, StreamHandle};
 use std::path::Path;
 use std::time::Duration;
 
-fn config(policy: &str) -> String {
-    let n: usize = std::env::var("LLM_BENCH_WORKERS")
+/// `cache_aware` with each worker's share of the trees bounded by its engine's KV
+/// cache (`kv_capacity_bound`): a push states 65536 tokens an engine, room for all
+/// its conversations, so each insert checks the bound and none trims...
+const KV_BOUNDED: &str = "cache_aware+kv_capacity_bound";
+/// ...and 4096 tokens (16 KiB of text, four of the bench's conversations of the 16
+/// each worker gets), so the tree keeps trimming and the conversations miss, as on
+/// engines that evict them before they come back.
+const KV_TIGHT: &str = "cache_aware+kv_capacity_bound+tight";
+
+/// The KV capacity a policy's engines state (`None`: no push).
+fn kv_tokens(policy: &str) -> Option<u64> {
+    match policy {
+        KV_BOUNDED => Some(65536),
+        KV_TIGHT => Some(4096),
+        _ => None,
+    }
+}
+
+fn workers() -> usize {
+    std::env::var("LLM_BENCH_WORKERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
-    let workers: Vec<String> = (0..n)
+        .unwrap_or(4)
+}
+
+fn config(policy: &str) -> String {
+    let workers: Vec<String> = (0..workers())
         .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
         .collect();
+    let (policy, extra) = match kv_tokens(policy) {
+        Some(_) => (
+            "cache_aware",
+            r#","kv_capacity_bound":true,"stats_token":"bench""#,
+        ),
+        None => (policy, ""),
+    };
     format!(
-        r#"{{"policy":"{policy}","workers":[{}]}}"#,
+        r#"{{"policy":"{policy}","workers":[{}]{extra}}}"#,
         workers.join(",")
     )
+}
+
+/// The collector's push stating every engine's KV capacity, and a tick past the
+/// interval at which one VM turns it into the workers' bounds.
+fn push_capacity(host: &mut Host, kv_tokens: u64) {
+    let workers: Vec<serde_json::Value> = (0..workers())
+        .map(|i| {
+            serde_json::json!({"name": format!("w{i}"), "reachable": true, "num_waiting": 0,
+                "num_running": 0, "kv_capacity_tokens": kv_tokens, "prompt_tokens_total": 1})
+        })
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "workers": workers })).expect("json");
+    let mut spec = RequestSpec::post_json("/llm-router/stats", body);
+    spec.headers.push(("authorization", "Bearer bench"));
+    let out = host.vm(0).request(spec).expect("push");
+    host.vm(0).finish(out.handle).expect("push ends");
+    host.advance_time(1_000).expect("tick");
+    assert_eq!(
+        host.metric("wasmcustom.llm_router_worker.w0.kv_bound_chars"),
+        Some(kv_tokens * 4),
+        "the bound is in place"
+    );
 }
 
 /// A chat body of about 4 KiB: a long system prompt, a few turns, a question.
@@ -128,13 +180,17 @@ fn host(filter: &Filter, policy: &str) -> Host {
 }
 
 fn host_with_vms(filter: &Filter, policy: &str, vms: usize) -> Host {
-    Host::builder_for(filter)
+    let mut host = Host::builder_for(filter)
         .plugin_config(config(policy).into_bytes())
         .vms(vms)
         .seed(1)
         .allow_on_headers_stop_iteration(true)
         .build()
-        .expect("host")
+        .expect("host");
+    if let Some(tokens) = kv_tokens(policy) {
+        push_capacity(&mut host, tokens);
+    }
+    host
 }
 
 /// Hostcalls per request by name and the Wasm instructions the guest runs per
@@ -166,8 +222,14 @@ fn hostcalls_per_request(
     let instructions = (h.guest_instructions().expect("metered") - fuel) / n as u64;
     // A VM holding requests hands its counters to the host on its tick.
     h.advance_time(1_000).expect("tick");
-    if policy == "cache_aware" {
+    if policy.starts_with("cache_aware") && policy != KV_TIGHT {
         assert!(h.metric("wasmcustom.llm_router_decisions_cache_hit") > Some(0));
+    }
+    if let Some(tokens) = kv_tokens(policy) {
+        assert!(
+            h.metric("wasmcustom.llm_router_worker.w0.tree_chars") <= Some(tokens * 4),
+            "w0 holds no more than its engine"
+        );
     }
     if vms > 1 {
         assert!(
@@ -212,6 +274,9 @@ fn bench_build(
         ("cache_aware", 1, 1),
         ("cache_aware", 1, 8),
         ("cache_aware", 4, 1),
+        (KV_BOUNDED, 1, 1),
+        (KV_BOUNDED, 4, 1),
+        (KV_TIGHT, 1, 1),
         ("round_robin", 1, 1),
         ("predicted_ttft", 1, 1),
         ("predicted_ttft", 1, 64),
@@ -226,6 +291,15 @@ fn bench_build(
     let mut h = host(filter, "cache_aware");
     let mut i = 0;
     group.bench_function(name("cache_aware/64_conversations"), |b| {
+        b.iter(|| {
+            i += 1;
+            one_request(&mut h, &bodies[i % bodies.len()])
+        })
+    });
+
+    let mut h = host(filter, KV_BOUNDED);
+    let mut i = 0;
+    group.bench_function(name("cache_aware/64_conversations_kv_bounded"), |b| {
         b.iter(|| {
             i += 1;
             one_request(&mut h, &bodies[i % bodies.len()])

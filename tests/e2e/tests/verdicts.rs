@@ -10,10 +10,10 @@
 //!
 //! Prints the measured numbers: `cargo test -p e2e --test verdicts -- --nocapture`.
 
-use e2e::support::{engine_on, header, post, send, start, wait_for, wait_until};
+use e2e::support::{engine_on, header, post, send, start, wait_for};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
-use llm_demo::process::{self, Guard};
+use llm_demo::process::Guard;
 use serde_json::json;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
