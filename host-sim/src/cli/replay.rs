@@ -146,14 +146,14 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             pd,
             vms: args.vms,
             concurrency: args.concurrency,
-            engine: engine.clone(),
+            engine,
             engine_specs: match args.cache_blocks.as_slice() {
                 [_, _, ..] => args
                     .cache_blocks
                     .iter()
                     .map(|&cache_blocks| EngineSpec {
                         cache_blocks,
-                        ..engine.clone()
+                        ..engine
                     })
                     .collect(),
                 _ => Vec::new(),
