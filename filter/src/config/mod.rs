@@ -200,6 +200,7 @@ pub struct Config {
     /// holds, once the collector states the capacity (`crate::request::kv_bounds`).
     /// Off by default: with `cache_aware`'s threshold a truthful tree pays only
     /// where some engines have room to spare (see the docs' *What the engines hold*).
+    /// An engine's restart empties its worker's share either way.
     #[serde(default)]
     pub kv_capacity_bound: bool,
     /// Queue gate: a prefix owner whose engine has this many requests waiting (or

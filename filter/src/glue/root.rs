@@ -114,9 +114,9 @@ impl Root {
         if state.shared.eviction.claim(&HostStore, now, interval) {
             state.record_now(&Op::Evict);
         }
+        // Whatever `kv_capacity_bound` says: an engine's restart empties its share.
         // A VM without the tree has not counted what was routed since the last bound.
-        if state.router.config().kv_capacity_bound
-            && state.serving()
+        if state.serving()
             && state
                 .shared
                 .kv_bounds

@@ -5,12 +5,13 @@
 //! filter bounds at 4 chars a token, learns the engine's own from the text it routed
 //! over a 20 s window, bounds the small engine's
 //! share of the tree to what it can hold, and drops the share when the engine
-//! restarts (its counter goes back) with an empty cache.
+//! restarts (its counter goes back) with an empty cache, with or without the bound.
 //!
 //! Prints what it saw: `cargo test -p e2e --test kv_bounds -- --nocapture`.
 
 use e2e::support::{engine_on, post, start, wait_for};
 use llm_demo::fleet::{Fleet, FleetSpec};
+use llm_demo::process::Guard;
 use serde_json::json;
 use std::cell::Cell;
 use std::process::Command;
@@ -88,6 +89,46 @@ fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
     );
 
     // w0's engine restarts: its cache is empty, and so is its share of the tree.
+    let _again = restart_w0(&f, &small);
+    // The restarted engine is routed to again, and its share grows anew.
+    wait_for("w0 routed to again", &f, || {
+        send_one();
+        gauge(&f, "w0", "tree_chars") > 0
+    });
+}
+
+#[test]
+fn without_the_bound_a_restarted_engines_share_is_dropped_all_the_same() {
+    let f = start(&FleetSpec {
+        workers: 2,
+        plugin_config: json!({"sync_interval_ms": 100}),
+        collector_interval_ms: Some(100),
+        ..FleetSpec::default()
+    });
+    let sent = Cell::new(0u64);
+    // Both engines hold text, and their counters anchored a window each.
+    wait_for(
+        "both workers hold text, their counters anchored",
+        &f,
+        || {
+            let r = post(f.envoy.listener, "/v1/completions", &prompt(sent.get()));
+            assert_eq!(r.status, 200, "{r:?}");
+            sent.set(sent.get() + 1);
+            gauge(&f, "w0", "tree_chars") > 0
+                && gauge(&f, "w1", "tree_chars") > 0
+                && f.envoy
+                    .filter_stat("llm_router_kv_bounds_shared")
+                    .unwrap_or(0)
+                    >= 2
+        },
+    );
+    assert_eq!(gauge(&f, "w0", "kv_bound_chars"), 0, "no bound asked for");
+    let _again = restart_w0(&f, &[]);
+}
+
+/// Kills w0's engine and starts it again on its port with `args`: once the collector
+/// reads its counter back at zero, w0 holds nothing of the tree and w1 keeps its share.
+fn restart_w0(f: &Fleet, args: &[&str]) -> Guard {
     let w0_engine = f.engine("w0").unwrap();
     let (pid, port) = (w0_engine.guard.id(), w0_engine.addr.port());
     let killed = Command::new("kill")
@@ -95,18 +136,14 @@ fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
         .status()
         .is_ok_and(|s| s.success());
     assert!(killed, "kill -KILL {pid}");
-    let _again = engine_on(&f, "w0", port, &small);
-    wait_for("the restart seen and w0's share dropped", &f, || {
+    let again = engine_on(f, "w0", port, args);
+    wait_for("the restart seen and w0's share dropped", f, || {
         f.envoy
             .filter_stat("llm_router_engine_restarts")
             .unwrap_or(0)
             >= 1
-            && gauge(&f, "w0", "tree_chars") == 0
+            && gauge(f, "w0", "tree_chars") == 0
     });
-    assert!(gauge(&f, "w1", "tree_chars") > 0, "w1 keeps its share");
-    // The restarted engine is routed to again, and its share grows anew.
-    wait_for("w0 routed to again", &f, || {
-        send_one();
-        gauge(&f, "w0", "tree_chars") > 0
-    });
+    assert!(gauge(f, "w1", "tree_chars") > 0, "w1 keeps its share");
+    again
 }

@@ -140,8 +140,10 @@ impl Router {
         Some(chars)
     }
 
-    /// Takes a bound the stream carries: an engine that restarted holds nothing,
-    /// and the worker keeps no more than its engine can.
+    /// Takes a bound the stream carries: an engine that restarted holds nothing
+    /// (always: the tree's claims on an empty cache send its conversations to an
+    /// engine that must prefill them all), and with `kv_capacity_bound` the worker
+    /// keeps no more than its engine can.
     fn set_kv_bound(&mut self, pool: Pool, worker: TenantId, update: &KvUpdate) {
         let at = worker as usize;
         if self.kv.len() <= at {
@@ -150,7 +152,7 @@ impl Router {
         if let Some(bound) = self.kv.get_mut(at) {
             bound.set(update);
         }
-        if update.cleared && self.cfg.kv_capacity_bound {
+        if update.cleared {
             self.trees.remove_tenant(pool, worker);
         }
         if let Some(max) = self.kv_max_chars(at) {
@@ -260,13 +262,16 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_is_off_unless_the_config_turns_it_on() {
+    fn the_bound_is_off_unless_the_config_turns_it_on_but_a_restart_clears_anyway() {
         let json = br#"{"workers":[{"name":"a"},{"name":"b"}]}"#;
         let mut r = Router::new(Config::from_json(json).unwrap());
         r.apply(0, &insert("a", &"x".repeat(100)));
-        r.apply(1, &bound("a", 10, 0, true));
-        assert_eq!(r.worker_tree_chars(0), 100, "neither trimmed nor cleared");
+        r.apply(1, &insert("b", &"y".repeat(100)));
+        r.apply(2, &bound("a", 10, 0, false));
+        r.apply(3, &bound("b", 10, 0, true));
+        assert_eq!(r.worker_tree_chars(0), 100, "not trimmed");
         assert_eq!(r.tree_gauges(0).kv_bound_chars, 0);
+        assert_eq!(r.worker_tree_chars(1), 0, "b's engine restarted");
     }
 
     #[test]
