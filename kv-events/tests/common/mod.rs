@@ -1,0 +1,43 @@
+//! Shared by the integration tests: reading the committed vectors.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+pub fn vectors(name: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("vectors")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+pub fn unhex(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex length: {s}");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The three frames of every message vector.
+pub fn frames(message: &serde_json::Value) -> Vec<Vec<u8>> {
+    message["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| unhex(f.as_str().unwrap()))
+        .collect()
+}
+
+pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
