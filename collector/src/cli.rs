@@ -83,6 +83,46 @@ pub struct Args {
     /// default: the RUST_LOG environment variable, else `info`.
     #[arg(long, value_name = "FILTER")]
     pub log_filter: Option<String>,
+    /// Follow an engine's KV cache events, NAME=tcp://host:port (its
+    /// `--kv-events-config` endpoint), with `,replay=tcp://host:port` for its replay
+    /// endpoint, which lost events are asked again from (repeatable).
+    #[arg(long = "kv-events", value_name = "NAME=ENDPOINT[,replay=ENDPOINT]")]
+    pub kv_events: Vec<String>,
+}
+
+/// One engine's KV event publisher (`--kv-events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvSource {
+    pub worker: String,
+    /// The PUB socket, `tcp://host:port`.
+    pub endpoint: String,
+    /// The replay (ROUTER) socket, if the engine has one.
+    pub replay: Option<String>,
+}
+
+/// Reads `NAME=tcp://host:port[,replay=tcp://host:port]`.
+pub fn parse_kv_source(spec: &str) -> anyhow::Result<KvSource> {
+    let Some((worker, rest)) = spec.split_once('=') else {
+        bail!("expected NAME=tcp://host:port[,replay=tcp://host:port]");
+    };
+    if worker.is_empty() {
+        bail!("the worker name is empty");
+    }
+    let (endpoint, replay) = match rest.split_once(",replay=") {
+        Some((e, r)) => (e, Some(r)),
+        None => (rest, None),
+    };
+    for e in std::iter::once(endpoint).chain(replay) {
+        let addr = e.strip_prefix("tcp://").unwrap_or("");
+        if addr.parse::<SocketAddr>().is_err() && !addr.contains(':') {
+            bail!("`{e}`: a ZMQ endpoint tcp://host:port");
+        }
+    }
+    Ok(KvSource {
+        worker: worker.to_string(),
+        endpoint: endpoint.to_string(),
+        replay: replay.map(str::to_string),
+    })
 }
 
 /// Where the engine list comes from.
@@ -115,6 +155,8 @@ pub struct Config {
     pub unhealthy_after_intervals: u32,
     /// Roots for https: system, Mozilla and `--ca-file`.
     pub tls: Arc<rustls::ClientConfig>,
+    /// Engines whose KV events are followed.
+    pub kv_events: Vec<KvSource>,
 }
 
 impl Args {
@@ -175,6 +217,14 @@ impl Args {
             }
             (None, true) => bail!("give engines with --engine NAME=URL or --envoy-admin URL"),
         };
+        let mut kv_events: Vec<KvSource> = Vec::new();
+        for spec in &self.kv_events {
+            let s = parse_kv_source(spec).with_context(|| format!("--kv-events {spec}"))?;
+            if kv_events.iter().any(|o| o.worker == s.worker) {
+                bail!("--kv-events {spec}: worker `{}` given twice", s.worker);
+            }
+            kv_events.push(s);
+        }
         Ok(Config {
             push_urls: self.push_url,
             token,
@@ -186,6 +236,7 @@ impl Args {
             listen: self.listen,
             unhealthy_after_intervals: self.unhealthy_after_intervals,
             tls,
+            kv_events,
         })
     }
 }
@@ -232,6 +283,51 @@ mod tests {
     }
 
     const PUSH: &str = "--push-url=http://127.0.0.1:1/llm-router/stats";
+
+    #[test]
+    fn kv_event_sources_are_checked_at_start() {
+        let base = [PUSH, "--token", "t", "--engine", "w0=http://127.0.0.1:8001"];
+        let with = |specs: &[&str]| {
+            let mut a = base.to_vec();
+            for s in specs {
+                a.extend(["--kv-events", s]);
+            }
+            parse(&a)
+        };
+        let c = with(&[
+            "w0=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558",
+            "w1=tcp://engine-1:5557",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.kv_events,
+            vec![
+                KvSource {
+                    worker: "w0".into(),
+                    endpoint: "tcp://127.0.0.1:5557".into(),
+                    replay: Some("tcp://127.0.0.1:5558".into()),
+                },
+                KvSource {
+                    worker: "w1".into(),
+                    endpoint: "tcp://engine-1:5557".into(),
+                    replay: None,
+                },
+            ]
+        );
+        assert!(parse(&base).unwrap().kv_events.is_empty());
+        for bad in [
+            "w0",
+            "=tcp://127.0.0.1:1",
+            "w0=http://127.0.0.1:1",
+            "w0=tcp://nohost",
+            "w0=tcp://127.0.0.1:1,replay=udp://x:1",
+        ] {
+            let e = with(&[bad]).unwrap_err();
+            assert!(format!("{e:#}").contains("--kv-events"), "{bad}: {e:#}");
+        }
+        let twice = with(&["w0=tcp://127.0.0.1:1", "w0=tcp://127.0.0.1:2"]).unwrap_err();
+        assert!(format!("{twice:#}").contains("given twice"));
+    }
 
     #[test]
     fn defaults_and_static_engines() {

@@ -14,12 +14,15 @@
 //! [`backoff`] (retry schedule, pure), [`snapshot`] (the pushed document, in the
 //! types the filter reads: `llm_router_push`), [`push`] (the POST to each filter,
 //! one [`push::Target`] per `--push-url`), [`telemetry`] (its own `/healthz` and
-//! `/metrics`), [`logging`] (structured logs) and [`run`] (the loop tying them
-//! together).
+//! `/metrics`), [`logging`] (structured logs), [`kv_events`] (the engines' KV event
+//! streams, `--kv-events`) into [`kv_index`] (one block index per engine, pure) and
+//! [`run`] (the loop tying them together).
 
 pub mod backoff;
 pub mod cli;
 pub mod histogram;
+pub mod kv_events;
+pub mod kv_index;
 pub mod logging;
 pub mod membership;
 pub mod metrics;

@@ -397,6 +397,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(addr) = collector.cfg.listen {
         listen(addr, collector.telemetry().clone()).await?;
     }
+    // Followed for the collector's metrics: nothing routes by them yet.
+    let _kv = crate::kv_events::spawn(&collector.cfg.kv_events, collector.telemetry().clone());
     let (tx, rx) = watch::channel::<Option<Bytes>>(None);
     let mut pushers = JoinSet::new();
     for target in collector.targets() {

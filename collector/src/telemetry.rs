@@ -28,6 +28,13 @@ pub struct EngineLabel {
     pub engine: String,
 }
 
+/// A KV event gap's outcome: `repaired` from the replay socket, or `lost`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvGapLabels {
+    pub engine: String,
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UrlLabel {
     pub url: String,
@@ -77,6 +84,13 @@ pub struct Telemetry {
     pub push_failures: Family<PushFailureLabels, Counter>,
     pub push_duration: Family<UrlLabel, Histogram, fn() -> Histogram>,
     last_push_age: Family<UrlLabel, Gauge<f64, AtomicU64>>,
+    /// `--kv-events`: what each engine's index holds and how whole its stream is.
+    pub kv_blocks: Family<EngineLabel, Gauge>,
+    pub kv_stale: Family<EngineLabel, Gauge>,
+    pub kv_events: Family<EngineLabel, Counter>,
+    pub kv_gaps: Family<KvGapLabels, Counter>,
+    pub kv_restarts: Family<EngineLabel, Counter>,
+    pub kv_malformed: Family<EngineLabel, Counter>,
     health: Mutex<HealthState>,
     stall_after: Duration,
     fail_after: Duration,
@@ -100,6 +114,12 @@ impl Telemetry {
             push_failures: Family::default(),
             push_duration: Family::new_with_constructor(push_duration_histogram),
             last_push_age: Family::default(),
+            kv_blocks: Family::default(),
+            kv_stale: Family::default(),
+            kv_events: Family::default(),
+            kv_gaps: Family::default(),
+            kv_restarts: Family::default(),
+            kv_malformed: Family::default(),
             health: Mutex::new(HealthState {
                 started: now,
                 last_tick: None,
@@ -171,6 +191,36 @@ impl Telemetry {
             "llm_collector_last_successful_push_age_seconds",
             "Seconds since the last accepted push, per push URL (absent until one is accepted)",
             t.last_push_age.clone(),
+        );
+        r.register(
+            "llm_collector_kv_blocks",
+            "KV cache blocks the engine holds on the GPU, from its KV events",
+            t.kv_blocks.clone(),
+        );
+        r.register(
+            "llm_collector_kv_stale",
+            "1 while the engine's block index cannot be trusted: events were lost and not replayed",
+            t.kv_stale.clone(),
+        );
+        r.register(
+            "llm_collector_kv_events",
+            "KV events applied, per engine",
+            t.kv_events.clone(),
+        );
+        r.register(
+            "llm_collector_kv_gaps",
+            "Gaps in an engine's KV event sequence, by outcome (repaired from its replay socket, or lost)",
+            t.kv_gaps.clone(),
+        );
+        r.register(
+            "llm_collector_kv_restarts",
+            "KV event publishers seen restarting (the sequence went back): the engine's index was emptied",
+            t.kv_restarts.clone(),
+        );
+        r.register(
+            "llm_collector_kv_malformed",
+            "KV event messages that could not be decoded (skipped)",
+            t.kv_malformed.clone(),
         );
         t
     }

@@ -1,0 +1,234 @@
+//! Follows each `--kv-events` engine's KV event stream: a ZMQ SUB socket on its
+//! publisher, every message decoded (`llm_kv_events`) and applied to the engine's
+//! block index (`crate::kv_index`), a lost stretch asked again from its replay socket
+//! with a deadline, and the index's state in the collector's own metrics.
+//!
+//! A publisher that is not there yet, or goes away, costs nothing but a reconnect:
+//! ZMQ reconnects by itself, and a restarted engine is seen by its sequence going
+//! back.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use llm_kv_events::{decode_message, decode_replay_reply, replay_request, Message, ReplayReply};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use crate::cli::KvSource;
+use crate::kv_index::{Arrival, KvIndex, Trust};
+use crate::telemetry::{EngineLabel, KvGapLabels, Telemetry};
+
+/// How long a replay may take: past it the gap is lost, and the stream goes on.
+pub const REPLAY_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Every followed engine's index, by worker name.
+pub type KvIndexes = Arc<Mutex<BTreeMap<String, KvIndex>>>;
+
+/// Starts following every source; the indexes fill as events arrive.
+pub fn spawn(sources: &[KvSource], telemetry: Arc<Telemetry>) -> KvIndexes {
+    let indexes: KvIndexes = Arc::default();
+    for source in sources {
+        let follower = Follower {
+            source: source.clone(),
+            indexes: indexes.clone(),
+            telemetry: telemetry.clone(),
+        };
+        tokio::spawn(follower.run());
+    }
+    indexes
+}
+
+struct Follower {
+    source: KvSource,
+    indexes: KvIndexes,
+    telemetry: Arc<Telemetry>,
+}
+
+impl Follower {
+    async fn run(self) {
+        let worker = &self.source.worker;
+        loop {
+            match self.follow().await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(%worker, endpoint = %self.source.endpoint, error = %e,
+                        "KV events: the subscription failed; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn follow(&self) -> anyhow::Result<()> {
+        let mut sub = SubSocket::new();
+        sub.connect(&self.source.endpoint).await?;
+        sub.subscribe("").await?;
+        tracing::info!(worker = %self.source.worker, endpoint = %self.source.endpoint,
+            "KV events: subscribed");
+        loop {
+            let frames = sub.recv().await?.into_vec();
+            let refs: Vec<&[u8]> = frames.iter().map(Bytes::as_ref).collect();
+            match decode_message(&refs) {
+                Ok(m) => self.take(m).await,
+                Err(e) => {
+                    self.telemetry
+                        .kv_malformed
+                        .get_or_create(&self.label())
+                        .inc();
+                    tracing::warn!(worker = %self.source.worker, error = %e,
+                        "KV events: a message that does not decode was skipped");
+                }
+            }
+        }
+    }
+
+    fn label(&self) -> EngineLabel {
+        EngineLabel {
+            engine: self.source.worker.clone(),
+        }
+    }
+
+    /// Applies `m` in order: a gap before it is replayed first (or lost), a
+    /// restart empties the index.
+    async fn take(&self, m: Message) {
+        let arrival = self.with_index(|ix| ix.arrival(m.seq));
+        match arrival {
+            Arrival::First | Arrival::Next => {}
+            Arrival::Restart => {
+                self.with_index(KvIndex::restart);
+                self.telemetry
+                    .kv_restarts
+                    .get_or_create(&self.label())
+                    .inc();
+                tracing::info!(worker = %self.source.worker, seq = m.seq,
+                    "KV events: the publisher restarted; its index starts empty");
+            }
+            Arrival::Gap { missing_from } => {
+                let replayed = match &self.source.replay {
+                    Some(endpoint) => {
+                        let asked = replay(endpoint, missing_from, m.seq);
+                        tokio::time::timeout(REPLAY_DEADLINE, asked).await.ok()
+                    }
+                    None => None,
+                };
+                let outcome = match replayed {
+                    Some(Ok(batches)) if covers(&batches, missing_from, m.seq) => {
+                        self.with_index(|ix| {
+                            for b in &batches {
+                                ix.apply(b.seq, &b.batch);
+                            }
+                            ix.repaired();
+                        });
+                        "repaired"
+                    }
+                    _ => {
+                        self.with_index(|ix| ix.unrepaired(m.seq));
+                        tracing::warn!(worker = %self.source.worker, from = missing_from,
+                            to = m.seq, "KV events lost: the engine's index is stale until it clears or restarts");
+                        "lost"
+                    }
+                };
+                self.telemetry
+                    .kv_gaps
+                    .get_or_create(&KvGapLabels {
+                        engine: self.source.worker.clone(),
+                        outcome,
+                    })
+                    .inc();
+            }
+        }
+        let events = m.batch.events.len() as u64;
+        let (blocks, stale) = self.with_index(|ix| {
+            ix.apply(m.seq, &m.batch);
+            (ix.blocks(), ix.trust() == Trust::Stale)
+        });
+        let label = self.label();
+        self.telemetry
+            .kv_events
+            .get_or_create(&label)
+            .inc_by(events);
+        self.telemetry
+            .kv_blocks
+            .get_or_create(&label)
+            .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+        self.telemetry
+            .kv_stale
+            .get_or_create(&label)
+            .set(i64::from(stale));
+    }
+
+    fn with_index<T>(&self, f: impl FnOnce(&mut KvIndex) -> T) -> T {
+        let mut all = self
+            .indexes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(all.entry(self.source.worker.clone()).or_default())
+    }
+}
+
+/// Whether `batches` are exactly `from..until`, in order.
+fn covers(batches: &[Message], from: u64, until: u64) -> bool {
+    let seqs: Vec<u64> = batches
+        .iter()
+        .map(|b| b.seq)
+        .filter(|&s| s < until)
+        .collect();
+    seqs.len() as u64 == until.saturating_sub(from)
+        && seqs.iter().zip(from..).all(|(&s, want)| s == want)
+}
+
+/// Asks the replay socket at `endpoint` for the batches from `from` on, as vLLM's
+/// and SGLang's publishers answer a DEALER: each buffered batch, then an end marker.
+/// Those at or past `until` arrived already.
+async fn replay(endpoint: &str, from: u64, until: u64) -> anyhow::Result<Vec<Message>> {
+    let mut dealer = DealerSocket::new();
+    dealer.connect(endpoint).await?;
+    let request = vec![Bytes::new(), Bytes::copy_from_slice(&replay_request(from))];
+    dealer
+        .send(ZmqMessage::try_from(request).map_err(|e| anyhow::anyhow!("{e:?}"))?)
+        .await?;
+    let mut batches = Vec::new();
+    loop {
+        let frames = dealer.recv().await?.into_vec();
+        let refs: Vec<&[u8]> = frames.iter().map(Bytes::as_ref).collect();
+        match decode_replay_reply(&refs)? {
+            ReplayReply::End => break,
+            ReplayReply::Batch(m) if m.seq < until => batches.push(m),
+            ReplayReply::Batch(_) => {}
+        }
+    }
+    Ok(batches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llm_kv_events::EventBatch;
+
+    fn at(seq: u64) -> Message {
+        Message {
+            topic: Vec::new(),
+            seq,
+            batch: EventBatch {
+                ts: 0.0,
+                events: Vec::new(),
+                data_parallel_rank: None,
+            },
+        }
+    }
+
+    #[test]
+    fn a_replay_covers_a_gap_only_whole_and_in_order() {
+        let got = |seqs: &[u64]| seqs.iter().map(|&s| at(s)).collect::<Vec<_>>();
+        assert!(covers(&got(&[3, 4, 5]), 3, 6));
+        assert!(
+            covers(&got(&[3, 4, 5, 6, 7]), 3, 6),
+            "later ones are ignored"
+        );
+        assert!(!covers(&got(&[3, 5]), 3, 6), "one missing");
+        assert!(!covers(&got(&[4, 3, 5]), 3, 6), "out of order");
+        assert!(!covers(&got(&[]), 3, 6));
+        assert!(covers(&got(&[]), 3, 3), "nothing missing");
+    }
+}
