@@ -426,6 +426,59 @@ def vllm_messages(ns, engine) -> list:
         B["BlockRemoved"](block_hashes=[conv(d) for d in digests], medium="CPU", group_idx=1, locality="LOCAL"),
     ], data_parallel_rank=3)
     out.append(message("vllm byte hashes, lora, mm, salt", engine, ns, batch, 41, "kv@dp3", "data_parallel_rank"))
+    return out + vllm_mock_messages(ns, engine)
+
+
+# The engine mock's tokenizer (engine/mock/src/tokenizer.rs): the text cut into
+# chunks of 4 characters, each chunk's id the first 4 bytes of SHA-256 of its UTF-8,
+# big-endian, below 2^31. Its 64-character cache blocks are then vLLM's default
+# 16-token blocks.
+_FIRST_PROMPT = "user: caf\u00e9 \u4e16\u754c \U0001f980 " + "Hello, world! " * 9 + "\n"
+MOCK_PROMPTS = [
+    _FIRST_PROMPT,
+    _FIRST_PROMPT[:64] + "A different continuation, long enough for two blocks. " * 3 + "\n",
+]
+
+
+def mock_token_ids(text: str) -> list[int]:
+    return [int.from_bytes(hashlib.sha256(text[i:i + 4].encode()).digest()[:4], "big") & 0x7FFFFFFF
+            for i in range(0, len(text), 4)]
+
+
+def vllm_mock_messages(ns, engine) -> list:
+    """What vLLM 0.34 publishes for the engine mock's two prompts, the second
+    sharing the first one's first block, in a cache of 3 blocks: the first prompt's
+    2 blocks stored; then the first prompt's second block evicted (its LRU block)
+    and the second prompt's 2 new blocks stored after their cached parent. As
+    cache_full_blocks and _emit_block_removed_events build them, per request."""
+    B = ns
+    env = ns["envs"]
+    env.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = True
+    conv = ns["maybe_convert_block_hash"]
+    pool = types.SimpleNamespace(medium="GPU")
+    first, second = (fake_request(mock_token_ids(p)) for p in MOCK_PROMPTS)
+    a = ns["get_request_block_hasher"](16, ns["sha256_cbor"], 0)(first)
+    b = ns["get_request_block_hasher"](16, ns["sha256_cbor"], 0)(second)
+    assert len(a) == 2 and len(b) == 3 and a[0] == b[0] and a[1] != b[1]
+
+    def stored(req, digests, start, end):
+        keys = [ns["generate_block_hash_extra_keys"](req, i * 16, i * 16 + 16, 0)[0] for i in range(start, end)]
+        return ns["_build_block_stored_event"](
+            pool, req, block_hashes=[conv(d) for d in digests[start:end]],
+            parent_block_hash=conv(digests[start - 1]) if start else None,
+            start_token_idx=start * 16, end_token_idx=end * 16, block_size=16, kv_cache_group_id=0,
+            extra_keys_list=keys, lookahead_token_ids=None)
+
+    out = []
+    batch = B["KVEventBatch"](ts=1700000004.5, events=[stored(first, a, 0, 2)], data_parallel_rank=0)
+    out.append(message("vllm mock tokens, first prompt", engine, ns, batch, 0, "", "data_parallel_rank"))
+    batch = B["KVEventBatch"](ts=1700000005.0, events=[
+        B["BlockRemoved"](block_hashes=[conv(a[1])], medium="GPU", group_idx=0),
+        stored(second, b, 1, 3),
+    ], data_parallel_rank=0)
+    out.append(message("vllm mock tokens, second prompt", engine, ns, batch, 1, "", "data_parallel_rank"))
+    for m, prompt in zip(out, MOCK_PROMPTS):
+        m["mock"] = {"cache_blocks": 3, "block_chars": 64, "prompt": prompt}
     return out
 
 

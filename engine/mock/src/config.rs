@@ -31,7 +31,8 @@ pub enum Role {
 #[command(
     name = "engine-mock",
     version,
-    about = "A vLLM/SGLang engine mock for routing tests"
+    about = "A vLLM/SGLang engine mock for routing tests",
+    after_help = KV_EVENTS_HELP
 )]
 pub struct Config {
     /// Port to listen on; 0 picks a free port (printed on stdout at startup).
@@ -92,7 +93,45 @@ pub struct Config {
     /// Decode role: how long to wait for a room's KV before failing the request.
     #[arg(long = "kv-wait-ms", default_value_t = 5000)]
     pub kv_wait_ms: u64,
+
+    /// Publish KV cache events as vLLM 0.34 does with `--kv-events-config
+    /// '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": ...}'`: a
+    /// ZMQ PUB socket bound at tcp://HOST:PORT (`*` for every interface, port 0 for a
+    /// free one; the bound endpoint is printed in the `listening` line as
+    /// `kv-events ENDPOINT`). Needs --block-chars to be a multiple of 4.
+    #[arg(long = "kv-events-endpoint", value_name = "tcp://HOST:PORT")]
+    pub kv_events_endpoint: Option<String>,
+
+    /// vLLM's `replay_endpoint`: a ZMQ ROUTER socket bound at tcp://HOST:PORT that
+    /// answers `["", start_seq]` with every kept batch from `start_seq` on, then
+    /// the end marker (seq -1); printed as `kv-events-replay ENDPOINT`.
+    #[arg(
+        long = "kv-events-replay-endpoint",
+        value_name = "tcp://HOST:PORT",
+        requires = "kv_events_endpoint"
+    )]
+    pub kv_events_replay_endpoint: Option<String>,
+
+    /// vLLM's `topic`: the first frame of every KV events message.
+    #[arg(long = "kv-events-topic", default_value = "")]
+    pub kv_events_topic: String,
+
+    /// vLLM's `buffer_steps`: how many of the last batches the replay socket keeps.
+    #[arg(long = "kv-events-buffer-steps", default_value_t = 10_000)]
+    pub kv_events_buffer_steps: usize,
 }
+
+/// The end of `--help`: what `--kv-events-endpoint` publishes.
+const KV_EVENTS_HELP: &str = "\
+KV cache events (--kv-events-endpoint): the prefix cache's changes, published as vLLM 0.34
+publishes them (msgpack, frames [topic, seq, payload], seq dense from 0), one batch per
+request that changed the cache: BlockRemoved for each block the LRU evicted, then one
+BlockStored per run of newly cached blocks (block_size 16 with 64-char blocks, medium GPU,
+group_idx 0). POST /admin/reset_prefix_cache empties the cache and publishes
+AllBlocksCleared. Token ids are the mock tokenizer's: the flattened prompt cut into 4-char
+chunks, each chunk's id the first 4 bytes of SHA-256 of its UTF-8, big-endian, below 2^31;
+block hashes are vLLM's sha256_cbor chain over them (none hash of \"vllm-none-hash\"), as
+the digest's last 8 bytes. Both metrics styles publish these vLLM-format events.";
 
 /// Upper bound on output tokens per request: keeps responses small and tests quick.
 pub const MAX_OUTPUT_TOKENS: u32 = 64;
@@ -124,6 +163,28 @@ mod tests {
         assert_eq!(c.metrics_style, MetricsStyle::Vllm);
         assert_eq!(c.role, Role::Regular);
         assert_eq!(c.kv_wait_ms, 5000);
+        assert_eq!(c.kv_events_endpoint, None);
+        assert_eq!(c.kv_events_replay_endpoint, None);
+        assert_eq!(c.kv_events_topic, "");
+        assert_eq!(c.kv_events_buffer_steps, 10_000);
+    }
+
+    #[test]
+    fn kv_events_flags() {
+        let c = Config::parse_from([
+            "engine-mock",
+            "--kv-events-endpoint",
+            "tcp://*:5557",
+            "--kv-events-replay-endpoint",
+            "tcp://*:5558",
+        ]);
+        assert_eq!(c.kv_events_endpoint.as_deref(), Some("tcp://*:5557"));
+        assert_eq!(c.kv_events_replay_endpoint.as_deref(), Some("tcp://*:5558"));
+        assert!(
+            Config::try_parse_from(["engine-mock", "--kv-events-replay-endpoint", "tcp://*:1"])
+                .is_err(),
+            "replay needs a publisher"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use crate::cache::{CacheLookup, PrefixCache};
 use crate::config::{Config, Role, MAX_OUTPUT_TOKENS};
+use crate::kv_events::{self, KvEvents};
 use crate::metrics::{self, Registry, Snapshot};
 use crate::pd::{self, Rooms, Transfer};
 use crate::prompt::{self, Endpoint};
@@ -76,6 +77,8 @@ pub struct State {
     next_id: AtomicU64,
     /// Prefill role: rooms published for decode engines.
     rooms: Arc<Rooms>,
+    /// `--kv-events-endpoint`: the cache's changes, published.
+    kv_events: Option<KvEvents>,
 }
 
 impl State {
@@ -93,8 +96,25 @@ impl State {
             slots: Slots::new(cfg.max_running),
             next_id: AtomicU64::new(0),
             rooms: Arc::new(Rooms::default()),
+            kv_events: None,
             cfg,
         })
+    }
+
+    /// The prefix cache consulted for `prompt`, its changes published if events are on.
+    fn lookup_and_insert(&self, prompt: &str) -> CacheLookup {
+        match &self.kv_events {
+            Some(kv) => kv.lookup_and_insert(&self.cache, prompt),
+            None => lock(&self.cache).lookup_and_insert(prompt),
+        }
+    }
+
+    /// Empties the prefix cache (`AllBlocksCleared` if events are on).
+    fn reset_prefix_cache(&self) {
+        match &self.kv_events {
+            Some(kv) => kv.clear(&self.cache),
+            None => lock(&self.cache).clear(),
+        }
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -124,7 +144,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Binds, prints the `listening` line, and serves until SIGTERM/SIGINT.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
-    let state = Arc::new(State::new(cfg)?);
+    let mut state = State::new(cfg)?;
+    let mut kv = String::new();
+    if let Some(bound) = kv_events::spawn(&state.cfg).await? {
+        kv = format!(" kv-events {}", bound.endpoint);
+        if let Some(replay) = &bound.replay_endpoint {
+            kv.push_str(&format!(" kv-events-replay {replay}"));
+        }
+        state.kv_events = Some(bound.events);
+    }
+    let state = Arc::new(state);
     let listener = TcpListener::bind((state.cfg.host.as_str(), state.cfg.port))
         .await
         .with_context(|| format!("binding {}:{}", state.cfg.host, state.cfg.port))?;
@@ -152,7 +181,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "engine-mock {}{bootstrap} listening on {}:{}",
+            "engine-mock {}{bootstrap}{kv} listening on {}:{}",
             state.cfg.worker_id,
             addr.ip(),
             addr.port()
@@ -270,6 +299,14 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
             }),
         ),
         (&Method::POST, "/admin/latency") => admin_latency(state, req).await,
+        // vLLM's `POST /reset_prefix_cache` (dev mode), under the mock's admin prefix.
+        (&Method::POST, "/admin/reset_prefix_cache") => {
+            state.reset_prefix_cache();
+            json_response(
+                StatusCode::OK,
+                &json!({"success": true, "worker": state.cfg.worker_id}),
+            )
+        }
         _ => error_response(
             StatusCode::NOT_FOUND,
             "not_found_error",
@@ -568,7 +605,7 @@ async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
             prompt_tokens: t.prompt_tokens,
             cached_tokens: t.cached_tokens,
         },
-        None => lock(&state.cache).lookup_and_insert(&job.prompt),
+        None => state.lookup_and_insert(&job.prompt),
     };
     lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
 

@@ -9,9 +9,12 @@
 //!
 //! Token accounting uses the rough "4 characters per token" rule so that the numbers reported in
 //! `usage` are plausible and consistent between the engine and the router's estimates.
+//!
+//! An engine that publishes its cache's changes (the mock's `--kv-events-endpoint`) inserts with
+//! [`PrefixCache::lookup_and_insert_tracked`], which also says which blocks it stored and evicted.
 
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Key of one cached block: the chained SHA-256 digest.
 pub type BlockHash = [u8; 32];
@@ -75,6 +78,19 @@ impl CacheLookup {
     pub fn uncached_tokens(&self) -> usize {
         self.prompt_tokens - self.cached_tokens
     }
+}
+
+/// What one [`PrefixCache::lookup_and_insert_tracked`] changed in the cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheChanges {
+    /// The prompt's full blocks, in order (what [`block_hashes`] gives).
+    pub blocks: Vec<BlockHash>,
+    /// Indices into `blocks` of the blocks that were not cached before and are now,
+    /// ascending.
+    pub stored: Vec<usize>,
+    /// Blocks that were cached before and are not any more, in the order they were
+    /// evicted.
+    pub evicted: Vec<BlockHash>,
 }
 
 /// LRU set of block hashes with a fixed capacity, plus the running totals engines export.
@@ -175,6 +191,11 @@ impl PrefixCache {
     /// blocks age out, the tail goes first, which keeps the remaining prefix reusable (a chained
     /// block is useless once any block before it is gone). vLLM frees blocks in the same order.
     pub fn insert(&mut self, blocks: &[BlockHash]) {
+        self.insert_with(blocks, |_| {});
+    }
+
+    /// [`PrefixCache::insert`], calling `evicted` with each block it evicts.
+    fn insert_with(&mut self, blocks: &[BlockHash], mut evicted: impl FnMut(BlockHash)) {
         if self.capacity == 0 {
             return;
         }
@@ -186,6 +207,7 @@ impl PrefixCache {
             } else if self.entries.len() > self.capacity {
                 if let Some((_, victim)) = self.by_age.pop_first() {
                     self.entries.remove(&victim);
+                    evicted(victim);
                 }
             }
             self.by_age.insert(tick, *block);
@@ -197,6 +219,52 @@ impl PrefixCache {
         let blocks = block_hashes(prompt, self.block_chars);
         let matched_blocks = self.matched_prefix(&blocks);
         self.insert(&blocks);
+        self.account(prompt, blocks.len(), matched_blocks)
+    }
+
+    /// [`PrefixCache::lookup_and_insert`], also telling what it changed in the cache,
+    /// for an engine that publishes its cache events.
+    pub fn lookup_and_insert_tracked(&mut self, prompt: &str) -> (CacheLookup, CacheChanges) {
+        let blocks = block_hashes(prompt, self.block_chars);
+        let matched_blocks = self.matched_prefix(&blocks);
+        let was_cached: Vec<bool> = blocks.iter().map(|b| self.contains(b)).collect();
+        let mut victims = Vec::new();
+        self.insert_with(&blocks, |v| victims.push(v));
+        let stored: Vec<usize> = (0..blocks.len())
+            .filter(|&i| !was_cached[i] && self.contains(&blocks[i]))
+            .collect();
+        // A block of this prompt inserted and evicted again by this same insert (the
+        // prompt is longer than the cache) was never there as far as anyone can tell.
+        let new_here: HashSet<&BlockHash> = blocks
+            .iter()
+            .zip(&was_cached)
+            .filter(|(_, &was)| !was)
+            .map(|(b, _)| b)
+            .collect();
+        let evicted = victims
+            .into_iter()
+            .filter(|v| !new_here.contains(v) && !self.contains(v))
+            .collect();
+        let lookup = self.account(prompt, blocks.len(), matched_blocks);
+        (
+            lookup,
+            CacheChanges {
+                blocks,
+                stored,
+                evicted,
+            },
+        )
+    }
+
+    /// Drops every cached block (an engine's `reset_prefix_cache`). The running
+    /// query and hit totals are kept, as the counters an engine exports are.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.by_age.clear();
+    }
+
+    /// The lookup's numbers, added to the running totals.
+    fn account(&mut self, prompt: &str, total_blocks: usize, matched_blocks: usize) -> CacheLookup {
         let prompt_chars = prompt.chars().count();
         let prompt_tokens = prompt_tokens_for_chars(prompt_chars);
         let cached_tokens =
@@ -205,7 +273,7 @@ impl PrefixCache {
         self.hit_tokens += cached_tokens as u64;
         CacheLookup {
             prompt_chars,
-            total_blocks: blocks.len(),
+            total_blocks,
             matched_blocks,
             prompt_tokens,
             cached_tokens,
@@ -351,5 +419,77 @@ mod tests {
         c.lookup_and_insert("abcde");
         let r = c.lookup_and_insert("abcde");
         assert_eq!((r.prompt_tokens, r.cached_tokens), (2, 1));
+    }
+
+    #[test]
+    fn tracked_insert_reports_new_blocks_and_evictions() {
+        let mut c = PrefixCache::new(3, 4);
+        let (first, changes) = c.lookup_and_insert_tracked("aaaabbbbcc");
+        assert_eq!(first.total_blocks, 2);
+        assert_eq!(changes.blocks, block_hashes("aaaabbbbcc", 4));
+        assert_eq!(changes.stored, vec![0, 1]);
+        assert!(changes.evicted.is_empty());
+        let [a, b] = [changes.blocks[0], changes.blocks[1]];
+
+        // Shares "aaaa", adds two: one over capacity, and "bbbb" is the oldest.
+        let (second, changes) = c.lookup_and_insert_tracked("aaaaXXXXYYYY");
+        assert_eq!(second.matched_blocks, 1);
+        assert_eq!(changes.stored, vec![1, 2], "the cached head is not new");
+        assert_eq!(changes.evicted, vec![b]);
+        assert!(c.contains(&a) && !c.contains(&b));
+
+        // Nothing new, nothing evicted.
+        let (_, changes) = c.lookup_and_insert_tracked("aaaaXXXX");
+        assert!(changes.stored.is_empty() && changes.evicted.is_empty());
+    }
+
+    #[test]
+    fn tracked_insert_of_a_prompt_longer_than_the_cache() {
+        let mut c = PrefixCache::new(2, 4);
+        c.lookup_and_insert("zzzz");
+        let z = block_hashes("zzzz", 4)[0];
+        // Three blocks into two: the tail goes in and out again, unseen; "zzzz" goes.
+        let (_, changes) = c.lookup_and_insert_tracked("aaaabbbbcccc");
+        assert_eq!(changes.stored, vec![0, 1]);
+        assert_eq!(changes.evicted, vec![z]);
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn tracked_and_plain_inserts_agree() {
+        let prompts = [
+            "aaaabbbbcccc",
+            "aaaabbbbdddd",
+            "eeee",
+            "aaaaffff",
+            "aaaabbbbcccc",
+        ];
+        let mut plain = PrefixCache::new(4, 4);
+        let mut tracked = PrefixCache::new(4, 4);
+        for p in prompts {
+            let (lookup, _) = tracked.lookup_and_insert_tracked(p);
+            assert_eq!(lookup, plain.lookup_and_insert(p), "{p}");
+        }
+        assert_eq!(tracked.hit_tokens(), plain.hit_tokens());
+        for p in prompts {
+            let blocks = block_hashes(p, 4);
+            assert_eq!(
+                tracked.matched_prefix(&blocks),
+                plain.matched_prefix(&blocks)
+            );
+        }
+    }
+
+    #[test]
+    fn clear_drops_every_block_and_keeps_the_totals() {
+        let mut c = PrefixCache::new(10, 4);
+        c.lookup_and_insert("aaaabbbb");
+        c.lookup_and_insert("aaaabbbb");
+        let (queries, hits) = (c.query_tokens(), c.hit_tokens());
+        c.clear();
+        assert!(c.is_empty());
+        assert_eq!((c.query_tokens(), c.hit_tokens()), (queries, hits));
+        assert_eq!(c.lookup_and_insert("aaaabbbb").matched_blocks, 0);
+        assert_eq!(c.len(), 2, "usable again after a clear");
     }
 }
