@@ -94,7 +94,19 @@ impl Follower {
     async fn take(&self, m: Message) {
         let arrival = self.with_index(|ix| ix.arrival(m.seq));
         match arrival {
-            Arrival::First | Arrival::Next => {}
+            Arrival::Next => {}
+            // Joined late (a subscriber misses what was sent before it connected):
+            // what the replay buffer still holds is caught up with; what it no longer
+            // holds no subscriber could know.
+            Arrival::First => {
+                if let Some(batches) = self.replayed(0, m.seq).await {
+                    self.with_index(|ix| {
+                        for b in &batches {
+                            ix.apply(b.seq, &b.batch);
+                        }
+                    });
+                }
+            }
             Arrival::Restart => {
                 self.with_index(KvIndex::restart);
                 self.telemetry
@@ -105,15 +117,8 @@ impl Follower {
                     "KV events: the publisher restarted; its index starts empty");
             }
             Arrival::Gap { missing_from } => {
-                let replayed = match &self.source.replay {
-                    Some(endpoint) => {
-                        let asked = replay(endpoint, missing_from, m.seq);
-                        tokio::time::timeout(REPLAY_DEADLINE, asked).await.ok()
-                    }
-                    None => None,
-                };
-                let outcome = match replayed {
-                    Some(Ok(batches)) if covers(&batches, missing_from, m.seq) => {
+                let outcome = match self.replayed(missing_from, m.seq).await {
+                    Some(batches) => {
                         self.with_index(|ix| {
                             for b in &batches {
                                 ix.apply(b.seq, &b.batch);
@@ -156,6 +161,23 @@ impl Follower {
             .kv_stale
             .get_or_create(&label)
             .set(i64::from(stale));
+    }
+
+    /// Batches `from..until` from the replay socket, if it has them all in time.
+    async fn replayed(&self, from: u64, until: u64) -> Option<Vec<Message>> {
+        if from >= until {
+            return None;
+        }
+        let endpoint = self.source.replay.as_deref()?;
+        let asked = tokio::time::timeout(REPLAY_DEADLINE, replay(endpoint, from, until)).await;
+        match asked {
+            Ok(Ok(batches)) if covers(&batches, from, until) => Some(batches),
+            Ok(Err(e)) => {
+                tracing::warn!(worker = %self.source.worker, error = %e, "KV events: the replay failed");
+                None
+            }
+            _ => None,
+        }
     }
 
     fn with_index<T>(&self, f: impl FnOnce(&mut KvIndex) -> T) -> T {

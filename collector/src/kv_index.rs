@@ -167,22 +167,13 @@ mod tests {
 
     fn stored(hashes: &[u64], medium: Option<&str>) -> Event {
         Event::BlockStored(Box::new(BlockStored {
-            block_hashes: hashes.iter().map(|&v| h(v)).collect(),
-            parent_block_hash: None,
-            token_ids: TokenIds::Ids(vec![7; 16 * hashes.len()]),
-            block_size: 16,
-            lora_id: None,
             medium: medium.map(str::to_string),
-            lora_name: None,
-            extra_keys: None,
-            group_idx: None,
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-            locality: None,
-            ownership: None,
-            session_id: None,
-            lookahead_token_ids: None,
-            cache_salt: None,
+            ..BlockStored::new(
+                hashes.iter().map(|&v| h(v)).collect(),
+                None,
+                TokenIds::Ids(vec![7; 16 * hashes.len()]),
+                16,
+            )
         }))
     }
 

@@ -81,26 +81,31 @@ impl Publisher {
         self.pub_socket.send(message(frames)).await.unwrap();
     }
 
-    /// Answers one replay request with `batches` (seq, payload) and the end marker,
-    /// as vLLM 0.34's publisher does: identity, empty, topic, seq, payload.
     async fn answer_replay(&mut self, batches: &[(u64, Vec<u8>)]) -> u64 {
-        let request = self.replay.recv().await.unwrap().into_vec();
-        let identity = request[0].to_vec();
-        let from = u64::from_be_bytes(request.last().unwrap().as_ref().try_into().unwrap());
-        for (seq, payload) in batches.iter().filter(|(s, _)| *s >= from) {
-            let frames = vec![
-                identity.clone(),
-                Vec::new(),
-                Vec::new(),
-                seq.to_be_bytes().to_vec(),
-                payload.clone(),
-            ];
-            self.replay.send(message(frames)).await.unwrap();
-        }
-        let end = vec![identity, Vec::new(), Vec::new(), vec![0xff; 8], Vec::new()];
-        self.replay.send(message(end)).await.unwrap();
-        from
+        answer_replay(&mut self.replay, batches).await
     }
+}
+
+/// Answers one replay request with `batches` (seq, payload) and the end marker, as
+/// vLLM 0.34's publisher does: identity, empty, topic, seq, payload; the seq asked
+/// from.
+async fn answer_replay(replay: &mut RouterSocket, batches: &[(u64, Vec<u8>)]) -> u64 {
+    let request = replay.recv().await.unwrap().into_vec();
+    let identity = request[0].to_vec();
+    let from = u64::from_be_bytes(request.last().unwrap().as_ref().try_into().unwrap());
+    for (seq, payload) in batches.iter().filter(|(s, _)| *s >= from) {
+        let frames = vec![
+            identity.clone(),
+            Vec::new(),
+            Vec::new(),
+            seq.to_be_bytes().to_vec(),
+            payload.clone(),
+        ];
+        replay.send(message(frames)).await.unwrap();
+    }
+    let end = vec![identity, Vec::new(), Vec::new(), vec![0xff; 8], Vec::new()];
+    replay.send(message(end)).await.unwrap();
+    from
 }
 
 fn blocks(ix: &KvIndexes) -> (usize, Trust) {
@@ -191,5 +196,50 @@ async fn the_index_follows_the_stream_through_a_replayed_gap_a_lost_one_and_a_re
         "llm_collector_kv_gaps_total{engine=\"w0\",outcome=\"lost\"} 1",
     ] {
         assert!(text.contains(line), "{line} in\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_subscriber_catches_up_from_the_replay_buffer() {
+    let Publisher {
+        mut pub_socket,
+        mut replay,
+        endpoint,
+        replay_endpoint,
+    } = Publisher::bind().await;
+    // Published before anyone subscribed: no subscriber hears these.
+    let early = vec![(0, batch(&[1, 2], &[])), (1, batch(&[3], &[1]))];
+    let source =
+        llm_collector::cli::parse_kv_source(&format!("w0={endpoint},replay={replay_endpoint}"))
+            .unwrap();
+    let telemetry = Arc::new(Telemetry::new(
+        &[],
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ));
+    let ix = kv_events::spawn(&[source], telemetry);
+    let answered = tokio::spawn(async move { answer_replay(&mut replay, &early).await });
+    let next = batch(&[4], &[]);
+    let start = Instant::now();
+    while !answered.is_finished() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the replay was never asked for"
+        );
+        pub_socket
+            .send(message(vec![
+                Vec::new(),
+                2u64.to_be_bytes().to_vec(),
+                next.clone(),
+            ]))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(answered.await.unwrap(), 0, "asked from the start");
+    wait_until("caught up", || blocks(&ix) == (3, Trust::Whole)).await;
+    let all = ix.lock().unwrap();
+    for (h, held) in [(1, false), (2, true), (3, true), (4, true)] {
+        assert_eq!(all["w0"].holds(&BlockHash::Int(h)), held, "block {h}");
     }
 }

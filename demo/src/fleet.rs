@@ -37,6 +37,9 @@ pub struct FleetSpec {
     pub collector_args: Vec<String>,
     /// The route's `idle_timeout` in ms (see `EnvoySpec::route_idle_timeout_ms`).
     pub route_idle_timeout_ms: Option<u64>,
+    /// Every engine publishes its KV cache events (vLLM's format, on ports the OS
+    /// picks), and the collector follows them (`--kv-events`).
+    pub kv_events: bool,
 }
 
 impl Default for FleetSpec {
@@ -53,6 +56,7 @@ impl Default for FleetSpec {
             collector_interval_ms: None,
             collector_args: Vec::new(),
             route_idle_timeout_ms: None,
+            kv_events: false,
         }
     }
 }
@@ -65,7 +69,24 @@ pub struct Engine {
     pub pool: &'static str,
     /// Prefill engines: their bootstrap server.
     pub bootstrap: Option<SocketAddr>,
+    /// Where it publishes its KV events, and replays them.
+    pub kv_events: Option<(String, String)>,
     pub guard: Guard,
+}
+
+/// The flags that make an engine mock publish its KV events on ports the OS picks.
+const KV_EVENT_ARGS: [&str; 4] = [
+    "--kv-events-endpoint",
+    "tcp://127.0.0.1:0",
+    "--kv-events-replay-endpoint",
+    "tcp://127.0.0.1:0",
+];
+
+/// The word after `key` in an engine's startup line.
+fn after<'l>(line: &'l str, key: &str) -> Option<&'l str> {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == key)?;
+    words.next()
 }
 
 /// A running fleet; dropping it stops the collector, Envoy and every engine.
@@ -117,20 +138,22 @@ pub fn start_engine_in(
     cmd.args(["--port", "0", "--worker-id", name, "--role", pool])
         .args(args);
     let log = dir.join(format!("engine-{name}.log"));
-    let (guard, (addr, bootstrap)) =
+    let (guard, (addr, bootstrap, kv_events)) =
         spawn_until(name, cmd, &log, Duration::from_secs(30), |line| {
             let (head, addr) = line.rsplit_once(" listening on ")?;
             let addr = addr.trim().parse::<SocketAddr>().ok()?;
-            let bootstrap = head
-                .rsplit_once(" bootstrap ")
-                .and_then(|(_, b)| b.trim().parse::<SocketAddr>().ok());
-            Some((addr, bootstrap))
+            let bootstrap = after(head, "bootstrap").and_then(|b| b.parse().ok());
+            let kv_events = after(head, "kv-events")
+                .zip(after(head, "kv-events-replay"))
+                .map(|(e, r)| (e.to_string(), r.to_string()));
+            Some((addr, bootstrap, kv_events))
         })?;
     Ok(Engine {
         name: name.to_string(),
         addr,
         pool,
         bootstrap,
+        kv_events,
         guard,
     })
 }
@@ -161,12 +184,11 @@ pub fn start_engines(spec: &FleetSpec, dir: &Path) -> Result<Vec<Engine>> {
                 .engine_args_for
                 .get(name)
                 .map_or(&[][..], Vec::as_slice);
-            start_engine_in(
-                name,
-                pool,
-                &engine_args::merged(&spec.engine_args, own),
-                dir,
-            )
+            let mut args = engine_args::merged(&spec.engine_args, own);
+            if spec.kv_events {
+                args.extend(KV_EVENT_ARGS.map(String::from));
+            }
+            start_engine_in(name, pool, &args, dir)
         })
         .collect()
 }
@@ -220,6 +242,10 @@ pub fn start_collector(
     for e in engines {
         cmd.arg("--engine")
             .arg(format!("{}=http://{}", e.name, e.addr));
+        if let Some((events, replay)) = &e.kv_events {
+            cmd.arg("--kv-events")
+                .arg(format!("{}={events},replay={replay}", e.name));
+        }
     }
     crate::process::spawn("llm-collector", cmd, &dir.join("collector.log"))
 }
@@ -252,13 +278,18 @@ impl Fleet {
         let envoy_spec = envoy_spec(spec, &engines, plugin_config)?;
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;
+        let mut collector_args = spec.collector_args.clone();
+        if spec.kv_events {
+            // Its /metrics say what it indexed (`Fleet::kv_blocks`).
+            collector_args.extend(["--listen".to_string(), "127.0.0.1:0".to_string()]);
+        }
         let collector = match spec.collector_interval_ms {
             Some(interval) => Some(start_collector(
                 &envoy,
                 &engines,
                 &token,
                 interval,
-                &spec.collector_args,
+                &collector_args,
                 &dir,
             )?),
             None => None,
@@ -285,15 +316,55 @@ impl Fleet {
         let mut out = BTreeMap::new();
         for e in self.engines.iter().filter(|e| e.pool == pool) {
             let text = crate::admin::get(e.addr, "/metrics")?.body;
-            let value = text
-                .lines()
-                .filter(|l| l.split(['{', ' ']).next() == Some(metric))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>();
-            out.insert(e.name.clone(), value as u64);
+            out.insert(e.name.clone(), metric_sum(&text, metric) as u64);
         }
         Ok(out)
     }
+
+    /// With `kv_events`: per engine, the blocks the collector's index says it holds
+    /// (from its KV events) and the blocks its cache holds (its KV usage times its
+    /// blocks, from its own metrics).
+    pub fn kv_blocks(&self) -> Result<BTreeMap<String, (u64, u64)>> {
+        let log = std::fs::read_to_string(self.dir.join("collector.log"))?;
+        let listen = log
+            .lines()
+            .find(|l| l.contains("serving /healthz and /metrics"))
+            .and_then(|l| l.split("addr=").nth(1)?.split_whitespace().next())
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            .context("the collector serves no /metrics (start it with kv_events)")?;
+        let collector = crate::admin::get(listen, "/metrics")?.body;
+        let mut out = BTreeMap::new();
+        for e in &self.engines {
+            let held = collector
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "llm_collector_kv_blocks{{engine=\"{}\"}} ",
+                        e.name
+                    ))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            let text = crate::admin::get(e.addr, "/metrics")?.body;
+            let blocks = text
+                .lines()
+                .find(|l| l.starts_with("vllm:cache_config_info{"))
+                .and_then(|l| l.split("num_gpu_blocks=\"").nth(1)?.split('"').next())
+                .and_then(|b| b.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            let usage = metric_sum(&text, "vllm:kv_cache_usage_perc");
+            out.insert(e.name.clone(), (held, (usage * blocks).round() as u64));
+        }
+        Ok(out)
+    }
+}
+
+/// The sum of `metric`'s samples in Prometheus text.
+fn metric_sum(text: &str, metric: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(metric))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Starts one of the shipped example configs (`envoy/*.yaml`) as a user would, with

@@ -153,6 +153,11 @@ struct Args {
     /// unless `--baseline` asks for one.
     #[arg(long)]
     slow_worker: Option<usize>,
+    /// Engines publish their KV cache events (vLLM's format) and the collector follows
+    /// them; the report adds, per engine, the blocks the collector's index holds beside
+    /// those its cache holds.
+    #[arg(long)]
+    kv_events: bool,
     /// With `--slow-worker`: each third of the run is paced over at least this long.
     #[arg(long, default_value_t = 8.0)]
     phase_s: f64,
@@ -487,6 +492,9 @@ fn run_policy(
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new(label, summary, stat);
     result.notes.push(format!("charts: {}", charts.display()));
+    if args.kv_events {
+        result.notes.push(kv_events_note(&fleet)?);
+    }
     if let Some(smg) = &smg {
         result.notes.push(format!(
             "smg {} ({}) routed, Envoy's filter idle; log {}",
@@ -553,7 +561,27 @@ fn fleet_spec(
             None => Vec::new(),
         },
         route_idle_timeout_ms: None,
+        kv_events: args.kv_events,
     })
+}
+
+/// Per engine, the blocks the collector indexed from its KV events beside those its
+/// cache holds, once they agree (events arrive a moment after the answers) or 5 s on.
+fn kv_events_note(fleet: &Fleet) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut blocks = fleet.kv_blocks()?;
+    while blocks.values().any(|(indexed, held)| indexed != held) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        blocks = fleet.kv_blocks()?;
+    }
+    let per: Vec<String> = blocks
+        .iter()
+        .map(|(name, (indexed, held))| format!("{name} {indexed} of {held}"))
+        .collect();
+    Ok(format!(
+        "KV events: blocks the collector indexed of those each engine holds: {}",
+        per.join(", ")
+    ))
 }
 
 /// `worker`'s share of the responses in `s` (0 when there were none).

@@ -98,6 +98,36 @@ pub enum TokenIds {
     Bigrams(Vec<[u32; 2]>),
 }
 
+impl BlockStored {
+    /// A store of `block_hashes` after `parent_block_hash`, with no field the caller
+    /// did not name: every optional one unset, as an engine leaves out a default.
+    pub fn new(
+        block_hashes: Vec<BlockHash>,
+        parent_block_hash: Option<BlockHash>,
+        token_ids: TokenIds,
+        block_size: u64,
+    ) -> BlockStored {
+        BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+            extra_keys: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+            locality: None,
+            ownership: None,
+            session_id: None,
+            lookahead_token_ids: None,
+            cache_salt: None,
+        }
+    }
+}
+
 impl TokenIds {
     /// The plain ids, unless the pages are bigram pages.
     pub fn ids(&self) -> Option<&[u32]> {

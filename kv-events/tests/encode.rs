@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{frames, vectors};
+use common::{frames, vectors, Rng};
 use llm_kv_events::{
     decode_batch, decode_message, decode_replay_reply, decode_replay_request, encode_batch,
     encode_message, encode_replay_end, replay_request, BlockHash, BlockRemoved, DecodeError, Event,
@@ -51,18 +51,6 @@ fn every_vector_round_trips() {
         let decoded = decode_frames(&frames(&m));
         let again = decode_frames(&encode_message(&decoded.topic, decoded.seq, &decoded.batch));
         assert_eq!(again, decoded, "{}", m["name"]);
-    }
-}
-
-/// xorshift64*, as in robustness.rs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
 

@@ -3,26 +3,10 @@
 
 mod common;
 
-use common::{frames, vectors};
+use common::{frames, vectors, Rng};
 use llm_kv_events::{
     decode_batch, decode_message, decode_replay_reply, replay_request, DecodeError, ReplayReply,
 };
-
-/// xorshift64*: reproducible without a dependency, and the seed is in the failure.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 fn payloads() -> Vec<Vec<u8>> {
     let file = vectors("messages.json");

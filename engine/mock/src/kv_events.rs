@@ -153,23 +153,17 @@ impl Recorder {
                 .checked_sub(1)
                 .and_then(|p| prepared.hashes.get(p))
                 .cloned();
+            // What vLLM 0.34 sends for a plain request's blocks.
             events.push(Event::BlockStored(Box::new(BlockStored {
-                block_hashes: hashes.to_vec(),
-                parent_block_hash,
-                token_ids: TokenIds::Ids(token_ids.to_vec()),
-                block_size: self.block_tokens as u64,
-                lora_id: None,
                 medium: Some(MEDIUM_GPU.into()),
-                lora_name: None,
                 extra_keys: Some(vec![None; len]),
                 group_idx: Some(0),
-                kv_cache_spec_kind: None,
-                kv_cache_spec_sliding_window: None,
-                locality: None,
-                ownership: None,
-                session_id: None,
-                lookahead_token_ids: None,
-                cache_salt: None,
+                ..BlockStored::new(
+                    hashes.to_vec(),
+                    parent_block_hash,
+                    TokenIds::Ids(token_ids.to_vec()),
+                    self.block_tokens as u64,
+                )
             })));
         }
         events

@@ -239,22 +239,15 @@ fn stored(text: &str, blocks: std::ops::Range<usize>, parent: Option<&BlockHash>
     let hashes = vllm_hashes(text);
     let ids = tokenizer::token_ids(text);
     BlockStored {
-        block_hashes: hashes[blocks.clone()].to_vec(),
-        parent_block_hash: parent.cloned(),
-        token_ids: TokenIds::Ids(ids[blocks.start * 16..blocks.end * 16].to_vec()),
-        block_size: 16,
-        lora_id: None,
         medium: Some("GPU".into()),
-        lora_name: None,
         extra_keys: Some(vec![None; blocks.len()]),
         group_idx: Some(0),
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        locality: None,
-        ownership: None,
-        session_id: None,
-        lookahead_token_ids: None,
-        cache_salt: None,
+        ..BlockStored::new(
+            hashes[blocks.clone()].to_vec(),
+            parent.cloned(),
+            TokenIds::Ids(ids[blocks.start * 16..blocks.end * 16].to_vec()),
+            16,
+        )
     }
 }
 

@@ -41,3 +41,19 @@ pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
         .collect()
 }
+
+/// xorshift64*: reproducible without a dependency, and the seed is in the failure.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
