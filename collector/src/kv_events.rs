@@ -144,9 +144,9 @@ impl Follower {
             }
         }
         let events = m.batch.events.len() as u64;
-        let (blocks, stale) = self.with_index(|ix| {
+        let (blocks, trust) = self.with_index(|ix| {
             ix.apply(m.seq, &m.batch);
-            (ix.blocks(), ix.trust() == Trust::Stale)
+            (ix.blocks(), ix.trust())
         });
         let label = self.label();
         self.telemetry
@@ -157,10 +157,7 @@ impl Follower {
             .kv_blocks
             .get_or_create(&label)
             .set(i64::try_from(blocks).unwrap_or(i64::MAX));
-        self.telemetry
-            .kv_stale
-            .get_or_create(&label)
-            .set(i64::from(stale));
+        set_trust(&self.telemetry, &label, trust);
     }
 
     /// Batches `from..until` from the replay socket, if it has them all in time.
@@ -186,6 +183,40 @@ impl Follower {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(all.entry(self.source.worker.clone()).or_default())
+    }
+}
+
+/// The trust gauges of one engine's index.
+fn set_trust(telemetry: &Telemetry, label: &EngineLabel, trust: Trust) {
+    let flag = |t: Trust| i64::from(trust == t);
+    telemetry
+        .kv_stale
+        .get_or_create(label)
+        .set(flag(Trust::Stale));
+    telemetry
+        .kv_quiet
+        .get_or_create(label)
+        .set(flag(Trust::Quiet));
+}
+
+/// Each followed engine's prompt-token counter, as scraped: an engine that counts
+/// many tokens and publishes nothing goes quiet (`KvIndex::observe_counter`).
+pub fn observe_counters<'a>(
+    indexes: &KvIndexes,
+    counters: impl IntoIterator<Item = (&'a str, u64)>,
+    telemetry: &Telemetry,
+) {
+    let mut all = indexes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (worker, total) in counters {
+        if let Some(ix) = all.get_mut(worker) {
+            ix.observe_counter(total);
+            let label = EngineLabel {
+                engine: worker.to_string(),
+            };
+            set_trust(telemetry, &label, ix.trust());
+        }
     }
 }
 
@@ -238,6 +269,28 @@ mod tests {
                 data_parallel_rank: None,
             },
         }
+    }
+
+    #[test]
+    fn scraped_counters_make_a_silent_engine_quiet_in_the_metrics() {
+        let telemetry = Telemetry::new(&[], Duration::from_secs(60), Duration::from_secs(60));
+        let indexes: KvIndexes = Arc::default();
+        indexes
+            .lock()
+            .unwrap()
+            .entry("w0".into())
+            .or_default()
+            .apply(0, &at(0).batch);
+        let quiet = |text: &str| text.contains("llm_collector_kv_quiet{engine=\"w0\"} 1");
+        observe_counters(&indexes, [("w0", 100), ("w9", 5)], &telemetry);
+        assert!(!quiet(&telemetry.render(std::time::Instant::now())));
+        let silent = 100 + crate::kv_index::QUIET_TOKENS;
+        observe_counters(&indexes, [("w0", silent)], &telemetry);
+        assert!(quiet(&telemetry.render(std::time::Instant::now())));
+        assert!(
+            !indexes.lock().unwrap().contains_key("w9"),
+            "only followed engines"
+        );
     }
 
     #[test]

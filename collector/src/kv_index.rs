@@ -39,7 +39,17 @@ pub enum Trust {
     /// Batches were lost and could not be replayed: what the engine holds is no
     /// longer known, until it clears its cache or restarts.
     Stale,
+    /// The engine counted `QUIET_TOKENS` prompt tokens since its last batch arrived:
+    /// it changed its cache and nothing was heard (a subscription that died without
+    /// a word, a publisher that stopped). The next batch says: in sequence, nothing
+    /// was lost; past a gap, the gap is replayed or lost as any other.
+    Quiet,
 }
+
+/// Prompt tokens an engine may count with no batch heard before its index is not
+/// trusted: dozens of requests, each of which stores blocks unless its prompt was
+/// cached whole.
+pub const QUIET_TOKENS: u64 = 65_536;
 
 /// Counts for the collector's own metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,6 +68,10 @@ pub struct KvIndex {
     held: HashSet<BlockHash>,
     last_seq: Option<u64>,
     trust: Trust,
+    /// The engine's prompt-token counter as last scraped, and as it was when the
+    /// last batch arrived.
+    counter: Option<u64>,
+    counter_at_batch: Option<u64>,
     pub counts: KvCounts,
 }
 
@@ -67,6 +81,8 @@ impl Default for KvIndex {
             held: HashSet::new(),
             last_seq: None,
             trust: Trust::Unheard,
+            counter: None,
+            counter_at_batch: None,
             counts: KvCounts::default(),
         }
     }
@@ -96,9 +112,11 @@ impl KvIndex {
             return;
         }
         self.last_seq = Some(seq);
-        if self.trust == Trust::Unheard {
+        // In order (the caller replayed or gave up on any gap): nothing was lost.
+        if matches!(self.trust, Trust::Unheard | Trust::Quiet) {
             self.trust = Trust::Whole;
         }
+        self.counter_at_batch = self.counter;
         self.counts.batches += 1;
         for event in &batch.events {
             self.counts.events += 1;
@@ -118,6 +136,23 @@ impl KvIndex {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// The engine's prompt-token counter, as the collector scraped it: an engine that
+    /// counted `QUIET_TOKENS` since its last batch without a word goes `Quiet`.
+    pub fn observe_counter(&mut self, total: u64) {
+        self.counter = Some(total);
+        let since = match self.counter_at_batch {
+            // A counter that went back is a restarted engine: count from there.
+            Some(at) if total >= at => total - at,
+            _ => {
+                self.counter_at_batch = Some(total);
+                return;
+            }
+        };
+        if self.trust == Trust::Whole && since >= QUIET_TOKENS {
+            self.trust = Trust::Quiet;
         }
     }
 
@@ -231,6 +266,29 @@ mod tests {
         assert_eq!(ix.arrival(0), Arrival::Restart);
         ix.apply(0, &batch(vec![stored(&[2], None)]));
         assert!(!ix.holds(&h(2)), "a duplicate is not applied again");
+    }
+
+    #[test]
+    fn an_engine_that_counts_tokens_without_a_word_goes_quiet_until_its_next_batch() {
+        let mut ix = KvIndex::default();
+        ix.observe_counter(1_000_000);
+        assert_eq!(ix.trust(), Trust::Unheard, "nothing heard yet");
+        ix.apply(0, &batch(vec![stored(&[1], None)]));
+        ix.observe_counter(1_000_000 + QUIET_TOKENS - 1);
+        assert_eq!(ix.trust(), Trust::Whole);
+        ix.observe_counter(1_000_000 + QUIET_TOKENS);
+        assert_eq!(ix.trust(), Trust::Quiet);
+        // The next batch in sequence: nothing was lost.
+        ix.apply(1, &batch(vec![stored(&[2], None)]));
+        assert_eq!(ix.trust(), Trust::Whole);
+        ix.observe_counter(1_000_000 + QUIET_TOKENS + 10);
+        assert_eq!(ix.trust(), Trust::Whole, "counted from the last batch");
+        // A counter that goes back (a restart) counts from there; a stale index
+        // stays stale however quiet.
+        ix.observe_counter(5);
+        ix.unrepaired(9);
+        ix.observe_counter(5 + QUIET_TOKENS);
+        assert_eq!(ix.trust(), Trust::Stale);
     }
 
     #[test]

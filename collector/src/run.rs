@@ -61,6 +61,8 @@ pub struct Collector {
     /// Whether the last admin read worked (`None`: not tried yet).
     admin_ok: Option<bool>,
     admin_warnings: Vec<String>,
+    /// The engines' KV event indexes (`--kv-events`), told each scrape's counters.
+    kv: Option<crate::kv_events::KvIndexes>,
 }
 
 impl Collector {
@@ -88,6 +90,7 @@ impl Collector {
             ticks: 0,
             admin_ok: None,
             admin_warnings: Vec::new(),
+            kv: None,
             cfg,
         };
         c.set_workers(workers);
@@ -326,6 +329,12 @@ impl Collector {
             .telemetry
             .engines_reachable
             .set(workers.iter().filter(|w| w.reachable).count() as i64);
+        if let Some(kv) = &self.kv {
+            let counters = workers
+                .iter()
+                .filter_map(|w| Some((w.name.as_deref()?, w.prompt_tokens_total?)));
+            crate::kv_events::observe_counters(kv, counters, &self.shared.telemetry);
+        }
         self.seq += 1;
         let snapshot = Push {
             collector: Some(COLLECTOR_NAME.to_string()),
@@ -398,7 +407,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         listen(addr, collector.telemetry().clone()).await?;
     }
     // Followed for the collector's metrics: nothing routes by them yet.
-    let _kv = crate::kv_events::spawn(&collector.cfg.kv_events, collector.telemetry().clone());
+    if !collector.cfg.kv_events.is_empty() {
+        collector.kv = Some(crate::kv_events::spawn(
+            &collector.cfg.kv_events,
+            collector.telemetry().clone(),
+        ));
+    }
     let (tx, rx) = watch::channel::<Option<Bytes>>(None);
     let mut pushers = JoinSet::new();
     for target in collector.targets() {

@@ -87,6 +87,7 @@ pub struct Telemetry {
     /// `--kv-events`: what each engine's index holds and how whole its stream is.
     pub kv_blocks: Family<EngineLabel, Gauge>,
     pub kv_stale: Family<EngineLabel, Gauge>,
+    pub kv_quiet: Family<EngineLabel, Gauge>,
     pub kv_events: Family<EngineLabel, Counter>,
     pub kv_gaps: Family<KvGapLabels, Counter>,
     pub kv_restarts: Family<EngineLabel, Counter>,
@@ -116,6 +117,7 @@ impl Telemetry {
             last_push_age: Family::default(),
             kv_blocks: Family::default(),
             kv_stale: Family::default(),
+            kv_quiet: Family::default(),
             kv_events: Family::default(),
             kv_gaps: Family::default(),
             kv_restarts: Family::default(),
@@ -201,6 +203,11 @@ impl Telemetry {
             "llm_collector_kv_stale",
             "1 while the engine's block index cannot be trusted: events were lost and not replayed",
             t.kv_stale.clone(),
+        );
+        r.register(
+            "llm_collector_kv_quiet",
+            "1 while the engine counted many prompt tokens and published no KV event: its index is not trusted until the next event",
+            t.kv_quiet.clone(),
         );
         r.register(
             "llm_collector_kv_events",
