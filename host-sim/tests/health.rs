@@ -148,6 +148,44 @@ fn a_refused_connection_takes_the_worker_out_on_every_vm_until_a_probe_answers()
 }
 
 #[test]
+fn a_failure_takes_its_worker_out_before_the_client_sees_it() {
+    // The client has the router's 503 and sends its next request before the failed
+    // stream completes (`proxy_on_log`): the worker is already out.
+    let mut h = host(1, "");
+    let (dead, handle) = open(&mut h, 0, "the request that meets a dead engine");
+    // Every other worker holds a request too: the failed one's own in flight does
+    // not keep the next requests off it.
+    let mut held = Vec::new();
+    for i in 0..200 {
+        if held.len() == 3 {
+            break;
+        }
+        let (cluster, other) = open(&mut h, 0, &format!("{i:04} a request held elsewhere"));
+        if cluster == dead || held.iter().any(|(c, _)| *c == cluster) {
+            support::answer(&mut h, 0, other);
+        } else {
+            held.push((cluster, other));
+        }
+    }
+    assert_eq!(held.len(), 3, "one request held on each other worker");
+    h.vm(0)
+        .fail_upstream_headers(handle, 503, UF, CONNECT_FAILURE)
+        .unwrap();
+    assert_eq!(routed_to(&mut h, "next", 20, &dead), 0, "already out");
+    h.vm(0).finish(handle).unwrap();
+    for (_, other) in held {
+        support::answer(&mut h, 0, other);
+    }
+    // Counters reach the host on the VM's tick.
+    h.advance_time(1000).unwrap();
+    assert_eq!(
+        (stat(&h, "health_down"), stat(&h, "upstream_failures")),
+        (1, 1),
+        "judged once"
+    );
+}
+
+#[test]
 fn resets_timeouts_and_5xx_take_a_worker_out_after_five_in_a_row_but_clients_and_4xx_never() {
     // (status, flags, details, goes down after five)
     let cases: [(u32, u64, &str, bool); 6] = [

@@ -59,6 +59,9 @@ pub struct Stream {
     response_started: bool,
     /// The response as its callbacks saw it, for the health verdict.
     seen: health::Seen,
+    /// The verdict on the upstream was taken (once: at a failure's headers, else
+    /// when the stream ends).
+    judged: bool,
     /// The response gets the decision headers (`decision_headers`).
     explain: bool,
 }
@@ -74,6 +77,7 @@ impl Stream {
             replied: false,
             response_started: false,
             seen: health::Seen::default(),
+            judged: false,
             explain: false,
         }
     }
@@ -299,6 +303,9 @@ impl Stream {
     /// a 4xx (`crate::worker::health::refused`), a verdict on the request. Each way no engine
     /// served the request: what it recorded is undone.
     fn judge_upstream(&mut self) {
+        if std::mem::replace(&mut self.judged, true) {
+            return;
+        }
         let Some(routed) = self.routed.as_mut() else {
             return;
         };
@@ -469,6 +476,12 @@ impl HttpContext for Stream {
             if let Some(state) = self.state.borrow().as_ref() {
                 self.seen.status = health::response_status(state);
             }
+        }
+        // A failure is judged before the client sees it: the client's next request
+        // must not find the worker still in rotation (`on_log` comes after the
+        // answer left).
+        if self.seen.status.is_some_and(|s| s >= 500) {
+            self.judge_upstream();
         }
         if end_of_stream {
             self.first_byte();

@@ -159,6 +159,23 @@ impl<'a> VmHandle<'a> {
         flags: u64,
         details: &str,
     ) -> Result<()> {
+        let started = self.fail_upstream_headers(handle, status, flags, details)?;
+        let (host, vm) = (&mut *self.host, self.vm);
+        let ctx = host.stream_ctx(vm, handle)?;
+        host.end_stream(vm, ctx, started)?;
+        host.pump()
+    }
+
+    /// `fail_upstream` up to the router's reply leaving for the client, before the
+    /// stream completes (in Envoy the client may send its next request in between);
+    /// whether a response had started before. `finish` completes it.
+    pub fn fail_upstream_headers(
+        &mut self,
+        handle: StreamHandle,
+        status: u32,
+        flags: u64,
+        details: &str,
+    ) -> Result<bool> {
         let (host, vm) = (&mut *self.host, self.vm);
         let ctx = host.stream_ctx(vm, handle)?;
         let stream = host.state(vm).streams.get_mut(&ctx).expect("checked");
@@ -170,8 +187,7 @@ impl<'a> VmHandle<'a> {
             stream.resp = Flow::new(vec![(":status".to_string(), status.to_string())]);
             host.headers_phase(vm, ctx, true, true)?;
         }
-        host.end_stream(vm, ctx, started)?;
-        host.pump()
+        Ok(started)
     }
 
     /// Completes the stream: `proxy_on_log`, `proxy_on_done`, `proxy_on_delete`. A no-op if

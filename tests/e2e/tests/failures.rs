@@ -235,8 +235,12 @@ fn a_frozen_engine_times_out_leaves_rotation_and_comes_back_when_it_thaws() {
         failed.iter().all(|r| r.worker == victim),
         "only the frozen worker's requests fail: {failed:?}"
     );
-    // Each client can have at most one request caught by the freeze.
-    assert!(failed.len() <= CLIENTS, "{} failed", failed.len());
+    // A timeout takes the worker out on the run's fifth failure in a row, not the
+    // first: each client can have one request caught by the freeze, and a client
+    // whose request was among the run's first four may send its next one to the
+    // worker still in rotation, and have it caught too.
+    let run = llm_router::config::DEFAULT_CONSECUTIVE_FAILURES as usize;
+    assert!(failed.len() < CLIENTS + run, "{} failed", failed.len());
     // No request hangs past the idle timeout (a generous margin for a loaded machine).
     assert!(
         longest < Duration::from_millis(IDLE_TIMEOUT_MS + 8000),
