@@ -4,7 +4,10 @@
 //! capacity (`kv_capacity_tokens`, from the collector) in the tree's own unit, chars:
 //! capacity times the chars per token the engine's own counter shows for the text
 //! routed to it (`prompt_tokens_total` against the chars inserted under the worker).
-//! The tree then forgets, in LRU order, what the engine must have evicted.
+//! The tree then forgets, in LRU order, what the engine must have evicted
+//! (`kv_capacity_bound`, off by default: `cache_aware`'s threshold turns a truthful
+//! tree into a loss where every engine evicts). A counter that goes back is an
+//! engine that restarted with an empty cache: its worker's share goes, bound or not.
 //!
 //! Every VM must bound alike, so the state travels in the operation stream
 //! (`crate::shared::Op::KvBound`): one VM per interval compares the engines' samples
