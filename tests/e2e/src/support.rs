@@ -163,3 +163,12 @@ pub fn engine_on(f: &Fleet, name: &str, port: u16, args: &[&str]) -> Guard {
     assert!(up, "engine {name} on port {port} came up");
     guard
 }
+
+/// Sends `sig` (`-KILL`, `-STOP`, `-CONT`) to process `pid`, which must take it.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}

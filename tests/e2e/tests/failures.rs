@@ -11,12 +11,11 @@
 //! Prints the measured numbers (the book's "Failures" page quotes them):
 //! `cargo test -p e2e --test failures -- --nocapture`.
 
-use e2e::support::{start, wait_for, EXPLAINED_JSON};
+use e2e::support::{signal, start, wait_for, EXPLAINED_JSON};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,14 +107,6 @@ impl Load {
         }
         Arc::try_unwrap(self.records).unwrap().into_inner().unwrap()
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {pid}");
 }
 
 fn fleet() -> Fleet {

@@ -9,12 +9,11 @@
 //!
 //! Prints what it saw: `cargo test -p e2e --test kv_bounds -- --nocapture`.
 
-use e2e::support::{engine_on, post, start, wait_for};
+use e2e::support::{engine_on, post, signal, start, wait_for};
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_demo::process::Guard;
 use serde_json::json;
 use std::cell::Cell;
-use std::process::Command;
 
 /// Worker `w`'s gauge `field` (`llm_router_worker.<w>.<field>`).
 fn gauge(f: &Fleet, w: &str, field: &str) -> u64 {
@@ -131,11 +130,7 @@ fn without_the_bound_a_restarted_engines_share_is_dropped_all_the_same() {
 fn restart_w0(f: &Fleet, args: &[&str]) -> Guard {
     let w0_engine = f.engine("w0").unwrap();
     let (pid, port) = (w0_engine.guard.id(), w0_engine.addr.port());
-    let killed = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(killed, "kill -KILL {pid}");
+    signal(pid, "-KILL");
     let again = engine_on(f, "w0", port, args);
     wait_for("the restart seen and w0's share dropped", f, || {
         f.envoy

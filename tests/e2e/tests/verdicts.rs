@@ -10,7 +10,7 @@
 //!
 //! Prints the measured numbers: `cargo test -p e2e --test verdicts -- --nocapture`.
 
-use e2e::support::{engine_on, header, post, send, start, wait_for};
+use e2e::support::{engine_on, header, post, send, signal, start, wait_for};
 use llm_demo::admin;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_demo::process::Guard;
@@ -234,11 +234,7 @@ fn killing_one_engine_of_four_fails_at_most_2_of_the_next_40_requests() {
     }
     let victim = "w2";
     let pid = f.engine(victim).unwrap().guard.id();
-    let killed = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(killed, "kill -KILL {pid}");
+    signal(pid, "-KILL");
     let mut failed = Vec::new();
     for i in 0..40 {
         let body = json!({"model": "mock", "max_tokens": 2,
