@@ -100,11 +100,7 @@ impl Follower {
             // holds no subscriber could know.
             Arrival::First => {
                 if let Some(batches) = self.replayed(0, m.seq).await {
-                    self.with_index(|ix| {
-                        for b in &batches {
-                            ix.apply(b.seq, &b.batch);
-                        }
-                    });
+                    self.apply(&batches);
                 }
             }
             Arrival::Restart => {
@@ -119,12 +115,8 @@ impl Follower {
             Arrival::Gap { missing_from } => {
                 let outcome = match self.replayed(missing_from, m.seq).await {
                     Some(batches) => {
-                        self.with_index(|ix| {
-                            for b in &batches {
-                                ix.apply(b.seq, &b.batch);
-                            }
-                            ix.repaired();
-                        });
+                        self.apply(&batches);
+                        self.with_index(KvIndex::repaired);
                         "repaired"
                     }
                     _ => {
@@ -143,16 +135,23 @@ impl Follower {
                     .inc();
             }
         }
-        let events = m.batch.events.len() as u64;
+        self.apply(std::slice::from_ref(&m));
+    }
+
+    /// Applies `batches` in order, and shows the index in the metrics.
+    fn apply(&self, batches: &[Message]) {
         let (blocks, trust) = self.with_index(|ix| {
-            ix.apply(m.seq, &m.batch);
+            for b in batches {
+                ix.apply(b.seq, &b.batch);
+            }
             (ix.blocks(), ix.trust())
         });
         let label = self.label();
+        let events: usize = batches.iter().map(|b| b.batch.events.len()).sum();
         self.telemetry
             .kv_events
             .get_or_create(&label)
-            .inc_by(events);
+            .inc_by(events as u64);
         self.telemetry
             .kv_blocks
             .get_or_create(&label)
