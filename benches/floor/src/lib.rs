@@ -10,7 +10,9 @@
 //!
 //! With `"floor_hostcalls": true` in the same config it also makes, on every
 //! request, the hostcalls the router makes whatever it decides (`floor_hostcalls`),
-//! so what those cost and what the router's own code costs are told apart.
+//! so what those cost and what the router's own code costs are told apart. With
+//! `"floor_queue_hop": true` every request makes the round trip to one VM per Envoy
+//! and back over shared queues (`Routes::queue_hop`).
 //!
 //! Everything but the configuration reader is wasm32 only; natively the crate is
 //! just `routes`, so `cargo test --workspace` covers it.
@@ -44,6 +46,8 @@ struct PluginConfig {
     cluster_header: Option<String>,
     #[serde(default)]
     floor_hostcalls: bool,
+    #[serde(default)]
+    floor_queue_hop: bool,
 }
 
 /// What the floor routes by, from the router's plugin configuration.
@@ -59,6 +63,11 @@ pub struct Routes {
     /// makes each on every request with its default configuration, whatever policy
     /// decides.
     pub floor_hostcalls: bool,
+    /// Route through one VM per Envoy: the first VM configured (the main thread's)
+    /// registers a shared queue; every other VM sends each request's body there,
+    /// pauses the request, and resumes it when the answer comes back on a queue of
+    /// its own. What a router whose state lives in one VM pays for the round trip.
+    pub queue_hop: bool,
 }
 
 /// The routes from the router's plugin configuration; `None` when it is not JSON or
@@ -80,6 +89,7 @@ pub fn routes(config: &[u8]) -> Option<Routes> {
         header,
         clusters,
         floor_hostcalls: cfg.floor_hostcalls,
+        queue_hop: cfg.floor_queue_hop,
     })
 }
 
@@ -99,6 +109,59 @@ mod glue {
     struct Turns {
         routes: Routes,
         next: Cell<usize>,
+        hop: Hop,
+    }
+
+    impl Turns {
+        fn next_cluster(&self) -> Option<&String> {
+            let i = self.next.get();
+            self.next.set(i.wrapping_add(1));
+            let clusters = &self.routes.clusters;
+            clusters.get(i % clusters.len().max(1))
+        }
+    }
+
+    /// This VM's part in the queue hop.
+    #[derive(Clone, Copy, Default)]
+    enum Hop {
+        #[default]
+        Off,
+        /// Answers every request's question on `route`.
+        Router { route: u32 },
+        /// Asks on `route`, hears on `reply`.
+        Asker { route: u32, reply: u32 },
+    }
+
+    const ROUTE_QUEUE: &str = "llm_floor.route";
+
+    fn join_hop() -> Hop {
+        let vm_id = hostcalls::get_property(vec!["plugin_vm_id"])
+            .ok()
+            .flatten()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
+        match hostcalls::resolve_shared_queue(&vm_id, ROUTE_QUEUE) {
+            Ok(Some(route)) => {
+                let nanos = hostcalls::get_current_time()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                let name = format!("llm_floor.reply.{nanos}");
+                match hostcalls::register_shared_queue(&name) {
+                    Ok(reply) => Hop::Asker { route, reply },
+                    Err(_) => Hop::Off,
+                }
+            }
+            _ => match hostcalls::register_shared_queue(ROUTE_QUEUE) {
+                Ok(route) => Hop::Router { route },
+                Err(_) => Hop::Off,
+            },
+        }
+    }
+
+    fn word(bytes: &[u8], at: usize) -> Option<u32> {
+        let b: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
+        Some(u32::from_le_bytes(b))
     }
 
     #[derive(Default)]
@@ -122,16 +185,65 @@ mod glue {
                 // The router's bell holds an empty value: one that is there.
                 let _ = hostcalls::set_shared_data(BELL_KEY, Some(&[]), None);
             }
+            let hop = if routes.queue_hop {
+                join_hop()
+            } else {
+                Hop::Off
+            };
             self.turns = Some(Rc::new(Turns {
                 routes,
                 next: Cell::new(0),
+                hop,
             }));
             true
         }
 
-        fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        /// Envoy tells whichever root context of a VM it picks, so the role comes
+        /// from the queue named, not from this root's own part in the hop.
+        fn on_queue_ready(&mut self, queue_id: u32) {
+            let Some(t) = self.turns.clone() else { return };
+            let route = match t.hop {
+                Hop::Off => return,
+                Hop::Router { route } | Hop::Asker { route, .. } => route,
+            };
+            if queue_id == route {
+                while let Ok(Some(ask)) = hostcalls::dequeue_shared_queue(route) {
+                    let (Some(reply), Some(ctx)) = (word(&ask, 0), word(&ask, 4)) else {
+                        continue;
+                    };
+                    std::hint::black_box(ask.get(8..));
+                    let i = t.next.get();
+                    t.next.set(i.wrapping_add(1));
+                    let mut answer = ctx.to_le_bytes().to_vec();
+                    answer.extend_from_slice(&(i as u32).to_le_bytes());
+                    let _ = hostcalls::enqueue_shared_queue(reply, Some(&answer));
+                }
+                return;
+            }
+            while let Ok(Some(answer)) = hostcalls::dequeue_shared_queue(queue_id) {
+                let (Some(ctx), Some(i)) = (word(&answer, 0), word(&answer, 4)) else {
+                    continue;
+                };
+                if hostcalls::set_effective_context(ctx).is_err() {
+                    continue;
+                }
+                let clusters = &t.routes.clusters;
+                if let Some(cluster) = clusters.get(i as usize % clusters.len().max(1)) {
+                    let _ = hostcalls::set_map_value(
+                        MapType::HttpRequestHeaders,
+                        &t.routes.header,
+                        Some(cluster),
+                    );
+                }
+                let _ = hostcalls::call_foreign_function("clear_route_cache", None);
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+
+        fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
             Some(Box::new(Stream {
                 turns: self.turns.clone()?,
+                id: context_id,
             }))
         }
 
@@ -142,6 +254,7 @@ mod glue {
 
     struct Stream {
         turns: Rc<Turns>,
+        id: u32,
     }
 
     impl Context for Stream {}
@@ -193,10 +306,16 @@ mod glue {
                 let bell = hostcalls::get_shared_data(BELL_KEY);
                 std::hint::black_box((&now, &bell));
             }
-            let i = t.next.get();
-            t.next.set(i.wrapping_add(1));
-            let clusters = &t.routes.clusters;
-            if let Some(cluster) = clusters.get(i % clusters.len().max(1)) {
+            if let Hop::Asker { route, reply } = t.hop {
+                let mut ask = Vec::with_capacity(8 + body.len());
+                ask.extend_from_slice(&reply.to_le_bytes());
+                ask.extend_from_slice(&self.id.to_le_bytes());
+                ask.extend_from_slice(&body);
+                if hostcalls::enqueue_shared_queue(route, Some(&ask)).is_ok() {
+                    return Action::Pause;
+                }
+            }
+            if let Some(cluster) = t.next_cluster() {
                 let _ = hostcalls::set_map_value(
                     MapType::HttpRequestHeaders,
                     &t.routes.header,
@@ -229,12 +348,16 @@ mod tests {
                 header: DEFAULT_CLUSTER_HEADER.to_string(),
                 clusters: vec!["engine_w0".to_string(), "w1".to_string()],
                 floor_hostcalls: false,
+                queue_hop: false,
             })
         );
         let custom = br#"{"cluster_header":"x-c","floor_hostcalls":true,"workers":[{"name":"a"}]}"#;
         let custom = routes(custom);
         assert_eq!(custom.as_ref().map(|r| r.header.as_str()), Some("x-c"));
-        assert_eq!(custom.map(|r| r.floor_hostcalls), Some(true));
+        assert_eq!(custom.as_ref().map(|r| r.floor_hostcalls), Some(true));
+        assert_eq!(custom.map(|r| r.queue_hop), Some(false));
+        let hop = routes(br#"{"floor_queue_hop":true,"workers":[{"name":"a"}]}"#);
+        assert_eq!(hop.map(|r| r.queue_hop), Some(true));
     }
 
     #[test]
