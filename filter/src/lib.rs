@@ -28,7 +28,8 @@
 //! 5. `shared` (the tables in proxy-wasm shared data and their one key space),
 //!    `background::membership` (discovery mode's worker list updates);
 //! 6. `background::replica` (peer replicas' reports), `policy` (the policies),
-//!    `request::candidates` (the serving set after the screens);
+//!    `request::candidates` (the serving set after the screens), `relay` (one VM
+//!    routing for the others: the seat and what crosses the shared queues);
 //! 7. `request::router` (trees + candidates + policy);
 //! 8. `request::plan` (a request's whole decision);
 //! 9. `request::bookkeeping` (what an applied plan books);
@@ -48,6 +49,7 @@ pub mod load;
 pub mod parse;
 pub mod policy;
 pub mod push;
+pub mod relay;
 pub mod request;
 pub mod rng;
 pub mod scan;

@@ -118,6 +118,28 @@ fn default_max_routing_text_bytes() -> usize {
 fn default_sync_interval() -> u64 {
     DEFAULT_SYNC_INTERVAL_MS
 }
+fn default_relay_deadline() -> u64 {
+    DEFAULT_RELAY_DEADLINE_MS
+}
+
+/// `relay_deadline_ms`'s default: a main thread busy for longer than this is
+/// applying configuration, not routing.
+pub const DEFAULT_RELAY_DEADLINE_MS: u64 = 200;
+
+/// Where the trees live and requests are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteIn {
+    /// One VM per Envoy (the first configured: the main thread's) holds the trees
+    /// and decides for every worker thread, which asks it over shared queues: a
+    /// request costs the same whatever the thread count, and the trees exist once.
+    OneVm,
+    /// Every worker thread's VM keeps a replica of the trees, replayed from the
+    /// others' through shared data, and decides its own requests.
+    #[default]
+    EveryVm,
+}
+
 fn default_sync_batch() -> u64 {
     DEFAULT_SYNC_BATCH_MS
 }
@@ -260,6 +282,14 @@ pub struct Config {
     /// (`crate::shared::Outbox`); 0 syncs on every request.
     #[serde(default = "default_sync_batch")]
     pub sync_batch_ms: u64,
+    /// Where the trees live and requests are decided (`crate::relay`).
+    #[serde(default)]
+    pub route_in: RouteIn,
+    /// `route_in: one_vm`: a request whose answer has not come back after this
+    /// long is routed by its own VM, by load (a stalled main thread stalls no
+    /// request longer).
+    #[serde(default = "default_relay_deadline")]
+    pub relay_deadline_ms: u64,
     #[serde(default = "target::default_cluster_header")]
     pub cluster_header: String,
     #[serde(default = "target::default_endpoint_header")]
@@ -453,6 +483,9 @@ impl Config {
         if self.sync_batch_ms > MAX_SYNC_BATCH_MS {
             return Err(err("sync_batch_ms", "must be at most 1000"));
         }
+        if !(10..=60_000).contains(&self.relay_deadline_ms) {
+            return Err(err("relay_deadline_ms", "must be between 10 and 60000"));
+        }
         self.validate_target_headers()?;
         if self.prefill_timeout_ms == 0 {
             return Err(err("prefill_timeout_ms", "must be >= 1"));
@@ -594,6 +627,18 @@ mod tests {
         assert_eq!(field_of(with(r#","sync_batch_ms":1001"#)), "sync_batch_ms");
         assert!(with(r#","sync_batch_ms":1000"#).is_ok());
         assert!(with(r#","sync_batch_ms":0"#).is_ok());
+        assert_eq!(
+            field_of(with(r#","relay_deadline_ms":9"#)),
+            "relay_deadline_ms"
+        );
+        assert_eq!(
+            field_of(with(r#","relay_deadline_ms":60001"#)),
+            "relay_deadline_ms"
+        );
+        assert!(with(r#","relay_deadline_ms":10"#).is_ok());
+        let one = with(r#","route_in":"one_vm""#).map(|c| c.route_in);
+        assert_eq!(one, Ok(RouteIn::OneVm));
+        assert!(with(r#","route_in":"main""#).is_err());
         assert_eq!(
             field_of(with(r#","cluster_header":"X-Bad Header""#)),
             "cluster_header"

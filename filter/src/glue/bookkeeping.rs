@@ -7,11 +7,13 @@ use std::rc::Rc;
 use super::host::HostStore;
 use super::state::State;
 use crate::decision::Decision;
+use crate::parse::{self, Parsed};
 use crate::policy::predicted_ttft::WorkHold;
+use crate::relay::RecordMeta;
 use crate::request::bookkeeping::booking;
 use crate::request::plan::Plan;
 use crate::request::router::Record;
-use crate::shared::{Op, Recorded, Stage};
+use crate::shared::{truncate_text, Op, Recorded, Stage};
 
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
 /// released correctly even if a config update reorders the workers meanwhile. The
@@ -89,10 +91,58 @@ pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
 
 /// What undoes a routed request's tree records if no engine serves it: each
 /// record's insert, moved here (not copied), with how many chars of its text its
-/// worker held before it.
+/// worker held before it; or, for a request the routing VM decided
+/// (`route_in: one_vm`), what it says of its records and the body their text is
+/// read again from.
 #[derive(Default)]
 pub struct Undo {
     records: Vec<(Rc<Recorded>, Op, u64)>,
+    remote: Option<Remote>,
+}
+
+/// The routing VM's records of one request, and its body and path.
+struct Remote {
+    records: Vec<RecordMeta>,
+    body: Vec<u8>,
+    path: Option<String>,
+}
+
+impl Undo {
+    pub fn remote(records: Vec<RecordMeta>, body: Vec<u8>, path: Option<String>) -> Undo {
+        Undo {
+            records: Vec::new(),
+            remote: (!records.is_empty()).then_some(Remote {
+                records,
+                body,
+                path,
+            }),
+        }
+    }
+
+    /// The records as the routing VM reports them to the VM that asked.
+    pub fn report(&self) -> Vec<RecordMeta> {
+        self.records
+            .iter()
+            .filter_map(|(rec, op, keep_chars)| {
+                let Op::Insert { pool, worker, .. } = op else {
+                    return None;
+                };
+                let seq = match rec.stage() {
+                    Stage::Waiting {
+                        applied_at: Some(seq),
+                    }
+                    | Stage::Shared(seq) => seq,
+                    _ => return None,
+                };
+                Some(RecordMeta {
+                    pool: *pool,
+                    worker: worker.clone(),
+                    keep_chars: *keep_chars,
+                    seq,
+                })
+            })
+            .collect()
+    }
 }
 
 // `book` turns a plan's records into their undoing in the records' own allocation,
@@ -118,6 +168,7 @@ pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
             .into_iter()
             .map(|Record { op, held_chars, .. }| (state.record(&op), op, held_chars))
             .collect(),
+        remote: None,
     };
     if state.sync_due() || state.shared.outbox.full() {
         state.flush();
@@ -133,6 +184,14 @@ pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
 /// refused is left.
 pub fn unserved(state: &mut State, undo: Undo, worker: Option<&str>) {
     state.metrics.unserved.inc();
+    forget(state, undo, worker);
+}
+
+/// Forgets what `undo` undoes under `worker` (`None`: under every worker).
+pub fn forget(state: &mut State, undo: Undo, worker: Option<&str>) {
+    if let Some(remote) = undo.remote {
+        forget_remote(state, remote, worker);
+    }
     for (rec, op, held_chars) in undo.records {
         let ours = match (&op, worker) {
             (Op::Insert { worker: w, .. }, Some(only)) => w == only,
@@ -161,5 +220,28 @@ pub fn unserved(state: &mut State, undo: Undo, worker: Option<&str>) {
                 state.shared.outbox.withdraw(&rec);
             }
         }
+    }
+}
+
+/// Undoes the routing VM's records of a request this VM asked about: the text read
+/// again from its body, each `Forget` shared in the ring, which the routing VM
+/// applies as it catches up.
+fn forget_remote(state: &mut State, remote: Remote, worker: Option<&str>) {
+    let Parsed::Routable(r) = parse::read(&remote.body).parsed(remote.path.as_deref()) else {
+        return;
+    };
+    let text = truncate_text(&r.text, state.router.config().max_routing_text_bytes).to_string();
+    for m in remote.records {
+        if worker.is_some_and(|only| only != m.worker) {
+            continue;
+        }
+        state.record(&Op::Forget {
+            pool: m.pool,
+            model: r.model.clone(),
+            worker: m.worker,
+            text: text.clone(),
+            keep_chars: m.keep_chars,
+            seq: m.seq,
+        });
     }
 }

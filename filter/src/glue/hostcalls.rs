@@ -98,6 +98,18 @@ mod raw {
             data_size: usize,
         ) -> u32;
         pub fn proxy_get_header_map_pairs(kind: u32, data: *mut *mut u8, size: *mut usize) -> u32;
+        pub fn proxy_register_shared_queue(name: *const u8, name_size: usize, id: *mut u32) -> u32;
+        pub fn proxy_resolve_shared_queue(
+            vm_id: *const u8,
+            vm_id_size: usize,
+            name: *const u8,
+            name_size: usize,
+            id: *mut u32,
+        ) -> u32;
+        pub fn proxy_enqueue_shared_queue(id: u32, value: *const u8, value_size: usize) -> u32;
+        pub fn proxy_dequeue_shared_queue(id: u32, data: *mut *mut u8, size: *mut usize) -> u32;
+        pub fn proxy_set_effective_context(context_id: u32) -> u32;
+        pub fn proxy_continue_stream(stream_type: u32) -> u32;
     }
 }
 
@@ -314,4 +326,57 @@ pub fn increment_metric(id: u32, offset: i64) -> Result<(), Status> {
 
 pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
     check(unsafe { raw::proxy_record_metric(id, value) })
+}
+
+/// Registers the queue `name` for this VM (Envoy delivers it to the last
+/// registrant); its id.
+pub fn register_shared_queue(name: &str) -> Result<u32, Status> {
+    let mut id = 0;
+    check(unsafe { raw::proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// The id of the queue `name` registered in the VM `vm_id`; `None` if none is.
+pub fn resolve_shared_queue(vm_id: &str, name: &str) -> Result<Option<u32>, Status> {
+    let mut id = 0;
+    let status = unsafe {
+        raw::proxy_resolve_shared_queue(
+            vm_id.as_ptr(),
+            vm_id.len(),
+            name.as_ptr(),
+            name.len(),
+            &mut id,
+        )
+    };
+    match check(status) {
+        Ok(()) => Ok(Some(id)),
+        Err(Status::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn enqueue_shared_queue(id: u32, value: &[u8]) -> Result<(), Status> {
+    check(unsafe { raw::proxy_enqueue_shared_queue(id, value.as_ptr(), value.len()) })
+}
+
+/// The queue's next message; `None` when it is empty.
+pub fn dequeue_shared_queue(id: u32) -> Result<Option<Bytes>, Status> {
+    let (mut data, mut size) = (null_mut(), 0);
+    match check(unsafe { raw::proxy_dequeue_shared_queue(id, &mut data, &mut size) }) {
+        Ok(()) => Ok(Some(unsafe { take(data, size) }.unwrap_or_default())),
+        Err(Status::Empty) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes the following hostcalls act on the stream `context_id` (from a root
+/// context's callback).
+pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    check(unsafe { raw::proxy_set_effective_context(context_id) })
+}
+
+/// Lets the effective context's paused request go on.
+pub fn resume_http_request() -> Result<(), Status> {
+    // ABI 0.2.1's stream types: 0 is the request.
+    check(unsafe { raw::proxy_continue_stream(0) })
 }

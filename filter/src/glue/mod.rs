@@ -10,9 +10,11 @@
 //! prefill leg), `bookkeeping` (in-flight holds, metrics, recorded operations),
 //! `replica` (the replica bridge's endpoint), `reply` (local replies), `prober`
 //! (overload and health probes), `health` (failed upstreams take their worker out),
-//! `metrics` and `host`.
+//! `decide` (a request's decision, here or for another VM), `relay` (one VM routes
+//! for the others: the seat, the queues, the waiting streams), `metrics` and `host`.
 
 mod bookkeeping;
+mod decide;
 mod health;
 mod host;
 mod hostcalls;
@@ -21,6 +23,7 @@ mod metrics;
 mod prefill;
 mod prober;
 mod push;
+mod relay;
 mod replica;
 mod reply;
 mod root;

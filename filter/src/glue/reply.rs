@@ -29,8 +29,12 @@ pub fn json(status: u32, reason: &str, body: &str) -> Action {
 
 /// A refused request: an OpenAI-style error body.
 pub fn refusal(r: Refusal) -> Action {
-    let (status, reason) = (r.status(), r.as_str());
-    let message = match (status, r.detail()) {
+    refused(r.status(), r.as_str(), r.detail())
+}
+
+/// A refusal by its status, reason and detail (as the routing VM answers one).
+pub fn refused(status: u32, reason: &str, detail: Option<String>) -> Action {
+    let message = match (status, detail) {
         (_, Some(detail)) => detail,
         (400, None) => format!("request cannot be routed: {reason}"),
         (413, None) => {

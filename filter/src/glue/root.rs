@@ -12,6 +12,7 @@ use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 use super::host::{self, HostStore, Metric};
 use super::hostcalls;
 use super::prober::Prober;
+use super::relay;
 use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::background::worker_stats::worker_gauges;
@@ -43,6 +44,9 @@ fn with_env_token(mut cfg: Config) -> Result<Config, ConfigError> {
 
 pub struct Root {
     state: Shared,
+    /// When the last whole tick ran: in `route_in: one_vm` the root context ticks
+    /// more often, for the relay's deadline, than the rest of the tick needs.
+    last_tick_ms: u64,
     /// Created with the first configuration (it needs the host's entropy).
     prober: Option<Prober>,
     /// Defined on the first routing tick (it needs the host's entropy).
@@ -69,6 +73,7 @@ impl Root {
     pub fn new() -> Root {
         Root {
             state: Rc::new(RefCell::new(None)),
+            last_tick_ms: 0,
             prober: None,
             vm_gauges: None,
         }
@@ -152,13 +157,10 @@ impl Root {
 }
 
 impl Context for Root {
-    fn on_http_call_response(
-        &mut self,
-        token: u32,
-        _headers: usize,
-        _body: usize,
-        _trailers: usize,
-    ) {
+    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
+        if relay::callout_answered(token, headers, body, trailers) {
+            return;
+        }
         let slot = self.state.borrow();
         let now = host::now_ms();
         if let (Some(state), Some(prober)) = (slot.as_ref(), self.prober.as_mut()) {
@@ -211,6 +213,13 @@ impl RootContext for Root {
             Some(state) => state.reconfigure(cfg, ring),
             None => *slot = Some(State::new(cfg, keys, ring)),
         }
+        drop(slot);
+        relay::join(&self.state, &bytes);
+        let tick = self
+            .state
+            .borrow()
+            .as_ref()
+            .map_or(tick, |s| Duration::from_millis(relay::tick_period_ms(s)));
         if let Err(e) = hostcalls::set_tick_period(tick) {
             host::log(LogLevel::Warn, &format!("llm-router: no tick: {e:?}"));
         }
@@ -219,7 +228,15 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let now = host::now_ms();
-        self.tick(now);
+        relay::tick(&self.state, now);
+        let (whole, period) = self.state.borrow().as_ref().map_or((0, 0), |s| {
+            (s.router.config().tick_ms(), relay::tick_period_ms(s))
+        });
+        // Whole ticks at their own period (with half a short tick's slack).
+        if now.saturating_add(period / 2) >= self.last_tick_ms.saturating_add(whole) {
+            self.last_tick_ms = now;
+            self.tick(now);
+        }
         // Whatever the VM counted since its last hand-over, the tick's own included:
         // at once when it holds no request, else when due (`crate::support::counters`).
         let idle = self
@@ -230,11 +247,16 @@ impl RootContext for Root {
         host::flush_counters(idle, now, false);
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         if let Some(state) = self.state.borrow_mut().as_mut() {
             state.serve();
         }
-        Some(Box::new(Stream::new(self.state.clone())))
+        let stream = Stream::new(self.state.clone(), context_id);
+        Some(Box::new(relay::Relayed::new(stream)))
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        relay::on_queue_ready(queue_id);
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -9,6 +9,7 @@ use proxy_wasm::types::LogLevel;
 
 use super::host::{self, HostStore};
 use super::metrics::{Metrics, ReplicaMetrics};
+use super::relay::Part;
 use crate::config::Config;
 use crate::load::{LoadTable, Loads};
 use crate::request::kv_bounds::Share;
@@ -66,6 +67,8 @@ pub struct State {
     /// full copy of the tree by catching up on every tick: every routed text copied
     /// out of shared data and inserted once more per such copy.
     serving: bool,
+    /// `route_in: one_vm`: this root context's part (`super::relay`).
+    pub relay: Part,
     /// The last request's tables by worker index, for the next to write into
     /// (`recycle`): allocating and zeroing them for each request showed at 256
     /// workers.
@@ -110,6 +113,7 @@ impl State {
             replica_metrics: ReplicaMetrics::define(),
             gate_inert_seen: 0,
             serving: false,
+            relay: Part::default(),
             spare: Cell::default(),
         };
         state.refresh_membership();
@@ -125,7 +129,8 @@ impl State {
     /// from the operations the ring still holds (as a new VM does); the stream's own
     /// routing catches up with them.
     pub fn serve(&mut self) {
-        if self.serving {
+        // A VM that asks the routing VM keeps no tree.
+        if self.serving || self.relay.asks() {
             return;
         }
         self.serving = true;
@@ -213,6 +218,15 @@ impl State {
     /// slot not yet written is the last one read (a request's or a tick's): no
     /// hostcall of its own for a wait counted in seconds.
     pub fn catch_up(&mut self) {
+        if !self.serving {
+            // No tree to apply to (a VM that asks the routing VM): the head's read
+            // alone, for the in-flight counts that ride on it.
+            if let Some(head) = self.shared.ring.head(&HostStore) {
+                self.shared.cursor = head;
+                self.shared.outbox.passed(head);
+            }
+            return;
+        }
         let version = self.router.membership_version();
         let router = &mut self.router;
         let now = self.shared.recent_ms.get();

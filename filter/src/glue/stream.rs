@@ -7,22 +7,24 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel, MapType};
 
 use super::bookkeeping::{self, Held, Undo};
+use super::decide::decide;
 use super::health;
 use super::host::{self, request_header};
 use super::hostcalls;
 use super::prefill::{self, Leg};
 use super::push::{self, Start};
+use super::relay;
 use super::replica;
 use super::reply;
-use super::state::Shared;
+use super::state::{Shared, State};
 use crate::config::{DecisionHeaders, Target};
 use crate::decision::Decision;
-use crate::parse::{self, Parsed, Reading};
+use crate::parse::{self, Reading};
 use crate::policy::predicted_ttft::WorkHold;
+use crate::relay::Verdict;
 use crate::request::models;
-use crate::request::plan::{plan, refused_body, Refusal};
+use crate::request::plan::Refusal;
 use crate::request::target::route_target;
-use crate::shared::truncate_text;
 use crate::support::header_names::{
     DECISION_HEADER, DECODE_REASON_HEADER, EXPLAIN_HEADER, PREDICTED_TTFT_HEADER,
     PREFILL_WORKER_HEADER, REASON_HEADER, WORKER_HEADER,
@@ -42,6 +44,8 @@ struct Routed {
 
 pub struct Stream {
     state: Shared,
+    /// This stream's context id, which the routing VM's answer names.
+    id: u32,
     /// The request's `:path`, once read: only where the body's shape leaves its API
     /// open (`parse::Reading::shape`), or before the body where it must be known
     /// (`on_http_request_headers`). Read, it costs a copy into the VM, about 8k
@@ -64,12 +68,18 @@ pub struct Stream {
     judged: bool,
     /// The response gets the decision headers (`decision_headers`).
     explain: bool,
+    /// `route_in: one_vm`: the body, from the question to the routing VM until
+    /// the answer (then it undoes the records if no engine serves the request).
+    asked: Option<Vec<u8>>,
+    /// The question is out and no answer came yet.
+    waiting: bool,
 }
 
 impl Stream {
-    pub fn new(state: Shared) -> Stream {
+    pub fn new(state: Shared, id: u32) -> Stream {
         Stream {
             state,
+            id,
             path: None,
             push: false,
             replica: None,
@@ -79,67 +89,143 @@ impl Stream {
             seen: health::Seen::default(),
             judged: false,
             explain: false,
+            asked: None,
+            waiting: false,
         }
     }
 
-    /// Routes the request: on success the routing header is set and the stream may
-    /// continue; on failure a local reply is sent and the stream must stay paused.
+    /// Routes the request: asks the routing VM (`route_in: one_vm`, the stream
+    /// waits for its answer), or decides here. On success the routing header is set
+    /// and the stream may continue; on failure a local reply is sent and the stream
+    /// must stay paused.
     fn route(&mut self, body: &[u8], reading: Reading) -> Action {
-        let mut parsed = reading.parsed(self.path.as_deref());
-        let mut slot = self.state.borrow_mut();
+        let shared = self.state.clone();
+        let mut slot = shared.borrow_mut();
         let Some(state) = slot.as_mut() else {
             drop(slot);
             return reply::refusal(Refusal::NotConfigured);
         };
-        // A failure after a body the filter found no text in (not JSON, no
-        // messages or prompt), or one over the judged size, is the request's: the
-        // engine answered the client. A body `plan` refuses is not counted as routed
-        // by load.
-        self.seen.judged = matches!(&parsed, Parsed::Routable(r) if !r.text.is_empty())
-            && body.len() as u64 <= state.router.config().health.judged_body_bytes;
-        let routed_by_load = refused_body(&parsed).is_none();
-        if let (Parsed::Unroutable { reason, .. }, true) = (&parsed, routed_by_load) {
-            state.metrics.unreadable.inc();
-            host::log(
-                LogLevel::Debug,
-                &format!("llm-router: routing by load: {}", reason.as_str()),
-            );
+        if relay::ask(state, self.id, self.path.as_deref(), body) {
+            self.asked = Some(body.to_vec());
+            self.waiting = true;
+            return Action::Pause;
         }
-        // See every prefix any thread routed, every thread's load, and the engines':
-        // as of now if this request syncs, else as of this VM's last sync.
-        state.shared.recent_ms.set(host::now_ms());
+        self.route_here(state, body, reading)
+    }
+
+    /// Decides here (this VM routes, or its question found no answer in time)
+    /// and applies the plan.
+    fn route_here(&mut self, state: &mut State, body: &[u8], reading: Reading) -> Action {
+        let mut parsed = reading.parsed(self.path.as_deref());
+        let decided = match decide(state, &mut parsed, body) {
+            Ok(d) => d,
+            Err(refusal) => return reply::refusal(refusal),
+        };
+        self.seen.judged = decided.judged;
         self.seen.routed_ms = state.shared.recent_ms.get();
-        state.sync_or_listen();
-        let loads = state.loads();
-        let planned = plan(
-            &mut state.router,
-            &mut parsed,
-            body,
-            &loads,
-            &mut state.rng,
-            &mut host::entropy,
-        );
-        state.recycle(loads);
-        if planned.notes.gate_inert {
-            state.note_gate_inert();
+        let plan = decided.plan;
+        let prefill = plan
+            .prefill
+            .as_ref()
+            .map(|l| (l.decision, l.body.as_slice()));
+        if let Err(refusal) = self.apply(state, plan.main, prefill, body.len()) {
+            return reply::refusal(refusal);
         }
-        if planned.notes.owner_overloaded {
-            state.metrics.overload_owner_filtered.inc();
+        let undo = bookkeeping::book(state, plan, decided.text_chars);
+        self.routed_on(undo)
+    }
+
+    /// The routing VM's answer (`route_in: one_vm`).
+    pub fn answered(&mut self, state: &mut State, verdict: Verdict) -> Action {
+        self.waiting = false;
+        let routed = match verdict {
+            Verdict::Refused(r) => return reply::refused(r.status, &r.reason, r.detail),
+            Verdict::Routed(r) => r,
+        };
+        let body = self.asked.take().unwrap_or_default();
+        self.seen.judged = routed.judged;
+        self.seen.routed_ms = host::now_ms();
+        state.shared.recent_ms.set(self.seen.routed_ms);
+        // By name: the two VMs' worker lists may differ for a moment.
+        let cfg = state.router.config();
+        let index = |name: &str| cfg.workers.iter().position(|w| w.name == name);
+        let main = index(&routed.main_worker).map(|i| Decision {
+            worker: i as u32,
+            ..routed.main
+        });
+        let prefill = match &routed.prefill {
+            None => Some(None),
+            Some((d, name, leg)) => index(name).map(|i| {
+                let d = Decision {
+                    worker: i as u32,
+                    ..*d
+                };
+                Some((d, leg.as_slice()))
+            }),
+        };
+        let applied = match (main, prefill) {
+            (Some(main), Some(prefill)) => self.apply(state, main, prefill, body.len()),
+            _ => Err(Refusal::UnknownWorker),
+        };
+        let undo = Undo::remote(routed.records, body, self.path.clone());
+        if let Err(refusal) = applied {
+            // What the routing VM recorded for it is undone.
+            bookkeeping::unserved(state, undo, None);
+            return reply::refusal(refusal);
         }
-        let plan = match planned.outcome {
-            Ok(p) => p,
-            Err(refusal) => {
-                if refusal.is_no_worker() {
-                    state.metrics.no_worker.inc();
-                }
-                drop(slot);
-                return reply::refusal(refusal);
-            }
-        };
-        let Some(target) = route_target(state.router.config(), plan.main.worker) else {
-            drop(slot);
-            return reply::refusal(Refusal::UnknownWorker);
-        };
+        self.routed_on(undo)
+    }
+
+    /// The routing VM did not answer within `relay_deadline_ms`: decided here, by
+    /// what this VM knows (it keeps no tree: by load).
+    pub fn route_late(&mut self, state: &mut State) -> Action {
+        self.waiting = false;
+        state.metrics.relay_late.inc();
+        let body = self.asked.take().unwrap_or_default();
+        let action = self.route_here(state, &body, parse::read(&body));
+        // Kept for the late answer's records (`asked`).
+        self.asked = Some(body);
+        action
+    }
+
+    /// The question's body and path, once the stream no longer needs them.
+    pub fn asked(&mut self) -> (Vec<u8>, Option<String>) {
+        (self.asked.take().unwrap_or_default(), self.path.clone())
+    }
+
+    /// Whether the stream waits for the routing VM's answer.
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn state(&self) -> Shared {
+        self.state.clone()
+    }
+
+    /// The stream ended (its log or its end, whichever comes first): the relay
+    /// forgets it.
+    pub fn ended(&mut self) {
+        let token = self.prefill_token();
+        if let Some(state) = self.state.borrow_mut().as_mut() {
+            relay::forget(state, self.id, token);
+        }
+    }
+
+    /// Sets the routing header and, in PD, sends the prefill leg (`prefill`: its
+    /// decision and body), taking the in-flight counts: the stream is routed.
+    fn apply(
+        &mut self,
+        state: &mut State,
+        main: Decision,
+        prefill: Option<(Decision, &[u8])>,
+        body_len: usize,
+    ) -> Result<(), Refusal> {
+        let target =
+            route_target(state.router.config(), main.worker).ok_or(Refusal::UnknownWorker)?;
         let set = hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
             target.header,
@@ -150,60 +236,54 @@ impl Stream {
                 LogLevel::Error,
                 &format!("llm-router: cannot set {}: {e:?}", target.header),
             );
-            drop(slot);
-            return reply::refusal(Refusal::HeaderRejected);
+            return Err(Refusal::HeaderRejected);
         }
-        let prefill = match &plan.prefill {
+        let prefill = match prefill {
             None => None,
-            Some(leg) => {
+            Some((decision, leg_body)) => {
                 let cfg = state.router.config();
                 let sent = cfg
                     .workers
-                    .get(leg.decision.worker as usize)
+                    .get(decision.worker as usize)
                     .ok_or(Refusal::UnknownWorker)
                     .and_then(|w| {
                         // PD reads the path before the body (`on_http_request_headers`).
                         let path = self.path.as_deref().unwrap_or_default();
-                        let token = prefill::send(cfg, w, path, body.len(), &leg.body)?;
+                        let token = prefill::send(cfg, w, path, body_len, leg_body)?;
                         Ok((w, token))
                     });
                 match sent {
                     Ok((w, token)) => Some(Leg {
-                        decision: leg.decision,
+                        decision,
                         held: Held::take(state, &w.name),
                         token,
-                        work: bookkeeping::take_work(state, &w.name, &leg.decision),
+                        work: bookkeeping::take_work(state, &w.name, &decision),
                     }),
                     Err(refusal) => {
                         state.metrics.pd_prefill_failures.inc();
-                        drop(slot);
-                        return reply::refusal(refusal);
+                        return Err(refusal);
                     }
                 }
             }
         };
         let held = Held::take(state, target.worker);
-        let work = bookkeeping::take_work(state, target.worker, &plan.main);
-        let decision = plan.main;
-        // A tree policy counted the text's chars as it decided.
-        let text_chars = match (plan.records.first(), &parsed) {
-            (Some(record), _) => usize::try_from(record.text_chars).unwrap_or(usize::MAX),
-            (None, Parsed::Routable(r)) => crate::tree::char_len(truncate_text(
-                &r.text,
-                state.router.config().max_routing_text_bytes,
-            )),
-            (None, Parsed::Unroutable { .. }) => 0,
-        };
-        let undo = bookkeeping::book(state, plan, text_chars);
+        let work = bookkeeping::take_work(state, target.worker, &main);
         self.routed = Some(Routed {
-            decision,
+            decision: main,
             held,
             work,
             prefill,
-            undo,
+            undo: Undo::default(),
         });
-        drop(slot);
-        // The route was chosen before the header existed; make Envoy look again.
+        Ok(())
+    }
+
+    /// The stream is routed, `undo` undoing its records: Envoy looks for the route
+    /// again, now that the header exists.
+    fn routed_on(&mut self, undo: Undo) -> Action {
+        if let Some(routed) = self.routed.as_mut() {
+            routed.undo = undo;
+        }
         if let Err(e) = hostcalls::call_foreign_function("clear_route_cache", None) {
             host::log(
                 LogLevel::Warn,
@@ -211,6 +291,11 @@ impl Stream {
             );
         }
         Action::Continue
+    }
+
+    /// The prefill leg's token, while its answer is awaited.
+    pub fn prefill_token(&self) -> Option<u32> {
+        self.routed.as_ref()?.prefill.as_ref().map(|leg| leg.token)
     }
 
     /// Reads the path and answers a request to one of the router's own endpoints:

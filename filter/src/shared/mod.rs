@@ -160,6 +160,12 @@ impl Keys {
         format!("{}.ring.slot.{i}", self.prefix)
     }
 
+    /// `route_in: one_vm`: which VM routes under the configuration `digest`
+    /// (`crate::relay::seat`). One key per configuration an Envoy has run.
+    pub fn relay_seat(&self, digest: &str) -> String {
+        format!("{}.relay.seat.{digest}", self.prefix)
+    }
+
     pub fn eviction(&self) -> String {
         format!("{}.evict.last_ms", self.prefix)
     }

@@ -17,6 +17,13 @@ pub const DECISIONS_PREFIX: &str = "llm_router_decisions_";
 /// after routing): their decisions were counted when made, their tree records are
 /// undone. Served requests are the decisions minus these.
 pub const UNSERVED: &str = "llm_router_unserved";
+/// `route_in: one_vm`: requests the routing VM decided for another VM.
+pub const RELAY_ANSWERED: &str = "llm_router_relay_answered";
+/// `route_in: one_vm`: requests whose answer did not come back within
+/// `relay_deadline_ms` (or could not be asked): routed by their own VM, by load.
+pub const RELAY_LATE: &str = "llm_router_relay_late";
+/// `route_in: one_vm`: a VM took the seat over from a routing VM that stopped.
+pub const RELAY_TAKEOVERS: &str = "llm_router_relay_takeovers";
 /// Requests refused with a 503 because no worker could be chosen.
 pub const NO_WORKER: &str = "llm_router_no_worker";
 /// Bodies without routing text (routed by load).

@@ -1,0 +1,228 @@
+//! `route_in: one_vm`: the first VM configured (Envoy's main thread's) keeps the
+//! trees and decides for every other VM, which asks it over shared queues. The real
+//! filter in several VMs sharing one host.
+//!
+//! Needs the filter built: `cargo build -p llm-router --target wasm32-wasip1
+//! --profile wasm` (`tests/run` does it).
+
+mod support;
+
+use host_sim::{Fault, Host, MetricValue, RequestSpec, Status};
+use llm_router::support::metric_names::{split_vm_metric, vm};
+
+const WORKERS: usize = 4;
+const ONE_VM: &str = r#","route_in":"one_vm""#;
+
+fn host(vms: usize, extra: &str) -> Host {
+    let config = support::fleet_config(WORKERS, extra);
+    support::host(&config, vms, 11, &support::fleet_clusters(WORKERS))
+}
+
+/// A conversation at `turn`: a system prompt of its own, then the turns.
+fn chat(conversation: usize, turn: usize) -> Vec<u8> {
+    let system = format!(
+        "conversation {conversation}: {}",
+        "you are a careful assistant. ".repeat(10)
+    );
+    let turns = support::conversation_turns(
+        turn,
+        |t| format!("question {t} of {conversation}"),
+        |t| format!("answer {t}"),
+    );
+    support::chat_with_system("m", Some(&system), &turns)
+}
+
+fn spec(body: Vec<u8>) -> RequestSpec<'static> {
+    RequestSpec::post_json("/v1/chat/completions", body)
+}
+
+/// Routes, answers and ends a request on `vm`; (cluster, reason).
+fn route(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, String) {
+    let (cluster, reason) = support::route(host, vm, spec(body));
+    (cluster, reason.expect("decision reason on the response"))
+}
+
+/// Twelve conversations of four turns, first turns and later turns interleaved,
+/// each request on the VM `vm_of` names, 10 ms apart (the routing VM's hold of its
+/// decisions for another VM lasts 5 ms: every decision sees an idle fleet).
+fn workload(host: &mut Host, vm_of: impl Fn(usize) -> usize) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for i in 0..48 {
+        let (conversation, turn) = (i % 12, i / 12);
+        host.advance_time(10).unwrap();
+        out.push(route(host, vm_of(i), chat(conversation, turn)));
+    }
+    out
+}
+
+/// Each VM's tree size, as its own gauge reports it on its tick.
+fn trees_by_vm(host: &Host) -> Vec<u64> {
+    host.metrics()
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let (_, field) = name.strip_prefix("wasmcustom.").and_then(split_vm_metric)?;
+            match (field, value) {
+                (vm::TREE_CHARS, MetricValue::Gauge(v)) => Some(v),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn one_vm_decides_as_a_single_vm_does_whichever_thread_asks() {
+    let mut alone = host(1, "");
+    let expected = workload(&mut alone, |_| 0);
+    // VM 0 is configured first: it routes. The others ask it.
+    let mut relayed = host(4, ONE_VM);
+    let got = workload(&mut relayed, |i| 1 + i % 3);
+    assert_eq!(got, expected, "the same decisions, request for request");
+    assert!(got.iter().filter(|(_, r)| r == "cache_hit").count() >= 36);
+    // Counters are handed to the host on the tick of a VM without streams.
+    relayed.advance_time(2_000).unwrap();
+    assert_eq!(support::stat(&relayed, "llm_router_relay_answered"), 48);
+    assert_eq!(support::stat(&relayed, "llm_router_relay_late"), 0);
+    // One tree in the whole Envoy: the asking VMs keep none.
+    let trees = trees_by_vm(&relayed);
+    assert_eq!(trees.len(), 4, "every VM reports: {trees:?}");
+    assert_eq!(trees.iter().filter(|t| **t > 0).count(), 1, "{trees:?}");
+}
+
+#[test]
+fn the_routing_vm_routes_its_own_requests_too() {
+    let mut h = host(2, ONE_VM);
+    let (owner, reason) = route(&mut h, 0, chat(1, 0));
+    assert_eq!(reason, "cache_miss");
+    h.advance_time(10).unwrap();
+    assert_eq!(
+        route(&mut h, 1, chat(1, 1)),
+        (owner.clone(), "cache_hit".into())
+    );
+    h.advance_time(10).unwrap();
+    assert_eq!(route(&mut h, 0, chat(1, 2)), (owner, "cache_hit".into()));
+    h.advance_time(2_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_relay_answered"), 1);
+}
+
+#[test]
+fn in_flight_counts_of_asked_requests_reach_the_router_at_once() {
+    // Three requests in flight on one worker make the fleet imbalanced.
+    let mut h = host(
+        3,
+        r#","route_in":"one_vm","balance_abs_threshold":2,"balance_rel_threshold":1.5"#,
+    );
+    let (owner, _) = route(&mut h, 1, chat(1, 0));
+    h.advance_time(10).unwrap();
+    let held: Vec<_> = (0..3)
+        .map(|turn| {
+            // No time passes: the asking VMs have not shared their counts yet; the
+            // router's own hold of each decision counts them.
+            let (cluster, out) = support::open(&mut h, 1 + turn % 2, spec(chat(1, turn + 1)));
+            assert_eq!(cluster, owner, "hits while balanced");
+            out.handle
+        })
+        .collect();
+    let (diverted, reason) = route(&mut h, 2, chat(1, 4));
+    assert_eq!(reason, "imbalanced");
+    assert_ne!(diverted, owner);
+    for handle in held {
+        h.vm(handle.vm).finish(handle).unwrap();
+    }
+    h.advance_time(2_000).unwrap();
+    assert_eq!(
+        support::stat(&h, "llm_router_inflight"),
+        0,
+        "every count released"
+    );
+}
+
+/// The chars of the trees the worker behind `cluster` (`engine_i`: `wi`) holds, as
+/// the routing VM's tick reports them.
+fn worker_tree_chars(host: &Host, cluster: &str) -> u64 {
+    let worker = cluster.replace("engine_", "w");
+    support::stat(host, &format!("llm_router_worker.{worker}.tree_chars"))
+}
+
+#[test]
+fn a_question_unanswered_by_the_deadline_is_routed_by_load() {
+    let mut h = host(2, r#","route_in":"one_vm","relay_deadline_ms":100"#);
+    // The routing VM stalls: it takes no question off its queue.
+    h.inject(Fault::new(
+        "proxy_dequeue_shared_queue",
+        Status::InternalFailure,
+    ));
+    let out = h.vm(1).request(spec(chat(1, 0))).unwrap();
+    assert!(
+        !out.continued && out.local_response.is_none(),
+        "waits: {out:?}"
+    );
+    h.advance_time(60).unwrap();
+    let out = h.vm(1).outcome(out.handle).unwrap();
+    assert!(!out.continued, "still within the deadline");
+    h.advance_time(100).unwrap();
+    let out = h.vm(1).outcome(out.handle).unwrap();
+    assert!(out.continued, "routed at the deadline: {out:?}");
+    let late = out.header("x-llm-router-cluster").unwrap().to_string();
+    h.vm(1).finish(out.handle).unwrap();
+    // The router comes back, answers the old question with the next one, and has
+    // the late turn's record from the ring.
+    h.clear_faults();
+    h.advance_time(10).unwrap();
+    assert_eq!(route(&mut h, 1, chat(1, 1)), (late, "cache_hit".into()));
+    h.advance_time(2_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_relay_late"), 1);
+    assert_eq!(support::stat(&h, "llm_router_relay_answered"), 2);
+}
+
+#[test]
+fn an_answer_after_the_deadline_has_its_record_undone() {
+    let mut h = host(2, r#","route_in":"one_vm","relay_deadline_ms":100"#);
+    let (owner, _) = route(&mut h, 1, chat(1, 0));
+    h.advance_time(2_000).unwrap();
+    let owner_held = worker_tree_chars(&h, &owner);
+    assert!(owner_held > 0);
+    // The router answers the next turn (for the owner, recording it there), but the
+    // asking VM cannot take the answer off its queue: each question is two takes on
+    // each side (the message, then an empty queue), so its first take of this one
+    // is the seventh.
+    h.inject(Fault::new("proxy_dequeue_shared_queue", Status::InternalFailure).from_call(7));
+    let out = h.vm(1).request(spec(chat(1, 1))).unwrap();
+    assert!(!out.continued, "waits: {out:?}");
+    h.advance_time(160).unwrap();
+    let out = h.vm(1).outcome(out.handle).unwrap();
+    assert!(out.continued, "routed at the deadline: {out:?}");
+    let late = out.header("x-llm-router-cluster").unwrap().to_string();
+    assert_ne!(
+        late, owner,
+        "by load, on an idle fleet: not the owner by this seed"
+    );
+    h.vm(1).finish(out.handle).unwrap();
+    // The next answer (to a body with no routing text, which records nothing)
+    // comes with the old one: the owner's record of the turn the client never sent
+    // it is undone.
+    h.clear_faults();
+    let (_, reason) = route(&mut h, 1, br#"{"model":"m"}"#.to_vec());
+    assert_eq!(reason, "unreadable_body");
+    h.advance_time(2_000).unwrap();
+    assert_eq!(
+        worker_tree_chars(&h, &owner),
+        owner_held,
+        "the owner holds turn 0 only"
+    );
+}
+
+#[test]
+fn an_asked_request_no_engine_served_takes_its_record_back() {
+    let mut h = host(3, ONE_VM);
+    let (cluster, out) = support::open(&mut h, 1, spec(chat(5, 0)));
+    h.vm(1)
+        .respond(out.handle, 503, &[("content-type", "text/plain")], b"down")
+        .unwrap();
+    h.vm(1).finish(out.handle).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_unserved"), 1);
+    // The record's undoing reaches the routing VM through the ring; the next turn
+    // finds no prefix on the failed worker.
+    h.advance_time(1_000).unwrap();
+    let (_, reason) = route(&mut h, 2, chat(5, 1));
+    assert_eq!(reason, "cache_miss", "no prefix left on {cluster}");
+}
