@@ -7,15 +7,19 @@
 
 mod support;
 
-use host_sim::{Fault, Host, MetricValue, RequestSpec, Status};
+use host_sim::{FailurePolicy, Fault, Host, MetricValue, RequestSpec, Status};
 use llm_router::support::metric_names::{split_vm_metric, vm};
 
 const WORKERS: usize = 4;
 const ONE_VM: &str = r#","route_in":"one_vm""#;
 
+/// The host, its VMs settled: the first VM's first tick takes the seat, the
+/// others' find it.
 fn host(vms: usize, extra: &str) -> Host {
     let config = support::fleet_config(WORKERS, extra);
-    support::host(&config, vms, 11, &support::fleet_clusters(WORKERS))
+    let mut h = support::host(&config, vms, 11, &support::fleet_clusters(WORKERS));
+    h.advance_time(10).unwrap();
+    h
 }
 
 /// A conversation at `turn`: a system prompt of its own, then the turns.
@@ -225,4 +229,37 @@ fn an_asked_request_no_engine_served_takes_its_record_back() {
     h.advance_time(1_000).unwrap();
     let (_, reason) = route(&mut h, 2, chat(5, 1));
     assert_eq!(reason, "cache_miss", "no prefix left on {cluster}");
+}
+
+#[test]
+fn a_routing_vm_that_stops_is_replaced_and_the_trees_come_back_from_the_ring() {
+    let config = support::fleet_config(WORKERS, ONE_VM);
+    let builder = support::builder(&config, 3, 11, &support::fleet_clusters(WORKERS))
+        .failure_policy(FailurePolicy::FailOpen);
+    let mut h = support::build(builder, &config);
+    h.advance_time(10).unwrap();
+    let (owner, _) = route(&mut h, 1, chat(1, 0));
+    // The routing VM crashes on the next question it takes: it ticks no more.
+    h.inject(Fault::trap("proxy_dequeue_shared_queue").on_call(5));
+    h.advance_time(10).unwrap();
+    let out = h.vm(1).request(spec(chat(2, 0))).unwrap();
+    assert!(h.failure(0).is_some(), "the routing VM failed");
+    // The deadline (200 ms), at the asking VM's next tick (every 100 ms).
+    h.advance_time(300).unwrap();
+    let out = h.vm(1).outcome(out.handle).unwrap();
+    assert!(out.continued, "routed by load at the deadline: {out:?}");
+    h.vm(1).finish(out.handle).unwrap();
+    // Its seat goes stale (three whole ticks, at least 2 s); the first VM to notice
+    // takes it and rebuilds the trees from the ring.
+    h.advance_time(3_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_relay_takeovers"), 1);
+    for vm in [1, 2] {
+        h.advance_time(10).unwrap();
+        let turn = vm;
+        assert_eq!(
+            route(&mut h, vm, chat(1, turn)),
+            (owner.clone(), "cache_hit".into()),
+            "turn {turn} on VM {vm}"
+        );
+    }
 }

@@ -36,6 +36,14 @@ const SYNC_COUNTERS: [&str; 3] = [
     names::SYNC_GAPS,
     names::SYNC_APPEND_FAILURES,
 ];
+/// `route_in: one_vm`'s counters, reported with the sync's without the
+/// `llm_router_` prefix: requests the routing VM decided for another thread, those
+/// routed by load after the deadline, routing VMs replaced.
+const RELAY_COUNTERS: [&str; 3] = [
+    names::RELAY_ANSWERED,
+    names::RELAY_LATE,
+    names::RELAY_TAKEOVERS,
+];
 
 /// A filter stat as Envoy's `/stats` names it.
 pub fn envoy_stat(name: &str) -> String {
@@ -152,7 +160,10 @@ impl RunResult {
             summary,
             decisions,
             reasons,
-            sync: pick("llm_router_sync_", &SYNC_COUNTERS),
+            sync: pick("llm_router_sync_", &SYNC_COUNTERS)
+                .into_iter()
+                .chain(pick("llm_router_", &RELAY_COUNTERS))
+                .collect(),
             gate: pick("llm_router_", &GATE_COUNTERS),
             notes: Vec::new(),
             fields: Map::new(),

@@ -6,9 +6,9 @@
 //! route queue and pauses the stream; the routing VM decides as it would for a
 //! request of its own (`super::decide`), counts the request, books its records, and
 //! answers; the asking VM applies the answer (routing header, PD's prefill leg, its
-//! own in-flight count) and resumes the stream. Envoy delivers a queue's
-//! notification to one root context of the VM that registered it, not always the
-//! one that did, so the queues are found by id here, per VM.
+//! own in-flight count) and resumes the stream. Envoy tells a queue's notification
+//! to the registrant's thread's VM under the registrant's context id, which in that
+//! VM may be another root context: the queues are found by id here, per VM.
 //!
 //! A question unanswered after `relay_deadline_ms` (the main thread busy with
 //! configuration) is decided by its own VM, by load; a routing VM that stops
@@ -45,6 +45,8 @@ pub enum Part {
     /// Holds the seat: decides here, and for every VM that asks.
     Router {
         seat: Seated,
+        /// When this root context last beat.
+        beat_ms: u64,
         /// The counts of decisions made for other VMs, until theirs are shared.
         handover: Handover<(Held, Option<WorkHold>)>,
     },
@@ -118,14 +120,29 @@ fn stale_after_ms(state: &State) -> u64 {
     state.router.config().tick_ms().saturating_mul(3).max(2_000)
 }
 
-/// How often a root context ticks: in `one_vm`, often enough to keep the deadline.
+/// How often a root context ticks: in `one_vm`, often enough to keep the deadline,
+/// and every few milliseconds until the seat is settled, so that a new Envoy's
+/// first requests find their router.
 pub fn tick_period_ms(state: &State) -> u64 {
     let cfg = state.router.config();
-    match cfg.route_in {
-        RouteIn::OneVm if !cfg.stats_only => (cfg.relay_deadline_ms / 2).clamp(5, cfg.tick_ms()),
-        _ => cfg.tick_ms(),
+    match &state.relay {
+        Part::EveryVm => cfg.tick_ms(),
+        Part::Asker { route: None, .. } => SETTLING_TICK_MS,
+        Part::Asker { .. } => deadline_tick_ms(state),
+        // The routing VM gives its hold of each decision back when due
+        // (`crate::relay::handover`), and what it counted with the last one.
+        Part::Router { .. } => Handover::<()>::hold_ms(cfg.sync_batch_ms).clamp(1, cfg.tick_ms()),
     }
 }
+
+/// Half the deadline: a question waits at most one and a half deadlines.
+fn deadline_tick_ms(state: &State) -> u64 {
+    let cfg = state.router.config();
+    (cfg.relay_deadline_ms / 2).clamp(SETTLING_TICK_MS, cfg.tick_ms())
+}
+
+/// The tick of a root context that has not found the routing VM yet.
+const SETTLING_TICK_MS: u64 = 5;
 
 /// Takes this root context's part under its (new) configuration `config`.
 pub fn join(shared: &Shared, config: &[u8]) {
@@ -169,12 +186,18 @@ pub fn join(shared: &Shared, config: &[u8]) {
         waiting: HashMap::new(),
         late: HashMap::new(),
     };
-    take_or_follow(shared, state, host::now_ms());
+    take_or_follow(shared, state, host::now_ms(), false);
 }
 
-/// The seat as this root context finds it: taken (then this context routes),
-/// beaten, or followed to whoever holds it.
-fn take_or_follow(shared: &Shared, state: &mut State, now: u64) {
+/// The seat as this root context finds it: taken (then this context routes; only
+/// on a tick, `may_take`), beaten, or followed to whoever holds it.
+///
+/// Envoy configures a plugin first in a VM of its main thread that never ticks and
+/// is never told of its queues (they are told to the main thread's own copy, under
+/// the registrant's context id): a root context takes the seat on its tick, so
+/// that one never does. The main thread's copy is configured before the worker
+/// threads', so its first tick usually comes first.
+fn take_or_follow(shared: &Shared, state: &mut State, now: u64, may_take: bool) {
     let stale_after = stale_after_ms(state);
     let (Part::Router { seat: s, .. } | Part::Asker { seat: s, .. }) = &state.relay else {
         return;
@@ -190,8 +213,12 @@ fn take_or_follow(shared: &Shared, state: &mut State, now: u64) {
     match call {
         SeatCall::Beat => {
             let _ = HostStore.set(&key, &mine.encode(), cas);
+            if let Part::Router { beat_ms, .. } = &mut state.relay {
+                *beat_ms = now;
+            }
         }
         SeatCall::Follow => follow(state, found),
+        SeatCall::TakeEmpty | SeatCall::TakeStale if !may_take => {}
         SeatCall::TakeEmpty | SeatCall::TakeStale => {
             if HostStore.set(&key, &mine.encode(), cas) != SetOutcome::Stored {
                 return;
@@ -221,6 +248,7 @@ fn take_or_follow(shared: &Shared, state: &mut State, now: u64) {
             // here, now that this VM keeps the trees.
             state.relay = Part::Router {
                 seat,
+                beat_ms: now,
                 handover: Handover::default(),
             };
             state.serve();
@@ -290,10 +318,14 @@ pub fn tick(shared: &Shared, now: u64) {
     let Some(state) = slot.as_mut() else {
         return;
     };
-    if matches!(state.relay, Part::EveryVm) {
-        return;
+    let beat_due = match &state.relay {
+        Part::EveryVm => return,
+        Part::Router { beat_ms, .. } => now.saturating_sub(*beat_ms) >= deadline_tick_ms(state),
+        Part::Asker { .. } => true,
+    };
+    if beat_due {
+        take_or_follow(shared, state, now, true);
     }
-    take_or_follow(shared, state, now);
     release_handed(state, now);
     let deadline = state.router.config().relay_deadline_ms;
     let late: Vec<(u32, StreamRef)> = match &mut state.relay {
@@ -336,7 +368,16 @@ pub fn tick(shared: &Shared, now: u64) {
 
 /// Sends the stream `ctx`'s question to the routing VM; `false`: decide here (this
 /// VM routes, or the question could not be sent, which counts as late).
-pub fn ask(state: &State, ctx: u32, path: Option<&str>, body: &[u8]) -> bool {
+pub fn ask(state: &mut State, ctx: u32, path: Option<&str>, body: &[u8]) -> bool {
+    if let Part::Asker { route: None, .. } = state.relay {
+        // Not found yet: perhaps it is now (a read of the seat until it is).
+        let key = match &state.relay {
+            Part::Asker { seat, .. } => state.shared.keys.relay_seat(&seat.digest),
+            _ => return false,
+        };
+        let (found, _) = read_seat(&key);
+        follow(state, found);
+    }
     let Part::Asker { route, reply, .. } = &state.relay else {
         return false;
     };
@@ -416,6 +457,9 @@ fn answer_questions(state: &mut State, queue: u32) {
                 &format!("llm-router: an answer found no asker: {e:?}"),
             );
         }
+        // Counted like a stream's end: what it counted is handed over by the same
+        // budget, and at once on the tick that finds nothing held any more.
+        host::request_ended(false, now);
     }
 }
 

@@ -47,6 +47,8 @@ pub struct Root {
     /// When the last whole tick ran: in `route_in: one_vm` the root context ticks
     /// more often, for the relay's deadline, than the rest of the tick needs.
     last_tick_ms: u64,
+    /// The tick period set last (`relay::tick_period_ms`).
+    tick_period_ms: u64,
     /// Created with the first configuration (it needs the host's entropy).
     prober: Option<Prober>,
     /// Defined on the first routing tick (it needs the host's entropy).
@@ -74,6 +76,7 @@ impl Root {
         Root {
             state: Rc::new(RefCell::new(None)),
             last_tick_ms: 0,
+            tick_period_ms: 0,
             prober: None,
             vm_gauges: None,
         }
@@ -220,6 +223,7 @@ impl RootContext for Root {
             .borrow()
             .as_ref()
             .map_or(tick, |s| Duration::from_millis(relay::tick_period_ms(s)));
+        self.tick_period_ms = tick.as_millis() as u64;
         if let Err(e) = hostcalls::set_tick_period(tick) {
             host::log(LogLevel::Warn, &format!("llm-router: no tick: {e:?}"));
         }
@@ -232,6 +236,10 @@ impl RootContext for Root {
         let (whole, period) = self.state.borrow().as_ref().map_or((0, 0), |s| {
             (s.router.config().tick_ms(), relay::tick_period_ms(s))
         });
+        if period != self.tick_period_ms {
+            self.tick_period_ms = period;
+            let _ = hostcalls::set_tick_period(Duration::from_millis(period));
+        }
         // Whole ticks at their own period (with half a short tick's slack).
         if now.saturating_add(period / 2) >= self.last_tick_ms.saturating_add(whole) {
             self.last_tick_ms = now;

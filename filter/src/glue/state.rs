@@ -134,9 +134,9 @@ impl State {
             return;
         }
         self.serving = true;
+        // Nothing was applied here: all the ring still holds is to apply.
         if let Some(head) = self.shared.ring.head(&HostStore) {
-            let oldest = head.saturating_sub(self.shared.ring.slots() as u64);
-            self.shared.cursor = self.shared.cursor.max(oldest);
+            self.shared.cursor = head.saturating_sub(self.shared.ring.slots() as u64);
         }
     }
 
