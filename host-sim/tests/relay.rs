@@ -22,19 +22,7 @@ fn host(vms: usize, extra: &str) -> Host {
     h
 }
 
-/// A conversation at `turn`: a system prompt of its own, then the turns.
-fn chat(conversation: usize, turn: usize) -> Vec<u8> {
-    let system = format!(
-        "conversation {conversation}: {}",
-        "you are a careful assistant. ".repeat(10)
-    );
-    let turns = support::conversation_turns(
-        turn,
-        |t| format!("question {t} of {conversation}"),
-        |t| format!("answer {t}"),
-    );
-    support::chat_with_system("m", Some(&system), &turns)
-}
+use support::conversation as chat;
 
 fn spec(body: Vec<u8>) -> RequestSpec<'static> {
     RequestSpec::post_json("/v1/chat/completions", body)
@@ -262,4 +250,122 @@ fn a_routing_vm_that_stops_is_replaced_and_the_trees_come_back_from_the_ring() {
             "turn {turn} on VM {vm}"
         );
     }
+}
+
+const PD: &str = r#"{"route_in":"one_vm","workers":[
+    {"name":"p0","pool":"prefill","cluster":"prefill_0","address":"10.0.0.1:30000","bootstrap_port":8998},
+    {"name":"p1","pool":"prefill","cluster":"prefill_1","address":"10.0.0.2:30000","bootstrap_port":8999},
+    {"name":"d0","pool":"decode","cluster":"decode_0"},
+    {"name":"d1","pool":"decode","cluster":"decode_1"}],
+    "prefill_timeout_ms":2000}"#;
+
+/// PD on an asking VM: the routing VM picks both legs; the asking VM sends the
+/// prefill copy from its root context, and its answer (or failure) reaches the
+/// stream.
+#[test]
+fn an_asked_pd_request_sends_its_prefill_copy_and_hears_its_answer() {
+    let clusters = ["prefill_0", "prefill_1", "decode_0", "decode_1"];
+    let mut h = support::host(PD, 2, 11, &clusters);
+    h.advance_time(10).unwrap();
+    let system = "You are a meticulous assistant. ".repeat(30);
+    let mut prefills = Vec::new();
+    for (i, vm) in [0, 1, 1, 1].into_iter().enumerate() {
+        h.advance_time(10).unwrap();
+        let body = support::chat("m", &[system.as_str(), &format!("question {i}")]);
+        let length = body.len().to_string();
+        let mut spec = spec(body);
+        spec.headers.push(("content-length", &length));
+        let out = h.vm(vm).request(spec).unwrap();
+        assert!(out.continued, "{:?}", out.local_response);
+        let calls = h.pending_http_calls();
+        assert_eq!(calls.len(), 1, "one prefill copy: {calls:?}");
+        let room = |b: &[u8]| {
+            serde_json::from_slice::<serde_json::Value>(b).unwrap()["bootstrap_room"].clone()
+        };
+        assert_eq!(
+            room(&calls[0].body),
+            room(&out.request_body),
+            "one body for both"
+        );
+        prefills.push(calls[0].cluster.clone());
+        if i == 3 {
+            // A failed prefill on an asked request: the client gets the 502 at once.
+            h.answer_http_call(calls[0].token, 500, &[], b"{}").unwrap();
+            let out = h.vm(vm).outcome(out.handle).unwrap();
+            let reply = out.local_response.expect("the filter answers");
+            assert!(reply.status >= 500, "{reply:?}");
+        } else {
+            h.answer_http_call(calls[0].token, 200, &[], b"{}").unwrap();
+            h.vm(vm).respond(out.handle, 200, &[], b"{}").unwrap();
+            h.vm(vm).finish(out.handle).unwrap();
+        }
+    }
+    assert!(prefills.iter().all(|p| *p == prefills[0]), "{prefills:?}");
+    h.advance_time(1_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_pd_pairs"), 4);
+    assert_eq!(support::stat(&h, "llm_router_pd_prefill_failures"), 1);
+    assert_eq!(support::stat(&h, "llm_router_relay_answered"), 3);
+}
+
+/// `predicted_ttft` on asking VMs: each decision's prediction is recorded once,
+/// and what the routing VM held of the bookings is given back.
+#[test]
+fn predictions_are_recorded_once_and_every_booking_comes_back() {
+    let mut h = host(3, r#","route_in":"one_vm","policy":"predicted_ttft""#);
+    for i in 0..6 {
+        h.advance_time(10).unwrap();
+        route(&mut h, 1 + i % 2, chat(i % 2, i / 2));
+    }
+    h.advance_time(1_000).unwrap();
+    let recorded = h
+        .histogram("wasmcustom.llm_router_predicted_ttft_ms")
+        .expect("the prediction histogram is defined");
+    assert_eq!(
+        recorded.len(),
+        6,
+        "one prediction per decision: {recorded:?}"
+    );
+    assert_eq!(
+        support::outstanding_prefill(&h),
+        (0, 0),
+        "nothing left booked"
+    );
+    assert_eq!(support::stat(&h, "llm_router_inflight"), 0);
+}
+
+/// Discovery mode: the worker list arrives with a push on any thread; an asking VM,
+/// which reads the list only on its tick, learns it from the first answer naming a
+/// worker it did not know.
+#[test]
+fn an_asking_vm_follows_a_worker_list_it_learns_from_an_answer() {
+    use llm_router_push::{Member, Push, WorkerStats};
+    let config = r#"{"route_in":"one_vm","workers_from":"collector","stats_token":"tok"}"#;
+    let mut h = support::host(config, 3, 9, &["engine_a", "engine_b"]);
+    h.advance_time(10).unwrap();
+    let names = ["a", "b"];
+    let push = Push {
+        membership: Some(
+            names
+                .iter()
+                .map(|n| Member {
+                    name: n.to_string(),
+                    cluster: Some(format!("engine_{n}")),
+                    ..Member::default()
+                })
+                .collect(),
+        ),
+        ..Push::new(
+            names
+                .iter()
+                .map(|n| WorkerStats::reachable(Some(n.to_string()), None))
+                .collect(),
+        )
+    };
+    let (status, body) = support::push(&mut h, 2, "tok", &serde_json::to_string(&push).unwrap());
+    assert_eq!(status, 200, "{body}");
+    // Past the routing VM's sync window, before any asking VM's tick.
+    h.advance_time(3).unwrap();
+    let (cluster, reason) = support::route_completion(&mut h, 1, "hello");
+    assert!(cluster.starts_with("engine_"), "{cluster}");
+    assert_eq!(reason.as_deref(), Some("cache_miss"));
 }

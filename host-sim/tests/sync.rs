@@ -18,19 +18,7 @@ fn host(vms: usize, extra: &str) -> Host {
     support::host(&config, vms, 11, &support::fleet_clusters(WORKERS))
 }
 
-/// A conversation at `turn`: a system prompt shared by nobody else, then turns.
-fn chat(conversation: usize, turn: usize) -> Vec<u8> {
-    let system = format!(
-        "conversation {conversation}: {}",
-        "you are a careful assistant. ".repeat(10)
-    );
-    let turns = support::conversation_turns(
-        turn,
-        |t| format!("question {t} of {conversation}"),
-        |t| format!("answer {t}"),
-    );
-    support::chat_with_system("m", Some(&system), &turns)
-}
+use support::conversation as chat;
 
 /// Sends a request on `vm` a sync window after the last one (turns of a
 /// conversation come a whole answer apart); returns the chosen cluster and the

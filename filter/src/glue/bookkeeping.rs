@@ -160,6 +160,12 @@ const _: () = {
 /// at a later sync (`crate::shared::Outbox`); returns the records' undoing.
 pub fn book(state: &mut State, plan: Plan, text_chars: usize) -> Undo {
     state.metrics.book(&booking(&plan), text_chars);
+    record(state, plan)
+}
+
+/// Records the plan's tree operations, as `book` does, without counting the
+/// request (the routing VM deciding for another VM, which counts it).
+pub fn record(state: &mut State, plan: Plan) -> Undo {
     // Mapped in place: a record and its undoing are the same size (asserted above),
     // so std reuses the plan's list for them instead of allocating another per request.
     let undo = Undo {

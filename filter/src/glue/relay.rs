@@ -368,15 +368,11 @@ pub fn tick(shared: &Shared, now: u64) {
 
 /// Sends the stream `ctx`'s question to the routing VM; `false`: decide here (this
 /// VM routes, or the question could not be sent, which counts as late).
-pub fn ask(state: &mut State, ctx: u32, path: Option<&str>, body: &[u8]) -> bool {
+pub fn ask(shared: &Shared, state: &mut State, ctx: u32, path: Option<&str>, body: &[u8]) -> bool {
     if let Part::Asker { route: None, .. } = state.relay {
-        // Not found yet: perhaps it is now (a read of the seat until it is).
-        let key = match &state.relay {
-            Part::Asker { seat, .. } => state.shared.keys.relay_seat(&seat.digest),
-            _ => return false,
-        };
-        let (found, _) = read_seat(&key);
-        follow(state, found);
+        // Not found yet: perhaps it is now, or nobody holds the seat yet (an Envoy
+        // whose first request came before any tick): then this VM takes it.
+        take_or_follow(shared, state, host::now_ms(), true);
     }
     let Part::Asker { route, reply, .. } = &state.relay else {
         return false;
@@ -494,12 +490,14 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
         hand_over(state, worker, d, now);
     }
     let main = decided.plan.main;
-    let undo = bookkeeping::book(state, decided.plan, decided.text_chars);
+    // Counted by the VM that asked, with its other counts of the request.
+    let undo = bookkeeping::record(state, decided.plan);
     Verdict::Routed(Routed {
         main,
         main_worker,
         prefill,
         judged: decided.judged,
+        text_chars: decided.text_chars as u64,
         records: undo.report(),
     })
 }
@@ -508,7 +506,10 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
 /// (`crate::relay::handover`).
 fn hand_over(state: &mut State, worker: &str, d: &Decision, now: u64) {
     let held = Held::take(state, worker);
-    let work = bookkeeping::take_work(state, worker, d);
+    // The prediction is recorded once, by the VM that asked.
+    let work = d
+        .predicted
+        .map(|p| WorkHold::take(&state.shared.inflight, worker, &p, now));
     let due = now.saturating_add(Handover::<()>::hold_ms(state.router.config().sync_batch_ms));
     if let Part::Router { handover, .. } = &mut state.relay {
         handover.hold(due, (held, work));

@@ -44,8 +44,9 @@ fn with_env_token(mut cfg: Config) -> Result<Config, ConfigError> {
 
 pub struct Root {
     state: Shared,
-    /// When the last whole tick ran: in `route_in: one_vm` the root context ticks
-    /// more often, for the relay's deadline, than the rest of the tick needs.
+    /// When the last whole tick ran (or the configuration came): in `route_in:
+    /// one_vm` the root context ticks more often, for the relay, than the rest of
+    /// the tick needs.
     last_tick_ms: u64,
     /// The tick period set last (`relay::tick_period_ms`).
     tick_period_ms: u64,
@@ -218,6 +219,8 @@ impl RootContext for Root {
         }
         drop(slot);
         relay::join(&self.state, &bytes);
+        // Whole ticks come every `tick_ms` from now, whatever the tick period.
+        self.last_tick_ms = host::now_ms();
         let tick = self
             .state
             .borrow()

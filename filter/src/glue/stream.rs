@@ -22,6 +22,7 @@ use crate::decision::Decision;
 use crate::parse::{self, Reading};
 use crate::policy::predicted_ttft::WorkHold;
 use crate::relay::Verdict;
+use crate::request::bookkeeping::booking_of;
 use crate::request::models;
 use crate::request::plan::Refusal;
 use crate::request::target::route_target;
@@ -105,7 +106,7 @@ impl Stream {
             drop(slot);
             return reply::refusal(Refusal::NotConfigured);
         };
-        if relay::ask(state, self.id, self.path.as_deref(), body) {
+        if relay::ask(&shared, state, self.id, self.path.as_deref(), body) {
             self.asked = Some(body.to_vec());
             self.waiting = true;
             return Action::Pause;
@@ -146,7 +147,19 @@ impl Stream {
         self.seen.judged = routed.judged;
         self.seen.routed_ms = host::now_ms();
         state.shared.recent_ms.set(self.seen.routed_ms);
-        // By name: the two VMs' worker lists may differ for a moment.
+        // By name: the two VMs' worker lists may differ for a moment (discovery
+        // mode: this VM keeps no tree, so it reads the list only on its tick).
+        let known = |state: &State, name: &str| {
+            state.router.config().workers.iter().any(|w| w.name == name)
+        };
+        let unknown = !known(state, &routed.main_worker)
+            || routed
+                .prefill
+                .as_ref()
+                .is_some_and(|(_, p, _)| !known(state, p));
+        if unknown {
+            state.refresh_membership();
+        }
         let cfg = state.router.config();
         let index = |name: &str| cfg.workers.iter().position(|w| w.name == name);
         let main = index(&routed.main_worker).map(|i| Decision {
@@ -164,16 +177,25 @@ impl Stream {
             }),
         };
         let applied = match (main, prefill) {
-            (Some(main), Some(prefill)) => self.apply(state, main, prefill, body.len()),
+            (Some(main), Some(prefill)) => {
+                self.apply(state, main, prefill, body.len()).map(|()| main)
+            }
             _ => Err(Refusal::UnknownWorker),
         };
         let undo = Undo::remote(routed.records, body, self.path.clone());
-        if let Err(refusal) = applied {
-            // What the routing VM recorded for it is undone.
-            bookkeeping::unserved(state, undo, None);
-            return reply::refusal(refusal);
+        match applied {
+            Ok(main) => {
+                let prefill = self.routed.as_ref().and_then(|r| r.prefill.as_ref());
+                let booked = booking_of(&main, prefill.map(|leg| &leg.decision));
+                state.metrics.book(&booked, routed.text_chars as usize);
+                self.routed_on(undo)
+            }
+            Err(refusal) => {
+                // What the routing VM recorded for it is undone.
+                bookkeeping::unserved(state, undo, None);
+                reply::refusal(refusal)
+            }
         }
-        self.routed_on(undo)
     }
 
     /// The routing VM did not answer within `relay_deadline_ms`: decided here, by

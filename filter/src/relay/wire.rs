@@ -91,6 +91,8 @@ pub struct Routed {
     /// The body had a routing text and is small enough that a failure after it
     /// is judged the engine's (`health.judged_body_bytes`).
     pub judged: bool,
+    /// Chars of the routing text, which the asking VM counts the request with.
+    pub text_chars: u64,
     /// What undoes each tree record if no engine serves the request.
     pub records: Vec<RecordMeta>,
 }
@@ -125,6 +127,7 @@ impl Answer {
                 put_decision(&mut out, &r.main);
                 put_bytes(&mut out, r.main_worker.as_bytes());
                 out.push(u8::from(r.judged));
+                put_varint(&mut out, r.text_chars);
                 put_varint(&mut out, r.records.len() as u64);
                 for m in &r.records {
                     out.push(pool_code(m.pool));
@@ -165,6 +168,7 @@ impl Answer {
                     1 => true,
                     _ => return None,
                 };
+                let text_chars = r.varint()?;
                 let n = r.varint()?;
                 // Each record takes at least 7 bytes: a count beyond them is a lie.
                 if n > r.0.len() as u64 / 7 {
@@ -191,6 +195,7 @@ impl Answer {
                     main_worker,
                     prefill,
                     judged,
+                    text_chars,
                     records,
                 })
             }
@@ -313,6 +318,7 @@ mod tests {
                 main_worker: format!("w{i}"),
                 prefill: None,
                 judged: i % 3 == 0,
+                text_chars: i as u64 * 1000,
                 records: vec![],
             };
             let a = Answer {
@@ -336,6 +342,7 @@ mod tests {
                     br#"{"bootstrap_room":7}"#.to_vec(),
                 )),
                 judged: true,
+                text_chars: 12_000,
                 records: vec![
                     RecordMeta {
                         pool: Pool::Prefill,
@@ -379,6 +386,7 @@ mod tests {
                 main_worker: "w".into(),
                 prefill: None,
                 judged: false,
+                text_chars: 5,
                 records: vec![RecordMeta {
                     pool: Pool::Regular,
                     worker: "w".into(),
@@ -403,6 +411,7 @@ mod tests {
         put_decision(&mut lying, &d(0, Reason::CacheHit, None));
         put_bytes(&mut lying, b"w");
         lying.push(0);
+        put_varint(&mut lying, 5);
         put_varint(&mut lying, u64::MAX);
         assert_eq!(Answer::decode(&lying), None);
     }

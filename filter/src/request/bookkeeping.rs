@@ -20,14 +20,20 @@ pub struct Booking<'a> {
 /// The prefill pool holds the prompt cache, so in PD its decision is the request's
 /// label; a PD request without a body (no prefill) is labelled by its decode.
 pub fn booking(plan: &Plan) -> Booking<'_> {
-    match &plan.prefill {
-        Some(leg) => Booking {
-            labelled: &leg.decision,
-            gate_only: Some(&plan.main),
+    booking_of(&plan.main, plan.prefill.as_ref().map(|leg| &leg.decision))
+}
+
+/// [`booking`] of a plan's decisions: the request itself's (`main`) and in PD the
+/// prefill leg's (as the routing VM answers them to the VM that asked).
+pub fn booking_of<'a>(main: &'a Decision, prefill: Option<&'a Decision>) -> Booking<'a> {
+    match prefill {
+        Some(prefill) => Booking {
+            labelled: prefill,
+            gate_only: Some(main),
             pd_pair: true,
         },
         None => Booking {
-            labelled: &plan.main,
+            labelled: main,
             gate_only: None,
             pd_pair: false,
         },

@@ -140,6 +140,21 @@ pub fn conversation_turns(
     turns
 }
 
+/// Conversation `conversation` at `turn` (0-based): a system prompt shared by no
+/// other conversation, then its turns.
+pub fn conversation(conversation: usize, turn: usize) -> Vec<u8> {
+    let system = format!(
+        "conversation {conversation}: {}",
+        "you are a careful assistant. ".repeat(10)
+    );
+    let turns = conversation_turns(
+        turn,
+        |t| format!("question {t} of {conversation}"),
+        |t| format!("answer {t}"),
+    );
+    chat_with_system("m", Some(&system), &turns)
+}
+
 /// A chat body: an optional system prompt, then turns alternating user/assistant.
 pub fn chat_with_system(model: &str, system: Option<&str>, turns: &[impl AsRef<str>]) -> Vec<u8> {
     let system = system.map(|s| format!(r#"{{"role":"system","content":{}}}"#, json_str(s)));

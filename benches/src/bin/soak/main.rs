@@ -82,6 +82,10 @@ struct Args {
     /// ... for this long, then thawed.
     #[arg(long, default_value_t = 3)]
     freeze_s: u64,
+    /// The filter's `route_in` (`one_vm` or `every_vm`; unset: its default), to
+    /// compare what the trees cost where they live.
+    #[arg(long)]
+    route_in: Option<String>,
     /// The route's idle timeout: a frozen engine's requests end after it (504).
     #[arg(long, default_value_t = 2_000)]
     idle_timeout_ms: u64,
@@ -170,11 +174,17 @@ fn run(a: &Args) -> Result<bool> {
         ]
         .map(String::from)
         .to_vec(),
-        plugin_config: json!({
-            "max_total_tree_chars": a.tree_budget,
-            "eviction_interval_ms": 10_000,
-            "rng_seed": 1,
-        }),
+        plugin_config: {
+            let mut c = json!({
+                "max_total_tree_chars": a.tree_budget,
+                "eviction_interval_ms": 10_000,
+                "rng_seed": 1,
+            });
+            if let Some(route_in) = &a.route_in {
+                c["route_in"] = json!(route_in);
+            }
+            c
+        },
         envoy_concurrency: a.threads,
         collector_interval_ms: Some(500),
         route_idle_timeout_ms: Some(a.idle_timeout_ms),
