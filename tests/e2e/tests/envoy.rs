@@ -599,6 +599,75 @@ fn affinity_holds_across_envoy_worker_threads() {
     );
 }
 
+/// `route_in: one_vm` in the real Envoy: one VM (the main thread's) keeps the
+/// trees and decides for the 4 worker threads, which ask it over shared queues; a
+/// conversation keeps its worker whichever thread its turns arrive on, and the
+/// asking threads keep no tree.
+#[test]
+fn one_vm_routes_for_every_worker_thread() {
+    let f = start(&FleetSpec {
+        workers: 4,
+        envoy_concurrency: 4,
+        plugin_config: json!({"route_in": "one_vm"}),
+        ..FleetSpec::default()
+    });
+    for session in 0..8 {
+        let system = system_prompt(700 + session);
+        let first = post(
+            f.envoy.listener,
+            "/v1/chat/completions",
+            &chat(&system, session, 0),
+        );
+        assert_eq!(first.status, 200, "{first:?}");
+        let owner = header(&first, "x-engine-worker").to_string();
+        for turn in 1..5 {
+            let r = post(
+                f.envoy.listener,
+                "/v1/chat/completions",
+                &chat(&system, session, turn),
+            );
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(
+                header(&r, "x-engine-worker"),
+                owner,
+                "session {session} turn {turn}"
+            );
+            assert_eq!(header(&r, "x-llm-router-decision"), "cache_hit");
+            assert!(cached_tokens(&r) > 0);
+        }
+    }
+    // Every request was decided by the routing VM, none after the deadline.
+    let stat = |name: &str| f.envoy.filter_stat(name).ok();
+    assert!(
+        wait_until(|| stat("llm_router_relay_answered") == Some(40)),
+        "answered: {:?}",
+        stat("llm_router_relay_answered")
+    );
+    assert_eq!(stat("llm_router_relay_late").unwrap_or(0), 0);
+    assert_eq!(stat("llm_router_relay_takeovers").unwrap_or(0), 0);
+    // One tree in the Envoy: of the VMs' own gauges, one holds the routed texts.
+    assert!(
+        wait_until(|| {
+            let stats = f.envoy.stats().unwrap_or_default();
+            let trees: Vec<u64> = stats
+                .iter()
+                .filter(|(k, _)| {
+                    k.starts_with("wasmcustom.llm_router_vm.") && k.ends_with(".tree_chars")
+                })
+                .map(|(_, v)| *v)
+                .collect();
+            trees.len() >= 5 && trees.iter().filter(|t| **t > 0).count() == 1
+        }),
+        "trees: {:?}",
+        f.envoy.stats()
+    );
+    assert!(
+        wait_until(|| stat("llm_router_inflight") == Some(0)),
+        "in-flight counts leak: {:?}",
+        stat("llm_router_inflight")
+    );
+}
+
 /// Streams cut off by the client (a reset, not a completion) give their in-flight
 /// count back too.
 #[test]
