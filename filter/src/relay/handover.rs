@@ -55,6 +55,8 @@ impl<T> Handover<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn holds_fall_due_in_order_and_only_once() {

@@ -73,6 +73,8 @@ pub fn seat_call(seat: Option<Seat>, me: u64, now_ms: u64, stale_after_ms: u64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn a_seat_round_trips_and_anything_else_is_empty() {

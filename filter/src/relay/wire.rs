@@ -269,6 +269,8 @@ fn decision(r: &mut Reader<'_>) -> Option<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn d(worker: u32, reason: Reason, predicted: Option<Prediction>) -> Decision {
         Decision {
