@@ -27,7 +27,7 @@ fn host(vms: usize, extra: &str) -> Host {
     let config = support::fleet_config(
         WORKERS,
         &format!(
-            r#","sync_interval_ms":{TICK_MS},
+            r#","sync_interval_ms":{TICK_MS},"route_in":"every_vm",
                 "overload":{{"probe_interval_ms":{TICK_MS},"probe_timeout_ms":500}}{extra}"#
         ),
     );

@@ -369,3 +369,38 @@ fn an_asking_vm_follows_a_worker_list_it_learns_from_an_answer() {
     assert!(cluster.starts_with("engine_"), "{cluster}");
     assert_eq!(reason.as_deref(), Some("cache_miss"));
 }
+
+/// Envoy starts a failed VM afresh on the same thread (`FAIL_RELOAD`): when the
+/// routing VM was that one, the questions sent to its queue reach its successor,
+/// which takes the seat and answers them with the trees rebuilt from the ring.
+#[test]
+fn the_successor_of_a_failed_routing_vm_answers_its_queue() {
+    let config = support::fleet_config(WORKERS, ONE_VM);
+    let builder = support::builder(&config, 2, 11, &support::fleet_clusters(WORKERS))
+        .failure_policy(FailurePolicy::FailReload);
+    let mut h = support::build(builder, &config);
+    h.advance_time(10).unwrap();
+    let (owner, _) = route(&mut h, 1, chat(1, 0));
+    // The routing VM (0) fails in the middle of one of its own requests.
+    let next = h
+        .hostcall_counts()
+        .get("proxy_remove_header_map_value")
+        .map_or(1, |n| n + 1);
+    h.inject(Fault::trap("proxy_remove_header_map_value").from_call(next));
+    let out = h.vm(0).request(spec(chat(2, 0))).unwrap();
+    assert_eq!(out.local_response.map(|r| r.status), Some(503));
+    assert!(h.failure(0).is_some());
+    h.clear_faults();
+    // Its next stream starts the successor, which asks the queue it inherited.
+    h.advance_time(10).unwrap();
+    let r = route(&mut h, 0, chat(1, 1));
+    assert_eq!(r, (owner.clone(), "cache_hit".into()));
+    assert_eq!(h.reloads(0), 1);
+    h.advance_time(10).unwrap();
+    assert_eq!(route(&mut h, 1, chat(1, 2)), (owner, "cache_hit".into()));
+    h.advance_time(2_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_relay_takeovers"), 1);
+    // The successor's own first question waited when it took the seat: decided
+    // there and then, as late.
+    assert_eq!(support::stat(&h, "llm_router_relay_late"), 1);
+}

@@ -14,7 +14,8 @@ const WORKERS: usize = 4;
 const WINDOW_MS: u64 = 2;
 
 fn host(vms: usize, extra: &str) -> Host {
-    let config = support::fleet_config(WORKERS, extra);
+    // The replicas' sync: every VM keeps the trees (`tests/relay.rs` is `one_vm`'s).
+    let config = support::fleet_config(WORKERS, &format!(r#","route_in":"every_vm"{extra}"#));
     support::host(&config, vms, 11, &support::fleet_clusters(WORKERS))
 }
 

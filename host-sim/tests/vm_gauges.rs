@@ -30,7 +30,8 @@ fn vm_gauges(host: &host_sim::Host) -> BTreeMap<String, (u64, u64)> {
 
 #[test]
 fn every_vm_reports_its_own_memory_and_tree_chars_on_its_tick() {
-    let config = support::fleet_config(2, "");
+    // Every VM keeping a replica of the trees (`one_vm`: `tests/relay.rs`).
+    let config = support::fleet_config(2, r#","route_in":"every_vm""#);
     let mut host = support::host::<&str>(&config, 2, 7, &[]);
     let prompt = "a prompt long enough to be worth caching ".repeat(50);
     // A VM keeps the tree once it has had a stream (Envoy's main thread never does).

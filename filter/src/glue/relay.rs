@@ -213,8 +213,12 @@ fn take_or_follow(shared: &Shared, state: &mut State, now: u64, may_take: bool) 
     match call {
         SeatCall::Beat => {
             let _ = HostStore.set(&key, &mine.encode(), cas);
-            if let Part::Router { beat_ms, .. } = &mut state.relay {
-                *beat_ms = now;
+            match &mut state.relay {
+                Part::Router { beat_ms, .. } => *beat_ms = now,
+                // The seat names this root context, which does not route: the
+                // same nonce in a VM started afresh (a host whose randomness
+                // repeats). It routes, on the queue of that name.
+                _ => seated(shared, state, &mine.queue_name(&digest), now),
             }
         }
         SeatCall::Follow => follow(state, found),
@@ -223,16 +227,6 @@ fn take_or_follow(shared: &Shared, state: &mut State, now: u64, may_take: bool) 
             if HostStore.set(&key, &mine.encode(), cas) != SetOutcome::Stored {
                 return;
             }
-            let name = mine.queue_name(&digest);
-            let Ok(queue) = hostcalls::register_shared_queue(&name) else {
-                host::log(
-                    LogLevel::Warn,
-                    "llm-router: cannot register the route queue",
-                );
-                return;
-            };
-            let weak = Rc::downgrade(shared);
-            QUEUES.with(|m| m.borrow_mut().insert(queue, (Queue::Route, weak)));
             if call == SeatCall::TakeStale {
                 state.metrics.relay_takeovers.inc();
                 host::log(
@@ -240,19 +234,37 @@ fn take_or_follow(shared: &Shared, state: &mut State, now: u64, may_take: bool) 
                     "llm-router: the routing VM stopped; this one routes from now on",
                 );
             }
-            let seat = match std::mem::take(&mut state.relay) {
-                Part::Router { seat, .. } | Part::Asker { seat, .. } => seat,
-                Part::EveryVm => return,
-            };
-            // Streams that wait for the old router get the deadline's answer: decided
-            // here, now that this VM keeps the trees.
-            state.relay = Part::Router {
-                seat,
-                beat_ms: now,
-                handover: Handover::default(),
-            };
-            state.serve();
+            seated(shared, state, &mine.queue_name(&digest), now);
         }
+    }
+}
+
+/// This root context holds the seat: it registers its route queue, keeps the
+/// trees from now on (what the ring holds), and decides the streams that waited
+/// for the old router.
+fn seated(shared: &Shared, state: &mut State, queue_name: &str, now: u64) {
+    let Ok(queue) = hostcalls::register_shared_queue(queue_name) else {
+        host::log(
+            LogLevel::Warn,
+            "llm-router: cannot register the route queue",
+        );
+        return;
+    };
+    let weak = Rc::downgrade(shared);
+    QUEUES.with(|m| m.borrow_mut().insert(queue, (Queue::Route, weak)));
+    let (seat, waiting) = match std::mem::take(&mut state.relay) {
+        Part::Router { seat, .. } => (seat, HashMap::new()),
+        Part::Asker { seat, waiting, .. } => (seat, waiting),
+        Part::EveryVm => return,
+    };
+    state.relay = Part::Router {
+        seat,
+        beat_ms: now,
+        handover: Handover::default(),
+    };
+    state.serve();
+    for (ctx, (stream, _)) in waiting {
+        resume_with(state, ctx, &stream, |s, state| s.route_late(state));
     }
 }
 
@@ -416,6 +428,7 @@ pub fn forget(state: &mut State, ctx: u32, prefill_token: Option<u32>) {
 /// A queue of this VM has messages: questions for the routing VM, or answers.
 pub fn on_queue_ready(queue_id: u32) {
     let Some((queue, weak)) = QUEUES.with(|m| m.borrow().get(&queue_id).cloned()) else {
+        orphaned(queue_id);
         return;
     };
     let Some(shared) = weak.upgrade() else {
@@ -433,30 +446,92 @@ pub fn on_queue_ready(queue_id: u32) {
     }
 }
 
+/// A queue this VM did not register is told here: one a predecessor of this VM
+/// on the same thread registered (Envoy started the VM afresh after a failure).
+/// Questions on it mean the routing VM was that predecessor: a root context of
+/// this VM takes the seat over and answers them. Answers on it are for streams
+/// that ended with the predecessor.
+fn orphaned(queue_id: u32) {
+    let Ok(Some(first)) = hostcalls::dequeue_shared_queue(queue_id) else {
+        return;
+    };
+    let weak = QUEUES.with(|m| {
+        m.borrow()
+            .values()
+            .find(|(q, _)| *q == Queue::Reply)
+            .map(|(_, w)| w.clone())
+    });
+    let shared = weak.as_ref().and_then(Weak::upgrade);
+    let (Some(shared), Some(_)) = (shared, Ask::decode(&first)) else {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        return;
+    };
+    let Ok(mut slot) = shared.try_borrow_mut() else {
+        return;
+    };
+    let Some(state) = slot.as_mut() else {
+        return;
+    };
+    let Part::Asker { seat, .. } = &state.relay else {
+        return;
+    };
+    let now = host::now_ms();
+    let mine = Seat {
+        holder: seat.me,
+        beat_ms: now,
+    };
+    let (name, key) = (
+        mine.queue_name(&seat.digest),
+        state.shared.keys.relay_seat(&seat.digest),
+    );
+    let (_, cas) = read_seat(&key);
+    if HostStore.set(&key, &mine.encode(), cas) != SetOutcome::Stored {
+        return;
+    }
+    state.metrics.relay_takeovers.inc();
+    host::log(
+        LogLevel::Warn,
+        "llm-router: this thread's routing VM failed; its successor routes from now on",
+    );
+    seated(&shared, state, &name, now);
+    QUEUES.with(|m| {
+        m.borrow_mut()
+            .insert(queue_id, (Queue::Route, Rc::downgrade(&shared)))
+    });
+    if let Some(ask) = Ask::decode(&first) {
+        answer(state, &ask, now);
+    }
+    answer_questions(state, queue_id);
+}
+
 /// Decides every question waiting on the route queue and answers each.
 fn answer_questions(state: &mut State, queue: u32) {
     while let Ok(Some(message)) = hostcalls::dequeue_shared_queue(queue) {
         let Some(ask) = Ask::decode(&message) else {
             continue;
         };
-        let now = host::now_ms();
-        release_handed(state, now);
-        let verdict = verdict(state, &ask, now);
-        state.metrics.relay_answered.inc();
-        let answer = Answer {
-            ctx: ask.ctx,
-            verdict,
-        };
-        if let Err(e) = hostcalls::enqueue_shared_queue(ask.reply, &answer.encode()) {
-            host::log(
-                LogLevel::Debug,
-                &format!("llm-router: an answer found no asker: {e:?}"),
-            );
-        }
-        // Counted like a stream's end: what it counted is handed over by the same
-        // budget, and at once on the tick that finds nothing held any more.
-        host::request_ended(false, now);
+        answer(state, &ask, host::now_ms());
     }
+}
+
+/// Decides one question and answers it.
+fn answer(state: &mut State, ask: &Ask<'_>, now: u64) {
+    release_handed(state, now);
+    let verdict = verdict(state, ask, now);
+    state.metrics.relay_answered.inc();
+    let answer = Answer {
+        ctx: ask.ctx,
+        verdict,
+    };
+    if let Err(e) = hostcalls::enqueue_shared_queue(ask.reply, &answer.encode()) {
+        host::log(
+            LogLevel::Debug,
+            &format!("llm-router: an answer found no asker: {e:?}"),
+        );
+    }
+    // Counted like a stream's end: what it counted is handed over by the same
+    // budget, and at once on the tick that finds nothing held any more.
+    host::request_ended(false, now);
 }
 
 /// The routing VM's answer to one question.

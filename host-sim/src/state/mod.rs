@@ -49,12 +49,22 @@ pub(crate) struct HostState {
     pub limits: wasmtime::StoreLimits,
 }
 
+/// VM `vm`'s random seed in its `generation` (0, then one more per reload).
+fn vm_seed(seed: u64, vm: usize, generation: u32) -> u64 {
+    seed.wrapping_mul(0x100_0000_01B3)
+        .wrapping_add(vm as u64 + 1)
+        .wrapping_add(u64::from(generation).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 impl HostState {
+    /// A VM started afresh draws randomness of its own, as Envoy's does, not its
+    /// predecessor's (still the same from run to run).
+    pub fn reseed(&mut self, generation: u32) {
+        self.rng = Rng::new(vm_seed(self.cfg.seed, self.vm, generation));
+    }
+
     pub fn new(vm: usize, cfg: Arc<Config>, shared: Arc<Mutex<Shared>>) -> Self {
-        let seed = cfg
-            .seed
-            .wrapping_mul(0x100_0000_01B3)
-            .wrapping_add(vm as u64 + 1);
+        let seed = vm_seed(cfg.seed, vm, 0);
         Self {
             vm,
             shared,

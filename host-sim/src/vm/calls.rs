@@ -118,9 +118,10 @@ impl Host {
     /// [`FailurePolicy::FailReload`]: a fresh VM replaces a failed one, on the same shared
     /// state.
     pub(super) fn reload(&mut self, vm: usize) -> Result<()> {
-        let slot = Slot::instantiate(&self.filter, vm, self.cfg.clone(), self.shared.clone())
+        let mut slot = Slot::instantiate(&self.filter, vm, self.cfg.clone(), self.shared.clone())
             .with_context(|| format!("reloading VM {vm}"))?;
         let reloads = self.vms[vm].reloads + 1;
+        slot.store.data_mut().reseed(reloads);
         self.vms[vm] = Slot { reloads, ..slot };
         lock(&self.shared).http_calls.retain(|_, c| c.vm != vm);
         self.start_vm(vm)
