@@ -135,6 +135,11 @@ pub fn accept(state: &Shared, body: &[u8]) -> Action {
 
 /// Checks and stores a snapshot, counting it either way; the workers it reported.
 fn store(state: &mut State, body: &[u8]) -> Result<usize, PushError> {
+    // A VM without the trees applies no ring operations: its worker list is the
+    // shared table's, read now (one read a push).
+    if !state.serving() {
+        state.refresh_membership();
+    }
     let limit = state.router.config().stats_max_bytes;
     let now = host::now_ms();
     // Discovery mode: the samples are checked against the list the push's

@@ -93,6 +93,11 @@ impl Part {
     pub fn asks(&self) -> bool {
         matches!(self, Part::Asker { .. })
     }
+
+    /// Whether this root context decides other VMs' requests.
+    pub fn routes_for_others(&self) -> bool {
+        matches!(self, Part::Router { .. })
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -375,6 +380,20 @@ pub fn tick(shared: &Shared, now: u64) {
     }
     if let Part::Asker { late, .. } = &mut state.relay {
         late.retain(|_, l| now.saturating_sub(l.since_ms) < LATE_KEPT_MS);
+    }
+}
+
+/// Whether this VM holds no request of its own: the routing VM's holds of the
+/// decisions it made for other VMs are theirs (its counters go to the host as a
+/// quiet VM's do, at once).
+pub fn holds_no_stream(state: &State) -> bool {
+    let inflight = &state.shared.inflight;
+    match &state.relay {
+        Part::Router { handover, .. } if !handover.is_empty() => {
+            let held: u64 = inflight.mine().iter().map(|(_, n)| n).sum();
+            held <= handover.len() as u64
+        }
+        _ => inflight.holds_nothing(),
     }
 }
 

@@ -294,6 +294,11 @@ impl State {
         let s = &self.shared;
         if s.outbox.windowed() && s.bell.moved(&HostStore, &s.keys) {
             s.tables.clear();
+            // A push rang it, and may have brought a new worker list: the routing
+            // VM of `route_in: one_vm` decides every thread's requests by it.
+            if self.relay.routes_for_others() {
+                self.refresh_membership();
+            }
         }
     }
 
@@ -329,6 +334,13 @@ impl State {
             }
             // Behind other VMs' operations: applied by catching up with them.
             Flushed::Shared { .. } if self.serving => self.catch_up(),
+            // No tree here (a VM that asks the routing VM), but a worker list it
+            // took is its own at once.
+            Flushed::Shared { .. } if matches!(op, Op::Membership(_)) => {
+                let version = self.router.membership_version();
+                self.router.apply_local(op);
+                self.follow_membership(version);
+            }
             _ => {}
         }
     }

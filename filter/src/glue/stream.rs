@@ -618,8 +618,8 @@ impl HttpContext for Stream {
             }
         }
         if let Some(state) = self.state.borrow().as_ref() {
-            let s = &state.shared;
-            host::request_ended(s.inflight.holds_nothing(), s.recent_ms.get());
+            let idle = relay::holds_no_stream(state);
+            host::request_ended(idle, state.shared.recent_ms.get());
         }
     }
 }

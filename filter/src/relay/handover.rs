@@ -50,6 +50,10 @@ impl<T> Handover<T> {
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
 }
 
 #[cfg(test)]
@@ -69,6 +73,8 @@ mod tests {
         assert_eq!(h.due(20), vec!["b", "c"]);
         assert!(h.due(30).is_empty());
         assert!(h.is_empty());
+        h.hold(40, "d");
+        assert_eq!(h.len(), 1);
     }
 
     #[test]
