@@ -28,9 +28,9 @@
 //! 5. `shared` (the tables in proxy-wasm shared data and their one key space),
 //!    `background::membership` (discovery mode's worker list updates);
 //! 6. `background::replica` (peer replicas' reports), `policy` (the policies),
-//!    `request::candidates` (the serving set after the screens), `relay` (one VM
-//!    routing for the others: the seat and what crosses the shared queues);
-//! 7. `request::router` (trees + candidates + policy);
+//!    `request::candidates` (the serving set after the screens);
+//! 7. `request::router` (trees + candidates + policy), `relay` (one VM routing for
+//!    the others: the seat, what crosses the shared queues, each VM's part);
 //! 8. `request::plan` (a request's whole decision);
 //! 9. `request::bookkeeping` (what an applied plan books);
 //! 10. `glue` (wasm32 only), the thin proxy-wasm layer: it gathers inputs from the

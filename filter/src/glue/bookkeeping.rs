@@ -27,7 +27,7 @@ pub struct Held {
 impl Held {
     /// Published by this VM's next sync: `book`'s, if the request syncs.
     pub fn take(state: &State, worker: &str) -> Held {
-        state.shared.inflight.take(worker);
+        take_count(state, worker);
         Held {
             worker: worker.to_string(),
             counted: true,
@@ -44,10 +44,20 @@ impl Held {
     /// once, by the stream's `settle` when records wait (one write for both).
     pub fn release(&mut self, state: &State) {
         if std::mem::take(&mut self.counted) {
-            let last = state.shared.inflight.release(&self.worker);
-            publish_last(state, last);
+            release_count(state, &self.worker);
         }
     }
+}
+
+/// Counts a request in flight on `worker` in this VM's row.
+pub fn take_count(state: &State, worker: &str) {
+    state.shared.inflight.take(worker);
+}
+
+/// Gives back a count `take_count` took; this VM's last is published at once.
+pub fn release_count(state: &State, worker: &str) {
+    let last = state.shared.inflight.release(worker);
+    publish_last(state, last);
 }
 
 /// Publishes this VM's counts when a release gave back its last (`last`), unless

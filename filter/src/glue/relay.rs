@@ -22,7 +22,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
 use sha2::{Digest, Sha256};
 
-use super::bookkeeping::{self, Held, Undo};
+use super::bookkeeping::{self, Undo};
 use super::decide::decide;
 use super::host::{self, HostStore};
 use super::hostcalls;
@@ -32,73 +32,15 @@ use crate::config::RouteIn;
 use crate::decision::Decision;
 use crate::parse;
 use crate::policy::predicted_ttft::WorkHold;
-use crate::relay::{seat, Answer, Ask, Handover, Refused, Routed, Seat, SeatCall, Verdict};
+use crate::relay::{
+    seat, Answer, Ask, Handover, Late, Part, Refused, Routed, Seat, SeatCall, Seated, Verdict,
+};
 use crate::request::plan::Refusal;
 use crate::shared::{SetOutcome, SharedStore};
-
-/// This root context's part.
-#[derive(Default)]
-pub enum Part {
-    /// `route_in: every_vm`, or the stats listener's instance: decides here.
-    #[default]
-    EveryVm,
-    /// Holds the seat: decides here, and for every VM that asks.
-    Router {
-        seat: Seated,
-        /// When this root context last beat.
-        beat_ms: u64,
-        /// The counts of decisions made for other VMs, until theirs are shared.
-        handover: Handover<(Held, Option<WorkHold>)>,
-    },
-    /// Asks the routing VM.
-    Asker {
-        seat: Seated,
-        /// The routing VM's queue (`None`: not found; requests are decided here).
-        route: Option<u32>,
-        /// This root context's queue for answers (`None`: none could be registered).
-        reply: Option<u32>,
-        /// The holder `route` belongs to.
-        following: u64,
-        /// Streams waiting for an answer, by context id, and since when.
-        waiting: HashMap<u32, (StreamRef, u64)>,
-        /// Questions routed here at the deadline whose answer is still to come, by
-        /// context id: the body and path its records are undone by, and since when.
-        late: HashMap<u32, Late>,
-    },
-}
-
-/// A question routed here at the deadline.
-pub struct Late {
-    body: Vec<u8>,
-    path: Option<String>,
-    since_ms: u64,
-}
 
 /// How long a late question's body is kept for its answer: a router that has not
 /// answered in this long has lost the question with its VM.
 const LATE_KEPT_MS: u64 = 60_000;
-
-/// What a root context in `one_vm` knows of the seat.
-pub struct Seated {
-    /// The configuration's digest: each configuration has its own seat.
-    digest: String,
-    /// This root context's nonce.
-    me: u64,
-    /// The VM id queues are resolved in.
-    vm_id: String,
-}
-
-impl Part {
-    /// Whether requests are asked about rather than decided here.
-    pub fn asks(&self) -> bool {
-        matches!(self, Part::Asker { .. })
-    }
-
-    /// Whether this root context decides other VMs' requests.
-    pub fn routes_for_others(&self) -> bool {
-        matches!(self, Part::Router { .. })
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Queue {
@@ -117,6 +59,14 @@ thread_local! {
     /// Prefill copies sent from a root context (an answer's), by token and with
     /// their stream's context id: their response comes back to a root context.
     static CALLOUTS: RefCell<HashMap<u32, (u32, StreamRef)>> = RefCell::new(HashMap::new());
+    /// The streams waiting for an answer (`Part::Asker::waiting`), by context id
+    /// (unique in a VM).
+    static STREAMS: RefCell<HashMap<u32, StreamRef>> = RefCell::new(HashMap::new());
+}
+
+/// The waiting stream `ctx`, no longer waiting.
+fn take_stream(ctx: u32) -> Option<StreamRef> {
+    STREAMS.with(|m| m.borrow_mut().remove(&ctx))
 }
 
 /// How long a seat holder may go without a beat before another VM takes over: a
@@ -268,8 +218,10 @@ fn seated(shared: &Shared, state: &mut State, queue_name: &str, now: u64) {
         handover: Handover::default(),
     };
     state.serve();
-    for (ctx, (stream, _)) in waiting {
-        resume_with(state, ctx, &stream, |s, state| s.route_late(state));
+    for ctx in waiting.into_keys() {
+        if let Some(stream) = take_stream(ctx) {
+            resume_with(state, ctx, &stream, |s, state| s.route_late(state));
+        }
     }
 }
 
@@ -349,11 +301,14 @@ pub fn tick(shared: &Shared, now: u64) {
         Part::Asker { waiting, .. } => {
             let ids: Vec<u32> = waiting
                 .iter()
-                .filter(|(_, (_, since))| now.saturating_sub(*since) >= deadline)
+                .filter(|(_, since)| now.saturating_sub(**since) >= deadline)
                 .map(|(id, _)| *id)
                 .collect();
             ids.into_iter()
-                .filter_map(|id| waiting.remove(&id).map(|(s, _)| (id, s)))
+                .filter_map(|id| {
+                    waiting.remove(&id);
+                    take_stream(id).map(|s| (id, s))
+                })
                 .collect()
         }
         // A new router decides what waited for the old one.
@@ -430,7 +385,8 @@ pub fn ask(shared: &Shared, state: &mut State, ctx: u32, path: Option<&str>, bod
 pub fn wait(state: &mut State, ctx: u32, stream: StreamRef) {
     let now = state.shared.recent_ms.get().max(host::now_ms());
     if let Part::Asker { waiting, .. } = &mut state.relay {
-        waiting.insert(ctx, (stream, now));
+        waiting.insert(ctx, now);
+        STREAMS.with(|m| m.borrow_mut().insert(ctx, stream));
     }
 }
 
@@ -439,6 +395,7 @@ pub fn forget(state: &mut State, ctx: u32, prefill_token: Option<u32>) {
     if let Part::Asker { waiting, .. } = &mut state.relay {
         waiting.remove(&ctx);
     }
+    take_stream(ctx);
     if let Some(token) = prefill_token {
         CALLOUTS.with(|c| c.borrow_mut().remove(&token));
     }
@@ -599,14 +556,14 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
 /// Counts a decision made for another VM here until that VM's count is shared
 /// (`crate::relay::handover`).
 fn hand_over(state: &mut State, worker: &str, d: &Decision, now: u64) {
-    let held = Held::take(state, worker);
+    bookkeeping::take_count(state, worker);
     // The prediction is recorded once, by the VM that asked.
     let work = d
         .predicted
         .map(|p| WorkHold::take(&state.shared.inflight, worker, &p, now));
     let due = now.saturating_add(Handover::<()>::hold_ms(state.router.config().sync_batch_ms));
     if let Part::Router { handover, .. } = &mut state.relay {
-        handover.hold(due, (held, work));
+        handover.hold(due, (worker.to_string(), work));
     }
 }
 
@@ -616,8 +573,8 @@ fn release_handed(state: &mut State, now: u64) {
         Part::Router { handover, .. } if !handover.is_empty() => handover.due(now),
         _ => return,
     };
-    for (mut held, mut work) in due {
-        held.release(state);
+    for (worker, mut work) in due {
+        bookkeeping::release_count(state, &worker);
         bookkeeping::end_work(state, &mut work);
     }
 }
@@ -630,7 +587,7 @@ fn take_answers(state: &mut State, queue: u32) {
         };
         let (stream, late) = match &mut state.relay {
             Part::Asker { waiting, late, .. } => (
-                waiting.remove(&answer.ctx).map(|(s, _)| s),
+                waiting.remove(&answer.ctx).and(take_stream(answer.ctx)),
                 late.remove(&answer.ctx),
             ),
             _ => (None, None),

@@ -9,9 +9,9 @@ use proxy_wasm::types::LogLevel;
 
 use super::host::{self, HostStore};
 use super::metrics::{Metrics, ReplicaMetrics};
-use super::relay::Part;
 use crate::config::Config;
 use crate::load::{LoadTable, Loads};
+use crate::relay::Part;
 use crate::request::kv_bounds::Share;
 use crate::request::router::Router;
 use crate::rng::SplitMix64;

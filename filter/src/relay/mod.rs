@@ -9,15 +9,18 @@
 //!   and body) and the router's answer (the decisions, the worker names, PD's
 //!   rewritten body, and what undoes the records if no engine serves it);
 //! - `handover`: the router's own count of a decision, held until the asking VM's
-//!   count of it is shared.
+//!   count of it is shared;
+//! - `part`: a root context's part (routing, asking, or neither) and what it keeps.
 //!
 //! Sans-IO like the rest of the core: the glue (`glue::relay`) registers the
 //! queues, pauses and resumes the streams.
 
 pub mod handover;
+pub mod part;
 pub mod seat;
 pub mod wire;
 
 pub use handover::Handover;
+pub use part::{Late, Part, Seated};
 pub use seat::{Seat, SeatCall};
 pub use wire::{Answer, Ask, RecordMeta, Refused, Routed, Verdict};
