@@ -220,6 +220,7 @@ fn seated(shared: &Shared, state: &mut State, queue_name: &str, now: u64) {
     state.serve();
     for ctx in waiting.into_keys() {
         if let Some(stream) = take_stream(ctx) {
+            state.metrics.relay_late.inc();
             resume_with(state, ctx, &stream, |s, state| s.route_late(state));
         }
     }
@@ -315,6 +316,7 @@ pub fn tick(shared: &Shared, now: u64) {
         Part::Router { .. } | Part::EveryVm => Vec::new(),
     };
     for (ctx, stream) in late {
+        state.metrics.relay_late.inc();
         resume_with(state, ctx, &stream, |s, state| s.route_late(state));
         let Some((body, path)) = stream
             .upgrade()
@@ -335,20 +337,6 @@ pub fn tick(shared: &Shared, now: u64) {
     }
     if let Part::Asker { late, .. } = &mut state.relay {
         late.retain(|_, l| now.saturating_sub(l.since_ms) < LATE_KEPT_MS);
-    }
-}
-
-/// Whether this VM holds no request of its own: the routing VM's holds of the
-/// decisions it made for other VMs are theirs (its counters go to the host as a
-/// quiet VM's do, at once).
-pub fn holds_no_stream(state: &State) -> bool {
-    let inflight = &state.shared.inflight;
-    match &state.relay {
-        Part::Router { handover, .. } if !handover.is_empty() => {
-            let held: u64 = inflight.mine().iter().map(|(_, n)| n).sum();
-            held <= handover.len() as u64
-        }
-        _ => inflight.holds_nothing(),
     }
 }
 
@@ -667,17 +655,39 @@ impl Relayed {
         Relayed(Rc::new(RefCell::new(stream)))
     }
 
-    /// After a request callback: a question that went out makes the stream wait.
-    fn after_request(&self) {
+    /// After a request callback that left a question (`Stream::question`): asks
+    /// it and the stream waits, or, if it cannot be sent, decides here (the
+    /// callback's answer to Envoy is then this one).
+    fn after_request(&self, action: Action) -> Action {
+        let Ok(mut s) = self.0.try_borrow_mut() else {
+            return action;
+        };
+        if !s.waiting() {
+            return action;
+        }
+        let (shared, ctx) = (s.state(), s.id());
+        let mut slot = shared.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return action;
+        };
+        let (path, body) = s.question();
+        if ask(&shared, state, ctx, path, body) {
+            wait(state, ctx, Rc::downgrade(&self.0));
+            return action;
+        }
+        s.route_late(state)
+    }
+
+    /// The stream ended (its log or its end, whichever comes first): the relay
+    /// forgets it.
+    fn ended(&self) {
         let Ok(s) = self.0.try_borrow() else {
             return;
         };
-        if s.waiting() {
-            let (shared, ctx) = (s.state(), s.id());
-            let mut slot = shared.borrow_mut();
-            if let Some(state) = slot.as_mut() {
-                wait(state, ctx, Rc::downgrade(&self.0));
-            }
+        let (shared, token) = (s.state(), s.prefill_token());
+        let mut slot = shared.borrow_mut();
+        if let Some(state) = slot.as_mut() {
+            forget(state, s.id(), token);
         }
     }
 
@@ -699,10 +709,8 @@ impl Context for Relayed {
     }
 
     fn on_done(&mut self) -> bool {
-        self.with(true, |s| {
-            s.ended();
-            s.on_done()
-        })
+        self.ended();
+        self.with(true, |s| s.on_done())
     }
 }
 
@@ -711,16 +719,14 @@ impl HttpContext for Relayed {
         let action = self.with(Action::Continue, |s| {
             s.on_http_request_headers(headers, end_of_stream)
         });
-        self.after_request();
-        action
+        self.after_request(action)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let action = self.with(Action::Continue, |s| {
             s.on_http_request_body(body_size, end_of_stream)
         });
-        self.after_request();
-        action
+        self.after_request(action)
     }
 
     fn on_http_response_headers(&mut self, headers: usize, end_of_stream: bool) -> Action {
@@ -736,9 +742,7 @@ impl HttpContext for Relayed {
     }
 
     fn on_log(&mut self) {
-        self.with((), |s| {
-            s.ended();
-            s.on_log()
-        })
+        self.ended();
+        self.with((), |s| s.on_log())
     }
 }

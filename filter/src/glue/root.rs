@@ -254,7 +254,7 @@ impl RootContext for Root {
             .state
             .borrow()
             .as_ref()
-            .is_none_or(relay::holds_no_stream);
+            .is_none_or(State::holds_no_stream);
         host::flush_counters(idle, now, false);
     }
 

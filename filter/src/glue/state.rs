@@ -120,6 +120,20 @@ impl State {
         state
     }
 
+    /// Whether this VM holds no request of its own: the routing VM's holds of the
+    /// decisions it made for other VMs are theirs (its counters go to the host as a
+    /// quiet VM's do, at once).
+    pub fn holds_no_stream(&self) -> bool {
+        let inflight = &self.shared.inflight;
+        match &self.relay {
+            Part::Router { handover, .. } if !handover.is_empty() => {
+                let held: u64 = inflight.mine().iter().map(|(_, n)| n).sum();
+                held <= handover.len() as u64
+            }
+            _ => inflight.holds_nothing(),
+        }
+    }
+
     /// Whether this root context keeps the tree (`serving`).
     pub fn serving(&self) -> bool {
         self.serving

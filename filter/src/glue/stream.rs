@@ -13,7 +13,6 @@ use super::host::{self, request_header};
 use super::hostcalls;
 use super::prefill::{self, Leg};
 use super::push::{self, Start};
-use super::relay;
 use super::replica;
 use super::reply;
 use super::state::{Shared, State};
@@ -95,10 +94,11 @@ impl Stream {
         }
     }
 
-    /// Routes the request: asks the routing VM (`route_in: one_vm`, the stream
-    /// waits for its answer), or decides here. On success the routing header is set
-    /// and the stream may continue; on failure a local reply is sent and the stream
-    /// must stay paused.
+    /// Routes the request: in a VM that asks the routing VM (`route_in: one_vm`),
+    /// keeps the body for the question the relay sends when the callback returns
+    /// (`super::relay::Relayed`), else decides here. On success the routing header
+    /// is set and the stream may continue; on failure a local reply is sent and the
+    /// stream must stay paused.
     fn route(&mut self, body: &[u8], reading: Reading) -> Action {
         let shared = self.state.clone();
         let mut slot = shared.borrow_mut();
@@ -106,12 +106,20 @@ impl Stream {
             drop(slot);
             return reply::refusal(Refusal::NotConfigured);
         };
-        if relay::ask(&shared, state, self.id, self.path.as_deref(), body) {
+        if state.relay.asks() {
             self.asked = Some(body.to_vec());
             self.waiting = true;
             return Action::Pause;
         }
         self.route_here(state, body, reading)
+    }
+
+    /// The question this stream is to ask: its path and body.
+    pub fn question(&self) -> (Option<&str>, &[u8]) {
+        (
+            self.path.as_deref(),
+            self.asked.as_deref().unwrap_or_default(),
+        )
     }
 
     /// Decides here (this VM routes, or its question found no answer in time)
@@ -198,11 +206,11 @@ impl Stream {
         }
     }
 
-    /// The routing VM did not answer within `relay_deadline_ms`: decided here, by
-    /// what this VM knows (it keeps no tree: by load).
+    /// The routing VM did not answer (within `relay_deadline_ms`, or the question
+    /// could not be sent): decided here, by what this VM knows (it keeps no tree:
+    /// by load).
     pub fn route_late(&mut self, state: &mut State) -> Action {
         self.waiting = false;
-        state.metrics.relay_late.inc();
         let body = self.asked.take().unwrap_or_default();
         let action = self.route_here(state, &body, parse::read(&body));
         // Kept for the late answer's records (`asked`).
@@ -226,15 +234,6 @@ impl Stream {
 
     pub fn state(&self) -> Shared {
         self.state.clone()
-    }
-
-    /// The stream ended (its log or its end, whichever comes first): the relay
-    /// forgets it.
-    pub fn ended(&mut self) {
-        let token = self.prefill_token();
-        if let Some(state) = self.state.borrow_mut().as_mut() {
-            relay::forget(state, self.id, token);
-        }
     }
 
     /// Sets the routing header and, in PD, sends the prefill leg (`prefill`: its
@@ -618,7 +617,7 @@ impl HttpContext for Stream {
             }
         }
         if let Some(state) = self.state.borrow().as_ref() {
-            let idle = relay::holds_no_stream(state);
+            let idle = state.holds_no_stream();
             host::request_ended(idle, state.shared.recent_ms.get());
         }
     }
