@@ -404,3 +404,38 @@ fn the_successor_of_a_failed_routing_vm_answers_its_queue() {
     // there and then, as late.
     assert_eq!(support::stat(&h, "llm_router_relay_late"), 1);
 }
+
+/// A routing VM that finds the seat taken by another (its heartbeat seemed lost)
+/// asks the new one from then on, and hears its answers.
+#[test]
+fn a_routing_vm_that_lost_its_seat_asks_the_new_holder() {
+    let config = support::fleet_config(WORKERS, ONE_VM);
+    let mut h = support::host(&config, 3, 11, &support::fleet_clusters(WORKERS));
+    // VM 1's request comes before any tick: VM 1 takes the seat.
+    let (owner, _) = route(&mut h, 1, chat(1, 0));
+    let seat = h
+        .shared_data_keys()
+        .into_iter()
+        .find(|k| k.starts_with("llm_router.relay.seat."))
+        .expect("the seat");
+    // The seat as if its holder had stopped beating long ago: the next VM to tick
+    // (VM 0, still looking for the router) takes it over.
+    let mut stale = 999u64.to_le_bytes().to_vec();
+    stale.extend_from_slice(&0u64.to_le_bytes());
+    h.set_shared_data(&seat, stale);
+    h.advance_time(5).unwrap();
+    // VM 1 sees the new holder on its next beat and asks it from then on.
+    h.advance_time(200).unwrap();
+    let (cluster, reason) = route(&mut h, 1, chat(1, 1));
+    assert_eq!(
+        (cluster.as_str(), reason.as_str()),
+        (owner.as_str(), "cache_hit")
+    );
+    h.advance_time(1_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_relay_takeovers"), 1);
+    assert_eq!(
+        support::stat(&h, "llm_router_relay_late"),
+        0,
+        "answered, not late"
+    );
+}

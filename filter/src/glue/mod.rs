@@ -11,8 +11,12 @@
 //! `replica` (the replica bridge's endpoint), `reply` (local replies), `prober`
 //! (overload and health probes), `health` (failed upstreams take their worker out),
 //! `decide` (a request's decision, here or for another VM), `relay` (one VM routes
-//! for the others: the seat, the queues, the waiting streams), `metrics` and `host`.
+//! for the others: asking, waiting, the deadline), `seat` (which VM routes),
+//! `queues` (this VM's relay queues and the streams they serve), `answering` (the
+//! routing VM's side), `relayed` (the stream handle the relay shares), `metrics`
+//! and `host`.
 
+mod answering;
 mod bookkeeping;
 mod decide;
 mod health;
@@ -23,10 +27,13 @@ mod metrics;
 mod prefill;
 mod prober;
 mod push;
+mod queues;
 mod relay;
+mod relayed;
 mod replica;
 mod reply;
 mod root;
+mod seat;
 mod state;
 mod stream;
 

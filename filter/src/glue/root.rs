@@ -12,7 +12,10 @@ use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 use super::host::{self, HostStore, Metric};
 use super::hostcalls;
 use super::prober::Prober;
+use super::queues;
 use super::relay;
+use super::relayed::Relayed;
+use super::seat;
 use super::state::{Shared, State};
 use super::stream::Stream;
 use crate::background::worker_stats::worker_gauges;
@@ -162,7 +165,7 @@ impl Root {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
-        if relay::callout_answered(token, headers, body, trailers) {
+        if queues::callout_answered(token, headers, body, trailers) {
             return;
         }
         let slot = self.state.borrow();
@@ -218,7 +221,7 @@ impl RootContext for Root {
             None => *slot = Some(State::new(cfg, keys, ring)),
         }
         drop(slot);
-        relay::join(&self.state, &bytes);
+        seat::join(&self.state, &bytes);
         // Whole ticks come every `tick_ms` from now, whatever the tick period.
         self.last_tick_ms = host::now_ms();
         let tick = self
@@ -263,7 +266,7 @@ impl RootContext for Root {
             state.serve();
         }
         let stream = Stream::new(self.state.clone(), context_id);
-        Some(Box::new(relay::Relayed::new(stream)))
+        Some(Box::new(Relayed::new(stream)))
     }
 
     fn on_queue_ready(&mut self, queue_id: u32) {
