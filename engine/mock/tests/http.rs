@@ -1,55 +1,44 @@
 //! Starts the real `engine-mock` binary and talks HTTP/1.1 to it with a tiny std-only client.
 
+mod support;
+
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
+use support::Running;
 
 /// A running engine; killed (and reaped) on drop, so no test path leaks a process.
 struct Engine {
-    child: Child,
+    proc: Running,
     port: u16,
     /// Prefill role: the bootstrap server's port.
     bootstrap: Option<u16>,
-    _stdout: BufReader<ChildStdout>,
 }
 
 impl Engine {
     fn start(worker: &str, extra: &[&str]) -> Engine {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_engine-mock"))
-            .args(["--port", "0", "--worker-id", worker])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn engine-mock");
-        let stdout = child.stdout.take().expect("piped stdout");
-        // Construct the guard before reading so a failed read still kills the child.
-        let mut engine = Engine {
-            child,
-            port: 0,
-            bootstrap: None,
-            _stdout: BufReader::new(stdout),
-        };
-        let mut line = String::new();
-        engine
-            ._stdout
-            .read_line(&mut line)
-            .expect("read listening line");
+        let args = [&["--port", "0", "--worker-id", worker], extra].concat();
+        let proc = Running::start(&args);
+        let line = &proc.line;
         let (head, port) = line
             .trim_end()
             .split_once(" listening on 127.0.0.1:")
             .unwrap_or_else(|| panic!("unexpected startup line {line:?}"));
-        engine.port = port.parse().expect("port number");
+        let port = port.parse().expect("port number");
         let head = head
             .strip_prefix(&format!("engine-mock {worker}"))
             .unwrap_or_else(|| panic!("unexpected startup line {line:?}"));
-        engine.bootstrap = head
+        let bootstrap = head
             .strip_prefix(" bootstrap 127.0.0.1:")
             .map(|p| p.parse().expect("bootstrap port"));
-        engine
+        Engine {
+            proc,
+            port,
+            bootstrap,
+        }
     }
 
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Reply {
@@ -59,13 +48,6 @@ impl Engine {
             path,
             body.map(|b| b.to_string()).as_deref(),
         )
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -450,12 +432,12 @@ fn client_disconnect_releases_the_slot() {
 #[test]
 fn sigterm_exits_cleanly() {
     let mut engine = Engine::start("w-t", &[]);
-    let pid = engine.child.id().to_string();
+    let pid = engine.proc.child.id().to_string();
     let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(st) = engine.child.try_wait().unwrap() {
+        if let Some(st) = engine.proc.child.try_wait().unwrap() {
             assert!(st.success(), "{st:?}");
             break;
         }

@@ -3,10 +3,12 @@
 //! a DEALER on its replay socket (the `zeromq` crate), decoded with
 //! `llm_kv_events`.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::Running;
 
 use bytes::Bytes;
 use engine_mock::prompt::{self, Endpoint};
@@ -25,39 +27,23 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// A running engine mock publishing KV events; killed and reaped on drop.
 struct Mock {
-    child: Child,
+    _proc: Running,
     port: u16,
     /// The PUB socket's endpoint, as the mock printed it.
     events: String,
     /// The ROUTER socket's.
     replay: String,
-    _stdout: BufReader<ChildStdout>,
 }
 
 impl Mock {
     /// Both endpoints on port 0: the mock binds free ports and prints them.
     fn start(extra: &[&str]) -> Mock {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_engine-mock"))
-            .args(["--port", "0", "--worker-id", "kv"])
-            .args(["--kv-events-endpoint", "tcp://127.0.0.1:0"])
-            .args(["--kv-events-replay-endpoint", "tcp://127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn engine-mock");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut mock = Mock {
-            child,
-            port: 0,
-            events: String::new(),
-            replay: String::new(),
-            _stdout: BufReader::new(stdout),
-        };
-        let mut line = String::new();
-        mock._stdout
-            .read_line(&mut line)
-            .expect("read listening line");
+        let mut args = vec!["--port", "0", "--worker-id", "kv"];
+        args.extend(["--kv-events-endpoint", "tcp://127.0.0.1:0"]);
+        args.extend(["--kv-events-replay-endpoint", "tcp://127.0.0.1:0"]);
+        args.extend(extra);
+        let proc = Running::start(&args);
+        let line = proc.line.clone();
         // engine-mock kv kv-events tcp://127.0.0.1:P kv-events-replay tcp://127.0.0.1:Q listening on 127.0.0.1:PORT
         let words: Vec<&str> = line.split_whitespace().collect();
         let after = |key: &str| {
@@ -68,12 +54,15 @@ impl Mock {
                 .unwrap_or_else(|| panic!("no {key:?} in the startup line {line:?}"))
                 .to_string()
         };
-        mock.events = after("kv-events");
-        mock.replay = after("kv-events-replay");
-        mock.port = after("on")
-            .strip_prefix("127.0.0.1:")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected startup line {line:?}"));
+        let mock = Mock {
+            events: after("kv-events"),
+            replay: after("kv-events-replay"),
+            port: after("on")
+                .strip_prefix("127.0.0.1:")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected startup line {line:?}")),
+            _proc: proc,
+        };
         assert!(mock.events.starts_with("tcp://127.0.0.1:"), "{line}");
         assert_ne!(mock.events, "tcp://127.0.0.1:0", "port 0 is resolved");
         mock
@@ -115,13 +104,6 @@ impl Mock {
     async fn reset(&self) {
         let reply = self.post("/admin/reset_prefix_cache", &json!({})).await;
         assert_eq!(reply["success"], true);
-    }
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
