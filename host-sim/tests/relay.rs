@@ -35,8 +35,8 @@ fn route(host: &mut Host, vm: usize, body: Vec<u8>) -> (String, String) {
 }
 
 /// Twelve conversations of four turns, first turns and later turns interleaved,
-/// each request on the VM `vm_of` names, 10 ms apart (the routing VM's hold of its
-/// decisions for another VM lasts 5 ms: every decision sees an idle fleet).
+/// each request on the VM `vm_of` names, 10 ms apart, each finished before the
+/// next: every decision sees an idle fleet.
 fn workload(host: &mut Host, vm_of: impl Fn(usize) -> usize) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for i in 0..48 {
@@ -96,8 +96,10 @@ fn the_routing_vm_routes_its_own_requests_too() {
     assert_eq!(support::stat(&h, "llm_router_relay_answered"), 1);
 }
 
+/// The routing VM counts each request it decided for another VM from its
+/// decision to its end, whenever the asking VM shares its own counts.
 #[test]
-fn in_flight_counts_of_asked_requests_reach_the_router_at_once() {
+fn an_asked_request_counts_on_the_router_until_its_end() {
     // Three requests in flight on one worker make the fleet imbalanced.
     let mut h = host(
         3,
@@ -107,10 +109,10 @@ fn in_flight_counts_of_asked_requests_reach_the_router_at_once() {
     h.advance_time(10).unwrap();
     let held: Vec<_> = (0..3)
         .map(|turn| {
-            // No time passes: the asking VMs have not shared their counts yet; the
-            // router's own hold of each decision counts them.
             let (cluster, out) = support::open(&mut h, 1 + turn % 2, spec(chat(1, turn + 1)));
             assert_eq!(cluster, owner, "hits while balanced");
+            // Longer than a sync window and shorter than an asking VM's tick.
+            h.advance_time(40).unwrap();
             out.handle
         })
         .collect();
@@ -120,12 +122,42 @@ fn in_flight_counts_of_asked_requests_reach_the_router_at_once() {
     for handle in held {
         h.vm(handle.vm).finish(handle).unwrap();
     }
+    // Each asking VM's last end is told at once: the fleet is balanced again.
+    h.advance_time(1).unwrap();
+    assert_eq!(
+        route(&mut h, 1, chat(1, 5)),
+        (diverted, "cache_hit".into()),
+        "the longest prefix is the diverted turn's"
+    );
     h.advance_time(2_000).unwrap();
     assert_eq!(
         support::stat(&h, "llm_router_inflight"),
         0,
         "every count released"
     );
+}
+
+/// An asking VM that stops telling (it failed, or Envoy replaced it) has its
+/// requests given back at the owner expiry; one alive keeps them by its beat.
+#[test]
+fn a_silent_asking_vm_has_its_counts_given_back_at_the_owner_expiry() {
+    let mut h = host(2, r#","route_in":"one_vm""#);
+    h.advance_time(10).unwrap();
+    let (_, out) = support::open(&mut h, 1, spec(chat(1, 0)));
+    h.advance_time(30_000).unwrap();
+    assert_eq!(
+        support::stat(&h, "llm_router_inflight"),
+        1,
+        "kept by the beat"
+    );
+    // Nothing this VM sends reaches the router any more.
+    h.inject(Fault::new(
+        "proxy_enqueue_shared_queue",
+        Status::InternalFailure,
+    ));
+    h.advance_time(30_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_inflight"), 0, "given back");
+    h.vm(1).finish(out.handle).unwrap();
 }
 
 /// The chars of the trees the worker behind `cluster` (`engine_i`: `wi`) holds, as
@@ -228,7 +260,7 @@ fn a_routing_vm_that_stops_is_replaced_and_the_trees_come_back_from_the_ring() {
     h.advance_time(10).unwrap();
     let (owner, _) = route(&mut h, 1, chat(1, 0));
     // The routing VM crashes on the next question it takes: it ticks no more.
-    h.inject(Fault::trap("proxy_dequeue_shared_queue").on_call(5));
+    h.inject(Fault::trap("proxy_dequeue_shared_queue").on_call(7));
     h.advance_time(10).unwrap();
     let out = h.vm(1).request(spec(chat(2, 0))).unwrap();
     assert!(h.failure(0).is_some(), "the routing VM failed");

@@ -1,6 +1,6 @@
 //! The routing VM answering questions (`route_in: one_vm`): each decided as a
 //! request of its own (`super::decide`), its tree operations recorded, its counts
-//! held until the asking VM's are shared (`crate::relay::handover`), and the answer
+//! held until the asking VM tells its end (`crate::relay::holds`), and the answer
 //! sent to the asking VM's queue.
 
 use super::bookkeeping;
@@ -10,24 +10,31 @@ use super::hostcalls;
 use super::state::State;
 use crate::decision::Decision;
 use crate::parse;
-use crate::policy::predicted_ttft::WorkHold;
-use crate::relay::{Answer, Ask, Handover, Part, Refused, Routed, Verdict};
+use crate::relay::{Answer, Ask, Given, Hold, Inbound, Leg, Note, Part, Refused, Routed, Verdict};
 use crate::request::plan::Refusal;
+use crate::shared::owner_expiry_ms;
 use proxy_wasm::types::LogLevel;
 
-/// Decides every question waiting on the route queue and answers each.
+/// Takes every message waiting on the route queue: answers each question, and
+/// gives back what the notes tell.
 pub fn answer_questions(state: &mut State, queue: u32) {
     while let Ok(Some(message)) = hostcalls::dequeue_shared_queue(queue) {
-        let Some(ask) = Ask::decode(&message) else {
-            continue;
-        };
-        answer(state, &ask, host::now_ms());
+        take(state, &message);
     }
 }
 
-/// Decides one question and answers it.
-pub fn answer(state: &mut State, ask: &Ask<'_>, now: u64) {
-    release_handed(state, now);
+/// One message of the route queue.
+pub fn take(state: &mut State, message: &[u8]) {
+    match Inbound::decode(message) {
+        Some(Inbound::Ask(ask)) => answer(state, &ask, host::now_ms()),
+        Some(Inbound::Told(told)) => heard(state, told.reply, &told.notes, host::now_ms()),
+        None => {}
+    }
+}
+
+/// Decides one question and answers it; the notes it carries first.
+fn answer(state: &mut State, ask: &Ask<'_>, now: u64) {
+    heard(state, ask.reply, &ask.notes, now);
     let verdict = verdict(state, ask, now);
     state.metrics.relay_answered.inc();
     let answer = Answer {
@@ -71,9 +78,15 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
             None => return refused(Refusal::UnknownWorker),
         },
     };
-    hand_over(state, &main_worker, &decided.plan.main, now);
+    hold(
+        state,
+        (ask, Leg::Main),
+        &main_worker,
+        &decided.plan.main,
+        now,
+    );
     if let Some((d, worker, _)) = &prefill {
-        hand_over(state, worker, d, now);
+        hold(state, (ask, Leg::Prefill), worker, d, now);
     }
     let main = decided.plan.main;
     // Counted by the VM that asked, with its other counts of the request.
@@ -88,28 +101,73 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
     })
 }
 
-/// Counts a decision made for another VM here until that VM's count is shared
-/// (`crate::relay::handover`).
-fn hand_over(state: &mut State, worker: &str, d: &Decision, now: u64) {
+/// Counts a request decided for another VM here, with `predicted_ttft`'s booking
+/// of its prefill, until that VM tells its end (`crate::relay::holds`).
+fn hold(state: &mut State, (ask, leg): (&Ask<'_>, Leg), worker: &str, d: &Decision, now: u64) {
     bookkeeping::take_count(state, worker);
-    // The prediction is recorded once, by the VM that asked.
-    let work = d
-        .predicted
-        .map(|p| WorkHold::take(&state.shared.inflight, worker, &p, now));
-    let due = now.saturating_add(Handover::<()>::hold_ms(state.router.config().sync_batch_ms));
-    if let Part::Router { handover, .. } = &mut state.relay {
-        handover.hold(due, (worker.to_string(), work));
+    let booked_chars = d.predicted.map(|p| {
+        state.shared.inflight.book_prefill(worker, p.uncached_chars);
+        p.uncached_chars
+    });
+    let hold = Hold {
+        worker: worker.to_string(),
+        booked_chars,
+    };
+    let replaced = match &mut state.relay {
+        Part::Router { holds, .. } => holds.hold(ask.reply, ask.ctx, leg, hold, now),
+        _ => Some(hold),
+    };
+    if let Some(old) = replaced {
+        give_back(state, Given::Hold(old));
     }
 }
 
-/// Gives back the handed-over counts that are due.
-pub fn release_handed(state: &mut State, now: u64) {
-    let due = match &mut state.relay {
-        Part::Router { handover, .. } if !handover.is_empty() => handover.due(now),
+/// What the VM answered on `reply` told: the holds its notes end given back.
+fn heard(state: &mut State, reply: u32, notes: &[Note], now: u64) {
+    let given = match &mut state.relay {
+        Part::Router { holds, .. } => holds.told(reply, notes, now),
         _ => return,
     };
-    for (worker, mut work) in due {
-        bookkeeping::release_count(state, &worker);
-        bookkeeping::end_work(state, &mut work);
+    for g in given {
+        give_back(state, g);
+    }
+}
+
+/// Gives back the holds of VMs silent past the owner expiry (they failed, or
+/// Envoy replaced them).
+pub fn expire_holds(state: &mut State, now: u64) {
+    let expiry = owner_expiry_ms(state.router.config().tick_ms());
+    let expired = match &mut state.relay {
+        Part::Router { holds, .. } if !holds.is_empty() => holds.expired(now, expiry),
+        _ => return,
+    };
+    for hold in expired {
+        give_back(state, Given::Hold(hold));
+    }
+}
+
+/// Gives every hold back: this VM no longer routes.
+pub fn give_back_all(state: &mut State) {
+    let all = match &mut state.relay {
+        Part::Router { holds, .. } => holds.drain(),
+        _ => return,
+    };
+    for hold in all {
+        give_back(state, Given::Hold(hold));
+    }
+}
+
+fn give_back(state: &State, given: Given) {
+    match given {
+        Given::Booking { worker, chars } => bookkeeping::release_booking(state, &worker, chars),
+        Given::Hold(Hold {
+            worker,
+            booked_chars,
+        }) => {
+            if let Some(chars) = booked_chars {
+                bookkeeping::release_booking(state, &worker, chars);
+            }
+            bookkeeping::release_count(state, &worker);
+        }
     }
 }

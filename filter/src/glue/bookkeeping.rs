@@ -6,10 +6,11 @@ use std::rc::Rc;
 
 use super::host::HostStore;
 use super::state::State;
+use super::telling;
 use crate::decision::Decision;
 use crate::parse::{self, Parsed};
 use crate::policy::predicted_ttft::WorkHold;
-use crate::relay::RecordMeta;
+use crate::relay::{Event, Leg, Note, Part, RecordMeta};
 use crate::request::bookkeeping::booking;
 use crate::request::plan::Plan;
 use crate::request::router::Record;
@@ -18,19 +19,49 @@ use crate::shared::{truncate_text, Op, Recorded, Stage};
 /// An in-flight count held on a worker, by name: counts are keyed by name, so one is
 /// released correctly even if a config update reorders the workers meanwhile. The
 /// count is this VM's (`crate::shared::InflightTable`): kept in memory even when
-/// its publication failed, so it is released whatever happened to the write.
+/// its publication failed, so it is released whatever happened to the write. Or,
+/// for a request the routing VM decided (`route_in: one_vm`), the routing VM's,
+/// which this VM tells of the request's first byte and end (`super::telling`).
 pub struct Held {
     worker: String,
     counted: bool,
+    by: CountedBy,
+}
+
+/// Whose count a request holds.
+#[derive(Debug, Clone, Copy)]
+enum CountedBy {
+    This,
+    /// The routing VM's, for this VM's stream `ctx`; `booked`: with a prefill
+    /// booking its first byte gives back.
+    Router {
+        ctx: u32,
+        leg: Leg,
+        booked: bool,
+    },
 }
 
 impl Held {
     /// Published by this VM's next sync: `book`'s, if the request syncs.
-    pub fn take(state: &State, worker: &str) -> Held {
+    fn take(state: &State, worker: &str) -> Held {
         take_count(state, worker);
         Held {
             worker: worker.to_string(),
             counted: true,
+            by: CountedBy::This,
+        }
+    }
+
+    /// The count the routing VM took for this VM's stream `ctx` (`booked`: with
+    /// `predicted_ttft`'s prefill booking).
+    fn told(state: &State, worker: &str, (ctx, leg): (u32, Leg), booked: bool) -> Held {
+        if let Part::Asker { tell, .. } = &state.relay {
+            tell.counted();
+        }
+        Held {
+            worker: worker.to_string(),
+            counted: true,
+            by: CountedBy::Router { ctx, leg, booked },
         }
     }
 
@@ -43,8 +74,67 @@ impl Held {
     /// Gives the count back, at most once. This VM's last count is published at
     /// once, by the stream's `settle` when records wait (one write for both).
     pub fn release(&mut self, state: &State) {
-        if std::mem::take(&mut self.counted) {
-            release_count(state, &self.worker);
+        if !std::mem::take(&mut self.counted) {
+            return;
+        }
+        match self.by {
+            CountedBy::This => release_count(state, &self.worker),
+            CountedBy::Router { ctx, leg, .. } => {
+                let end = Note {
+                    ctx,
+                    leg,
+                    event: Event::End,
+                };
+                telling::note(state, end, true);
+            }
+        }
+    }
+
+    /// The request's first response byte: the routing VM's booking of its
+    /// prefill is given back (this VM's own is `first_byte`'s), at most once.
+    pub fn first_byte(&mut self, state: &State) {
+        if let CountedBy::Router {
+            ctx,
+            leg,
+            booked: booked @ true,
+        } = &mut self.by
+        {
+            *booked = false;
+            let first = Note {
+                ctx: *ctx,
+                leg: *leg,
+                event: Event::FirstByte,
+            };
+            telling::note(state, first, true);
+        }
+    }
+}
+
+/// The counts a routed request holds on `worker` for `d`: this VM's, with
+/// `predicted_ttft`'s booking of its prefill (other policies: none) published with
+/// them, at the clock the request read; or, for the stream and leg `told`, the
+/// routing VM's (this VM only learns from the request).
+pub fn count(
+    state: &State,
+    worker: &str,
+    d: &Decision,
+    told: Option<(u32, Leg)>,
+) -> (Held, Option<WorkHold>) {
+    if let Some(p) = d.predicted {
+        state.metrics.predicted_ttft_ms.set(p.ttft_us / 1000);
+    }
+    let now = state.shared.recent_ms.get();
+    match told {
+        None => {
+            let work = d
+                .predicted
+                .map(|p| WorkHold::take(&state.shared.inflight, worker, &p, now));
+            (Held::take(state, worker), work)
+        }
+        Some(stream) => {
+            let held = Held::told(state, worker, stream, d.predicted.is_some());
+            let work = d.predicted.map(|p| WorkHold::watch(worker, &p, now));
+            (held, work)
         }
     }
 }
@@ -60,6 +150,13 @@ pub fn release_count(state: &State, worker: &str) {
     publish_last(state, last);
 }
 
+/// Gives back a prefill booking of `chars` on `worker` taken in this VM's row
+/// directly (the routing VM's, for another VM's request).
+pub fn release_booking(state: &State, worker: &str, chars: u64) {
+    let last = state.shared.inflight.release_prefill(worker, chars);
+    publish_last(state, last);
+}
+
 /// Publishes this VM's counts when a release gave back its last (`last`), unless
 /// records wait: the stream's `settle` then writes both at once.
 fn publish_last(state: &State, last: bool) {
@@ -67,15 +164,6 @@ fn publish_last(state: &State, last: bool) {
     if last && s.outbox.is_empty() {
         s.inflight.flush(&HostStore, &s.ring, s.recent_ms.get());
     }
-}
-
-/// Books a `predicted_ttft` decision's prefill on `worker` (other policies: none),
-/// published with the request's in-flight count, at the clock the request read.
-pub fn take_work(state: &State, worker: &str, d: &Decision) -> Option<WorkHold> {
-    let p = d.predicted?;
-    state.metrics.predicted_ttft_ms.set(p.ttft_us / 1000);
-    let s = &state.shared;
-    Some(WorkHold::take(&s.inflight, worker, &p, s.recent_ms.get()))
 }
 
 /// The first response byte of a booked request (a streamed answer calls this for

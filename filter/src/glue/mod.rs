@@ -13,7 +13,8 @@
 //! `decide` (a request's decision, here or for another VM), `relay` (one VM routes
 //! for the others: asking, waiting, the deadline), `seat` (which VM routes),
 //! `queues` (this VM's relay queues and the streams they serve), `answering` (the
-//! routing VM's side), `relayed` (the stream handle the relay shares), `metrics`
+//! routing VM's side), `relayed` (the stream handle the relay shares), `telling`
+//! (what an asking VM tells the routing VM of the requests it counts), `metrics`
 //! and `host`.
 
 mod answering;
@@ -36,6 +37,7 @@ mod root;
 mod seat;
 mod state;
 mod stream;
+mod telling;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -4,9 +4,9 @@
 //! The VM that holds the seat registers a route queue and keeps the trees. Every
 //! other VM registers a reply queue, sends each request's path and body to the
 //! route queue and pauses the stream; the routing VM decides as it would for a
-//! request of its own (`super::decide`), counts the request, books its records, and
-//! answers; the asking VM applies the answer (routing header, PD's prefill leg, its
-//! own in-flight count) and resumes the stream.
+//! request of its own (`super::decide`), counts the request until the asking VM
+//! tells its end (`super::telling`), books its records, and answers; the asking VM
+//! applies the answer (routing header, PD's prefill leg) and resumes the stream.
 //!
 //! A question unanswered after `relay_deadline_ms` (the main thread busy with
 //! configuration) is decided by its own VM, by load; a routing VM that stops
@@ -16,14 +16,15 @@
 
 use std::rc::Weak;
 
-use super::answering::{answer, answer_questions, release_handed};
+use super::answering::{self, answer_questions, expire_holds};
 use super::bookkeeping::{self, Undo};
 use super::host;
 use super::hostcalls;
 use super::queues::{self, resume_with, take_stream, Queue, StreamRef};
 use super::seat::{read_seat, take_or_follow, take_seat};
 use super::state::{Shared, State};
-use crate::relay::{Answer, Ask, Handover, Late, Part, Verdict};
+use super::telling;
+use crate::relay::{Answer, Ask, Inbound, Late, Part, Verdict};
 
 /// How long a late question's body is kept for its answer: a router that has not
 /// answered in this long has lost the question with its VM.
@@ -37,10 +38,7 @@ pub fn tick_period_ms(state: &State) -> u64 {
     match &state.relay {
         Part::EveryVm => cfg.tick_ms(),
         Part::Asker { route: None, .. } => SETTLING_TICK_MS,
-        Part::Asker { .. } => deadline_tick_ms(state),
-        // The routing VM gives its hold of each decision back when due
-        // (`crate::relay::handover`), and what it counted with the last one.
-        Part::Router { .. } => Handover::<()>::hold_ms(cfg.sync_batch_ms).clamp(1, cfg.tick_ms()),
+        Part::Asker { .. } | Part::Router { .. } => deadline_tick_ms(state),
     }
 }
 
@@ -53,8 +51,8 @@ fn deadline_tick_ms(state: &State) -> u64 {
 /// The tick of a root context that has not found the routing VM yet.
 const SETTLING_TICK_MS: u64 = 5;
 
-/// The relay's part of a tick: the seat, the routing VM's handed-over counts, and
-/// the questions past their deadline.
+/// The relay's part of a tick: the seat, the routing VM's holds of silent VMs,
+/// what an asking VM has to tell, and the questions past their deadline.
 pub fn tick(shared: &Shared, now: u64) {
     let Ok(mut slot) = shared.try_borrow_mut() else {
         return;
@@ -70,7 +68,8 @@ pub fn tick(shared: &Shared, now: u64) {
     if beat_due {
         take_or_follow(shared, state, now, true);
     }
-    release_handed(state, now);
+    expire_holds(state, now);
+    telling::send_if_due(state, now);
     let deadline = state.router.config().relay_deadline_ms;
     let late: Vec<(u32, StreamRef)> = match &mut state.relay {
         Part::Asker { waiting, .. } => waiting
@@ -116,15 +115,16 @@ pub fn ask(shared: &Shared, state: &mut State, ctx: u32, path: Option<&str>, bod
     let Part::Asker { route, reply, .. } = &state.relay else {
         return false;
     };
-    let sent = match (route, reply) {
+    let sent = match (*route, *reply) {
         (Some(route), Some(reply)) => {
             let ask = Ask {
-                reply: *reply,
+                reply,
                 ctx,
                 path,
                 body,
+                notes: telling::riding(state, host::now_ms()),
             };
-            hostcalls::enqueue_shared_queue(*route, &ask.encode()).is_ok()
+            hostcalls::enqueue_shared_queue(route, &ask.encode()).is_ok()
         }
         _ => false,
     };
@@ -185,7 +185,7 @@ fn orphaned(queue_id: u32) {
         return;
     };
     let shared = queues::an_asker().as_ref().and_then(Weak::upgrade);
-    let (Some(shared), Some(_)) = (shared, Ask::decode(&first)) else {
+    let (Some(shared), Some(_)) = (shared, Inbound::decode(&first)) else {
         while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
         return;
     };
@@ -206,9 +206,7 @@ fn orphaned(queue_id: u32) {
         return;
     }
     queues::register(queue_id, Queue::Route, &shared);
-    if let Some(ask) = Ask::decode(&first) {
-        answer(state, &ask, host::now_ms());
-    }
+    answering::take(state, &first);
     answer_questions(state, queue_id);
 }
 
@@ -226,14 +224,19 @@ fn take_answers(state: &mut State, queue: u32) {
             _ => (None, None),
         };
         let verdict = answer.verdict;
-        // Routed here at the deadline: what the answer recorded is undone.
+        // Routed here at the deadline: what the answer recorded is undone, and
+        // what it counted.
         if let (Some(l), Verdict::Routed(r)) = (late, &verdict) {
             let undo = Undo::remote(r.records.clone(), l.body, l.path);
             bookkeeping::forget(state, undo, None);
+            telling::never_sent(state, answer.ctx);
             continue;
         }
-        // Gone (its client left): nothing to apply.
+        // Gone (its client left): nothing to apply; what it counted is undone.
         let Some(stream) = stream else {
+            if let Verdict::Routed(_) = verdict {
+                telling::never_sent(state, answer.ctx);
+            }
             continue;
         };
         resume_with(state, answer.ctx, &stream, move |s, state| {

@@ -8,12 +8,13 @@ use std::collections::HashMap;
 use proxy_wasm::types::LogLevel;
 use sha2::{Digest, Sha256};
 
+use super::answering;
 use super::host::{self, HostStore};
 use super::hostcalls;
 use super::queues::{self, resume_with, take_stream, Queue};
 use super::state::{Shared, State};
 use crate::config::RouteIn;
-use crate::relay::{seat, Handover, Part, Seat, SeatCall, Seated};
+use crate::relay::{seat, Holds, Part, Seat, SeatCall, Seated, Tell};
 use crate::shared::{SetOutcome, SharedStore};
 
 /// How long a seat holder may go without a beat before another VM takes over: a
@@ -70,6 +71,7 @@ fn asking(shared: &Shared, seat: Seated) -> Part {
         following: 0,
         waiting: HashMap::new(),
         late: HashMap::new(),
+        tell: Tell::default(),
     }
 }
 
@@ -166,7 +168,7 @@ fn seated(shared: &Shared, state: &mut State, queue_name: &str, now: u64) {
     state.relay = Part::Router {
         seat,
         beat_ms: now,
-        handover: Handover::default(),
+        holds: Holds::default(),
     };
     state.serve();
     for ctx in waiting.into_keys() {
@@ -197,6 +199,10 @@ fn follow(shared: &Shared, state: &mut State, found: Option<Seat>) {
         return;
     };
     if state.relay.routes_for_others() {
+        // Their ends are told to the new router, which did not count them: the
+        // requests in flight go uncounted for the rest of their life, as at a
+        // takeover.
+        answering::give_back_all(state);
         if let Part::Router { seat, .. } = std::mem::take(&mut state.relay) {
             state.relay = asking(shared, seat);
         }

@@ -126,9 +126,9 @@ impl State {
     pub fn holds_no_stream(&self) -> bool {
         let inflight = &self.shared.inflight;
         match &self.relay {
-            Part::Router { handover, .. } if !handover.is_empty() => {
+            Part::Router { holds, .. } if !holds.is_empty() => {
                 let held: u64 = inflight.mine().iter().map(|(_, n)| n).sum();
-                held <= handover.len() as u64
+                held <= holds.len() as u64
             }
             _ => inflight.holds_nothing(),
         }

@@ -16,11 +16,12 @@ use super::push::{self, Start};
 use super::replica;
 use super::reply;
 use super::state::{Shared, State};
+use super::telling;
 use crate::config::{DecisionHeaders, Target};
 use crate::decision::Decision;
 use crate::parse::{self, Reading};
 use crate::policy::predicted_ttft::WorkHold;
-use crate::relay::Verdict;
+use crate::relay::{self, Verdict};
 use crate::request::bookkeeping::booking_of;
 use crate::request::models;
 use crate::request::plan::Refusal;
@@ -137,7 +138,7 @@ impl Stream {
             .prefill
             .as_ref()
             .map(|l| (l.decision, l.body.as_slice()));
-        if let Err(refusal) = self.apply(state, plan.main, prefill, body.len()) {
+        if let Err(refusal) = self.apply(state, plan.main, prefill, body.len(), None) {
             return reply::refusal(refusal);
         }
         let undo = bookkeeping::book(state, plan, decided.text_chars);
@@ -185,9 +186,9 @@ impl Stream {
             }),
         };
         let applied = match (main, prefill) {
-            (Some(main), Some(prefill)) => {
-                self.apply(state, main, prefill, body.len()).map(|()| main)
-            }
+            (Some(main), Some(prefill)) => self
+                .apply(state, main, prefill, body.len(), Some(self.id))
+                .map(|()| main),
             _ => Err(Refusal::UnknownWorker),
         };
         let undo = Undo::remote(routed.records, body, self.path.clone());
@@ -199,8 +200,9 @@ impl Stream {
                 self.routed_on(undo)
             }
             Err(refusal) => {
-                // What the routing VM recorded for it is undone.
+                // What the routing VM recorded and counted for it is undone.
                 bookkeeping::unserved(state, undo, None);
+                telling::never_sent(state, self.id);
                 reply::refusal(refusal)
             }
         }
@@ -237,13 +239,15 @@ impl Stream {
     }
 
     /// Sets the routing header and, in PD, sends the prefill leg (`prefill`: its
-    /// decision and body), taking the in-flight counts: the stream is routed.
+    /// decision and body), taking the in-flight counts (`told`: this stream's id,
+    /// the routing VM counts it): the stream is routed.
     fn apply(
         &mut self,
         state: &mut State,
         main: Decision,
         prefill: Option<(Decision, &[u8])>,
         body_len: usize,
+        told: Option<u32>,
     ) -> Result<(), Refusal> {
         let target =
             route_target(state.router.config(), main.worker).ok_or(Refusal::UnknownWorker)?;
@@ -274,12 +278,16 @@ impl Stream {
                         Ok((w, token))
                     });
                 match sent {
-                    Ok((w, token)) => Some(Leg {
-                        decision,
-                        held: Held::take(state, &w.name),
-                        token,
-                        work: bookkeeping::take_work(state, &w.name, &decision),
-                    }),
+                    Ok((w, token)) => {
+                        let told = told.map(|ctx| (ctx, relay::Leg::Prefill));
+                        let (held, work) = bookkeeping::count(state, &w.name, &decision, told);
+                        Some(Leg {
+                            decision,
+                            held,
+                            token,
+                            work,
+                        })
+                    }
                     Err(refusal) => {
                         state.metrics.pd_prefill_failures.inc();
                         return Err(refusal);
@@ -287,8 +295,8 @@ impl Stream {
                 }
             }
         };
-        let held = Held::take(state, target.worker);
-        let work = bookkeeping::take_work(state, target.worker, &main);
+        let told = told.map(|ctx| (ctx, relay::Leg::Main));
+        let (held, work) = bookkeeping::count(state, target.worker, &main, told);
         self.routed = Some(Routed {
             decision: main,
             held,
@@ -435,6 +443,7 @@ impl Stream {
             return;
         };
         if let Some(state) = self.state.borrow().as_ref() {
+            routed.held.first_byte(state);
             bookkeeping::first_byte(state, &mut routed.work);
         }
     }

@@ -6,21 +6,25 @@
 //!   router that stops (its VM failed, its configuration was replaced) is taken
 //!   over by the next VM that notices;
 //! - `wire`: what crosses the queues: a worker VM's question (the request's path
-//!   and body) and the router's answer (the decisions, the worker names, PD's
+//!   and body, with its notes of ended requests) and the router's answer (the decisions, the worker names, PD's
 //!   rewritten body, and what undoes the records if no engine serves it);
-//! - `handover`: the router's own count of a decision, held until the asking VM's
-//!   count of it is shared;
+//! - `holds`: the router's counts of the requests it decided for other VMs, for
+//!   their whole life, and `tell`: what an asking VM tells it of their ends;
 //! - `part`: a root context's part (routing, asking, or neither) and what it keeps.
 //!
 //! Sans-IO like the rest of the core: the glue (`glue::relay`) registers the
 //! queues, pauses and resumes the streams.
 
-pub mod handover;
+pub mod holds;
 pub mod part;
 pub mod seat;
+pub mod tell;
 pub mod wire;
 
-pub use handover::Handover;
+pub use holds::{Given, Hold, Holds};
 pub use part::{Late, Part, Seated};
 pub use seat::{Seat, SeatCall};
-pub use wire::{Answer, Ask, RecordMeta, Refused, Routed, Verdict};
+pub use tell::Tell;
+pub use wire::{
+    Answer, Ask, Event, Inbound, Leg, Note, RecordMeta, Refused, Routed, Told, Verdict,
+};

@@ -1,11 +1,10 @@
 //! A root context's part in `route_in: one_vm`, as plain data: which VM it is to
-//! the seat, its queues, the questions it waits on, and the routing VM's holds of
-//! the decisions it made for others. The glue (`glue::relay`) acts on it.
+//! the seat, its queues, the questions it waits on and what it tells the routing
+//! VM, and the routing VM's holds of the requests it decided for others. The glue (`glue::relay`) acts on it.
 
 use std::collections::HashMap;
 
-use super::Handover;
-use crate::policy::predicted_ttft::WorkHold;
+use super::{Holds, Tell};
 
 /// This root context's part.
 #[derive(Debug, Default)]
@@ -18,9 +17,8 @@ pub enum Part {
         seat: Seated,
         /// When this root context last beat.
         beat_ms: u64,
-        /// The counts of decisions made for other VMs (the worker, and
-        /// `predicted_ttft`'s booking), until theirs are shared.
-        handover: Handover<(String, Option<WorkHold>)>,
+        /// The counts of the requests decided for other VMs.
+        holds: Holds,
     },
     /// Asks the routing VM.
     Asker {
@@ -36,6 +34,8 @@ pub enum Part {
         /// Questions routed here at the deadline whose answer is still to come, by
         /// context id.
         late: HashMap<u32, Late>,
+        /// What this VM has to tell the routing VM of the requests it counts.
+        tell: Tell,
     },
 }
 
@@ -90,7 +90,7 @@ mod tests {
         let router = Part::Router {
             seat: seated(),
             beat_ms: 0,
-            handover: Handover::default(),
+            holds: Holds::default(),
         };
         let asker = Part::Asker {
             seat: seated(),
@@ -99,6 +99,7 @@ mod tests {
             following: 0,
             waiting: HashMap::new(),
             late: HashMap::new(),
+            tell: Tell::default(),
         };
         assert!(router.routes_for_others() && !router.asks());
         assert!(asker.asks() && !asker.routes_for_others());

@@ -15,24 +15,142 @@ use crate::shared::{pool_code, pool_of, put_bytes, put_varint, Reader};
 const TAG_ASK: u8 = 1;
 const TAG_ROUTED: u8 = 2;
 const TAG_REFUSED: u8 = 3;
+const TAG_TOLD: u8 = 4;
 
-/// A worker VM's question: route the stream `ctx`, and answer on queue `reply`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A worker VM's question: route the stream `ctx`, and answer on queue `reply`;
+/// with it, what the VM tells of the streams the routing VM counts for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ask<'a> {
     pub reply: u32,
     pub ctx: u32,
     /// `:path`, when the asking VM read it (PD, or a body that leaves its API open).
     pub path: Option<&'a str>,
     pub body: &'a [u8],
+    pub notes: Vec<Note>,
+}
+
+/// What a VM tells the routing VM of one stream it decided for it
+/// (`super::holds`): the routing VM counts the request until it hears its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Note {
+    pub ctx: u32,
+    pub leg: Leg,
+    pub event: Event,
+}
+
+/// Which of a stream's requests a count is for: the request itself, or PD's copy
+/// to the prefill worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Leg {
+    Main,
+    Prefill,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// The first response byte: the booked prefill is done.
+    FirstByte,
+    /// The request ended, however it ended (or never went out).
+    End,
+}
+
+impl Note {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.ctx.to_le_bytes());
+        let leg = u8::from(self.leg == Leg::Prefill);
+        let event = u8::from(self.event == Event::End);
+        out.push(leg << 1 | event);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Option<Note> {
+        let ctx = r.u32()?;
+        let bits = r.u8()?;
+        if bits > 3 {
+            return None;
+        }
+        let leg = if bits & 2 == 0 {
+            Leg::Main
+        } else {
+            Leg::Prefill
+        };
+        let event = if bits & 1 == 0 {
+            Event::FirstByte
+        } else {
+            Event::End
+        };
+        Some(Note { ctx, leg, event })
+    }
+}
+
+/// Each note takes five bytes.
+const NOTE_BYTES: u64 = 5;
+
+fn put_notes(out: &mut Vec<u8>, notes: &[Note]) {
+    put_varint(out, notes.len() as u64);
+    for n in notes {
+        n.encode(out);
+    }
+}
+
+fn notes(r: &mut Reader<'_>) -> Option<Vec<Note>> {
+    let n = r.varint()?;
+    // A count no message could hold is a lie.
+    if n > r.0.len() as u64 / NOTE_BYTES {
+        return None;
+    }
+    (0..n).map(|_| Note::decode(r)).collect()
+}
+
+/// A worker VM's notes alone (no question to carry them), or its heartbeat (none):
+/// the routing VM keeps the VM's counts while it hears from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Told {
+    pub reply: u32,
+    pub notes: Vec<Note>,
+}
+
+impl Told {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.notes.len() * NOTE_BYTES as usize);
+        out.push(TAG_TOLD);
+        out.extend_from_slice(&self.reply.to_le_bytes());
+        put_notes(&mut out, &self.notes);
+        out
+    }
+}
+
+/// What the route queue carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inbound<'a> {
+    Ask(Ask<'a>),
+    Told(Told),
+}
+
+impl<'a> Inbound<'a> {
+    pub fn decode(bytes: &'a [u8]) -> Option<Inbound<'a>> {
+        match *bytes.first()? {
+            TAG_ASK => Ask::decode(bytes).map(Inbound::Ask),
+            TAG_TOLD => {
+                let mut r = Reader(bytes.get(1..)?);
+                let reply = r.u32()?;
+                let notes = notes(&mut r)?;
+                r.0.is_empty()
+                    .then_some(Inbound::Told(Told { reply, notes }))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl<'a> Ask<'a> {
     pub fn encode(&self) -> Vec<u8> {
         let path = self.path.map_or(0, str::len);
-        let mut out = Vec::with_capacity(16 + path + self.body.len());
+        let notes = self.notes.len() * NOTE_BYTES as usize;
+        let mut out = Vec::with_capacity(16 + notes + path + self.body.len());
         out.push(TAG_ASK);
         out.extend_from_slice(&self.reply.to_le_bytes());
         out.extend_from_slice(&self.ctx.to_le_bytes());
+        put_notes(&mut out, &self.notes);
         match self.path {
             None => out.push(0),
             Some(p) => {
@@ -52,6 +170,7 @@ impl<'a> Ask<'a> {
         }
         let reply = r.u32()?;
         let ctx = r.u32()?;
+        let notes = notes(&mut r)?;
         let path = match r.u8()? {
             0 => None,
             1 => Some(r.str()?),
@@ -62,6 +181,7 @@ impl<'a> Ask<'a> {
             ctx,
             path,
             body: r.0,
+            notes,
         })
     }
 }
@@ -285,25 +405,69 @@ mod tests {
         }
     }
 
+    fn every_note() -> Vec<Note> {
+        let mut all = Vec::new();
+        for (ctx, leg) in [(7, Leg::Main), (u32::MAX, Leg::Prefill)] {
+            for event in [Event::FirstByte, Event::End] {
+                all.push(Note { ctx, leg, event });
+            }
+        }
+        all
+    }
+
     #[test]
-    fn an_ask_round_trips_with_and_without_a_path() {
+    fn an_ask_round_trips_with_and_without_a_path_and_notes() {
         let body = br#"{"model":"m","prompt":"hello"}"#;
         for path in [None, Some("/v1/completions"), Some("")] {
-            let ask = Ask {
-                reply: 3,
-                ctx: 17,
-                path,
-                body,
-            };
-            assert_eq!(Ask::decode(&ask.encode()), Some(ask));
+            for notes in [Vec::new(), every_note()] {
+                let ask = Ask {
+                    reply: 3,
+                    ctx: 17,
+                    path,
+                    body,
+                    notes,
+                };
+                let bytes = ask.encode();
+                assert_eq!(Ask::decode(&bytes), Some(ask.clone()));
+                assert_eq!(Inbound::decode(&bytes), Some(Inbound::Ask(ask)));
+            }
         }
         let empty = Ask {
             reply: 1,
             ctx: 2,
             path: None,
             body: b"",
+            notes: Vec::new(),
         };
         assert_eq!(Ask::decode(&empty.encode()), Some(empty));
+    }
+
+    #[test]
+    fn notes_alone_round_trip_and_a_damaged_message_is_refused() {
+        for notes in [Vec::new(), every_note()] {
+            let told = Told { reply: 9, notes };
+            let bytes = told.encode();
+            assert_eq!(Inbound::decode(&bytes), Some(Inbound::Told(told)));
+            for n in 0..bytes.len() {
+                assert_eq!(Inbound::decode(&bytes[..n]), None, "cut at {n}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(Inbound::decode(&longer), None);
+        }
+        let mut bad_event = Told {
+            reply: 1,
+            notes: every_note(),
+        }
+        .encode();
+        let last = bad_event.len() - 1;
+        bad_event[last] = 4;
+        assert_eq!(Inbound::decode(&bad_event), None);
+        // A count of notes no message could hold.
+        let mut lying = vec![TAG_TOLD, 1, 0, 0, 0];
+        put_varint(&mut lying, u64::MAX);
+        assert_eq!(Inbound::decode(&lying), None);
+        assert_eq!(Inbound::decode(&[TAG_ROUTED, 1, 0, 0, 0]), None);
     }
 
     #[test]

@@ -49,10 +49,19 @@ impl WorkHold {
     pub fn take(work: &InflightTable, worker: &str, p: &Prediction, now_ms: u64) -> WorkHold {
         work.book_prefill(worker, p.uncached_chars);
         WorkHold {
+            booked: true,
+            ..WorkHold::watch(worker, p, now_ms)
+        }
+    }
+
+    /// Learns from the request without booking it here: the routing VM of
+    /// `route_in: one_vm` books it (`crate::relay::holds`).
+    pub fn watch(worker: &str, p: &Prediction, now_ms: u64) -> WorkHold {
+        WorkHold {
             worker: worker.to_string(),
             chars: p.uncached_chars,
             work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
-            booked: true,
+            booked: false,
             phase: Phase::Prefilling { since_ms: now_ms },
         }
     }
@@ -254,5 +263,22 @@ mod tests {
         b.end(&f.store, (&f.work, &f.costs, &f.names), || 1);
         b.end(&f.store, (&f.work, &f.costs, &f.names), || 2);
         assert_eq!(f.w0().ahead_chars, 300);
+    }
+
+    #[test]
+    fn a_watched_request_teaches_the_costs_and_books_nothing_here() {
+        let f = fixture();
+        let p = Prediction {
+            ttft_us: 0,
+            uncached_chars: 4000,
+            ahead_chars: 0,
+        };
+        let mut a = WorkHold::watch("w0", &p, 100);
+        assert_eq!(f.w0(), WorkerWork::default());
+        assert!(!a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 120));
+        assert_eq!(f.costs0().prefill_us_per_char, Some(5.0));
+        a.end(&f.store, (&f.work, &f.costs, &f.names), || 150);
+        assert_eq!(f.costs0().service_ms, Some(30.0));
+        assert_eq!(f.w0(), WorkerWork::default(), "nothing given back either");
     }
 }

@@ -1,0 +1,76 @@
+//! An asking VM telling the routing VM of the requests it counts for it
+//! (`crate::relay::tell`): notes riding on questions, or sent alone when due.
+
+use super::host;
+use super::hostcalls;
+use super::state::State;
+use crate::relay::{Event, Leg, Note, Part, Told};
+use crate::shared::owner_expiry_ms;
+
+/// Writes `note` (`counted`: of a request the routing VM counts for this VM) and
+/// sends what waits if it is due.
+pub fn note(state: &State, note: Note, counted: bool) {
+    notes(state, &[note], counted);
+}
+
+fn notes(state: &State, notes: &[Note], counted: bool) {
+    let Part::Asker { tell, .. } = &state.relay else {
+        // This VM took the seat meanwhile: the router that counted it is gone.
+        return;
+    };
+    let now = host::now_ms();
+    for n in notes {
+        tell.note(*n, counted, now);
+    }
+    send_if_due(state, now);
+}
+
+/// The routing VM counted the stream `ctx`, which this VM did not send on (it
+/// decided it here at the deadline, or the stream ended or failed first): both
+/// legs' ends are told (a leg it did not count is ignored there).
+pub fn never_sent(state: &State, ctx: u32) {
+    let end = |leg| Note {
+        ctx,
+        leg,
+        event: Event::End,
+    };
+    notes(state, &[end(Leg::Main), end(Leg::Prefill)], false);
+}
+
+/// Sends the waiting notes alone, or a heartbeat, if due (`crate::relay::Tell::due`).
+pub fn send_if_due(state: &State, now: u64) {
+    let Part::Asker {
+        tell, route, reply, ..
+    } = &state.relay
+    else {
+        return;
+    };
+    let cfg = state.router.config();
+    let beat = owner_expiry_ms(cfg.tick_ms()) / 3;
+    if !tell.due(now, cfg.sync_batch_ms, beat) {
+        return;
+    }
+    let notes = tell.take(now);
+    let (Some(route), Some(reply)) = (route, reply) else {
+        // No router to tell: none counts for this VM.
+        return;
+    };
+    let told = Told {
+        reply: *reply,
+        notes,
+    };
+    if let Err(e) = hostcalls::enqueue_shared_queue(*route, &told.encode()) {
+        host::log(
+            proxy_wasm::types::LogLevel::Debug,
+            &format!("llm-router: the routing VM could not be told: {e:?}"),
+        );
+    }
+}
+
+/// The notes a question carries.
+pub fn riding(state: &State, now: u64) -> Vec<Note> {
+    match &state.relay {
+        Part::Asker { tell, .. } => tell.take(now),
+        _ => Vec::new(),
+    }
+}

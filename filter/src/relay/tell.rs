@@ -1,0 +1,150 @@
+//! What an asking VM tells the routing VM of the requests the routing VM counts
+//! for it (`super::holds`): each request's first byte (when it booked prefill)
+//! and its end. While the VM asks at least once a sync window (`sync_batch_ms`),
+//! notes ride on its next question for free; a note written when the VM has not
+//! asked for a window goes alone at once, as does the end of the VM's last
+//! counted request, so an idle VM never leaves the router counting load it does
+//! not hold. A note that waits is sent by the VM's next event after a window (a
+//! question, another note, its tick). Meanwhile the router sees an ended request's
+//! worker busier than it is: it steers away a little longer, never onto it.
+//!
+//! Kept in cells: a stream gives its counts back where the host state is only
+//! borrowed (`glue::bookkeeping::Held`).
+
+use std::cell::{Cell, RefCell};
+
+use super::wire::{Event, Note};
+
+#[derive(Debug, Default)]
+pub struct Tell {
+    notes: RefCell<Vec<Note>>,
+    /// When the oldest waiting note was written.
+    since_ms: Cell<Option<u64>>,
+    /// When this VM last told the routing VM anything (a question, or notes).
+    told_ms: Cell<u64>,
+    /// The requests (legs) the routing VM counts for this VM.
+    counted: Cell<u32>,
+}
+
+impl Tell {
+    /// The routing VM counts one more of this VM's requests.
+    pub fn counted(&self) {
+        self.counted.set(self.counted.get().saturating_add(1));
+    }
+
+    /// Writes `note`; `counted`: of a request the routing VM counts for this VM
+    /// (an end for a request it answered too late, or for a stream gone before
+    /// its answer, is told all the same: the router counts it until then).
+    pub fn note(&self, note: Note, counted: bool, now_ms: u64) {
+        if counted && note.event == Event::End {
+            self.counted.set(self.counted.get().saturating_sub(1));
+        }
+        self.notes.borrow_mut().push(note);
+        if self.since_ms.get().is_none() {
+            self.since_ms.set(Some(now_ms));
+        }
+    }
+
+    /// Whether the notes go alone now: no question carried any for `window_ms`
+    /// (the oldest waited that long, or this VM has not asked for that long), or
+    /// none is left counted; or, with requests counted, nothing was told for
+    /// `beat_ms` (the router keeps this VM's holds while it hears from it).
+    pub fn due(&self, now_ms: u64, window_ms: u64, beat_ms: u64) -> bool {
+        let counting = self.counted.get() > 0;
+        let quiet = now_ms.saturating_sub(self.told_ms.get());
+        match self.since_ms.get() {
+            Some(since) => {
+                !counting || now_ms.saturating_sub(since) >= window_ms || quiet >= window_ms
+            }
+            None => counting && quiet >= beat_ms,
+        }
+    }
+
+    /// The waiting notes, told now (on a question, or alone).
+    pub fn take(&self, now_ms: u64) -> Vec<Note> {
+        self.told_ms.set(now_ms);
+        self.since_ms.set(None);
+        std::mem::take(&mut *self.notes.borrow_mut())
+    }
+
+    /// This VM's requests the routing VM counts.
+    pub fn counting(&self) -> u32 {
+        self.counted.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::wire::Leg;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn end(ctx: u32) -> Note {
+        Note {
+            ctx,
+            leg: Leg::Main,
+            event: Event::End,
+        }
+    }
+
+    #[test]
+    fn notes_wait_a_window_while_requests_are_counted() {
+        let t = Tell::default();
+        t.counted();
+        t.counted();
+        t.take(99);
+        t.note(end(1), true, 100);
+        assert_eq!(t.counting(), 1);
+        assert!(
+            !t.due(100, 2, 1_000),
+            "asked a moment ago, one request counted"
+        );
+        assert!(t.due(102, 2, 1_000), "waited a window");
+        assert_eq!(t.take(102), vec![end(1)]);
+        assert!(!t.due(103, 2, 1_000));
+        // A VM that has not asked for a window tells at once.
+        t.note(end(2), false, 110);
+        assert!(t.due(110, 2, 1_000));
+    }
+
+    #[test]
+    fn the_last_counted_end_goes_at_once() {
+        let t = Tell::default();
+        t.counted();
+        t.note(
+            Note {
+                ctx: 1,
+                leg: Leg::Main,
+                event: Event::FirstByte,
+            },
+            true,
+            0,
+        );
+        assert_eq!(t.counting(), 1, "a first byte is no end");
+        assert!(!t.due(0, 2, 1_000));
+        t.note(end(1), true, 0);
+        assert!(t.due(0, 2, 1_000));
+        assert_eq!(t.take(0).len(), 2);
+        // The end of an answer that came too late counts nothing down.
+        t.counted();
+        t.note(end(7), false, 1);
+        assert_eq!(t.counting(), 1);
+        assert!(
+            !t.due(1, 2, 1_000),
+            "asked a moment ago, one request counted"
+        );
+    }
+
+    #[test]
+    fn a_vm_with_counted_requests_beats_and_an_idle_one_is_silent() {
+        let t = Tell::default();
+        assert!(!t.due(10_000, 2, 1_000), "nothing counted, nothing to tell");
+        t.counted();
+        t.take(500);
+        assert!(!t.due(1_499, 2, 1_000));
+        assert!(t.due(1_500, 2, 1_000));
+        assert!(t.take(1_500).is_empty());
+        assert!(!t.due(1_600, 2, 1_000));
+    }
+}
