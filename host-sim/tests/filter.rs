@@ -538,8 +538,9 @@ fn decisions_sum_to_routed_requests() {
 
     assert_eq!(refused, 0);
     assert_eq!(routed, 62);
-    // A VM holding requests hands its counters over on its tick.
-    host.advance_time(1_000).unwrap();
+    // A VM holding requests hands its counters over on its first tick a second
+    // after its last hand-over.
+    host.advance_time(2_000).unwrap();
     assert_eq!(metric(&host, HIT) + metric(&host, MISS), routed);
     assert_eq!(metric(&host, NO_WORKER), refused);
     assert_eq!(
@@ -580,8 +581,9 @@ fn an_imbalanced_fleet_goes_least_load_with_default_thresholds() {
     assert_eq!(diverted.reason, "imbalanced", "{diverted:?}");
     assert_eq!(diverted.decision, "cache_miss");
     assert_ne!(diverted.worker, first.worker);
-    // A VM holding requests hands its counters over on its tick.
-    host.advance_time(1_000).unwrap();
+    // A VM holding requests hands its counters over on its first tick a second
+    // after its last hand-over.
+    host.advance_time(2_000).unwrap();
     assert_eq!(metric(&host, HIT), 65);
     assert_eq!(metric(&host, MISS), 2);
 }

@@ -133,10 +133,10 @@ pub enum RouteIn {
     /// One VM per Envoy (the first configured: the main thread's) holds the trees
     /// and decides for every worker thread, which asks it over shared queues: a
     /// request costs the same whatever the thread count, and the trees exist once.
+    #[default]
     OneVm,
     /// Every worker thread's VM keeps a replica of the trees, replayed from the
     /// others' through shared data, and decides its own requests.
-    #[default]
     EveryVm,
 }
 

@@ -128,8 +128,13 @@ fn heard(state: &mut State, reply: u32, notes: &[Note], now: u64) {
         Part::Router { holds, .. } => holds.told(reply, notes, now),
         _ => return,
     };
+    let gave = !given.is_empty();
     for g in given {
         give_back(state, g);
+    }
+    if gave {
+        // As at a stream's end: its last count is published with what waits.
+        state.settle();
     }
 }
 

@@ -239,17 +239,25 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         let now = host::now_ms();
         relay::tick(&self.state, now);
-        let (whole, period) = self.state.borrow().as_ref().map_or((0, 0), |s| {
+        let (whole, short) = self.state.borrow().as_ref().map_or((0, 0), |s| {
             (s.router.config().tick_ms(), relay::tick_period_ms(s))
         });
+        // Whole ticks every `tick_ms` from the configuration, in phase whatever the
+        // relay's shorter ticks did (a timer fires at or after its time).
+        let due = self.last_tick_ms.saturating_add(whole);
+        if now >= due {
+            self.last_tick_ms = if now < due.saturating_add(whole) {
+                due
+            } else {
+                now
+            };
+            self.tick(now);
+        }
+        let next = self.last_tick_ms.saturating_add(whole).saturating_sub(now);
+        let period = short.min(next).max(1);
         if period != self.tick_period_ms {
             self.tick_period_ms = period;
             let _ = hostcalls::set_tick_period(Duration::from_millis(period));
-        }
-        // Whole ticks at their own period (with half a short tick's slack).
-        if now.saturating_add(period / 2) >= self.last_tick_ms.saturating_add(whole) {
-            self.last_tick_ms = now;
-            self.tick(now);
         }
         // Whatever the VM counted since its last hand-over, the tick's own included:
         // at once when it holds no request, else when due (`crate::support::counters`).
