@@ -123,7 +123,7 @@ pub fn run(
         .filter(|r| r.worker.as_deref() == Some(leaver.as_str()) && r.start_ms > left_seen_ms)
         .count();
     let joiner_took = summary.per_worker.get(&joiner).copied().unwrap_or(0);
-    let stats = fleet.envoy.stats()?;
+    let stats = fleet.envoy.settled_stats()?;
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new("discovery".into(), summary, stat);
     result.notes.push(format!(

@@ -392,6 +392,31 @@ impl Envoy {
     }
 
     /// One `wasmcustom.<name>` stat of the filter (0 when absent).
+    /// The stats once the filter's own have stopped moving: each VM hands its
+    /// counters to Envoy on its own schedule (the routing VM of `route_in: one_vm`
+    /// on its tick, a few times a second), so a report read the moment the traffic
+    /// ends can miss the last ones. Read until two reads 150 ms apart agree on every
+    /// `wasmcustom.` stat, for at most 3 s.
+    pub fn settled_stats(&self) -> Result<BTreeMap<String, u64>> {
+        let filter = |stats: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
+            stats
+                .iter()
+                .filter(|(k, _)| k.starts_with("wasmcustom."))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut last = self.stats()?;
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            let now = self.stats()?;
+            if filter(&now) == filter(&last) || std::time::Instant::now() >= deadline {
+                return Ok(now);
+            }
+            last = now;
+        }
+    }
+
     pub fn filter_stat(&self, name: &str) -> Result<u64> {
         Ok(self.stats()?.get(&envoy_stat(name)).copied().unwrap_or(0))
     }

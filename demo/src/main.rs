@@ -488,7 +488,7 @@ fn run_policy(
     std::fs::write(&charts, html::page(&title, &summary, &records))
         .with_context(|| format!("writing {}", charts.display()))?;
     llm_load::record::write_jsonl(&args.dir.join(format!("{label}.jsonl")), &records)?;
-    let stats = fleet.envoy.stats()?;
+    let stats = fleet.envoy.settled_stats()?;
     let stat = |name: &str| stats.get(name).copied();
     let mut result = RunResult::new(label, summary, stat);
     result.notes.push(format!("charts: {}", charts.display()));
