@@ -88,6 +88,22 @@ pub struct Args {
     /// endpoint, which lost events are asked again from (repeatable).
     #[arg(long = "kv-events", value_name = "NAME=ENDPOINT[,replay=ENDPOINT]")]
     pub kv_events: Vec<String>,
+    /// How the engines tokenize prompts, for `POST /kv/match` on `--listen` (which
+    /// engines hold a request's prompt): `engine-mock` (the engine mock's documented
+    /// tokenizer). Off by default; needs `--kv-events` and `--listen`.
+    #[arg(long, value_name = "NAME", requires_all = ["kv_events", "listen"])]
+    pub kv_tokenizer: Option<String>,
+    /// Tokens in an engine's KV block (vLLM's `--block-size`).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub kv_block_tokens: u64,
+    /// The engines' `PYTHONHASHSEED`, which vLLM's block hash chain starts from (it
+    /// must be set, and the same, on every engine; the default is the engine mock's).
+    #[arg(long, default_value = llm_kv_events::vllm::DEFAULT_NONE_HASH_SEED)]
+    pub kv_hash_seed: String,
+    /// The engines publish whole digests as block hashes
+    /// (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`) rather than their last 8 bytes.
+    #[arg(long)]
+    pub kv_digest_hashes: bool,
 }
 
 /// One engine's KV event publisher (`--kv-events`).
@@ -157,6 +173,8 @@ pub struct Config {
     pub tls: Arc<rustls::ClientConfig>,
     /// Engines whose KV events are followed.
     pub kv_events: Vec<KvSource>,
+    /// How `/kv/match` matches prompts (`--kv-tokenizer`): `None`, it is off.
+    pub kv_matcher: Option<crate::kv_match::Matcher>,
 }
 
 impl Args {
@@ -225,6 +243,23 @@ impl Args {
             }
             kv_events.push(s);
         }
+        let kv_matcher = match &self.kv_tokenizer {
+            None => None,
+            Some(name) => {
+                let Some(tokenizer) = crate::kv_match::Tokenizer::from_name(name) else {
+                    bail!(
+                        "--kv-tokenizer {name}: not one of {}",
+                        crate::kv_match::Tokenizer::NAMES.join(", ")
+                    );
+                };
+                let hashing = crate::kv_match::Hashing::vllm(
+                    self.kv_block_tokens as usize,
+                    &self.kv_hash_seed,
+                    !self.kv_digest_hashes,
+                );
+                Some(crate::kv_match::Matcher { tokenizer, hashing })
+            }
+        };
         Ok(Config {
             push_urls: self.push_url,
             token,
@@ -237,6 +272,7 @@ impl Args {
             unhealthy_after_intervals: self.unhealthy_after_intervals,
             tls,
             kv_events,
+            kv_matcher,
         })
     }
 }

@@ -14,20 +14,23 @@
 //! [`backoff`] (retry schedule, pure), [`snapshot`] (the pushed document, in the
 //! types the filter reads: `llm_router_push`), [`push`] (the POST to each filter,
 //! one [`push::Target`] per `--push-url`), [`telemetry`] (its own `/healthz` and
-//! `/metrics`), [`logging`] (structured logs), [`kv_events`] (the engines' KV event
-//! streams, `--kv-events`) into [`kv_index`] (one block index per engine, pure) and
-//! [`run`] (the loop tying them together).
+//! `/metrics`), [`server`] (the `--listen` server), [`logging`] (structured logs), [`kv_events`] (the engines' KV event
+//! streams, `--kv-events`) into [`kv_index`] (one block index per engine, pure),
+//! [`kv_match`] (which engines hold a request's prompt, pure; served as
+//! `POST /kv/match`) and [`run`] (the loop tying them together).
 
 pub mod backoff;
 pub mod cli;
 pub mod histogram;
 pub mod kv_events;
 pub mod kv_index;
+pub mod kv_match;
 pub mod logging;
 pub mod membership;
 pub mod metrics;
 pub mod push;
 pub mod run;
 pub mod scrape;
+pub mod server;
 pub mod snapshot;
 pub mod telemetry;

@@ -368,13 +368,21 @@ async fn push_task(
 }
 
 /// Binds `--listen` and serves /healthz and /metrics.
-async fn listen(addr: std::net::SocketAddr, telemetry: Arc<Telemetry>) -> anyhow::Result<()> {
+async fn listen(
+    addr: std::net::SocketAddr,
+    served: Arc<crate::server::Served>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("--listen {addr}: cannot bind: {e}"))?;
     let local = listener.local_addr()?;
-    tracing::info!(addr = %local, "serving /healthz and /metrics");
-    crate::telemetry::serve(listener, telemetry);
+    let what = if served.kv.is_some() {
+        "serving /healthz, /metrics and /kv/match"
+    } else {
+        "serving /healthz and /metrics"
+    };
+    tracing::info!(addr = %local, "{what}");
+    crate::server::serve(listener, served);
     Ok(())
 }
 
@@ -403,15 +411,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     );
     warn_cleartext_tokens(&cfg);
     let mut collector = Collector::new(cfg);
-    if let Some(addr) = collector.cfg.listen {
-        listen(addr, collector.telemetry().clone()).await?;
-    }
-    // Followed for the collector's metrics: nothing routes by them yet.
     if !collector.cfg.kv_events.is_empty() {
         collector.kv = Some(crate::kv_events::spawn(
             &collector.cfg.kv_events,
             collector.telemetry().clone(),
         ));
+    }
+    if let Some(addr) = collector.cfg.listen {
+        let kv = collector.cfg.kv_matcher.clone().zip(collector.kv.clone());
+        let served = crate::server::Served {
+            telemetry: collector.telemetry().clone(),
+            kv,
+        };
+        listen(addr, Arc::new(served)).await?;
     }
     let (tx, rx) = watch::channel::<Option<Bytes>>(None);
     let mut pushers = JoinSet::new();

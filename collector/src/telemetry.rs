@@ -1,4 +1,4 @@
-//! The collector's own health and metrics, served on `--listen`:
+//! The collector's own health and metrics, served on `--listen` (`crate::server`):
 //!
 //! - `GET /healthz`: 200 `ok ...` while the loop runs and at least one push URL is
 //!   delivering; 503 with the reason when the loop stalled (no tick finished within
@@ -9,9 +9,7 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Response, StatusCode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -19,9 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EngineLabel {
@@ -392,38 +389,6 @@ pub fn respond(t: &Telemetry, method: &Method, path: &str) -> Response<Full<Byte
             "not found: try /healthz or /metrics\n".to_string(),
         ),
     }
-}
-
-/// Serves `/healthz` and `/metrics` on `listener` until the process ends. Runs on
-/// its own tasks, so it answers (503 "stalled") even if the loop is stuck.
-pub fn serve(listener: TcpListener, telemetry: Arc<Telemetry>) {
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "--listen: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let t = telemetry.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let r = respond(&t, req.method(), req.uri().path());
-                    async move { Ok::<_, std::convert::Infallible>(r) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    tracing::debug!(%peer, error = %e, "--listen: connection ended with an error");
-                }
-            });
-        }
-    });
 }
 
 #[cfg(test)]

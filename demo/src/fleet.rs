@@ -280,8 +280,11 @@ impl Fleet {
             .context("starting Envoy with the filter")?;
         let mut collector_args = spec.collector_args.clone();
         if spec.kv_events {
-            // Its /metrics say what it indexed (`Fleet::kv_blocks`).
-            collector_args.extend(["--listen".to_string(), "127.0.0.1:0".to_string()]);
+            // Its /metrics say what it indexed (`Fleet::kv_blocks`), and `/kv/match`
+            // which engines hold a prompt, tokenized as the engine mocks do.
+            collector_args.extend(
+                ["--listen", "127.0.0.1:0", "--kv-tokenizer", "engine-mock"].map(String::from),
+            );
         }
         let collector = match spec.collector_interval_ms {
             Some(interval) => Some(start_collector(
@@ -321,18 +324,34 @@ impl Fleet {
         Ok(out)
     }
 
+    /// The collector's `--listen` address (with `kv_events`), from its log.
+    pub fn collector_listen(&self) -> Result<SocketAddr> {
+        let log = std::fs::read_to_string(self.dir.join("collector.log"))?;
+        log.lines()
+            .find(|l| l.contains("serving /healthz"))
+            .and_then(|l| l.split("addr=").nth(1)?.split_whitespace().next())
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            .context("the collector serves no /metrics (start it with kv_events)")
+    }
+
+    /// With `kv_events`: the collector's answer to `POST /kv/match` for a request to
+    /// `path` with `body` (its status and JSON).
+    pub fn kv_match(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
+        let r = crate::admin::request(
+            self.collector_listen()?,
+            "POST",
+            &format!("/kv/match?path={path}"),
+            &[("content-type", "application/json")],
+            body.to_string().as_bytes(),
+        )?;
+        Ok((r.status, serde_json::from_str(&r.body)?))
+    }
+
     /// With `kv_events`: per engine, the blocks the collector's index says it holds
     /// (from its KV events) and the blocks its cache holds (its KV usage times its
     /// blocks, from its own metrics).
     pub fn kv_blocks(&self) -> Result<BTreeMap<String, (u64, u64)>> {
-        let log = std::fs::read_to_string(self.dir.join("collector.log"))?;
-        let listen = log
-            .lines()
-            .find(|l| l.contains("serving /healthz and /metrics"))
-            .and_then(|l| l.split("addr=").nth(1)?.split_whitespace().next())
-            .and_then(|a| a.parse::<SocketAddr>().ok())
-            .context("the collector serves no /metrics (start it with kv_events)")?;
-        let collector = crate::admin::get(listen, "/metrics")?.body;
+        let collector = crate::admin::get(self.collector_listen()?, "/metrics")?.body;
         let mut out = BTreeMap::new();
         for e in &self.engines {
             let held = collector

@@ -12,15 +12,14 @@
 //!   from `engine-model`, which host-sim's simulated fleet runs too,
 //! - [`slots`]: the running-slot limiter with its FIFO wait queue,
 //! - [`metrics`]: histograms and the Prometheus text rendering,
-//! - [`tokenizer`], [`kv_events`]: the mock's token ids and the KV cache events it
-//!   publishes as vLLM does (`--kv-events-endpoint`),
+//! - [`tokenizer`] (from `engine-model`), [`kv_events`]: the mock's token ids and the
+//!   KV cache events it publishes as vLLM does (`--kv-events-endpoint`),
 //! - [`server`]: the hyper HTTP server tying it together.
 
-pub use engine_model::{cache, prompt};
+pub use engine_model::{cache, prompt, tokenizer};
 pub mod config;
 pub mod kv_events;
 pub mod metrics;
 pub mod pd;
 pub mod server;
 pub mod slots;
-pub mod tokenizer;

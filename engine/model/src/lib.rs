@@ -5,6 +5,8 @@
 //! hits and the same prefill cost in either:
 //! - [`prompt`]: flattening a request body into the text the cache hashes,
 //! - [`cache`]: the paged prefix cache (chained SHA-256 blocks, LRU),
+//! - [`tokenizer`]: the token ids the mock publishes in its KV cache events, which
+//!   the collector computes too to look a prompt up in them,
 //! - [`latency`]: the cost model (fixed TTFT + prefill per uncached token + decode),
 //! - [`engine`]: one engine in virtual time: FIFO admission to `max_running` slots,
 //!   the cache lookup when a request starts, and the `num_waiting` / `num_running`
@@ -14,3 +16,4 @@ pub mod cache;
 pub mod engine;
 pub mod latency;
 pub mod prompt;
+pub mod tokenizer;

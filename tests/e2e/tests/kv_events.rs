@@ -1,11 +1,12 @@
 //! End-to-end: engine mocks publish their KV cache events as vLLM 0.34 does, the
 //! collector follows them (`--kv-events`), and its block index of each engine agrees
 //! with what the engine's cache holds, through traffic that fills and evicts the
-//! caches and a cache reset (issue 54).
+//! caches and a cache reset; and it answers which engine holds a prompt
+//! (`POST /kv/match`) as the engines' caches do (issue 54).
 //!
 //! Prints what it saw: `cargo test -p e2e --test kv_events -- --nocapture`.
 
-use e2e::support::{post, start, wait_for};
+use e2e::support::{header, post, start, wait_for};
 use llm_demo::fleet::FleetSpec;
 use serde_json::json;
 
@@ -55,4 +56,92 @@ fn the_collectors_index_of_each_engine_is_what_its_cache_holds() {
     send(40, 10);
     wait_for("the index agrees again", &f, || agree(false));
     println!("after the reset and 10 more: {:?}", f.kv_blocks().unwrap());
+}
+
+/// The collector tokenizes a request as the engine mocks do, hashes its blocks as
+/// vLLM does, and answers, per engine, how many of its leading blocks the engine's
+/// KV events say it holds: the engine that served the prompt holds every full block,
+/// the other none, and after that engine's cache is reset, none either.
+#[test]
+fn the_collector_answers_which_engine_holds_a_prompt() {
+    let f = start(&FleetSpec {
+        workers: 2,
+        collector_interval_ms: Some(100),
+        kv_events: true,
+        ..FleetSpec::default()
+    });
+    let body = json!({
+        "model": "mock",
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": "You answer questions about one long manual. ".repeat(20)},
+            {"role": "user", "content": "Which page covers the gearbox?"},
+        ],
+    });
+    let path = "/v1/chat/completions";
+    // An engine's index is whole from the first batch the collector hears; one
+    // published before it subscribed is replayed once a later one shows the gap.
+    let warm = std::cell::Cell::new(0);
+    wait_for("both engines heard", &f, || {
+        warm.set(warm.get() + 1);
+        let prompt = format!("warm-up {} ", warm.get()).repeat(8);
+        let r = post(
+            f.envoy.listener,
+            "/v1/completions",
+            &json!({"model": "mock", "max_tokens": 2, "prompt": prompt}),
+        );
+        r.status == 200
+            && f.kv_match(path, &body)
+                .is_ok_and(|(_, m)| m["engines"].as_object().is_some_and(|e| e.len() == 2))
+    });
+    let r = post(f.envoy.listener, path, &body);
+    assert_eq!(r.status, 200, "{r:?}");
+    let owner = header(&r, "x-engine-worker");
+    let other = if owner == "w0" { "w1" } else { "w0" };
+    let held = |m: &serde_json::Value, w: &str| m["engines"][w]["held_blocks"].as_u64();
+    wait_for("the owner's blocks indexed", &f, || {
+        f.kv_match(path, &body).is_ok_and(|(status, m)| {
+            status == 200 && held(&m, &owner) == m["blocks"].as_u64() && held(&m, other) == Some(0)
+        })
+    });
+    let (_, m) = f.kv_match(path, &body).unwrap();
+    println!("after one request: {m}");
+    // "system: " + 880 chars + "\n" + "user: " + 30 chars + "\n": 926 chars, 232 tokens
+    // of 4 chars, 14 full blocks of 16.
+    assert_eq!(
+        (m["tokens"].as_u64(), m["blocks"].as_u64()),
+        (Some(232), Some(14))
+    );
+    assert_eq!(m["engines"][&owner]["index"], "whole");
+
+    // A prompt that shares only the system prompt: its leading blocks.
+    let mut follow_up = body.clone();
+    follow_up["messages"][1]["content"] = json!("And which one covers the brakes, exactly?");
+    let (status, m) = f.kv_match(path, &follow_up).unwrap();
+    assert_eq!(status, 200);
+    let shared = held(&m, &owner).unwrap();
+    assert!(
+        (1..m["blocks"].as_u64().unwrap()).contains(&shared),
+        "the system prompt's blocks only: {m}"
+    );
+
+    let addr = f.engine(&owner).unwrap().addr;
+    assert_eq!(
+        post(addr, "/admin/reset_prefix_cache", &json!({})).status,
+        200
+    );
+    wait_for("the reset heard", &f, || {
+        f.kv_match(path, &body)
+            .is_ok_and(|(_, m)| held(&m, &owner) == Some(0))
+    });
+
+    // What the collector cannot match it says, and the router keeps its tree.
+    let (status, m) = f.kv_match("/v1/embeddings", &body).unwrap();
+    assert_eq!(status, 400, "{m}");
+    assert!(
+        m["error"].as_str().unwrap().contains("/v1/embeddings"),
+        "{m}"
+    );
+    let (status, _) = f.kv_match(path, &json!({"messages": 3})).unwrap();
+    assert_eq!(status, 400);
 }

@@ -19,7 +19,7 @@
 //! mock reports, and a 64-character cache block is 16 tokens, vLLM's default block
 //! size: cache block `i` is tokens `16 i .. 16 i + 16`. The block hashes the mock
 //! publishes are vLLM's (`sha256_cbor` chained from the none hash of
-//! `vllm-none-hash`, see [`crate::kv_events`]) over these ids, so a router computes
+//! `vllm-none-hash`, see the engine mock's `kv_events`) over these ids, so a router computes
 //! them as it would for vLLM: `llm_kv_events::vllm::block_hashes(&token_ids(text),
 //! 16, &none_hash)`.
 //!

@@ -1,0 +1,301 @@
+//! Which engines hold a request's prompt, block for block, by their KV events
+//! (`crate::kv_index`): the prompt's token ids as the engine makes them, its full
+//! blocks' hashes as the engine chains them (vLLM's `sha256_cbor` from the none
+//! hash), and per engine how many of the leading blocks its index holds. A block
+//! counts only if every block before it is held too: that is what the engine's
+//! prefix cache can reuse.
+//!
+//! The router asks before it decides (`POST /kv/match` on `--listen`,
+//! `crate::telemetry`); an engine whose index is not whole (nothing heard yet, a
+//! gap that could not be replayed, events that stopped) says so, and the router
+//! falls back to its tree for it. Sans-IO.
+
+use std::collections::BTreeMap;
+
+use llm_kv_events::vllm;
+use llm_kv_events::BlockHash;
+use serde::Serialize;
+
+use crate::kv_index::{KvIndex, Trust};
+
+/// How the engines turn a request into token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// The engine mock's documented tokenizer (`engine_model::tokenizer`): its
+    /// flattened prompt in chunks of 4 characters.
+    EngineMock,
+}
+
+impl Tokenizer {
+    pub const NAMES: [&'static str; 1] = ["engine-mock"];
+
+    pub fn from_name(name: &str) -> Option<Tokenizer> {
+        match name {
+            "engine-mock" => Some(Tokenizer::EngineMock),
+            _ => None,
+        }
+    }
+
+    /// The token ids the engine computes for a request to `path` with `body`.
+    pub fn token_ids(&self, path: &str, body: &[u8]) -> Result<Vec<u32>, MatchError> {
+        use engine_model::prompt::{flatten, Endpoint};
+        let endpoint = match path {
+            "/v1/chat/completions" => Endpoint::Chat,
+            "/v1/completions" => Endpoint::Completions,
+            "/generate" => Endpoint::Generate,
+            other => return Err(MatchError::Path(other.to_string())),
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| MatchError::Body(e.to_string()))?;
+        let text = flatten(endpoint, &value).map_err(|e| MatchError::Body(e.0))?;
+        match self {
+            Tokenizer::EngineMock => Ok(engine_model::tokenizer::token_ids(&text)),
+        }
+    }
+}
+
+/// How the engines hash their blocks: the tokens a block holds, the none hash the
+/// chain starts from (vLLM: `sha256_cbor` of `PYTHONHASHSEED`, which must be set on
+/// every engine for anyone to recompute it), and whether events carry the
+/// digest's last 8 bytes as an integer (vLLM's default) or the whole digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashing {
+    pub block_tokens: usize,
+    pub none_hash: [u8; 32],
+    pub int_hashes: bool,
+}
+
+impl Hashing {
+    /// vLLM's chain from `seed` (its `PYTHONHASHSEED`).
+    pub fn vllm(block_tokens: usize, seed: &str, int_hashes: bool) -> Hashing {
+        Hashing {
+            block_tokens,
+            none_hash: vllm::none_hash(seed),
+            int_hashes,
+        }
+    }
+
+    /// The hashes the engine publishes for the full blocks of `token_ids`.
+    pub fn block_hashes(&self, token_ids: &[u32]) -> Vec<BlockHash> {
+        vllm::block_hashes(token_ids, self.block_tokens, &self.none_hash)
+            .iter()
+            .map(|d| vllm::external_hash(d, self.int_hashes))
+            .collect()
+    }
+}
+
+/// What the collector matches requests with (`--kv-tokenizer`, `--kv-block-tokens`,
+/// `--kv-hash-seed`, `--kv-int-hashes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matcher {
+    pub tokenizer: Tokenizer,
+    pub hashing: Hashing,
+}
+
+impl Matcher {
+    /// Matches a request to `path` with `body` against every engine's index.
+    pub fn answer(
+        &self,
+        path: &str,
+        body: &[u8],
+        indexes: &BTreeMap<String, KvIndex>,
+    ) -> Result<Matched, MatchError> {
+        let ids = self.tokenizer.token_ids(path, body)?;
+        Ok(matched(&ids, &self.hashing, indexes))
+    }
+}
+
+/// Why a request could not be matched: the router routes it by its tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatchError {
+    /// An API whose prompt the engines' tokenizer does not know.
+    Path(String),
+    /// A body without a prompt the engine would take.
+    Body(String),
+}
+
+impl std::fmt::Display for MatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MatchError::Path(p) => write!(f, "no prompt for path `{p}`"),
+            MatchError::Body(why) => write!(f, "no prompt in the body: {why}"),
+        }
+    }
+}
+
+/// The answer: the prompt's tokens and full blocks, and per engine what it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Matched {
+    pub tokens: usize,
+    pub block_tokens: usize,
+    pub blocks: usize,
+    pub engines: BTreeMap<String, EngineMatch>,
+}
+
+/// One engine's part: the leading blocks it holds, when its index can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineMatch {
+    /// `whole`, `unheard`, `stale` or `quiet` (`crate::kv_index::Trust`).
+    pub index: &'static str,
+    /// `None` unless the index is whole.
+    pub held_blocks: Option<usize>,
+}
+
+/// The leading blocks of `hashes` that `index` holds.
+pub fn held_blocks(hashes: &[BlockHash], index: &KvIndex) -> usize {
+    hashes.iter().take_while(|h| index.holds(h)).count()
+}
+
+fn trust_name(t: Trust) -> &'static str {
+    match t {
+        Trust::Unheard => "unheard",
+        Trust::Whole => "whole",
+        Trust::Stale => "stale",
+        Trust::Quiet => "quiet",
+    }
+}
+
+/// Matches `token_ids` against every engine's index.
+pub fn matched(
+    token_ids: &[u32],
+    hashing: &Hashing,
+    indexes: &BTreeMap<String, KvIndex>,
+) -> Matched {
+    let hashes = hashing.block_hashes(token_ids);
+    let engines = indexes
+        .iter()
+        .map(|(name, index)| {
+            let trust = index.trust();
+            let held = (trust == Trust::Whole).then(|| held_blocks(&hashes, index));
+            let m = EngineMatch {
+                index: trust_name(trust),
+                held_blocks: held,
+            };
+            (name.clone(), m)
+        })
+        .collect();
+    Matched {
+        tokens: token_ids.len(),
+        block_tokens: hashing.block_tokens,
+        blocks: hashes.len(),
+        engines,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llm_kv_events::{BlockStored, Event, EventBatch, TokenIds};
+
+    fn mock_hashing() -> Hashing {
+        Hashing::vllm(16, vllm::DEFAULT_NONE_HASH_SEED, true)
+    }
+
+    fn chat(text: &str) -> Vec<u8> {
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+            .to_string()
+            .into_bytes()
+    }
+
+    /// An index that stored `hashes` in one batch (and so is whole).
+    fn index_holding(hashes: &[BlockHash]) -> KvIndex {
+        let mut index = KvIndex::default();
+        let batch = EventBatch {
+            ts: 0.0,
+            events: vec![Event::BlockStored(Box::new(BlockStored::new(
+                hashes.to_vec(),
+                None,
+                TokenIds::Ids(vec![0; hashes.len() * 16]),
+                16,
+            )))],
+            data_parallel_rank: None,
+        };
+        index.apply(0, &batch);
+        index
+    }
+
+    #[test]
+    fn the_mock_tokenizer_reads_the_prompt_as_the_engine_mock_does() {
+        let t = Tokenizer::EngineMock;
+        // "user: " + text + "\n": 4 characters a token.
+        let ids = t
+            .token_ids("/v1/chat/completions", &chat("abcdefghij"))
+            .unwrap();
+        assert_eq!(
+            ids,
+            engine_model::tokenizer::token_ids("user: abcdefghij\n")
+        );
+        let completion = br#"{"model":"m","prompt":"abcd"}"#;
+        assert_eq!(
+            t.token_ids("/v1/completions", completion).unwrap(),
+            [engine_model::tokenizer::token_id("abcd")]
+        );
+        assert!(matches!(
+            t.token_ids("/v1/embeddings", completion),
+            Err(MatchError::Path(_))
+        ));
+        assert!(matches!(
+            t.token_ids("/v1/completions", b"{not json"),
+            Err(MatchError::Body(_))
+        ));
+        assert!(matches!(
+            t.token_ids("/v1/chat/completions", br#"{"messages":3}"#),
+            Err(MatchError::Body(_))
+        ));
+        assert_eq!(Tokenizer::from_name("engine-mock"), Some(t));
+        assert_eq!(Tokenizer::from_name("gpt2"), None);
+    }
+
+    #[test]
+    fn an_engine_holds_the_leading_blocks_it_stored_and_no_block_past_a_gap() {
+        let h = mock_hashing();
+        let ids: Vec<u32> = (0..100).collect();
+        let hashes = h.block_hashes(&ids);
+        assert_eq!(hashes.len(), 6, "100 tokens: 6 full blocks of 16");
+        let mut indexes = BTreeMap::new();
+        indexes.insert("all".to_string(), index_holding(&hashes));
+        indexes.insert("first-two".to_string(), index_holding(&hashes[..2]));
+        // The 2nd block missing: the 3rd and later are no prefix the engine reuses.
+        let gap: Vec<BlockHash> = [&hashes[..1], &hashes[2..]].concat();
+        indexes.insert("gap".to_string(), index_holding(&gap));
+        indexes.insert("silent".to_string(), KvIndex::default());
+        let m = matched(&ids, &h, &indexes);
+        assert_eq!((m.tokens, m.block_tokens, m.blocks), (100, 16, 6));
+        let held = |name: &str| m.engines[name].held_blocks;
+        assert_eq!(held("all"), Some(6));
+        assert_eq!(held("first-two"), Some(2));
+        assert_eq!(held("gap"), Some(1));
+        assert_eq!(held("silent"), None, "nothing heard: not trusted");
+        assert_eq!(m.engines["silent"].index, "unheard");
+        assert_eq!(m.engines["all"].index, "whole");
+    }
+
+    #[test]
+    fn the_chain_is_the_engines_own_so_another_seed_holds_nothing() {
+        let ids: Vec<u32> = (0..64).collect();
+        let mock = mock_hashing();
+        let mut indexes = BTreeMap::new();
+        indexes.insert("w0".to_string(), index_holding(&mock.block_hashes(&ids)));
+        let other = Hashing::vllm(16, "another-seed", true);
+        assert_eq!(
+            matched(&ids, &other, &indexes).engines["w0"].held_blocks,
+            Some(0)
+        );
+        // A block is 16 tokens here: at 32 a block the chain is another.
+        let wide = Hashing::vllm(32, vllm::DEFAULT_NONE_HASH_SEED, true);
+        assert_eq!(
+            matched(&ids, &wide, &indexes).engines["w0"].held_blocks,
+            Some(0)
+        );
+        // Whole digests, as with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: another key.
+        let bytes = Hashing::vllm(16, vllm::DEFAULT_NONE_HASH_SEED, false);
+        assert_eq!(
+            matched(&ids, &bytes, &indexes).engines["w0"].held_blocks,
+            Some(0)
+        );
+        assert_eq!(
+            matched(&ids, &mock, &indexes).engines["w0"].held_blocks,
+            Some(4)
+        );
+    }
+}
