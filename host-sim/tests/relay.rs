@@ -80,6 +80,59 @@ fn one_vm_decides_as_a_single_vm_does_whichever_thread_asks() {
     assert_eq!(trees.iter().filter(|t| **t > 0).count(), 1, "{trees:?}");
 }
 
+/// `predicted_ttft` with requests in flight together: every 4 ms a request opens
+/// on the VM `vm_of` names, and the oldest open one is answered once four are
+/// open; the cluster, reason and predicted TTFT of each, in the order they opened.
+fn overlapping(host: &mut Host, vm_of: impl Fn(usize) -> usize) -> Vec<(String, String, String)> {
+    let mut open = std::collections::VecDeque::new();
+    let mut done = std::collections::BTreeMap::new();
+    let mut answer = |host: &mut Host, (i, vm, cluster, handle): (usize, usize, String, _)| {
+        let resp = host
+            .vm(vm)
+            .respond(handle, 200, &[("content-type", "application/json")], b"{}")
+            .unwrap();
+        let header = |name: &str| resp.header(name).unwrap_or_default().to_string();
+        let decision = (
+            cluster,
+            header("x-llm-router-reason"),
+            header("x-llm-router-predicted-ttft-ms"),
+        );
+        host.vm(vm).finish(handle).unwrap();
+        done.insert(i, decision);
+    };
+    for i in 0..32 {
+        host.advance_time(4).unwrap();
+        let vm = vm_of(i);
+        let (cluster, out) = support::open(host, vm, spec(chat(i % 8, i / 8)));
+        open.push_back((i, vm, cluster, out.handle));
+        if open.len() == 4 {
+            let oldest = open.pop_front().unwrap();
+            answer(host, oldest);
+        }
+    }
+    while let Some(oldest) = open.pop_front() {
+        host.advance_time(4).unwrap();
+        answer(host, oldest);
+    }
+    done.into_values().collect()
+}
+
+/// The routing VM learns `predicted_ttft`'s costs and gives its bookings back from
+/// what the asking VMs tell it at once, so its decisions are one VM's, prediction
+/// for prediction, with requests in flight on every thread.
+#[test]
+fn predicted_ttft_decides_as_a_single_vm_does_with_requests_in_flight() {
+    let config = r#","route_in":"one_vm","policy":"predicted_ttft""#;
+    let mut alone = host(1, config);
+    let expected = overlapping(&mut alone, |_| 0);
+    let mut relayed = host(4, config);
+    let got = overlapping(&mut relayed, |i| 1 + i % 3);
+    assert_eq!(got, expected, "the same decisions, request for request");
+    let predicted: std::collections::BTreeSet<&str> =
+        got.iter().map(|(_, _, p)| p.as_str()).collect();
+    assert!(predicted.len() > 3, "predictions that vary: {predicted:?}");
+}
+
 #[test]
 fn the_routing_vm_routes_its_own_requests_too() {
     let mut h = host(2, ONE_VM);

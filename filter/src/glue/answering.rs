@@ -5,12 +5,15 @@
 
 use super::bookkeeping;
 use super::decide::decide;
-use super::host;
+use super::host::{self, HostStore};
 use super::hostcalls;
 use super::state::State;
 use crate::decision::Decision;
 use crate::parse;
-use crate::relay::{Answer, Ask, Given, Hold, Inbound, Leg, Note, Part, Refused, Routed, Verdict};
+use crate::policy::predicted_ttft::{learn_end, learn_first_byte};
+use crate::relay::{
+    Answer, Ask, Booked, Given, Hold, Inbound, Leg, Note, Part, Refused, Routed, Verdict,
+};
 use crate::request::plan::Refusal;
 use crate::shared::owner_expiry_ms;
 use proxy_wasm::types::LogLevel;
@@ -105,20 +108,23 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
 /// of its prefill, until that VM tells its end (`crate::relay::holds`).
 fn hold(state: &mut State, (ask, leg): (&Ask<'_>, Leg), worker: &str, d: &Decision, now: u64) {
     bookkeeping::take_count(state, worker);
-    let booked_chars = d.predicted.map(|p| {
+    let booked = d.predicted.map(|p| {
         state.shared.inflight.book_prefill(worker, p.uncached_chars);
-        p.uncached_chars
+        Booked {
+            chars: p.uncached_chars,
+            work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
+        }
     });
     let hold = Hold {
         worker: worker.to_string(),
-        booked_chars,
+        booked,
     };
     let replaced = match &mut state.relay {
         Part::Router { holds, .. } => holds.hold(ask.reply, ask.ctx, leg, hold, now),
         _ => Some(hold),
     };
     if let Some(old) = replaced {
-        give_back(state, Given::Hold(old));
+        give_back(state, ended(old));
     }
 }
 
@@ -147,7 +153,7 @@ pub fn expire_holds(state: &mut State, now: u64) {
         _ => return,
     };
     for hold in expired {
-        give_back(state, Given::Hold(hold));
+        give_back(state, ended(hold));
     }
 }
 
@@ -158,21 +164,41 @@ pub fn give_back_all(state: &mut State) {
         _ => return,
     };
     for hold in all {
-        give_back(state, Given::Hold(hold));
+        give_back(state, ended(hold));
     }
 }
 
+/// A hold given back without an end told (its VM silent, or this one no longer
+/// routing): nothing learnt from it.
+fn ended(hold: Hold) -> Given {
+    Given::End {
+        hold,
+        streamed_ms: None,
+    }
+}
+
+/// Gives back what a note ends, and learns `predicted_ttft`'s costs from what the
+/// asking VM measured, as the VM that counted the request would.
 fn give_back(state: &State, given: Given) {
+    let s = &state.shared;
+    let tables = (&s.costs, state.router.names());
     match given {
-        Given::Booking { worker, chars } => bookkeeping::release_booking(state, &worker, chars),
-        Given::Hold(Hold {
+        Given::FirstByte {
             worker,
-            booked_chars,
-        }) => {
-            if let Some(chars) = booked_chars {
-                bookkeeping::release_booking(state, &worker, chars);
+            booked,
+            after_ms,
+        } => {
+            bookkeeping::release_booking(state, &worker, booked.chars);
+            learn_first_byte(&HostStore, tables, &worker, after_ms, booked.work_chars);
+        }
+        Given::End { hold, streamed_ms } => {
+            if let Some(booked) = hold.booked {
+                bookkeeping::release_booking(state, &hold.worker, booked.chars);
             }
-            bookkeeping::release_count(state, &worker);
+            if let Some(span) = streamed_ms {
+                learn_end(&HostStore, tables, &hold.worker, span);
+            }
+            bookkeeping::release_count(state, &hold.worker);
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use super::host::HostStore;
+use super::host::{self, HostStore};
 use super::state::State;
 use super::telling;
 use crate::decision::Decision;
@@ -32,13 +32,21 @@ pub struct Held {
 #[derive(Debug, Clone, Copy)]
 enum CountedBy {
     This,
-    /// The routing VM's, for this VM's stream `ctx`; `booked`: with a prefill
-    /// booking its first byte gives back.
+    /// The routing VM's, for this VM's stream `ctx`; `timed`: with a prefill
+    /// booking, whose first byte and end this VM times for the routing VM to learn
+    /// costs by.
     Router {
         ctx: u32,
         leg: Leg,
-        booked: bool,
+        timed: Option<Timed>,
     },
+}
+
+/// When a booked request's answer was applied, and when its first byte came.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    since_ms: u64,
+    first_ms: Option<u64>,
 }
 
 impl Held {
@@ -52,16 +60,20 @@ impl Held {
         }
     }
 
-    /// The count the routing VM took for this VM's stream `ctx` (`booked`: with
-    /// `predicted_ttft`'s prefill booking).
-    fn told(state: &State, worker: &str, (ctx, leg): (u32, Leg), booked: bool) -> Held {
+    /// The count the routing VM took for this VM's stream `ctx` (`booked_at`: with
+    /// `predicted_ttft`'s prefill booking, the answer applied at that clock).
+    fn told(state: &State, worker: &str, (ctx, leg): (u32, Leg), booked_at: Option<u64>) -> Held {
         if let Part::Asker { tell, .. } = &state.relay {
             tell.counted();
         }
+        let timed = booked_at.map(|since_ms| Timed {
+            since_ms,
+            first_ms: None,
+        });
         Held {
             worker: worker.to_string(),
             counted: true,
-            by: CountedBy::Router { ctx, leg, booked },
+            by: CountedBy::Router { ctx, leg, timed },
         }
     }
 
@@ -79,41 +91,53 @@ impl Held {
         }
         match self.by {
             CountedBy::This => release_count(state, &self.worker),
-            CountedBy::Router { ctx, leg, .. } => {
+            CountedBy::Router { ctx, leg, timed } => {
+                let streamed_ms = timed
+                    .and_then(|t| t.first_ms)
+                    .map(|first| host::now_ms().saturating_sub(first));
                 let end = Note {
                     ctx,
                     leg,
-                    event: Event::End,
+                    event: Event::End { streamed_ms },
                 };
-                telling::note(state, end, true);
+                // A booked request's notes go at once (`crate::relay::tell`).
+                telling::note(state, end, (true, timed.is_some()));
             }
         }
     }
 
     /// The request's first response byte: the routing VM's booking of its
-    /// prefill is given back (this VM's own is `first_byte`'s), at most once.
+    /// prefill is given back (this VM's own is `first_byte`'s), with the time it
+    /// took, at most once.
     pub fn first_byte(&mut self, state: &State) {
-        if let CountedBy::Router {
+        let CountedBy::Router {
             ctx,
             leg,
-            booked: booked @ true,
+            timed: Some(t),
         } = &mut self.by
-        {
-            *booked = false;
-            let first = Note {
-                ctx: *ctx,
-                leg: *leg,
-                event: Event::FirstByte,
-            };
-            telling::note(state, first, true);
+        else {
+            return;
+        };
+        if t.first_ms.is_some() {
+            return;
         }
+        let now = host::now_ms();
+        t.first_ms = Some(now);
+        let first = Note {
+            ctx: *ctx,
+            leg: *leg,
+            event: Event::FirstByte {
+                after_ms: now.saturating_sub(t.since_ms),
+            },
+        };
+        telling::note(state, first, (true, true));
     }
 }
 
 /// The counts a routed request holds on `worker` for `d`: this VM's, with
 /// `predicted_ttft`'s booking of its prefill (other policies: none) published with
 /// them, at the clock the request read; or, for the stream and leg `told`, the
-/// routing VM's (this VM only learns from the request).
+/// routing VM's, which learns the costs from what this VM times.
 pub fn count(
     state: &State,
     worker: &str,
@@ -132,9 +156,8 @@ pub fn count(
             (Held::take(state, worker), work)
         }
         Some(stream) => {
-            let held = Held::told(state, worker, stream, d.predicted.is_some());
-            let work = d.predicted.map(|p| WorkHold::watch(worker, &p, now));
-            (held, work)
+            let booked_at = d.predicted.map(|_| now);
+            (Held::told(state, worker, stream, booked_at), None)
         }
     }
 }

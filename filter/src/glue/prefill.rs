@@ -134,8 +134,9 @@ pub fn answered(
                 .and_then(|s| s.parse::<u32>().ok())
         })
         .flatten();
-    leg.held.release(state);
     // The prefill copy's answer is its whole life: first byte and end at once.
+    leg.held.first_byte(state);
+    leg.held.release(state);
     bookkeeping::first_byte(state, &mut leg.work);
     bookkeeping::end_work(state, &mut leg.work);
     let Some(failure) = PrefillFailure::from_status(status) else {

@@ -7,20 +7,20 @@ use super::state::State;
 use crate::relay::{Event, Leg, Note, Part, Told};
 use crate::shared::owner_expiry_ms;
 
-/// Writes `note` (`counted`: of a request the routing VM counts for this VM) and
-/// sends what waits if it is due.
-pub fn note(state: &State, note: Note, counted: bool) {
-    notes(state, &[note], counted);
+/// Writes `note` (`counted`: of a request the routing VM counts for this VM;
+/// `urgent`: it goes at once) and sends what waits if it is due.
+pub fn note(state: &State, note: Note, how: (bool, bool)) {
+    notes(state, &[note], how);
 }
 
-fn notes(state: &State, notes: &[Note], counted: bool) {
+fn notes(state: &State, notes: &[Note], how: (bool, bool)) {
     let Part::Asker { tell, .. } = &state.relay else {
         // This VM took the seat meanwhile: the router that counted it is gone.
         return;
     };
     let now = host::now_ms();
     for n in notes {
-        tell.note(*n, counted, now);
+        tell.note(*n, how, now);
     }
     send_if_due(state, now);
 }
@@ -32,9 +32,9 @@ pub fn never_sent(state: &State, ctx: u32) {
     let end = |leg| Note {
         ctx,
         leg,
-        event: Event::End,
+        event: Event::ENDED,
     };
-    notes(state, &[end(Leg::Main), end(Leg::Prefill)], false);
+    notes(state, &[end(Leg::Main), end(Leg::Prefill)], (false, false));
 }
 
 /// Sends the waiting notes alone, or a heartbeat, if due (`crate::relay::Tell::due`).

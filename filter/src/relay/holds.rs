@@ -14,21 +14,37 @@ use std::collections::HashMap;
 
 use super::wire::{Event, Leg, Note};
 
-/// One request's hold: its worker, and `predicted_ttft`'s booking of its uncached
-/// prefill chars while it prefills.
+/// One request's hold: its worker, and `predicted_ttft`'s booking while it
+/// prefills.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
     pub worker: String,
-    pub booked_chars: Option<u64>,
+    pub booked: Option<Booked>,
 }
 
-/// What a note gives back.
+/// A booking: the request's uncached prefill chars, and the prefill its prediction
+/// put before its first byte (ahead, and its own), which its first byte's time
+/// teaches the worker's cost by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Booked {
+    pub chars: u64,
+    pub work_chars: u64,
+}
+
+/// What a note gives back, with what the asking VM measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Given {
-    /// The booking alone: the request prefilled.
-    Booking { worker: String, chars: u64 },
-    /// The whole hold: the request ended.
-    Hold(Hold),
+    /// The booking alone: the request's first byte came `after_ms` after its answer.
+    FirstByte {
+        worker: String,
+        booked: Booked,
+        after_ms: u64,
+    },
+    /// The whole hold: the request ended, `streamed_ms` after its first byte.
+    End {
+        hold: Hold,
+        streamed_ms: Option<u64>,
+    },
 }
 
 /// The holds by asking VM (its reply queue), stream and leg, and when each
@@ -64,13 +80,17 @@ impl Holds {
             .filter_map(|n| {
                 let key = (reply, n.ctx, n.leg);
                 match n.event {
-                    Event::End => self.held.remove(&key).map(Given::Hold),
-                    Event::FirstByte => {
+                    Event::End { streamed_ms } => {
+                        let hold = self.held.remove(&key)?;
+                        Some(Given::End { hold, streamed_ms })
+                    }
+                    Event::FirstByte { after_ms } => {
                         let hold = self.held.get_mut(&key)?;
-                        let chars = hold.booked_chars.take()?;
-                        Some(Given::Booking {
+                        let booked = hold.booked.take()?;
+                        Some(Given::FirstByte {
                             worker: hold.worker.clone(),
-                            chars,
+                            booked,
+                            after_ms,
                         })
                     }
                 }
@@ -123,7 +143,17 @@ mod tests {
     fn hold(worker: &str, booked: Option<u64>) -> Hold {
         Hold {
             worker: worker.into(),
-            booked_chars: booked,
+            booked: booked.map(|chars| Booked {
+                chars,
+                work_chars: chars * 2,
+            }),
+        }
+    }
+
+    fn ended(hold: Hold) -> Given {
+        Given::End {
+            hold,
+            streamed_ms: None,
         }
     }
 
@@ -135,18 +165,34 @@ mod tests {
     fn a_first_byte_gives_the_booking_back_once_and_the_end_the_rest() {
         let mut h = Holds::default();
         h.hold(1, 10, Leg::Main, hold("w0", Some(900)), 0);
-        let first = note(10, Leg::Main, Event::FirstByte);
+        let first = note(10, Leg::Main, Event::FirstByte { after_ms: 40 });
         assert_eq!(
             h.told(1, &[first], 1),
-            vec![Given::Booking {
+            vec![Given::FirstByte {
                 worker: "w0".into(),
-                chars: 900
+                booked: Booked {
+                    chars: 900,
+                    work_chars: 1800
+                },
+                after_ms: 40,
             }]
         );
         assert!(h.told(1, &[first], 2).is_empty());
         assert_eq!(h.len(), 1);
-        let end = note(10, Leg::Main, Event::End);
-        assert_eq!(h.told(1, &[end], 3), vec![Given::Hold(hold("w0", None))]);
+        let end = note(
+            10,
+            Leg::Main,
+            Event::End {
+                streamed_ms: Some(7),
+            },
+        );
+        assert_eq!(
+            h.told(1, &[end], 3),
+            vec![Given::End {
+                hold: hold("w0", None),
+                streamed_ms: Some(7)
+            }]
+        );
         assert!(h.told(1, &[end], 4).is_empty());
         assert!(h.is_empty());
     }
@@ -156,8 +202,8 @@ mod tests {
         let mut h = Holds::default();
         h.hold(1, 10, Leg::Main, hold("w0", Some(900)), 0);
         h.hold(1, 10, Leg::Prefill, hold("p0", None), 0);
-        let given = h.told(1, &[note(10, Leg::Main, Event::End)], 1);
-        assert_eq!(given, vec![Given::Hold(hold("w0", Some(900)))]);
+        let given = h.told(1, &[note(10, Leg::Main, Event::ENDED)], 1);
+        assert_eq!(given, vec![ended(hold("w0", Some(900)))]);
         assert_eq!(h.len(), 1, "the prefill leg is its own");
     }
 
@@ -167,14 +213,18 @@ mod tests {
         h.hold(1, 10, Leg::Main, hold("w0", None), 0);
         h.hold(2, 10, Leg::Main, hold("w1", None), 0);
         // Another VM's stream of the same id, another leg, an unknown stream.
-        assert!(h.told(3, &[note(10, Leg::Main, Event::End)], 1).is_empty());
         assert!(h
-            .told(1, &[note(10, Leg::Prefill, Event::End)], 1)
+            .told(3, &[note(10, Leg::Main, Event::ENDED)], 1)
             .is_empty());
-        assert!(h.told(1, &[note(11, Leg::Main, Event::End)], 1).is_empty());
+        assert!(h
+            .told(1, &[note(10, Leg::Prefill, Event::ENDED)], 1)
+            .is_empty());
+        assert!(h
+            .told(1, &[note(11, Leg::Main, Event::ENDED)], 1)
+            .is_empty());
         assert_eq!(h.len(), 2);
-        let given = h.told(2, &[note(10, Leg::Main, Event::End)], 1);
-        assert_eq!(given, vec![Given::Hold(hold("w1", None))]);
+        let given = h.told(2, &[note(10, Leg::Main, Event::ENDED)], 1);
+        assert_eq!(given, vec![ended(hold("w1", None))]);
     }
 
     #[test]

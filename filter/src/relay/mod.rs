@@ -21,7 +21,7 @@ pub mod seat;
 pub mod tell;
 pub mod wire;
 
-pub use holds::{Given, Hold, Holds};
+pub use holds::{Booked, Given, Hold, Holds};
 pub use part::{Late, Part, Seated};
 pub use seat::{Seat, SeatCall};
 pub use tell::Tell;

@@ -46,20 +46,38 @@ pub enum Leg {
     Prefill,
 }
 
+/// What happened to the request, with what the asking VM measured of it for
+/// `predicted_ttft`'s costs, which the routing VM learns (it decides by them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Event {
-    /// The first response byte: the booked prefill is done.
-    FirstByte,
-    /// The request ended, however it ended (or never went out).
-    End,
+    /// The first response byte, `after_ms` after the answer was applied: the
+    /// booked prefill is done. Told only of a request with a booking.
+    FirstByte { after_ms: u64 },
+    /// The request ended, however it ended (or never went out); `streamed_ms`: how
+    /// long it ran after its first byte, for a booked request that had one.
+    End { streamed_ms: Option<u64> },
+}
+
+impl Event {
+    /// An end with nothing measured.
+    pub const ENDED: Event = Event::End { streamed_ms: None };
+
+    pub fn is_end(&self) -> bool {
+        matches!(self, Event::End { .. })
+    }
 }
 
 impl Note {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.ctx.to_le_bytes());
         let leg = u8::from(self.leg == Leg::Prefill);
-        let event = u8::from(self.event == Event::End);
+        let (event, ms) = match self.event {
+            Event::FirstByte { after_ms } => (0, after_ms),
+            // 0: nothing measured.
+            Event::End { streamed_ms } => (1, streamed_ms.map_or(0, |ms| ms.saturating_add(1))),
+        };
         out.push(leg << 1 | event);
+        put_varint(out, ms);
     }
 
     fn decode(r: &mut Reader<'_>) -> Option<Note> {
@@ -73,17 +91,20 @@ impl Note {
         } else {
             Leg::Prefill
         };
+        let ms = r.varint()?;
         let event = if bits & 1 == 0 {
-            Event::FirstByte
+            Event::FirstByte { after_ms: ms }
         } else {
-            Event::End
+            Event::End {
+                streamed_ms: ms.checked_sub(1),
+            }
         };
         Some(Note { ctx, leg, event })
     }
 }
 
-/// Each note takes five bytes.
-const NOTE_BYTES: u64 = 5;
+/// Each note takes at least six bytes.
+const NOTE_BYTES: u64 = 6;
 
 fn put_notes(out: &mut Vec<u8>, notes: &[Note]) {
     put_varint(out, notes.len() as u64);
@@ -408,7 +429,17 @@ mod tests {
     fn every_note() -> Vec<Note> {
         let mut all = Vec::new();
         for (ctx, leg) in [(7, Leg::Main), (u32::MAX, Leg::Prefill)] {
-            for event in [Event::FirstByte, Event::End] {
+            for event in [
+                Event::FirstByte { after_ms: 0 },
+                Event::FirstByte { after_ms: 1 << 40 },
+                Event::ENDED,
+                Event::End {
+                    streamed_ms: Some(0),
+                },
+                Event::End {
+                    streamed_ms: Some(u64::MAX - 1),
+                },
+            ] {
                 all.push(Note { ctx, leg, event });
             }
         }
@@ -457,11 +488,15 @@ mod tests {
         }
         let mut bad_event = Told {
             reply: 1,
-            notes: every_note(),
+            notes: vec![Note {
+                ctx: 1,
+                leg: Leg::Main,
+                event: Event::ENDED,
+            }],
         }
         .encode();
-        let last = bad_event.len() - 1;
-        bad_event[last] = 4;
+        let bits = bad_event.len() - 2;
+        bad_event[bits] = 4;
         assert_eq!(Inbound::decode(&bad_event), None);
         // A count of notes no message could hold.
         let mut lying = vec![TAG_TOLD, 1, 0, 0, 0];

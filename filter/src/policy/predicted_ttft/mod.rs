@@ -21,7 +21,7 @@ mod sample;
 pub mod work_hold;
 
 pub use ladder::{learn_prefill, learn_service, Ladder, Scored, TtftCandidate};
-pub use work_hold::WorkHold;
+pub use work_hold::{learn_end, learn_first_byte, WorkHold};
 
 use super::{unreadable, Ask, Chosen, Held, Select};
 use crate::config::{

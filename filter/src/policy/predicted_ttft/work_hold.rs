@@ -49,19 +49,10 @@ impl WorkHold {
     pub fn take(work: &InflightTable, worker: &str, p: &Prediction, now_ms: u64) -> WorkHold {
         work.book_prefill(worker, p.uncached_chars);
         WorkHold {
-            booked: true,
-            ..WorkHold::watch(worker, p, now_ms)
-        }
-    }
-
-    /// Learns from the request without booking it here: the routing VM of
-    /// `route_in: one_vm` books it (`crate::relay::holds`).
-    pub fn watch(worker: &str, p: &Prediction, now_ms: u64) -> WorkHold {
-        WorkHold {
             worker: worker.to_string(),
             chars: p.uncached_chars,
             work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
-            booked: false,
+            booked: true,
             phase: Phase::Prefilling { since_ms: now_ms },
         }
     }
@@ -90,15 +81,8 @@ impl WorkHold {
         };
         let now_ms = clock();
         let last = self.release_prefill(work);
-        let ttfb_us = now_ms.saturating_sub(since_ms) as f64 * 1000.0;
-        let work_chars = self.work_chars;
-        if learn_prefill(None, ttfb_us, work_chars).is_some() {
-            costs.learn(store, names, &self.worker, |c| WorkerCosts {
-                prefill_us_per_char: learn_prefill(c.prefill_us_per_char, ttfb_us, work_chars)
-                    .or(c.prefill_us_per_char),
-                ..c
-            });
-        }
+        let ttfb_ms = now_ms.saturating_sub(since_ms);
+        learn_first_byte(store, (costs, names), &self.worker, ttfb_ms, self.work_chars);
         self.phase = Phase::Streaming { since_ms: now_ms };
         last
     }
@@ -116,17 +100,47 @@ impl WorkHold {
         match self.phase {
             Phase::Prefilling { .. } => last = self.release_prefill(work),
             Phase::Streaming { since_ms } => {
-                let span_ms = clock().saturating_sub(since_ms) as f64;
-                costs.learn(store, names, &self.worker, |c| WorkerCosts {
-                    service_ms: learn_service(c.service_ms, span_ms).or(c.service_ms),
-                    ..c
-                });
+                let span_ms = clock().saturating_sub(since_ms);
+                learn_end(store, (costs, names), &self.worker, span_ms);
             }
             Phase::Done => {}
         }
         self.phase = Phase::Done;
         last
     }
+}
+
+/// Teaches `worker`'s prefill cost per char: its first byte came `ttfb_ms` after
+/// the decision, with `work_chars` of prefill before it (ahead, and its own). The
+/// routing VM of `route_in: one_vm` learns so from what an asking VM measured.
+pub fn learn_first_byte(
+    store: &dyn SharedStore,
+    (costs, names): (&CostTable, &WorkerNames),
+    worker: &str,
+    ttfb_ms: u64,
+    work_chars: u64,
+) {
+    let ttfb_us = ttfb_ms as f64 * 1000.0;
+    if learn_prefill(None, ttfb_us, work_chars).is_some() {
+        costs.learn(store, names, worker, |c| WorkerCosts {
+            prefill_us_per_char: learn_prefill(c.prefill_us_per_char, ttfb_us, work_chars)
+                .or(c.prefill_us_per_char),
+            ..c
+        });
+    }
+}
+
+/// Teaches `worker`'s service time: a stream ran `span_ms` from its first byte.
+pub fn learn_end(
+    store: &dyn SharedStore,
+    (costs, names): (&CostTable, &WorkerNames),
+    worker: &str,
+    span_ms: u64,
+) {
+    costs.learn(store, names, worker, |c| WorkerCosts {
+        service_ms: learn_service(c.service_ms, span_ms as f64).or(c.service_ms),
+        ..c
+    });
 }
 
 #[cfg(test)]
@@ -266,19 +280,12 @@ mod tests {
     }
 
     #[test]
-    fn a_watched_request_teaches_the_costs_and_books_nothing_here() {
+    fn what_another_vm_measured_teaches_as_a_hold_does() {
         let f = fixture();
-        let p = Prediction {
-            ttft_us: 0,
-            uncached_chars: 4000,
-            ahead_chars: 0,
-        };
-        let mut a = WorkHold::watch("w0", &p, 100);
-        assert_eq!(f.w0(), WorkerWork::default());
-        assert!(!a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 120));
-        assert_eq!(f.costs0().prefill_us_per_char, Some(5.0));
-        a.end(&f.store, (&f.work, &f.costs, &f.names), || 150);
+        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", 20, 4000);
+        assert_eq!(f.costs0().prefill_us_per_char, Some(5.0), "20 ms over 4000 chars");
+        learn_end(&f.store, (&f.costs, &f.names), "w0", 30);
         assert_eq!(f.costs0().service_ms, Some(30.0));
-        assert_eq!(f.w0(), WorkerWork::default(), "nothing given back either");
+        assert_eq!(f.w0(), WorkerWork::default(), "nothing booked or released");
     }
 }
