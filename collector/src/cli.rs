@@ -89,10 +89,15 @@ pub struct Args {
     #[arg(long = "kv-events", value_name = "NAME=ENDPOINT[,replay=ENDPOINT]")]
     pub kv_events: Vec<String>,
     /// How the engines tokenize prompts, for `POST /kv/match` on `--listen` (which
-    /// engines hold a request's prompt): `engine-mock` (the engine mock's documented
-    /// tokenizer). Off by default; needs `--kv-events` and `--listen`.
-    #[arg(long, value_name = "NAME", requires_all = ["kv_events", "listen"])]
+    /// engines hold a request's prompt): the model's directory or its
+    /// `tokenizer.json` (its `tokenizer_config.json` beside it gives the chat
+    /// template), or `engine-mock` (the engine mock's documented tokenizer). Off by
+    /// default; needs `--kv-events` and `--listen`.
+    #[arg(long, value_name = "PATH|engine-mock", requires_all = ["kv_events", "listen"])]
     pub kv_tokenizer: Option<String>,
+    /// A chat template (Jinja) replacing the model's (`--kv-tokenizer`).
+    #[arg(long, value_name = "FILE", requires = "kv_tokenizer")]
+    pub kv_chat_template: Option<std::path::PathBuf>,
     /// Tokens in an engine's KV block (vLLM's `--block-size`).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub kv_block_tokens: u64,
@@ -245,13 +250,10 @@ impl Args {
         }
         let kv_matcher = match &self.kv_tokenizer {
             None => None,
-            Some(name) => {
-                let Some(tokenizer) = crate::kv_match::Tokenizer::from_name(name) else {
-                    bail!(
-                        "--kv-tokenizer {name}: not one of {}",
-                        crate::kv_match::Tokenizer::NAMES.join(", ")
-                    );
-                };
+            Some(value) => {
+                let template = self.kv_chat_template.as_deref();
+                let tokenizer = crate::kv_match::Tokenizer::from_flag(value, template)
+                    .with_context(|| format!("--kv-tokenizer {value}"))?;
                 let hashing = crate::kv_match::Hashing::vllm(
                     self.kv_block_tokens as usize,
                     &self.kv_hash_seed,
@@ -319,6 +321,59 @@ mod tests {
     }
 
     const PUSH: &str = "--push-url=http://127.0.0.1:1/llm-router/stats";
+
+    #[test]
+    fn prompt_matching_needs_the_events_and_a_listener_and_a_tokenizer_that_loads() {
+        let base = [PUSH, "--token", "t", "--engine", "w0=http://127.0.0.1:8001"];
+        let with = |extra: &[&str]| {
+            let mut a = base.to_vec();
+            a.extend_from_slice(extra);
+            parse(&a)
+        };
+        let kv = [
+            "--kv-events",
+            "w0=tcp://127.0.0.1:5557",
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        let on = with(&[&kv[..], &["--kv-tokenizer", "engine-mock"]].concat()).unwrap();
+        let m = on.kv_matcher.expect("matching on");
+        assert_eq!((m.hashing.block_tokens, m.hashing.int_hashes), (16, true));
+        let digest = with(
+            &[
+                &kv[..],
+                &[
+                    "--kv-tokenizer",
+                    "engine-mock",
+                    "--kv-digest-hashes",
+                    "--kv-block-tokens",
+                    "32",
+                ],
+            ]
+            .concat(),
+        )
+        .unwrap()
+        .kv_matcher
+        .unwrap();
+        assert_eq!(
+            (digest.hashing.block_tokens, digest.hashing.int_hashes),
+            (32, false)
+        );
+        assert!(with(&kv).unwrap().kv_matcher.is_none(), "off by default");
+        // Without the events or the listener there is nothing to match or serve.
+        assert!(with(&["--kv-tokenizer", "engine-mock", "--listen", "127.0.0.1:0"]).is_err());
+        assert!(with(&[
+            "--kv-tokenizer",
+            "engine-mock",
+            "--kv-events",
+            "w0=tcp://h:1"
+        ])
+        .is_err());
+        let missing = with(&[&kv[..], &["--kv-tokenizer", "/nonexistent/model"]].concat());
+        let e = format!("{:#}", missing.unwrap_err());
+        assert!(e.contains("--kv-tokenizer /nonexistent/model"), "{e}");
+        assert!(with(&[&kv[..], &["--kv-block-tokens", "0"]].concat()).is_err());
+    }
 
     #[test]
     fn kv_event_sources_are_checked_at_start() {

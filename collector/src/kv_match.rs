@@ -11,45 +11,54 @@
 //! falls back to its tree for it. Sans-IO.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 
 use llm_kv_events::vllm;
 use llm_kv_events::BlockHash;
 use serde::Serialize;
 
 use crate::kv_index::{KvIndex, Trust};
+use crate::model_tokenizer::ModelTokenizer;
 
 /// How the engines turn a request into token ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Tokenizer {
     /// The engine mock's documented tokenizer (`engine_model::tokenizer`): its
     /// flattened prompt in chunks of 4 characters.
     EngineMock,
+    /// A model's `tokenizer.json` and chat template, as vLLM applies them.
+    Model(Arc<ModelTokenizer>),
 }
 
 impl Tokenizer {
-    pub const NAMES: [&'static str; 1] = ["engine-mock"];
-
-    pub fn from_name(name: &str) -> Option<Tokenizer> {
-        match name {
-            "engine-mock" => Some(Tokenizer::EngineMock),
-            _ => None,
+    /// `--kv-tokenizer`: `engine-mock`, or a model directory or `tokenizer.json`
+    /// (with `chat_template` replacing the model's).
+    pub fn from_flag(value: &str, chat_template: Option<&Path>) -> anyhow::Result<Tokenizer> {
+        if value == "engine-mock" {
+            return Ok(Tokenizer::EngineMock);
         }
+        let model = ModelTokenizer::load(Path::new(value), chat_template)?;
+        Ok(Tokenizer::Model(Arc::new(model)))
     }
 
     /// The token ids the engine computes for a request to `path` with `body`.
     pub fn token_ids(&self, path: &str, body: &[u8]) -> Result<Vec<u32>, MatchError> {
-        use engine_model::prompt::{flatten, Endpoint};
-        let endpoint = match path {
-            "/v1/chat/completions" => Endpoint::Chat,
-            "/v1/completions" => Endpoint::Completions,
-            "/generate" => Endpoint::Generate,
-            other => return Err(MatchError::Path(other.to_string())),
-        };
         let value: serde_json::Value =
             serde_json::from_slice(body).map_err(|e| MatchError::Body(e.to_string()))?;
-        let text = flatten(endpoint, &value).map_err(|e| MatchError::Body(e.0))?;
         match self {
-            Tokenizer::EngineMock => Ok(engine_model::tokenizer::token_ids(&text)),
+            Tokenizer::EngineMock => {
+                use engine_model::prompt::{flatten, Endpoint};
+                let endpoint = match path {
+                    "/v1/chat/completions" => Endpoint::Chat,
+                    "/v1/completions" => Endpoint::Completions,
+                    "/generate" => Endpoint::Generate,
+                    other => return Err(MatchError::Path(other.to_string())),
+                };
+                let text = flatten(endpoint, &value).map_err(|e| MatchError::Body(e.0))?;
+                Ok(engine_model::tokenizer::token_ids(&text))
+            }
+            Tokenizer::Model(model) => model.token_ids(path, &value),
         }
     }
 }
@@ -85,8 +94,8 @@ impl Hashing {
 }
 
 /// What the collector matches requests with (`--kv-tokenizer`, `--kv-block-tokens`,
-/// `--kv-hash-seed`, `--kv-int-hashes`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `--kv-hash-seed`, `--kv-digest-hashes`).
+#[derive(Debug, Clone)]
 pub struct Matcher {
     pub tokenizer: Tokenizer,
     pub hashing: Hashing,
@@ -242,8 +251,15 @@ mod tests {
             t.token_ids("/v1/chat/completions", br#"{"messages":3}"#),
             Err(MatchError::Body(_))
         ));
-        assert_eq!(Tokenizer::from_name("engine-mock"), Some(t));
-        assert_eq!(Tokenizer::from_name("gpt2"), None);
+        assert!(matches!(
+            Tokenizer::from_flag("engine-mock", None),
+            Ok(Tokenizer::EngineMock)
+        ));
+        let missing = Tokenizer::from_flag("/nonexistent/tokenizer.json", None).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("/nonexistent/tokenizer.json"),
+            "{missing:#}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! `/metrics`), [`server`] (the `--listen` server), [`logging`] (structured logs), [`kv_events`] (the engines' KV event
 //! streams, `--kv-events`) into [`kv_index`] (one block index per engine, pure),
 //! [`kv_match`] (which engines hold a request's prompt, pure; served as
-//! `POST /kv/match`) and [`run`] (the loop tying them together).
+//! `POST /kv/match`) with [`model_tokenizer`] (a model's tokenizer and chat template) and [`run`] (the loop tying them together).
 
 pub mod backoff;
 pub mod cli;
@@ -28,6 +28,7 @@ pub mod kv_match;
 pub mod logging;
 pub mod membership;
 pub mod metrics;
+pub mod model_tokenizer;
 pub mod push;
 pub mod run;
 pub mod scrape;
