@@ -19,7 +19,7 @@ use llm_kv_events::BlockHash;
 use serde::Serialize;
 
 use crate::kv_index::{KvIndex, Trust};
-use crate::model_tokenizer::ModelTokenizer;
+use crate::model_tokenizer::{ModelTokenizer, PromptError};
 
 /// How the engines turn a request into token ids.
 #[derive(Debug, Clone)]
@@ -43,9 +43,9 @@ impl Tokenizer {
     }
 
     /// The token ids the engine computes for a request to `path` with `body`.
-    pub fn token_ids(&self, path: &str, body: &[u8]) -> Result<Vec<u32>, MatchError> {
+    pub fn token_ids(&self, path: &str, body: &[u8]) -> Result<Vec<u32>, PromptError> {
         let value: serde_json::Value =
-            serde_json::from_slice(body).map_err(|e| MatchError::Body(e.to_string()))?;
+            serde_json::from_slice(body).map_err(|e| PromptError::Body(e.to_string()))?;
         match self {
             Tokenizer::EngineMock => {
                 use engine_model::prompt::{flatten, Endpoint};
@@ -53,9 +53,9 @@ impl Tokenizer {
                     "/v1/chat/completions" => Endpoint::Chat,
                     "/v1/completions" => Endpoint::Completions,
                     "/generate" => Endpoint::Generate,
-                    other => return Err(MatchError::Path(other.to_string())),
+                    other => return Err(PromptError::Path(other.to_string())),
                 };
-                let text = flatten(endpoint, &value).map_err(|e| MatchError::Body(e.0))?;
+                let text = flatten(endpoint, &value).map_err(|e| PromptError::Body(e.0))?;
                 Ok(engine_model::tokenizer::token_ids(&text))
             }
             Tokenizer::Model(model) => model.token_ids(path, &value),
@@ -108,27 +108,9 @@ impl Matcher {
         path: &str,
         body: &[u8],
         indexes: &BTreeMap<String, KvIndex>,
-    ) -> Result<Matched, MatchError> {
+    ) -> Result<Matched, PromptError> {
         let ids = self.tokenizer.token_ids(path, body)?;
         Ok(matched(&ids, &self.hashing, indexes))
-    }
-}
-
-/// Why a request could not be matched: the router routes it by its tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MatchError {
-    /// An API whose prompt the engines' tokenizer does not know.
-    Path(String),
-    /// A body without a prompt the engine would take.
-    Body(String),
-}
-
-impl std::fmt::Display for MatchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MatchError::Path(p) => write!(f, "no prompt for path `{p}`"),
-            MatchError::Body(why) => write!(f, "no prompt in the body: {why}"),
-        }
     }
 }
 
@@ -241,15 +223,15 @@ mod tests {
         );
         assert!(matches!(
             t.token_ids("/v1/embeddings", completion),
-            Err(MatchError::Path(_))
+            Err(PromptError::Path(_))
         ));
         assert!(matches!(
             t.token_ids("/v1/completions", b"{not json"),
-            Err(MatchError::Body(_))
+            Err(PromptError::Body(_))
         ));
         assert!(matches!(
             t.token_ids("/v1/chat/completions", br#"{"messages":3}"#),
-            Err(MatchError::Body(_))
+            Err(PromptError::Body(_))
         ));
         assert!(matches!(
             Tokenizer::from_flag("engine-mock", None),

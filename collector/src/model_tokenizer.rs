@@ -15,7 +15,23 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::kv_match::MatchError;
+/// Why a request has no token ids to match (the router then routes it by its tree).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptError {
+    /// An API whose prompt the engines' tokenizer does not know.
+    Path(String),
+    /// A body without a prompt the engine would take.
+    Body(String),
+}
+
+impl std::fmt::Display for PromptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromptError::Path(p) => write!(f, "no prompt for path `{p}`"),
+            PromptError::Body(why) => write!(f, "no prompt in the body: {why}"),
+        }
+    }
+}
 
 /// The template's name in the environment.
 const CHAT: &str = "chat";
@@ -192,29 +208,29 @@ impl ModelTokenizer {
         })
     }
 
-    fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, MatchError> {
+    fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>, PromptError> {
         self.tokenizer
             .encode(text, special)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| MatchError::Body(format!("the tokenizer failed: {e}")))
+            .map_err(|e| PromptError::Body(format!("the tokenizer failed: {e}")))
     }
 
     /// The prompt vLLM renders for a chat request.
-    pub fn render_chat(&self, body: &Value) -> Result<String, MatchError> {
+    pub fn render_chat(&self, body: &Value) -> Result<String, PromptError> {
         if !self.has_template {
-            return Err(MatchError::Body(
+            return Err(PromptError::Body(
                 "the model has no chat template (give --kv-chat-template)".into(),
             ));
         }
         let messages = body
             .get("messages")
             .and_then(Value::as_array)
-            .ok_or_else(|| MatchError::Body("'messages' must be an array".into()))?;
+            .ok_or_else(|| PromptError::Body("'messages' must be an array".into()))?;
         let messages: Vec<Value> = messages.iter().map(string_content).collect();
         let template = self
             .env
             .get_template(CHAT)
-            .map_err(|e| MatchError::Body(e.to_string()))?;
+            .map_err(|e| PromptError::Body(e.to_string()))?;
         template
             .render(minijinja::context! {
                 messages => messages,
@@ -222,11 +238,11 @@ impl ModelTokenizer {
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
             })
-            .map_err(|e| MatchError::Body(format!("the chat template failed: {e}")))
+            .map_err(|e| PromptError::Body(format!("the chat template failed: {e}")))
     }
 
     /// The token ids vLLM computes for `body` at `path`.
-    pub fn token_ids(&self, path: &str, body: &Value) -> Result<Vec<u32>, MatchError> {
+    pub fn token_ids(&self, path: &str, body: &Value) -> Result<Vec<u32>, PromptError> {
         match path {
             "/v1/chat/completions" => {
                 let prompt = self.render_chat(body)?;
@@ -245,15 +261,15 @@ impl ModelTokenizer {
                         .iter()
                         .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
                         .collect::<Option<Vec<u32>>>()
-                        .ok_or_else(|| MatchError::Body(format!("'{key}': a token id past 2^32"))),
+                        .ok_or_else(|| PromptError::Body(format!("'{key}': a token id past 2^32"))),
                     Some(Value::Array(items)) => match items.first() {
                         Some(Value::String(s)) => self.encode(s, true),
-                        _ => Err(MatchError::Body(format!("'{key}' holds no text"))),
+                        _ => Err(PromptError::Body(format!("'{key}' holds no text"))),
                     },
-                    _ => Err(MatchError::Body(format!("'{key}' must be a string"))),
+                    _ => Err(PromptError::Body(format!("'{key}' must be a string"))),
                 }
             }
-            other => Err(MatchError::Path(other.to_string())),
+            other => Err(PromptError::Path(other.to_string())),
         }
     }
 }
@@ -414,7 +430,7 @@ mod tests {
         );
         assert!(matches!(
             t.token_ids("/v1/embeddings", &json!({})),
-            Err(MatchError::Path(_))
+            Err(PromptError::Path(_))
         ));
         // No template in the config, none given: a chat is refused, with the reason.
         let err = t.token_ids("/v1/chat/completions", &chat()).unwrap_err();
