@@ -337,6 +337,54 @@ fn a_routing_vm_that_stops_is_replaced_and_the_trees_come_back_from_the_ring() {
     }
 }
 
+/// After a takeover the new routing VM is told what the old one counted for the
+/// asking VMs, and counts it until it ends: the old one's counts expire with its
+/// row, and nothing would count those requests any more.
+#[test]
+fn a_new_routing_vm_counts_the_requests_the_failed_one_counted() {
+    let config = support::fleet_config(WORKERS, ONE_VM);
+    let builder = support::builder(&config, 3, 11, &support::fleet_clusters(WORKERS))
+        .failure_policy(FailurePolicy::FailOpen);
+    let mut h = support::build(builder, &config);
+    h.advance_time(10).unwrap();
+    // VMs 1 and 2 each hold a request open that VM 0 decided and counts.
+    let held: Vec<_> = [1, 2]
+        .into_iter()
+        .map(|vm| (vm, support::open(&mut h, vm, spec(chat(vm, 0))).1.handle))
+        .collect();
+    // The routing VM crashes on the next question it takes.
+    h.inject(Fault::trap("proxy_dequeue_shared_queue").on_call(DEQUEUES_BEFORE_THE_CRASH));
+    h.advance_time(10).unwrap();
+    let late = h.vm(1).request(spec(chat(9, 0))).unwrap();
+    assert!(h.failure(0).is_some(), "the routing VM failed");
+    h.advance_time(300).unwrap();
+    h.vm(1).finish(late.handle).unwrap();
+    // A new routing VM, then the old one's row expires (10 ticks).
+    h.advance_time(3_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_relay_takeovers"), 1);
+    h.advance_time(12_000).unwrap();
+    // The VM that took the seat routes its own request uncounted (it asked the old
+    // router); the other VM's is counted by the new router.
+    assert_eq!(
+        support::stat(&h, "llm_router_inflight"),
+        1,
+        "the other VM's request"
+    );
+    for (vm, handle) in held {
+        h.vm(vm).finish(handle).unwrap();
+    }
+    h.advance_time(2_000).unwrap();
+    assert_eq!(
+        support::stat(&h, "llm_router_inflight"),
+        0,
+        "every count given back"
+    );
+}
+
+/// Shared-queue dequeues before the question that crashes the routing VM in
+/// `a_new_routing_vm_counts_the_requests_the_failed_one_counted`.
+const DEQUEUES_BEFORE_THE_CRASH: u64 = 9;
+
 const PD: &str = r#"{"route_in":"one_vm","workers":[
     {"name":"p0","pool":"prefill","cluster":"prefill_0","address":"10.0.0.1:30000","bootstrap_port":8998},
     {"name":"p1","pool":"prefill","cluster":"prefill_1","address":"10.0.0.2:30000","bootstrap_port":8999},

@@ -31,6 +31,16 @@ pub fn take(state: &mut State, message: &[u8]) {
     match Inbound::decode(message) {
         Some(Inbound::Ask(ask)) => answer(state, &ask, host::now_ms()),
         Some(Inbound::Told(told)) => heard(state, told.reply, &told.notes, host::now_ms()),
+        Some(Inbound::Retold(retold)) => {
+            let now = host::now_ms();
+            for c in retold.counted {
+                let hold = Hold {
+                    worker: c.worker,
+                    booked: c.booked,
+                };
+                take_hold(state, (retold.reply, c.ctx, c.leg), hold, now);
+            }
+        }
         None => {}
     }
 }
@@ -107,20 +117,26 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
 /// Counts a request decided for another VM here, with `predicted_ttft`'s booking
 /// of its prefill, until that VM tells its end (`crate::relay::holds`).
 fn hold(state: &mut State, (ask, leg): (&Ask<'_>, Leg), worker: &str, d: &Decision, now: u64) {
-    bookkeeping::take_count(state, worker);
-    let booked = d.predicted.map(|p| {
-        state.shared.inflight.book_prefill(worker, p.uncached_chars);
-        Booked {
-            chars: p.uncached_chars,
-            work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
-        }
+    let booked = d.predicted.map(|p| Booked {
+        chars: p.uncached_chars,
+        work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
     });
     let hold = Hold {
         worker: worker.to_string(),
         booked,
     };
+    take_hold(state, (ask.reply, ask.ctx, leg), hold, now);
+}
+
+/// Takes `hold`'s counts here for the stream `ctx` of the VM answered on `reply`:
+/// one this VM decided, or one a VM tells it of after a takeover.
+fn take_hold(state: &mut State, (reply, ctx, leg): (u32, u32, Leg), hold: Hold, now: u64) {
+    bookkeeping::take_count(state, &hold.worker);
+    if let Some(b) = hold.booked {
+        state.shared.inflight.book_prefill(&hold.worker, b.chars);
+    }
     let replaced = match &mut state.relay {
-        Part::Router { holds, .. } => holds.hold(ask.reply, ask.ctx, leg, hold, now),
+        Part::Router { holds, .. } => holds.hold(reply, ctx, leg, hold, now),
         _ => Some(hold),
     };
     if let Some(old) = replaced {

@@ -10,7 +10,7 @@ use super::telling;
 use crate::decision::Decision;
 use crate::parse::{self, Parsed};
 use crate::policy::predicted_ttft::WorkHold;
-use crate::relay::{Event, Leg, Note, Part, RecordMeta};
+use crate::relay::{Booked, Counted, Event, Leg, Note, Part, RecordMeta};
 use crate::request::bookkeeping::booking;
 use crate::request::plan::Plan;
 use crate::request::router::Record;
@@ -60,14 +60,25 @@ impl Held {
         }
     }
 
-    /// The count the routing VM took for this VM's stream `ctx` (`booked_at`: with
-    /// `predicted_ttft`'s prefill booking, the answer applied at that clock).
-    fn told(state: &State, worker: &str, (ctx, leg): (u32, Leg), booked_at: Option<u64>) -> Held {
+    /// The count the routing VM took for this VM's stream `ctx` (`booked`: with
+    /// `predicted_ttft`'s prefill booking, the answer applied at `now`).
+    fn told(
+        state: &State,
+        worker: &str,
+        (ctx, leg): (u32, Leg),
+        booked: Option<Booked>,
+        now: u64,
+    ) -> Held {
         if let Part::Asker { tell, .. } = &state.relay {
-            tell.counted();
+            tell.counted(Counted {
+                ctx,
+                leg,
+                worker: worker.to_string(),
+                booked,
+            });
         }
-        let timed = booked_at.map(|since_ms| Timed {
-            since_ms,
+        let timed = booked.map(|_| Timed {
+            since_ms: now,
             first_ms: None,
         });
         Held {
@@ -156,8 +167,11 @@ pub fn count(
             (Held::take(state, worker), work)
         }
         Some(stream) => {
-            let booked_at = d.predicted.map(|_| now);
-            (Held::told(state, worker, stream, booked_at), None)
+            let booked = d.predicted.map(|p| Booked {
+                chars: p.uncached_chars,
+                work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
+            });
+            (Held::told(state, worker, stream, booked, now), None)
         }
     }
 }

@@ -13,6 +13,7 @@ use super::host::{self, HostStore};
 use super::hostcalls;
 use super::queues::{self, resume_with, take_stream, Queue};
 use super::state::{Shared, State};
+use super::telling;
 use crate::config::RouteIn;
 use crate::relay::{seat, Holds, Part, Seat, SeatCall, Seated, Tell};
 use crate::shared::{SetOutcome, SharedStore};
@@ -220,6 +221,7 @@ fn follow(shared: &Shared, state: &mut State, found: Option<Seat>) {
                 .ok()
                 .flatten();
             *following = holder.holder;
+            telling::retell(state);
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::host;
 use super::hostcalls;
 use super::state::State;
-use crate::relay::{Event, Leg, Note, Part, Told};
+use crate::relay::{Event, Leg, Note, Part, Retold, Told};
 use crate::shared::owner_expiry_ms;
 
 /// Writes `note` (`counted`: of a request the routing VM counts for this VM;
@@ -63,6 +63,35 @@ pub fn send_if_due(state: &State, now: u64) {
         host::log(
             proxy_wasm::types::LogLevel::Debug,
             &format!("llm-router: the routing VM could not be told: {e:?}"),
+        );
+    }
+}
+
+/// Tells a routing VM this VM follows from now on every request the one before it
+/// counted for this VM: the new one did not count them (a takeover), and their
+/// ends will be told to it.
+pub fn retell(state: &State) {
+    let Part::Asker {
+        tell,
+        route: Some(route),
+        reply: Some(reply),
+        ..
+    } = &state.relay
+    else {
+        return;
+    };
+    let counted = tell.holding();
+    if counted.is_empty() {
+        return;
+    }
+    let retold = Retold {
+        reply: *reply,
+        counted,
+    };
+    if let Err(e) = hostcalls::enqueue_shared_queue(*route, &retold.encode()) {
+        host::log(
+            proxy_wasm::types::LogLevel::Debug,
+            &format!("llm-router: the new routing VM could not be told: {e:?}"),
         );
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::wire::{Event, Leg, Note};
+use super::wire::{Booked, Event, Leg, Note};
 
 /// One request's hold: its worker, and `predicted_ttft`'s booking while it
 /// prefills.
@@ -20,15 +20,6 @@ use super::wire::{Event, Leg, Note};
 pub struct Hold {
     pub worker: String,
     pub booked: Option<Booked>,
-}
-
-/// A booking: the request's uncached prefill chars, and the prefill its prediction
-/// put before its first byte (ahead, and its own), which its first byte's time
-/// teaches the worker's cost by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Booked {
-    pub chars: u64,
-    pub work_chars: u64,
 }
 
 /// What a note gives back, with what the asking VM measured.

@@ -21,10 +21,11 @@ pub mod seat;
 pub mod tell;
 pub mod wire;
 
-pub use holds::{Booked, Given, Hold, Holds};
+pub use holds::{Given, Hold, Holds};
 pub use part::{Late, Part, Seated};
 pub use seat::{Seat, SeatCall};
 pub use tell::Tell;
 pub use wire::{
-    Answer, Ask, Event, Inbound, Leg, Note, RecordMeta, Refused, Routed, Told, Verdict,
+    Answer, Ask, Booked, Counted, Event, Inbound, Leg, Note, RecordMeta, Refused, Retold, Routed,
+    Told, Verdict,
 };

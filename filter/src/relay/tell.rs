@@ -15,12 +15,17 @@
 //! batched, within 0.002 on 27); a note alone costs the asking thread a queue
 //! write and the routing thread a wake-up.
 //!
+//! It also keeps what the routing VM counts for this VM, request by request: a new
+//! routing VM (after a takeover) never counted those, and is told them
+//! (`super::wire::Retold`).
+//!
 //! Kept in cells: a stream gives its counts back where the host state is only
 //! borrowed (`glue::bookkeeping::Held`).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
-use super::wire::Note;
+use super::wire::{Counted, Event, Leg, Note};
 
 #[derive(Debug, Default)]
 pub struct Tell {
@@ -29,16 +34,17 @@ pub struct Tell {
     since_ms: Cell<Option<u64>>,
     /// When this VM last told the routing VM anything (a question, or notes).
     told_ms: Cell<u64>,
-    /// The requests (legs) the routing VM counts for this VM.
-    counted: Cell<u32>,
+    /// The requests (legs) the routing VM counts for this VM, by stream and leg:
+    /// what a new routing VM is told (`holding`).
+    counted: RefCell<HashMap<(u32, Leg), Counted>>,
     /// A waiting note must go at once.
     urgent: Cell<bool>,
 }
 
 impl Tell {
     /// The routing VM counts one more of this VM's requests.
-    pub fn counted(&self) {
-        self.counted.set(self.counted.get().saturating_add(1));
+    pub fn counted(&self, c: Counted) {
+        self.counted.borrow_mut().insert((c.ctx, c.leg), c);
     }
 
     /// Writes `note`; `counted`: of a request the routing VM counts for this VM
@@ -49,8 +55,18 @@ impl Tell {
         if urgent {
             self.urgent.set(true);
         }
-        if counted && note.event.is_end() {
-            self.counted.set(self.counted.get().saturating_sub(1));
+        if counted {
+            let mut all = self.counted.borrow_mut();
+            match note.event {
+                Event::End { .. } => {
+                    all.remove(&(note.ctx, note.leg));
+                }
+                Event::FirstByte { .. } => {
+                    if let Some(c) = all.get_mut(&(note.ctx, note.leg)) {
+                        c.booked = None;
+                    }
+                }
+            }
         }
         self.notes.borrow_mut().push(note);
         if self.since_ms.get().is_none() {
@@ -66,7 +82,7 @@ impl Tell {
         if self.urgent.get() {
             return true;
         }
-        let counting = self.counted.get() > 0;
+        let counting = self.counting() > 0;
         let quiet = now_ms.saturating_sub(self.told_ms.get());
         match self.since_ms.get() {
             Some(since) => {
@@ -85,17 +101,32 @@ impl Tell {
     }
 
     /// This VM's requests the routing VM counts.
-    pub fn counting(&self) -> u32 {
-        self.counted.get()
+    pub fn counting(&self) -> usize {
+        self.counted.borrow().len()
+    }
+
+    /// Every request the routing VM counts for this VM, as a new routing VM is told
+    /// them (it did not count them), bookings still held included.
+    pub fn holding(&self) -> Vec<Counted> {
+        self.counted.borrow().values().cloned().collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::wire::{Event, Leg};
+    use crate::relay::wire::Booked;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn counted(t: &Tell, ctx: u32) {
+        t.counted(Counted {
+            ctx,
+            leg: Leg::Main,
+            worker: format!("w{ctx}"),
+            booked: None,
+        });
+    }
 
     fn end(ctx: u32) -> Note {
         Note {
@@ -108,8 +139,8 @@ mod tests {
     #[test]
     fn notes_wait_a_window_while_requests_are_counted() {
         let t = Tell::default();
-        t.counted();
-        t.counted();
+        counted(&t, 1);
+        counted(&t, 2);
         t.take(99);
         t.note(end(1), (true, false), 100);
         assert_eq!(t.counting(), 1);
@@ -128,7 +159,7 @@ mod tests {
     #[test]
     fn the_last_counted_end_goes_at_once() {
         let t = Tell::default();
-        t.counted();
+        counted(&t, 1);
         t.note(
             Note {
                 ctx: 1,
@@ -144,7 +175,7 @@ mod tests {
         assert!(t.due(0, 2, 1_000));
         assert_eq!(t.take(0).len(), 2);
         // The end of an answer that came too late counts nothing down.
-        t.counted();
+        counted(&t, 7);
         t.note(end(7), (false, false), 1);
         assert_eq!(t.counting(), 1);
         assert!(
@@ -157,7 +188,7 @@ mod tests {
     fn a_vm_with_counted_requests_beats_and_an_idle_one_is_silent() {
         let t = Tell::default();
         assert!(!t.due(10_000, 2, 1_000), "nothing counted, nothing to tell");
-        t.counted();
+        counted(&t, 1);
         t.take(500);
         assert!(!t.due(1_499, 2, 1_000));
         assert!(t.due(1_500, 2, 1_000));
@@ -168,8 +199,8 @@ mod tests {
     #[test]
     fn an_urgent_note_goes_at_once_and_only_until_told() {
         let t = Tell::default();
-        t.counted();
-        t.counted();
+        counted(&t, 1);
+        counted(&t, 2);
         t.take(100);
         t.note(end(1), (true, true), 100);
         assert!(
@@ -179,5 +210,33 @@ mod tests {
         t.take(100);
         t.note(end(2), (false, false), 100);
         assert!(!t.due(100, 2, 1_000), "the next is batched again");
+    }
+
+    #[test]
+    fn a_new_router_is_told_what_is_still_counted_with_the_bookings_still_held() {
+        let t = Tell::default();
+        let booked = Booked {
+            chars: 800,
+            work_chars: 1_600,
+        };
+        for ctx in [1, 2, 3] {
+            t.counted(Counted {
+                ctx,
+                leg: Leg::Main,
+                worker: "w0".into(),
+                booked: Some(booked),
+            });
+        }
+        let first = |ctx| Note {
+            ctx,
+            leg: Leg::Main,
+            event: Event::FirstByte { after_ms: 9 },
+        };
+        t.note(first(2), (true, true), 0);
+        t.note(end(3), (true, true), 0);
+        let mut held: Vec<(u32, Option<Booked>)> =
+            t.holding().into_iter().map(|c| (c.ctx, c.booked)).collect();
+        held.sort_by_key(|(ctx, _)| *ctx);
+        assert_eq!(held, vec![(1, Some(booked)), (2, None)]);
     }
 }

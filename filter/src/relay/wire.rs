@@ -16,6 +16,7 @@ const TAG_ASK: u8 = 1;
 const TAG_ROUTED: u8 = 2;
 const TAG_REFUSED: u8 = 3;
 const TAG_TOLD: u8 = 4;
+const TAG_RETOLD: u8 = 5;
 
 /// A worker VM's question: route the stream `ctx`, and answer on queue `reply`;
 /// with it, what the VM tells of the streams the routing VM counts for it.
@@ -140,11 +141,95 @@ impl Told {
     }
 }
 
+/// A booking: the request's uncached prefill chars, and the prefill its prediction
+/// put before its first byte (ahead, and its own), which its first byte's time
+/// teaches the worker's cost by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Booked {
+    pub chars: u64,
+    pub work_chars: u64,
+}
+
+/// One request a VM holds that a routing VM counts: what it tells a new routing VM
+/// (after a takeover), which did not count it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counted {
+    pub ctx: u32,
+    pub leg: Leg,
+    pub worker: String,
+    pub booked: Option<Booked>,
+}
+
+/// Every request a VM holds that a routing VM counts, told to a new routing VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retold {
+    pub reply: u32,
+    pub counted: Vec<Counted>,
+}
+
+impl Retold {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.counted.len() * 24);
+        out.push(TAG_RETOLD);
+        out.extend_from_slice(&self.reply.to_le_bytes());
+        put_varint(&mut out, self.counted.len() as u64);
+        for c in &self.counted {
+            out.extend_from_slice(&c.ctx.to_le_bytes());
+            out.push(u8::from(c.leg == Leg::Prefill));
+            put_bytes(&mut out, c.worker.as_bytes());
+            match c.booked {
+                None => out.push(0),
+                Some(b) => {
+                    out.push(1);
+                    put_varint(&mut out, b.chars);
+                    put_varint(&mut out, b.work_chars);
+                }
+            }
+        }
+        out
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Option<Retold> {
+        let reply = r.u32()?;
+        let n = r.varint()?;
+        // Each takes at least seven bytes.
+        if n > r.0.len() as u64 / 7 {
+            return None;
+        }
+        let mut counted = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let ctx = r.u32()?;
+            let leg = match r.u8()? {
+                0 => Leg::Main,
+                1 => Leg::Prefill,
+                _ => return None,
+            };
+            let worker = r.string()?;
+            let booked = match r.u8()? {
+                0 => None,
+                1 => Some(Booked {
+                    chars: r.varint()?,
+                    work_chars: r.varint()?,
+                }),
+                _ => return None,
+            };
+            counted.push(Counted {
+                ctx,
+                leg,
+                worker,
+                booked,
+            });
+        }
+        r.0.is_empty().then_some(Retold { reply, counted })
+    }
+}
+
 /// What the route queue carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inbound<'a> {
     Ask(Ask<'a>),
     Told(Told),
+    Retold(Retold),
 }
 
 impl<'a> Inbound<'a> {
@@ -158,6 +243,7 @@ impl<'a> Inbound<'a> {
                 r.0.is_empty()
                     .then_some(Inbound::Told(Told { reply, notes }))
             }
+            TAG_RETOLD => Retold::decode(&mut Reader(bytes.get(1..)?)).map(Inbound::Retold),
             _ => None,
         }
     }
@@ -471,6 +557,46 @@ mod tests {
             notes: Vec::new(),
         };
         assert_eq!(Ask::decode(&empty.encode()), Some(empty));
+    }
+
+    #[test]
+    fn what_a_vm_holds_round_trips_to_a_new_router_and_damage_is_refused() {
+        let retold = Retold {
+            reply: 4,
+            counted: vec![
+                Counted {
+                    ctx: 9,
+                    leg: Leg::Main,
+                    worker: "w1".into(),
+                    booked: Some(Booked {
+                        chars: 1200,
+                        work_chars: 1 << 33,
+                    }),
+                },
+                Counted {
+                    ctx: 9,
+                    leg: Leg::Prefill,
+                    worker: "p0".into(),
+                    booked: None,
+                },
+            ],
+        };
+        let bytes = retold.encode();
+        assert_eq!(Inbound::decode(&bytes), Some(Inbound::Retold(retold)));
+        for n in 0..bytes.len() {
+            assert_eq!(Inbound::decode(&bytes[..n]), None, "cut at {n}");
+        }
+        let mut bad_leg = bytes.clone();
+        bad_leg[10] = 2;
+        assert_eq!(Inbound::decode(&bad_leg), None);
+        let empty = Retold {
+            reply: 1,
+            counted: Vec::new(),
+        };
+        assert_eq!(
+            Inbound::decode(&empty.encode()),
+            Some(Inbound::Retold(empty))
+        );
     }
 
     #[test]
