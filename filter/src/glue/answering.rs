@@ -117,13 +117,9 @@ fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
 /// Counts a request decided for another VM here, with `predicted_ttft`'s booking
 /// of its prefill, until that VM tells its end (`crate::relay::holds`).
 fn hold(state: &mut State, (ask, leg): (&Ask<'_>, Leg), worker: &str, d: &Decision, now: u64) {
-    let booked = d.predicted.map(|p| Booked {
-        chars: p.uncached_chars,
-        work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
-    });
     let hold = Hold {
         worker: worker.to_string(),
-        booked,
+        booked: d.predicted.as_ref().map(Booked::of),
     };
     take_hold(state, (ask.reply, ask.ctx, leg), hold, now);
 }

@@ -167,10 +167,7 @@ pub fn count(
             (Held::take(state, worker), work)
         }
         Some(stream) => {
-            let booked = d.predicted.map(|p| Booked {
-                chars: p.uncached_chars,
-                work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
-            });
+            let booked = d.predicted.as_ref().map(Booked::of);
             (Held::told(state, worker, stream, booked, now), None)
         }
     }

@@ -59,7 +59,13 @@ pub fn send_if_due(state: &State, now: u64) {
         reply: *reply,
         notes,
     };
-    if let Err(e) = hostcalls::enqueue_shared_queue(*route, &told.encode()) {
+    send(*route, &told.encode());
+}
+
+/// Writes `message` on the routing VM's queue; one lost goes with a router that is
+/// gone (its successor is told again, `retell`).
+fn send(route: u32, message: &[u8]) {
+    if let Err(e) = hostcalls::enqueue_shared_queue(route, message) {
         host::log(
             proxy_wasm::types::LogLevel::Debug,
             &format!("llm-router: the routing VM could not be told: {e:?}"),
@@ -88,12 +94,7 @@ pub fn retell(state: &State) {
         reply: *reply,
         counted,
     };
-    if let Err(e) = hostcalls::enqueue_shared_queue(*route, &retold.encode()) {
-        host::log(
-            proxy_wasm::types::LogLevel::Debug,
-            &format!("llm-router: the new routing VM could not be told: {e:?}"),
-        );
-    }
+    send(*route, &retold.encode());
 }
 
 /// The notes a question carries.

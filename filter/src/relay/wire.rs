@@ -115,12 +115,15 @@ fn put_notes(out: &mut Vec<u8>, notes: &[Note]) {
 }
 
 fn notes(r: &mut Reader<'_>) -> Option<Vec<Note>> {
-    let n = r.varint()?;
-    // A count no message could hold is a lie.
-    if n > r.0.len() as u64 / NOTE_BYTES {
-        return None;
-    }
+    let n = item_count(r, NOTE_BYTES)?;
     (0..n).map(|_| Note::decode(r)).collect()
+}
+
+/// A count of items that take at least `min_bytes` each: a count beyond what the
+/// message still holds is a lie, refused before anything is allocated for it.
+fn item_count(r: &mut Reader<'_>, min_bytes: u64) -> Option<u64> {
+    let n = r.varint()?;
+    (n <= r.0.len() as u64 / min_bytes).then_some(n)
 }
 
 /// A worker VM's notes alone (no question to carry them), or its heartbeat (none):
@@ -148,6 +151,16 @@ impl Told {
 pub struct Booked {
     pub chars: u64,
     pub work_chars: u64,
+}
+
+impl Booked {
+    /// What a `predicted_ttft` decision's prediction books.
+    pub fn of(p: &Prediction) -> Booked {
+        Booked {
+            chars: p.uncached_chars,
+            work_chars: p.ahead_chars.saturating_add(p.uncached_chars),
+        }
+    }
 }
 
 /// One request a VM holds that a routing VM counts: what it tells a new routing VM
@@ -191,11 +204,8 @@ impl Retold {
 
     fn decode(r: &mut Reader<'_>) -> Option<Retold> {
         let reply = r.u32()?;
-        let n = r.varint()?;
         // Each takes at least seven bytes.
-        if n > r.0.len() as u64 / 7 {
-            return None;
-        }
+        let n = item_count(r, 7)?;
         let mut counted = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let ctx = r.u32()?;
@@ -396,11 +406,8 @@ impl Answer {
                     _ => return None,
                 };
                 let text_chars = r.varint()?;
-                let n = r.varint()?;
-                // Each record takes at least 7 bytes: a count beyond them is a lie.
-                if n > r.0.len() as u64 / 7 {
-                    return None;
-                }
+                // Each record takes at least 7 bytes.
+                let n = item_count(&mut r, 7)?;
                 let mut records = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     records.push(RecordMeta {
