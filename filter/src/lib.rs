@@ -15,7 +15,8 @@
 //!
 //! 1. `config` (the plugin configuration), `rng`, `scan` (the byte scans),
 //!    `support::counters`, `support::header_names`, `support::header_pairs`,
-//!    `support::small_blocks` (the VM's allocator);
+//!    `support::small_blocks` (the VM's allocator), `kv_match` (what the engines
+//!    hold of a prompt, as the collector says);
 //! 2. `tree` (the prefix trees), `parse` (a body's routing inputs);
 //! 3. `decision` (what a decision says of itself), `load` (the workers' load as a
 //!    request sees it), `request::models` (the `/v1/models` listing),
@@ -45,6 +46,7 @@
 pub mod background;
 pub mod config;
 pub mod decision;
+pub mod kv_match;
 pub mod load;
 pub mod parse;
 pub mod policy;

@@ -17,6 +17,7 @@ use std::fmt;
 mod decision_headers;
 mod gate;
 mod health;
+mod kv_match;
 mod overload;
 mod policies;
 mod replicas;
@@ -27,6 +28,7 @@ mod workers;
 
 pub use decision_headers::DecisionHeaders;
 pub use health::*;
+pub use kv_match::*;
 pub use overload::*;
 pub(crate) use policies::policies;
 pub use policies::Policy;
@@ -225,6 +227,10 @@ pub struct Config {
     /// An engine's restart empties its worker's share either way.
     #[serde(default)]
     pub kv_capacity_bound: bool,
+    /// `cache_aware` ranks by what the engines' KV caches hold, asked of the
+    /// collector before each decision (`crate::kv_match`). Unset: the tree alone.
+    #[serde(default)]
+    pub kv_match: Option<KvMatchConfig>,
     /// Queue gate: a prefix owner whose engine has this many requests waiting (or
     /// more) is no cache candidate. Unset: no gate.
     #[serde(default)]
@@ -357,6 +363,9 @@ impl Config {
         self.overload.validate()?;
         self.health.validate()?;
         self.replicas.validate(&self.stats_path)?;
+        if let Some(kv) = &self.kv_match {
+            kv.validate()?;
+        }
         self.validate_queue_knobs()?;
         self.validate_workers()?;
         // Knobs of one policy are refused where no pool routes by it.
@@ -379,6 +388,7 @@ impl Config {
                         "saturation_queue_floor",
                         self.saturation_queue_floor.is_some(),
                     ),
+                    ("kv_match", self.kv_match.is_some()),
                 ],
             ),
         ];
@@ -798,6 +808,31 @@ mod tests {
         );
         let e = rule(r#","policy":"random","worker_queue_limit":3,"saturation_queue_floor":1"#);
         assert_eq!(e.field, "worker_queue_limit");
+    }
+
+    #[test]
+    fn kv_match_settings() {
+        let c = with(r#","kv_match":{"cluster":"llm_collector"}"#).unwrap();
+        let kv = c.kv_match.unwrap();
+        assert_eq!((kv.cluster.as_str(), kv.timeout_ms), ("llm_collector", 25));
+        for (extra, field) in [
+            (r#"{"cluster":""}"#, "kv_match.cluster"),
+            (r#"{"cluster":"c","timeout_ms":0}"#, "kv_match.timeout_ms"),
+            (
+                r#"{"cluster":"c","timeout_ms":10001}"#,
+                "kv_match.timeout_ms",
+            ),
+            (r#"{"cluster":"c","path":"/kv"}"#, "configuration"),
+            (r#"{"timeout_ms":5}"#, "configuration"),
+            (r#"{"cluster":"c","timout_ms":5}"#, "configuration"),
+        ] {
+            assert_eq!(field_of(with(&format!(r#","kv_match":{extra}"#))), field);
+        }
+        let e = with(r#","policy":"round_robin","kv_match":{"cluster":"c"}"#).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.rule.as_str()),
+            ("kv_match", "requires `policy: cache_aware`")
+        );
     }
 
     #[test]

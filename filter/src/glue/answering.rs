@@ -9,7 +9,7 @@ use super::host::{self, HostStore};
 use super::hostcalls;
 use super::state::State;
 use crate::decision::Decision;
-use crate::parse;
+use crate::parse::{self, Parsed};
 use crate::policy::predicted_ttft::{learn_end, learn_first_byte};
 use crate::relay::{
     Answer, Ask, Booked, Given, Hold, Inbound, Leg, Note, Part, Refused, Routed, Verdict,
@@ -68,6 +68,9 @@ fn answer(state: &mut State, ask: &Ask<'_>, now: u64) {
 /// The routing VM's answer to one question.
 fn verdict(state: &mut State, ask: &Ask<'_>, now: u64) -> Verdict {
     let mut parsed = parse::read(ask.body).parsed(ask.path);
+    if let Parsed::Routable(r) = &mut parsed {
+        r.held = ask.held.clone();
+    }
     let refused = |r: Refusal| {
         Verdict::Refused(Refused {
             status: r.status(),

@@ -8,7 +8,7 @@ use proxy_wasm::types::LogLevel;
 use super::host;
 use super::state::State;
 use crate::parse::Parsed;
-use crate::request::plan::{plan, refused_body, Plan, Refusal};
+use crate::request::plan::{plan, refused_body, EnginesUse, Plan, Refusal};
 use crate::shared::truncate_text;
 
 /// A request decided.
@@ -54,6 +54,11 @@ pub fn decide(state: &mut State, parsed: &mut Parsed, body: &[u8]) -> Result<Dec
     }
     if planned.notes.owner_overloaded {
         state.metrics.overload_owner_filtered.inc();
+    }
+    match planned.notes.engines {
+        EnginesUse::None => {}
+        EnginesUse::Ranked => state.metrics.kv_match_ranked.inc(),
+        EnginesUse::Passed => state.metrics.kv_match_partial.inc(),
     }
     let plan = planned.outcome.inspect_err(|refusal| {
         if refusal.is_no_worker() {

@@ -45,6 +45,10 @@ pub struct Metrics {
     pub predicted_ttft_ms: Metric,
     pub kv_bounds_shared: Metric,
     pub engine_restarts: Metric,
+    pub kv_match_ranked: Metric,
+    pub kv_match_partial: Metric,
+    pub kv_match_unanswered: Metric,
+    pub kv_match_refused: Metric,
 }
 
 /// One worker's stats (`llm_router_worker.<name>.<field>`).
@@ -114,6 +118,10 @@ impl Metrics {
             predicted_ttft_ms: Metric::histogram(names::PREDICTED_TTFT_MS),
             kv_bounds_shared: Metric::counter(names::KV_BOUNDS_SHARED),
             engine_restarts: Metric::counter(names::ENGINE_RESTARTS),
+            kv_match_ranked: Metric::counter(names::KV_MATCH_RANKED),
+            kv_match_partial: Metric::counter(names::KV_MATCH_PARTIAL),
+            kv_match_unanswered: Metric::counter(names::KV_MATCH_UNANSWERED),
+            kv_match_refused: Metric::counter(names::KV_MATCH_REFUSED),
         };
         m.reconfigure(cfg);
         m

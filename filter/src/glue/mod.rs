@@ -14,8 +14,9 @@
 //! for the others: asking, waiting, the deadline), `seat` (which VM routes),
 //! `queues` (this VM's relay queues and the streams they serve), `answering` (the
 //! routing VM's side), `relayed` (the stream handle the relay shares), `telling`
-//! (what an asking VM tells the routing VM of the requests it counts), `metrics`
-//! and `host`.
+//! (what an asking VM tells the routing VM of the requests it counts), `kv_match`
+//! (the collector's word on what the engines hold of a prompt), `metrics` and
+//! `host`.
 
 mod answering;
 mod bookkeeping;
@@ -23,6 +24,7 @@ mod decide;
 mod health;
 mod host;
 mod hostcalls;
+mod kv_match;
 mod membership;
 mod metrics;
 mod prefill;

@@ -24,6 +24,7 @@ use super::queues::{self, resume_with, take_stream, Queue, StreamRef};
 use super::seat::{read_seat, take_or_follow, take_seat};
 use super::state::{Shared, State};
 use super::telling;
+use crate::kv_match::EngineHeld;
 use crate::relay::{Answer, Ask, Inbound, Late, Part, Verdict};
 
 /// How long a late question's body is kept for its answer: a router that has not
@@ -106,7 +107,14 @@ pub fn tick(shared: &Shared, now: u64) {
 
 /// Sends the stream `ctx`'s question to the routing VM; `false`: decide here (this
 /// VM routes, or the question could not be sent, which counts as late).
-pub fn ask(shared: &Shared, state: &mut State, ctx: u32, path: Option<&str>, body: &[u8]) -> bool {
+pub fn ask(
+    shared: &Shared,
+    state: &mut State,
+    ctx: u32,
+    path: Option<&str>,
+    body: &[u8],
+    held: Option<&EngineHeld>,
+) -> bool {
     if let Part::Asker { route: None, .. } = state.relay {
         // Not found yet: perhaps it is now, or nobody holds the seat yet (an Envoy
         // whose first request came before any tick): then this VM takes it.
@@ -123,6 +131,7 @@ pub fn ask(shared: &Shared, state: &mut State, ctx: u32, path: Option<&str>, bod
                 path,
                 body,
                 notes: telling::riding(state, host::now_ms()),
+                held: held.cloned(),
             };
             hostcalls::enqueue_shared_queue(route, &ask.encode()).is_ok()
         }

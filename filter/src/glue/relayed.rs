@@ -6,8 +6,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, LogLevel};
 
+use super::host;
+use super::hostcalls;
 use super::relay::{ask, forget, wait};
 use super::stream::Stream;
 
@@ -35,8 +37,8 @@ impl Relayed {
         let Some(state) = slot.as_mut() else {
             return action;
         };
-        let (path, body) = s.question();
-        if ask(&shared, state, ctx, path, body) {
+        let (path, body, held) = s.question();
+        if ask(&shared, state, ctx, path, body, held) {
             wait(state, ctx, Rc::downgrade(&self.0));
             return action;
         }
@@ -68,9 +70,23 @@ impl Relayed {
 
 impl Context for Relayed {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
-        self.with((), |s| {
-            s.on_http_call_response(token, headers, body, trailers)
-        });
+        let engines = self.with(None, |s| s.engines_answered(token, headers, body));
+        let Some(action) = engines else {
+            self.with((), |s| {
+                s.on_http_call_response(token, headers, body, trailers)
+            });
+            return;
+        };
+        // `kv_match`'s answer came: the stream is routed (or asks the routing VM)
+        // as its request callback would have, and goes on if it may.
+        if self.after_request(action) == Action::Continue {
+            if let Err(e) = hostcalls::resume_http_request() {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("llm-router: cannot resume a routed request: {e:?}"),
+                );
+            }
+        }
     }
 
     fn on_done(&mut self) -> bool {

@@ -25,6 +25,7 @@ mod fields;
 mod inputs;
 mod json;
 
+use crate::kv_match::EngineHeld;
 use fields::Leaf;
 use inputs::InputText;
 use json::{Json, Malformed, Read, Token};
@@ -52,6 +53,9 @@ pub struct RoutingRequest {
     pub model: String,
     pub stream: bool,
     pub text: String,
+    /// What the engines' KV caches hold of the prompt, when the collector said
+    /// (`kv_match`): the glue sets it from the answer, parsing never does.
+    pub held: Option<EngineHeld>,
 }
 
 /// Why a body gives no routing text. It is still routed (least-load).
@@ -319,6 +323,7 @@ impl Reading<'_> {
                     model,
                     stream,
                     text,
+                    held: None,
                 });
             }
         }
@@ -510,6 +515,7 @@ mod tests {
                         model,
                         stream,
                         text,
+                        held: None,
                     });
                 }
             }

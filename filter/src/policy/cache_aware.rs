@@ -24,7 +24,8 @@
 //! without one goes to the least loaded (`super::unreadable`).
 
 use super::{
-    decide, least_by, least_loaded, least_pressure, unreadable, Ask, Chosen, Held, Select,
+    decide, least_by, least_loaded, least_pressure, unreadable, Ask, Chosen, Engines, Held,
+    Select,
 };
 use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
@@ -57,27 +58,41 @@ impl Select for CacheAware {
             return Chosen::only(unreadable(ask.candidates, rng));
         };
         let tree = ask.tree;
+        // The engines' word where it covers every candidate: one engine the
+        // collector cannot vouch for would be a miss that is not one.
+        let engines = ask.engines.filter(|e| {
+            ask.candidates
+                .iter()
+                .all(|c| e.held.get(c.worker as usize).is_some_and(Option::is_some))
+        });
         let (mut looked, mut walked) = (false, None);
         let (looked_up, walk) = (&mut looked, &mut walked);
         let found = &mut self.found;
+        let candidates = ask.candidates;
         let decision = cache_aware(
             params,
-            ask.candidates,
+            candidates,
             move || {
                 *looked_up = true;
-                match tree {
-                    Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
-                    None => found.refill(0, char_len(text), []),
+                match (engines, tree) {
+                    (Some(e), _) => engine_match(e, candidates, char_len(text), found),
+                    (None, Some(t)) => *walk = Some(t.prefix_walk_into(text, found)),
+                    (None, None) => found.refill(0, char_len(text), []),
                 }
                 &*found
             },
             rng,
         );
         let matched = looked.then_some(&self.found);
+        let text_chars = matched.map_or_else(|| char_len(text), |m| m.input_chars);
         // An owner of the match holds all of it; anyone else, what a walk of its
-        // own says (a balanced fleet never walked the tree at all).
-        let held_chars = decision.as_ref().map_or(0, |d| match matched {
-            Some(m) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
+        // own says (a balanced fleet never walked the tree at all), or its engine.
+        let held_chars = decision.as_ref().map_or(0, |d| match (matched, engines) {
+            (Some(m), _) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
+            (_, Some(e)) => {
+                let blocks = e.held.get(d.worker as usize).copied().flatten();
+                e.answer.chars_of(blocks.unwrap_or(0), text_chars)
+            }
             _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
         });
         // Only a miss can hide a filtered owner: any other reason either hit an
@@ -90,7 +105,6 @@ impl Select for CacheAware {
             && matched.is_some_and(|m| {
                 owners_filtered(params.cache_threshold, m, ask.candidates, ask.flagged)
             });
-        let text_chars = matched.map_or_else(|| char_len(text), |m| m.input_chars);
         Chosen {
             decision,
             record: Some(Held {
@@ -99,8 +113,34 @@ impl Select for CacheAware {
             }),
             walked,
             owner_overloaded,
+            by_engines: engines.is_some(),
         }
     }
+}
+
+/// The engines' match as the tree's would read: the candidates holding the most
+/// leading blocks own it (none when no candidate holds a block), its length in the
+/// prompt's chars. Every candidate's count is known (`CacheAware::select`).
+fn engine_match(
+    engines: Engines<'_>,
+    candidates: &[Candidate],
+    text_chars: usize,
+    found: &mut PrefixMatch,
+) {
+    let held = |c: &Candidate| {
+        engines
+            .held
+            .get(c.worker as usize)
+            .copied()
+            .flatten()
+            .unwrap_or(0)
+    };
+    let most = candidates.iter().map(held).max().unwrap_or(0);
+    let owners = candidates
+        .iter()
+        .filter(|c| most > 0 && held(c) == most)
+        .map(|c| c.worker);
+    found.refill(engines.answer.chars_of(most, text_chars), text_chars, owners);
 }
 
 /// Whether `found` has owners above the cache threshold, none of them a candidate

@@ -23,6 +23,7 @@
 
 use crate::config::{Config, Policy};
 use crate::decision::{Decision, GateAudit, Reason};
+use crate::kv_match::EngineHeld;
 use crate::load::{Candidate, Loads};
 use crate::rng::Rng;
 use crate::tree::{TenantId, Tree, Walked};
@@ -55,6 +56,16 @@ pub struct Ask<'a> {
     /// Requests in flight on the pool's candidates in all.
     pub inflight: u64,
     pub loads: &'a Loads,
+    /// What the engines' caches hold of the prompt (`kv_match`): the collector's
+    /// answer and, by worker index, each worker's leading blocks (`None`: not known).
+    pub engines: Option<Engines<'a>>,
+}
+
+/// The engines' answer for one request, by worker index.
+#[derive(Debug, Clone, Copy)]
+pub struct Engines<'a> {
+    pub answer: &'a EngineHeld,
+    pub held: &'a [Option<u32>],
 }
 
 /// A policy's answer.
@@ -68,6 +79,8 @@ pub struct Chosen {
     /// The prefix's owners were all flagged overloaded and filtered out, so a
     /// logical cache hit became a physical miss on another worker.
     pub owner_overloaded: bool,
+    /// The match was the engines' (`Ask::engines`), not the tree's.
+    pub by_engines: bool,
 }
 
 impl Chosen {
@@ -253,6 +266,7 @@ mod tests {
                 position: &[],
                 inflight: 0,
                 loads: &loads,
+                engines: None,
             };
             for &policy in Policy::ALL {
                 let chosen = Selectors::new(policy, &cfg).select(&ask, &mut rng);

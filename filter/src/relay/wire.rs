@@ -10,6 +10,7 @@
 
 use crate::config::Pool;
 use crate::decision::{Decision, GateAudit, Prediction, Reason};
+use crate::kv_match::EngineHeld;
 use crate::shared::{pool_code, pool_of, put_bytes, put_varint, Reader};
 
 const TAG_ASK: u8 = 1;
@@ -28,6 +29,9 @@ pub struct Ask<'a> {
     pub path: Option<&'a str>,
     pub body: &'a [u8],
     pub notes: Vec<Note>,
+    /// What the engines hold of the prompt, when the asking VM asked the collector
+    /// (`kv_match`): the router decides by it as by its own question's.
+    pub held: Option<EngineHeld>,
 }
 
 /// What a VM tells the routing VM of one stream it decided for it
@@ -117,6 +121,54 @@ fn put_notes(out: &mut Vec<u8>, notes: &[Note]) {
 fn notes(r: &mut Reader<'_>) -> Option<Vec<Note>> {
     let n = item_count(r, NOTE_BYTES)?;
     (0..n).map(|_| Note::decode(r)).collect()
+}
+
+/// The engines' answer: absent (0), or present (1) with its tokens, block size and
+/// per engine its name and held blocks (0: not whole, else one more than held).
+fn put_held(out: &mut Vec<u8>, held: Option<&EngineHeld>) {
+    let Some(h) = held else {
+        out.push(0);
+        return;
+    };
+    out.push(1);
+    put_varint(out, u64::from(h.tokens));
+    put_varint(out, u64::from(h.block_tokens));
+    put_varint(out, h.engines.len() as u64);
+    for (name, blocks) in &h.engines {
+        put_bytes(out, name.as_bytes());
+        put_varint(out, blocks.map_or(0, |b| u64::from(b) + 1));
+    }
+}
+
+/// Each engine takes at least five bytes (a name's length and a count).
+const ENGINE_BYTES: u64 = 5;
+
+/// `put_held`'s answer; `None`: damaged, `Some(None)`: absent.
+fn held(r: &mut Reader<'_>) -> Option<Option<EngineHeld>> {
+    match r.u8()? {
+        0 => return Some(None),
+        1 => {}
+        _ => return None,
+    }
+    let small = |v: u64| u32::try_from(v).ok();
+    let tokens = small(r.varint()?)?;
+    let block_tokens = small(r.varint()?)?;
+    let n = item_count(r, ENGINE_BYTES)?;
+    let engines = (0..n)
+        .map(|_| {
+            let name = r.string()?;
+            let blocks = match r.varint()? {
+                0 => None,
+                b => Some(small(b - 1)?),
+            };
+            Some((name, blocks))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Some(EngineHeld {
+        tokens,
+        block_tokens,
+        engines,
+    }))
 }
 
 /// A count of items that take at least `min_bytes` each: a count beyond what the
@@ -275,6 +327,7 @@ impl<'a> Ask<'a> {
                 put_bytes(&mut out, p.as_bytes());
             }
         }
+        put_held(&mut out, self.held.as_ref());
         // The body is the rest: no length, no copy of its own.
         out.extend_from_slice(self.body);
         out
@@ -293,12 +346,14 @@ impl<'a> Ask<'a> {
             1 => Some(r.str()?),
             _ => return None,
         };
+        let held = held(&mut r)?;
         Some(Ask {
             reply,
             ctx,
             path,
             body: r.0,
             notes,
+            held,
         })
     }
 }
@@ -542,19 +597,46 @@ mod tests {
     #[test]
     fn an_ask_round_trips_with_and_without_a_path_and_notes() {
         let body = br#"{"model":"m","prompt":"hello"}"#;
+        let answer = EngineHeld {
+            tokens: 232,
+            block_tokens: 16,
+            engines: vec![
+                ("w0".into(), Some(14)),
+                ("w1".into(), Some(0)),
+                ("w2".into(), None),
+            ],
+        };
         for path in [None, Some("/v1/completions"), Some("")] {
             for notes in [Vec::new(), every_note()] {
-                let ask = Ask {
-                    reply: 3,
-                    ctx: 17,
-                    path,
-                    body,
-                    notes,
-                };
-                let bytes = ask.encode();
-                assert_eq!(Ask::decode(&bytes), Some(ask.clone()));
-                assert_eq!(Inbound::decode(&bytes), Some(Inbound::Ask(ask)));
+                for held in [None, Some(answer.clone()), Some(EngineHeld::default())] {
+                    let ask = Ask {
+                        reply: 3,
+                        ctx: 17,
+                        path,
+                        body,
+                        notes: notes.clone(),
+                        held,
+                    };
+                    let bytes = ask.encode();
+                    assert_eq!(Ask::decode(&bytes), Some(ask.clone()));
+                    assert_eq!(Inbound::decode(&bytes), Some(Inbound::Ask(ask)));
+                }
             }
+        }
+        // Cut inside the answer: refused (the body, the rest, may be cut anywhere).
+        let ask = Ask {
+            reply: 3,
+            ctx: 17,
+            path: None,
+            body: b"",
+            notes: Vec::new(),
+            held: Some(answer),
+        };
+        let bytes = ask.encode();
+        let answer_starts = 1 + 4 + 4 + 1 + 1;
+        for n in 0..bytes.len() {
+            let cut = Ask::decode(&bytes[..n]);
+            assert!(cut.is_none() || n < answer_starts, "cut at {n}: {cut:?}");
         }
         let empty = Ask {
             reply: 1,
@@ -562,6 +644,7 @@ mod tests {
             path: None,
             body: b"",
             notes: Vec::new(),
+            held: None,
         };
         assert_eq!(Ask::decode(&empty.encode()), Some(empty));
     }

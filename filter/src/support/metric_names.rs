@@ -24,6 +24,19 @@ pub const RELAY_ANSWERED: &str = "llm_router_relay_answered";
 pub const RELAY_LATE: &str = "llm_router_relay_late";
 /// `route_in: one_vm`: a VM took the seat over from a routing VM that stopped.
 pub const RELAY_TAKEOVERS: &str = "llm_router_relay_takeovers";
+/// `kv_match`: decisions the engines' answer ranked (every candidate's index whole).
+pub const KV_MATCH_RANKED: &str = "llm_router_kv_match_ranked";
+/// `kv_match`: answers that left a candidate out (an index not whole, a worker the
+/// collector does not follow): the tree decided.
+pub const KV_MATCH_PARTIAL: &str = "llm_router_kv_match_partial";
+/// `kv_match`: questions with no answer from the collector: none within
+/// `kv_match.timeout_ms`, Envoy's 503 without a healthy collector, a call that
+/// could not be sent (an unknown cluster): the tree decided.
+pub const KV_MATCH_UNANSWERED: &str = "llm_router_kv_match_unanswered";
+/// `kv_match`: answers that were not a match (the collector's 4xx: a body without a
+/// prompt, an API its tokenizer does not read; a 200 that is not its JSON): the
+/// tree decided.
+pub const KV_MATCH_REFUSED: &str = "llm_router_kv_match_refused";
 /// Requests refused with a 503 because no worker could be chosen.
 pub const NO_WORKER: &str = "llm_router_no_worker";
 /// Bodies without routing text (routed by load).

@@ -24,6 +24,7 @@ use super::reply;
 use super::state::Shared;
 use crate::config::{DecisionHeaders, Target};
 use crate::decision::Decision;
+use crate::kv_match::EngineHeld;
 use crate::parse;
 use crate::policy::predicted_ttft::WorkHold;
 use crate::request::models;
@@ -73,6 +74,11 @@ pub struct Stream {
     asked: Option<Vec<u8>>,
     /// The question is out and no answer came yet.
     waiting: bool,
+    /// `kv_match`: the collector's call, while its answer is awaited (the body
+    /// waits in `asked`).
+    kv_call: Option<u32>,
+    /// `kv_match`: what the engines hold of the prompt, once the collector said.
+    held: Option<EngineHeld>,
 }
 
 impl Stream {
@@ -91,6 +97,8 @@ impl Stream {
             explain: false,
             asked: None,
             waiting: false,
+            kv_call: None,
+            held: None,
         }
     }
 

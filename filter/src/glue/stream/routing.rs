@@ -10,11 +10,13 @@ use crate::glue::bookkeeping::{self, Undo};
 use crate::glue::decide::decide;
 use crate::glue::host;
 use crate::glue::hostcalls;
+use crate::glue::kv_match;
 use crate::glue::prefill::{self, Leg};
 use crate::glue::reply;
 use crate::glue::state::State;
 use crate::glue::telling;
-use crate::parse::{self, Reading};
+use crate::kv_match::EngineHeld;
+use crate::parse::{self, Parsed, Reading};
 use crate::relay::{self, Verdict};
 use crate::request::bookkeeping::booking_of;
 use crate::request::plan::Refusal;
@@ -33,18 +35,54 @@ impl Stream {
             drop(slot);
             return reply::refusal(Refusal::NotConfigured);
         };
-        if state.relay.asks() {
+        let asks_engines = state
+            .router
+            .config()
+            .kv_match
+            .as_ref()
+            .zip(reading.shape())
+            .and_then(|(kv, shape)| kv_match::ask(state, kv, shape, body));
+        if asks_engines.is_some() || state.relay.asks() {
             self.asked = Some(body.to_vec());
-            self.waiting = true;
+            self.kv_call = asks_engines;
+            self.waiting = asks_engines.is_none();
             return Action::Pause;
         }
         self.route_here(state, body, reading)
     }
-    /// The question this stream is to ask: its path and body.
-    pub fn question(&self) -> (Option<&str>, &[u8]) {
+    /// `kv_match`: the collector's answer to the call `token` (`None`: another
+    /// call's). The stream is routed now, with what the engines hold if it says.
+    pub fn engines_answered(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<Action> {
+        if self.kv_call != Some(token) {
+            return None;
+        }
+        self.kv_call = None;
+        let shared = self.state.clone();
+        let mut slot = shared.borrow_mut();
+        let Some(state) = slot.as_mut() else {
+            return Some(reply::refusal(Refusal::NotConfigured));
+        };
+        self.held = kv_match::answer(state, num_headers, body_size);
+        if state.relay.asks() {
+            // The body stays in `asked` for the question.
+            self.waiting = true;
+            return Some(Action::Pause);
+        }
+        let body = self.asked.take().unwrap_or_default();
+        Some(self.route_here(state, &body, parse::read(&body)))
+    }
+    /// The question this stream is to ask: its path, body and what the engines
+    /// hold of its prompt.
+    pub fn question(&self) -> (Option<&str>, &[u8], Option<&EngineHeld>) {
         (
             self.path.as_deref(),
             self.asked.as_deref().unwrap_or_default(),
+            self.held.as_ref(),
         )
     }
     /// Decides here (this VM routes, or its question found no answer in time)
@@ -56,6 +94,9 @@ impl Stream {
         reading: Reading,
     ) -> Action {
         let mut parsed = reading.parsed(self.path.as_deref());
+        if let Parsed::Routable(r) = &mut parsed {
+            r.held = self.held.take();
+        }
         let decided = match decide(state, &mut parsed, body) {
             Ok(d) => d,
             Err(refusal) => return reply::refusal(refusal),

@@ -22,7 +22,7 @@ use crate::config::{Config, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::parse::Parsed;
-use crate::policy::{Ask, Selectors};
+use crate::policy::{Ask, Engines, Selectors};
 use crate::request::candidates::{self, Screened, Screens};
 use crate::request::kv_bounds::{kv_step, KvBound, KvStep, Share};
 use crate::request::model_trees::ModelTrees;
@@ -80,6 +80,8 @@ pub struct Routed {
     /// The prefix's owners were all flagged overloaded and filtered out, so a
     /// logical cache hit became a physical miss on another worker.
     pub owner_overloaded: bool,
+    /// The engines' answer ranked the candidates (`kv_match`), not the tree.
+    pub by_engines: bool,
 }
 
 /// A PD pair: each pool decided by its own policy over its own tree.
@@ -341,13 +343,18 @@ impl Router {
         if self.cfg.workers.is_empty() {
             return Err(NoWorker::NoDiscoveredWorker);
         }
-        let (model, text) = match req {
+        let (model, text, answer) = match req {
             Parsed::Routable(r) => (
                 r.model.as_str(),
                 Some(truncate_text(&r.text, self.cfg.max_routing_text_bytes)),
+                r.held.as_ref(),
             ),
-            Parsed::Unroutable { model, .. } => (model.as_str(), None),
+            Parsed::Unroutable { model, .. } => (model.as_str(), None, None),
         };
+        // The engines' answer by worker index, where their names are the workers'.
+        let held: Vec<Option<u32>> = answer.map_or_else(Vec::new, |a| {
+            self.cfg.workers.iter().map(|w| a.held(&w.name)).collect()
+        });
         let Screened {
             candidates,
             flagged,
@@ -368,6 +375,10 @@ impl Router {
             position,
             inflight: *total,
             loads,
+            engines: answer.map(|answer| Engines {
+                answer,
+                held: &held,
+            }),
         };
         let chosen = self.selectors.get_mut(pool).select(&ask, rng);
         self.walked = chosen.walked;
@@ -406,6 +417,7 @@ impl Router {
             record,
             gate_inert,
             owner_overloaded,
+            by_engines: chosen.by_engines,
         })
     }
 }
@@ -1219,6 +1231,141 @@ mod tests {
         let cold = go_flagged(&mut r, &unrelated, &flags, &mut rng);
         assert_eq!(cold.decision.reason, Reason::CacheMiss);
         assert!(!cold.owner_overloaded);
+    }
+
+    /// `req` with the collector's answer: `held` leading blocks by worker name, of a
+    /// prompt of 64 tokens in blocks of 16 (`None`: an index not whole).
+    fn with_held(req: &Parsed, held: &[(&str, Option<u32>)]) -> Parsed {
+        let Parsed::Routable(r) = req.clone() else {
+            panic!("routable")
+        };
+        let engines = held.iter().map(|(n, h)| (n.to_string(), *h)).collect();
+        Parsed::Routable(crate::parse::RoutingRequest {
+            held: Some(crate::kv_match::EngineHeld {
+                tokens: 64,
+                block_tokens: 16,
+                engines,
+            }),
+            ..r
+        })
+    }
+
+    #[test]
+    fn cache_aware_follows_what_the_engines_hold_over_what_the_tree_recorded() {
+        let mut r = router("", 3);
+        let mut rng = SplitMix64(2);
+        let conv = chat(&["a system prompt", "the first question"]);
+        let recorded = go(&mut r, &conv, &[0; 3], &mut rng).unwrap().worker;
+        // The engine the tree names evicted it; another holds three of four blocks.
+        let holder = (recorded + 1) % 3;
+        let names = ["w0", "w1", "w2"];
+        let held: Vec<(&str, Option<u32>)> = (0..3u32)
+            .map(|w| (names[w as usize], Some(if w == holder { 3 } else { 0 })))
+            .collect();
+        let asked = with_held(&conv, &held);
+        let routed = r
+            .route(&mut asked.clone(), &Loads::inflight_only(&[0; 3]), &mut rng)
+            .unwrap();
+        assert_eq!(
+            (routed.decision.worker, routed.decision.reason),
+            (holder, Reason::CacheHit)
+        );
+        assert!(routed.by_engines);
+        // 3 of 4 blocks: three quarters of the text's chars, as the tree counts.
+        let chars = crate::tree::char_len(&conv_text(&conv));
+        assert_eq!(routed.decision.matched_chars, chars * 3 / 4);
+        assert_eq!(
+            routed.record.map(|rec| rec.held_chars),
+            Some(chars as u64 * 3 / 4)
+        );
+        // Blocks below the threshold are a miss by load, as a short tree match is.
+        let one: Vec<(&str, Option<u32>)> = (0..3u32)
+            .map(|w| (names[w as usize], Some(u32::from(w == holder))))
+            .collect();
+        let mut loads = [0; 3];
+        loads[holder as usize] = 1;
+        let short = r
+            .route(
+                &mut with_held(&conv, &one),
+                &Loads::inflight_only(&loads),
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!(short.decision.reason, Reason::CacheMiss);
+        assert_ne!(short.decision.worker, holder, "one block is 0.25 <= 0.3");
+        assert!(short.by_engines);
+        // Engines that hold nothing: a miss, though the tree recorded it all.
+        let none: Vec<(&str, Option<u32>)> = names.iter().map(|n| (*n, Some(0))).collect();
+        let cold = r
+            .route(
+                &mut with_held(&conv, &none),
+                &Loads::inflight_only(&[0; 3]),
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!(cold.decision.reason, Reason::CacheMiss);
+    }
+
+    #[test]
+    fn the_tree_decides_where_the_engines_answer_leaves_a_candidate_out() {
+        let mut r = router("", 3);
+        let mut rng = SplitMix64(2);
+        let conv = chat(&["a system prompt", "the first question"]);
+        let recorded = go(&mut r, &conv, &[0; 3], &mut rng).unwrap().worker;
+        let other = (recorded + 1) % 3;
+        let names = ["w0", "w1", "w2"];
+        for unknown in [None, Some("absent")] {
+            // One index not whole, or one worker the collector does not follow.
+            let held: Vec<(&str, Option<u32>)> = (0..3u32)
+                .filter(|w| unknown.is_none() || *w != recorded)
+                .map(|w| {
+                    let h = match (w == other, w == recorded) {
+                        (true, _) => Some(4),
+                        (_, true) => None,
+                        _ => Some(0),
+                    };
+                    (names[w as usize], h)
+                })
+                .collect();
+            let routed = r
+                .route(
+                    &mut with_held(&conv, &held),
+                    &Loads::inflight_only(&[0; 3]),
+                    &mut rng,
+                )
+                .unwrap();
+            assert_eq!(
+                (routed.decision.worker, routed.decision.reason),
+                (recorded, Reason::CacheHit),
+                "{unknown:?}"
+            );
+            assert!(!routed.by_engines);
+        }
+    }
+
+    #[test]
+    fn an_imbalanced_fleet_goes_least_loaded_whatever_the_engines_hold() {
+        let mut r = router("", 2);
+        let conv = chat(&["a system prompt", "the first question"]);
+        let held = with_held(&conv, &[("w0", Some(4)), ("w1", Some(0))]);
+        let routed = r
+            .route(
+                &mut held.clone(),
+                &Loads::inflight_only(&[200, 10]),
+                &mut SplitMix64(1),
+            )
+            .unwrap();
+        assert_eq!(
+            (routed.decision.worker, routed.decision.reason),
+            (1, Reason::Imbalanced)
+        );
+    }
+
+    fn conv_text(req: &Parsed) -> String {
+        match req {
+            Parsed::Routable(r) => r.text.clone(),
+            Parsed::Unroutable { .. } => String::new(),
+        }
     }
 
     #[test]
