@@ -125,6 +125,7 @@ impl DiscoveryFleet {
             wasm: paths::wasm_path()?,
             concurrency: spec.envoy_concurrency,
             route_idle_timeout_ms: None,
+            collector: None,
         })?;
         // xDS from files still names the node, as a management server would see it.
         bootstrap["node"] = json!({"id": "llm-demo", "cluster": "llm-demo"});

@@ -75,7 +75,13 @@ pub struct EnvoySpec {
     /// The routes' `idle_timeout` (ms): a stream with no bytes either way for this
     /// long is ended (a frozen engine); `None`: Envoy's default (5 min).
     pub route_idle_timeout_ms: Option<u64>,
+    /// The collector's `--listen` address, as the cluster [`COLLECTOR_CLUSTER`]
+    /// (`kv_match` asks it which engines hold a prompt).
+    pub collector: Option<SocketAddr>,
 }
+
+/// The collector's cluster, which `kv_match.cluster` names.
+pub const COLLECTOR_CLUSTER: &str = "llm_collector";
 
 use llm_load::fleet::cluster_name;
 use llm_load::run::envoy_stat;
@@ -224,6 +230,10 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
             )
         }
     };
+    let mut clusters = clusters;
+    if let Some(addr) = spec.collector {
+        clusters.push(static_cluster(COLLECTOR_CLUSTER, &[addr]));
+    }
     let mut route = route;
     if let Some(ms) = spec.route_idle_timeout_ms {
         route["idle_timeout"] = json!(format!("{}.{:03}s", ms / 1000, ms % 1000));

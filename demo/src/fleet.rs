@@ -210,6 +210,7 @@ pub fn envoy_spec(spec: &FleetSpec, engines: &[Engine], plugin_config: Value) ->
         wasm: paths::wasm_path()?,
         concurrency: spec.envoy_concurrency,
         route_idle_timeout_ms: spec.route_idle_timeout_ms,
+        collector: None,
     })
 }
 
@@ -275,16 +276,27 @@ impl Fleet {
             .as_str()
             .unwrap_or(&token)
             .to_string();
-        let envoy_spec = envoy_spec(spec, &engines, plugin_config)?;
+        // `kv_match: true` asks this fleet's collector: Envoy's cluster for it names
+        // its address before it starts (it needs Envoy's stats listener).
+        let mut listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        if plugin_config.get("kv_match") == Some(&Value::Bool(true)) {
+            if !spec.kv_events {
+                bail!("kv_match asks the collector what the engines' KV events say: it needs kv_events");
+            }
+            listen.set_port(crate::replicas::free_port()?);
+            plugin_config["kv_match"] = serde_json::json!({"cluster": envoy::COLLECTOR_CLUSTER});
+        }
+        let mut envoy_spec = envoy_spec(spec, &engines, plugin_config)?;
+        envoy_spec.collector = (listen.port() != 0).then_some(listen);
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;
         let mut collector_args = spec.collector_args.clone();
         if spec.kv_events {
             // Its /metrics say what it indexed (`Fleet::kv_blocks`), and `/kv/match`
             // which engines hold a prompt, tokenized as the engine mocks do.
-            collector_args.extend(
-                ["--listen", "127.0.0.1:0", "--kv-tokenizer", "engine-mock"].map(String::from),
-            );
+            let listen = listen.to_string();
+            collector_args
+                .extend(["--listen", &listen, "--kv-tokenizer", "engine-mock"].map(String::from));
         }
         let collector = match spec.collector_interval_ms {
             Some(interval) => Some(start_collector(

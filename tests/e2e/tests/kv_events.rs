@@ -145,3 +145,104 @@ fn the_collector_answers_which_engine_holds_a_prompt() {
     let (status, _) = f.kv_match(path, &json!({"messages": 3})).unwrap();
     assert_eq!(status, 400);
 }
+
+/// `kv_match`: the filter asks the collector which engines hold each prompt and
+/// follows them. Prompts are put in engines' caches behind the router's back (sent
+/// to the engines straight), so its tree knows none of them: through Envoy each goes
+/// to the engine holding it, a cache hit. With the collector gone, requests are
+/// still routed, by the tree, and the filter counts them unanswered.
+#[test]
+fn the_filter_follows_the_engine_that_holds_a_prompt() {
+    let mut f = start(&FleetSpec {
+        workers: 3,
+        collector_interval_ms: Some(100),
+        kv_events: true,
+        plugin_config: json!({"kv_match": true}),
+        ..FleetSpec::default()
+    });
+    let path = "/v1/chat/completions";
+    let prompt = |i: usize| {
+        json!({
+            "model": "mock",
+            "max_tokens": 2,
+            "messages": [
+                {"role": "system", "content": format!("Manual {i}: ").repeat(60)},
+                {"role": "user", "content": "Which page covers the gearbox?"},
+            ],
+        })
+    };
+    let held = |m: &serde_json::Value, w: &str| m["engines"][w]["held_blocks"].as_u64();
+    let names = ["w0", "w1", "w2"];
+    // An engine's index is whole from the first batch the collector hears; one
+    // published before it subscribed is replayed once a later one shows the gap.
+    let warm = std::cell::Cell::new(0);
+    wait_for("every engine heard", &f, || {
+        warm.set(warm.get() + 1);
+        let body = json!({"model": "mock", "max_tokens": 2, "prompt": format!("warm-up {} ", warm.get()).repeat(8)});
+        names
+            .iter()
+            .all(|w| post(f.engine(w).unwrap().addr, "/v1/completions", &body).status == 200)
+            && f.kv_match(path, &prompt(0))
+                .is_ok_and(|(_, m)| names.iter().all(|w| held(&m, w).is_some()))
+    });
+    for i in 0..6 {
+        let addr = f.engine(names[i % 3]).unwrap().addr;
+        assert_eq!(post(addr, path, &prompt(i)).status, 200);
+    }
+    wait_for("every engine's blocks indexed", &f, || {
+        (0..6).all(|i| {
+            f.kv_match(path, &prompt(i)).is_ok_and(|(_, m)| {
+                let whole = names.iter().all(|w| held(&m, w).is_some());
+                whole && held(&m, names[i % 3]) == m["blocks"].as_u64()
+            })
+        })
+    });
+    for i in 0..6 {
+        let r = post(f.envoy.listener, path, &prompt(i));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            (
+                header(&r, "x-engine-worker"),
+                header(&r, "x-llm-router-reason")
+            ),
+            (names[i % 3].to_string(), "cache_hit".to_string()),
+            "prompt {i} goes where the engine holds it"
+        );
+    }
+    let stat = |name: &str| {
+        let key = format!("wasmcustom.{name}");
+        f.envoy
+            .stats()
+            .ok()
+            .and_then(|s| s.get(&key).copied())
+            .unwrap_or(0)
+    };
+    wait_for("the decisions counted", &f, || {
+        stat("llm_router_kv_match_ranked") >= 6
+    });
+    println!(
+        "ranked {}, partial {}, unanswered {}",
+        stat("llm_router_kv_match_ranked"),
+        stat("llm_router_kv_match_partial"),
+        stat("llm_router_kv_match_unanswered")
+    );
+
+    // The collector stops: no answer, and each request is routed by the tree (which
+    // recorded the six above where they went).
+    drop(f.collector.take());
+    for i in 0..6 {
+        let r = post(f.envoy.listener, path, &prompt(i));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            (
+                header(&r, "x-engine-worker"),
+                header(&r, "x-llm-router-reason")
+            ),
+            (names[i % 3].to_string(), "cache_hit".to_string()),
+            "prompt {i} by the tree"
+        );
+    }
+    wait_for("the unanswered questions counted", &f, || {
+        stat("llm_router_kv_match_unanswered") >= 6
+    });
+}

@@ -217,6 +217,7 @@ fn start_envoy(
         wasm,
         concurrency: threads,
         route_idle_timeout_ms: None,
+        collector: None,
     };
     envoy::start(envoy_bin, &spec, dir).with_context(|| format!("Envoy with {variant}"))
 }
