@@ -20,6 +20,16 @@
 //!      (`cache_worker_queued`), abandoning the matched prefix;
 //! 5. otherwise least in-flight (ties random): `cache_miss`.
 //!
+//! With `kv_match` (the engines' held blocks for every candidate, from the
+//! collector), rung 2 reads the engines first:
+//! - their match above `cache_threshold` (held tokens over the prompt's) makes the
+//!   engines holding the most blocks the owners: what is cached now, wherever it
+//!   came from;
+//! - else a tree hit is a record the cache outlived: the conversation goes to the
+//!   least loaded of the engines holding the most of it (ties random), or stays
+//!   with the tree's owners where no engine holds a block;
+//! - else the tree's miss stands.
+//!
 //! The routing text is recorded under the chosen worker whatever the rung; a body
 //! without one goes to the least loaded (`super::unreadable`).
 
@@ -38,6 +48,8 @@ use crate::tree::{char_len, PrefixMatch, TenantId};
 #[derive(Debug, Default)]
 pub struct CacheAware {
     found: PrefixMatch,
+    /// `kv_match`: the engines' match, beside the tree's.
+    engines: PrefixMatch,
 }
 
 impl Select for CacheAware {
@@ -65,28 +77,48 @@ impl Select for CacheAware {
                 .iter()
                 .all(|c| e.held.get(c.worker as usize).is_some_and(Option::is_some))
         });
-        let (mut looked, mut walked) = (false, None);
-        let (looked_up, walk) = (&mut looked, &mut walked);
-        let found = &mut self.found;
+        let (mut looked, mut walked, mut source) = (false, None, Source::Tree);
+        let (looked_up, walk, used) = (&mut looked, &mut walked, &mut source);
+        let (found, by_engines) = (&mut self.found, &mut self.engines);
         let candidates = ask.candidates;
-        let decision = cache_aware(
+        let threshold = params.cache_threshold;
+        // Drawn only where the engines answered: the tree alone decides as SMG's.
+        let pick = engines.map_or(0, |_| rng.next_u64());
+        let decision = cache_aware_by(
             params,
             candidates,
             move || {
                 *looked_up = true;
-                match (engines, tree) {
-                    (Some(e), _) => engine_match(e, candidates, char_len(text), found),
-                    (None, Some(t)) => *walk = Some(t.prefix_walk_into(text, found)),
-                    (None, None) => found.refill(0, char_len(text), []),
+                let text_chars = char_len(text);
+                if let Some(e) = engines {
+                    engine_match(e, candidates, text_chars, by_engines);
+                    if by_engines.match_rate() > threshold {
+                        *used = Source::Engines;
+                        return (&*by_engines, true);
+                    }
                 }
-                &*found
+                match tree {
+                    Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
+                    None => found.refill(0, text_chars, []),
+                }
+                let tree_hit = found.match_rate() > threshold;
+                if engines.is_some() && tree_hit {
+                    if rehome(candidates, by_engines, pick) {
+                        *used = Source::Engines;
+                        return (&*by_engines, true);
+                    }
+                }
+                (&*found, tree_hit)
             },
             rng,
         );
-        let matched = looked.then_some(&self.found);
+        let matched = looked.then_some(match source {
+            Source::Tree => &self.found,
+            Source::Engines => &self.engines,
+        });
         let text_chars = matched.map_or_else(|| char_len(text), |m| m.input_chars);
-        // An owner of the match holds all of it; anyone else, what a walk of its
-        // own says (a balanced fleet never walked the tree at all), or its engine.
+        // An owner of the match holds all of it; anyone else, what its engine says,
+        // or a walk of its own (a balanced fleet never walked the tree at all).
         let held_chars = decision.as_ref().map_or(0, |d| match (matched, engines) {
             (Some(m), _) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
             (_, Some(e)) => {
@@ -113,9 +145,16 @@ impl Select for CacheAware {
             }),
             walked,
             owner_overloaded,
-            by_engines: engines.is_some(),
+            by_engines: source == Source::Engines,
         }
     }
+}
+
+/// Whose match a decision followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Tree,
+    Engines,
 }
 
 /// The engines' match as the tree's would read: the candidates holding the most
@@ -127,20 +166,54 @@ fn engine_match(
     text_chars: usize,
     found: &mut PrefixMatch,
 ) {
-    let held = |c: &Candidate| {
-        engines
-            .held
-            .get(c.worker as usize)
-            .copied()
-            .flatten()
-            .unwrap_or(0)
-    };
-    let most = candidates.iter().map(held).max().unwrap_or(0);
+    let most = candidates
+        .iter()
+        .map(|c| held_blocks(engines, c))
+        .max()
+        .unwrap_or(0);
     let owners = candidates
         .iter()
-        .filter(|c| most > 0 && held(c) == most)
+        .filter(|c| most > 0 && held_blocks(engines, c) == most)
         .map(|c| c.worker);
     found.refill(engines.answer.chars_of(most, text_chars), text_chars, owners);
+}
+
+fn held_blocks(engines: Engines<'_>, c: &Candidate) -> u32 {
+    engines
+        .held
+        .get(c.worker as usize)
+        .copied()
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// A tree hit the engines do not bear out (they hold less than the threshold of
+/// the prompt, where the tree recorded more): the record outlived the cache. The
+/// conversation goes where the most of it is still held (at least its shared
+/// start, so a move costs nothing the stay would have saved), to the least loaded
+/// such worker, ties by `pick`; the stay is no better, and an engine that evicted
+/// it will again. Rewrites `engines` to name that one worker; `false` when no
+/// engine holds a block (then the tree's record stands).
+fn rehome(candidates: &[Candidate], engines: &mut PrefixMatch, pick: u64) -> bool {
+    let holders = || {
+        candidates
+            .iter()
+            .filter(|c| engines.owners.binary_search(&c.worker).is_ok())
+    };
+    let Some(least) = holders().map(Candidate::pressure).min() else {
+        return false;
+    };
+    let ties = holders().filter(|c| c.pressure() == least).count() as u64;
+    let Some(home) = holders()
+        .filter(|c| c.pressure() == least)
+        .nth((pick % ties.max(1)) as usize)
+        .map(|c| c.worker)
+    else {
+        return false;
+    };
+    engines.owners.clear();
+    engines.owners.push(home);
+    true
 }
 
 /// Whether `found` has owners above the cache threshold, none of them a candidate
@@ -219,6 +292,23 @@ pub fn cache_aware<'m>(
     lookup: impl FnOnce() -> &'m PrefixMatch,
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
+    let threshold = params.cache_threshold;
+    let lookup = move || {
+        let found = lookup();
+        (found, found.match_rate() > threshold)
+    };
+    cache_aware_by(params, candidates, lookup, rng)
+}
+
+/// The ladder with the prefix rung's verdict given: `lookup` lends a match and
+/// whether its owners are a hit (the tree's by the threshold; `kv_match`'s by what
+/// the engines hold, `CacheAware::select`).
+fn cache_aware_by<'m>(
+    params: &CacheAwareParams,
+    candidates: &[Candidate],
+    lookup: impl FnOnce() -> (&'m PrefixMatch, bool),
+    rng: &mut dyn Rng,
+) -> Option<Decision> {
     let none = GateAudit::default();
     if is_imbalanced(
         candidates,
@@ -227,9 +317,9 @@ pub fn cache_aware<'m>(
     ) {
         return least_loaded(candidates, rng).map(|w| decide(w, Reason::Imbalanced, 0, none));
     }
-    let found = lookup();
+    let (found, hit) = lookup();
     let matched = found.matched_chars;
-    if found.match_rate() > params.cache_threshold {
+    if hit {
         let owners = owning(candidates, &found.owners);
         if !owners.is_empty() {
             return Some(gated_owner_choice(

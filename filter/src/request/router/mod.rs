@@ -1278,32 +1278,56 @@ mod tests {
             routed.record.map(|rec| rec.held_chars),
             Some(chars as u64 * 3 / 4)
         );
-        // Blocks below the threshold are a miss by load, as a short tree match is.
-        let one: Vec<(&str, Option<u32>)> = (0..3u32)
-            .map(|w| (names[w as usize], Some(u32::from(w == holder))))
-            .collect();
+        let blocks = |of: &dyn Fn(u32) -> u32| -> Vec<(&str, Option<u32>)> {
+            (0..3u32)
+                .map(|w| (names[w as usize], Some(of(w))))
+                .collect()
+        };
+        // Below the threshold where the tree recorded more, the record outlived
+        // the cache: the conversation goes where the most of it is held, the least
+        // loaded of those (here the one not busy), though below the threshold.
         let mut loads = [0; 3];
-        loads[holder as usize] = 1;
-        let short = r
+        loads[recorded as usize] = 1;
+        let stale = r
             .route(
-                &mut with_held(&conv, &one),
+                &mut with_held(&conv, &blocks(&|w| u32::from(w == holder || w == recorded))),
                 &Loads::inflight_only(&loads),
                 &mut rng,
             )
             .unwrap();
-        assert_eq!(short.decision.reason, Reason::CacheMiss);
-        assert_ne!(short.decision.worker, holder, "one block is 0.25 <= 0.3");
-        assert!(short.by_engines);
-        // Engines that hold nothing: a miss, though the tree recorded it all.
-        let none: Vec<(&str, Option<u32>)> = names.iter().map(|n| (*n, Some(0))).collect();
+        assert_eq!(
+            (stale.decision.worker, stale.decision.reason),
+            (holder, Reason::CacheHit)
+        );
+        assert!(stale.by_engines);
+        // Where no engine holds a block, the tree's record stands: nowhere is
+        // better, and it keeps the conversation together.
         let cold = r
             .route(
-                &mut with_held(&conv, &none),
+                &mut with_held(&conv, &blocks(&|_| 0)),
                 &Loads::inflight_only(&[0; 3]),
                 &mut rng,
             )
             .unwrap();
-        assert_eq!(cold.decision.reason, Reason::CacheMiss);
+        assert_eq!(
+            (cold.decision.worker, cold.decision.reason),
+            (recorded, Reason::CacheHit)
+        );
+        assert!(!cold.by_engines);
+        // A prompt the tree never saw, held below the threshold: a miss by load.
+        let fresh = chat(&["another system prompt entirely", "a question"]);
+        let mut loads = [0; 3];
+        loads[holder as usize] = 1;
+        let miss = r
+            .route(
+                &mut with_held(&fresh, &blocks(&|w| u32::from(w == holder))),
+                &Loads::inflight_only(&loads),
+                &mut rng,
+            )
+            .unwrap();
+        assert_eq!(miss.decision.reason, Reason::CacheMiss);
+        assert_ne!(miss.decision.worker, holder, "one block is 0.25 <= 0.3");
+        assert!(!miss.by_engines);
     }
 
     #[test]
