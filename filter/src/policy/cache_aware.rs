@@ -102,11 +102,9 @@ impl Select for CacheAware {
                     None => found.refill(0, text_chars, []),
                 }
                 let tree_hit = found.match_rate() > threshold;
-                if engines.is_some() && tree_hit {
-                    if rehome(candidates, by_engines, pick) {
-                        *used = Source::Engines;
-                        return (&*by_engines, true);
-                    }
+                if engines.is_some() && tree_hit && rehome(candidates, by_engines, pick) {
+                    *used = Source::Engines;
+                    return (&*by_engines, true);
                 }
                 (&*found, tree_hit)
             },
