@@ -251,6 +251,32 @@ pub fn start_collector(
     crate::process::spawn("llm-collector", cmd, &dir.join("collector.log"))
 }
 
+/// `kv_match: true` in `plugin_config` asks the fleet's collector: the plugin
+/// config's `kv_match` names Envoy's cluster for it, and the address returned (free
+/// now) is where the collector will listen and the cluster point (Envoy starts
+/// before the collector, which needs its stats listener). `None` without it.
+pub fn kv_match_listen(plugin_config: &mut Value, kv_events: bool) -> Result<Option<SocketAddr>> {
+    if plugin_config.get("kv_match") != Some(&Value::Bool(true)) {
+        return Ok(None);
+    }
+    if !kv_events {
+        bail!("kv_match asks the collector what the engines' KV events say: it needs kv_events");
+    }
+    plugin_config["kv_match"] = serde_json::json!({"cluster": envoy::COLLECTOR_CLUSTER});
+    let port = crate::replicas::free_port()?;
+    Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))))
+}
+
+/// The collector's arguments with `kv_events`: its /metrics say what it indexed
+/// (`Fleet::kv_blocks`), and `/kv/match` which engines hold a prompt, tokenized as
+/// the engine mocks do; on `listen` (`kv_match_listen`), or a port the OS picks.
+pub fn kv_collector_args(listen: Option<SocketAddr>) -> Vec<String> {
+    let listen = listen.map_or_else(|| "127.0.0.1:0".to_string(), |a| a.to_string());
+    ["--listen", &listen, "--kv-tokenizer", "engine-mock"]
+        .map(String::from)
+        .to_vec()
+}
+
 impl Fleet {
     pub fn start(spec: &FleetSpec) -> Result<Fleet> {
         let (dir, tmp) = match &spec.dir {
@@ -276,27 +302,14 @@ impl Fleet {
             .as_str()
             .unwrap_or(&token)
             .to_string();
-        // `kv_match: true` asks this fleet's collector: Envoy's cluster for it names
-        // its address before it starts (it needs Envoy's stats listener).
-        let mut listen = SocketAddr::from(([127, 0, 0, 1], 0));
-        if plugin_config.get("kv_match") == Some(&Value::Bool(true)) {
-            if !spec.kv_events {
-                bail!("kv_match asks the collector what the engines' KV events say: it needs kv_events");
-            }
-            listen.set_port(crate::replicas::free_port()?);
-            plugin_config["kv_match"] = serde_json::json!({"cluster": envoy::COLLECTOR_CLUSTER});
-        }
+        let listen = kv_match_listen(&mut plugin_config, spec.kv_events)?;
         let mut envoy_spec = envoy_spec(spec, &engines, plugin_config)?;
-        envoy_spec.collector = (listen.port() != 0).then_some(listen);
+        envoy_spec.collector = listen;
         let envoy = envoy::start(&paths::envoy_bin()?, &envoy_spec, &dir)
             .context("starting Envoy with the filter")?;
         let mut collector_args = spec.collector_args.clone();
         if spec.kv_events {
-            // Its /metrics say what it indexed (`Fleet::kv_blocks`), and `/kv/match`
-            // which engines hold a prompt, tokenized as the engine mocks do.
-            let listen = listen.to_string();
-            collector_args
-                .extend(["--listen", &listen, "--kv-tokenizer", "engine-mock"].map(String::from));
+            collector_args.extend(kv_collector_args(listen));
         }
         let collector = match spec.collector_interval_ms {
             Some(interval) => Some(start_collector(

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use crate::envoy::{self, Envoy, EnvoySpec};
 use crate::fleet::{
-    envoy_spec, random_u64, start_collector, start_engines, Engine, FleetSpec, TempDir,
+    envoy_spec, kv_collector_args, kv_match_listen, random_u64, start_collector, start_engines,
+    Engine, FleetSpec, TempDir,
 };
 use crate::paths;
 use crate::process::{spawn, spawn_until, Guard};
@@ -200,6 +201,13 @@ impl Replica {
     }
 }
 
+/// Replicas with the engines' KV events.
+#[derive(Debug, Clone, Copy)]
+struct KvFollow {
+    /// The plugin config asks its collector (`kv_match`).
+    kv_match: bool,
+}
+
 /// Replicas of one Envoy config; dropping it stops every process it started.
 pub struct Replicas {
     // Dropped in this order: the replicas, the bus, the engines.
@@ -211,6 +219,9 @@ pub struct Replicas {
     pub token: String,
     spec: EnvoySpec,
     collector: Option<(u64, Vec<String>)>,
+    /// Each replica's collector follows the engines' KV events; with `kv_match`,
+    /// its Envoy asks it.
+    kv: Option<KvFollow>,
     pub dir: PathBuf,
     _tmp: Option<TempDir>,
 }
@@ -239,6 +250,7 @@ impl Replicas {
             .as_str()
             .context("stats_token must be a string")?
             .to_string();
+        let kv_match = kv_match_listen(&mut plugin_config, fleet.kv_events)?.is_some();
         let (nats, access) = if sharing {
             let token = random_secret(16);
             let nats = Nats::start(&dir, &["--auth", &token])?;
@@ -257,6 +269,7 @@ impl Replicas {
             collector: fleet
                 .collector_interval_ms
                 .map(|ms| (ms, fleet.collector_args.clone())),
+            kv: fleet.kv_events.then_some(KvFollow { kv_match }),
             dir,
             _tmp: tmp,
         };
@@ -272,17 +285,34 @@ impl Replicas {
         let name = format!("envoy-{}", self.replicas.len());
         let dir = self.dir.join(&name);
         std::fs::create_dir_all(&dir)?;
-        let envoy = envoy::start(&paths::envoy_bin()?, &self.spec, &dir)
+        // Each replica's own collector, and with `kv_match` its own cluster for it.
+        let listen = match self.kv {
+            Some(KvFollow { kv_match: true }) => {
+                Some(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
+            }
+            _ => None,
+        };
+        let spec = EnvoySpec {
+            collector: listen,
+            ..self.spec.clone()
+        };
+        let envoy = envoy::start(&paths::envoy_bin()?, &spec, &dir)
             .with_context(|| format!("starting {name}"))?;
         let collector = match &self.collector {
-            Some((ms, args)) => Some(start_collector(
-                &envoy,
-                &self.engines,
-                &self.token,
-                *ms,
-                args,
-                &dir,
-            )?),
+            Some((ms, args)) => {
+                let mut args = args.clone();
+                if self.kv.is_some() {
+                    args.extend(kv_collector_args(listen));
+                }
+                Some(start_collector(
+                    &envoy,
+                    &self.engines,
+                    &self.token,
+                    *ms,
+                    &args,
+                    &dir,
+                )?)
+            }
             None => None,
         };
         let bridge = match &self.access {

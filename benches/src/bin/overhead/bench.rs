@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::callgrind::Counter;
-use crate::canned::Canned;
+use crate::canned::{self, Canned};
 use crate::cpu;
 use llm_bench::envoy_memory;
 
@@ -193,7 +193,7 @@ fn variant_dir(rep_dir: &Path, i: usize, variant: &str) -> Result<PathBuf> {
 /// `variant`'s filter, its files in `dir`.
 fn start_envoy(
     variant: &str,
-    upstreams: &[Upstream],
+    fleet: &Fleet,
     threads: u32,
     dir: &Path,
     envoy_bin: &Path,
@@ -210,14 +210,21 @@ fn start_envoy(
     if let Some(config) = plugin_config.as_object_mut() {
         config.extend(settings);
     }
+    // `kv_match=true`: every request asks the canned collector first.
+    let asks = plugin_config.get("kv_match") == Some(&json!(true));
+    if asks {
+        plugin_config["kv_match"] = json!({"cluster": envoy::COLLECTOR_CLUSTER});
+    }
     let spec = EnvoySpec {
-        upstreams: upstreams.to_vec(),
+        upstreams: fleet.upstreams.clone(),
         target: Target::Cluster,
         plugin_config,
         wasm,
         concurrency: threads,
         route_idle_timeout_ms: None,
-        collector: None,
+        collector: asks
+            .then(|| fleet.collector.addrs.first().copied())
+            .flatten(),
     };
     envoy::start(envoy_bin, &spec, dir).with_context(|| format!("Envoy with {variant}"))
 }
@@ -266,9 +273,16 @@ fn note_errors(m: &mut Measured, records: &[Record]) {
     }
 }
 
-/// The engines of one point, and the workers, which share them round robin when
-/// there are more workers than engines.
-fn engines(p: Point, load: &Load) -> Result<(Canned, Vec<Upstream>)> {
+/// What the Envoys of one point route to: the engines, the workers (which share
+/// them round robin when there are more workers than engines), and the collector
+/// `kv_match` asks.
+struct Fleet {
+    _engines: Canned,
+    upstreams: Vec<Upstream>,
+    collector: Canned,
+}
+
+fn engines(p: Point, load: &Load) -> Result<Fleet> {
     let engines = Canned::start(load.engines.min(p.workers))?;
     let upstreams = (0..p.workers)
         .map(|i| Upstream {
@@ -278,7 +292,11 @@ fn engines(p: Point, load: &Load) -> Result<(Canned, Vec<Upstream>)> {
             bootstrap: None,
         })
         .collect();
-    Ok((engines, upstreams))
+    Ok(Fleet {
+        _engines: engines,
+        upstreams,
+        collector: Canned::answering(1, canned::collector_answer(p.workers))?,
+    })
 }
 
 /// Runs one point of the grid; results in `load.variants` order.
@@ -290,7 +308,7 @@ fn engines(p: Point, load: &Load) -> Result<(Canned, Vec<Upstream>)> {
 pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Result<Vec<Measured>> {
     let tmp = TempDir::new("llm-overhead")?;
     let envoy_bin = paths::envoy_bin()?;
-    let (_engines, upstreams) = engines(p, load)?;
+    let fleet = engines(p, load)?;
     let mut measured: Vec<Measured> = load
         .variants
         .iter()
@@ -317,7 +335,7 @@ pub fn run(rt: &tokio::runtime::Runtime, p: Point, load: &Load, tps: u64) -> Res
         let mut envoys = Vec::with_capacity(n);
         for (i, m) in measured.iter().enumerate() {
             let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &m.variant)?;
-            let envoy = start_envoy(&m.variant, &upstreams, p.threads, &dir, &envoy_bin)?;
+            let envoy = start_envoy(&m.variant, &fleet, p.threads, &dir, &envoy_bin)?;
             warm_up(rt, &envoy.url(), load.connections, &warm, &m.variant)?;
             envoys.push(envoy);
         }
@@ -441,7 +459,7 @@ fn per_second(n: usize, secs: f64) -> f64 {
 pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Result<Vec<Counted>> {
     let tmp = TempDir::new("llm-overhead")?;
     let envoy_bin = paths::envoy_bin()?;
-    let (_engines, upstreams) = engines(p, load)?;
+    let fleet = engines(p, load)?;
     let warm_n = load
         .warm
         .max(CALLGRIND_WARM_PER_WORKER * p.workers)
@@ -462,7 +480,7 @@ pub fn run_callgrind(rt: &tokio::runtime::Runtime, p: Point, load: &Load) -> Res
         for (i, (c, hits)) in counted.iter_mut().zip(hits.iter_mut()).enumerate() {
             let dir = variant_dir(&tmp.0.join(format!("rep{rep}")), i, &c.variant)?;
             let counter = Counter::new(&dir, &envoy_bin, load.cache_sim)?;
-            let envoy = start_envoy(&c.variant, &upstreams, p.threads, &dir, &counter.launcher())?;
+            let envoy = start_envoy(&c.variant, &fleet, p.threads, &dir, &counter.launcher())?;
             let url = envoy.url();
             // At the counted phase's concurrency: a policy that spreads under load
             // (predicted_ttft's cap) first uses most workers' clusters there, and

@@ -19,6 +19,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use llm_load::fleet::worker_name;
 use tokio::sync::oneshot;
 
 /// What every request gets: a chat completion of one token, with the usage the
@@ -30,6 +31,24 @@ const ANSWER: &str = concat!(
     r#""total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}"#
 );
 
+/// `kv_match`'s collector for `workers` workers (`w0`..): every prompt of 64
+/// tokens, each engine's index whole and holding none of it, so the filter makes
+/// the call, reads the answer, and decides by its tree.
+pub fn collector_answer(workers: usize) -> String {
+    let engines: Vec<String> = (0..workers)
+        .map(|i| {
+            format!(
+                r#""{}":{{"index":"whole","held_blocks":0}}"#,
+                worker_name(i)
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"tokens":64,"block_tokens":16,"blocks":4,"engines":{{{}}}}}"#,
+        engines.join(",")
+    )
+}
+
 /// Engines listening on loopback until dropped.
 pub struct Canned {
     pub addrs: Vec<SocketAddr>,
@@ -40,6 +59,11 @@ pub struct Canned {
 impl Canned {
     /// `n` engines, each on a port of its own.
     pub fn start(n: usize) -> Result<Canned> {
+        Canned::answering(n, ANSWER.to_string())
+    }
+
+    /// `n` servers answering every request with `answer` (JSON).
+    pub fn answering(n: usize, answer: String) -> Result<Canned> {
         let listeners = (0..n.max(1))
             .map(|_| {
                 let l = TcpListener::bind("127.0.0.1:0").context("bind an engine's port")?;
@@ -57,7 +81,7 @@ impl Canned {
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("canned-engines".into())
-            .spawn(move || rt.block_on(serve(listeners, stopped)))?;
+            .spawn(move || rt.block_on(serve(listeners, Bytes::from(answer), stopped)))?;
         Ok(Canned {
             addrs,
             stop: Some(stop),
@@ -78,17 +102,20 @@ impl Drop for Canned {
 }
 
 /// Accepts on every listener until `stopped`; connections end with the runtime.
-async fn serve(listeners: Vec<TcpListener>, stopped: oneshot::Receiver<()>) {
+async fn serve(listeners: Vec<TcpListener>, body: Bytes, stopped: oneshot::Receiver<()>) {
     for l in listeners {
         let Ok(l) = tokio::net::TcpListener::from_std(l) else {
             continue;
         };
+        let body = body.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = l.accept().await {
                 let _ = stream.set_nodelay(true);
+                let body = body.clone();
+                let service = service_fn(move |req| answer(req, body.clone()));
                 tokio::spawn(async move {
                     let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service_fn(answer))
+                        .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
             }
@@ -98,9 +125,12 @@ async fn serve(listeners: Vec<TcpListener>, stopped: oneshot::Receiver<()>) {
 }
 
 /// Reads the request to its end (the connection is reused) and answers it.
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+async fn answer(
+    req: Request<Incoming>,
+    body: Bytes,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
     req.into_body().collect().await?;
-    let mut resp = Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
+    let mut resp = Response::new(Full::new(body));
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(resp)
