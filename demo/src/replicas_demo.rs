@@ -25,6 +25,8 @@ struct ReplicasRun {
     summary: Summary,
     /// Peer inserts imported, over all replicas.
     imported: u64,
+    /// `kv_match`'s outcomes over all replicas, by counter name.
+    kv_match: Vec<(&'static str, u64)>,
 }
 
 /// How the run treats the bus.
@@ -112,6 +114,16 @@ fn run_replicas(
         label: sharing.label().to_string(),
         summary,
         imported: replicas.filter_stat_sum(names::REPLICA_OPS_IMPORTED)?,
+        kv_match: [
+            names::KV_MATCH_RANKED,
+            names::KV_MATCH_DEFERRED,
+            names::KV_MATCH_PARTIAL,
+            names::KV_MATCH_UNANSWERED,
+            names::KV_MATCH_REFUSED,
+        ]
+        .into_iter()
+        .map(|n| Ok((n, replicas.filter_stat_sum(n)?)))
+        .collect::<Result<_>>()?,
     })
 }
 
@@ -152,6 +164,14 @@ pub fn run(args: &Args, items: &[WorkItem], rt: &tokio::runtime::Runtime) -> Res
             vs_one(r.summary.cached_token_ratio),
             r.imported
         );
+        if r.kv_match.iter().any(|(_, n)| *n > 0) {
+            let counts: Vec<String> = r
+                .kv_match
+                .iter()
+                .map(|(name, n)| format!("{} {n}", name.trim_start_matches("llm_router_")))
+                .collect();
+            println!("    {}", counts.join(", "));
+        }
     }
     let errors = one.summary.errors + runs.iter().map(|r| r.summary.errors).sum::<usize>();
     let line: Value = json!({

@@ -20,13 +20,14 @@ use std::collections::BTreeMap;
 pub const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
 /// Queue gate and collector counters (`kv_match`'s too), reported under their
 /// names without the `llm_router_` prefix.
-const GATE_COUNTERS: [&str; 9] = [
+const GATE_COUNTERS: [&str; 10] = [
     names::QUEUE_GATE_REJECTIONS,
     names::QUEUE_GATE_INERT,
     names::SATURATION_PINS,
     names::STATS_PUSHES_ACCEPTED,
     names::STATS_PUSHES_REJECTED,
     names::KV_MATCH_RANKED,
+    names::KV_MATCH_DEFERRED,
     names::KV_MATCH_PARTIAL,
     names::KV_MATCH_UNANSWERED,
     names::KV_MATCH_REFUSED,

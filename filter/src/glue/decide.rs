@@ -8,7 +8,8 @@ use proxy_wasm::types::LogLevel;
 use super::host;
 use super::state::State;
 use crate::parse::Parsed;
-use crate::request::plan::{plan, refused_body, EnginesUse, Plan, Refusal};
+use crate::policy::EnginesUse;
+use crate::request::plan::{plan, refused_body, Plan, Refusal};
 use crate::shared::truncate_text;
 
 /// A request decided.
@@ -57,8 +58,9 @@ pub fn decide(state: &mut State, parsed: &mut Parsed, body: &[u8]) -> Result<Dec
     }
     match planned.notes.engines {
         EnginesUse::None => {}
+        EnginesUse::Partial => state.metrics.kv_match_partial.inc(),
+        EnginesUse::Deferred => state.metrics.kv_match_deferred.inc(),
         EnginesUse::Ranked => state.metrics.kv_match_ranked.inc(),
-        EnginesUse::Passed => state.metrics.kv_match_partial.inc(),
     }
     let plan = planned.outcome.inspect_err(|refusal| {
         if refusal.is_no_worker() {

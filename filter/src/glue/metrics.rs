@@ -47,6 +47,7 @@ pub struct Metrics {
     pub engine_restarts: Metric,
     pub kv_match_ranked: Metric,
     pub kv_match_partial: Metric,
+    pub kv_match_deferred: Metric,
     pub kv_match_unanswered: Metric,
     pub kv_match_refused: Metric,
 }
@@ -120,6 +121,7 @@ impl Metrics {
             engine_restarts: Metric::counter(names::ENGINE_RESTARTS),
             kv_match_ranked: Metric::counter(names::KV_MATCH_RANKED),
             kv_match_partial: Metric::counter(names::KV_MATCH_PARTIAL),
+            kv_match_deferred: Metric::counter(names::KV_MATCH_DEFERRED),
             kv_match_unanswered: Metric::counter(names::KV_MATCH_UNANSWERED),
             kv_match_refused: Metric::counter(names::KV_MATCH_REFUSED),
         };

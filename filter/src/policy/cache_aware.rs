@@ -34,8 +34,8 @@
 //! without one goes to the least loaded (`super::unreadable`).
 
 use super::{
-    decide, least_by, least_loaded, least_pressure, unreadable, Ask, Chosen, Engines, Held,
-    Select,
+    decide, least_by, least_loaded, least_pressure, unreadable, Ask, Chosen, Engines, EnginesUse,
+    Held, Select,
 };
 use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
@@ -143,7 +143,12 @@ impl Select for CacheAware {
             }),
             walked,
             owner_overloaded,
-            by_engines: source == Source::Engines,
+            engines: match (ask.engines, engines, source) {
+                (None, _, _) => EnginesUse::None,
+                (Some(_), None, _) => EnginesUse::Partial,
+                (_, Some(_), Source::Tree) => EnginesUse::Deferred,
+                (_, Some(_), Source::Engines) => EnginesUse::Ranked,
+            },
         }
     }
 }

@@ -79,8 +79,26 @@ pub struct Chosen {
     /// The prefix's owners were all flagged overloaded and filtered out, so a
     /// logical cache hit became a physical miss on another worker.
     pub owner_overloaded: bool,
-    /// The match was the engines' (`Ask::engines`), not the tree's.
-    pub by_engines: bool,
+    /// What became of the engines' answer (`Ask::engines`).
+    pub engines: EnginesUse,
+}
+
+/// What became of the engines' answer (`kv_match`) in a decision; ordered so that
+/// a PD pair reports its more telling leg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum EnginesUse {
+    /// No answer, or a policy that does not read it.
+    #[default]
+    None,
+    /// It did not cover every candidate (an index not whole, a worker the
+    /// collector does not follow): the tree decided.
+    Partial,
+    /// It covered every candidate and left the decision to the tree (the engines
+    /// hold less than the threshold and bear the tree's hit out, or nobody holds
+    /// a block).
+    Deferred,
+    /// The engines' match decided.
+    Ranked,
 }
 
 impl Chosen {

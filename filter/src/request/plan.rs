@@ -16,6 +16,7 @@
 use crate::decision::Decision;
 use crate::load::Loads;
 use crate::parse::{ApiKind, Invalid, Parsed, Unreadable};
+use crate::policy::EnginesUse;
 use crate::request::pd::{self, Bootstrap, RewriteError};
 use crate::request::router::{NoWorker, Record, Router};
 use crate::request::target::route_target;
@@ -48,29 +49,6 @@ pub struct Notes {
     pub owner_overloaded: bool,
     /// The engines' answer (`kv_match`): whether it came and what it decided.
     pub engines: EnginesUse,
-}
-
-/// What became of the engines' answer for a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EnginesUse {
-    /// No answer came with the request.
-    #[default]
-    None,
-    /// It ranked the candidates.
-    Ranked,
-    /// It did not cover every candidate (an index not whole, a worker the
-    /// collector does not follow), or the policy reads no match: the tree decided.
-    Passed,
-}
-
-impl EnginesUse {
-    fn of(req: &Parsed, ranked: bool) -> EnginesUse {
-        match (req, ranked) {
-            (_, true) => EnginesUse::Ranked,
-            (Parsed::Routable(r), false) if r.held.is_some() => EnginesUse::Passed,
-            _ => EnginesUse::None,
-        }
-    }
 }
 
 /// Why a request gets a local reply instead of a worker.
@@ -198,7 +176,7 @@ fn decide(
         let routed = router.route(req, loads, rng).map_err(Refusal::NoWorker)?;
         notes.gate_inert = routed.gate_inert;
         notes.owner_overloaded = routed.owner_overloaded;
-        notes.engines = EnginesUse::of(req, routed.by_engines);
+        notes.engines = routed.engines;
         return finish(
             router,
             routed.decision,
@@ -211,7 +189,7 @@ fn decide(
         .map_err(Refusal::NoWorker)?;
     notes.gate_inert = pair.prefill.gate_inert || pair.decode.gate_inert;
     notes.owner_overloaded = pair.prefill.owner_overloaded || pair.decode.owner_overloaded;
-    notes.engines = EnginesUse::of(req, pair.prefill.by_engines || pair.decode.by_engines);
+    notes.engines = pair.prefill.engines.max(pair.decode.engines);
     let records: Vec<Record> = [pair.prefill.record, pair.decode.record]
         .into_iter()
         .flatten()

@@ -24,8 +24,12 @@ pub const RELAY_ANSWERED: &str = "llm_router_relay_answered";
 pub const RELAY_LATE: &str = "llm_router_relay_late";
 /// `route_in: one_vm`: a VM took the seat over from a routing VM that stopped.
 pub const RELAY_TAKEOVERS: &str = "llm_router_relay_takeovers";
-/// `kv_match`: decisions the engines' answer ranked (every candidate's index whole).
+/// `kv_match`: decisions the engines' match made (every candidate's index whole).
 pub const KV_MATCH_RANKED: &str = "llm_router_kv_match_ranked";
+/// `kv_match`: answers covering every candidate that left the decision to the
+/// tree (the engines hold less than the threshold and bear the tree's hit out, or
+/// hold nothing of the prompt).
+pub const KV_MATCH_DEFERRED: &str = "llm_router_kv_match_deferred";
 /// `kv_match`: answers that left a candidate out (an index not whole, a worker the
 /// collector does not follow): the tree decided.
 pub const KV_MATCH_PARTIAL: &str = "llm_router_kv_match_partial";

@@ -86,7 +86,7 @@ impl Select for PredictedTtft {
             }),
             walked: r.walked,
             owner_overloaded: false,
-            by_engines: false,
+            engines: super::EnginesUse::None,
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::config::{Config, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::parse::Parsed;
-use crate::policy::{Ask, Engines, Selectors};
+use crate::policy::{Ask, Engines, EnginesUse, Selectors};
 use crate::request::candidates::{self, Screened, Screens};
 use crate::request::kv_bounds::{kv_step, KvBound, KvStep, Share};
 use crate::request::model_trees::ModelTrees;
@@ -80,8 +80,8 @@ pub struct Routed {
     /// The prefix's owners were all flagged overloaded and filtered out, so a
     /// logical cache hit became a physical miss on another worker.
     pub owner_overloaded: bool,
-    /// The engines' answer ranked the candidates (`kv_match`), not the tree.
-    pub by_engines: bool,
+    /// What became of the engines' answer (`kv_match`).
+    pub engines: EnginesUse,
 }
 
 /// A PD pair: each pool decided by its own policy over its own tree.
@@ -417,7 +417,7 @@ impl Router {
             record,
             gate_inert,
             owner_overloaded,
-            by_engines: chosen.by_engines,
+            engines: chosen.engines,
         })
     }
 }
@@ -1270,7 +1270,7 @@ mod tests {
             (routed.decision.worker, routed.decision.reason),
             (holder, Reason::CacheHit)
         );
-        assert!(routed.by_engines);
+        assert_eq!(routed.engines, EnginesUse::Ranked);
         // 3 of 4 blocks: three quarters of the text's chars, as the tree counts.
         let chars = crate::tree::char_len(&conv_text(&conv));
         assert_eq!(routed.decision.matched_chars, chars * 3 / 4);
@@ -1299,7 +1299,7 @@ mod tests {
             (stale.decision.worker, stale.decision.reason),
             (holder, Reason::CacheHit)
         );
-        assert!(stale.by_engines);
+        assert_eq!(stale.engines, EnginesUse::Ranked);
         // Where no engine holds a block, the tree's record stands: nowhere is
         // better, and it keeps the conversation together.
         let cold = r
@@ -1313,7 +1313,7 @@ mod tests {
             (cold.decision.worker, cold.decision.reason),
             (recorded, Reason::CacheHit)
         );
-        assert!(!cold.by_engines);
+        assert_eq!(cold.engines, EnginesUse::Deferred);
         // A prompt the tree never saw, held below the threshold: a miss by load.
         let fresh = chat(&["another system prompt entirely", "a question"]);
         let mut loads = [0; 3];
@@ -1327,7 +1327,7 @@ mod tests {
             .unwrap();
         assert_eq!(miss.decision.reason, Reason::CacheMiss);
         assert_ne!(miss.decision.worker, holder, "one block is 0.25 <= 0.3");
-        assert!(!miss.by_engines);
+        assert_eq!(miss.engines, EnginesUse::Deferred);
     }
 
     #[test]
@@ -1363,7 +1363,7 @@ mod tests {
                 (recorded, Reason::CacheHit),
                 "{unknown:?}"
             );
-            assert!(!routed.by_engines);
+            assert_eq!(routed.engines, EnginesUse::Partial);
         }
     }
 
