@@ -29,6 +29,12 @@ pub type KvIndexes = Arc<Mutex<BTreeMap<String, KvIndex>>>;
 pub fn spawn(sources: &[KvSource], telemetry: Arc<Telemetry>) -> KvIndexes {
     let indexes: KvIndexes = Arc::default();
     for source in sources {
+        // Known from the start, unheard: the scrape's counter can vouch for an
+        // engine that has nothing to publish yet (`KvIndex::observe_counter`).
+        indexes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(source.worker.clone(), KvIndex::default());
         let follower = Follower {
             source: source.clone(),
             indexes: indexes.clone(),

@@ -143,6 +143,13 @@ impl KvIndex {
     /// counted `QUIET_TOKENS` since its last batch without a word goes `Quiet`.
     pub fn observe_counter(&mut self, total: u64) {
         self.counter = Some(total);
+        // An engine that has taken no prompt holds nothing, and has nothing to
+        // publish: its index is whole before its first batch (else one never sent a
+        // request stays unheard, and a router that waits for every engine's index
+        // waits for ever).
+        if self.trust == Trust::Unheard && self.last_seq.is_none() && total == 0 {
+            self.trust = Trust::Whole;
+        }
         let since = match self.counter_at_batch {
             // A counter that went back is a restarted engine: count from there.
             Some(at) if total >= at => total - at,
@@ -266,6 +273,26 @@ mod tests {
         assert_eq!(ix.arrival(0), Arrival::Restart);
         ix.apply(0, &batch(vec![stored(&[2], None)]));
         assert!(!ix.holds(&h(2)), "a duplicate is not applied again");
+    }
+
+    #[test]
+    fn an_engine_that_took_no_prompt_is_known_to_hold_nothing() {
+        let mut ix = KvIndex::default();
+        ix.observe_counter(0);
+        assert_eq!(ix.trust(), Trust::Whole, "no prompt, no block");
+        assert!(!ix.holds(&h(1)));
+        // One that took prompts before anything was heard stays unknown.
+        let mut busy = KvIndex::default();
+        busy.observe_counter(1);
+        assert_eq!(busy.trust(), Trust::Unheard);
+        // A restarted publisher is unheard again until its counter says otherwise.
+        ix.apply(0, &batch(vec![stored(&[1], None)]));
+        ix.observe_counter(100);
+        ix.restart();
+        ix.observe_counter(100);
+        assert_eq!(ix.trust(), Trust::Unheard);
+        ix.observe_counter(0);
+        assert_eq!(ix.trust(), Trust::Whole, "the counter restarted with it");
     }
 
     #[test]

@@ -277,6 +277,29 @@ pub fn kv_collector_args(listen: Option<SocketAddr>) -> Vec<String> {
         .to_vec()
 }
 
+/// The `--listen` address of the collector whose log is in `dir`.
+pub fn collector_listen_in(dir: &Path) -> Result<SocketAddr> {
+    let log = std::fs::read_to_string(dir.join("collector.log"))?;
+    log.lines()
+        .find(|l| l.contains("serving /healthz"))
+        .and_then(|l| l.split("addr=").nth(1)?.split_whitespace().next())
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .context("the collector serves no /metrics (start it with kv_events)")
+}
+
+/// The answer of the collector whose log is in `dir` to `POST /kv/match` for a
+/// request to `path` with `body` (its status and JSON).
+pub fn kv_match_in(dir: &Path, path: &str, body: &Value) -> Result<(u16, Value)> {
+    let r = crate::admin::request(
+        collector_listen_in(dir)?,
+        "POST",
+        &format!("/kv/match?path={path}"),
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )?;
+    Ok((r.status, serde_json::from_str(&r.body)?))
+}
+
 impl Fleet {
     pub fn start(spec: &FleetSpec) -> Result<Fleet> {
         let (dir, tmp) = match &spec.dir {
@@ -351,25 +374,13 @@ impl Fleet {
 
     /// The collector's `--listen` address (with `kv_events`), from its log.
     pub fn collector_listen(&self) -> Result<SocketAddr> {
-        let log = std::fs::read_to_string(self.dir.join("collector.log"))?;
-        log.lines()
-            .find(|l| l.contains("serving /healthz"))
-            .and_then(|l| l.split("addr=").nth(1)?.split_whitespace().next())
-            .and_then(|a| a.parse::<SocketAddr>().ok())
-            .context("the collector serves no /metrics (start it with kv_events)")
+        collector_listen_in(&self.dir)
     }
 
     /// With `kv_events`: the collector's answer to `POST /kv/match` for a request to
     /// `path` with `body` (its status and JSON).
     pub fn kv_match(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
-        let r = crate::admin::request(
-            self.collector_listen()?,
-            "POST",
-            &format!("/kv/match?path={path}"),
-            &[("content-type", "application/json")],
-            body.to_string().as_bytes(),
-        )?;
-        Ok((r.status, serde_json::from_str(&r.body)?))
+        kv_match_in(&self.dir, path, body)
     }
 
     /// With `kv_events`: per engine, the blocks the collector's index says it holds

@@ -292,10 +292,17 @@ impl Replicas {
             }
             _ => None,
         };
-        let spec = EnvoySpec {
+        let mut spec = EnvoySpec {
             collector: listen,
             ..self.spec.clone()
         };
+        // Each replica breaks ties from a seed of its own, as replicas seeded by
+        // their hosts do: with one seed, replicas that know nothing of each other
+        // all send their first requests to the same worker.
+        let index = self.replicas.len() as u64;
+        if let Some(seed) = spec.plugin_config.get("rng_seed").and_then(Value::as_u64) {
+            spec.plugin_config["rng_seed"] = Value::from(seed.wrapping_add(index));
+        }
         let envoy = envoy::start(&paths::envoy_bin()?, &spec, &dir)
             .with_context(|| format!("starting {name}"))?;
         let collector = match &self.collector {

@@ -246,3 +246,74 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
         stat("llm_router_kv_match_unanswered") >= 6
     });
 }
+
+/// `kv_match` across Envoy replicas that share nothing (no bus): a conversation's
+/// turn that reaches a replica whose tree never saw it goes where the first turn
+/// went, because the engines' KV events say where its prefix is.
+#[test]
+fn replicas_without_a_bus_agree_through_the_engines() {
+    let spec = FleetSpec {
+        workers: 4,
+        collector_interval_ms: Some(100),
+        kv_events: true,
+        plugin_config: json!({"kv_match": true}),
+        ..FleetSpec::default()
+    };
+    let r = llm_demo::replicas::Replicas::start(&spec, 2, false)
+        .unwrap_or_else(|e| panic!("cannot start the replicas: {e:#}"));
+    let (a, b) = (r.replicas[0].envoy.listener, r.replicas[1].envoy.listener);
+    let path = "/v1/chat/completions";
+    let turn = |i: usize, turns: usize| {
+        let mut messages = vec![
+            json!({"role": "system", "content": format!("Conversation {i}: you answer about one manual. ").repeat(12)}),
+        ];
+        for t in 0..turns {
+            messages.push(
+                json!({"role": "user", "content": format!("question {t} of conversation {i}")}),
+            );
+            if t + 1 < turns {
+                messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+            }
+        }
+        json!({"model": "mock", "max_tokens": 2, "messages": messages})
+    };
+    let mut homes = Vec::new();
+    for i in 0..8 {
+        let r = post(a, path, &turn(i, 1));
+        assert_eq!(r.status, 200, "{r:?}");
+        homes.push(header(&r, "x-engine-worker"));
+    }
+    // The second turns go to replica b, whose tree has none of them; the engines'
+    // events reach its collector a moment after the first turns were answered.
+    let b_dir = r.dir.join(&r.replicas[1].name);
+    let heard = |i: usize, home: &str| {
+        llm_demo::fleet::kv_match_in(&b_dir, path, &turn(i, 1)).is_ok_and(|(_, m)| {
+            m["blocks"].as_u64().is_some_and(|b| b > 0)
+                && m["engines"][home]["held_blocks"] == m["blocks"]
+        })
+    };
+    assert!(
+        e2e::support::wait_until(|| homes.iter().enumerate().all(|(i, h)| heard(i, h))),
+        "replica b's collector heard where every first turn went"
+    );
+    for (i, home) in homes.iter().enumerate() {
+        let r = post(b, path, &turn(i, 2));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            (
+                header(&r, "x-engine-worker"),
+                header(&r, "x-llm-router-reason")
+            ),
+            (home.clone(), "cache_hit".to_string()),
+            "conversation {i} stays on its engine"
+        );
+    }
+    // Counted as the routing thread hands its counters over (every 100 ms).
+    let ranked = || r.filter_stat_sum("llm_router_kv_match_ranked").unwrap_or(0);
+    assert!(
+        e2e::support::wait_until(|| ranked() >= 8),
+        "the engines decided the second turns: {}",
+        ranked()
+    );
+    println!("homes {homes:?}; decisions by the engines: {}", ranked());
+}
