@@ -109,6 +109,10 @@ pub struct Args {
     /// (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`) rather than their last 8 bytes.
     #[arg(long)]
     pub kv_digest_hashes: bool,
+    /// The engines' hash chain: `vllm` (`--prefix-caching-hash-algo sha256_cbor`) or
+    /// `sglang` (its per-page chain; `--kv-block-tokens` is then its `--page-size`).
+    #[arg(long, default_value = "vllm", value_parser = ["vllm", "sglang"])]
+    pub kv_hash: String,
 }
 
 /// One engine's KV event publisher (`--kv-events`).
@@ -254,11 +258,14 @@ impl Args {
                 let template = self.kv_chat_template.as_deref();
                 let tokenizer = crate::kv_match::Tokenizer::from_flag(value, template)
                     .with_context(|| format!("--kv-tokenizer {value}"))?;
-                let hashing = crate::kv_match::Hashing::vllm(
-                    self.kv_block_tokens as usize,
-                    &self.kv_hash_seed,
-                    !self.kv_digest_hashes,
-                );
+                let hashing = match self.kv_hash.as_str() {
+                    "sglang" => crate::kv_match::Hashing::sglang(self.kv_block_tokens as usize),
+                    _ => crate::kv_match::Hashing::vllm(
+                        self.kv_block_tokens as usize,
+                        &self.kv_hash_seed,
+                        !self.kv_digest_hashes,
+                    ),
+                };
                 Some(crate::kv_match::Matcher { tokenizer, hashing })
             }
         };
@@ -338,7 +345,33 @@ mod tests {
         ];
         let on = with(&[&kv[..], &["--kv-tokenizer", "engine-mock"]].concat()).unwrap();
         let m = on.kv_matcher.expect("matching on");
-        assert_eq!((m.hashing.block_tokens, m.hashing.int_hashes), (16, true));
+        let vllm_ints = |h: &crate::kv_match::Hashing| match h.chain {
+            crate::kv_match::Chain::Vllm { int_hashes, .. } => Some(int_hashes),
+            crate::kv_match::Chain::Sglang => None,
+        };
+        assert_eq!(
+            (m.hashing.block_tokens, vllm_ints(&m.hashing)),
+            (16, Some(true))
+        );
+        let sglang = with(
+            &[
+                &kv[..],
+                &["--kv-tokenizer", "engine-mock", "--kv-hash", "sglang"],
+            ]
+            .concat(),
+        )
+        .unwrap()
+        .kv_matcher
+        .unwrap();
+        assert_eq!(sglang.hashing, crate::kv_match::Hashing::sglang(16));
+        assert!(with(
+            &[
+                &kv[..],
+                &["--kv-tokenizer", "engine-mock", "--kv-hash", "md5"]
+            ]
+            .concat()
+        )
+        .is_err());
         let digest = with(
             &[
                 &kv[..],
@@ -356,8 +389,8 @@ mod tests {
         .kv_matcher
         .unwrap();
         assert_eq!(
-            (digest.hashing.block_tokens, digest.hashing.int_hashes),
-            (32, false)
+            (digest.hashing.block_tokens, vllm_ints(&digest.hashing)),
+            (32, Some(false))
         );
         assert!(with(&kv).unwrap().kv_matcher.is_none(), "off by default");
         // Without the events or the listener there is nothing to match or serve.

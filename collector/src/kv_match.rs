@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use llm_kv_events::vllm;
 use llm_kv_events::BlockHash;
+use llm_kv_events::{sglang, vllm};
 use serde::Serialize;
 
 use crate::kv_index::{KvIndex, Trust};
@@ -63,15 +63,27 @@ impl Tokenizer {
     }
 }
 
-/// How the engines hash their blocks: the tokens a block holds, the none hash the
-/// chain starts from (vLLM: `sha256_cbor` of `PYTHONHASHSEED`, which must be set on
-/// every engine for anyone to recompute it), and whether events carry the
-/// digest's last 8 bytes as an integer (vLLM's default) or the whole digest.
+/// How the engines hash their blocks: the tokens a block (an SGLang page) holds,
+/// and the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hashing {
     pub block_tokens: usize,
-    pub none_hash: [u8; 32],
-    pub int_hashes: bool,
+    pub chain: Chain,
+}
+
+/// The engines' hash chain (`--kv-hash`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chain {
+    /// vLLM's `sha256_cbor` from the none hash (`sha256_cbor` of `PYTHONHASHSEED`,
+    /// which must be set on every engine for anyone to recompute it); events carry
+    /// the digest's last 8 bytes as an integer (vLLM's default) or the whole digest.
+    Vllm {
+        none_hash: [u8; 32],
+        int_hashes: bool,
+    },
+    /// SGLang's per-page SHA-256 chain, its events carrying each digest's first 8
+    /// bytes as a signed integer (no cache salt, no LoRA adapter).
+    Sglang,
 }
 
 impl Hashing {
@@ -79,17 +91,40 @@ impl Hashing {
     pub fn vllm(block_tokens: usize, seed: &str, int_hashes: bool) -> Hashing {
         Hashing {
             block_tokens,
-            none_hash: vllm::none_hash(seed),
-            int_hashes,
+            chain: Chain::Vllm {
+                none_hash: vllm::none_hash(seed),
+                int_hashes,
+            },
+        }
+    }
+
+    /// SGLang's chain over pages of `page_size` tokens (its `--page-size`).
+    pub fn sglang(page_size: usize) -> Hashing {
+        Hashing {
+            block_tokens: page_size,
+            chain: Chain::Sglang,
         }
     }
 
     /// The hashes the engine publishes for the full blocks of `token_ids`.
     pub fn block_hashes(&self, token_ids: &[u32]) -> Vec<BlockHash> {
-        vllm::block_hashes(token_ids, self.block_tokens, &self.none_hash)
-            .iter()
-            .map(|d| vllm::external_hash(d, self.int_hashes))
-            .collect()
+        match &self.chain {
+            Chain::Vllm {
+                none_hash,
+                int_hashes,
+            } => vllm::block_hashes(token_ids, self.block_tokens, none_hash)
+                .iter()
+                .map(|d| vllm::external_hash(d, *int_hashes))
+                .collect(),
+            Chain::Sglang => {
+                let full = token_ids.len() / self.block_tokens.max(1) * self.block_tokens;
+                sglang::page_hashes(token_ids.get(..full).unwrap_or_default(), self.block_tokens)
+                    .into_iter()
+                    // The signed int's bit pattern, as the wire keeps it.
+                    .map(|h| BlockHash::Int(h as u64))
+                    .collect()
+            }
+        }
     }
 }
 
@@ -294,6 +329,32 @@ mod tests {
         assert_eq!(
             matched(&ids, &mock, &indexes).engines["w0"].held_blocks,
             Some(4)
+        );
+    }
+
+    #[test]
+    fn sglang_pages_hash_as_sglang_publishes_them() {
+        let ids: Vec<u32> = (0..100).collect();
+        let published: Vec<BlockHash> = sglang::page_hashes(&ids[..96], 16)
+            .into_iter()
+            .map(|h| BlockHash::Int(h as u64))
+            .collect();
+        assert!(
+            published.iter().any(|h| h.as_i64().is_some_and(|v| v < 0)),
+            "a negative hash keeps its bit pattern"
+        );
+        let mut indexes = BTreeMap::new();
+        indexes.insert("s0".to_string(), index_holding(&published));
+        let sglang = Hashing::sglang(16);
+        assert_eq!(sglang.block_hashes(&ids), published, "full pages only");
+        assert_eq!(
+            matched(&ids, &sglang, &indexes).engines["s0"].held_blocks,
+            Some(6)
+        );
+        assert_eq!(
+            matched(&ids, &mock_hashing(), &indexes).engines["s0"].held_blocks,
+            Some(0),
+            "vLLM's chain is another"
         );
     }
 }
