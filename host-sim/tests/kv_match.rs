@@ -62,7 +62,8 @@ fn routed(host: &mut Host, vm: usize, out: &StreamOutcome) -> (String, String) {
 }
 
 /// The collector's answer: `holder` holds 12 of the prompt's 13 blocks, the
-/// others none (`stale`: one engine's index is not whole).
+/// others none (`stale`: one engine's index is not whole; a `holder` past the
+/// workers: nobody holds a block).
 fn answer(holder: usize, stale: Option<usize>) -> String {
     let engines: Vec<String> = (0..WORKERS)
         .map(|w| match (w == holder, Some(w) == stale) {
@@ -159,7 +160,18 @@ fn the_tree_decides_when_the_collector_does_not_answer_or_cannot_vouch() {
             "{what}"
         );
     }
+    // Every index whole and none holding a block: the tree's record stands.
+    let (out, call) = ask(&mut h, 0, prompt(0));
+    let nothing = answer(WORKERS, None);
+    h.answer_http_call(call.token, 200, &[], nothing.as_bytes())
+        .unwrap();
+    let (cluster, reason) = routed(&mut h, 0, &out);
+    assert_eq!(
+        (cluster.as_str(), reason.as_str()),
+        ("engine_2", "cache_hit")
+    );
     h.advance_time(2_000).unwrap();
+    assert_eq!(support::stat(&h, "llm_router_kv_match_deferred"), 1);
     assert_eq!(support::stat(&h, "llm_router_kv_match_unanswered"), 2);
     assert_eq!(support::stat(&h, "llm_router_kv_match_refused"), 2);
     assert_eq!(support::stat(&h, "llm_router_kv_match_partial"), 1);
