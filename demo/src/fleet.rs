@@ -251,18 +251,22 @@ pub fn start_collector(
     crate::process::spawn("llm-collector", cmd, &dir.join("collector.log"))
 }
 
-/// `kv_match: true` in `plugin_config` asks the fleet's collector: the plugin
-/// config's `kv_match` names Envoy's cluster for it, and the address returned (free
-/// now) is where the collector will listen and the cluster point (Envoy starts
-/// before the collector, which needs its stats listener). `None` without it.
+/// `kv_match: true` in `plugin_config` (or settings without a `cluster`) asks the
+/// fleet's collector: the plugin config's `kv_match` names Envoy's cluster for it,
+/// and the address returned (free now) is where the collector will listen and the
+/// cluster point (Envoy starts before the collector, which needs its stats
+/// listener). `None` without it.
 pub fn kv_match_listen(plugin_config: &mut Value, kv_events: bool) -> Result<Option<SocketAddr>> {
-    if plugin_config.get("kv_match") != Some(&Value::Bool(true)) {
-        return Ok(None);
-    }
+    let settings = match plugin_config.get("kv_match") {
+        Some(Value::Bool(true)) => serde_json::json!({}),
+        Some(Value::Object(s)) if !s.contains_key("cluster") => Value::Object(s.clone()),
+        _ => return Ok(None),
+    };
     if !kv_events {
         bail!("kv_match asks the collector what the engines' KV events say: it needs kv_events");
     }
-    plugin_config["kv_match"] = serde_json::json!({"cluster": envoy::COLLECTOR_CLUSTER});
+    plugin_config["kv_match"] = settings;
+    plugin_config["kv_match"]["cluster"] = Value::from(envoy::COLLECTOR_CLUSTER);
     let port = crate::replicas::free_port()?;
     Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))))
 }

@@ -144,24 +144,44 @@ pub fn metric_names(text: &str) -> BTreeSet<String> {
 
 /// A regular engine mock named `name` listening on `port` (the one Envoy and the
 /// collector were given before it ran), with `args` of its own, once it answers:
-/// an engine that comes up late, or again after a restart.
+/// an engine that comes up late, or again after a restart. A port freed a moment
+/// ago can be taken for a while by an outgoing connection's local end (the ports
+/// the OS picks for listeners and for connections are one range): an engine that
+/// exits at once (it could not bind) is started again.
 pub fn engine_on(f: &Fleet, name: &str, port: u16, args: &[&str]) -> Guard {
-    let mut cmd = std::process::Command::new(llm_demo::paths::bin_path("engine-mock").unwrap());
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--worker-id",
-        name,
-        "--role",
-        "regular",
-    ]);
-    cmd.args(args);
-    let log = f.dir.join(format!("engine-{name}-again.log"));
-    let guard = process::spawn(name, cmd, &log).unwrap();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let up = wait_until(|| admin::get(addr, "/metrics").is_ok_and(|r| r.status == 200));
-    assert!(up, "engine {name} on port {port} came up");
-    guard
+    let deadline = Instant::now() + WAIT;
+    let mut attempt = 0;
+    loop {
+        let mut cmd = std::process::Command::new(llm_demo::paths::bin_path("engine-mock").unwrap());
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--worker-id",
+            name,
+            "--role",
+            "regular",
+        ]);
+        cmd.args(args);
+        let log = f.dir.join(format!("engine-{name}-again-{attempt}.log"));
+        let mut guard = process::spawn(name, cmd, &log).unwrap();
+        while Instant::now() < deadline {
+            if admin::get(addr, "/metrics").is_ok_and(|r| r.status == 200) {
+                return guard;
+            }
+            if guard.exited().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine {name} on port {port} came up (see {})",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        attempt += 1;
+    }
 }
 
 /// Sends `sig` (`-KILL`, `-STOP`, `-CONT`) to process `pid`, which must take it.

@@ -157,7 +157,8 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
         workers: 3,
         collector_interval_ms: Some(100),
         kv_events: true,
-        plugin_config: json!({"kv_match": true}),
+        // A collector on a loaded machine may take longer than the default 25 ms.
+        plugin_config: json!({"kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     });
     let path = "/v1/chat/completions";
@@ -256,7 +257,8 @@ fn replicas_without_a_bus_agree_through_the_engines() {
         workers: 4,
         collector_interval_ms: Some(100),
         kv_events: true,
-        plugin_config: json!({"kv_match": true}),
+        // A collector on a loaded machine may take longer than the default 25 ms.
+        plugin_config: json!({"kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     };
     let r = llm_demo::replicas::Replicas::start(&spec, 2, false)
