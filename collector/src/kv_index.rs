@@ -143,12 +143,17 @@ impl KvIndex {
     /// counted `QUIET_TOKENS` since its last batch without a word goes `Quiet`.
     pub fn observe_counter(&mut self, total: u64) {
         self.counter = Some(total);
-        // An engine that has taken no prompt holds nothing, and has nothing to
-        // publish: its index is whole before its first batch (else one never sent a
+        // Before its first batch, an engine that has taken no prompt holds nothing
+        // and has nothing to publish: its index is whole (else one never sent a
         // request stays unheard, and a router that waits for every engine's index
-        // waits for ever).
-        if self.trust == Trust::Unheard && self.last_seq.is_none() && total == 0 {
-            self.trust = Trust::Whole;
+        // waits for ever). Once it counts prompts with no batch heard, its first
+        // batch may have gone before this subscription took hold: unheard again.
+        if self.last_seq.is_none() && matches!(self.trust, Trust::Unheard | Trust::Whole) {
+            self.trust = if total == 0 {
+                Trust::Whole
+            } else {
+                Trust::Unheard
+            };
         }
         let since = match self.counter_at_batch {
             // A counter that went back is a restarted engine: count from there.
@@ -281,10 +286,18 @@ mod tests {
         ix.observe_counter(0);
         assert_eq!(ix.trust(), Trust::Whole, "no prompt, no block");
         assert!(!ix.holds(&h(1)));
-        // One that took prompts before anything was heard stays unknown.
+        // One that took prompts before anything was heard stays unknown, and so does
+        // one that took its first once its index was known empty, until its batch.
         let mut busy = KvIndex::default();
         busy.observe_counter(1);
         assert_eq!(busy.trust(), Trust::Unheard);
+        let mut woke = KvIndex::default();
+        woke.observe_counter(0);
+        woke.observe_counter(40);
+        assert_eq!(woke.trust(), Trust::Unheard, "its first batch may be lost");
+        woke.apply(0, &batch(vec![stored(&[1], None)]));
+        woke.observe_counter(40);
+        assert_eq!(woke.trust(), Trust::Whole);
         // A restarted publisher is unheard again until its counter says otherwise.
         ix.apply(0, &batch(vec![stored(&[1], None)]));
         ix.observe_counter(100);

@@ -28,7 +28,8 @@ pub mod kv_match;
 pub mod logging;
 pub mod membership;
 pub mod metrics;
-pub mod model_tokenizer;
+/// A model's tokenizer and chat template, shared with the engine mock.
+pub use engine_model::model_tokenizer;
 pub mod push;
 pub mod run;
 pub mod scrape;

@@ -267,18 +267,21 @@ pub fn kv_match_listen(plugin_config: &mut Value, kv_events: bool) -> Result<Opt
     }
     plugin_config["kv_match"] = settings;
     plugin_config["kv_match"]["cluster"] = Value::from(envoy::COLLECTOR_CLUSTER);
-    let port = crate::replicas::free_port()?;
+    let port = crate::process::free_port()?;
     Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))))
 }
 
-/// The collector's arguments with `kv_events`: its /metrics say what it indexed
-/// (`Fleet::kv_blocks`), and `/kv/match` which engines hold a prompt, tokenized as
-/// the engine mocks do; on `listen` (`kv_match_listen`), or a port the OS picks.
-pub fn kv_collector_args(listen: Option<SocketAddr>) -> Vec<String> {
+/// The collector's arguments with `kv_events`, beside those `given`: its /metrics
+/// say what it indexed (`Fleet::kv_blocks`), and `/kv/match` which engines hold a
+/// prompt, tokenized as the engine mocks do unless `given` names a tokenizer; on
+/// `listen` (`kv_match_listen`), or a port the OS picks.
+pub fn kv_collector_args(listen: Option<SocketAddr>, given: &[String]) -> Vec<String> {
     let listen = listen.map_or_else(|| "127.0.0.1:0".to_string(), |a| a.to_string());
-    ["--listen", &listen, "--kv-tokenizer", "engine-mock"]
-        .map(String::from)
-        .to_vec()
+    let mut args = vec!["--listen".to_string(), listen];
+    if !given.iter().any(|a| a == "--kv-tokenizer") {
+        args.extend(["--kv-tokenizer", "engine-mock"].map(String::from));
+    }
+    args
 }
 
 /// The `--listen` address of the collector whose log is in `dir`.
@@ -336,7 +339,8 @@ impl Fleet {
             .context("starting Envoy with the filter")?;
         let mut collector_args = spec.collector_args.clone();
         if spec.kv_events {
-            collector_args.extend(kv_collector_args(listen));
+            let kv = kv_collector_args(listen, &collector_args);
+            collector_args.extend(kv);
         }
         let collector = match spec.collector_interval_ms {
             Some(interval) => Some(start_collector(

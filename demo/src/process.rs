@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -96,4 +97,11 @@ pub fn spawn_until<T: Send + 'static>(
             )
         }
     }
+}
+
+/// A loopback port free now: the OS picks it, and the process the caller starts
+/// binds it a moment later (a race lost to another process shows as that process
+/// failing to start).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

@@ -9,7 +9,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::ffi::OsString;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use crate::fleet::{
     Engine, FleetSpec, TempDir,
 };
 use crate::paths;
-use crate::process::{spawn, spawn_until, Guard};
+use crate::process::{free_port, spawn, spawn_until, Guard};
 
 /// The filter's replicas endpoint (`replicas.path`'s default).
 pub const REPLICAS_PATH: &str = llm_router::config::DEFAULT_REPLICAS_PATH;
@@ -37,11 +37,6 @@ pub fn nats_server_bin() -> Result<PathBuf> {
         .map(|d| d.join("nats-server"))
         .find(|p| p.is_file())
         .context("nats-server not found: run `envoy/get-nats` (apt-get install nats-server) or set NATS_SERVER")
-}
-
-/// A port free now (the OS picks it; the caller binds it soon after).
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A secret of `bytes` random bytes, hex-encoded (twice as many characters).
@@ -309,7 +304,8 @@ impl Replicas {
             Some((ms, args)) => {
                 let mut args = args.clone();
                 if self.kv.is_some() {
-                    args.extend(kv_collector_args(listen));
+                    let kv = kv_collector_args(listen, &args);
+                    args.extend(kv);
                 }
                 Some(start_collector(
                     &envoy,

@@ -11,14 +11,14 @@
 //! are free ports picked here; SMG cannot report a port it chose itself.
 
 use anyhow::{bail, Context, Result};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::admin;
 use crate::paths::workspace_root;
-use crate::process::{spawn, Guard};
+use crate::process::{free_port, spawn, Guard};
 
 /// The PyPI release the comparison runs (`pip install smg==SMG_VERSION`).
 pub const SMG_VERSION: &str = "1.13.0";
@@ -129,12 +129,6 @@ impl Smg {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
-}
-
-/// A port free on loopback now (SMG binds it a moment later; a race lost to another
-/// process shows as SMG exiting, and the launch is retried).
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Starts `bin` in front of `workers`, logging to `dir/smg.log`, and waits until it

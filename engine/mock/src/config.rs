@@ -119,6 +119,19 @@ pub struct Config {
     /// vLLM's `buffer_steps`: how many of the last batches the replay socket keeps.
     #[arg(long = "kv-events-buffer-steps", default_value_t = 10_000)]
     pub kv_events_buffer_steps: usize,
+
+    /// Read prompts with a model's tokenizer, as vLLM does: a model directory
+    /// (`tokenizer.json`, and `tokenizer_config.json` for the chat template and
+    /// special tokens) or a `tokenizer.json`. Chats are rendered by the template and
+    /// encoded without special tokens, completions encoded with them; the cache's
+    /// blocks are then blocks of the model's tokens (16 a 64-character block) and
+    /// the KV events carry its ids. Without it: the mock's own 4-character tokens.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<std::path::PathBuf>,
+
+    /// With --tokenizer: a chat template file replacing the tokenizer config's.
+    #[arg(long, value_name = "FILE", requires = "tokenizer")]
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 /// The end of `--help`: what `--kv-events-endpoint` publishes.

@@ -62,8 +62,12 @@ pub struct Prepared {
     hashes: Vec<BlockHash>,
 }
 
-fn prepare(prompt: &str, block_tokens: usize, none_hash: &[u8; 32]) -> Prepared {
-    let token_ids = tokenizer::token_ids(prompt);
+/// How a prompt's token ids are read: the mock's own (`tokenizer::token_ids`), or a
+/// model tokenizer's written as codes (`tokenizer::code_ids`, `--tokenizer`).
+type IdsOf = fn(&str) -> Vec<u32>;
+
+fn prepare(prompt: &str, block_tokens: usize, none_hash: &[u8; 32], ids: IdsOf) -> Prepared {
+    let token_ids = ids(prompt);
     let hashes = vllm::block_hashes(&token_ids, block_tokens, none_hash)
         .iter()
         .map(|d| vllm::external_hash(d, true))
@@ -104,7 +108,12 @@ impl Recorder {
 
     /// The ids and hashes of `prompt`.
     pub fn prepare(&self, prompt: &str) -> Prepared {
-        prepare(prompt, self.block_tokens, &self.none_hash)
+        prepare(
+            prompt,
+            self.block_tokens,
+            &self.none_hash,
+            tokenizer::token_ids,
+        )
     }
 
     /// The events of one request's cache changes; `prepared` is its prompt's.
@@ -199,6 +208,8 @@ pub struct KvEvents {
     /// The recorder's, copied to hash prompts without its lock.
     block_tokens: usize,
     none_hash: [u8; 32],
+    /// The prompts' token ids (`--tokenizer`: a model's, as codes).
+    ids: IdsOf,
     recorder: Mutex<Recorder>,
     batches: mpsc::UnboundedSender<EventBatch>,
 }
@@ -208,7 +219,7 @@ impl KvEvents {
     /// The batch is queued while the cache is still locked, so batches go out in
     /// the order the cache changed.
     pub fn lookup_and_insert(&self, cache: &Mutex<PrefixCache>, prompt: &str) -> CacheLookup {
-        let prepared = prepare(prompt, self.block_tokens, &self.none_hash);
+        let prepared = prepare(prompt, self.block_tokens, &self.none_hash, self.ids);
         let mut cache = lock(cache);
         let (lookup, changes) = cache.lookup_and_insert_tracked(prompt);
         let events = lock(&self.recorder).record(&changes, &prepared);
@@ -289,6 +300,10 @@ pub async fn spawn(cfg: &Config) -> anyhow::Result<Option<Bound>> {
         events: KvEvents {
             block_tokens: recorder.block_tokens,
             none_hash: recorder.none_hash,
+            ids: match cfg.tokenizer {
+                Some(_) => tokenizer::code_ids,
+                None => tokenizer::token_ids,
+            },
             recorder: Mutex::new(recorder),
             batches,
         },

@@ -14,6 +14,8 @@
 //! - [`metrics`]: histograms and the Prometheus text rendering,
 //! - [`tokenizer`] (from `engine-model`), [`kv_events`]: the mock's token ids and the
 //!   KV cache events it publishes as vLLM does (`--kv-events-endpoint`),
+//! - [`prompting`]: how a prompt is read, by the mock's tokens or a model's
+//!   tokenizer and chat template (`--tokenizer`),
 //! - [`server`]: the hyper HTTP server tying it together.
 
 pub use engine_model::{cache, prompt, tokenizer};
@@ -21,5 +23,6 @@ pub mod config;
 pub mod kv_events;
 pub mod metrics;
 pub mod pd;
+pub mod prompting;
 pub mod server;
 pub mod slots;

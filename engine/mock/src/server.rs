@@ -11,7 +11,8 @@ use crate::config::{Config, Role, MAX_OUTPUT_TOKENS};
 use crate::kv_events::{self, KvEvents};
 use crate::metrics::{self, Registry, Snapshot};
 use crate::pd::{self, Rooms, Transfer};
-use crate::prompt::{self, Endpoint};
+use crate::prompt::Endpoint;
+use crate::prompting::Prompting;
 use crate::slots::Slots;
 use anyhow::Context as _;
 use bytes::Bytes;
@@ -79,6 +80,8 @@ pub struct State {
     rooms: Arc<Rooms>,
     /// `--kv-events-endpoint`: the cache's changes, published.
     kv_events: Option<KvEvents>,
+    /// How prompts are read (`--tokenizer`).
+    prompting: Prompting,
 }
 
 impl State {
@@ -97,6 +100,8 @@ impl State {
             next_id: AtomicU64::new(0),
             rooms: Arc::new(Rooms::default()),
             kv_events: None,
+            prompting: Prompting::new(cfg.tokenizer.as_deref(), cfg.chat_template.as_deref())
+                .context("--tokenizer")?,
             cfg,
         })
     }
@@ -443,7 +448,7 @@ async fn completion(
         Ok(v) => v,
         Err(resp) => return resp,
     };
-    let prompt = match prompt::flatten(endpoint, &body) {
+    let prompt = match state.prompting.prompt(endpoint, &body) {
         Ok(p) => p,
         Err(e) => return bad_request(&e.0),
     };

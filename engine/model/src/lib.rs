@@ -7,6 +7,9 @@
 //! - [`cache`]: the paged prefix cache (chained SHA-256 blocks, LRU),
 //! - [`tokenizer`]: the token ids the mock publishes in its KV cache events, which
 //!   the collector computes too to look a prompt up in them,
+//! - `model_tokenizer` (feature `hf`): a model's own tokenizer and chat template,
+//!   as vLLM applies them (the engine mock's `--tokenizer`, the collector's
+//!   `--kv-tokenizer`),
 //! - [`latency`]: the cost model (fixed TTFT + prefill per uncached token + decode),
 //! - [`engine`]: one engine in virtual time: FIFO admission to `max_running` slots,
 //!   the cache lookup when a request starts, and the `num_waiting` / `num_running`
@@ -15,5 +18,7 @@
 pub mod cache;
 pub mod engine;
 pub mod latency;
+#[cfg(feature = "hf")]
+pub mod model_tokenizer;
 pub mod prompt;
 pub mod tokenizer;

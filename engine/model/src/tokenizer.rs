@@ -91,3 +91,53 @@ mod tests {
         assert!(token_ids("").is_empty());
     }
 }
+
+/// The symbols of [`id_codes`]: 64, six bits each.
+const CODE_SYMBOLS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// A model tokenizer's ids as text the mock's cache reads by characters: each id
+/// written as [`CHARS_PER_TOKEN`] symbols of six bits (its low 24 bits: every
+/// vocabulary a model ships is smaller), so a 64-character block is 16 of the
+/// model's tokens and `prompt_tokens` is the ids' count (the engine mock's
+/// `--tokenizer`). [`code_ids`] reads them back.
+pub fn id_codes(ids: &[u32]) -> String {
+    let mut out = String::with_capacity(ids.len() * CHARS_PER_TOKEN);
+    for id in ids {
+        for shift in [18, 12, 6, 0] {
+            let symbol = CODE_SYMBOLS[((id >> shift) & 63) as usize];
+            out.push(char::from(symbol));
+        }
+    }
+    out
+}
+
+/// The ids [`id_codes`] wrote (a symbol outside its alphabet reads as 0; a short
+/// last group is dropped).
+pub fn code_ids(codes: &str) -> Vec<u32> {
+    let value = |b: u8| {
+        CODE_SYMBOLS
+            .iter()
+            .position(|&s| s == b)
+            .map_or(0, |p| p as u32)
+    };
+    codes
+        .as_bytes()
+        .chunks_exact(CHARS_PER_TOKEN)
+        .map(|group| group.iter().fold(0, |id, &b| id << 6 | value(b)))
+        .collect()
+}
+
+#[cfg(test)]
+mod code_tests {
+    use super::*;
+
+    #[test]
+    fn ids_written_as_codes_read_back_four_characters_each() {
+        let ids = [0, 1, 63, 64, 4095, 128_255, (1 << 24) - 1];
+        let codes = id_codes(&ids);
+        assert_eq!(codes.chars().count(), ids.len() * CHARS_PER_TOKEN);
+        assert_eq!(code_ids(&codes), ids);
+        assert_eq!(id_codes(&[1 << 24]), id_codes(&[0]), "the low 24 bits");
+        assert!(codes.is_ascii());
+    }
+}

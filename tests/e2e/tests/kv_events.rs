@@ -91,8 +91,11 @@ fn the_collector_answers_which_engine_holds_a_prompt() {
             &json!({"model": "mock", "max_tokens": 2, "prompt": prompt}),
         );
         r.status == 200
-            && f.kv_match(path, &body)
-                .is_ok_and(|(_, m)| m["engines"].as_object().is_some_and(|e| e.len() == 2))
+            && f.kv_match(path, &body).is_ok_and(|(_, m)| {
+                m["engines"].as_object().is_some_and(|e| {
+                    e.len() == 2 && e.values().all(|engine| engine["index"] == "whole")
+                })
+            })
     });
     let r = post(f.envoy.listener, path, &body);
     assert_eq!(r.status, 200, "{r:?}");
@@ -279,6 +282,27 @@ fn replicas_without_a_bus_agree_through_the_engines() {
         }
         json!({"model": "mock", "max_tokens": 2, "messages": messages})
     };
+    // Each replica's collector follows every engine once it has heard each (an
+    // engine's batch sent before a subscription took hold is replayed with its
+    // next one): warm-ups straight to the engines until replica b's says so.
+    let b_dir = r.dir.join(&r.replicas[1].name);
+    let warm = std::cell::Cell::new(0);
+    let whole = || {
+        warm.set(warm.get() + 1);
+        let body = json!({"model": "mock", "max_tokens": 2, "prompt": format!("warm-up {} ", warm.get()).repeat(8)});
+        r.engines
+            .iter()
+            .all(|e| post(e.addr, "/v1/completions", &body).status == 200)
+            && llm_demo::fleet::kv_match_in(&b_dir, path, &turn(0, 1)).is_ok_and(|(_, m)| {
+                m["engines"]
+                    .as_object()
+                    .is_some_and(|e| e.values().all(|engine| engine["index"] == "whole"))
+            })
+    };
+    assert!(
+        e2e::support::wait_until(whole),
+        "replica b's collector heard every engine"
+    );
     let mut homes = Vec::new();
     for i in 0..8 {
         let r = post(a, path, &turn(i, 1));
@@ -287,7 +311,6 @@ fn replicas_without_a_bus_agree_through_the_engines() {
     }
     // The second turns go to replica b, whose tree has none of them; the engines'
     // events reach its collector a moment after the first turns were answered.
-    let b_dir = r.dir.join(&r.replicas[1].name);
     let heard = |i: usize, home: &str| {
         llm_demo::fleet::kv_match_in(&b_dir, path, &turn(i, 1)).is_ok_and(|(_, m)| {
             m["blocks"].as_u64().is_some_and(|b| b > 0)
@@ -318,4 +341,71 @@ fn replicas_without_a_bus_agree_through_the_engines() {
         ranked()
     );
     println!("homes {homes:?}; decisions by the engines: {}", ranked());
+}
+
+/// The whole loop on a model's tokenizer: the engine mocks read prompts with a
+/// `tokenizer.json` and chat template (`--tokenizer`), as vLLM does, and publish
+/// the model's token ids; the collector reads requests with the same files
+/// (`--kv-tokenizer`). A prompt cached behind the router's back is then matched in
+/// full, and the router sends it to that engine, which serves it from its cache.
+#[test]
+fn the_loop_runs_on_a_models_tokenizer_and_chat_template() {
+    let tmp = llm_demo::fleet::TempDir::new("llm-model").unwrap();
+    let words: Vec<String> = (0..300).map(|i| format!("word{i}")).collect();
+    // A model the test builds: a word-level tokenizer.json over `words`, and a
+    // tokenizer_config.json with Zephyr's chat template.
+    let template = engine_model::model_tokenizer::fixture::TEMPLATE;
+    engine_model::model_tokenizer::fixture::write_model_dir(&tmp.0, &words, Some(template))
+        .unwrap();
+    let model = tmp.0.to_string_lossy().into_owned();
+    let f = start(&FleetSpec {
+        workers: 2,
+        collector_interval_ms: Some(100),
+        kv_events: true,
+        engine_args: vec!["--tokenizer".into(), model.clone()],
+        collector_args: vec!["--kv-tokenizer".into(), model],
+        plugin_config: json!({"kv_match": {"timeout_ms": 2000}}),
+        ..FleetSpec::default()
+    });
+    let path = "/v1/chat/completions";
+    // 100 words of system prompt: with the template's tokens, 6 full blocks of 16.
+    let prompt = |i: usize| {
+        let system: Vec<&str> = (0..100)
+            .map(|w| words[(w * 7 + i * 13) % 300].as_str())
+            .collect();
+        json!({"model": "mock", "max_tokens": 2, "messages": [
+            {"role": "system", "content": system.join(" ")},
+            {"role": "user", "content": format!("word{i} word{}", i + 1)},
+        ]})
+    };
+    let w1 = f.engine("w1").unwrap().addr;
+    for i in 0..4 {
+        assert_eq!(post(w1, path, &prompt(i)).status, 200);
+    }
+    let held = |m: &serde_json::Value, w: &str| m["engines"][w]["held_blocks"].as_u64();
+    wait_for("w1's blocks of every prompt indexed", &f, || {
+        (0..4).all(|i| {
+            f.kv_match(path, &prompt(i)).is_ok_and(|(_, m)| {
+                m["blocks"].as_u64().is_some_and(|b| b >= 6)
+                    && held(&m, "w1") == m["blocks"].as_u64()
+                    && held(&m, "w0") == Some(0)
+            })
+        })
+    });
+    let (_, m) = f.kv_match(path, &prompt(0)).unwrap();
+    println!("the collector on the model's tokenizer: {m}");
+    for i in 0..4 {
+        let r = post(f.envoy.listener, path, &prompt(i));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            (
+                header(&r, "x-engine-worker"),
+                header(&r, "x-llm-router-reason")
+            ),
+            ("w1".to_string(), "cache_hit".to_string()),
+            "prompt {i}"
+        );
+        let cached = e2e::support::cached_tokens(&r);
+        assert!(cached >= 96, "served from w1's cache: {cached} tokens");
+    }
 }

@@ -379,7 +379,7 @@ fn forged_replayed_and_altered_batches_change_nothing_and_are_counted() {
 fn bridge_cmd(name: &str, nats: &Nats, extra: &[&str]) -> Command {
     let dead_envoy = format!(
         "http://127.0.0.1:{}/llm-router/replicas",
-        llm_demo::replicas::free_port().unwrap()
+        llm_demo::process::free_port().unwrap()
     );
     let mut cmd = Command::new(llm_demo::paths::bin_path("llm-bridge").expect("llm-bridge built"));
     cmd.args([
@@ -434,7 +434,7 @@ fn a_bridge_joins_a_bus_that_requires_credentials_and_stops_clearly_without_them
     let bad = write("bad.pass", "not-the-password");
 
     let metrics =
-        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::replicas::free_port().unwrap()));
+        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::process::free_port().unwrap()));
     let cmd = bridge_cmd(
         "right",
         &nats,
@@ -541,7 +541,7 @@ fn a_bridge_joins_a_bus_over_tls_trusting_the_ca_it_is_given() {
     let tls_url = format!("tls://127.0.0.1:{}", nats.port);
     let start = |name: &str, extra: &[&str]| {
         let metrics =
-            std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::replicas::free_port().unwrap()));
+            std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::process::free_port().unwrap()));
         let mut cmd = bridge_cmd(name, &nats, extra);
         cmd.args(["--nats", &tls_url, "--nats-token-file", &token_file])
             .args(["--fleet-key-file", &key, "--listen", &metrics.to_string()]);
@@ -604,7 +604,7 @@ fn a_bridge_joins_a_bus_that_knows_its_nkey_and_not_with_another() {
     let not_a_seed = write("garbage.nk", "SUnot-a-seed");
 
     let metrics =
-        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::replicas::free_port().unwrap()));
+        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::process::free_port().unwrap()));
     let cmd = bridge_cmd(
         "known",
         &nats,

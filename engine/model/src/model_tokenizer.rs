@@ -289,47 +289,52 @@ fn string_content(message: &Value) -> Value {
     m
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
+/// A model the tests build, no download: a word-level `tokenizer.json` and
+/// Zephyr's chat template (the collector's unit tests, and end-to-end tests that run
+/// the engine mock and the collector on one model directory).
+pub mod fixture {
+    use serde_json::{json, Value};
 
-    /// A word-level tokenizer over a small vocabulary, split on whitespace and
+    /// The special tokens, ids 0 to 5.
+    pub const SPECIALS: [&str; 6] = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "<|user|>",
+        "<|assistant|>",
+        "<|system|>",
+    ];
+
+    /// Zephyr's template shape: a role tag, the content, the end of sequence.
+    pub const TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}\
+{% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + message['role']) }}{% endif %}\
+<|{{ message['role'] }}|>\n{{ message['content'].strip() }}{{ eos_token }}\n{% endfor %}\
+{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+
+    /// A word-level tokenizer over [`SPECIALS`] then `words`, split on whitespace and
     /// punctuation, that adds `<s>` with special tokens: what `tokenizers` reads
     /// from a model's `tokenizer.json`.
-    fn tokenizer_json() -> Value {
-        let words = [
-            "<unk>",
-            "<s>",
-            "</s>",
-            "<|user|>",
-            "<|assistant|>",
-            "<|system|>",
-            "hello",
-            "world",
-            "you",
-            "are",
-            "helpful",
-            ".",
-            "answer",
-            "me",
-        ];
-        let vocab: serde_json::Map<String, Value> = words
+    pub fn tokenizer_json<S: AsRef<str>>(words: &[S]) -> Value {
+        let vocab: serde_json::Map<String, Value> = SPECIALS
+            .iter()
+            .map(|s| s.to_string())
+            .chain(words.iter().map(|w| w.as_ref().to_string()))
+            .enumerate()
+            .map(|(i, w)| (w, json!(i)))
+            .collect();
+        let added: Vec<Value> = SPECIALS[1..]
             .iter()
             .enumerate()
-            .map(|(i, w)| (w.to_string(), json!(i)))
+            .map(|(i, s)| {
+                json!({"id": i + 1, "content": s, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": true})
+            })
             .collect();
         json!({
             "version": "1.0",
             "truncation": null,
             "padding": null,
-            "added_tokens": [
-                {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
-                {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
-                {"id": 3, "content": "<|user|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
-                {"id": 4, "content": "<|assistant|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
-                {"id": 5, "content": "<|system|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
-            ],
+            "added_tokens": added,
             "normalizer": null,
             "pre_tokenizer": {"type": "Whitespace"},
             "post_processor": {
@@ -343,24 +348,40 @@ mod tests {
         })
     }
 
-    /// Zephyr's template shape: a role tag, the content, the end of sequence.
-    const TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}\
-{% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + message['role']) }}{% endif %}\
-<|{{ message['role'] }}|>\n{{ message['content'].strip() }}{{ eos_token }}\n{% endfor %}\
-{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
-
-    fn model_dir(template: Option<&str>) -> tempdir::Dir {
-        let dir = tempdir::Dir::new();
+    /// Writes a model directory in `dir`: the tokenizer over `words`, and a
+    /// `tokenizer_config.json` with `<s>`, `</s>` and, if given, `template`.
+    pub fn write_model_dir<S: AsRef<str>>(
+        dir: &std::path::Path,
+        words: &[S],
+        template: Option<&str>,
+    ) -> std::io::Result<()> {
         std::fs::write(
-            dir.path().join("tokenizer.json"),
-            tokenizer_json().to_string(),
-        )
-        .unwrap();
+            dir.join("tokenizer.json"),
+            tokenizer_json(words).to_string(),
+        )?;
         let mut config = json!({"bos_token": "<s>", "eos_token": {"content": "</s>"}});
         if let Some(t) = template {
             config["chat_template"] = json!(t);
         }
-        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    use super::fixture::{write_model_dir, TEMPLATE};
+
+    /// The vocabulary the tests' prompts use.
+    const WORDS: [&str; 8] = [
+        "hello", "world", "you", "are", "helpful", ".", "answer", "me",
+    ];
+
+    fn model_dir(template: Option<&str>) -> tempdir::Dir {
+        let dir = tempdir::Dir::new();
+        write_model_dir(dir.path(), &WORDS, template).unwrap();
         dir
     }
 
