@@ -221,9 +221,10 @@ pub struct Config {
     #[serde(default = "default_max_models")]
     pub max_models: usize,
     /// Each worker's share of the trees is bounded by what its engine's KV cache
-    /// holds, once the collector states the capacity (`crate::request::kv_bounds`).
-    /// Off by default: with `cache_aware`'s threshold a truthful tree pays only
-    /// where some engines have room to spare (see the docs' *What the engines hold*).
+    /// holds, once the collector states the capacity (`crate::request::kv_bounds`),
+    /// and `cache_aware` sends a miss to the holders of its start
+    /// (`crate::policy::cache_aware`). Off by default: it changes SMG's decisions and
+    /// pays where engines' caches differ (see the docs' *What the engines hold*).
     /// An engine's restart empties its worker's share either way.
     #[serde(default)]
     pub kv_capacity_bound: bool,

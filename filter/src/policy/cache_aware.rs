@@ -30,6 +30,10 @@
 //!   with the tree's owners where no engine holds a block;
 //! - else the tree's miss stands.
 //!
+//! With `kv_capacity_bound` (`keep_start`), a miss whose start (`KEPT_START_CHARS`
+//! or more) some candidates' trees hold goes to the least loaded of those, ties
+//! random: the bound forgets a conversation's tail, not where its start lives.
+//!
 //! The routing text is recorded under the chosen worker whatever the rung; a body
 //! without one goes to the least loaded (`super::unreadable`).
 
@@ -62,6 +66,7 @@ impl Select for CacheAware {
             balance_rel_threshold: cfg.balance_rel_threshold,
             worker_queue_limit: cfg.worker_queue_limit,
             saturation_queue_floor: cfg.saturation_queue_floor,
+            keep_start: cfg.kv_capacity_bound,
         }
     }
 
@@ -82,8 +87,14 @@ impl Select for CacheAware {
         let (found, by_engines) = (&mut self.found, &mut self.engines);
         let candidates = ask.candidates;
         let threshold = params.cache_threshold;
-        // Drawn only where the engines answered: the tree alone decides as SMG's.
-        let pick = engines.map_or(0, |_| rng.next_u64());
+        // Drawn only where the engines answered or the bound keeps starts: the tree
+        // alone decides as SMG's.
+        let keep_start = params.keep_start;
+        let pick = if engines.is_some() || keep_start {
+            rng.next_u64()
+        } else {
+            0
+        };
         let decision = cache_aware_by(
             params,
             candidates,
@@ -105,6 +116,13 @@ impl Select for CacheAware {
                 if engines.is_some() && tree_hit && rehome(candidates, by_engines, pick) {
                     *used = Source::Engines;
                     return (&*by_engines, true);
+                }
+                if keep_start
+                    && !tree_hit
+                    && found.matched_chars >= KEPT_START_CHARS
+                    && rehome(candidates, found, pick)
+                {
+                    return (&*found, true);
                 }
                 (&*found, tree_hit)
             },
@@ -152,6 +170,10 @@ impl Select for CacheAware {
         }
     }
 }
+
+/// The shortest start a `keep_start` miss follows: an engine block's worth of
+/// chars (16 tokens at 4 chars a token), more than any two prompts share by chance.
+const KEPT_START_CHARS: usize = 64;
 
 /// Whose match a decision followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,6 +304,10 @@ pub struct CacheAwareParams {
     pub balance_rel_threshold: f64,
     pub worker_queue_limit: Option<u64>,
     pub saturation_queue_floor: Option<u64>,
+    /// `kv_capacity_bound`: a miss whose start some candidates still hold goes to
+    /// the least loaded of them (the bound forgot the conversation's tail, not
+    /// where its start lives).
+    pub keep_start: bool,
 }
 
 /// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
@@ -455,6 +481,7 @@ mod tests {
         balance_rel_threshold: 1.5,
         worker_queue_limit: None,
         saturation_queue_floor: None,
+        keep_start: false,
     };
 
     fn matched(matched_chars: usize, input_chars: usize, owners: Vec<TenantId>) -> PrefixMatch {

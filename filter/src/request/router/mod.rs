@@ -1331,6 +1331,49 @@ mod tests {
     }
 
     #[test]
+    fn with_the_kv_bound_a_miss_follows_the_workers_that_hold_its_start() {
+        // A 200-char system prompt on w1 and w2 (two conversations), then a new
+        // conversation whose own part is long: its match (the start) is below the
+        // threshold.
+        let system = "s".repeat(200);
+        let mut rng = SplitMix64(3);
+        for (extra, want_kept) in [("", false), (r#","kv_capacity_bound":true"#, true)] {
+            let mut r = router(extra, 4);
+            for (w, q) in [(1u64, "first"), (2, "second")] {
+                // Imbalanced towards `w`: the least loaded takes it, whatever matches.
+                let mut loads = [100u64; 4];
+                loads[w as usize] = 0;
+                let req = chat(&[&system, q]);
+                let routed = r
+                    .route(&mut req.clone(), &Loads::inflight_only(&loads), &mut rng)
+                    .unwrap();
+                assert_eq!(routed.decision.worker, w as u32);
+                if let Some(Record { op, .. }) = &routed.record {
+                    r.apply_local(op);
+                }
+            }
+            let long_question = "q".repeat(600);
+            let req = chat(&[&system, &long_question]);
+            // w0 and w3 are the least loaded; w1 and w2 hold the start.
+            let loads = [0, 1, 1, 0];
+            let mut seen = [0u32; 4];
+            for _ in 0..40 {
+                let routed = r
+                    .route(&mut req.clone(), &Loads::inflight_only(&loads), &mut rng)
+                    .unwrap();
+                seen[routed.decision.worker as usize] += 1;
+            }
+            let kept = seen[1] + seen[2];
+            if want_kept {
+                assert_eq!(kept, 40, "the start's holders: {seen:?}");
+                assert!(seen[1] > 0 && seen[2] > 0, "ties spread: {seen:?}");
+            } else {
+                assert_eq!(kept, 0, "SMG's miss goes least loaded: {seen:?}");
+            }
+        }
+    }
+
+    #[test]
     fn the_tree_decides_where_the_engines_answer_leaves_a_candidate_out() {
         let mut r = router("", 3);
         let mut rng = SplitMix64(2);
