@@ -21,6 +21,8 @@ use crate::telemetry::{EngineLabel, KvGapLabels, Telemetry};
 
 /// How long a replay may take: past it the gap is lost, and the stream goes on.
 pub const REPLAY_DEADLINE: Duration = Duration::from_secs(2);
+/// How often a follower checks whether its engine counts prompts with nothing heard.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 
 /// Every followed engine's index, by worker name.
 pub type KvIndexes = Arc<Mutex<BTreeMap<String, KvIndex>>>;
@@ -72,10 +74,18 @@ impl Follower {
         sub.subscribe("").await?;
         tracing::info!(worker = %self.source.worker, endpoint = %self.source.endpoint,
             "KV events: subscribed");
+        let mut check = tokio::time::interval(CATCH_UP_EVERY);
         loop {
-            let frames = sub.recv().await?.into_vec();
+            let frames = tokio::select! {
+                frames = sub.recv() => frames?.into_vec(),
+                _ = check.tick() => {
+                    self.catch_up().await;
+                    continue;
+                }
+            };
             let refs: Vec<&[u8]> = frames.iter().map(Bytes::as_ref).collect();
             match decode_message(&refs) {
+                Ok(m) if self.with_index(|ix| ix.is_replayed(m.seq, m.batch.ts)) => {}
                 Ok(m) => self.take(m).await,
                 Err(e) => {
                     self.telemetry
@@ -142,6 +152,32 @@ impl Follower {
             }
         }
         self.apply(std::slice::from_ref(&m));
+    }
+
+    /// An engine that counts prompts with nothing heard (`KvIndex::catch_up_from`):
+    /// what the replay socket still holds from there is taken as if heard, and the
+    /// same batches arriving live afterwards are skipped.
+    async fn catch_up(&self) {
+        let Some(from) = self.with_index(|ix| ix.catch_up_from()) else {
+            return;
+        };
+        let Some(endpoint) = self.source.replay.as_deref() else {
+            return;
+        };
+        let asked = tokio::time::timeout(REPLAY_DEADLINE, replay(endpoint, from, u64::MAX)).await;
+        let Ok(Ok(batches)) = asked else {
+            return;
+        };
+        if batches.is_empty() {
+            return;
+        }
+        tracing::info!(worker = %self.source.worker, from, batches = batches.len(),
+            "KV events: caught up from the replay socket (nothing was heard while the engine took prompts)");
+        let seen: Vec<(u64, f64)> = batches.iter().map(|b| (b.seq, b.batch.ts)).collect();
+        for b in batches {
+            self.take(b).await;
+        }
+        self.with_index(|ix| ix.caught_up(seen));
     }
 
     /// Applies `batches` in order, and shows the index in the metrics.

@@ -72,6 +72,9 @@ pub struct KvIndex {
     /// last batch arrived.
     counter: Option<u64>,
     counter_at_batch: Option<u64>,
+    /// The batches (sequence number, timestamp bits) the last catch-up applied:
+    /// the same batches arriving live after it are not a restart.
+    replayed: HashSet<(u64, u64)>,
     pub counts: KvCounts,
 }
 
@@ -83,6 +86,7 @@ impl Default for KvIndex {
             trust: Trust::Unheard,
             counter: None,
             counter_at_batch: None,
+            replayed: HashSet::new(),
             counts: KvCounts::default(),
         }
     }
@@ -166,6 +170,30 @@ impl KvIndex {
         if self.trust == Trust::Whole && since >= QUIET_TOKENS {
             self.trust = Trust::Quiet;
         }
+    }
+
+    /// Where to ask the replay socket from when the engine counts prompts and
+    /// nothing is heard (`None`: nothing to ask): from the start for an engine never
+    /// heard (its batches went before this subscription took hold), after the last
+    /// batch for a quiet one (a subscription that died without a word).
+    pub fn catch_up_from(&self) -> Option<u64> {
+        match (self.trust, self.last_seq) {
+            (Trust::Unheard, None) if self.counter.is_some_and(|c| c > 0) => Some(0),
+            (Trust::Quiet, Some(last)) => Some(last.saturating_add(1)),
+            _ => None,
+        }
+    }
+
+    /// The batches a catch-up applied (their sequence numbers and timestamps).
+    pub fn caught_up(&mut self, batches: impl IntoIterator<Item = (u64, f64)>) {
+        self.replayed.clear();
+        self.replayed
+            .extend(batches.into_iter().map(|(seq, ts)| (seq, ts.to_bits())));
+    }
+
+    /// Whether batch `seq` sent at `ts` is one a catch-up applied already.
+    pub fn is_replayed(&self, seq: u64, ts: f64) -> bool {
+        self.replayed.contains(&(seq, ts.to_bits()))
     }
 
     /// The publisher restarted: its cache is empty, and its numbers start again.
@@ -278,6 +306,27 @@ mod tests {
         assert_eq!(ix.arrival(0), Arrival::Restart);
         ix.apply(0, &batch(vec![stored(&[2], None)]));
         assert!(!ix.holds(&h(2)), "a duplicate is not applied again");
+    }
+
+    #[test]
+    fn a_silent_engine_is_caught_up_from_the_replay_and_its_batches_are_not_a_restart() {
+        let mut ix = KvIndex::default();
+        assert_eq!(ix.catch_up_from(), None, "no counter: nothing to say");
+        ix.observe_counter(0);
+        assert_eq!(ix.catch_up_from(), None, "no prompt, nothing to hear");
+        ix.observe_counter(500);
+        assert_eq!(ix.catch_up_from(), Some(0), "prompts, nothing heard");
+        ix.apply(0, &batch(vec![stored(&[1], None)]));
+        ix.apply(1, &batch(vec![stored(&[2], None)]));
+        ix.caught_up([(0, 0.0), (1, 0.0)]);
+        assert_eq!(ix.catch_up_from(), None, "whole");
+        // Batch 1 arriving live after the catch-up: applied already.
+        assert!(ix.is_replayed(1, 0.0));
+        assert!(!ix.is_replayed(1, 7.0), "another batch 1: a restart's");
+        assert!(!ix.is_replayed(2, 0.0));
+        ix.observe_counter(500 + QUIET_TOKENS);
+        assert_eq!(ix.trust(), Trust::Quiet);
+        assert_eq!(ix.catch_up_from(), Some(2), "after the last batch");
     }
 
     #[test]

@@ -243,3 +243,64 @@ async fn a_late_subscriber_catches_up_from_the_replay_buffer() {
         assert_eq!(all["w0"].holds(&BlockHash::Int(h)), held, "block {h}");
     }
 }
+
+/// An engine that stored blocks before this subscriber joined and then published
+/// nothing more: once its scraped prompt-token counter says it took prompts, the
+/// follower asks the replay socket from the start, and the same batches arriving
+/// live afterwards are not taken for a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_engine_that_took_prompts_is_caught_up_from_the_replay_buffer() {
+    let Publisher {
+        mut pub_socket,
+        mut replay,
+        endpoint,
+        replay_endpoint,
+    } = Publisher::bind().await;
+    let early = vec![(0, batch(&[1, 2], &[])), (1, batch(&[3], &[1]))];
+    let source =
+        llm_collector::cli::parse_kv_source(&format!("w0={endpoint},replay={replay_endpoint}"))
+            .unwrap();
+    let telemetry = Arc::new(Telemetry::new(
+        &[],
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ));
+    let ix = kv_events::spawn(&[source], telemetry.clone());
+    assert_eq!(blocks(&ix), (0, Trust::Unheard));
+    // The scrape: the engine took prompts, and nothing was heard.
+    kv_events::observe_counters(&ix, [("w0", 500)], &telemetry);
+    let replayed = early.clone();
+    let asked = tokio::spawn(async move { answer_replay(&mut replay, &replayed).await });
+    let from = tokio::time::timeout(Duration::from_secs(30), asked)
+        .await
+        .expect("the follower asks the replay socket")
+        .unwrap();
+    assert_eq!(from, 0, "from the start");
+    wait_until("caught up", || blocks(&ix) == (2, Trust::Whole)).await;
+    // Batch 1 again, live (a subscription that took hold as the catch-up ran).
+    pub_socket
+        .send(message(vec![
+            Vec::new(),
+            1u64.to_be_bytes().to_vec(),
+            early[1].1.clone(),
+        ]))
+        .await
+        .unwrap();
+    let next = batch(&[4], &[]);
+    pub_socket
+        .send(message(vec![Vec::new(), 2u64.to_be_bytes().to_vec(), next]))
+        .await
+        .unwrap();
+    wait_until("the next batch applied", || {
+        blocks(&ix) == (3, Trust::Whole)
+    })
+    .await;
+    let all = ix.lock().unwrap();
+    assert_eq!(
+        all["w0"].counts.restarts, 0,
+        "a batch caught up is no restart"
+    );
+    for (h, held) in [(1, false), (2, true), (3, true), (4, true)] {
+        assert_eq!(all["w0"].holds(&BlockHash::Int(h)), held, "block {h}");
+    }
+}
