@@ -220,7 +220,18 @@ impl RunResult {
         );
         out += &format!("  reasons: {}\n", join(&self.reasons));
         out += &format!("  tree sync across Envoy threads: {}\n", join(&self.sync));
-        out += &format!("  queue gate and collector: {}\n", join(&self.gate));
+        // `kv_match`'s counters only where it asked (they are all 0 without it).
+        let asked = self
+            .gate
+            .iter()
+            .any(|(k, v)| k.starts_with("kv_match") && *v > 0);
+        let gate: BTreeMap<String, u64> = self
+            .gate
+            .iter()
+            .filter(|(k, _)| asked || !k.starts_with("kv_match"))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        out += &format!("  queue gate and collector: {}\n", join(&gate));
         for note in &self.notes {
             out += &format!("  {note}\n");
         }
