@@ -108,6 +108,21 @@ async fn answer_replay(replay: &mut RouterSocket, batches: &[(u64, Vec<u8>)]) ->
     from
 }
 
+/// A follower of `p`'s stream as engine `w0`, and the telemetry it reports to.
+fn follow(p: &Publisher) -> (KvIndexes, Arc<Telemetry>) {
+    let source = llm_collector::cli::parse_kv_source(&format!(
+        "w0={},replay={}",
+        p.endpoint, p.replay_endpoint
+    ))
+    .unwrap();
+    let telemetry = Arc::new(Telemetry::new(
+        &[],
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ));
+    (kv_events::spawn(&[source], telemetry.clone()), telemetry)
+}
+
 fn blocks(ix: &KvIndexes) -> (usize, Trust) {
     let all = ix.lock().unwrap();
     all.get("w0")
@@ -125,17 +140,7 @@ async fn wait_until(what: &str, ok: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_follows_the_stream_through_a_replayed_gap_a_lost_one_and_a_restart() {
     let mut p = Publisher::bind().await;
-    let source = llm_collector::cli::parse_kv_source(&format!(
-        "w0={},replay={}",
-        p.endpoint, p.replay_endpoint
-    ))
-    .unwrap();
-    let telemetry = Arc::new(Telemetry::new(
-        &[],
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    ));
-    let ix = kv_events::spawn(&[source], telemetry.clone());
+    let (ix, telemetry) = follow(&p);
 
     // A subscriber that has just connected misses what was published before: the
     // first batch goes out until it is heard (the repeats are duplicates).
@@ -201,23 +206,15 @@ async fn the_index_follows_the_stream_through_a_replayed_gap_a_lost_one_and_a_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_subscriber_catches_up_from_the_replay_buffer() {
+    let p = Publisher::bind().await;
+    // Published before anyone subscribed: no subscriber hears these.
+    let early = vec![(0, batch(&[1, 2], &[])), (1, batch(&[3], &[1]))];
+    let (ix, _telemetry) = follow(&p);
     let Publisher {
         mut pub_socket,
         mut replay,
-        endpoint,
-        replay_endpoint,
-    } = Publisher::bind().await;
-    // Published before anyone subscribed: no subscriber hears these.
-    let early = vec![(0, batch(&[1, 2], &[])), (1, batch(&[3], &[1]))];
-    let source =
-        llm_collector::cli::parse_kv_source(&format!("w0={endpoint},replay={replay_endpoint}"))
-            .unwrap();
-    let telemetry = Arc::new(Telemetry::new(
-        &[],
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    ));
-    let ix = kv_events::spawn(&[source], telemetry);
+        ..
+    } = p;
     let answered = tokio::spawn(async move { answer_replay(&mut replay, &early).await });
     let next = batch(&[4], &[]);
     let start = Instant::now();
@@ -250,47 +247,20 @@ async fn a_late_subscriber_catches_up_from_the_replay_buffer() {
 /// live afterwards are not taken for a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_engine_that_took_prompts_is_caught_up_from_the_replay_buffer() {
-    let Publisher {
-        mut pub_socket,
-        mut replay,
-        endpoint,
-        replay_endpoint,
-    } = Publisher::bind().await;
+    let mut p = Publisher::bind().await;
     let early = vec![(0, batch(&[1, 2], &[])), (1, batch(&[3], &[1]))];
-    let source =
-        llm_collector::cli::parse_kv_source(&format!("w0={endpoint},replay={replay_endpoint}"))
-            .unwrap();
-    let telemetry = Arc::new(Telemetry::new(
-        &[],
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    ));
-    let ix = kv_events::spawn(&[source], telemetry.clone());
+    let (ix, telemetry) = follow(&p);
     assert_eq!(blocks(&ix), (0, Trust::Unheard));
     // The scrape: the engine took prompts, and nothing was heard.
     kv_events::observe_counters(&ix, [("w0", 500)], &telemetry);
-    let replayed = early.clone();
-    let asked = tokio::spawn(async move { answer_replay(&mut replay, &replayed).await });
-    let from = tokio::time::timeout(Duration::from_secs(30), asked)
+    let from = tokio::time::timeout(Duration::from_secs(30), p.answer_replay(&early))
         .await
-        .expect("the follower asks the replay socket")
-        .unwrap();
+        .expect("the follower asks the replay socket");
     assert_eq!(from, 0, "from the start");
     wait_until("caught up", || blocks(&ix) == (2, Trust::Whole)).await;
     // Batch 1 again, live (a subscription that took hold as the catch-up ran).
-    pub_socket
-        .send(message(vec![
-            Vec::new(),
-            1u64.to_be_bytes().to_vec(),
-            early[1].1.clone(),
-        ]))
-        .await
-        .unwrap();
-    let next = batch(&[4], &[]);
-    pub_socket
-        .send(message(vec![Vec::new(), 2u64.to_be_bytes().to_vec(), next]))
-        .await
-        .unwrap();
+    p.publish(1, &early[1].1).await;
+    p.publish(2, &batch(&[4], &[])).await;
     wait_until("the next batch applied", || {
         blocks(&ix) == (3, Trust::Whole)
     })

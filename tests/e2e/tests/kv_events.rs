@@ -7,8 +7,32 @@
 //! Prints what it saw: `cargo test -p e2e --test kv_events -- --nocapture`.
 
 use e2e::support::{header, post, start, wait_for};
+use llm_demo::admin::Response;
 use llm_demo::fleet::FleetSpec;
-use serde_json::json;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+
+/// The leading blocks engine `w` holds in a `/kv/match` answer (`None`: its index
+/// is not whole).
+fn held(m: &Value, w: &str) -> Option<u64> {
+    m["engines"][w]["held_blocks"].as_u64()
+}
+
+/// Sends `body` to `path` on `addr` and checks it was answered by `engine` as a
+/// cache hit (`what` names the request in a failure); the response.
+fn hit_on(addr: SocketAddr, path: &str, body: &Value, engine: &str, what: &str) -> Response {
+    let r = post(addr, path, body);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        (
+            header(&r, "x-engine-worker"),
+            header(&r, "x-llm-router-reason")
+        ),
+        (engine.to_string(), "cache_hit".to_string()),
+        "{what}"
+    );
+    r
+}
 
 #[test]
 fn the_collectors_index_of_each_engine_is_what_its_cache_holds() {
@@ -101,7 +125,6 @@ fn the_collector_answers_which_engine_holds_a_prompt() {
     assert_eq!(r.status, 200, "{r:?}");
     let owner = header(&r, "x-engine-worker");
     let other = if owner == "w0" { "w1" } else { "w0" };
-    let held = |m: &serde_json::Value, w: &str| m["engines"][w]["held_blocks"].as_u64();
     wait_for("the owner's blocks indexed", &f, || {
         f.kv_match(path, &body).is_ok_and(|(status, m)| {
             status == 200 && held(&m, &owner) == m["blocks"].as_u64() && held(&m, other) == Some(0)
@@ -175,7 +198,6 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
             ],
         })
     };
-    let held = |m: &serde_json::Value, w: &str| m["engines"][w]["held_blocks"].as_u64();
     let names = ["w0", "w1", "w2"];
     // An engine's index is whole from the first batch the collector hears; one
     // published before it subscribed is replayed once a later one shows the gap.
@@ -202,25 +224,10 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
         })
     });
     for i in 0..6 {
-        let r = post(f.envoy.listener, path, &prompt(i));
-        assert_eq!(r.status, 200, "{r:?}");
-        assert_eq!(
-            (
-                header(&r, "x-engine-worker"),
-                header(&r, "x-llm-router-reason")
-            ),
-            (names[i % 3].to_string(), "cache_hit".to_string()),
-            "prompt {i} goes where the engine holds it"
-        );
+        let what = format!("prompt {i} goes where the engine holds it");
+        hit_on(f.envoy.listener, path, &prompt(i), names[i % 3], &what);
     }
-    let stat = |name: &str| {
-        let key = format!("wasmcustom.{name}");
-        f.envoy
-            .stats()
-            .ok()
-            .and_then(|s| s.get(&key).copied())
-            .unwrap_or(0)
-    };
+    let stat = |name: &str| f.envoy.filter_stat(name).unwrap_or(0);
     wait_for("the decisions counted", &f, || {
         stat("llm_router_kv_match_ranked") >= 6
     });
@@ -235,16 +242,8 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
     // recorded the six above where they went).
     drop(f.collector.take());
     for i in 0..6 {
-        let r = post(f.envoy.listener, path, &prompt(i));
-        assert_eq!(r.status, 200, "{r:?}");
-        assert_eq!(
-            (
-                header(&r, "x-engine-worker"),
-                header(&r, "x-llm-router-reason")
-            ),
-            (names[i % 3].to_string(), "cache_hit".to_string()),
-            "prompt {i} by the tree"
-        );
+        let what = format!("prompt {i} by the tree");
+        hit_on(f.envoy.listener, path, &prompt(i), names[i % 3], &what);
     }
     wait_for("the unanswered questions counted", &f, || {
         stat("llm_router_kv_match_unanswered") >= 6
@@ -322,16 +321,8 @@ fn replicas_without_a_bus_agree_through_the_engines() {
         "replica b's collector heard where every first turn went"
     );
     for (i, home) in homes.iter().enumerate() {
-        let r = post(b, path, &turn(i, 2));
-        assert_eq!(r.status, 200, "{r:?}");
-        assert_eq!(
-            (
-                header(&r, "x-engine-worker"),
-                header(&r, "x-llm-router-reason")
-            ),
-            (home.clone(), "cache_hit".to_string()),
-            "conversation {i} stays on its engine"
-        );
+        let what = format!("conversation {i} stays on its engine");
+        hit_on(b, path, &turn(i, 2), home, &what);
     }
     // Counted as the routing thread hands its counters over (every 100 ms).
     let ranked = || r.filter_stat_sum("llm_router_kv_match_ranked").unwrap_or(0);
@@ -382,7 +373,6 @@ fn the_loop_runs_on_a_models_tokenizer_and_chat_template() {
     for i in 0..4 {
         assert_eq!(post(w1, path, &prompt(i)).status, 200);
     }
-    let held = |m: &serde_json::Value, w: &str| m["engines"][w]["held_blocks"].as_u64();
     wait_for("w1's blocks of every prompt indexed", &f, || {
         (0..4).all(|i| {
             f.kv_match(path, &prompt(i)).is_ok_and(|(_, m)| {
@@ -395,15 +385,12 @@ fn the_loop_runs_on_a_models_tokenizer_and_chat_template() {
     let (_, m) = f.kv_match(path, &prompt(0)).unwrap();
     println!("the collector on the model's tokenizer: {m}");
     for i in 0..4 {
-        let r = post(f.envoy.listener, path, &prompt(i));
-        assert_eq!(r.status, 200, "{r:?}");
-        assert_eq!(
-            (
-                header(&r, "x-engine-worker"),
-                header(&r, "x-llm-router-reason")
-            ),
-            ("w1".to_string(), "cache_hit".to_string()),
-            "prompt {i}"
+        let r = hit_on(
+            f.envoy.listener,
+            path,
+            &prompt(i),
+            "w1",
+            &format!("prompt {i}"),
         );
         let cached = e2e::support::cached_tokens(&r);
         assert!(cached >= 96, "served from w1's cache: {cached} tokens");
