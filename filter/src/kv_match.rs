@@ -17,8 +17,8 @@ pub struct EngineHeld {
     pub tokens: u32,
     /// Tokens a block.
     pub block_tokens: u32,
-    /// By engine name (the collector's `--engine NAME`, the worker's name here):
-    /// the leading blocks held, `None` where the index is not whole.
+    /// By engine name (the collector's `--engine NAME`, the worker's name here),
+    /// sorted by it: the leading blocks held, `None` where the index is not whole.
     pub engines: Vec<(String, Option<u32>)>,
 }
 
@@ -61,6 +61,7 @@ impl EngineHeld {
             return Err(Unusable::Malformed);
         }
         let blocks = answer.tokens / answer.block_tokens;
+        // In name order, as the map keeps them.
         let engines: Vec<(String, Option<u32>)> = answer
             .engines
             .into_iter()
@@ -82,10 +83,12 @@ impl EngineHeld {
     /// The leading blocks engine `name` holds; `None`: unknown to the collector, or
     /// its index is not whole.
     pub fn held(&self, name: &str) -> Option<u32> {
-        self.engines
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, held)| *held)
+        // Every worker of a request's fleet is looked up: by halves, not in turn.
+        let at = self
+            .engines
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()?;
+        self.engines.get(at).and_then(|(_, held)| *held)
     }
 
     /// `blocks` in the prompt's chars (`text_chars` of them in `tokens` tokens), so

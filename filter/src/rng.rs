@@ -28,6 +28,17 @@ impl Rng for SplitMix64 {
     }
 }
 
+/// One value drawn from an `Rng` before, handed where the generator itself cannot
+/// go (a closure called while its caller holds the generator): every draw is it.
+#[derive(Debug, Clone, Copy)]
+pub struct Drawn(pub u64);
+
+impl Rng for Drawn {
+    fn next_u64(&mut self) -> u64 {
+        self.0
+    }
+}
+
 /// PD rooms: each must be unguessable and unique across threads and Envoys, so they
 /// come from the host's entropy (`entropy`, `None` when the host refuses), falling
 /// back to the tie-break generator.

@@ -99,6 +99,12 @@ pub fn resume_with(
         CALLOUTS.with(|c| c.borrow_mut().insert(token, (ctx, weak)));
     }
     drop(s);
+    go_on(action);
+}
+
+/// Resumes the effective context's paused request if `action` lets it go on (a
+/// stream routed from a callback other than its request's own).
+pub fn go_on(action: Action) {
     if action == Action::Continue {
         if let Err(e) = hostcalls::resume_http_request() {
             host::log(

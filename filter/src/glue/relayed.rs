@@ -6,10 +6,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, LogLevel};
+use proxy_wasm::types::Action;
 
-use super::host;
-use super::hostcalls;
+use super::queues::go_on;
 use super::relay::{ask, forget, wait};
 use super::stream::Stream;
 
@@ -79,14 +78,7 @@ impl Context for Relayed {
         };
         // `kv_match`'s answer came: the stream is routed (or asks the routing VM)
         // as its request callback would have, and goes on if it may.
-        if self.after_request(action) == Action::Continue {
-            if let Err(e) = hostcalls::resume_http_request() {
-                host::log(
-                    LogLevel::Warn,
-                    &format!("llm-router: cannot resume a routed request: {e:?}"),
-                );
-            }
-        }
+        go_on(self.after_request(action));
     }
 
     fn on_done(&mut self) -> bool {

@@ -44,7 +44,7 @@ use super::{
 use crate::config::Config;
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::load::Candidate;
-use crate::rng::Rng;
+use crate::rng::{Drawn, Rng};
 use crate::tree::{char_len, PrefixMatch, TenantId};
 
 /// The last decision's prefix match, kept so that its owners' list is refilled
@@ -77,11 +77,9 @@ impl Select for CacheAware {
         let tree = ask.tree;
         // The engines' word where it covers every candidate: one engine the
         // collector cannot vouch for would be a miss that is not one.
-        let engines = ask.engines.filter(|e| {
-            ask.candidates
-                .iter()
-                .all(|c| e.held.get(c.worker as usize).is_some_and(Option::is_some))
-        });
+        let engines = ask
+            .engines
+            .filter(|e| ask.candidates.iter().all(|c| e.held_by(c.worker).is_some()));
         let (mut looked, mut walked, mut source) = (false, None, Source::Tree);
         let (looked_up, walk, used) = (&mut looked, &mut walked, &mut source);
         let (found, by_engines) = (&mut self.found, &mut self.engines);
@@ -137,10 +135,9 @@ impl Select for CacheAware {
         // or a walk of its own (a balanced fleet never walked the tree at all).
         let held_chars = decision.as_ref().map_or(0, |d| match (matched, engines) {
             (Some(m), _) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
-            (_, Some(e)) => {
-                let blocks = e.held.get(d.worker as usize).copied().flatten();
-                e.answer.chars_of(blocks.unwrap_or(0), text_chars)
-            }
+            (_, Some(e)) => e
+                .answer
+                .chars_of(e.held_by(d.worker).unwrap_or(0), text_chars),
             _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
         });
         // Only a miss can hide a filtered owner: any other reason either hit an
@@ -191,25 +188,13 @@ fn engine_match(
     text_chars: usize,
     found: &mut PrefixMatch,
 ) {
-    let most = candidates
-        .iter()
-        .map(|c| held_blocks(engines, c))
-        .max()
-        .unwrap_or(0);
+    let held = |c: &Candidate| engines.held_by(c.worker).unwrap_or(0);
+    let most = candidates.iter().map(held).max().unwrap_or(0);
     let owners = candidates
         .iter()
-        .filter(|c| most > 0 && held_blocks(engines, c) == most)
+        .filter(|c| most > 0 && held(c) == most)
         .map(|c| c.worker);
     found.refill(engines.answer.chars_of(most, text_chars), text_chars, owners);
-}
-
-fn held_blocks(engines: Engines<'_>, c: &Candidate) -> u32 {
-    engines
-        .held
-        .get(c.worker as usize)
-        .copied()
-        .flatten()
-        .unwrap_or(0)
 }
 
 /// A tree hit the engines do not bear out (they hold less than the threshold of
@@ -220,20 +205,12 @@ fn held_blocks(engines: Engines<'_>, c: &Candidate) -> u32 {
 /// it will again. Rewrites `engines` to name that one worker; `false` when no
 /// engine holds a block (then the tree's record stands).
 fn rehome(candidates: &[Candidate], engines: &mut PrefixMatch, pick: u64) -> bool {
-    let holders = || {
-        candidates
-            .iter()
-            .filter(|c| engines.owners.binary_search(&c.worker).is_ok())
-    };
-    let Some(least) = holders().map(Candidate::pressure).min() else {
-        return false;
-    };
-    let ties = holders().filter(|c| c.pressure() == least).count() as u64;
-    let Some(home) = holders()
-        .filter(|c| c.pressure() == least)
-        .nth((pick % ties.max(1)) as usize)
-        .map(|c| c.worker)
-    else {
+    let holders: Vec<Candidate> = candidates
+        .iter()
+        .filter(|c| engines.owners.binary_search(&c.worker).is_ok())
+        .copied()
+        .collect();
+    let Some(home) = least_by(&holders, Candidate::pressure, &mut Drawn(pick)) else {
         return false;
     };
     engines.owners.clear();

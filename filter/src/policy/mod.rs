@@ -68,6 +68,13 @@ pub struct Engines<'a> {
     pub held: &'a [Option<u32>],
 }
 
+impl Engines<'_> {
+    /// The leading blocks worker `worker`'s engine holds (`None`: not known).
+    pub fn held_by(&self, worker: TenantId) -> Option<u32> {
+        self.held.get(worker as usize).copied().flatten()
+    }
+}
+
 /// A policy's answer.
 #[derive(Debug, Default)]
 pub struct Chosen {
