@@ -330,3 +330,39 @@ fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
     );
     assert!(String::from_utf8_lossy(&both.stderr).contains("--workers"));
 }
+
+#[test]
+fn kv_match_is_answered_from_the_engines_caches_within_the_concurrency() {
+    let items = workload();
+    let concurrency = 4;
+    let sim = replay(1, concurrency);
+    let cfg = json!({"policy": "cache_aware", "rng_seed": 3, "kv_match": true});
+    let run = sim.run(&filter(), &cfg, &items).unwrap();
+    assert_eq!(run.summary.errors, 0, "{:?}", run.summary.error_reasons);
+    let stat = |name: &str| support::stat(&run.host, name);
+    // Every question answered, and every answer covering the fleet.
+    assert_eq!(stat("llm_router_kv_match_unanswered"), 0);
+    assert_eq!(stat("llm_router_kv_match_refused"), 0);
+    assert_eq!(stat("llm_router_kv_match_partial"), 0);
+    assert_eq!(
+        stat("llm_router_kv_match_ranked") + stat("llm_router_kv_match_deferred"),
+        items.len() as u64
+    );
+    assert!(
+        stat("llm_router_kv_match_ranked") > 0,
+        "the engines decided some"
+    );
+    // A request waiting for the collector's answer is in flight too: never more
+    // than `concurrency` at once.
+    let spans: Vec<(f64, f64)> = run
+        .records
+        .iter()
+        .map(|r| (r.start_ms, r.start_ms + r.latency_ms))
+        .collect();
+    let most = spans
+        .iter()
+        .map(|&(at, _)| spans.iter().filter(|&&(s, e)| s <= at && at < e).count())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(most, concurrency, "requests in flight at once");
+}

@@ -199,11 +199,7 @@ impl SimFleet {
                 served: None,
             };
         }
-        let endpoint = match path.split('?').next().unwrap_or("") {
-            "/v1/completions" => Endpoint::Completions,
-            "/generate" => Endpoint::Generate,
-            _ => Endpoint::Chat,
-        };
+        let endpoint = endpoint_of(path);
         let parsed = serde_json::from_slice::<Value>(body).map_err(|err| err.to_string());
         let text = parsed
             .clone()
@@ -281,6 +277,45 @@ impl SimFleet {
         }
     }
 
+    /// The companion collector's answer to `POST /kv/match?path=P` (`kv_match`): the
+    /// prompt's tokens and, per engine, the leading blocks its cache holds. Every
+    /// engine's index is whole here: the caches are read, not followed through
+    /// their events, so this is the collector that never misses a batch.
+    pub fn kv_match(&self, path: &str, body: &[u8]) -> EngineAnswer {
+        let asked = path
+            .split_once("path=")
+            .map_or("", |(_, p)| p.split('&').next().unwrap_or(""));
+        let text = serde_json::from_slice::<Value>(body)
+            .map_err(|err| err.to_string())
+            .and_then(|v| prompt::flatten(endpoint_of(asked), &v).map_err(|err| err.0));
+        let text = match text {
+            Ok(text) => text,
+            Err(message) => return error(400, "invalid_request_error", &message, ""),
+        };
+        let Some(cache) = self.engines.first().map(|e| e.engine.cache()) else {
+            return error(503, "unavailable", "no engines followed", "");
+        };
+        let blocks = engine_model::cache::block_hashes(&text, cache.block_chars());
+        let engines: serde_json::Map<String, Value> = self
+            .engines
+            .iter()
+            .map(|e| {
+                let held = e.engine.cache().matched_prefix(&blocks);
+                (e.name.clone(), json!({ "held_blocks": held }))
+            })
+            .collect();
+        let answer = json!({
+            "tokens": engine_model::cache::prompt_tokens_for_chars(text.len()),
+            "block_tokens": cache.block_tokens(),
+            "engines": engines,
+        });
+        EngineAnswer {
+            status: 200,
+            body: answer.to_string().into_bytes(),
+            served: None,
+        }
+    }
+
     /// The snapshot the companion collector would push at `now_ms`, in the types
     /// the filter reads.
     pub fn stats_push(&self, now_ms: f64) -> String {
@@ -299,6 +334,15 @@ impl SimFleet {
         let push: Push = Push::new(workers);
         // Strings, integers and floats only: serde_json cannot fail on them.
         serde_json::to_string(&push).expect("a push serializes")
+    }
+}
+
+/// The prompt format of an engine path (chat unless it says otherwise).
+fn endpoint_of(path: &str) -> Endpoint {
+    match path.split('?').next().unwrap_or("") {
+        "/v1/completions" => Endpoint::Completions,
+        "/generate" => Endpoint::Generate,
+        _ => Endpoint::Chat,
     }
 }
 

@@ -83,6 +83,10 @@ struct Call {
     body: Vec<u8>,
 }
 
+/// The cluster `kv_match` asks in a replay: the fleet answers it as the collector
+/// following every engine's KV events would, at once.
+pub const KV_MATCH_CLUSTER: &str = "llm_collector";
+
 /// Virtual time [`Calls::advance_to`] lets pass before it looks for new calls (so a
 /// call made on a tick reaches its engine at most this late).
 const CALL_STEP_MS: f64 = 10.0;
@@ -103,11 +107,12 @@ impl Calls {
             if self.calls.iter().any(|c| c.token == call.token) {
                 continue;
             }
-            let Some(engine) = fleet.find(Some(&call.cluster), None) else {
-                continue;
-            };
             let path = call.header(":path").unwrap_or("/").to_string();
-            let answer = fleet.serve(engine, now, &path, &call.body);
+            let answer = match fleet.find(Some(&call.cluster), None) {
+                Some(engine) => fleet.serve(engine, now, &path, &call.body),
+                None if call.cluster == KV_MATCH_CLUSTER => fleet.kv_match(&path, &call.body),
+                None => continue,
+            };
             self.calls.push(Call {
                 token: call.token,
                 done_ms: answer.served.map_or(now, |s| s.finished_ms),
@@ -202,6 +207,16 @@ impl Replay {
             bail!("the plugin config must be a JSON object");
         };
         map.entry("target").or_insert_with(|| json!("cluster"));
+        // `kv_match: true` (or settings without a cluster) asks the simulated
+        // collector, as the demo's fleet wires its own.
+        match map.get_mut("kv_match") {
+            Some(v @ Value::Bool(true)) => *v = json!({ "cluster": KV_MATCH_CLUSTER }),
+            Some(Value::Object(s)) => {
+                s.entry("cluster")
+                    .or_insert_with(|| json!(KV_MATCH_CLUSTER));
+            }
+            _ => {}
+        }
         map.entry("workers")
             .or_insert_with(|| fleet.workers_config());
         if self.collector_interval_ms.is_some() {
@@ -243,7 +258,7 @@ impl Replay {
             // Envoy's main thread runs a VM too: it gets no traffic but ticks, so it
             // applies the tree's operations like the workers do.
             .vms(self.vms.max(1) + 1)
-            .clusters(&fleet.clusters())
+            .clusters(&[fleet.clusters(), vec![KV_MATCH_CLUSTER.to_string()]].concat())
             .allow_on_headers_stop_iteration(true)
             .failure_policy(FailurePolicy::FailReload)
             .build()
@@ -260,7 +275,8 @@ impl Replay {
         let interval = self.collector_interval_ms.filter(|&i| i > 0);
         let mut next_push = interval.map(|i| i as f64);
         loop {
-            while in_flight.len() < self.concurrency.max(1) {
+            // A request the filter holds (asking the collector, say) is in flight too.
+            while in_flight.len() + held.len() < self.concurrency.max(1) {
                 let Some(i) = order.take_next() else { break };
                 let vm = sent % workers;
                 sent += 1;
@@ -379,6 +395,7 @@ impl Replay {
     ) -> Result<Routed> {
         let mut record = Record {
             line: item.line,
+            start_ms: sent,
             ..Record::default()
         };
         if let Some(reply) = &out.local_response {
