@@ -210,6 +210,11 @@ fn start_envoy(
     if let Some(config) = plugin_config.as_object_mut() {
         config.extend(settings);
     }
+    // `kv_capacity_bound=true`: one push states every engine's capacity.
+    let bounded = plugin_config.get("kv_capacity_bound") == Some(&json!(true));
+    if bounded {
+        plugin_config["stats_token"] = json!(BOUND_PUSH_TOKEN);
+    }
     // `kv_match=true`: every request asks the canned collector first.
     let asks = plugin_config.get("kv_match") == Some(&json!(true));
     if asks {
@@ -226,7 +231,50 @@ fn start_envoy(
             .then(|| fleet.collector.addrs.first().copied())
             .flatten(),
     };
-    envoy::start(envoy_bin, &spec, dir).with_context(|| format!("Envoy with {variant}"))
+    let envoy =
+        envoy::start(envoy_bin, &spec, dir).with_context(|| format!("Envoy with {variant}"))?;
+    if bounded {
+        push_capacity(&envoy, fleet.upstreams.len())
+            .with_context(|| format!("{variant}: the capacity push"))?;
+    }
+    Ok(envoy)
+}
+
+/// The engines' KV capacity the bound variants are told: 16 KiB of chars at 4 a
+/// token, so the tree is trimmed on most inserts of 4 KiB prompts (the bound's
+/// dearest case; with room for every conversation it costs a share check alone).
+const BOUND_CAPACITY_TOKENS: u64 = 4096;
+const BOUND_PUSH_TOKEN: &str = "overhead-bench-push-token";
+
+/// Pushes every worker's KV capacity once, as the collector would: the bound is
+/// shared at the next interval and stays (no later push is needed for it).
+fn push_capacity(envoy: &Envoy, workers: usize) -> Result<()> {
+    let Some(stats) = envoy.stats_listener else {
+        bail!("the Envoy config has no llm_stats listener");
+    };
+    let rows: Vec<Value> = (0..workers)
+        .map(|i| {
+            json!({"name": worker_name(i), "num_running": 0, "num_waiting": 0,
+                "kv_capacity_tokens": BOUND_CAPACITY_TOKENS, "prompt_tokens_total": 0})
+        })
+        .collect();
+    let body = json!({ "workers": rows }).to_string();
+    let auth = format!("Bearer {BOUND_PUSH_TOKEN}");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", &*auth),
+    ];
+    let resp = llm_demo::admin::request(
+        stats,
+        "POST",
+        llm_router::config::DEFAULT_STATS_PATH,
+        &headers,
+        body.as_bytes(),
+    )?;
+    if !(200..300).contains(&resp.status) {
+        bail!("the filter answered {}: {}", resp.status, resp.body);
+    }
+    Ok(())
 }
 
 fn replay(
