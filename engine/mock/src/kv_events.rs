@@ -40,6 +40,7 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 
 use crate::cache::{self, CacheChanges, CacheLookup, PrefixCache, CHARS_PER_TOKEN};
 use crate::config::Config;
+use crate::prompting::IdsOf;
 use crate::tokenizer;
 
 /// What vLLM 0.34 sends as `medium` for its GPU block pool.
@@ -61,10 +62,6 @@ pub struct Prepared {
     token_ids: Vec<u32>,
     hashes: Vec<BlockHash>,
 }
-
-/// How a prompt's token ids are read: the mock's own (`tokenizer::token_ids`), or a
-/// model tokenizer's written as codes (`tokenizer::code_ids`, `--tokenizer`).
-type IdsOf = fn(&str) -> Vec<u32>;
 
 fn prepare(prompt: &str, block_tokens: usize, none_hash: &[u8; 32], ids: IdsOf) -> Prepared {
     let token_ids = ids(prompt);
@@ -267,8 +264,9 @@ pub struct Bound {
 }
 
 /// Binds the PUB (and ROUTER) sockets `cfg` asks for and starts the task that
-/// publishes and answers replays; `None` when `cfg` publishes nothing.
-pub async fn spawn(cfg: &Config) -> anyhow::Result<Option<Bound>> {
+/// publishes and answers replays, reading prompts' token ids with `ids`
+/// (`crate::prompting::Prompting::ids_of`); `None` when `cfg` publishes nothing.
+pub async fn spawn(cfg: &Config, ids: IdsOf) -> anyhow::Result<Option<Bound>> {
     let Some(endpoint) = &cfg.kv_events_endpoint else {
         return Ok(None);
     };
@@ -300,10 +298,7 @@ pub async fn spawn(cfg: &Config) -> anyhow::Result<Option<Bound>> {
         events: KvEvents {
             block_tokens: recorder.block_tokens,
             none_hash: recorder.none_hash,
-            ids: match cfg.tokenizer {
-                Some(_) => tokenizer::code_ids,
-                None => tokenizer::token_ids,
-            },
+            ids,
             recorder: Mutex::new(recorder),
             batches,
         },

@@ -50,14 +50,18 @@ impl Prompting {
         }
     }
 
-    /// The token ids of a prompt `prompt` made.
-    pub fn token_ids(&self, prompt: &str) -> Vec<u32> {
+    /// How the token ids of a prompt `prompt` made are read back (what the KV
+    /// events publish): the mock's own tokens, or the model's ids from their codes.
+    pub fn ids_of(&self) -> IdsOf {
         match self {
-            Prompting::Mock => tokenizer::token_ids(prompt),
-            Prompting::Model(_) => tokenizer::code_ids(prompt),
+            Prompting::Mock => tokenizer::token_ids,
+            Prompting::Model(_) => tokenizer::code_ids,
         }
     }
 }
+
+/// A prompt's token ids, as [`Prompting::ids_of`] reads them.
+pub type IdsOf = fn(&str) -> Vec<u32>;
 
 #[cfg(test)]
 mod tests {
@@ -83,7 +87,7 @@ mod tests {
             prompt.chars().count(),
             direct.len() * tokenizer::CHARS_PER_TOKEN
         );
-        assert_eq!(model.token_ids(&prompt), direct);
+        assert_eq!(model.ids_of()(&prompt), direct);
         // The mock's own: the flattened text, its 4-character tokens.
         let mock = Prompting::new(None, None).unwrap();
         assert_eq!(
@@ -92,7 +96,7 @@ mod tests {
         );
         // A completion is encoded with the tokenizer's specials (`<s>` here).
         let text = model.prompt(Endpoint::Generate, &json!({"text": "hello"}));
-        assert_eq!(text.map(|p| model.token_ids(&p)), Ok(vec![1, 6]));
+        assert_eq!(text.map(|p| model.ids_of()(&p)), Ok(vec![1, 6]));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -151,7 +151,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut state = State::new(cfg)?;
     let mut kv = String::new();
-    if let Some(bound) = kv_events::spawn(&state.cfg).await? {
+    if let Some(bound) = kv_events::spawn(&state.cfg, state.prompting.ids_of()).await? {
         kv = format!(" kv-events {}", bound.endpoint);
         if let Some(replay) = &bound.replay_endpoint {
             kv.push_str(&format!(" kv-events-replay {replay}"));
