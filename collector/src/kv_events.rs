@@ -161,11 +161,7 @@ impl Follower {
         let Some(from) = self.with_index(|ix| ix.catch_up_from()) else {
             return;
         };
-        let Some(endpoint) = self.source.replay.as_deref() else {
-            return;
-        };
-        let asked = tokio::time::timeout(REPLAY_DEADLINE, replay(endpoint, from, u64::MAX)).await;
-        let Ok(Ok(batches)) = asked else {
+        let Some(Ok(batches)) = self.ask_replay(from, u64::MAX).await else {
             return;
         };
         if batches.is_empty() {
@@ -206,16 +202,23 @@ impl Follower {
         if from >= until {
             return None;
         }
-        let endpoint = self.source.replay.as_deref()?;
-        let asked = tokio::time::timeout(REPLAY_DEADLINE, replay(endpoint, from, until)).await;
-        match asked {
-            Ok(Ok(batches)) if covers(&batches, from, until) => Some(batches),
-            Ok(Err(e)) => {
+        match self.ask_replay(from, until).await? {
+            Ok(batches) if covers(&batches, from, until) => Some(batches),
+            Ok(_) => None,
+            Err(e) => {
                 tracing::warn!(worker = %self.source.worker, error = %e, "KV events: the replay failed");
                 None
             }
-            _ => None,
         }
+    }
+
+    /// What the replay socket holds from `from` until `until`; `None`: the engine
+    /// has no replay socket, or it did not answer within `REPLAY_DEADLINE`.
+    async fn ask_replay(&self, from: u64, until: u64) -> Option<anyhow::Result<Vec<Message>>> {
+        let endpoint = self.source.replay.as_deref()?;
+        tokio::time::timeout(REPLAY_DEADLINE, replay(endpoint, from, until))
+            .await
+            .ok()
     }
 
     fn with_index<T>(&self, f: impl FnOnce(&mut KvIndex) -> T) -> T {
