@@ -114,16 +114,10 @@ fn run_replicas(
         label: sharing.label().to_string(),
         summary,
         imported: replicas.filter_stat_sum(names::REPLICA_OPS_IMPORTED)?,
-        kv_match: [
-            names::KV_MATCH_RANKED,
-            names::KV_MATCH_DEFERRED,
-            names::KV_MATCH_PARTIAL,
-            names::KV_MATCH_UNANSWERED,
-            names::KV_MATCH_REFUSED,
-        ]
-        .into_iter()
-        .map(|n| Ok((n, replicas.filter_stat_sum(n)?)))
-        .collect::<Result<_>>()?,
+        kv_match: names::KV_MATCH_COUNTERS
+            .into_iter()
+            .map(|n| Ok((n, replicas.filter_stat_sum(n)?)))
+            .collect::<Result<_>>()?,
     })
 }
 

@@ -18,19 +18,14 @@ use std::collections::BTreeMap;
 
 /// The knobs the `no_gate` baseline removes.
 pub const GATE_KNOBS: [&str; 2] = ["worker_queue_limit", "saturation_queue_floor"];
-/// Queue gate and collector counters (`kv_match`'s too), reported under their
-/// names without the `llm_router_` prefix.
-const GATE_COUNTERS: [&str; 10] = [
+/// Queue gate and collector counters (`kv_match`'s are `names::KV_MATCH_COUNTERS`),
+/// reported under their names without the `llm_router_` prefix.
+const GATE_COUNTERS: [&str; 5] = [
     names::QUEUE_GATE_REJECTIONS,
     names::QUEUE_GATE_INERT,
     names::SATURATION_PINS,
     names::STATS_PUSHES_ACCEPTED,
     names::STATS_PUSHES_REJECTED,
-    names::KV_MATCH_RANKED,
-    names::KV_MATCH_DEFERRED,
-    names::KV_MATCH_PARTIAL,
-    names::KV_MATCH_UNANSWERED,
-    names::KV_MATCH_REFUSED,
 ];
 /// Cross-thread tree sync counters, reported without the `llm_router_sync_` prefix:
 /// `applied` counts ring operations applied by all threads together (about routed
@@ -169,7 +164,10 @@ impl RunResult {
                 .into_iter()
                 .chain(pick("llm_router_", &RELAY_COUNTERS))
                 .collect(),
-            gate: pick("llm_router_", &GATE_COUNTERS),
+            gate: pick("llm_router_", &GATE_COUNTERS)
+                .into_iter()
+                .chain(pick("llm_router_", &names::KV_MATCH_COUNTERS))
+                .collect(),
             notes: Vec::new(),
             fields: Map::new(),
         }

@@ -100,9 +100,9 @@ pub enum EnginesUse {
     /// It did not cover every candidate (an index not whole, a worker the
     /// collector does not follow): the tree decided.
     Partial,
-    /// It covered every candidate and left the decision to the tree (the engines
-    /// hold less than the threshold and bear the tree's hit out, or nobody holds
-    /// a block).
+    /// It covered every candidate and left the decision to the tree: the engines
+    /// hold less than the threshold where the tree misses too, or nobody holds a
+    /// block, or an imbalanced fleet went least loaded before any match.
     Deferred,
     /// The engines' match decided.
     Ranked,

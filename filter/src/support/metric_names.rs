@@ -27,8 +27,8 @@ pub const RELAY_TAKEOVERS: &str = "llm_router_relay_takeovers";
 /// `kv_match`: decisions the engines' match made (every candidate's index whole).
 pub const KV_MATCH_RANKED: &str = "llm_router_kv_match_ranked";
 /// `kv_match`: answers covering every candidate that left the decision to the
-/// tree (the engines hold less than the threshold and bear the tree's hit out, or
-/// hold nothing of the prompt).
+/// tree (the engines hold less than the threshold where the tree misses too, or
+/// hold nothing of the prompt, or the fleet was imbalanced).
 pub const KV_MATCH_DEFERRED: &str = "llm_router_kv_match_deferred";
 /// `kv_match`: answers that left a candidate out (an index not whole, a worker the
 /// collector does not follow): the tree decided.
@@ -41,6 +41,14 @@ pub const KV_MATCH_UNANSWERED: &str = "llm_router_kv_match_unanswered";
 /// prompt, an API its tokenizer does not read; a 200 that is not its JSON): the
 /// tree decided.
 pub const KV_MATCH_REFUSED: &str = "llm_router_kv_match_refused";
+/// Every `kv_match` outcome above, as the reports list them.
+pub const KV_MATCH_COUNTERS: [&str; 5] = [
+    KV_MATCH_RANKED,
+    KV_MATCH_DEFERRED,
+    KV_MATCH_PARTIAL,
+    KV_MATCH_UNANSWERED,
+    KV_MATCH_REFUSED,
+];
 /// Requests refused with a 503 because no worker could be chosen.
 pub const NO_WORKER: &str = "llm_router_no_worker";
 /// Bodies without routing text (routed by load).
