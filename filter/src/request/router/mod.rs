@@ -1233,39 +1233,56 @@ mod tests {
         assert!(!cold.owner_overloaded);
     }
 
-    /// `req` with the collector's answer: `held` leading blocks by worker name, of a
-    /// prompt of 64 tokens in blocks of 16 (`None`: an index not whole).
-    fn with_held(req: &Parsed, held: &[(&str, Option<u32>)]) -> Parsed {
-        let Parsed::Routable(r) = req.clone() else {
+    /// Routes `req` with the collector's answer: `held` leading blocks by worker
+    /// name, of a prompt of 64 tokens in blocks of 16 (`None`: an index not whole).
+    fn route_held(
+        r: &mut Router,
+        req: &Parsed,
+        held: &[(&str, Option<u32>)],
+        inflight: &[u64],
+        rng: &mut SplitMix64,
+    ) -> Routed {
+        let Parsed::Routable(routable) = req.clone() else {
             panic!("routable")
         };
         let engines = held.iter().map(|(n, h)| (n.to_string(), *h)).collect();
-        Parsed::Routable(crate::parse::RoutingRequest {
+        let mut asked = Parsed::Routable(crate::parse::RoutingRequest {
             held: Some(crate::kv_match::EngineHeld {
                 tokens: 64,
                 block_tokens: 16,
                 engines,
             }),
-            ..r
-        })
+            ..routable
+        });
+        r.route(&mut asked, &Loads::inflight_only(inflight), rng)
+            .unwrap()
     }
 
-    #[test]
-    fn cache_aware_follows_what_the_engines_hold_over_what_the_tree_recorded() {
+    /// Three workers' names, as `router` names them.
+    const THREE: [&str; 3] = ["w0", "w1", "w2"];
+
+    /// A conversation routed once on three workers: the router, its generator, the
+    /// request, and the worker the tree recorded it under.
+    fn a_recorded_conversation() -> (Router, SplitMix64, Parsed, TenantId) {
         let mut r = router("", 3);
         let mut rng = SplitMix64(2);
         let conv = chat(&["a system prompt", "the first question"]);
         let recorded = go(&mut r, &conv, &[0; 3], &mut rng).unwrap().worker;
+        (r, rng, conv, recorded)
+    }
+
+    /// Each of the three workers' held blocks as `of` says, by name.
+    fn held_by(of: impl Fn(u32) -> Option<u32>) -> Vec<(&'static str, Option<u32>)> {
+        (0..3u32).map(|w| (THREE[w as usize], of(w))).collect()
+    }
+
+    #[test]
+    fn cache_aware_follows_what_the_engines_hold_over_what_the_tree_recorded() {
+        let (mut r, mut rng, conv, recorded) = a_recorded_conversation();
         // The engine the tree names evicted it; another holds three of four blocks.
         let holder = (recorded + 1) % 3;
-        let names = ["w0", "w1", "w2"];
-        let held: Vec<(&str, Option<u32>)> = (0..3u32)
-            .map(|w| (names[w as usize], Some(if w == holder { 3 } else { 0 })))
-            .collect();
-        let asked = with_held(&conv, &held);
-        let routed = r
-            .route(&mut asked.clone(), &Loads::inflight_only(&[0; 3]), &mut rng)
-            .unwrap();
+        let held = held_by(|w| Some(if w == holder { 3 } else { 0 }));
+        let routed = route_held(&mut r, &conv, &held, &[0; 3], &mut rng);
         assert_eq!(
             (routed.decision.worker, routed.decision.reason),
             (holder, Reason::CacheHit)
@@ -1278,23 +1295,18 @@ mod tests {
             routed.record.map(|rec| rec.held_chars),
             Some(chars as u64 * 3 / 4)
         );
-        let blocks = |of: &dyn Fn(u32) -> u32| -> Vec<(&str, Option<u32>)> {
-            (0..3u32)
-                .map(|w| (names[w as usize], Some(of(w))))
-                .collect()
-        };
         // Below the threshold where the tree recorded more, the record outlived
         // the cache: the conversation goes where the most of it is held, the least
         // loaded of those (here the one not busy), though below the threshold.
         let mut loads = [0; 3];
         loads[recorded as usize] = 1;
-        let stale = r
-            .route(
-                &mut with_held(&conv, &blocks(&|w| u32::from(w == holder || w == recorded))),
-                &Loads::inflight_only(&loads),
-                &mut rng,
-            )
-            .unwrap();
+        let stale = route_held(
+            &mut r,
+            &conv,
+            &held_by(|w| Some(u32::from(w == holder || w == recorded))),
+            &loads,
+            &mut rng,
+        );
         assert_eq!(
             (stale.decision.worker, stale.decision.reason),
             (holder, Reason::CacheHit)
@@ -1302,13 +1314,7 @@ mod tests {
         assert_eq!(stale.engines, EnginesUse::Ranked);
         // Where no engine holds a block, the tree's record stands: nowhere is
         // better, and it keeps the conversation together.
-        let cold = r
-            .route(
-                &mut with_held(&conv, &blocks(&|_| 0)),
-                &Loads::inflight_only(&[0; 3]),
-                &mut rng,
-            )
-            .unwrap();
+        let cold = route_held(&mut r, &conv, &held_by(|_| Some(0)), &[0; 3], &mut rng);
         assert_eq!(
             (cold.decision.worker, cold.decision.reason),
             (recorded, Reason::CacheHit)
@@ -1318,13 +1324,8 @@ mod tests {
         let fresh = chat(&["another system prompt entirely", "a question"]);
         let mut loads = [0; 3];
         loads[holder as usize] = 1;
-        let miss = r
-            .route(
-                &mut with_held(&fresh, &blocks(&|w| u32::from(w == holder))),
-                &Loads::inflight_only(&loads),
-                &mut rng,
-            )
-            .unwrap();
+        let held = held_by(|w| Some(u32::from(w == holder)));
+        let miss = route_held(&mut r, &fresh, &held, &loads, &mut rng);
         assert_eq!(miss.decision.reason, Reason::CacheMiss);
         assert_ne!(miss.decision.worker, holder, "one block is 0.25 <= 0.3");
         assert_eq!(miss.engines, EnginesUse::Deferred);
@@ -1375,32 +1376,19 @@ mod tests {
 
     #[test]
     fn the_tree_decides_where_the_engines_answer_leaves_a_candidate_out() {
-        let mut r = router("", 3);
-        let mut rng = SplitMix64(2);
-        let conv = chat(&["a system prompt", "the first question"]);
-        let recorded = go(&mut r, &conv, &[0; 3], &mut rng).unwrap().worker;
+        let (mut r, mut rng, conv, recorded) = a_recorded_conversation();
         let other = (recorded + 1) % 3;
-        let names = ["w0", "w1", "w2"];
         for unknown in [None, Some("absent")] {
             // One index not whole, or one worker the collector does not follow.
-            let held: Vec<(&str, Option<u32>)> = (0..3u32)
-                .filter(|w| unknown.is_none() || *w != recorded)
-                .map(|w| {
-                    let h = match (w == other, w == recorded) {
-                        (true, _) => Some(4),
-                        (_, true) => None,
-                        _ => Some(0),
-                    };
-                    (names[w as usize], h)
-                })
-                .collect();
-            let routed = r
-                .route(
-                    &mut with_held(&conv, &held),
-                    &Loads::inflight_only(&[0; 3]),
-                    &mut rng,
-                )
-                .unwrap();
+            let held: Vec<(&str, Option<u32>)> = held_by(|w| match (w == other, w == recorded) {
+                (true, _) => Some(4),
+                (_, true) => None,
+                _ => Some(0),
+            })
+            .into_iter()
+            .filter(|(name, _)| unknown.is_none() || *name != THREE[recorded as usize])
+            .collect();
+            let routed = route_held(&mut r, &conv, &held, &[0; 3], &mut rng);
             assert_eq!(
                 (routed.decision.worker, routed.decision.reason),
                 (recorded, Reason::CacheHit),
@@ -1414,14 +1402,8 @@ mod tests {
     fn an_imbalanced_fleet_goes_least_loaded_whatever_the_engines_hold() {
         let mut r = router("", 2);
         let conv = chat(&["a system prompt", "the first question"]);
-        let held = with_held(&conv, &[("w0", Some(4)), ("w1", Some(0))]);
-        let routed = r
-            .route(
-                &mut held.clone(),
-                &Loads::inflight_only(&[200, 10]),
-                &mut SplitMix64(1),
-            )
-            .unwrap();
+        let held = [("w0", Some(4)), ("w1", Some(0))];
+        let routed = route_held(&mut r, &conv, &held, &[200, 10], &mut SplitMix64(1));
         assert_eq!(
             (routed.decision.worker, routed.decision.reason),
             (1, Reason::Imbalanced)
