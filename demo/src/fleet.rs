@@ -267,8 +267,7 @@ pub fn kv_match_listen(plugin_config: &mut Value, kv_events: bool) -> Result<Opt
     }
     plugin_config["kv_match"] = settings;
     plugin_config["kv_match"]["cluster"] = Value::from(envoy::COLLECTOR_CLUSTER);
-    let port = crate::process::free_port()?;
-    Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))))
+    Ok(Some(crate::process::free_addr()?))
 }
 
 /// The collector's arguments with `kv_events`, beside those `given`: its /metrics

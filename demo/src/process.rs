@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -104,4 +104,9 @@ pub fn spawn_until<T: Send + 'static>(
 /// failing to start).
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// [`free_port`] as the loopback address a process is told to listen on.
+pub fn free_addr() -> Result<SocketAddr> {
+    Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
 }

@@ -20,7 +20,7 @@ use crate::fleet::{
     Engine, FleetSpec, TempDir,
 };
 use crate::paths;
-use crate::process::{free_port, spawn, spawn_until, Guard};
+use crate::process::{free_addr, free_port, spawn, spawn_until, Guard};
 
 /// The filter's replicas endpoint (`replicas.path`'s default).
 pub const REPLICAS_PATH: &str = llm_router::config::DEFAULT_REPLICAS_PATH;
@@ -282,9 +282,7 @@ impl Replicas {
         std::fs::create_dir_all(&dir)?;
         // Each replica's own collector, and with `kv_match` its own cluster for it.
         let listen = match self.kv {
-            Some(KvFollow { kv_match: true }) => {
-                Some(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
-            }
+            Some(KvFollow { kv_match: true }) => Some(free_addr()?),
             _ => None,
         };
         let mut spec = EnvoySpec {
@@ -362,7 +360,7 @@ pub fn start_bridge(
     let Some(stats) = envoy.stats_listener else {
         bail!("the Envoy config has no llm_stats listener for the bridge");
     };
-    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let metrics = free_addr()?;
     let mut cmd = Command::new(paths::bin_path("llm-bridge")?);
     cmd.arg("--envoy-url")
         .arg(format!("http://{stats}{REPLICAS_PATH}"))

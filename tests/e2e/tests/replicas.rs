@@ -433,8 +433,7 @@ fn a_bridge_joins_a_bus_that_requires_credentials_and_stops_clearly_without_them
     let good = write("good.pass", &password);
     let bad = write("bad.pass", "not-the-password");
 
-    let metrics =
-        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::process::free_port().unwrap()));
+    let metrics = llm_demo::process::free_addr().unwrap();
     let cmd = bridge_cmd(
         "right",
         &nats,
@@ -540,8 +539,7 @@ fn a_bridge_joins_a_bus_over_tls_trusting_the_ca_it_is_given() {
     .expect("nats-server with TLS");
     let tls_url = format!("tls://127.0.0.1:{}", nats.port);
     let start = |name: &str, extra: &[&str]| {
-        let metrics =
-            std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::process::free_port().unwrap()));
+        let metrics = llm_demo::process::free_addr().unwrap();
         let mut cmd = bridge_cmd(name, &nats, extra);
         cmd.args(["--nats", &tls_url, "--nats-token-file", &token_file])
             .args(["--fleet-key-file", &key, "--listen", &metrics.to_string()]);
@@ -603,8 +601,7 @@ fn a_bridge_joins_a_bus_that_knows_its_nkey_and_not_with_another() {
     let stranger_seed = write("stranger.nk", &stranger.seed().unwrap());
     let not_a_seed = write("garbage.nk", "SUnot-a-seed");
 
-    let metrics =
-        std::net::SocketAddr::from(([127, 0, 0, 1], llm_demo::process::free_port().unwrap()));
+    let metrics = llm_demo::process::free_addr().unwrap();
     let cmd = bridge_cmd(
         "known",
         &nats,
