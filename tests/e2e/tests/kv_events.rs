@@ -18,6 +18,29 @@ fn held(m: &Value, w: &str) -> Option<u64> {
     m["engines"][w]["held_blocks"].as_u64()
 }
 
+/// Distinct warm-up completions: the KV events an engine publishes for one tell a
+/// collector the engine is there (an engine's index is whole from the first batch
+/// the collector hears; one published before it subscribed is replayed once a
+/// later one shows the gap).
+#[derive(Default)]
+struct WarmUps(std::cell::Cell<usize>);
+
+impl WarmUps {
+    fn next(&self) -> Value {
+        self.0.set(self.0.get() + 1);
+        let prompt = format!("warm-up {} ", self.0.get()).repeat(8);
+        json!({"model": "mock", "max_tokens": 2, "prompt": prompt})
+    }
+}
+
+/// Whether a `/kv/match` answer vouches for every engine it names (each index
+/// whole).
+fn all_whole(m: &Value) -> bool {
+    m["engines"]
+        .as_object()
+        .is_some_and(|e| e.values().all(|engine| engine["index"] == "whole"))
+}
+
 /// Sends `body` to `path` on `addr` and checks it was answered by `engine` as a
 /// cache hit (`what` names the request in a failure); the response.
 fn hit_on(addr: SocketAddr, path: &str, body: &Value, engine: &str, what: &str) -> Response {
@@ -103,22 +126,12 @@ fn the_collector_answers_which_engine_holds_a_prompt() {
         ],
     });
     let path = "/v1/chat/completions";
-    // An engine's index is whole from the first batch the collector hears; one
-    // published before it subscribed is replayed once a later one shows the gap.
-    let warm = std::cell::Cell::new(0);
+    let warm = WarmUps::default();
     wait_for("both engines heard", &f, || {
-        warm.set(warm.get() + 1);
-        let prompt = format!("warm-up {} ", warm.get()).repeat(8);
-        let r = post(
-            f.envoy.listener,
-            "/v1/completions",
-            &json!({"model": "mock", "max_tokens": 2, "prompt": prompt}),
-        );
+        let r = post(f.envoy.listener, "/v1/completions", &warm.next());
         r.status == 200
             && f.kv_match(path, &body).is_ok_and(|(_, m)| {
-                m["engines"].as_object().is_some_and(|e| {
-                    e.len() == 2 && e.values().all(|engine| engine["index"] == "whole")
-                })
+                m["engines"].as_object().is_some_and(|e| e.len() == 2) && all_whole(&m)
             })
     });
     let r = post(f.envoy.listener, path, &body);
@@ -199,12 +212,9 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
         })
     };
     let names = ["w0", "w1", "w2"];
-    // An engine's index is whole from the first batch the collector hears; one
-    // published before it subscribed is replayed once a later one shows the gap.
-    let warm = std::cell::Cell::new(0);
+    let warm = WarmUps::default();
     wait_for("every engine heard", &f, || {
-        warm.set(warm.get() + 1);
-        let body = json!({"model": "mock", "max_tokens": 2, "prompt": format!("warm-up {} ", warm.get()).repeat(8)});
+        let body = warm.next();
         names
             .iter()
             .all(|w| post(f.engine(w).unwrap().addr, "/v1/completions", &body).status == 200)
@@ -285,18 +295,14 @@ fn replicas_without_a_bus_agree_through_the_engines() {
     // engine's batch sent before a subscription took hold is replayed with its
     // next one): warm-ups straight to the engines until replica b's says so.
     let b_dir = r.dir.join(&r.replicas[1].name);
-    let warm = std::cell::Cell::new(0);
+    let warm = WarmUps::default();
     let whole = || {
-        warm.set(warm.get() + 1);
-        let body = json!({"model": "mock", "max_tokens": 2, "prompt": format!("warm-up {} ", warm.get()).repeat(8)});
+        let body = warm.next();
         r.engines
             .iter()
             .all(|e| post(e.addr, "/v1/completions", &body).status == 200)
-            && llm_demo::fleet::kv_match_in(&b_dir, path, &turn(0, 1)).is_ok_and(|(_, m)| {
-                m["engines"]
-                    .as_object()
-                    .is_some_and(|e| e.values().all(|engine| engine["index"] == "whole"))
-            })
+            && llm_demo::fleet::kv_match_in(&b_dir, path, &turn(0, 1))
+                .is_ok_and(|(_, m)| all_whole(&m))
     };
     assert!(
         e2e::support::wait_until(whole),
