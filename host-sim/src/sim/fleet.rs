@@ -200,15 +200,9 @@ impl SimFleet {
             };
         }
         let endpoint = endpoint_of(path);
-        let parsed = serde_json::from_slice::<Value>(body).map_err(|err| err.to_string());
-        let text = parsed
-            .clone()
-            .and_then(|v| prompt::flatten(endpoint, &v).map_err(|err| err.0));
-        let (parsed, text) = match (parsed, text) {
-            (Ok(parsed), Ok(text)) => (parsed, text),
-            (Err(message), _) | (_, Err(message)) => {
-                return error(400, "invalid_request_error", &message, &name)
-            }
+        let (parsed, text) = match read_prompt(endpoint, body) {
+            Ok(read) => read,
+            Err(message) => return error(400, "invalid_request_error", &message, &name),
         };
         let rooms = rooms_of(&parsed);
         if pool != "regular" && rooms.is_empty() {
@@ -285,11 +279,8 @@ impl SimFleet {
         let asked = path
             .split_once("path=")
             .map_or("", |(_, p)| p.split('&').next().unwrap_or(""));
-        let text = serde_json::from_slice::<Value>(body)
-            .map_err(|err| err.to_string())
-            .and_then(|v| prompt::flatten(endpoint_of(asked), &v).map_err(|err| err.0));
-        let text = match text {
-            Ok(text) => text,
+        let text = match read_prompt(endpoint_of(asked), body) {
+            Ok((_, text)) => text,
             Err(message) => return error(400, "invalid_request_error", &message, ""),
         };
         let Some(cache) = self.engines.first().map(|e| e.engine.cache()) else {
@@ -335,6 +326,14 @@ impl SimFleet {
         // Strings, integers and floats only: serde_json cannot fail on them.
         serde_json::to_string(&push).expect("a push serializes")
     }
+}
+
+/// A body's JSON and the prompt an engine at `endpoint` reads from it, or why
+/// there is none.
+fn read_prompt(endpoint: Endpoint, body: &[u8]) -> Result<(Value, String), String> {
+    let parsed: Value = serde_json::from_slice(body).map_err(|err| err.to_string())?;
+    let text = prompt::flatten(endpoint, &parsed).map_err(|err| err.0)?;
+    Ok((parsed, text))
 }
 
 /// The prompt format of an engine path (chat unless it says otherwise).
