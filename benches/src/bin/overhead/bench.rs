@@ -15,6 +15,7 @@ use llm_load::run::policy_variant;
 use llm_load::workload::{WorkItem, CHAT_PATH};
 use llm_router::decision::Label;
 use llm_router::support::metric_names as names;
+use llm_router_push::{Push, WorkerStats};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -252,13 +253,17 @@ fn push_capacity(envoy: &Envoy, workers: usize) -> Result<()> {
     let Some(stats) = envoy.stats_listener else {
         bail!("the Envoy config has no llm_stats listener");
     };
-    let rows: Vec<Value> = (0..workers)
-        .map(|i| {
-            json!({"name": worker_name(i), "num_running": 0, "num_waiting": 0,
-                "kv_capacity_tokens": BOUND_CAPACITY_TOKENS, "prompt_tokens_total": 0})
+    let rows = (0..workers)
+        .map(|i| WorkerStats {
+            num_running: Some(0),
+            num_waiting: Some(0),
+            kv_capacity_tokens: Some(BOUND_CAPACITY_TOKENS),
+            prompt_tokens_total: Some(0),
+            ..WorkerStats::reachable(Some(worker_name(i)), None)
         })
         .collect();
-    let body = json!({ "workers": rows }).to_string();
+    let push: Push = Push::new(rows);
+    let body = serde_json::to_string(&push)?;
     let auth = format!("Bearer {BOUND_PUSH_TOKEN}");
     let headers = [
         ("content-type", "application/json"),
