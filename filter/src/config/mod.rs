@@ -205,7 +205,9 @@ pub struct Config {
     /// A prefix hit must cover strictly more than this share of the input's chars.
     #[serde(default = "default_cache_threshold")]
     pub cache_threshold: f64,
-    /// Imbalance needs `max - min > abs` AND `max > rel * min` (in-flight requests).
+    /// `cache_aware`'s spill gate (SMG 1.13's): an owner with more in flight than
+    /// the mean plus `min(abs, max(4, 2 * sqrt(mean)))` AND more than `rel * mean`
+    /// is skipped for the least loaded.
     #[serde(default = "default_balance_abs")]
     pub balance_abs_threshold: u64,
     #[serde(default = "default_balance_rel")]

@@ -1,15 +1,17 @@
-//! The `cache_aware` policy: SGLang model gateway's prefix affinity, plus the queue
-//! gate and saturation pin of the newer SGLang router. It reads as rungs:
-//! 1. imbalance: if `max - min > balance_abs_threshold` AND
-//!    `max > balance_rel_threshold * min` over the candidates' in-flight counts, the
-//!    least-loaded candidate wins (ties random) and the tree is not consulted;
-//! 2. prefix: if the match rate is strictly above `cache_threshold`, the owners at the
+//! The `cache_aware` policy: SGLang model gateway's (SMG 1.13) prefix affinity with
+//! its spill gate, plus the queue gate and saturation pin of the newer SGLang
+//! router. It reads as rungs:
+//! 1. prefix: if the match rate is strictly above `cache_threshold`, the owners at the
 //!    deepest matched node that are candidates are the cache candidates;
-//! 3. queue gate (`worker_queue_limit`): an owner is admitted if it has no fresh
+//! 2. queue gate (`worker_queue_limit`): an owner is admitted if it has no fresh
 //!    engine sample (fail open: unknown is not full) or `num_waiting < limit` (strict:
 //!    a worker at the limit already makes requests wait). Among admitted owners the
 //!    least pressure wins (fresh engine load `waiting + running`, else in-flight),
-//!    then the lowest worker id;
+//!    then the lowest worker id: `cache_hit`;
+//! 3. spill gate: a `cache_hit` whose owner has more in flight than the candidates'
+//!    mean plus `min(balance_abs_threshold, max(4, 2 * sqrt(mean)))` AND more than
+//!    `balance_rel_threshold` times the mean goes to the least in-flight candidate
+//!    instead (ties random): `imbalanced` (`spills`);
 //! 4. every owner rejected by the gate:
 //!    - saturation pin (`saturation_queue_floor`): if no candidate has a fresh sample
 //!      with `num_waiting < floor` (no sample is no proof of idleness: fail closed),
@@ -21,7 +23,7 @@
 //! 5. otherwise least in-flight (ties random): `cache_miss`.
 //!
 //! With `kv_match` (the engines' held blocks for every candidate, from the
-//! collector), rung 2 reads the engines first:
+//! collector), rung 1 reads the engines first:
 //! - their match above `cache_threshold` (held tokens over the prompt's) makes the
 //!   engines holding the most blocks the owners: what is cached now, wherever it
 //!   came from;
@@ -231,16 +233,32 @@ fn owners_filtered(
         && owning(candidates, &found.owners).is_empty()
 }
 
-/// SMG's imbalance test. Both conditions must hold: a small absolute gap on a busy
-/// fleet is noise, and a large ratio on an idle fleet is too.
-pub fn is_imbalanced(candidates: &[Candidate], abs_threshold: u64, rel_threshold: f64) -> bool {
+/// SMG 1.13's spill gate: whether an owner with `load` requests in flight is
+/// skipped for the least loaded candidate, the candidates holding `mean` on
+/// average. It must exceed the mean by more than the margin AND be more than
+/// `rel_threshold` times it: a small absolute excess on a busy fleet is noise, and
+/// a large ratio on an idle one is too. The margin is `abs_threshold` capped at the
+/// natural swing of an in-flight count at that mean (two standard deviations of a
+/// Poisson count, `2 * sqrt(mean)`, at least 4): with the absolute default of 64
+/// alone, a fleet with fewer requests in flight than that could never spill, and
+/// one hot prefix took all of them to one engine.
+pub fn spills(load: u64, mean: f64, abs_threshold: u64, rel_threshold: f64) -> bool {
+    let load = load as f64;
+    load - mean > spill_margin(mean, abs_threshold) && load > rel_threshold * mean
+}
+
+/// The spill gate's absolute margin at a fleet mean of `mean` in flight.
+pub fn spill_margin(mean: f64, abs_threshold: u64) -> f64 {
+    (abs_threshold as f64).min((2.0 * mean.sqrt()).max(4.0))
+}
+
+/// The candidates' mean in-flight count (0 for none).
+fn mean_inflight(candidates: &[Candidate]) -> f64 {
     if candidates.is_empty() {
-        return false;
+        return 0.0;
     }
-    let (min, max) = candidates.iter().fold((u64::MAX, 0), |(min, max), c| {
-        (min.min(c.inflight), max.max(c.inflight))
-    });
-    max.saturating_sub(min) > abs_threshold && (max as f64) > (min as f64 * rel_threshold)
+    let total: u64 = candidates.iter().map(|c| c.inflight).sum();
+    total as f64 / candidates.len() as f64
 }
 
 /// The queue gate's one rule. Fails open: without a fresh sample the router cannot
@@ -287,9 +305,8 @@ pub struct CacheAwareParams {
     pub keep_start: bool,
 }
 
-/// The `cache_aware` ladder. `lookup` runs the prefix match only when the imbalance
-/// rung passes, so an imbalanced fleet costs no tree walk; it lends the match, which
-/// its caller keeps (the router reads the owners again after deciding).
+/// The `cache_aware` ladder. `lookup` runs the prefix match and lends it, which its
+/// caller keeps (the router reads the owners again after deciding).
 /// `candidates` come in worker order, as `crate::request::candidates` screens them: the
 /// match's owners are looked up in them.
 pub fn cache_aware<'m>(
@@ -316,21 +333,29 @@ fn cache_aware_by<'m>(
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
     let none = GateAudit::default();
-    if is_imbalanced(
-        candidates,
-        params.balance_abs_threshold,
-        params.balance_rel_threshold,
-    ) {
-        return least_loaded(candidates, rng).map(|w| decide(w, Reason::Imbalanced, 0, none));
-    }
     let (found, hit) = lookup();
     let matched = found.matched_chars;
     if hit {
         let owners = owning(candidates, &found.owners);
         if !owners.is_empty() {
-            return Some(gated_owner_choice(
-                params, candidates, &owners, matched, rng,
-            ));
+            let d = gated_owner_choice(params, candidates, &owners, matched, rng);
+            // Only a plain hit spills: a diverted request already went least
+            // pressure, and a pinned one stays because diverting buys nothing.
+            let load = owners.iter().find(|c| c.worker == d.worker).map(|c| c.inflight);
+            let spill = d.reason == Reason::CacheHit
+                && load.is_some_and(|load| {
+                    spills(
+                        load,
+                        mean_inflight(candidates),
+                        params.balance_abs_threshold,
+                        params.balance_rel_threshold,
+                    )
+                });
+            if spill {
+                return least_loaded(candidates, rng)
+                    .map(|w| decide(w, Reason::Imbalanced, matched, d.gate));
+            }
+            return Some(d);
         }
     }
     least_loaded(candidates, rng).map(|w| decide(w, Reason::CacheMiss, matched, none))
@@ -477,44 +502,55 @@ mod tests {
     }
 
     #[test]
-    fn imbalance_needs_both_thresholds() {
-        // A worked example with SMG's command-line defaults (abs 64, rel 1.5).
-        assert!(
-            !is_imbalanced(&cands(&[100, 40]), 64, 1.5),
-            "gap 60 <= 64: balanced"
-        );
-        assert!(
-            is_imbalanced(&cands(&[100, 30]), 64, 1.5),
-            "gap 70 and 100 > 45"
-        );
-        // Absolute gap alone is not enough.
-        assert!(!is_imbalanced(&cands(&[1000, 900]), 64, 1.5), "ratio 1.11");
-        // Exactly at the thresholds is not over them.
-        assert!(!is_imbalanced(&cands(&[64, 0]), 64, 1.5), "gap == abs");
-        assert!(is_imbalanced(&cands(&[65, 0]), 64, 1.5));
-        assert!(
-            !is_imbalanced(&cands(&[150, 100]), 10, 1.5),
-            "max == rel * min"
-        );
-        assert!(is_imbalanced(&cands(&[151, 100]), 10, 1.5));
-        assert!(!is_imbalanced(&[], 0, 1.0));
-        assert!(
-            !is_imbalanced(&cands(&[500]), 0, 1.0),
-            "one worker is balanced"
-        );
+    fn spill_margin_is_the_absolute_threshold_capped_at_the_natural_swing() {
+        // At a mean of 4 the swing is 2 * 2 = 4; at 25, 10; at 2500, 100.
+        assert_eq!(spill_margin(4.0, 64), 4.0);
+        assert_eq!(spill_margin(25.0, 64), 10.0);
+        assert_eq!(spill_margin(2500.0, 64), 64.0, "capped by the threshold");
+        assert_eq!(spill_margin(0.0, 64), 4.0, "never under four...");
+        assert_eq!(spill_margin(0.0, 2), 2.0, "...unless the threshold is");
     }
 
     #[test]
-    fn imbalanced_fleet_goes_least_load_without_lookup() {
+    fn spill_needs_both_the_margin_and_the_ratio() {
+        // SMG 1.13's defaults (abs 64, rel 1.5) at a mean of 25: margin 10.
+        assert!(!spills(35, 25.0, 64, 1.5), "exactly the margin over");
+        assert!(
+            !spills(36, 25.0, 64, 1.5),
+            "over the margin, but 36 < 1.5 * 25"
+        );
+        assert!(!spills(37, 25.0, 64, 1.5), "37.5 is the ratio's bound");
+        assert!(spills(38, 25.0, 64, 1.5));
+        // An idle fleet: the ratio alone is not enough.
+        assert!(!spills(3, 1.0, 64, 1.5), "3 > 1.5 but only 2 over");
+        assert!(spills(6, 1.0, 64, 1.5), "5 over the margin of 4");
+        // A busy fleet: the margin is the threshold.
+        assert!(!spills(3064, 3000.0, 64, 1.0));
+        assert!(spills(3065, 3000.0, 64, 1.0));
+    }
+
+    #[test]
+    fn a_hot_owner_spills_to_the_least_loaded_and_a_miss_never_spills() {
         let mut rng = SplitMix64(1);
-        let d = cache_aware(
-            &SMG,
-            &cands(&[100, 30, 80]),
-            || panic!("an imbalanced fleet must not walk the tree"),
-            &mut rng,
-        )
-        .unwrap();
-        assert_eq!((d.worker, d.reason), (1, Reason::Imbalanced));
+        // Mean 8, margin max(4, 5.66) = 5.66, ratio bound 12: 20 spills.
+        let fleet = cands(&[20, 4, 6, 2]);
+        let hit = matched(90, 100, vec![0]);
+        let d = cache_aware(&SMG, &fleet, || &hit, &mut rng).unwrap();
+        assert_eq!((d.worker, d.reason), (3, Reason::Imbalanced));
+        assert_eq!(d.matched_chars, 90, "the match it gave up is reported");
+        // At 10 (4 over a mean of 6, with a margin of 4.9) it stays.
+        let fleet = cands(&[10, 4, 6, 4]);
+        let d = cache_aware(&SMG, &fleet, || &hit, &mut rng).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::CacheHit));
+        // A miss goes least loaded whatever the loads.
+        let miss = matched(10, 100, vec![0]);
+        let d = cache_aware(&SMG, &cands(&[20, 4, 6, 2]), || &miss, &mut rng).unwrap();
+        assert_eq!((d.worker, d.reason), (3, Reason::CacheMiss));
+        // Another owner under the gate is not spilled: the least loaded owner
+        // takes it.
+        let shared = matched(90, 100, vec![0, 2]);
+        let d = cache_aware(&SMG, &cands(&[20, 4, 6, 2]), || &shared, &mut rng).unwrap();
+        assert_eq!((d.worker, d.reason), (2, Reason::CacheHit));
     }
 
     #[test]
@@ -618,7 +654,7 @@ mod tests {
     fn admitted_owners_are_a_hit_by_pressure_then_id() {
         let fleet = [
             c(0, 0, Some((1, 5))),
-            c(1, 9, Some((0, 2))),
+            c(1, 5, Some((0, 2))),
             c(2, 0, Some((0, 2))),
             c(3, 0, None),
         ];

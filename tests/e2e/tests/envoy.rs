@@ -117,7 +117,7 @@ fn different_prefixes_spread_over_the_fleet() {
 
 #[test]
 fn imbalanced_fleet_goes_least_load() {
-    // Low thresholds so a handful of slow requests make the owner "imbalanced".
+    // Low thresholds (margin 2) so a handful of slow requests make the owner spill.
     let f = fleet(
         3,
         json!({"balance_abs_threshold": 2, "balance_rel_threshold": 1.5}),

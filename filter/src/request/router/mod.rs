@@ -1338,10 +1338,12 @@ mod tests {
         // threshold.
         let system = "s".repeat(200);
         let mut rng = SplitMix64(3);
+        let spilling = r#","balance_rel_threshold":1.0"#;
         for (extra, want_kept) in [("", false), (r#","kv_capacity_bound":true"#, true)] {
-            let mut r = router(extra, 4);
+            let mut r = router(&format!("{spilling}{extra}"), 4);
             for (w, q) in [(1u64, "first"), (2, "second")] {
-                // Imbalanced towards `w`: the least loaded takes it, whatever matches.
+                // Every other worker 25 over the mean: an owner spills, and the
+                // least loaded takes it, whatever matches.
                 let mut loads = [100u64; 4];
                 loads[w as usize] = 0;
                 let req = chat(&[&system, q]);
