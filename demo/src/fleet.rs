@@ -12,6 +12,7 @@ use crate::engine_args;
 use crate::envoy::{self, Envoy, EnvoySpec, Target, Upstream};
 use crate::paths;
 use crate::process::{spawn_until, Guard};
+use llm_router::support::metric_names as names;
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -220,6 +221,21 @@ pub fn random_u64() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(std::process::id())
 }
 
+/// Waits until the filter has taken the collector's first push: a deployed
+/// collector runs before traffic comes, so a run's first request meets engine
+/// samples, as every later one does (without this, whether it does was a race
+/// between the collector's first scrape and the load's first request).
+fn first_push(envoy: &Envoy) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while envoy.filter_stat(names::STATS_PUSHES_ACCEPTED)? == 0 {
+        if std::time::Instant::now() >= deadline {
+            bail!("the collector's first push did not reach the filter within 15 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// Starts `llm-collector` scraping `engines` and pushing to Envoy's stats listener.
 pub fn start_collector(
     envoy: &Envoy,
@@ -342,14 +358,12 @@ impl Fleet {
             collector_args.extend(kv);
         }
         let collector = match spec.collector_interval_ms {
-            Some(interval) => Some(start_collector(
-                &envoy,
-                &engines,
-                &token,
-                interval,
-                &collector_args,
-                &dir,
-            )?),
+            Some(interval) => {
+                let collector =
+                    start_collector(&envoy, &engines, &token, interval, &collector_args, &dir)?;
+                first_push(&envoy)?;
+                Some(collector)
+            }
             None => None,
         };
         Ok(Fleet {

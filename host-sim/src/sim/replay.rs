@@ -6,9 +6,9 @@
 //! threads); each routed request is served by the engine the filter chose, which
 //! answers when its cost model says; the filter sees the response and the end of the
 //! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
-//! copy, an overload probe) are served by that engine the same way. Every
-//! `collector_interval_ms` the fleet's gauges are pushed to the filter's stats
-//! endpoint, as the companion collector does. What comes out is the load tool's
+//! copy, an overload probe) are served by that engine the same way. Before the first
+//! request and every `collector_interval_ms` after it the fleet's gauges are pushed
+//! to the filter's stats endpoint, as the companion collector does. What comes out is the load tool's
 //! [`Summary`] (latencies in virtual ms), so the report is the demo's.
 //!
 //! At concurrency 1 every decision is a pure function of the workload, the config and
@@ -273,7 +273,14 @@ impl Replay {
         let mut held: Vec<Held> = Vec::new();
         let (mut now, mut sent, mut pushes) = (0.0f64, 0usize, 0usize);
         let interval = self.collector_interval_ms.filter(|&i| i > 0);
-        let mut next_push = interval.map(|i| i as f64);
+        // A deployed collector runs before traffic comes: its first push is in
+        // before the first request, as `envoy/demo` waits for it.
+        let mut next_push = interval.map(|_| 0.0);
+        if let (Some(token), Some(_)) = (&token, next_push) {
+            push_stats(&mut host, &fleet, (start_ms, 0.0), (&stats_path, token), 0)?;
+            pushes += 1;
+            next_push = interval.map(|i| i as f64);
+        }
         loop {
             // A request the filter holds (asking the collector, say) is in flight too.
             while in_flight.len() + held.len() < self.concurrency.max(1) {
@@ -316,14 +323,14 @@ impl Replay {
                 if push_at > at {
                     break;
                 }
-                move_clock(&mut host, start_ms, push_at)?;
-                let vm = pushes % workers;
+                push_stats(
+                    &mut host,
+                    &fleet,
+                    (start_ms, push_at),
+                    (&stats_path, token),
+                    pushes % workers,
+                )?;
                 pushes += 1;
-                let mut spec = RequestSpec::post_json(&stats_path, fleet.stats_push(push_at));
-                let auth = format!("Bearer {token}");
-                spec.headers.push(("authorization", &auth));
-                let out = host.vm(vm).request(spec)?;
-                host.vm(vm).finish(out.handle)?;
                 next_push = interval.map(|i| push_at + i as f64);
             }
             now = now.max(at);
@@ -505,6 +512,23 @@ fn next_timeout(host: &Host, start_ms: u64) -> Option<f64> {
 }
 
 /// Moves the host's clock to `start + at` ms (whole ms, never back).
+/// The collector's push of the fleet's gauges at virtual `at` ms, on VM `vm`.
+fn push_stats(
+    host: &mut Host,
+    fleet: &SimFleet,
+    (start_ms, at): (u64, f64),
+    (stats_path, token): (&str, &str),
+    vm: usize,
+) -> Result<()> {
+    move_clock(host, start_ms, at)?;
+    let mut spec = RequestSpec::post_json(stats_path, fleet.stats_push(at));
+    let auth = format!("Bearer {token}");
+    spec.headers.push(("authorization", &auth));
+    let out = host.vm(vm).request(spec)?;
+    host.vm(vm).finish(out.handle)?;
+    Ok(())
+}
+
 fn move_clock(host: &mut Host, start_ms: u64, at: f64) -> Result<()> {
     let target = start_ms + at.ceil() as u64;
     let now = host.now_ms();
