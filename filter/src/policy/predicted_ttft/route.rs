@@ -19,8 +19,6 @@ pub struct Scratch {
     scored: Vec<Scored>,
     /// The sample's tally of a short holder list (`super::sample`).
     holders: Vec<u64>,
-    /// Each engine's running slots as learned from its samples, by worker index.
-    slots: Vec<super::ladder::Slots>,
 }
 
 /// A decision, and what its record needs.
@@ -65,28 +63,18 @@ pub fn route(
         (params.sample_size, input),
         (&mut scratch.holders, rng),
     );
-    for c in candidates {
-        let i = c.worker as usize;
-        if scratch.slots.len() <= i {
-            scratch.slots.resize(i + 1, Default::default());
-        }
-        if let (Some(q), Some(s)) = (c.engine, scratch.slots.get_mut(i)) {
-            s.observe(q.running);
-        }
-    }
-    let slots = &scratch.slots;
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
     let seen = (loads, held, leaves);
     match &sample {
         None => {
             for c in candidates {
-                ladder.push(scored_candidate(c, seen, slots, (params, input)));
+                ladder.push(scored_candidate(c, seen, (params, input)));
             }
         }
         Some(at) => at.for_each(|i| {
             if let Some(c) = candidates.get(i) {
-                ladder.push(scored_candidate(c, seen, slots, (params, input)));
+                ladder.push(scored_candidate(c, seen, (params, input)));
             }
         }),
     }
@@ -111,13 +99,10 @@ pub fn route(
 fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
-    slots: &[super::ladder::Slots],
     (params, input): (&TtftParams, u64),
 ) -> Scored {
     let conversations = leaves.get(c.worker) as u64;
-    let mut t = ttft_candidate(loads, c, (held, conversations));
-    t.slots = slots.get(c.worker as usize).map_or(1, |s| s.count());
-    t.scored(params, input)
+    ttft_candidate(loads, c, (held, conversations)).scored(params, input)
 }
 
 /// What `predicted_ttft` knows of one candidate: the router's own work there,
@@ -151,7 +136,6 @@ fn ttft_candidate(
         continues: held.continues(c.worker),
         conversations,
         costs: loads.costs.get(i).copied().unwrap_or_default(),
-        slots: 1,
     }
 }
 
