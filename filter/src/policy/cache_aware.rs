@@ -82,9 +82,6 @@ impl Select for CacheAware {
         let engines = ask
             .engines
             .filter(|e| ask.candidates.iter().all(|c| e.held_by(c.worker).is_some()));
-        let (mut looked, mut walked, mut source) = (false, None, Source::Tree);
-        let (looked_up, walk, used) = (&mut looked, &mut walked, &mut source);
-        let (found, by_engines) = (&mut self.found, &mut self.engines);
         let candidates = ask.candidates;
         let threshold = params.cache_threshold;
         // Drawn only where the engines answered or the bound keeps starts: the tree
@@ -95,63 +92,56 @@ impl Select for CacheAware {
         } else {
             0
         };
-        let decision = cache_aware_by(
-            params,
-            candidates,
-            move || {
-                *looked_up = true;
-                let text_chars = char_len(text);
-                if let Some(e) = engines {
-                    engine_match(e, candidates, text_chars, by_engines);
-                    if by_engines.match_rate() > threshold {
-                        *used = Source::Engines;
-                        return (&*by_engines, true);
-                    }
+        let text_chars = char_len(text);
+        let (mut walked, mut source) = (None, Source::Tree);
+        let hit = 'matched: {
+            if let Some(e) = engines {
+                engine_match(e, candidates, text_chars, &mut self.engines);
+                if self.engines.match_rate() > threshold {
+                    source = Source::Engines;
+                    break 'matched true;
                 }
-                match tree {
-                    Some(t) => *walk = Some(t.prefix_walk_into(text, found)),
-                    None => found.refill(0, text_chars, []),
-                }
-                let tree_hit = found.match_rate() > threshold;
-                if engines.is_some() && tree_hit && rehome(candidates, by_engines, pick) {
-                    *used = Source::Engines;
-                    return (&*by_engines, true);
-                }
-                if keep_start
-                    && !tree_hit
-                    && found.matched_chars >= KEPT_START_CHARS
-                    && rehome(candidates, found, pick)
-                {
-                    return (&*found, true);
-                }
-                (&*found, tree_hit)
-            },
-            rng,
-        );
-        let matched = looked.then_some(match source {
+            }
+            match tree {
+                Some(t) => walked = Some(t.prefix_walk_into(text, &mut self.found)),
+                None => self.found.refill(0, text_chars, []),
+            }
+            let tree_hit = self.found.match_rate() > threshold;
+            if engines.is_some() && tree_hit && rehome(candidates, &mut self.engines, pick) {
+                source = Source::Engines;
+                break 'matched true;
+            }
+            if keep_start
+                && !tree_hit
+                && self.found.matched_chars >= KEPT_START_CHARS
+                && rehome(candidates, &mut self.found, pick)
+            {
+                break 'matched true;
+            }
+            tree_hit
+        };
+        let matched = match source {
             Source::Tree => &self.found,
             Source::Engines => &self.engines,
-        });
-        let text_chars = matched.map_or_else(|| char_len(text), |m| m.input_chars);
+        };
+        let decision = cache_aware_by(params, candidates, (matched, hit), rng);
+        let text_chars = matched.input_chars;
         // An owner of the match holds all of it; anyone else, what its engine says,
-        // or a walk of its own (a balanced fleet never walked the tree at all).
-        let held_chars = decision.as_ref().map_or(0, |d| match (matched, engines) {
-            (Some(m), _) if m.owners.binary_search(&d.worker).is_ok() => m.matched_chars,
-            (_, Some(e)) => e
+        // or a walk of its own.
+        let held_chars = decision.as_ref().map_or(0, |d| match engines {
+            _ if matched.owners.binary_search(&d.worker).is_ok() => matched.matched_chars,
+            Some(e) => e
                 .answer
                 .chars_of(e.held_by(d.worker).unwrap_or(0), text_chars),
-            _ => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
+            None => tree.map_or(0, |t| t.tenant_depth(text, d.worker)),
         });
-        // Only a miss can hide a filtered owner: any other reason either hit an
-        // owner or never consulted the tree. A miss comes after the walk, so the
-        // match is at hand.
+        // Only a miss can hide a filtered owner: any other reason followed an owner
+        // that was a candidate (a spill one that was).
         let owner_overloaded = !ask.flagged.is_empty()
             && decision
                 .as_ref()
                 .is_some_and(|d| d.reason == Reason::CacheMiss)
-            && matched.is_some_and(|m| {
-                owners_filtered(params.cache_threshold, m, ask.candidates, ask.flagged)
-            });
+            && owners_filtered(params.cache_threshold, matched, ask.candidates, ask.flagged);
         Chosen {
             decision,
             record: Some(Held {
@@ -305,35 +295,29 @@ pub struct CacheAwareParams {
     pub keep_start: bool,
 }
 
-/// The `cache_aware` ladder. `lookup` runs the prefix match and lends it, which its
-/// caller keeps (the router reads the owners again after deciding).
+/// The `cache_aware` ladder for the prefix match `found`, a hit above the threshold.
 /// `candidates` come in worker order, as `crate::request::candidates` screens them: the
 /// match's owners are looked up in them.
-pub fn cache_aware<'m>(
+pub fn cache_aware(
     params: &CacheAwareParams,
     candidates: &[Candidate],
-    lookup: impl FnOnce() -> &'m PrefixMatch,
+    found: &PrefixMatch,
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
-    let threshold = params.cache_threshold;
-    let lookup = move || {
-        let found = lookup();
-        (found, found.match_rate() > threshold)
-    };
-    cache_aware_by(params, candidates, lookup, rng)
+    let hit = found.match_rate() > params.cache_threshold;
+    cache_aware_by(params, candidates, (found, hit), rng)
 }
 
-/// The ladder with the prefix rung's verdict given: `lookup` lends a match and
-/// whether its owners are a hit (the tree's by the threshold; `kv_match`'s by what
-/// the engines hold, `CacheAware::select`).
-fn cache_aware_by<'m>(
+/// The ladder with the prefix rung's verdict given: a match and whether its owners
+/// are a hit (the tree's by the threshold; `kv_match`'s by what the engines hold,
+/// `CacheAware::select`).
+fn cache_aware_by(
     params: &CacheAwareParams,
     candidates: &[Candidate],
-    lookup: impl FnOnce() -> (&'m PrefixMatch, bool),
+    (found, hit): (&PrefixMatch, bool),
     rng: &mut dyn Rng,
 ) -> Option<Decision> {
     let none = GateAudit::default();
-    let (found, hit) = lookup();
     let matched = found.matched_chars;
     if hit {
         let owners = owning(candidates, &found.owners);
@@ -498,7 +482,7 @@ mod tests {
     fn no_candidates_no_decision() {
         let mut rng = SplitMix64(1);
         let none = matched(0, 1, vec![]);
-        assert!(cache_aware(&SMG, &[], || &none, &mut rng).is_none());
+        assert!(cache_aware(&SMG, &[], &none, &mut rng).is_none());
     }
 
     #[test]
@@ -535,21 +519,21 @@ mod tests {
         // Mean 8, margin max(4, 5.66) = 5.66, ratio bound 12: 20 spills.
         let fleet = cands(&[20, 4, 6, 2]);
         let hit = matched(90, 100, vec![0]);
-        let d = cache_aware(&SMG, &fleet, || &hit, &mut rng).unwrap();
+        let d = cache_aware(&SMG, &fleet, &hit, &mut rng).unwrap();
         assert_eq!((d.worker, d.reason), (3, Reason::Imbalanced));
         assert_eq!(d.matched_chars, 90, "the match it gave up is reported");
         // At 10 (4 over a mean of 6, with a margin of 4.9) it stays.
         let fleet = cands(&[10, 4, 6, 4]);
-        let d = cache_aware(&SMG, &fleet, || &hit, &mut rng).unwrap();
+        let d = cache_aware(&SMG, &fleet, &hit, &mut rng).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::CacheHit));
         // A miss goes least loaded whatever the loads.
         let miss = matched(10, 100, vec![0]);
-        let d = cache_aware(&SMG, &cands(&[20, 4, 6, 2]), || &miss, &mut rng).unwrap();
+        let d = cache_aware(&SMG, &cands(&[20, 4, 6, 2]), &miss, &mut rng).unwrap();
         assert_eq!((d.worker, d.reason), (3, Reason::CacheMiss));
         // Another owner under the gate is not spilled: the least loaded owner
         // takes it.
         let shared = matched(90, 100, vec![0, 2]);
-        let d = cache_aware(&SMG, &cands(&[20, 4, 6, 2]), || &shared, &mut rng).unwrap();
+        let d = cache_aware(&SMG, &cands(&[20, 4, 6, 2]), &shared, &mut rng).unwrap();
         assert_eq!((d.worker, d.reason), (2, Reason::CacheHit));
     }
 
@@ -558,13 +542,13 @@ mod tests {
         let mut rng = SplitMix64(1);
         let c = cands(&[0, 0, 5]);
         let (at_threshold, above_it) = (matched(3, 10, vec![2]), matched(31, 100, vec![2]));
-        let at = cache_aware(&SMG, &c, || &at_threshold, &mut rng).unwrap();
+        let at = cache_aware(&SMG, &c, &at_threshold, &mut rng).unwrap();
         assert_eq!(at.reason, Reason::CacheMiss, "0.3 is not > 0.3");
         assert_ne!(
             at.worker, 2,
             "miss goes least-load, worker 2 is the busiest"
         );
-        let above = cache_aware(&SMG, &c, || &above_it, &mut rng).unwrap();
+        let above = cache_aware(&SMG, &c, &above_it, &mut rng).unwrap();
         assert_eq!((above.worker, above.reason), (2, Reason::CacheHit));
         assert_eq!(above.matched_chars, 31);
     }
@@ -574,7 +558,7 @@ mod tests {
         let mut rng = SplitMix64(1);
         let c = cands(&[3, 1, 1, 0]);
         let m = matched(10, 10, vec![0, 1, 2]);
-        let d = cache_aware(&SMG, &c, || &m, &mut rng).unwrap();
+        let d = cache_aware(&SMG, &c, &m, &mut rng).unwrap();
         assert_eq!(d.worker, 1, "owners 1 and 2 tie at 1 in flight: lower id");
     }
 
@@ -583,7 +567,7 @@ mod tests {
         let mut rng = SplitMix64(1);
         let c = cands(&[0, 0]);
         let m = matched(10, 10, vec![7]);
-        let d = cache_aware(&SMG, &c, || &m, &mut rng).unwrap();
+        let d = cache_aware(&SMG, &c, &m, &mut rng).unwrap();
         assert_eq!(d.reason, Reason::CacheMiss);
     }
 
@@ -599,7 +583,7 @@ mod tests {
     fn run(params: CacheAwareParams, fleet: &[Candidate], owners: &[TenantId]) -> Decision {
         let mut rng = SplitMix64(3);
         let m = matched(100, 100, owners.to_vec());
-        cache_aware(&params, fleet, || &m, &mut rng).expect("a non-empty fleet always decides")
+        cache_aware(&params, fleet, &m, &mut rng).expect("a non-empty fleet always decides")
     }
 
     #[test]
@@ -796,7 +780,7 @@ mod tests {
         let fleet = [c(0, 0, Some((9, 0))), c(1, 1, Some((0, 0)))];
         let mut rng = SplitMix64(1);
         let m = matched(1, 100, vec![1]);
-        let d = cache_aware(&gated(Some(4), Some(2)), &fleet, || &m, &mut rng).unwrap();
+        let d = cache_aware(&gated(Some(4), Some(2)), &fleet, &m, &mut rng).unwrap();
         assert_eq!(
             (d.worker, d.reason),
             (0, Reason::CacheMiss),

@@ -8,8 +8,9 @@
 //! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
 //! copy, an overload probe) are served by that engine the same way. Before the first
 //! request and every `collector_interval_ms` after it the fleet's gauges are pushed
-//! to the filter's stats endpoint, as the companion collector does. What comes out is the load tool's
-//! [`Summary`] (latencies in virtual ms), so the report is the demo's.
+//! to the filter's stats endpoint, as the companion collector does. What comes out
+//! is the load tool's [`Summary`] (latencies in virtual ms), so the report is the
+//! demo's.
 //!
 //! At concurrency 1 every decision is a pure function of the workload, the config and
 //! its `rng_seed`, which is what makes a run comparable with `envoy/demo
@@ -273,13 +274,12 @@ impl Replay {
         let mut held: Vec<Held> = Vec::new();
         let (mut now, mut sent, mut pushes) = (0.0f64, 0usize, 0usize);
         let interval = self.collector_interval_ms.filter(|&i| i > 0);
+        let mut next_push = interval.map(|i| i as f64);
         // A deployed collector runs before traffic comes: its first push is in
         // before the first request, as `envoy/demo` waits for it.
-        let mut next_push = interval.map(|_| 0.0);
-        if let (Some(token), Some(_)) = (&token, next_push) {
+        if let (Some(token), Some(_)) = (&token, interval) {
             push_stats(&mut host, &fleet, (start_ms, 0.0), (&stats_path, token), 0)?;
             pushes += 1;
-            next_push = interval.map(|i| i as f64);
         }
         loop {
             // A request the filter holds (asking the collector, say) is in flight too.
@@ -511,7 +511,6 @@ fn next_timeout(host: &Host, start_ms: u64) -> Option<f64> {
         .min_by(f64::total_cmp)
 }
 
-/// Moves the host's clock to `start + at` ms (whole ms, never back).
 /// The collector's push of the fleet's gauges at virtual `at` ms, on VM `vm`.
 fn push_stats(
     host: &mut Host,
@@ -529,6 +528,7 @@ fn push_stats(
     Ok(())
 }
 
+/// Moves the host's clock to `start + at` ms (whole ms, never back).
 fn move_clock(host: &mut Host, start_ms: u64, at: f64) -> Result<()> {
     let target = start_ms + at.ceil() as u64;
     let now = host.now_ms();
