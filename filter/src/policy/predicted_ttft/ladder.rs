@@ -20,8 +20,9 @@
 //!   this Envoy had in flight there when the sample was taken: load from other
 //!   routers. No fresh sample: 0 (fail open, the router's own count stands);
 //! - `prefill_us_per_char`, `service_ms`: learned per worker from observed time to
-//!   first byte and stream duration (moving averages, `learn`), the configured
-//!   priors until then.
+//!   first byte and stream duration (moving averages, `learn`); until then the
+//!   mean of the candidates' learned values, the configured priors while none has
+//!   any (`TtftParams::with_fleet_priors`).
 //!
 //! Rungs. `best` is the least prediction among the workers under the cap; "within
 //! the stay factor" means predicted at most `stay_factor` times `best`, "near" at

@@ -28,6 +28,7 @@ use crate::config::{
     Config, DEFAULT_LOAD_FACTOR, DEFAULT_PREFILL_US_PER_CHAR, DEFAULT_SERVICE_MS,
     DEFAULT_STAY_FACTOR, DEFAULT_TTFT_SAMPLE_SIZE,
 };
+use crate::load::WorkerCosts;
 use crate::rng::Rng;
 
 /// The policy's settings, defaults filled in (`Select::params`).
@@ -43,6 +44,36 @@ pub struct TtftParams {
     pub stay_factor: f64,
     /// Fleets larger than this are sampled (0: never).
     pub sample_size: usize,
+}
+
+impl TtftParams {
+    /// These parameters with the priors of a worker whose costs are not learned yet
+    /// taken from the workers whose costs are (`learned`: each candidate's), each the
+    /// mean of those learned, the configured prior while none is. The configured
+    /// prior is a guess and the fleet's engines are mostly alike: a new or quiet
+    /// engine priced at the guess while the others are priced at what they cost
+    /// looks several times faster or slower than it is, and a burst piles onto it
+    /// (or shuns it) until its first answers come back.
+    pub fn with_fleet_priors(&self, learned: impl IntoIterator<Item = WorkerCosts>) -> TtftParams {
+        let (mut prefill, mut service) = ((0.0, 0u32), (0.0, 0u32));
+        for c in learned {
+            if let Some(v) = c.prefill_us_per_char {
+                prefill = (prefill.0 + v, prefill.1 + 1);
+            }
+            if let Some(v) = c.service_ms {
+                service = (service.0 + v, service.1 + 1);
+            }
+        }
+        let mean = |(sum, n): (f64, u32), prior: f64| match n {
+            0 => prior,
+            n => sum / f64::from(n),
+        };
+        TtftParams {
+            prefill_us_per_char: mean(prefill, self.prefill_us_per_char),
+            service_ms: mean(service, self.service_ms),
+            ..*self
+        }
+    }
 }
 
 /// What a decision fills, kept for the next.
@@ -100,6 +131,30 @@ mod tests {
     fn params(extra: &str) -> TtftParams {
         let json = format!(r#"{{"workers":[{{"name":"w0"}}],"policy":"predicted_ttft"{extra}}}"#);
         PredictedTtft::params(&Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn an_unlearned_worker_is_priced_at_the_fleets_learned_mean() {
+        let p = params("");
+        let learned = |prefill: Option<f64>, service: Option<f64>| WorkerCosts {
+            prefill_us_per_char: prefill,
+            service_ms: service,
+        };
+        let none = p.with_fleet_priors([learned(None, None), learned(None, None)]);
+        assert_eq!(none, p, "nothing learned: the configured priors");
+        let some = p.with_fleet_priors([
+            learned(Some(10.0), None),
+            learned(None, None),
+            learned(Some(16.0), Some(3.0)),
+        ]);
+        assert_eq!(some.prefill_us_per_char, 13.0, "the mean of the two learned");
+        assert_eq!(some.service_ms, 3.0, "only one learned its service time");
+        assert_eq!(
+            (some.load_factor, some.stay_factor, some.sample_size),
+            (p.load_factor, p.stay_factor, p.sample_size),
+            "the rest as configured"
+        );
+        assert_eq!(p.with_fleet_priors([]), p);
     }
 
     #[test]

@@ -63,6 +63,12 @@ pub fn route(
         (params.sample_size, input),
         (&mut scratch.holders, rng),
     );
+    let fleet = params.with_fleet_priors(
+        candidates
+            .iter()
+            .filter_map(|c| loads.costs.get(c.worker as usize).copied()),
+    );
+    let params = &fleet;
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
     let seen = (loads, held, leaves);
