@@ -7,22 +7,32 @@
 //!
 //! ```text
 //! uncached(w)  = input - cached(w)          cached(w): w's own match depth in the tree
-//! ttft_us(w)   = prefill_us_per_char(w) * (ahead_chars(w) + uncached(w))
-//!              + service_ms(w) * 1000 * (busy(w) + others(w))
+//! ttft_us(w)   = prefill_us_per_char(w) * (wait_chars(w) + uncached(w))
+//!              + service_ms(w) * 1000 * wait_requests(w)
 //! ```
 //!
+//! - the wait (`wait_for_slot`): an engine runs `slots(w)` requests at once. While
+//!   fewer than that are on it (`present`: this Envoy's in flight there plus
+//!   `others`), a new request starts at once and waits for nobody. Past that it is
+//!   `present + 1 - slots` in the queue, and each slot frees after about one
+//!   average request there: its share of `ahead_chars` as prefill, and of the
+//!   requests past their first byte as a service time. On one slot that is every
+//!   request ahead;
+//! - `slots`: once a sample showed requests waiting, the requests it showed
+//!   running; until then the most seen running at once, at least one (`Slots`):
+//!   never more parallelism than seen, so on an engine never sampled (no
+//!   collector) or only seen idle a request waits for every one ahead;
 //! - `ahead_chars`: uncached prefill chars this Envoy sent to `w` whose first byte
 //!   has not come back (booked at the decision, released at the first response
 //!   byte; shared by every thread, so the next request sees this one at once);
-//! - `busy`: this Envoy's requests on `w` past their first byte (in flight minus
-//!   prefilling), each holding the engine for about one service time;
 //! - `others`: what a fresh engine sample reports (waiting + running) beyond what
 //!   this Envoy had in flight there when the sample was taken: load from other
 //!   routers. No fresh sample: 0 (fail open, the router's own count stands);
 //! - `prefill_us_per_char`, `service_ms`: learned per worker from observed time to
-//!   first byte and stream duration (moving averages, `learn`); until then the
-//!   mean of the candidates' learned values, the configured priors while none has
-//!   any (`TtftParams::with_fleet_priors`).
+//!   first byte (over the wait chars and own chars the prediction put before it)
+//!   and stream duration (moving averages, `learn`); until then the mean of the
+//!   candidates' learned values, the configured priors while none has any
+//!   (`TtftParams::with_fleet_priors`).
 //!
 //! Rungs. `best` is the least prediction among the workers under the cap; "within
 //! the stay factor" means predicted at most `stay_factor` times `best`, "near" at
@@ -105,14 +115,11 @@ pub struct TtftCandidate {
     pub continues: bool,
     pub conversations: u64,
     pub costs: WorkerCosts,
+    /// Requests the engine runs at once, as its samples showed (`Slots::count`).
+    pub slots: u64,
 }
 
 impl TtftCandidate {
-    /// Requests past their first byte, holding the engine.
-    fn busy(&self) -> u64 {
-        self.inflight.saturating_sub(self.work.prefilling)
-    }
-
     /// Predicted time to first token here, in microseconds.
     pub fn predict_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
         let per_char = self
@@ -120,10 +127,19 @@ impl TtftCandidate {
             .prefill_us_per_char
             .unwrap_or(p.prefill_us_per_char);
         let service_us = self.costs.service_ms.unwrap_or(p.service_ms) * 1000.0;
-        let uncached = input_chars.saturating_sub(self.cached_chars);
-        let prefill = self.work.ahead_chars.saturating_add(uncached) as f64;
-        let queued = self.busy().saturating_add(self.others) as f64;
-        per_char * prefill + service_us * queued
+        let uncached = input_chars.saturating_sub(self.cached_chars) as f64;
+        let (ahead, queued) = self.wait();
+        per_char * (ahead + uncached) + service_us * queued
+    }
+
+    /// The work a new request waits for here: prefill chars and requests past
+    /// their first byte.
+    pub fn wait(&self) -> (f64, f64) {
+        wait_for_slot(
+            self.inflight.saturating_add(self.others),
+            (self.work.prefilling, self.work.ahead_chars),
+            self.slots,
+        )
     }
 
     /// The candidate as the ladder compares it, predicted for a request of
@@ -135,7 +151,7 @@ impl TtftCandidate {
             inflight: self.inflight,
             cached_chars: self.cached_chars,
             conversations: self.conversations,
-            ahead_chars: self.work.ahead_chars,
+            ahead_chars: self.wait().0.round() as u64,
             ttft_us: self.predict_us(p, input_chars),
         }
     }
@@ -156,6 +172,63 @@ pub struct Scored {
     pub ahead_chars: u64,
     /// The prediction (`TtftCandidate::predict_us`).
     pub ttft_us: f64,
+}
+
+/// A request's wait for a running slot, as prefill chars and requests past their
+/// first byte (the units of the learned costs), on an engine running `slots` at
+/// once with `present` requests on it, `prefilling` of them holding `ahead_chars`
+/// uncached chars: none while a slot is free, else its place in the queue over
+/// the slots, each freeing after about one average request.
+pub fn wait_for_slot(present: u64, (prefilling, ahead_chars): (u64, u64), slots: u64) -> (f64, f64) {
+    let slots = slots.max(1);
+    if present < slots {
+        return (0.0, 0.0);
+    }
+    if slots == 1 {
+        // A queue of one: every request ahead, its prefill and its service, in
+        // whole numbers (the shares below may round an ulp off them, and an ulp
+        // decides exact ties between engines alike).
+        return (ahead_chars as f64, present.saturating_sub(prefilling) as f64);
+    }
+    // The average request on the engine: its share of the prefill chars, and the
+    // share of requests past their first byte, each holding a slot for a service
+    // time. On one slot this is every request ahead, as a queue of one.
+    let turns = (present + 1 - slots) as f64 / slots as f64;
+    let mean_chars = ahead_chars as f64 / present as f64;
+    let streaming = present.saturating_sub(prefilling) as f64 / present as f64;
+    (turns * mean_chars, turns * streaming)
+}
+
+/// One engine's running slots as its samples showed them. A sample with requests
+/// waiting shows them all taken: the engine runs exactly as many as were running
+/// then (the most such a sample showed, should the engine's limit move). Until
+/// one does, never more than the most it was seen running at once, and at least
+/// one: a router that assumed more would send a burst to an engine of one slot as
+/// if it ran them all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slots {
+    /// The most running while some waited (0: never seen full).
+    full: u64,
+    /// The most running at once.
+    seen: u64,
+}
+
+impl Slots {
+    /// Takes one fresh sample.
+    pub fn observe(&mut self, waiting: u64, running: u64) {
+        self.seen = self.seen.max(running);
+        if waiting > 0 {
+            self.full = self.full.max(running);
+        }
+    }
+
+    /// Requests the engine runs at once, as far as its samples showed.
+    pub fn count(&self) -> u64 {
+        match self.full {
+            0 => self.seen.max(1),
+            full => full,
+        }
+    }
 }
 
 /// Bounded load: the most requests any worker may hold once this one is placed,
@@ -423,6 +496,7 @@ mod tests {
             continues: false,
             conversations: 0,
             costs: WorkerCosts::default(),
+            slots: 1,
         }
     }
 
@@ -449,6 +523,50 @@ mod tests {
 
     fn run(input: u64, cands: &[TtftCandidate]) -> Decision {
         ladder(&P, input, cands, &mut SplitMix64(7)).unwrap()
+    }
+
+    #[test]
+    fn a_free_slot_waits_for_nobody_and_a_full_engine_for_its_share_of_the_queue() {
+        // 3 on an engine of 4 slots: a slot is free.
+        assert_eq!(wait_for_slot(3, (3, 3000), 4), (0.0, 0.0));
+        // 4 on 4: first in the queue, one quarter of the way (each slot frees
+        // after about one average request: 1000 chars, none streaming).
+        assert_eq!(wait_for_slot(4, (4, 4000), 4), (250.0, 0.0));
+        // 8 on 2 slots, 4 prefilling 2000 chars, 4 streaming: 7 / 2 turns of the
+        // average request (250 chars of prefill, half a service).
+        assert_eq!(wait_for_slot(8, (4, 2000), 2), (3.5 * 250.0, 3.5 * 0.5));
+        // One slot: every request ahead is waited for, prefill and service.
+        assert_eq!(wait_for_slot(2, (2, 600), 1), (600.0, 0.0));
+        // In whole numbers: 3 x (1001 / 3) is not 1001 in floating point.
+        assert_eq!(wait_for_slot(3, (1, 1001), 1), (1001.0, 2.0));
+        // A slot count of 0 reads as 1; an engine wider than its load never queues.
+        assert_eq!(wait_for_slot(1, (1, 100), 0), (100.0, 0.0));
+        assert_eq!(wait_for_slot(500, (500, 1), u64::MAX), (0.0, 0.0));
+    }
+
+    #[test]
+    fn an_engines_slots_are_the_most_seen_running_until_a_queue_shows_them_all() {
+        let mut s = Slots::default();
+        assert_eq!(s.count(), 1, "never sampled: every request ahead is waited for");
+        s.observe(0, 0);
+        assert_eq!(s.count(), 1, "an idle sample shows no more");
+        s.observe(0, 3);
+        assert_eq!(s.count(), 3);
+        s.observe(0, 2);
+        assert_eq!(s.count(), 3, "fewer running later does not lower it");
+        s.observe(0, 5);
+        assert_eq!(s.count(), 5);
+        // Requests waiting: the engine is full at what runs.
+        let mut full = Slots::default();
+        full.observe(0, 1);
+        full.observe(2, 4);
+        assert_eq!(full.count(), 4);
+        full.observe(0, 6);
+        assert_eq!(full.count(), 4, "a full engine's count stands over idle samples");
+        full.observe(1, 6);
+        assert_eq!(full.count(), 6, "the most a full sample showed");
+        full.observe(3, 2);
+        assert_eq!(full.count(), 6, "a full sample with fewer running does not lower it");
     }
 
     #[test]
@@ -584,7 +702,8 @@ mod tests {
         assert_eq!(seen[3], 0, "20 ms of service ahead is no tie");
         assert!(seen[..3].iter().all(|&n| n > 80), "ties spread: {seen:?}");
         // Within 2% is a tie, beyond it is not.
-        let mut a = cand(0, 0, 0);
+        let mut a = cand(0, 1, 0);
+        a.work.prefilling = 1;
         a.work.ahead_chars = 1; // 5 us more than 0 + 100 chars * 5 = 500 us: 1%
         let mut seen = [0; 2];
         for _ in 0..200 {
@@ -695,8 +814,9 @@ mod tests {
         // conversations: the work still to come decides.
         let mut w0 = cand(0, 0, 3000);
         w0.conversations = 6;
-        let mut w1 = cand(1, 0, 3000);
+        let mut w1 = cand(1, 1, 3000);
         w1.conversations = 5;
+        w1.work.prefilling = 1;
         w1.work.ahead_chars = 500;
         let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::TtftCache));
@@ -900,7 +1020,7 @@ mod tests {
                 let predicted = Prediction {
                     ttft_us: w.predict_us(&params, input).round() as u64,
                     uncached_chars: input.saturating_sub(w.cached_chars),
-                    ahead_chars: w.work.ahead_chars,
+                    ahead_chars: w.wait().0.round() as u64,
                 };
                 assert_eq!(d.predicted, Some(predicted), "{what}");
                 assert_eq!(d.matched_chars, w.cached_chars as usize, "{what}");

@@ -19,6 +19,8 @@ pub struct Scratch {
     scored: Vec<Scored>,
     /// The sample's tally of a short holder list (`super::sample`).
     holders: Vec<u64>,
+    /// Each engine's running slots as learned from its samples, by worker index.
+    slots: Vec<super::ladder::Slots>,
 }
 
 /// A decision, and what its record needs.
@@ -69,18 +71,28 @@ pub fn route(
             .filter_map(|c| loads.costs.get(c.worker as usize).copied()),
     );
     let params = &fleet;
+    for c in candidates {
+        let i = c.worker as usize;
+        if scratch.slots.len() <= i {
+            scratch.slots.resize(i + 1, Default::default());
+        }
+        if let (Some(q), Some(s)) = (c.engine, scratch.slots.get_mut(i)) {
+            s.observe(q.waiting, q.running);
+        }
+    }
+    let slots = &scratch.slots;
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
     let seen = (loads, held, leaves);
     match &sample {
         None => {
             for c in candidates {
-                ladder.push(scored_candidate(c, seen, (params, input)));
+                ladder.push(scored_candidate(c, seen, slots, (params, input)));
             }
         }
         Some(at) => at.for_each(|i| {
             if let Some(c) = candidates.get(i) {
-                ladder.push(scored_candidate(c, seen, (params, input)));
+                ladder.push(scored_candidate(c, seen, slots, (params, input)));
             }
         }),
     }
@@ -105,10 +117,13 @@ pub fn route(
 fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
+    slots: &[super::ladder::Slots],
     (params, input): (&TtftParams, u64),
 ) -> Scored {
     let conversations = leaves.get(c.worker) as u64;
-    ttft_candidate(loads, c, (held, conversations)).scored(params, input)
+    let mut t = ttft_candidate(loads, c, (held, conversations));
+    t.slots = slots.get(c.worker as usize).map_or(1, |s| s.count());
+    t.scored(params, input)
 }
 
 /// What `predicted_ttft` knows of one candidate: the router's own work there,
@@ -142,6 +157,7 @@ fn ttft_candidate(
         continues: held.continues(c.worker),
         conversations,
         costs: loads.costs.get(i).copied().unwrap_or_default(),
+        slots: 1,
     }
 }
 
