@@ -19,8 +19,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Response header carrying the routing filter's decision label.
-pub const DECISION_HEADER: &str = "x-llm-router-decision";
 /// Request header asking the routing filter for its decision headers.
 pub const EXPLAIN_HEADER: &str = "x-llm-router-explain";
 /// Response header an engine may use to name itself (fallback to the body's `worker`).
@@ -159,7 +157,7 @@ async fn exchange(
     let status = resp.status();
     rec.status = Some(status.as_u16());
     let headers = resp.headers().clone();
-    rec.decision = header_str(&headers, DECISION_HEADER);
+    rec.read_decision(|name| headers.get(name).and_then(|v| v.to_str().ok()));
     let header_worker =
         header_str(&headers, WORKER_HEADER).or_else(|| header_str(&headers, ROUTED_WORKER_HEADER));
     let is_sse = item.stream

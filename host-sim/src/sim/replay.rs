@@ -25,7 +25,7 @@ use llm_load::response::{parse_json_body, snippet};
 use llm_load::scheduler::Dispatch;
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::WorkItem;
-use llm_router::support::header_names::{DECISION_HEADER, EXPLAIN_HEADER};
+use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -407,7 +407,7 @@ impl Replay {
         };
         if let Some(reply) = &out.local_response {
             record.status = u16::try_from(reply.status).ok();
-            record.decision = reply.header(DECISION_HEADER).map(str::to_string);
+            record.read_decision(|h| reply.header(h));
             record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
             record.latency_ms = now - sent;
             return Ok(Routed::Done(record));
@@ -466,7 +466,7 @@ impl Replay {
         let out = host.vm(handle.vm).outcome(handle)?;
         if let Some(reply) = out.local_response.filter(|_| out.finished) {
             record.status = u16::try_from(reply.status).ok();
-            record.decision = reply.header(DECISION_HEADER).map(str::to_string);
+            record.read_decision(|h| reply.header(h));
             record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
             return Ok(record);
         }
@@ -476,7 +476,7 @@ impl Replay {
             .respond(handle, status, &headers, &body)?;
         host.vm(handle.vm).finish(handle)?;
         record.status = u16::try_from(status).ok();
-        record.decision = resp.header(DECISION_HEADER).map(str::to_string);
+        record.read_decision(|h| resp.header(h));
         match parse_json_body(&resp.body) {
             Ok(facts) if (200..300).contains(&status) => {
                 record.worker = facts.worker;
