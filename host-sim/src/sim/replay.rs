@@ -3,7 +3,9 @@
 //! The load tool's rules, with the clock virtual: requests go in `llm-load`'s order
 //! ([`llm_load::scheduler::Dispatch`]: sessions in turn order, earliest line first)
 //! with at most `concurrency` in flight, round robin over the VMs (Envoy's worker
-//! threads); each routed request is served by the engine the filter chose, which
+//! threads); those sent at the same instant (a run's first `concurrency`) reach the
+//! filter in an order drawn from the config's `rng_seed`, as concurrent connections
+//! reach Envoy in no fixed order; each routed request is served by the engine the filter chose, which
 //! answers when its cost model says; the filter sees the response and the end of the
 //! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
 //! copy, an overload probe) are served by that engine the same way. Before the first
@@ -25,9 +27,20 @@ use llm_load::response::{parse_json_body, snippet};
 use llm_load::scheduler::Dispatch;
 use llm_load::stats::{summarize, Summary};
 use llm_load::workload::WorkItem;
+use llm_router::rng::{Rng as _, SplitMix64};
 use llm_router::support::header_names::EXPLAIN_HEADER;
 use serde_json::{json, Value};
 use std::time::Duration;
+
+/// Domain tag of the arrival-order draws (the filter's own draws use its seed as is).
+const ARRIVAL_STREAM: u64 = 0xA771;
+
+/// Fisher-Yates: `items` in an order drawn from `rng`.
+fn shuffle(items: &mut [usize], rng: &mut SplitMix64) {
+    for k in (1..items.len()).rev() {
+        items.swap(k, rng.below(k + 1));
+    }
+}
 
 /// Virtual time between the last answer and reading the stats: more than a sync tick.
 const SETTLE_MS: f64 = 1_000.0;
@@ -281,19 +294,37 @@ impl Replay {
             push_stats(&mut host, &fleet, (start_ms, 0.0), (&stats_path, token), 0)?;
             pushes += 1;
         }
+        // Requests sent at the same instant (a run's first `concurrency`, say) reach
+        // Envoy in no fixed order: the load tool's tasks race, and so do Envoy's
+        // connections. They reach the filter in an order drawn from the run's seed.
+        let mut arrivals = SplitMix64(config["rng_seed"].as_u64().unwrap_or(0) ^ ARRIVAL_STREAM);
+        let mut batch = Vec::new();
         loop {
-            // A request the filter holds (asking the collector, say) is in flight too.
-            while in_flight.len() + held.len() < self.concurrency.max(1) {
-                let Some(i) = order.take_next() else { break };
-                let vm = sent % workers;
-                sent += 1;
-                let sim = (&mut host, &mut fleet, &mut calls);
-                match self.dispatch(sim, vm, now, i, &items[i])? {
-                    Routed::Engine(flight) => in_flight.push(flight),
-                    Routed::Held(h) => held.push(h),
-                    Routed::Done(record) => {
-                        records[i] = Some(record);
-                        order.complete(i);
+            // A request the filter holds (asking the collector, say) is in flight
+            // too. One answered at once (a local reply) frees its slot and readies its
+            // session's next turn: the next batch takes them.
+            loop {
+                let free = self
+                    .concurrency
+                    .max(1)
+                    .saturating_sub(in_flight.len() + held.len());
+                batch.clear();
+                batch.extend(std::iter::from_fn(|| order.take_next()).take(free));
+                if batch.is_empty() {
+                    break;
+                }
+                shuffle(&mut batch, &mut arrivals);
+                for &i in &batch {
+                    let vm = sent % workers;
+                    sent += 1;
+                    let sim = (&mut host, &mut fleet, &mut calls);
+                    match self.dispatch(sim, vm, now, i, &items[i])? {
+                        Routed::Engine(flight) => in_flight.push(flight),
+                        Routed::Held(h) => held.push(h),
+                        Routed::Done(record) => {
+                            records[i] = Some(record);
+                            order.complete(i);
+                        }
                     }
                 }
             }
@@ -536,4 +567,32 @@ fn move_clock(host: &mut Host, start_ms: u64, at: f64) -> Result<()> {
         host.advance_time(target - now)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_arrives_in_an_order_drawn_from_the_seed() {
+        let order = |seed: u64| {
+            let mut items: Vec<usize> = (0..16).collect();
+            shuffle(&mut items, &mut SplitMix64(seed));
+            items
+        };
+        let once = order(7);
+        assert_eq!(order(7), once, "the same seed, the same order");
+        assert_ne!(
+            once,
+            (0..16).collect::<Vec<_>>(),
+            "not the workload's order"
+        );
+        assert_ne!(order(8), once, "another seed, another order");
+        let mut sorted = once.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..16).collect::<Vec<_>>(), "every request, once");
+        let mut one = vec![5];
+        shuffle(&mut one, &mut SplitMix64(7));
+        assert_eq!(one, [5], "a request alone goes as it is");
+    }
 }
