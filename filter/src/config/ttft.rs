@@ -9,7 +9,7 @@ use super::{err, Config, ConfigError};
 
 /// `predicted_ttft`'s bounded load: no worker above
 /// `ceil((1 + load_factor) * mean in-flight) + 1`, no holder taking a new
-/// conversation at `ceil((1 + load_factor) * fewest) + 1` conversations.
+/// conversation at `ceil((1 + load_factor) * fewest) + 2` conversations.
 pub const DEFAULT_LOAD_FACTOR: f64 = 0.25;
 /// `predicted_ttft`'s prefill cost per uncached char before any observation
 /// (about 20 us per token at 4 chars per token).

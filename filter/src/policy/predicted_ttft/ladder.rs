@@ -59,7 +59,7 @@
 //! - **Work to come**: a worker's conversations are its leaves in the tree (every
 //!   new conversation adds one, later turns extend it), the same on every Envoy
 //!   thread. A holder may take a new conversation only while it has fewer than
-//!   `ceil((1 + load_factor) * fewest) + 1`, `fewest` being the least any near
+//!   `ceil((1 + load_factor) * fewest) + 2` (`conversation_cap`), `fewest` being the least any near
 //!   worker under the cap has (one far slower for this request, say one that would
 //!   prefill a long prompt the others hold while they are idle, is no alternative). Placing by the queue of the moment would not do: with
 //!   conversations that stay, a worker that looked idle while others prefilled a
@@ -241,6 +241,17 @@ pub fn load_cap(total_inflight: u64, n: usize, load_factor: f64) -> u64 {
     ((1.0 + load_factor) * mean).ceil() as u64 + 1
 }
 
+/// Work to come: a holder may take a new conversation only while it has fewer than
+/// `ceil((1 + load_factor) * fewest) + 2`, `fewest` being the fleet's. The slack of
+/// two lets a holder take a prompt's second conversation while some engine has
+/// none: in a start-up burst a prompt's second request often arrives before the
+/// other prompts' first ones (connections race), and with a slack of one it copied
+/// the prompt to an idle engine, which then kept a second prompt's conversations
+/// and their queue for the rest of the run.
+pub fn conversation_cap(fewest: u64, load_factor: f64) -> u64 {
+    ((1.0 + load_factor) * fewest as f64).ceil() as u64 + 2
+}
+
 /// A few chars of a match (two users' questions that start alike) are no reason to
 /// prefer a worker: matches within this many chars of each other are equal, and
 /// one no longer than it is no match.
@@ -354,7 +365,7 @@ impl<'p> Ladder<'p> {
         // The fleet rung is the near workers under the cap: its fewest
         // conversations are the fleet's.
         let fewest = spread.fewest().unwrap_or(0);
-        let conversation_cap = ((1.0 + p.load_factor) * fewest as f64).ceil() as u64 + 1;
+        let conversation_cap = conversation_cap(fewest, p.load_factor);
         let rung = if continuing.fewest().is_some() {
             continuing
         } else if holding.fewest().is_some_and(|f| f < conversation_cap) {
@@ -832,6 +843,38 @@ mod tests {
     }
 
     #[test]
+    fn the_conversation_cap_is_the_fleets_fewest_with_load_factor_and_two_of_slack() {
+        assert_eq!(conversation_cap(0, 0.25), 2, "while an engine has none: two");
+        assert_eq!(conversation_cap(1, 0.25), 4, "ceil(1.25) + 2");
+        assert_eq!(conversation_cap(4, 0.25), 7);
+        assert_eq!(conversation_cap(6, 0.25), 10, "ceil(7.5) + 2");
+        assert_eq!(conversation_cap(6, 0.0), 8);
+    }
+
+    #[test]
+    fn in_a_start_up_burst_a_holder_takes_its_prompts_second_conversation() {
+        // w0 holds 1800 of the 2100 chars with that prefill still ahead of it: 5 us
+        // * (1800 + 300) = 10.5 ms, as much as w1 prefilling all of it while idle.
+        let mut holder = cand(0, 1, 1800);
+        holder.work = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 1800,
+        };
+        holder.conversations = 1;
+        let idle = cand(1, 0, 0);
+        let d = ladder(&P, 2100, &[holder, idle], &mut SplitMix64(3)).unwrap();
+        assert_eq!(
+            (d.worker, d.reason),
+            (0, Reason::TtftCache),
+            "a second conversation stays with the prompt though w1 has none"
+        );
+        // A third does not: the prompt goes to w1.
+        holder.conversations = 2;
+        let d = ladder(&P, 2100, &[holder, idle], &mut SplitMix64(3)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+    }
+
+    #[test]
     fn holders_with_too_many_conversations_replicate_the_prefix() {
         // The prompt is on w0 and w1, with 9 conversations each and 1500 chars of
         // prefill ahead; w2 is idle, holds nothing and has 6 conversations.
@@ -857,15 +900,16 @@ mod tests {
         assert_eq!(d.reason, Reason::TtftCache);
         assert_ne!(d.worker, 2);
         // A shorter prompt (2001 held: holders 17.5 ms) puts w2 near; the cap on
-        // conversations is ceil(1.25 * 6) + 1 = 9, so a holder may not take a
-        // tenth, and the prompt is replicated on w2.
+        // conversations is ceil(1.25 * 6) + 2 = 10, so a holder may not take an
+        // eleventh, and the prompt is replicated on w2.
         let (mut a, mut b) = (a, b);
         a.cached_chars = 2001;
         b.cached_chars = 2001;
+        (a.conversations, b.conversations) = (10, 10);
         let d = ladder(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (2, Reason::TtftSpread));
-        // With 8 a holder may take one more.
-        a.conversations = 8;
+        // With 9 a holder may take one more.
+        a.conversations = 9;
         let d = ladder(&p, 4000, &[a, b, c], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
     }
@@ -928,7 +972,7 @@ mod tests {
             .map(|c| c.conversations)
             .min()
             .unwrap_or(0);
-        let conversation_cap = ((1.0 + p.load_factor) * fewest as f64).ceil() as u64 + 1;
+        let conversation_cap = ((1.0 + p.load_factor) * fewest as f64).ceil() as u64 + 2;
         let rungs: [&dyn Fn(&TtftCandidate) -> bool; 3] = [
             &|c| c.continues && within(c),
             &|c| {
