@@ -192,7 +192,7 @@ pub fn wait_for_slot(present: u64, (prefilling, ahead_chars): (u64, u64), slots:
     }
     // The average request on the engine: its share of the prefill chars, and the
     // share of requests past their first byte, each holding a slot for a service
-    // time. On one slot this is every request ahead, as a queue of one.
+    // time.
     let turns = (present + 1 - slots) as f64 / slots as f64;
     let mean_chars = ahead_chars as f64 / present as f64;
     let streaming = present.saturating_sub(prefilling) as f64 / present as f64;
@@ -511,6 +511,18 @@ mod tests {
         }
     }
 
+    /// Candidate `worker` holding `cached` chars, with one request in flight whose
+    /// prefill of `ahead_chars` has not come back.
+    fn prefilling(worker: TenantId, cached: u64, ahead_chars: u64) -> TtftCandidate {
+        TtftCandidate {
+            work: WorkerWork {
+                prefilling: 1,
+                ahead_chars,
+            },
+            ..cand(worker, 1, cached)
+        }
+    }
+
     /// The ladder over candidates scored as the router scores them.
     fn ladder(
         p: &TtftParams,
@@ -611,11 +623,7 @@ mod tests {
     fn stays_with_the_cache_while_it_is_worth_more_than_the_queue() {
         // w0 holds 3900 of 4000 chars with one request prefilling 100 chars ahead;
         // w1 is idle and holds nothing: 5 * 200 < 5 * 4000.
-        let mut owner = cand(0, 1, 3900);
-        owner.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 100,
-        };
+        let owner = prefilling(0, 3900, 100);
         let d = run(4000, &[owner, cand(1, 0, 0)]);
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
         assert_eq!(d.label(), Label::CacheHit);
@@ -633,11 +641,7 @@ mod tests {
     #[test]
     fn moves_when_the_queue_costs_more_than_the_cache() {
         // w0's prefill queue (12000 chars ahead) outweighs re-prefilling 3900 chars on w1.
-        let mut owner = cand(0, 1, 3900);
-        owner.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 12_000,
-        };
+        let owner = prefilling(0, 3900, 12_000);
         let d = run(4000, &[owner, cand(1, 0, 0), cand(2, 0, 0)]);
         assert_ne!(d.worker, 0);
         assert_eq!(d.reason, Reason::TtftSpread);
@@ -652,11 +656,7 @@ mod tests {
         // the 900-char difference.
         let d = run(4000, &[cand(0, 0, 3900), cand(1, 0, 3000), cand(2, 0, 0)]);
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
-        let mut busy = cand(0, 1, 3900);
-        busy.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 1000,
-        };
+        let busy = prefilling(0, 3900, 1000);
         let d = run(4000, &[busy, cand(1, 0, 3000), cand(2, 0, 0)]);
         assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
         assert_eq!(d.matched_chars, 3000);
@@ -737,11 +737,7 @@ mod tests {
         };
         // w0 holds the conversation (3900 of 4000): 5 us * (3000 ahead + 100)
         // = 15.5 ms; w1 holds the shared prompt (3000): 5 us * 1000 = 5 ms.
-        let mut owner = cand(0, 1, 3900);
-        owner.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 3000,
-        };
+        let mut owner = prefilling(0, 3900, 3000);
         let others = [cand(1, 0, 3000), cand(2, 0, 0)];
         let pick = |o: TtftCandidate, p: &TtftParams| {
             let mut all = vec![o];
@@ -770,11 +766,7 @@ mod tests {
             stay_factor: 100.0,
             ..P
         };
-        let mut holder = cand(0, 1, 1000);
-        holder.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 2000,
-        };
+        let mut holder = prefilling(0, 1000, 2000);
         // w0: 5 * (2000 + 3000) = 25 ms; w1: 5 * 4000 = 20 ms.
         let d = ladder(&p, 4000, &[holder, cand(1, 0, 0)], &mut SplitMix64(5)).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
@@ -855,11 +847,7 @@ mod tests {
     fn in_a_start_up_burst_a_holder_takes_its_prompts_second_conversation() {
         // w0 holds 1800 of the 2100 chars with that prefill still ahead of it: 5 us
         // * (1800 + 300) = 10.5 ms, as much as w1 prefilling all of it while idle.
-        let mut holder = cand(0, 1, 1800);
-        holder.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 1800,
-        };
+        let mut holder = prefilling(0, 1800, 1800);
         holder.conversations = 1;
         let idle = cand(1, 0, 0);
         let d = ladder(&P, 2100, &[holder, idle], &mut SplitMix64(3)).unwrap();
@@ -883,11 +871,7 @@ mod tests {
             ..P
         };
         let holder = |w, conversations| {
-            let mut h = cand(w, 1, 3000);
-            h.work = WorkerWork {
-                prefilling: 1,
-                ahead_chars: 1500,
-            };
+            let mut h = prefilling(w, 3000, 1500);
             h.conversations = conversations;
             h
         };
