@@ -44,9 +44,14 @@
 //!    conversation is one request at a time, so it cannot herd by itself, and moving
 //!    it costs its whole history once more: this is what keeps the cached ratio at
 //!    what affinity (ring hash on a session id) gets.
-//! 2. **The prefix's holders** (Preble's exploit rule): workers under the cap
-//!    holding the request's longest match, whose cached part is longer than their
-//!    missing tail, within the stay factor, and not past the cap on conversations.
+//! 2. **The prefix's holders** (Preble's exploit rule): workers within the stay
+//!    factor holding the longest match any of those has, whose cached part is
+//!    longer than their missing tail, and not past the cap on conversations. The
+//!    cap on requests does not apply: it stops a pile-up, a pile-up shows in the
+//!    prediction, and it must not override a prefill saving larger than the wait
+//!    it avoids (a slow engine holding a prompt runs more requests at once than
+//!    a fast one; a request moved for the count prefills the prompt again, later).
+//!    A hot prefix is kept from herding by the bound on conversations.
 //! 3. **The fleet**: every worker under the cap and near. Balance may cost a new
 //!    conversation a slower first token, but only by what bounded load allows: the
 //!    stay factor is for keeping a cache, not for spreading.
@@ -73,8 +78,8 @@
 //! Reasons (labels): `ttft_cache` (the winner holds this request's longest match
 //! among the candidates; `cache_hit`), `ttft_spread` (a holder was under the cap
 //! but slower or already holding too many conversations: moved for load),
-//! `ttft_capped` (every holder was above the cap), `ttft_cold` (nobody holds any of
-//! it); all three `cache_miss`.
+//! `ttft_capped` (every holder was above the cap and rung 2 kept none), `ttft_cold`
+//! (nobody holds any of it); all three `cache_miss`.
 //!
 //! The effect on a hot prefix: the first holder takes new conversations while its
 //! queue is short and its conversations are few; then the prefix is prefilled
@@ -343,6 +348,15 @@ impl<'p> Ladder<'p> {
         // conversations, which needs the fleet's fewest: the bound keeps a holder
         // only with fewer than it, and the least loaded holder has the fewest of
         // them, so the rung is empty exactly when that one is not under it.
+        // The holders are those within the stay factor, above the cap on
+        // requests or not (module docs): the longest match among them first.
+        let longest_within = self
+            .scored
+            .iter()
+            .filter(|c| c.ttft_us <= within_us)
+            .map(|c| c.cached_chars)
+            .max()
+            .unwrap_or(0);
         let (mut continuing, mut holding, mut spread) =
             (Least::default(), Least::default(), Least::default());
         for c in &self.scored {
@@ -354,9 +368,8 @@ impl<'p> Ladder<'p> {
             if eligible && c.ttft_us <= near_us {
                 spread.offer(c);
             }
-            if eligible
-                && within
-                && holds(c.cached_chars, longest_eligible)
+            if within
+                && holds(c.cached_chars, longest_within)
                 && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
             {
                 holding.offer(c);
@@ -687,16 +700,27 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_at_the_cap_is_skipped_and_says_capped() {
-        // 4 + 0 + 0 in flight: cap = ceil(1.25 * 5 / 3) + 1 = 4; w0 at 4 would go to 5.
+    fn a_holder_above_the_cap_keeps_the_prefix_while_its_cache_saves_more_than_its_queue_costs(
+    ) {
+        // 4 + 0 + 0 in flight: cap = ceil(1.25 * 5 / 3) + 1 = 4; w0 at 4 would go
+        // to 5. Its four requests are prefilling fully cached texts: no work
+        // ahead, so its prediction (0) beats a cold prefill of 4000 chars.
+        let mut above = cand(0, 4, 4000);
+        above.work.prefilling = 4;
+        let d = run(4000, &[above, cand(1, 0, 0), cand(2, 0, 0)]);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        // The same four past their first byte: four service times ahead (80 ms)
+        // against a 20 ms prefill, beyond the stay factor (1 here): too busy.
         let d = run(4000, &[cand(0, 4, 4000), cand(1, 0, 0), cand(2, 0, 0)]);
         assert_ne!(d.worker, 0);
         assert_eq!(d.reason, Reason::TtftCapped);
-        // Just below the cap (3 -> 4) it is eligible and wins on cache (its three
-        // requests are prefilling fully cached texts: no work ahead).
-        let mut below = cand(0, 3, 4000);
-        below.work.prefilling = 3;
-        let d = run(4000, &[below, cand(1, 0, 0), cand(2, 1, 0)]);
+        // Within a stay factor of 4 it keeps the prefix, above the cap or not.
+        let stay = TtftParams {
+            stay_factor: 4.0,
+            ..P
+        };
+        let c = [cand(0, 4, 4000), cand(1, 0, 0), cand(2, 0, 0)];
+        let d = ladder(&stay, 4000, &c, &mut SplitMix64(7)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
     }
 
@@ -796,10 +820,11 @@ mod tests {
         prompt.work.prefilling = 1;
         let d = run(4000, &[owner, prompt, cand(2, 0, 0)]);
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
-        // Without the continuation it is only a capped holder.
+        // Without the continuation it is the holder of the longest match,
+        // predicted the fastest: the cap on requests does not move it either.
         owner.continues = false;
         let d = run(4000, &[owner, prompt, cand(2, 0, 0)]);
-        assert_eq!((d.worker, d.reason), (1, Reason::TtftCapped));
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
         // Beyond stay_factor (1 here) of the best it moves: 5 us * 1200 = 6 ms.
         owner.continues = true;
         owner.work.ahead_chars = 1100;
@@ -944,9 +969,9 @@ mod tests {
         let margin = (input as f64 * NEAR_TIE_SHARE) as u64;
         let holds = |c: &TtftCandidate, l: u64| l > margin && c.cached_chars + margin >= l;
         let longest = cands.iter().map(|c| c.cached_chars).max().unwrap_or(0);
-        let longest_eligible = cands
+        let longest_within = cands
             .iter()
-            .filter(|c| eligible(c))
+            .filter(|c| within(c))
             .map(|c| c.cached_chars)
             .max()
             .unwrap_or(0);
@@ -960,9 +985,8 @@ mod tests {
         let rungs: [&dyn Fn(&TtftCandidate) -> bool; 3] = [
             &|c| c.continues && within(c),
             &|c| {
-                eligible(c)
-                    && within(c)
-                    && holds(c, longest_eligible)
+                within(c)
+                    && holds(c, longest_within)
                     && c.cached_chars > input.saturating_sub(c.cached_chars)
                     && c.conversations < conversation_cap
             },
