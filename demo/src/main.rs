@@ -59,8 +59,9 @@ struct Args {
     workers: usize,
     #[command(flatten)]
     pd: PdArgs,
-    /// Routing policy: cache_aware, predicted_ttft, round_robin, random, power_of_two.
-    #[arg(long, default_value = "cache_aware")]
+    /// Routing policy: predicted_ttft (the filter's default), cache_aware,
+    /// round_robin, random, power_of_two.
+    #[arg(long, default_value = "predicted_ttft")]
     policy: String,
     /// The comparison runs, each on a fresh fleet, comma-separated: a policy name
     /// (with settings of its own, `policy+key=value+...`, e.g.

@@ -12,7 +12,7 @@ mod support;
 use host_sim::{envoy_failures, FailurePolicy, Fault, Host, RequestSpec, Status};
 use llm_router::support::header_names::EXPLAIN_HEADER;
 
-const CONFIG: &str = r#"{"workers":[{"name":"w0","cluster":"c0"},{"name":"w1","cluster":"c1"},
+const CONFIG: &str = r#"{"policy":"cache_aware","workers":[{"name":"w0","cluster":"c0"},{"name":"w1","cluster":"c1"},
     {"name":"w2","cluster":"c2"}],"stats_token":"tok","worker_queue_limit":2,
     "saturation_queue_floor":1,"eviction_interval_ms":1000}"#;
 

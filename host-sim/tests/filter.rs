@@ -1130,14 +1130,23 @@ fn cli_check_config_reports_the_filters_own_error() {
             .output()
             .expect("host-sim runs")
     };
-    let bad = run(r#"{"workers":[{"name":"a"}],"worker_queue_limit":0}"#);
+    let bad = run(r#"{"policy":"cache_aware","workers":[{"name":"a"}],"worker_queue_limit":0}"#);
     assert_eq!(bad.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(
         stderr.contains("`worker_queue_limit` must be at least 1"),
         "{stderr}"
     );
-    let good = run(r#"{"workers":[{"name":"a"}],"worker_queue_limit":3}"#);
+    let good = run(r#"{"policy":"cache_aware","workers":[{"name":"a"}],"worker_queue_limit":3}"#);
     assert!(good.status.success(), "{good:?}");
+    // The queue gate is `cache_aware`'s: under the default policy the error says
+    // what to add.
+    let default = run(r#"{"workers":[{"name":"a"}],"worker_queue_limit":3}"#);
+    assert_eq!(default.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&default.stderr);
+    assert!(
+        stderr.contains("`worker_queue_limit` requires `policy: cache_aware`"),
+        "{stderr}"
+    );
     assert!(String::from_utf8_lossy(&good.stdout).contains("\"valid\": true"));
 }

@@ -14,7 +14,7 @@ use support::push;
 
 fn host(vms: usize, extra: &str) -> Host {
     let config = format!(
-        r#"{{"workers":[{{"name":"w0","cluster":"c0"}},{{"name":"w1","cluster":"c1"}},{{"name":"w2","cluster":"c2"}}],
+        r#"{{"policy":"cache_aware","workers":[{{"name":"w0","cluster":"c0"}},{{"name":"w1","cluster":"c1"}},{{"name":"w2","cluster":"c2"}}],
             "stats_token":"tok","stale_after_ms":3000{extra}}}"#
     );
     support::host(&config, vms, 5, &["c0", "c1", "c2"])

@@ -22,7 +22,7 @@ const ROUTE_IN: [&str; 2] = ["every_vm", "one_vm"];
 
 fn host(route_in: &str) -> Host {
     let config = format!(
-        r#"{{"workers_from":"collector","stats_token":"tok","leave_grace_ms":{GRACE_MS},"max_workers":4,"route_in":"{route_in}"}}"#
+        r#"{{"policy":"cache_aware","workers_from":"collector","stats_token":"tok","leave_grace_ms":{GRACE_MS},"max_workers":4,"route_in":"{route_in}"}}"#
     );
     support::host(&config, VMS, 9, &["engine_w0"])
 }

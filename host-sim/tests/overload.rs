@@ -15,7 +15,7 @@ const LEASE_KEY: &str = "llm_router.overload.lease";
 
 fn config(overload: &str) -> String {
     format!(
-        r#"{{"workers":[{{"name":"w0","cluster":"c0"}},{{"name":"w1","cluster":"c1"}},{{"name":"w2","cluster":"c2"}}],
+        r#"{{"policy":"cache_aware","workers":[{{"name":"w0","cluster":"c0"}},{{"name":"w1","cluster":"c1"}},{{"name":"w2","cluster":"c2"}}],
             "stats_token":"tok","stale_after_ms":60000,"sync_interval_ms":1000,
             "overload":{{"probe_interval_ms":1000,"probe_timeout_ms":500,"probe_successes_to_recover":2{overload}}}}}"#
     )

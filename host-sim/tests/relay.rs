@@ -475,7 +475,7 @@ fn predictions_are_recorded_once_and_every_booking_comes_back() {
 #[test]
 fn an_asking_vm_follows_a_worker_list_it_learns_from_an_answer() {
     use llm_router_push::{Member, Push, WorkerStats};
-    let config = r#"{"route_in":"one_vm","workers_from":"collector","stats_token":"tok"}"#;
+    let config = r#"{"policy":"cache_aware","route_in":"one_vm","workers_from":"collector","stats_token":"tok"}"#;
     let mut h = support::host(config, 3, 9, &["engine_a", "engine_b"]);
     h.advance_time(10).unwrap();
     let names = ["a", "b"];

@@ -126,8 +126,10 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn discovery() -> Config {
-        Config::from_json(br#"{"workers_from":"collector","stats_token":"t","max_workers":3}"#)
-            .unwrap()
+        Config::from_json(
+            br#"{"policy":"cache_aware","workers_from":"collector","stats_token":"t","max_workers":3}"#,
+        )
+        .unwrap()
     }
 
     fn w(name: &str) -> WorkerConfig {

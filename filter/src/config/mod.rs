@@ -559,6 +559,11 @@ mod tests {
         Config::from_json(json.as_bytes())
     }
 
+    /// `with` under `policy: cache_aware`, whose settings it tests.
+    fn aware(extra: &str) -> Result<Config, ConfigError> {
+        with(&format!(r#","policy":"cache_aware"{extra}"#))
+    }
+
     fn field_of(r: Result<Config, ConfigError>) -> String {
         r.expect_err("must be rejected").field
     }
@@ -566,7 +571,10 @@ mod tests {
     #[test]
     fn defaults_follow_smg_command_line() {
         let c = Config::from_json(TWO_WORKERS.as_bytes()).unwrap();
-        assert_eq!(c.policy, Policy::CacheAware);
+        // The default policy is ours; `cache_aware`'s settings default to SMG's.
+        assert_eq!(c.policy, Policy::PredictedTtft);
+        assert_eq!(Policy::default(), Policy::PredictedTtft);
+        assert_eq!(c.prefill_policy, Policy::CacheAware);
         assert_eq!(c.target, Target::Cluster);
         assert_eq!(c.cache_threshold, 0.3);
         assert_eq!(c.balance_abs_threshold, 64);
@@ -773,10 +781,17 @@ mod tests {
 
     #[test]
     fn queue_knobs_are_checked_value_first_then_dependency() {
-        let rule = |extra: &str| with(extra).unwrap_err();
-        assert!(with(r#","worker_queue_limit":1"#).is_ok());
-        assert!(with(r#","worker_queue_limit":4,"saturation_queue_floor":4"#).is_ok());
-        assert!(with(r#","worker_queue_limit":4,"saturation_queue_floor":1"#).is_ok());
+        let rule = |extra: &str| aware(extra).unwrap_err();
+        assert!(aware(r#","worker_queue_limit":1"#).is_ok());
+        assert!(aware(r#","worker_queue_limit":4,"saturation_queue_floor":4"#).is_ok());
+        assert!(aware(r#","worker_queue_limit":4,"saturation_queue_floor":1"#).is_ok());
+        // Left out, `policy` is `predicted_ttft`, which has no queue gate: the error
+        // says what to add.
+        let e = with(r#","worker_queue_limit":4"#).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.rule.as_str()),
+            ("worker_queue_limit", "requires `policy: cache_aware`")
+        );
         let e = rule(r#","worker_queue_limit":0"#);
         assert_eq!(
             (e.field.as_str(), e.rule.as_str()),
@@ -794,6 +809,7 @@ mod tests {
             "{e}"
         );
         // Policy errors come after value errors.
+        let rule = |extra: &str| with(extra).unwrap_err();
         let e = rule(r#","policy":"round_robin","worker_queue_limit":0"#);
         assert_eq!(
             (e.field.as_str(), e.rule.as_str()),
@@ -815,7 +831,7 @@ mod tests {
 
     #[test]
     fn kv_match_settings() {
-        let c = with(r#","kv_match":{"cluster":"llm_collector"}"#).unwrap();
+        let c = aware(r#","kv_match":{"cluster":"llm_collector"}"#).unwrap();
         let kv = c.kv_match.unwrap();
         assert_eq!((kv.cluster.as_str(), kv.timeout_ms), ("llm_collector", 25));
         for (extra, field) in [
@@ -829,7 +845,7 @@ mod tests {
             (r#"{"timeout_ms":5}"#, "configuration"),
             (r#"{"cluster":"c","timout_ms":5}"#, "configuration"),
         ] {
-            assert_eq!(field_of(with(&format!(r#","kv_match":{extra}"#))), field);
+            assert_eq!(field_of(aware(&format!(r#","kv_match":{extra}"#))), field);
         }
         let e = with(r#","policy":"round_robin","kv_match":{"cluster":"c"}"#).unwrap_err();
         assert_eq!(
@@ -950,7 +966,11 @@ mod tests {
         assert!(c.uses_predicted_ttft());
         with(r#","policy":"predicted_ttft","load_factor":0,"prefill_us_per_char":2.5,"service_ms":0"#)
             .unwrap();
-        let e = with(r#","ttft_sample_size":8"#).unwrap_err();
+        assert!(
+            with(r#","ttft_sample_size":8"#).is_ok(),
+            "the default policy's"
+        );
+        let e = aware(r#","ttft_sample_size":8"#).unwrap_err();
         assert_eq!(
             e.field, "ttft_sample_size",
             "refused where no pool routes by it"
@@ -963,10 +983,11 @@ mod tests {
             let e = with(&format!(r#","policy":"predicted_ttft"{extra}"#)).unwrap_err();
             assert_eq!(e.field, field, "{extra}: a bad value names its field");
         }
-        let e = with(r#","load_factor":0.5"#).unwrap_err();
+        let e = aware(r#","load_factor":0.5"#).unwrap_err();
         assert_eq!(e.field, "load_factor");
         assert!(e.rule.contains("predicted_ttft"), "{}", e.rule);
-        assert!(!with("").unwrap().uses_predicted_ttft());
+        assert!(!aware("").unwrap().uses_predicted_ttft());
+        assert!(with("").unwrap().uses_predicted_ttft());
         let port = r#""address":"10.0.0.5:30000","bootstrap_port":8998"#;
         let pdc = pd(
             port,

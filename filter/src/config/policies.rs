@@ -1,5 +1,5 @@
 //! The one list of routing policies. A policy is registered by one line here,
-//! `Name module` (the first is the default, SMG's): the configuration takes its
+//! `Name module` (the first is the default): the configuration takes its
 //! name (`module`) for `policy`, `prefill_policy` and `decode_policy`, and
 //! `crate::policy` declares `module` and dispatches to its `Name`, which implements
 //! `crate::policy::Select`. The list is a macro that hands it to another, so the
@@ -10,11 +10,11 @@
 macro_rules! policies {
     ($then:ident) => {
         $then! {
+            PredictedTtft predicted_ttft,
             CacheAware cache_aware,
             RoundRobin round_robin,
             Random random,
             PowerOfTwo power_of_two,
-            PredictedTtft predicted_ttft,
         }
     };
 }

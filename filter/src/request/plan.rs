@@ -258,7 +258,9 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const REGULAR: &str = r#"{"workers":[{"name":"w0","cluster":"engine_0"},{"name":"w1"}]}"#;
+    /// `cache_aware`, whose queue gate some of these tests plan through.
+    const REGULAR: &str =
+        r#"{"policy":"cache_aware","workers":[{"name":"w0","cluster":"engine_0"},{"name":"w1"}]}"#;
     const PD: &str = r#"{"workers":[
         {"name":"p0","pool":"prefill","address":"10.0.0.1:30000","bootstrap_port":8998},
         {"name":"d0","pool":"decode","cluster":"decode_0"}]}"#;

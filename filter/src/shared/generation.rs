@@ -261,7 +261,9 @@ mod tests {
         assert!(OwnAtSample::new(&keys).snapshot(&store, (&inflight, &ring), 0));
         ring.head(&store);
         assert_eq!(tables(ring.generation()).own_at_sample[..], [0, 2]);
-        let plain = Config::from_json(br#"{"workers":[{"name":"a"},{"name":"b"}]}"#).unwrap();
+        let plain =
+            Config::from_json(br#"{"policy":"cache_aware","workers":[{"name":"a"},{"name":"b"}]}"#)
+                .unwrap();
         let other = TableCache::default();
         assert!(
             other

@@ -39,8 +39,9 @@ pub(crate) struct ReplayArgs {
     /// Requests in flight at most.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
-    /// Routing policy: cache_aware, round_robin, random, power_of_two.
-    #[arg(long, default_value = "cache_aware")]
+    /// Routing policy: predicted_ttft (the filter's default), cache_aware,
+    /// round_robin, random, power_of_two.
+    #[arg(long, default_value = "predicted_ttft")]
     policy: String,
     /// The comparison run: a policy, `no_gate`, or `none` (default as the demo's).
     #[arg(long)]

@@ -24,8 +24,8 @@ pub(crate) struct SweepArgs {
     seeds: u64,
     #[arg(long, default_value_t = 1)]
     first_seed: u64,
-    /// The policy judged against the best of the others.
-    #[arg(long, default_value = "cache_aware")]
+    /// The policy judged against the best of the others (the filter's default).
+    #[arg(long, default_value = "predicted_ttft")]
     default: String,
     /// The policies to run (comma-separated; the default is added when missing). A
     /// policy may carry plugin settings of its own, `policy+key=value+...` (a value

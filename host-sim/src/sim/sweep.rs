@@ -25,8 +25,8 @@ use llm_load::workload::WorkItem;
 
 /// The policies a sweep runs unless told otherwise: every one the filter has.
 pub const POLICIES: [&str; 5] = [
-    "cache_aware",
     "predicted_ttft",
+    "cache_aware",
     "round_robin",
     "random",
     "power_of_two",

@@ -100,12 +100,20 @@ pub fn build(builder: HostBuilder, config: &str) -> Host {
         .unwrap_or_else(|e| panic!("building the host with {config}: {e:#}"))
 }
 
-/// `{"workers":[w0..wn-1 on engine_0..]<extra>}`.
+/// `{"policy":"cache_aware","workers":[w0..wn-1 on engine_0..]<extra>}`: the
+/// host's mechanics (sync, relay, counts, the gate) are tested under
+/// `cache_aware`, whose decisions follow the tree alone, unless `extra` names a
+/// policy (`predicted_ttft`, the default, has its own suite: ttft.rs).
 pub fn fleet_config(n: usize, extra: &str) -> String {
     let workers: Vec<String> = (0..n)
         .map(|i| format!(r#"{{"name":"w{i}","cluster":"engine_{i}"}}"#))
         .collect();
-    format!(r#"{{"workers":[{}]{extra}}}"#, workers.join(","))
+    let policy = if extra.contains(r#""policy""#) {
+        ""
+    } else {
+        r#""policy":"cache_aware","#
+    };
+    format!(r#"{{{policy}"workers":[{}]{extra}}}"#, workers.join(","))
 }
 
 /// The clusters of [`fleet_config`]'s workers.

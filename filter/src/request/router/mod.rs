@@ -461,7 +461,13 @@ mod tests {
         let ws: Vec<String> = (0..workers)
             .map(|i| format!(r#"{{"name":"w{i}"}}"#))
             .collect();
-        let json = format!(r#"{{"workers":[{}]{extra}}}"#, ws.join(","));
+        // These tests are of `cache_aware` unless `extra` names a policy.
+        let policy = if extra.contains(r#""policy""#) {
+            ""
+        } else {
+            r#""policy":"cache_aware","#
+        };
+        let json = format!(r#"{{{policy}"workers":[{}]{extra}}}"#, ws.join(","));
         Router::new(Config::from_json(json.as_bytes()).unwrap())
     }
 
@@ -917,14 +923,14 @@ mod tests {
         let owner = go(&mut r, &p, &[0, 0, 0], &mut rng).unwrap().worker;
         let owner_name = format!("w{owner}");
         let same = Config::from_json(
-            br#"{"workers":[{"name":"w0"},{"name":"w1"},{"name":"w2"}],"cache_threshold":0.5}"#,
+            br#"{"policy":"cache_aware","workers":[{"name":"w0"},{"name":"w1"},{"name":"w2"}],"cache_threshold":0.5}"#,
         )
         .unwrap();
         r.reconfigure(same);
         let d = go(&mut r, &p, &[0, 0, 0], &mut rng).unwrap();
         assert_eq!((d.worker, d.reason), (owner, Reason::CacheHit));
         // Reverse the list and add a worker: the owner keeps its prefix at its new index.
-        let reversed = br#"{"workers":[{"name":"w9"},{"name":"w2"},{"name":"w1"},{"name":"w0"}]}"#;
+        let reversed = br#"{"policy":"cache_aware","workers":[{"name":"w9"},{"name":"w2"},{"name":"w1"},{"name":"w0"}]}"#;
         r.reconfigure(Config::from_json(reversed).unwrap());
         let d = go(&mut r, &p, &[0; 4], &mut rng).unwrap();
         assert_eq!(d.reason, Reason::CacheHit);
@@ -935,7 +941,10 @@ mod tests {
             .filter(|n| **n != owner_name)
             .map(|n| format!(r#"{{"name":"{n}"}}"#))
             .collect();
-        let cfg = format!(r#"{{"workers":[{}]}}"#, without.join(","));
+        let cfg = format!(
+            r#"{{"policy":"cache_aware","workers":[{}]}}"#,
+            without.join(",")
+        );
         r.reconfigure(Config::from_json(cfg.as_bytes()).unwrap());
         let d = go(&mut r, &p, &[0, 0], &mut rng).unwrap();
         assert_eq!(d.reason, Reason::CacheMiss, "the owner left the fleet");
