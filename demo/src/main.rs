@@ -873,7 +873,7 @@ mod tests {
         let args = parse(&["--baseline", "smg", "--baseline", "no_gate"]);
         assert_eq!(
             baselines(&args).unwrap(),
-            [Router::Smg, filter("cache_aware", true)],
+            [Router::Smg, filter("predicted_ttft", true)],
             "the flag repeats as well as it lists"
         );
     }

@@ -22,6 +22,9 @@ fn last_json(mut cmd: std::process::Command) -> serde_json::Value {
 /// request where `envoy/demo --concurrency 1` does: same per-worker counts, decisions
 /// and engine-reported cached tokens. Latencies, push counts and `sync.applied` (when
 /// Envoy's main-thread VM last ticked before the stats were read) depend on time.
+/// So does every decision of `predicted_ttft` (the default), which learns the
+/// engines' speeds from what it measures: both runs use `cache_aware`, whose
+/// decisions follow the tree alone.
 #[test]
 fn replay_matches_the_demo_at_concurrency_1() {
     let envoy = demo_and_replay(&[], &[]);
@@ -38,13 +41,17 @@ fn replay_matches_the_demo_with_pd_at_concurrency_1() {
     assert_eq!(envoy["pd_pairs"], 186, "every pair met");
 }
 
+/// The policy both runs route by: one whose decisions do not depend on time.
+const POLICY: [&str; 2] = ["--policy", "cache_aware"];
+
 /// Runs `envoy/demo --concurrency 1 --baseline none` and `host-sim replay` with the
 /// same `flags` on its workload, and checks that they agree on the routing keys of
 /// the summary line plus `extra`; returns the demo's line.
 fn demo_and_replay(flags: &[&str], extra: &[&str]) -> serde_json::Value {
     let dir = llm_demo::fleet::TempDir::new("llm-replay-vs-demo").expect("temp dir");
     let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_llm-demo"));
-    demo.args(["--concurrency", "1", "--baseline", "none", "--dir"])
+    demo.args(POLICY)
+        .args(["--concurrency", "1", "--baseline", "none", "--dir"])
         .arg(&dir.0)
         .args(flags);
     let envoy = last_json(demo);
@@ -62,6 +69,7 @@ fn demo_and_replay(flags: &[&str], extra: &[&str]) -> serde_json::Value {
         .arg(dir.0.join("workload.jsonl"))
         .arg("--wasm")
         .arg(llm_demo::paths::wasm_path().expect("the filter is built"))
+        .args(POLICY)
         .args(flags);
     let sim = last_json(replay);
     let keys = [

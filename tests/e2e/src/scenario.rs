@@ -6,7 +6,7 @@
 //!
 //! Format (JSON, `tests/e2e/scenarios/*.json`):
 //! ```json
-//! {"workers": 3, "config": {"worker_queue_limit": 2, "stats_token": "tok"},
+//! {"workers": 3, "config": {"policy": "cache_aware", "worker_queue_limit": 2, "stats_token": "tok"},
 //!  "engines": {"decode_ms_per_token": 100},
 //!  "steps": [
 //!    {"request": {"body": {"model": "mock", "prompt": "..."}, "hold": true}},

@@ -111,7 +111,7 @@ fn different_prefixes_spread_over_the_fleet() {
     assert_eq!(
         used.len(),
         4,
-        "misses go least-load with random ties: {used:?}"
+        "new conversations spread over an idle fleet: {used:?}"
     );
 }
 
@@ -120,7 +120,7 @@ fn imbalanced_fleet_goes_least_load() {
     // Low thresholds (margin 2) so a handful of slow requests make the owner spill.
     let f = fleet(
         3,
-        json!({"balance_abs_threshold": 2, "balance_rel_threshold": 1.5}),
+        json!({"policy": "cache_aware", "balance_abs_threshold": 2, "balance_rel_threshold": 1.5}),
     );
     let system = system_prompt(7);
     let first = post(
@@ -265,7 +265,12 @@ fn completions_and_generate_are_routed_by_prompt() {
         &json!({"text": "sglang style ".repeat(30)}),
     );
     assert_eq!(g.status, 200, "{g:?}");
-    assert_eq!(header(&g, "x-llm-router-reason"), "cache_miss");
+    assert_eq!(header(&g, "x-llm-router-decision"), "cache_miss");
+    assert_eq!(
+        header(&g, "x-llm-router-reason"),
+        "ttft_cold",
+        "nobody holds it"
+    );
 }
 
 #[test]
@@ -422,7 +427,8 @@ fn decision_reason_and_worker_stats_are_labelled_in_prometheus_output() {
     };
     assert_eq!(value(r#"llm_router_decisions{decision="cache_miss"}"#), 1.0);
     assert_eq!(value(r#"llm_router_decisions{decision="cache_hit"}"#), 1.0);
-    assert_eq!(value(r#"llm_router_reasons{reason="cache_hit"}"#), 1.0);
+    assert_eq!(value(r#"llm_router_reasons{reason="ttft_cold"}"#), 1.0);
+    assert_eq!(value(r#"llm_router_reasons{reason="ttft_cache"}"#), 1.0);
     assert_eq!(
         value(&format!(r#"llm_router_worker_routed{{worker="{worker}"}}"#)),
         2.0,

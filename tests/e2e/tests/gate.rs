@@ -71,7 +71,7 @@ fn an_owner_over_the_queue_limit_is_diverted_from() {
     let f = start(&FleetSpec {
         workers: 3,
         engine_args: vec!["--max-running=1".into(), "--ttft-ms=2500".into()],
-        plugin_config: json!({"worker_queue_limit": 2}),
+        plugin_config: json!({"policy": "cache_aware", "worker_queue_limit": 2}),
         collector_interval_ms: Some(100),
         ..FleetSpec::default()
     });
@@ -123,7 +123,7 @@ fn a_saturated_fleet_with_a_floor_pins_to_the_owner() {
     let f = start(&FleetSpec {
         workers: 2,
         engine_args: vec!["--max-running=1".into(), "--ttft-ms=2500".into()],
-        plugin_config: json!({"worker_queue_limit": 1, "saturation_queue_floor": 1}),
+        plugin_config: json!({"policy": "cache_aware", "worker_queue_limit": 1, "saturation_queue_floor": 1}),
         collector_interval_ms: Some(100),
         ..FleetSpec::default()
     });
@@ -166,7 +166,7 @@ fn a_saturated_fleet_with_a_floor_pins_to_the_owner() {
 fn a_bad_push_is_refused_and_changes_nothing() {
     let f = start(&FleetSpec {
         workers: 2,
-        plugin_config: json!({"worker_queue_limit": 2, "stats_token": "s3cret", "stats_max_bytes": 2048}),
+        plugin_config: json!({"policy": "cache_aware", "worker_queue_limit": 2, "stats_token": "s3cret", "stats_max_bytes": 2048}),
         ..FleetSpec::default()
     });
     let stats = f.envoy.stats_listener.expect("the stats listener");

@@ -197,7 +197,7 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
         collector_interval_ms: Some(100),
         kv_events: true,
         // A collector on a loaded machine may take longer than the default 25 ms.
-        plugin_config: json!({"kv_match": {"timeout_ms": 2000}}),
+        plugin_config: json!({"policy": "cache_aware", "kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     });
     let path = "/v1/chat/completions";
@@ -270,7 +270,7 @@ fn replicas_without_a_bus_agree_through_the_engines() {
         collector_interval_ms: Some(100),
         kv_events: true,
         // A collector on a loaded machine may take longer than the default 25 ms.
-        plugin_config: json!({"kv_match": {"timeout_ms": 2000}}),
+        plugin_config: json!({"policy": "cache_aware", "kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     };
     let r = llm_demo::replicas::Replicas::start(&spec, 2, false)
@@ -361,7 +361,7 @@ fn the_loop_runs_on_a_models_tokenizer_and_chat_template() {
         kv_events: true,
         engine_args: vec!["--tokenizer".into(), model.clone()],
         collector_args: vec!["--kv-tokenizer".into(), model],
-        plugin_config: json!({"kv_match": {"timeout_ms": 2000}}),
+        plugin_config: json!({"policy": "cache_aware", "kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     });
     let path = "/v1/chat/completions";

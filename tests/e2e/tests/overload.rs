@@ -64,7 +64,7 @@ fn a_slow_worker_is_flagged_avoided_and_let_back_after_its_probes() {
     assert_eq!(moved.status, 200, "{moved:?}");
     let new_home = header(&moved, "x-engine-worker");
     assert_ne!(new_home, owner, "a flagged worker gets no traffic");
-    assert_eq!(header(&moved, "x-llm-router-reason"), "cache_miss");
+    assert_eq!(header(&moved, "x-llm-router-decision"), "cache_miss");
     // Counted by the VM that decided, which hands its counters over on its tick.
     wait_for("the owner's filtering counted", &f, || {
         stat("llm_router_overload_owner_filtered") == 1
@@ -72,7 +72,7 @@ fn a_slow_worker_is_flagged_avoided_and_let_back_after_its_probes() {
     // ...and the prefix now lives there, so the next turn hits the new home.
     let next = post(f.envoy.listener, "/v1/completions", &turn(2));
     assert_eq!(header(&next, "x-engine-worker"), new_home);
-    assert_eq!(header(&next, "x-llm-router-reason"), "cache_hit");
+    assert_eq!(header(&next, "x-llm-router-decision"), "cache_hit");
 
     // While slow, its probes time out and it stays flagged.
     wait_for("failed probes", &f, || {

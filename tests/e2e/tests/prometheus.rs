@@ -407,6 +407,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         workers: 3,
         engine_args: vec!["--max-running=1".into(), "--decode-ms-per-token=5".into()],
         plugin_config: json!({
+            "policy": "cache_aware",
             "worker_queue_limit": 1,
             "sync_interval_ms": 100,
             "overload": overload_config(),

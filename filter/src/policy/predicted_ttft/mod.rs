@@ -55,24 +55,31 @@ impl TtftParams {
     /// looks several times faster or slower than it is, and a burst piles onto it
     /// (or shuns it) until its first answers come back.
     pub fn with_fleet_priors(&self, learned: impl IntoIterator<Item = WorkerCosts>) -> TtftParams {
-        let (mut prefill, mut service) = ((0.0, 0u32), (0.0, 0u32));
-        for c in learned {
-            if let Some(v) = c.prefill_us_per_char {
-                prefill = (prefill.0 + v, prefill.1 + 1);
-            }
-            if let Some(v) = c.service_ms {
-                service = (service.0 + v, service.1 + 1);
-            }
-        }
-        let mean = |(sum, n): (f64, u32), prior: f64| match n {
-            0 => prior,
-            n => sum / f64::from(n),
-        };
+        let fleet = fleet_mean(learned);
         TtftParams {
-            prefill_us_per_char: mean(prefill, self.prefill_us_per_char),
-            service_ms: mean(service, self.service_ms),
+            prefill_us_per_char: fleet.prefill_us_per_char.unwrap_or(self.prefill_us_per_char),
+            service_ms: fleet.service_ms.unwrap_or(self.service_ms),
             ..*self
         }
+    }
+}
+
+/// The mean of the costs learned among `costs`, each cost on its own (`None`
+/// where none has it).
+pub fn fleet_mean(costs: impl IntoIterator<Item = WorkerCosts>) -> WorkerCosts {
+    let (mut prefill, mut service) = ((0.0, 0u32), (0.0, 0u32));
+    for c in costs {
+        if let Some(v) = c.prefill_us_per_char {
+            prefill = (prefill.0 + v, prefill.1 + 1);
+        }
+        if let Some(v) = c.service_ms {
+            service = (service.0 + v, service.1 + 1);
+        }
+    }
+    let mean = |(sum, n): (f64, u32)| (n > 0).then(|| sum / f64::from(n));
+    WorkerCosts {
+        prefill_us_per_char: mean(prefill),
+        service_ms: mean(service),
     }
 }
 
@@ -104,7 +111,7 @@ impl Select for PredictedTtft {
         };
         let r = route::route(
             (ask.tree, text),
-            (ask.candidates, ask.position, ask.inflight),
+            (ask.candidates, ask.flagged, ask.position, ask.inflight),
             (ask.loads, params),
             &mut self.scratch,
             rng,
@@ -116,7 +123,7 @@ impl Select for PredictedTtft {
                 text_chars: r.input_chars,
             }),
             walked: r.walked,
-            owner_overloaded: false,
+            owner_overloaded: r.owner_filtered,
             engines: super::EnginesUse::None,
         }
     }

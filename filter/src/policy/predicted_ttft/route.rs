@@ -4,12 +4,12 @@
 //! ladder's pick.
 
 use super::draw;
-use super::ladder::{others_load, Ladder, Scored, TtftCandidate};
+use super::ladder::{match_margin, others_load, Ladder, Scored, TtftCandidate};
 use super::TtftParams;
-use crate::decision::Decision;
+use crate::decision::{Decision, Label};
 use crate::load::{Candidate, Loads};
 use crate::rng::Rng;
-use crate::tree::{Leaves, TenantMatches, Tree, Walked, NO_LEAVES};
+use crate::tree::{Leaves, TenantId, TenantMatches, Tree, Walked, NO_LEAVES};
 
 /// What a decision fills and the next one refills, kept by the router so that
 /// no request allocates them: at 256 workers each is a kilobyte.
@@ -33,6 +33,9 @@ pub struct TtftRouted {
     /// Where the walk ended, for the insert the decision records (none without a
     /// tree).
     pub walked: Option<Walked>,
+    /// A miss whose text a worker the overload screen took out held more of than
+    /// the chosen one: a hit the flag turned into a miss.
+    pub owner_filtered: bool,
 }
 
 /// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
@@ -40,7 +43,7 @@ pub struct TtftRouted {
 /// yet, filling `scratch`.
 pub fn route(
     (tree, text): (Option<&Tree>, &str),
-    (candidates, position, inflight): (&[Candidate], &[Option<u32>], u64),
+    (candidates, flagged, position, inflight): (&[Candidate], &[TenantId], &[Option<u32>], u64),
     (loads, params): (&Loads, &TtftParams),
     scratch: &mut Scratch,
     rng: &mut dyn Rng,
@@ -101,12 +104,32 @@ pub fn route(
     let held_chars = decision
         .as_ref()
         .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));
+    let missed = decision
+        .as_ref()
+        .is_some_and(|d| d.label() == Label::CacheMiss);
     TtftRouted {
         decision,
         held_chars,
         input_chars,
         walked: tree.map(|_| held.walked),
+        owner_filtered: missed && held_more(held, leaves, flagged, (held_chars, input)),
     }
+}
+
+/// Whether one of `flagged` holds more of a text of `input` chars than the
+/// `chosen_chars` the chosen worker holds, by more than the margin within which
+/// matches count as equal.
+fn held_more(
+    held: &TenantMatches,
+    leaves: &Leaves,
+    flagged: &[TenantId],
+    (chosen_chars, input): (usize, u64),
+) -> bool {
+    let margin = match_margin(input) as usize;
+    flagged.iter().any(|&f| {
+        let depth = held.depth(f, leaves.get(f));
+        depth > margin && depth > chosen_chars.saturating_add(margin)
+    })
 }
 
 /// Candidate `c` as the ladder compares it, from the loads, its share of the text

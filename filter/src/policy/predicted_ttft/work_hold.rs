@@ -14,6 +14,7 @@
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
 
+use super::fleet_mean;
 use super::ladder::{learn_prefill, learn_service};
 use crate::config::WorkerNames;
 use crate::decision::Prediction;
@@ -113,6 +114,13 @@ impl WorkHold {
 /// Teaches `worker`'s prefill cost per char: its first byte came `ttfb_ms` after
 /// the decision, with `work_chars` of prefill before it (ahead, and its own). The
 /// routing VM of `route_in: one_vm` learns so from what an asking VM measured.
+///
+/// A worker's first observation moves it from the fleet's mean (of the workers
+/// learned; the observation itself while none is), as every later one does
+/// from its own: one noisy first byte taken whole made an
+/// engine look a third slower than its peers, and an engine no cheaper than the
+/// others by that much takes no new conversation on a quiet fleet, so it was
+/// never measured again.
 pub fn learn_first_byte(
     store: &dyn SharedStore,
     (costs, names): (&CostTable, &WorkerNames),
@@ -122,24 +130,32 @@ pub fn learn_first_byte(
 ) {
     let ttfb_us = ttfb_ms as f64 * 1000.0;
     if learn_prefill(None, ttfb_us, work_chars).is_some() {
-        costs.learn(store, names, worker, |c| WorkerCosts {
-            prefill_us_per_char: learn_prefill(c.prefill_us_per_char, ttfb_us, work_chars)
-                .or(c.prefill_us_per_char),
-            ..c
+        let fleet = fleet_mean(costs.by_worker(store, names).iter().copied());
+        costs.learn(store, names, worker, |c| {
+            let prev = c.prefill_us_per_char.or(fleet.prefill_us_per_char);
+            WorkerCosts {
+                prefill_us_per_char: learn_prefill(prev, ttfb_us, work_chars).or(prev),
+                ..c
+            }
         });
     }
 }
 
-/// Teaches `worker`'s service time: a stream ran `span_ms` from its first byte.
+/// Teaches `worker`'s service time: a stream ran `span_ms` from its first byte
+/// (its first observation moves it from the fleet's mean, as the prefill cost).
 pub fn learn_end(
     store: &dyn SharedStore,
     (costs, names): (&CostTable, &WorkerNames),
     worker: &str,
     span_ms: u64,
 ) {
-    costs.learn(store, names, worker, |c| WorkerCosts {
-        service_ms: learn_service(c.service_ms, span_ms as f64).or(c.service_ms),
-        ..c
+    let fleet = fleet_mean(costs.by_worker(store, names).iter().copied());
+    costs.learn(store, names, worker, |c| {
+        let prev = c.service_ms.or(fleet.service_ms);
+        WorkerCosts {
+            service_ms: learn_service(prev, span_ms as f64).or(prev),
+            ..c
+        }
     });
 }
 
@@ -237,6 +253,36 @@ mod tests {
         assert_eq!(f.costs0().prefill_us_per_char, Some(6.0));
         b.end(&f.store, (&f.work, &f.costs, &f.names), || 151);
         assert_eq!(f.w0(), WorkerWork::default());
+    }
+
+    #[test]
+    fn a_workers_first_observation_moves_it_from_the_fleets_mean() {
+        let f = fixture();
+        let learned = |w: usize| f.costs.by_worker(&f.store, &f.names)[w];
+        // Nothing learned anywhere: the first observation is taken whole.
+        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", 20, 4000);
+        learn_end(&f.store, (&f.costs, &f.names), "w0", 30);
+        assert_eq!(
+            learned(0),
+            WorkerCosts {
+                prefill_us_per_char: Some(5.0),
+                service_ms: Some(30.0)
+            }
+        );
+        // w1's first: 10 us a char and 80 ms, a fifth of the way from w0's 5 and 30.
+        learn_first_byte(&f.store, (&f.costs, &f.names), "w1", 40, 4000);
+        learn_end(&f.store, (&f.costs, &f.names), "w1", 80);
+        assert_eq!(
+            learned(1),
+            WorkerCosts {
+                prefill_us_per_char: Some(6.0),
+                service_ms: Some(40.0)
+            }
+        );
+        // Later observations move each from its own.
+        learn_first_byte(&f.store, (&f.costs, &f.names), "w1", 40, 4000);
+        assert_eq!(learned(1).prefill_us_per_char, Some(6.8));
+        assert_eq!(learned(0).prefill_us_per_char, Some(5.0), "untouched");
     }
 
     #[test]

@@ -1210,36 +1210,40 @@ mod tests {
 
     #[test]
     fn a_filtered_owner_is_counted_and_its_prefix_re_homed() {
-        let mut r = router("", 3);
-        let mut rng = SplitMix64(8);
-        let sys = "a system prompt long enough to dominate the routing text";
-        let owner = go_flagged(&mut r, &chat(&[sys, "q1"]), &[false; 3], &mut rng)
-            .decision
-            .worker;
-        let mut flags = [false; 3];
-        flags[owner as usize] = true;
-        let moved = go_flagged(&mut r, &chat(&[sys, "q1", "q2"]), &flags, &mut rng);
-        assert_ne!(moved.decision.worker, owner);
-        assert_eq!(moved.decision.reason, Reason::CacheMiss);
-        assert!(
-            moved.owner_overloaded,
-            "a logical hit became a physical miss"
-        );
-        // The next turn hits the new home, not the stale owner.
-        let next = go_flagged(&mut r, &chat(&[sys, "q1", "q2", "q3"]), &flags, &mut rng);
-        assert_eq!(
-            (next.decision.worker, next.decision.reason),
-            (moved.decision.worker, Reason::CacheHit)
-        );
-        assert!(!next.owner_overloaded);
-        // A prefix nobody owns is a plain miss, not a filtered owner.
-        let unrelated = parse(
-            "/v1/completions",
-            br#"{"model":"m","prompt":"zebra crossing"}"#,
-        );
-        let cold = go_flagged(&mut r, &unrelated, &flags, &mut rng);
-        assert_eq!(cold.decision.reason, Reason::CacheMiss);
-        assert!(!cold.owner_overloaded);
+        use crate::decision::Label;
+        for policy in ["cache_aware", "predicted_ttft"] {
+            let mut r = router(&format!(r#","policy":"{policy}""#), 3);
+            let mut rng = SplitMix64(8);
+            let sys = "a system prompt long enough to dominate the routing text";
+            let owner = go_flagged(&mut r, &chat(&[sys, "q1"]), &[false; 3], &mut rng)
+                .decision
+                .worker;
+            let mut flags = [false; 3];
+            flags[owner as usize] = true;
+            let moved = go_flagged(&mut r, &chat(&[sys, "q1", "q2"]), &flags, &mut rng);
+            assert_ne!(moved.decision.worker, owner, "{policy}");
+            assert_eq!(moved.decision.label(), Label::CacheMiss, "{policy}");
+            assert!(
+                moved.owner_overloaded,
+                "{policy}: a logical hit became a physical miss"
+            );
+            // The next turn hits the new home, not the stale owner.
+            let next = go_flagged(&mut r, &chat(&[sys, "q1", "q2", "q3"]), &flags, &mut rng);
+            assert_eq!(
+                (next.decision.worker, next.decision.label()),
+                (moved.decision.worker, Label::CacheHit),
+                "{policy}"
+            );
+            assert!(!next.owner_overloaded, "{policy}");
+            // A prefix nobody owns is a plain miss, not a filtered owner.
+            let unrelated = parse(
+                "/v1/completions",
+                br#"{"model":"m","prompt":"zebra crossing"}"#,
+            );
+            let cold = go_flagged(&mut r, &unrelated, &flags, &mut rng);
+            assert_eq!(cold.decision.label(), Label::CacheMiss, "{policy}");
+            assert!(!cold.owner_overloaded, "{policy}");
+        }
     }
 
     /// Routes `req` with the collector's answer: `held` leading blocks by worker
