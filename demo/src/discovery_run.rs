@@ -55,7 +55,7 @@ pub fn run(
     items: &[WorkItem],
     rt: &tokio::runtime::Runtime,
 ) -> Result<(RunResult, bool)> {
-    let overrides = crate::plugin_config(args, &args.policy, false)?;
+    let overrides = crate::plugin_config(args, args.policy(), false)?;
     // The demo's config lists its own workers; discovery mode lists none.
     let overrides = match overrides {
         serde_json::Value::Object(mut m) => {

@@ -59,10 +59,11 @@ struct Args {
     workers: usize,
     #[command(flatten)]
     pd: PdArgs,
-    /// Routing policy: predicted_ttft (the filter's default), cache_aware,
-    /// round_robin, random, power_of_two.
-    #[arg(long, default_value = "predicted_ttft")]
-    policy: String,
+    /// Routing policy: predicted_ttft, cache_aware, round_robin, random,
+    /// power_of_two. Default: the filter's for the routed pool (predicted_ttft; with
+    /// --pd, the prefill pool's, cache_aware).
+    #[arg(long)]
+    policy: Option<String>,
     /// The comparison runs, each on a fresh fleet, comma-separated: a policy name
     /// (with settings of its own, `policy+key=value+...`, e.g.
     /// `cache_aware+kv_capacity_bound=false`), `no_gate` (this run's config without `worker_queue_limit`/`saturation_queue_floor`),
@@ -178,6 +179,15 @@ struct Args {
 }
 
 impl Args {
+    /// The routed pool's policy: `--policy`, else the filter's default for it.
+    fn policy(&self) -> &str {
+        self.policy.as_deref().unwrap_or(if self.pd.pd {
+            llm_router::config::DEFAULT_PREFILL_POLICY.as_str()
+        } else {
+            llm_router::config::Policy::default().as_str()
+        })
+    }
+
     /// Every engine mock's flags: the prefill cost, then `--engine-arg`s.
     fn engine_flags(&self) -> Vec<String> {
         [format!(
@@ -288,7 +298,7 @@ fn plugin_config(args: &Args, policy: &str, no_gate: bool) -> Result<Value> {
     run::plugin_config(
         run::policy_key(args.pd.pd),
         policy,
-        &args.policy,
+        args.policy(),
         Some(&Value::Object(extra)),
         no_gate,
         args.seed,
@@ -379,7 +389,7 @@ impl Router {
 
 /// The main run's router, `--policy`.
 fn main_router(args: &Args) -> Router {
-    Router::named(&args.policy, &args.policy)
+    Router::named(args.policy(), args.policy())
 }
 
 /// The baseline runs `--baseline` asks for, in its order: by default `no_gate` when
@@ -388,7 +398,7 @@ fn main_router(args: &Args) -> Router {
 fn baselines(args: &Args) -> Result<Vec<Router>> {
     let names = match args.baseline.as_slice() {
         [] if args.slow_worker.is_some() => return Ok(Vec::new()),
-        [] => vec![run::default_baseline(&plugin_config(args, &args.policy, false)?).to_string()],
+        [] => vec![run::default_baseline(&plugin_config(args, args.policy(), false)?).to_string()],
         [none] if none == "none" => return Ok(Vec::new()),
         names => names.to_vec(),
     };
@@ -398,7 +408,7 @@ fn baselines(args: &Args) -> Result<Vec<Router>> {
         if name == "none" {
             bail!("--baseline none runs no comparison, so it cannot be listed with others");
         }
-        let router = Router::named(name, &args.policy);
+        let router = Router::named(name, args.policy());
         if out.contains(&router) {
             bail!("--baseline lists {name} twice");
         }
@@ -427,7 +437,7 @@ fn run_policy(
     // any valid config does, so it keeps the main run's.
     let (filter_policy, no_gate) = match (router, main_router(args)) {
         (Router::Filter { policy, no_gate }, _) => (policy.as_str(), *no_gate),
-        (_, Router::Filter { .. }) => (args.policy.as_str(), false),
+        (_, Router::Filter { .. }) => (args.policy(), false),
         _ => ("cache_aware", false),
     };
     if *router == Router::Smg && args.pd.pd {
@@ -861,6 +871,17 @@ mod tests {
             policy: policy.into(),
             no_gate,
         }
+    }
+
+    #[test]
+    fn the_policy_left_out_is_the_filters_default_for_the_routed_pool() {
+        assert_eq!(parse(&[]).policy(), "predicted_ttft");
+        assert_eq!(
+            parse(&["--pd"]).policy(),
+            "cache_aware",
+            "the prefill pool's"
+        );
+        assert_eq!(parse(&["--pd", "--policy", "random"]).policy(), "random");
     }
 
     #[test]

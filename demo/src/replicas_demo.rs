@@ -67,7 +67,7 @@ fn run_replicas(
         "endpoint" => Target::Endpoint,
         other => bail!("--target must be cluster or endpoint, got {other}"),
     };
-    let spec = fleet_spec(args, &args.policy, false, target, sharing.dir())?;
+    let spec = fleet_spec(args, args.policy(), false, target, sharing.dir())?;
     eprintln!(
         "llm-demo: starting {} Envoy replicas ({}) over {} engine mocks",
         args.envoys,
@@ -137,7 +137,7 @@ pub fn run(args: &Args, items: &[WorkItem], rt: &tokio::runtime::Runtime) -> Res
     println!(
         "== {} requests, policy {}, {} engine mocks; replicas get requests round robin, a new connection each ==",
         items.len(),
-        args.policy,
+        args.policy(),
         args.workers
     );
     println!(
@@ -170,7 +170,7 @@ pub fn run(args: &Args, items: &[WorkItem], rt: &tokio::runtime::Runtime) -> Res
     let errors = one.summary.errors + runs.iter().map(|r| r.summary.errors).sum::<usize>();
     let line: Value = json!({
         "envoys": args.envoys,
-        "policy": args.policy,
+        "policy": args.policy(),
         "one_envoy": {"cached_token_ratio": base, "errors": one.summary.errors},
         "replicas": runs.iter().map(|r| json!({
             "run": r.label,

@@ -257,6 +257,24 @@ impl Candidate {
 pub struct WorkerCosts {
     pub prefill_us_per_char: Option<f64>,
     pub service_ms: Option<f64>,
+    /// When either was last learned (ms, the filter's clock; 0: never).
+    pub observed_ms: u64,
+}
+
+impl WorkerCosts {
+    /// These costs if they were learned within `memory_ms` of `now_ms`, else none.
+    /// An engine's speed is what it showed lately: one not measured for that long
+    /// (shunned while it looked slow, as when it was flagged overloaded, or quiet)
+    /// is priced as the fleet is again, takes work, and is measured anew. Kept,
+    /// an engine that once looked slow took no new conversation on a quiet fleet
+    /// for the rest of its life.
+    pub fn fresh(self, now_ms: u64, memory_ms: u64) -> WorkerCosts {
+        if now_ms.saturating_sub(self.observed_ms) <= memory_ms {
+            self
+        } else {
+            WorkerCosts::default()
+        }
+    }
 }
 
 /// What the router counts for one worker besides its in-flight requests

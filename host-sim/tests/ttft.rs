@@ -179,7 +179,9 @@ fn a_reset_before_the_first_byte_releases_and_teaches_nothing() {
     h.vm(0).reset(a).expect("reset runs");
     h.vm(1).reset(b).expect("reset runs");
     assert_no_work_left(&h, "resets release their bookings");
-    let costs = h.shared_data("llm_router.ttft.costs").unwrap_or_default();
+    let costs = h
+        .shared_data("llm_router.ttft.worker_costs")
+        .unwrap_or_default();
     assert!(
         costs.is_empty() || costs == [0, 0, 0, 0],
         "no cost learned from a reset: {costs:?}"
@@ -196,7 +198,9 @@ fn answered_requests_teach_costs_and_record_the_prediction() {
     }
     // Each VM shares what it learned on its tick.
     h.advance_time(1_000).unwrap();
-    let costs = h.shared_data("llm_router.ttft.costs").unwrap_or_default();
+    let costs = h
+        .shared_data("llm_router.ttft.worker_costs")
+        .unwrap_or_default();
     assert!(
         costs.len() > 4,
         "first bytes and ends taught costs: {costs:?}"
@@ -242,6 +246,8 @@ fn a_streamed_answer_reads_the_clock_for_its_first_byte_and_its_end_only() {
     );
     assert_no_work_left(&h, "a streamed answer releases its booking");
     h.advance_time(1_000).unwrap();
-    let costs = h.shared_data("llm_router.ttft.costs").unwrap_or_default();
+    let costs = h
+        .shared_data("llm_router.ttft.worker_costs")
+        .unwrap_or_default();
     assert!(costs.len() > 4, "the stream taught its costs");
 }

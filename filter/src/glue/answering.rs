@@ -10,7 +10,7 @@ use super::hostcalls;
 use super::state::State;
 use crate::decision::Decision;
 use crate::parse::{self, Parsed};
-use crate::policy::predicted_ttft::{learn_end, learn_first_byte};
+use crate::policy::predicted_ttft::{learn_end, learn_first_byte, Recall};
 use crate::relay::{
     Answer, Ask, Booked, Given, Hold, Inbound, Leg, Note, Part, Refused, Routed, Verdict,
 };
@@ -197,6 +197,10 @@ fn ended(hold: Hold) -> Given {
 fn give_back(state: &State, given: Given) {
     let s = &state.shared;
     let tables = (&s.costs, state.router.names());
+    let at = Recall {
+        now_ms: super::host::now_ms(),
+        memory_ms: state.router.config().stale_after_ms,
+    };
     match given {
         Given::FirstByte {
             worker,
@@ -204,14 +208,20 @@ fn give_back(state: &State, given: Given) {
             after_ms,
         } => {
             bookkeeping::release_booking(state, &worker, booked.chars);
-            learn_first_byte(&HostStore, tables, &worker, after_ms, booked.work_chars);
+            learn_first_byte(
+                &HostStore,
+                tables,
+                &worker,
+                (after_ms, booked.work_chars),
+                at,
+            );
         }
         Given::End { hold, streamed_ms } => {
             if let Some(booked) = hold.booked {
                 bookkeeping::release_booking(state, &hold.worker, booked.chars);
             }
             if let Some(span) = streamed_ms {
-                learn_end(&HostStore, tables, &hold.worker, span);
+                learn_end(&HostStore, tables, &hold.worker, span, at);
             }
             bookkeeping::release_count(state, &hold.worker);
         }

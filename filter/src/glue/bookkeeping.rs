@@ -206,7 +206,8 @@ pub fn first_byte(state: &State, hold: &mut Option<WorkHold>) {
     if let Some(h) = hold.as_mut() {
         let s = &state.shared;
         let tables = (&s.inflight, &s.costs, state.router.names());
-        let last = h.first_byte(&HostStore, tables, super::host::now_ms);
+        let memory_ms = state.router.config().stale_after_ms;
+        let last = h.first_byte(&HostStore, tables, (super::host::now_ms, memory_ms));
         publish_last(state, last);
     }
 }
@@ -216,7 +217,8 @@ pub fn end_work(state: &State, hold: &mut Option<WorkHold>) {
     if let Some(h) = hold.as_mut() {
         let s = &state.shared;
         let tables = (&s.inflight, &s.costs, state.router.names());
-        let last = h.end(&HostStore, tables, super::host::now_ms);
+        let memory_ms = state.router.config().stale_after_ms;
+        let last = h.end(&HostStore, tables, (super::host::now_ms, memory_ms));
         publish_last(state, last);
     }
 }

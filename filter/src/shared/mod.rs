@@ -199,7 +199,9 @@ impl Keys {
     }
 
     pub fn costs(&self) -> String {
-        format!("{}.ttft.costs", self.prefix)
+        // Its rows hold three numbers: a table of two an older filter left in this
+        // Envoy's shared data has another name, so it is never read as this one.
+        format!("{}.ttft.worker_costs", self.prefix)
     }
 
     pub fn own_at_sample(&self) -> String {
@@ -497,7 +499,7 @@ mod tests {
         assert_eq!(k.health(), "llm_router.health");
         assert_eq!(k.push_failures(), "llm_router.push.failures");
         assert_eq!(k.peer_inflight(), "llm_router.replicas.inflight");
-        assert_eq!(k.costs(), "llm_router.ttft.costs");
+        assert_eq!(k.costs(), "llm_router.ttft.worker_costs");
         assert_eq!(k.own_at_sample(), "llm_router.ttft.own_at_sample");
         assert_eq!(k.membership(), "llm_router.membership");
         assert_eq!(

@@ -1,9 +1,9 @@
 //! `predicted_ttft`'s shared tables, each one key changed with CAS retries (its
 //! work ahead rides with the in-flight counts: `super::inflight`):
 //!
-//! - `CostTable`: (worker name -> two numbers): per worker, the learned prefill cost
-//!   per char (us) and service time (ms), moving averages each VM learns in its own
-//!   copy and shares on its tick;
+//! - `CostTable`: (worker name -> three numbers): per worker, the learned prefill
+//!   cost per char (us) and service time (ms), moving averages each VM learns in
+//!   its own copy and shares on its tick, and when they were last learned;
 //! - the in-flight counts as they were when the collector's last sample arrived
 //!   (`own_at_sample`), so engine load beyond them reads as other routers' load.
 
@@ -20,40 +20,42 @@ use crate::load::WorkerCosts;
 /// Stored form of "unknown" for a learned cost.
 const UNKNOWN: u64 = u64::MAX;
 
-fn encode(rows: &[(String, [u64; 2])]) -> Vec<u8> {
+fn encode(rows: &[(String, [u64; 3])]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&(rows.len() as u32).to_le_bytes());
-    for (name, [a, b]) in rows {
+    for (name, values) in rows {
         put_bytes(&mut out, name.as_bytes());
-        out.extend_from_slice(&a.to_le_bytes());
-        out.extend_from_slice(&b.to_le_bytes());
+        for v in values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
     out
 }
 
-fn decode(bytes: &[u8]) -> Vec<(String, [u64; 2])> {
+fn decode(bytes: &[u8]) -> Vec<(String, [u64; 3])> {
     let mut r = Reader(bytes);
     let Some(n) = r.u32() else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for _ in 0..n {
-        let (Some(name), Some(a), Some(b)) = (r.string(), r.u64(), r.u64()) else {
+        let (Some(name), Some(a), Some(b), Some(c)) = (r.string(), r.u64(), r.u64(), r.u64())
+        else {
             break;
         };
-        out.push((name, [a, b]));
+        out.push((name, [a, b, c]));
     }
     out
 }
 
-/// One key of (worker name -> two numbers).
+/// One key of (worker name -> three numbers).
 #[derive(Debug, Clone)]
 struct PairTable {
     key: String,
 }
 
 impl PairTable {
-    fn read(&self, store: &dyn SharedStore) -> Vec<(String, [u64; 2])> {
+    fn read(&self, store: &dyn SharedStore) -> Vec<(String, [u64; 3])> {
         store
             .get(&self.key)
             .map(|(v, _)| decode(&v))
@@ -67,8 +69,8 @@ impl PairTable {
     fn merge(
         &self,
         store: &dyn SharedStore,
-        mine: &[(usize, (String, [u64; 2]))],
-        empty: [u64; 2],
+        mine: &[(usize, (String, [u64; 3]))],
+        empty: [u64; 3],
     ) -> Option<CostRows> {
         for _ in 0..CAS_ATTEMPTS {
             let (mut rows, cas) = match store.get(&self.key) {
@@ -81,8 +83,8 @@ impl PairTable {
             // name comparisons a tick), and indexing every row on every tick was
             // a hash of each of the fleet's names.
             let mut at: Option<hashbrown::HashMap<&str, usize>> = None;
-            let mut added: Vec<(String, [u64; 2])> = Vec::new();
-            let mut changed: Vec<(usize, [u64; 2])> = Vec::with_capacity(mine.len());
+            let mut added: Vec<(String, [u64; 3])> = Vec::new();
+            let mut changed: Vec<(usize, [u64; 3])> = Vec::with_capacity(mine.len());
             for (was, (worker, value)) in mine {
                 if rows.get(*was).is_some_and(|(name, _)| name == worker) {
                     changed.push((*was, *value));
@@ -120,8 +122,9 @@ impl PairTable {
     }
 }
 
-/// Learned costs by worker name: prefill us per char and service ms, as bits.
-type CostRows = Vec<(String, [u64; 2])>;
+/// Learned costs by worker name: prefill us per char and service ms, as bits, and
+/// when they were last learned (ms).
+type CostRows = Vec<(String, [u64; 3])>;
 
 /// Learned costs per worker for the whole Envoy. Each VM learns in its own copy of
 /// the table and shares what it learned on its tick (`publish`), which also takes in
@@ -208,14 +211,15 @@ fn from_bits(b: u64) -> Option<f64> {
         .filter(|x| x.is_finite())
 }
 
-fn costs_of([p, s]: [u64; 2]) -> WorkerCosts {
+fn costs_of([p, s, observed_ms]: [u64; 3]) -> WorkerCosts {
     WorkerCosts {
         prefill_us_per_char: from_bits(p),
         service_ms: from_bits(s),
+        observed_ms,
     }
 }
 
-const NOTHING_LEARNED: [u64; 2] = [UNKNOWN, UNKNOWN];
+const NOTHING_LEARNED: [u64; 3] = [UNKNOWN, UNKNOWN, 0];
 
 impl Local {
     fn of(rows: CostRows) -> Local {
@@ -293,7 +297,11 @@ impl CostTable {
                 return;
             };
             let next = step(costs_of(*values));
-            *values = [to_bits(next.prefill_us_per_char), to_bits(next.service_ms)];
+            *values = [
+                to_bits(next.prefill_us_per_char),
+                to_bits(next.service_ms),
+                next.observed_ms,
+            ];
             let learned = costs_of(*values);
             if let Some(flag) = c.learned.get_mut(row) {
                 *flag = true;
@@ -310,7 +318,7 @@ impl CostTable {
     /// as its copy. Whether the shared table was read (and, with something learned,
     /// written); what could not be written is kept for the next tick.
     pub fn publish(&self, store: &dyn SharedStore) -> bool {
-        let mine: Vec<(usize, (String, [u64; 2]))> = self.local(store, |c| {
+        let mine: Vec<(usize, (String, [u64; 3]))> = self.local(store, |c| {
             c.rows
                 .iter()
                 .zip(&c.learned)
@@ -424,7 +432,7 @@ mod tests {
             t.by_worker(&store, &ws)[1],
             WorkerCosts {
                 prefill_us_per_char: Some(8.0),
-                service_ms: None
+                ..WorkerCosts::default()
             }
         );
         t.learn(&store, &ws, "w1", |c| WorkerCosts {
@@ -552,7 +560,7 @@ mod tests {
         );
         assert_eq!(
             store.get(&keys.costs()).map(|(v, _)| decode(&v)),
-            Some(vec![("w1".to_string(), [UNKNOWN, 40f64.to_bits()])])
+            Some(vec![("w1".to_string(), [UNKNOWN, 40f64.to_bits(), 0])])
         );
     }
 

@@ -61,8 +61,10 @@ fn hit_on(addr: SocketAddr, path: &str, body: &Value, engine: &str, what: &str) 
 fn the_collectors_index_of_each_engine_is_what_its_cache_holds() {
     let f = start(&FleetSpec {
         workers: 2,
-        // 32 blocks of 64 chars: the traffic below fills and evicts them.
+        // 32 blocks of 64 chars: the traffic below fills and evicts them, on both
+        // engines (round robin: the subject is the index, not the routing).
         engine_args: vec!["--cache-blocks".into(), "32".into()],
+        plugin_config: json!({"policy": "round_robin"}),
         collector_interval_ms: Some(100),
         kv_events: true,
         ..FleetSpec::default()

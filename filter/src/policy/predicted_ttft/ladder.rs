@@ -508,6 +508,7 @@ mod tests {
         service_ms: 20.0,
         stay_factor: 1.0,
         sample_size: 0,
+        cost_memory_ms: 5000,
     };
 
     fn cand(worker: TenantId, inflight: u64, cached: u64) -> TtftCandidate {
@@ -618,6 +619,7 @@ mod tests {
         c.costs = WorkerCosts {
             prefill_us_per_char: Some(1.0),
             service_ms: Some(0.0),
+            ..WorkerCosts::default()
         };
         assert_eq!(
             c.predict_us(&P, 4000),

@@ -44,6 +44,28 @@ pub struct TtftParams {
     pub stay_factor: f64,
     /// Fleets larger than this are sampled (0: never).
     pub sample_size: usize,
+    /// Costs learned longer ago than this are forgotten (`stale_after_ms`).
+    pub cost_memory_ms: u64,
+}
+
+/// The moment costs are read or learned at, and how long they are remembered
+/// (`WorkerCosts::fresh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recall {
+    pub now_ms: u64,
+    pub memory_ms: u64,
+}
+
+impl Recall {
+    /// `c` if learned lately, else nothing learned.
+    pub fn fresh(self, c: WorkerCosts) -> WorkerCosts {
+        c.fresh(self.now_ms, self.memory_ms)
+    }
+
+    /// The mean of the costs among `costs` learned lately (`fleet_mean`).
+    pub fn fleet_mean(self, costs: &[WorkerCosts]) -> WorkerCosts {
+        fleet_mean(costs.iter().map(|c| self.fresh(*c)))
+    }
 }
 
 impl TtftParams {
@@ -80,6 +102,7 @@ pub fn fleet_mean(costs: impl IntoIterator<Item = WorkerCosts>) -> WorkerCosts {
     WorkerCosts {
         prefill_us_per_char: mean(prefill),
         service_ms: mean(service),
+        ..WorkerCosts::default()
     }
 }
 
@@ -102,6 +125,7 @@ impl Select for PredictedTtft {
             service_ms: cfg.service_ms.unwrap_or(DEFAULT_SERVICE_MS),
             stay_factor: cfg.stay_factor.unwrap_or(DEFAULT_STAY_FACTOR),
             sample_size: cfg.ttft_sample_size.unwrap_or(DEFAULT_TTFT_SAMPLE_SIZE),
+            cost_memory_ms: cfg.stale_after_ms,
         }
     }
 
@@ -146,6 +170,7 @@ mod tests {
         let learned = |prefill: Option<f64>, service: Option<f64>| WorkerCosts {
             prefill_us_per_char: prefill,
             service_ms: service,
+            ..WorkerCosts::default()
         };
         let none = p.with_fleet_priors([learned(None, None), learned(None, None)]);
         assert_eq!(none, p, "nothing learned: the configured priors");
@@ -183,6 +208,7 @@ mod tests {
                 service_ms: 0.0,
                 stay_factor: 2.0,
                 sample_size: 8,
+                cost_memory_ms: 5000,
             }
         );
     }

@@ -5,7 +5,7 @@
 
 use super::draw;
 use super::ladder::{match_margin, others_load, Ladder, Scored, TtftCandidate};
-use super::TtftParams;
+use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
 use crate::load::{Candidate, Loads};
 use crate::rng::Rng;
@@ -68,10 +68,14 @@ pub fn route(
         (params.sample_size, input),
         (&mut scratch.holders, rng),
     );
+    let at = Recall {
+        now_ms: loads.now_ms,
+        memory_ms: params.cost_memory_ms,
+    };
     let fleet = params.with_fleet_priors(
         candidates
             .iter()
-            .filter_map(|c| loads.costs.get(c.worker as usize).copied()),
+            .filter_map(|c| loads.costs.get(c.worker as usize).map(|k| at.fresh(*k))),
     );
     let params = &fleet;
     for c in candidates {
@@ -144,20 +148,21 @@ fn scored_candidate(
     (params, input): (&TtftParams, u64),
 ) -> Scored {
     let conversations = leaves.get(c.worker) as u64;
-    let mut t = ttft_candidate(loads, c, (held, conversations));
+    let mut t = ttft_candidate(loads, c, (held, conversations), params.cost_memory_ms);
     t.slots = slots.get(c.worker as usize).map_or(1, |s| s.count());
     t.scored(params, input)
 }
 
 /// What `predicted_ttft` knows of one candidate: the router's own work there,
 /// the engine's load beyond this Envoy's (the screen's fresh sample, if any),
-/// its share of the request's prefix (`held`), its conversations and its learned
-/// costs.
+/// its share of the request's prefix (`held`), its conversations and its costs
+/// learned within `memory_ms`.
 #[inline]
 fn ttft_candidate(
     loads: &Loads,
     c: &Candidate,
     (held, conversations): (&TenantMatches, u64),
+    memory_ms: u64,
 ) -> TtftCandidate {
     let i = c.worker as usize;
     let others = c.engine.map_or(0, |q| {
@@ -179,7 +184,11 @@ fn ttft_candidate(
         cached_chars: held.depth(c.worker, conversations as usize) as u64,
         continues: held.continues(c.worker),
         conversations,
-        costs: loads.costs.get(i).copied().unwrap_or_default(),
+        costs: loads
+            .costs
+            .get(i)
+            .map(|k| k.fresh(loads.now_ms, memory_ms))
+            .unwrap_or_default(),
         slots: 1,
     }
 }
@@ -222,20 +231,20 @@ mod tests {
             }),
         };
         let held = TenantMatches::default();
-        let w0 = ttft_candidate(&loads, &c(0), (&held, 3));
+        let w0 = ttft_candidate(&loads, &c(0), (&held, 3), 5000);
         assert_eq!(
             (w0.worker, w0.inflight, w0.others, w0.conversations),
             (0, 5, 5, 3),
             "10 on the engine: 2 ours, 3 peers'"
         );
-        let w1 = ttft_candidate(&loads, &c(1), (&held, 0));
+        let w1 = ttft_candidate(&loads, &c(1), (&held, 0), 5000);
         assert_eq!(w1.others, 0, "never negative");
         let unsampled = Candidate {
             engine: None,
             ..c(0)
         };
         assert_eq!(
-            ttft_candidate(&loads, &unsampled, (&held, 0)).others,
+            ttft_candidate(&loads, &unsampled, (&held, 0), 5000).others,
             0,
             "no fresh sample: the router's own count stands"
         );

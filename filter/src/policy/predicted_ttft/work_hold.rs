@@ -14,8 +14,8 @@
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
 
-use super::fleet_mean;
 use super::ladder::{learn_prefill, learn_service};
+use super::Recall;
 use crate::config::WorkerNames;
 use crate::decision::Prediction;
 use crate::load::WorkerCosts;
@@ -75,7 +75,7 @@ impl WorkHold {
         &mut self,
         store: &dyn SharedStore,
         (work, costs, names): (&InflightTable, &CostTable, &WorkerNames),
-        clock: impl FnOnce() -> u64,
+        (clock, memory_ms): (impl FnOnce() -> u64, u64),
     ) -> bool {
         let Phase::Prefilling { since_ms } = self.phase else {
             return false;
@@ -83,7 +83,9 @@ impl WorkHold {
         let now_ms = clock();
         let last = self.release_prefill(work);
         let ttfb_ms = now_ms.saturating_sub(since_ms);
-        learn_first_byte(store, (costs, names), &self.worker, ttfb_ms, self.work_chars);
+        let at = Recall { now_ms, memory_ms };
+        let seen = (ttfb_ms, self.work_chars);
+        learn_first_byte(store, (costs, names), &self.worker, seen, at);
         self.phase = Phase::Streaming { since_ms: now_ms };
         last
     }
@@ -95,14 +97,16 @@ impl WorkHold {
         &mut self,
         store: &dyn SharedStore,
         (work, costs, names): (&InflightTable, &CostTable, &WorkerNames),
-        clock: impl FnOnce() -> u64,
+        (clock, memory_ms): (impl FnOnce() -> u64, u64),
     ) -> bool {
         let mut last = false;
         match self.phase {
             Phase::Prefilling { .. } => last = self.release_prefill(work),
             Phase::Streaming { since_ms } => {
-                let span_ms = clock().saturating_sub(since_ms);
-                learn_end(store, (costs, names), &self.worker, span_ms);
+                let now_ms = clock();
+                let span_ms = now_ms.saturating_sub(since_ms);
+                let at = Recall { now_ms, memory_ms };
+                learn_end(store, (costs, names), &self.worker, span_ms, at);
             }
             Phase::Done => {}
         }
@@ -111,49 +115,55 @@ impl WorkHold {
     }
 }
 
-/// Teaches `worker`'s prefill cost per char: its first byte came `ttfb_ms` after
-/// the decision, with `work_chars` of prefill before it (ahead, and its own). The
-/// routing VM of `route_in: one_vm` learns so from what an asking VM measured.
+/// Teaches `worker`'s prefill cost per char at `at`: its first byte came `ttfb_ms`
+/// after the decision, with `work_chars` of prefill before it (ahead, and its
+/// own). The routing VM of `route_in: one_vm` learns so from what an asking VM
+/// measured.
 ///
-/// A worker's first observation moves it from the fleet's mean (of the workers
-/// learned; the observation itself while none is), as every later one does
-/// from its own: one noisy first byte taken whole made an
-/// engine look a third slower than its peers, and an engine no cheaper than the
-/// others by that much takes no new conversation on a quiet fleet, so it was
-/// never measured again.
+/// A worker's first observation, or its first since its costs were forgotten
+/// (`WorkerCosts::fresh`), moves it from the fleet's mean (of the workers learned
+/// lately; the observation itself while none is), as every later one does from
+/// its own: one noisy first byte taken whole made an engine look a third slower
+/// than its peers, and an engine no cheaper than the others by that much takes
+/// no new conversation on a quiet fleet.
 pub fn learn_first_byte(
     store: &dyn SharedStore,
     (costs, names): (&CostTable, &WorkerNames),
     worker: &str,
-    ttfb_ms: u64,
-    work_chars: u64,
+    (ttfb_ms, work_chars): (u64, u64),
+    at: Recall,
 ) {
     let ttfb_us = ttfb_ms as f64 * 1000.0;
     if learn_prefill(None, ttfb_us, work_chars).is_some() {
-        let fleet = fleet_mean(costs.by_worker(store, names).iter().copied());
+        let fleet = at.fleet_mean(&costs.by_worker(store, names));
         costs.learn(store, names, worker, |c| {
+            let c = at.fresh(c);
             let prev = c.prefill_us_per_char.or(fleet.prefill_us_per_char);
             WorkerCosts {
                 prefill_us_per_char: learn_prefill(prev, ttfb_us, work_chars).or(prev),
+                observed_ms: at.now_ms,
                 ..c
             }
         });
     }
 }
 
-/// Teaches `worker`'s service time: a stream ran `span_ms` from its first byte
-/// (its first observation moves it from the fleet's mean, as the prefill cost).
+/// Teaches `worker`'s service time at `at`: a stream ran `span_ms` from its first
+/// byte (from the fleet's mean the first time, as the prefill cost).
 pub fn learn_end(
     store: &dyn SharedStore,
     (costs, names): (&CostTable, &WorkerNames),
     worker: &str,
     span_ms: u64,
+    at: Recall,
 ) {
-    let fleet = fleet_mean(costs.by_worker(store, names).iter().copied());
+    let fleet = at.fleet_mean(&costs.by_worker(store, names));
     costs.learn(store, names, worker, |c| {
+        let c = at.fresh(c);
         let prev = c.service_ms.or(fleet.service_ms);
         WorkerCosts {
             service_ms: learn_service(prev, span_ms as f64).or(prev),
+            observed_ms: at.now_ms,
             ..c
         }
     });
@@ -168,6 +178,9 @@ mod tests {
     use crate::shared::{Keys, OpRing};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// How long learned costs are remembered in these tests.
+    const MEMORY_MS: u64 = 5000;
 
     struct Fixture {
         store: MemStore,
@@ -222,7 +235,7 @@ mod tests {
         );
         let mut b = f.take(1000, 4000, 101);
         assert_eq!(f.w0().ahead_chars, 5000);
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 120);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), (|| 120, MEMORY_MS));
         assert_eq!(
             f.w0(),
             WorkerWork {
@@ -236,22 +249,22 @@ mod tests {
             "20 ms over 4000 chars"
         );
         assert_eq!(a.phase(), Phase::Streaming { since_ms: 120 });
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 500);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), (|| 500, MEMORY_MS));
         assert_eq!(
             f.w0().ahead_chars,
             1000,
             "a second first byte releases nothing"
         );
-        a.end(&f.store, (&f.work, &f.costs, &f.names), || 150);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), (|| 150, MEMORY_MS));
         assert_eq!(f.costs0().service_ms, Some(30.0));
-        a.end(&f.store, (&f.work, &f.costs, &f.names), || 900);
+        a.end(&f.store, (&f.work, &f.costs, &f.names), (|| 900, MEMORY_MS));
         assert_eq!(f.costs0().service_ms, Some(30.0), "ends once");
         assert_eq!(a.phase(), Phase::Done);
         // 5000 chars of work before b's first byte at 101 + 50 ms: 10 us per char;
         // the average moves 5 -> 6.
-        b.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 151);
+        b.first_byte(&f.store, (&f.work, &f.costs, &f.names), (|| 151, MEMORY_MS));
         assert_eq!(f.costs0().prefill_us_per_char, Some(6.0));
-        b.end(&f.store, (&f.work, &f.costs, &f.names), || 151);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), (|| 151, MEMORY_MS));
         assert_eq!(f.w0(), WorkerWork::default());
     }
 
@@ -259,30 +272,71 @@ mod tests {
     fn a_workers_first_observation_moves_it_from_the_fleets_mean() {
         let f = fixture();
         let learned = |w: usize| f.costs.by_worker(&f.store, &f.names)[w];
+        let at = |now_ms| Recall {
+            now_ms,
+            memory_ms: MEMORY_MS,
+        };
+        let tables = (&f.costs, &f.names);
         // Nothing learned anywhere: the first observation is taken whole.
-        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", 20, 4000);
-        learn_end(&f.store, (&f.costs, &f.names), "w0", 30);
+        learn_first_byte(&f.store, tables, "w0", (20, 4000), at(1000));
+        learn_end(&f.store, tables, "w0", 30, at(1000));
         assert_eq!(
             learned(0),
             WorkerCosts {
                 prefill_us_per_char: Some(5.0),
-                service_ms: Some(30.0)
+                service_ms: Some(30.0),
+                observed_ms: 1000
             }
         );
         // w1's first: 10 us a char and 80 ms, a fifth of the way from w0's 5 and 30.
-        learn_first_byte(&f.store, (&f.costs, &f.names), "w1", 40, 4000);
-        learn_end(&f.store, (&f.costs, &f.names), "w1", 80);
+        learn_first_byte(&f.store, tables, "w1", (40, 4000), at(2000));
+        learn_end(&f.store, tables, "w1", 80, at(2000));
         assert_eq!(
             learned(1),
             WorkerCosts {
                 prefill_us_per_char: Some(6.0),
-                service_ms: Some(40.0)
+                service_ms: Some(40.0),
+                observed_ms: 2000
             }
         );
         // Later observations move each from its own.
-        learn_first_byte(&f.store, (&f.costs, &f.names), "w1", 40, 4000);
+        learn_first_byte(&f.store, tables, "w1", (40, 4000), at(3000));
         assert_eq!(learned(1).prefill_us_per_char, Some(6.8));
         assert_eq!(learned(0).prefill_us_per_char, Some(5.0), "untouched");
+    }
+
+    #[test]
+    fn costs_not_learned_within_the_memory_are_forgotten() {
+        let f = fixture();
+        let learned = |w: usize| f.costs.by_worker(&f.store, &f.names)[w];
+        let at = |now_ms| Recall {
+            now_ms,
+            memory_ms: MEMORY_MS,
+        };
+        let tables = (&f.costs, &f.names);
+        // w0 measured slow (50 us a char), w1 fast (5), both at 1 s.
+        learn_first_byte(&f.store, tables, "w0", (200, 4000), at(1000));
+        learn_first_byte(&f.store, tables, "w1", (20, 4000), at(1000));
+        assert_eq!(at(6000).fresh(learned(0)), learned(0), "5 s on: remembered");
+        assert_eq!(
+            at(6001).fresh(learned(0)),
+            WorkerCosts::default(),
+            "past the memory: nothing learned"
+        );
+        // w1 is measured again at 7 s; w0, shunned, is not. w0's next observation
+        // (10 us a char) moves it from the fleet's mean of those learned lately
+        // (w1's 5), not from its forgotten 50.
+        learn_first_byte(&f.store, tables, "w1", (20, 4000), at(7000));
+        assert_eq!(
+            at(7000).fleet_mean(&f.costs.by_worker(&f.store, &f.names)),
+            WorkerCosts {
+                prefill_us_per_char: Some(5.0),
+                ..WorkerCosts::default()
+            }
+        );
+        learn_first_byte(&f.store, tables, "w0", (40, 4000), at(7500));
+        assert_eq!(learned(0).prefill_us_per_char, Some(6.0));
+        assert_eq!(learned(0).observed_ms, 7500);
     }
 
     #[test]
@@ -290,13 +344,13 @@ mod tests {
         let f = fixture();
         let mut a = f.take(4000, 0, 100);
         assert!(
-            a.end(&f.store, (&f.work, &f.costs, &f.names), || 5000),
+            a.end(&f.store, (&f.work, &f.costs, &f.names), (|| 5000, MEMORY_MS)),
             "this VM's last count: to be published at once"
         );
         assert_eq!(f.w0(), WorkerWork::default());
         assert_eq!(f.costs0(), WorkerCosts::default());
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 6000);
-        a.end(&f.store, (&f.work, &f.costs, &f.names), || 7000);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), (|| 6000, MEMORY_MS));
+        a.end(&f.store, (&f.work, &f.costs, &f.names), (|| 7000, MEMORY_MS));
         assert_eq!(f.w0(), WorkerWork::default(), "never negative, never twice");
         assert_eq!(f.costs0(), WorkerCosts::default());
     }
@@ -305,7 +359,7 @@ mod tests {
     fn a_short_prefill_does_not_teach_the_per_char_cost() {
         let f = fixture();
         let mut a = f.take(10, 0, 0);
-        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), || 40);
+        a.first_byte(&f.store, (&f.work, &f.costs, &f.names), (|| 40, MEMORY_MS));
         assert_eq!(f.costs0().prefill_us_per_char, None);
         assert_eq!(f.w0(), WorkerWork::default());
     }
@@ -320,17 +374,21 @@ mod tests {
             ahead_chars: 0,
         };
         let mut b = WorkHold::take(&f.work, "w1", &p, 0);
-        b.end(&f.store, (&f.work, &f.costs, &f.names), || 1);
-        b.end(&f.store, (&f.work, &f.costs, &f.names), || 2);
+        b.end(&f.store, (&f.work, &f.costs, &f.names), (|| 1, MEMORY_MS));
+        b.end(&f.store, (&f.work, &f.costs, &f.names), (|| 2, MEMORY_MS));
         assert_eq!(f.w0().ahead_chars, 300);
     }
 
     #[test]
     fn what_another_vm_measured_teaches_as_a_hold_does() {
         let f = fixture();
-        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", 20, 4000);
+        let at = Recall {
+            now_ms: 100,
+            memory_ms: MEMORY_MS,
+        };
+        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", (20, 4000), at);
         assert_eq!(f.costs0().prefill_us_per_char, Some(5.0), "20 ms over 4000 chars");
-        learn_end(&f.store, (&f.costs, &f.names), "w0", 30);
+        learn_end(&f.store, (&f.costs, &f.names), "w0", 30, at);
         assert_eq!(f.costs0().service_ms, Some(30.0));
         assert_eq!(f.w0(), WorkerWork::default(), "nothing booked or released");
     }
