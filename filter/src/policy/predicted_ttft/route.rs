@@ -196,7 +196,7 @@ fn ttft_candidate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::{EngineSample, LoadTable, Report};
+    use crate::load::{EngineSample, LoadTable, Report, WorkerCosts};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -248,5 +248,28 @@ mod tests {
             0,
             "no fresh sample: the router's own count stands"
         );
+    }
+
+    #[test]
+    fn ttft_costs_are_the_ones_learned_within_the_memory() {
+        let learned = |observed_ms| WorkerCosts {
+            prefill_us_per_char: Some(50.0),
+            service_ms: Some(30.0),
+            observed_ms,
+        };
+        let loads = Loads {
+            costs: vec![learned(4000), learned(3999)].into(),
+            now_ms: 9000,
+            ..Loads::inflight_only(&[0, 0])
+        };
+        let c = |worker| Candidate {
+            worker,
+            inflight: 0,
+            engine: None,
+        };
+        let held = TenantMatches::default();
+        let costs = |w| ttft_candidate(&loads, &c(w), (&held, 0), 5000).costs;
+        assert_eq!(costs(0), learned(4000), "5 s ago: remembered");
+        assert_eq!(costs(1), WorkerCosts::default(), "longer ago: forgotten");
     }
 }
