@@ -135,7 +135,9 @@ pub fn learn_first_byte(
 ) {
     let ttfb_us = ttfb_ms as f64 * 1000.0;
     if learn_prefill(None, ttfb_us, work_chars).is_some() {
-        let fleet = at.fleet_mean(&costs.by_worker(store, names));
+        let fleet = fleet_if_unlearned(store, (costs, names), worker, at, |c| {
+            c.prefill_us_per_char
+        });
         costs.learn(store, names, worker, |c| {
             let c = at.fresh(c);
             let prev = c.prefill_us_per_char.or(fleet.prefill_us_per_char);
@@ -157,7 +159,7 @@ pub fn learn_end(
     span_ms: u64,
     at: Recall,
 ) {
-    let fleet = at.fleet_mean(&costs.by_worker(store, names));
+    let fleet = fleet_if_unlearned(store, (costs, names), worker, at, |c| c.service_ms);
     costs.learn(store, names, worker, |c| {
         let c = at.fresh(c);
         let prev = c.service_ms.or(fleet.service_ms);
@@ -167,6 +169,24 @@ pub fn learn_end(
             ..c
         }
     });
+}
+
+/// The fleet's mean costs (`Recall::fleet_mean`) where `worker` has not learned
+/// the one `cost` reads lately, else nothing: a pass over the fleet at every
+/// response only for the few that need it.
+fn fleet_if_unlearned(
+    store: &dyn SharedStore,
+    (costs, names): (&CostTable, &WorkerNames),
+    worker: &str,
+    at: Recall,
+    cost: impl Fn(WorkerCosts) -> Option<f64>,
+) -> WorkerCosts {
+    let all = costs.by_worker(store, names);
+    let own = names.get(worker).and_then(|i| all.get(i).copied());
+    match own.map(|c| cost(at.fresh(c))) {
+        Some(Some(_)) => WorkerCosts::default(),
+        _ => at.fleet_mean(&all),
+    }
 }
 
 #[cfg(test)]
