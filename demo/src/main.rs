@@ -878,7 +878,7 @@ mod tests {
         assert_eq!(parse(&[]).policy(), "predicted_ttft");
         assert_eq!(
             parse(&["--pd"]).policy(),
-            "cache_aware",
+            "predicted_ttft",
             "the prefill pool's"
         );
         assert_eq!(parse(&["--pd", "--policy", "random"]).policy(), "random");

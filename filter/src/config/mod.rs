@@ -73,9 +73,9 @@ pub const DEFAULT_STALE_AFTER_MS: u64 = 5_000;
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 pub const DEFAULT_STATS_PATH: &str = "/llm-router/stats";
 pub const DEFAULT_STATS_MAX_BYTES: usize = 1 << 20;
-/// The prefill pool is where prompts are cached, so it follows prefixes (SMG's
-/// default for both pools).
-pub const DEFAULT_PREFILL_POLICY: Policy = Policy::CacheAware;
+/// The prefill pool is where prompts are cached: the default policy, as the
+/// regular pool's.
+pub const DEFAULT_PREFILL_POLICY: Policy = Policy::PredictedTtft;
 /// Decode holds no prefix worth following (the KV arrives from prefill): spread the
 /// load, as SMG's PD deployments usually configure it.
 pub const DEFAULT_DECODE_POLICY: Policy = Policy::PowerOfTwo;
@@ -574,7 +574,7 @@ mod tests {
         // The default policy is ours; `cache_aware`'s settings default to SMG's.
         assert_eq!(c.policy, Policy::PredictedTtft);
         assert_eq!(Policy::default(), Policy::PredictedTtft);
-        assert_eq!(c.prefill_policy, Policy::CacheAware);
+        assert_eq!(c.prefill_policy, Policy::PredictedTtft);
         assert_eq!(c.target, Target::Cluster);
         assert_eq!(c.cache_threshold, 0.3);
         assert_eq!(c.balance_abs_threshold, 64);
@@ -706,7 +706,7 @@ mod tests {
     fn pd_pools_and_policies() {
         let c = pd(r#""address":"10.0.0.5:30000","bootstrap_port":8998"#, "").unwrap();
         assert!(c.is_pd());
-        assert_eq!(c.policy_of(Pool::Prefill), Policy::CacheAware);
+        assert_eq!(c.policy_of(Pool::Prefill), Policy::PredictedTtft);
         assert_eq!(c.policy_of(Pool::Decode), Policy::PowerOfTwo);
         assert_eq!(c.workers[0].bootstrap_host(), Some("10.0.0.5"));
         assert_eq!(c.prefill_timeout_ms, DEFAULT_PREFILL_TIMEOUT_MS);
@@ -768,13 +768,13 @@ mod tests {
             field_of(pd(port, r#","prefill_timeout_ms":0"#)),
             "prefill_timeout_ms"
         );
-        // The gate needs a cache-aware pool to act on.
-        assert!(pd(port, r#","worker_queue_limit":4"#).is_ok());
-        let e = pd(
+        // The gate needs a cache_aware pool to act on.
+        assert!(pd(
             port,
-            r#","prefill_policy":"round_robin","worker_queue_limit":4"#,
+            r#","prefill_policy":"cache_aware","worker_queue_limit":4"#
         )
-        .unwrap_err();
+        .is_ok());
+        let e = pd(port, r#","worker_queue_limit":4"#).unwrap_err();
         assert_eq!(e.field, "worker_queue_limit");
         assert!(e.rule.contains("prefill_policy"), "{e}");
     }
@@ -995,8 +995,11 @@ mod tests {
         )
         .unwrap();
         assert!(pdc.uses_predicted_ttft());
+        assert!(pd(port, r#","load_factor":1"#).is_ok(), "the default's");
         assert_eq!(
-            pd(port, r#","load_factor":1"#).unwrap_err().field,
+            pd(port, r#","prefill_policy":"cache_aware","load_factor":1"#)
+                .unwrap_err()
+                .field,
             "load_factor"
         );
     }

@@ -40,7 +40,10 @@
 //! when its engine is slower than the call's timeout, as in Envoy.
 //!
 //! Envoy runs one worker thread: with several, which thread takes a connection is
-//! the kernel's choice, not the scenario's.
+//! the kernel's choice, not the scenario's. A scenario whose placement of new
+//! prompts matters names a policy whose decisions do not depend on time
+//! (`cache_aware`): `predicted_ttft`, the default, learns engine speeds from what
+//! it measures, real time in Envoy and virtual time in host-sim.
 
 use crate::support::EXPLAINED_JSON;
 use anyhow::{bail, Context, Result};

@@ -1451,7 +1451,7 @@ mod tests {
         {"name":"p0","pool":"prefill","address":"10.0.0.1:30000","bootstrap_port":8998},
         {"name":"p1","pool":"prefill","address":"10.0.0.2:30000","bootstrap_port":8998},
         {"name":"d0","pool":"decode"},{"name":"d1","pool":"decode"}],
-        "decode_policy":"cache_aware"}"#;
+        "prefill_policy":"cache_aware","decode_policy":"cache_aware"}"#;
 
     fn pd_router(cfg: &str) -> Router {
         Router::new(Config::from_json(cfg.as_bytes()).unwrap())
