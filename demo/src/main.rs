@@ -60,8 +60,8 @@ struct Args {
     #[command(flatten)]
     pd: PdArgs,
     /// Routing policy: predicted_ttft, cache_aware, round_robin, random,
-    /// power_of_two. Default: the filter's for the routed pool (predicted_ttft; with
-    /// --pd, the prefill pool's, cache_aware).
+    /// power_of_two. Default: the filter's for the routed pool (with --pd, the
+    /// prefill pool's): predicted_ttft.
     #[arg(long)]
     policy: Option<String>,
     /// The comparison runs, each on a fresh fleet, comma-separated: a policy name
