@@ -798,7 +798,7 @@ fn invalid_plugin_config_fails_build_and_names_the_field() {
         );
     }
     // And a valid one with every field builds.
-    let full = r#"{"policy":"power_of_two","target":"cluster","workers":[{"name":"a","cluster":"c","pool":"regular","models":[]}],
+    let full = r#"{"policy":"cache_aware","target":"cluster","workers":[{"name":"a","cluster":"c","pool":"regular","models":[]}],
         "cache_threshold":0.5,"balance_abs_threshold":1,"balance_rel_threshold":1.0,"max_tree_size":10,
         "max_total_tree_chars":100,"eviction_interval_ms":5,"max_models":1,"cluster_header":"x-c",
         "endpoint_header":"x-e","decision_headers":false}"#;

@@ -411,14 +411,14 @@ mod tests {
             let mut r = Router::new(discovery());
             r.apply(0, &list(1, &[w("a"), w("b")]));
             let next = Config::from_json(
-                br#"{"workers_from":"collector","stats_token":"t2","cache_threshold":0.5}"#,
+                br#"{"policy":"cache_aware","workers_from":"collector","stats_token":"t2","cache_threshold":0.5}"#,
             )
             .unwrap();
             r.reconfigure(next);
             assert_eq!(r.config().workers.len(), 2);
             assert_eq!(
                 (r.config().cache_threshold, r.membership_version()),
-                (0.5, 1)
+                (Some(0.5), 1)
             );
             let tight = Config::from_json(
                 br#"{"workers_from":"collector","stats_token":"t","max_workers":1}"#,

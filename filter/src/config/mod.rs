@@ -90,15 +90,6 @@ pub const DEFAULT_LEAVE_GRACE_MS: u64 = 10_000;
 /// SGLang's decode side waits this long for KV before giving up.
 pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 300_000;
 
-fn default_cache_threshold() -> f64 {
-    DEFAULT_CACHE_THRESHOLD
-}
-fn default_balance_abs() -> u64 {
-    DEFAULT_BALANCE_ABS_THRESHOLD
-}
-fn default_balance_rel() -> f64 {
-    DEFAULT_BALANCE_REL_THRESHOLD
-}
 fn default_max_tree_size() -> usize {
     DEFAULT_MAX_TREE_SIZE_CHARS
 }
@@ -202,16 +193,19 @@ pub struct Config {
     /// keeps its tenants before they are dropped (default `DEFAULT_LEAVE_GRACE_MS`).
     #[serde(default)]
     pub leave_grace_ms: Option<u64>,
-    /// A prefix hit must cover strictly more than this share of the input's chars.
-    #[serde(default = "default_cache_threshold")]
-    pub cache_threshold: f64,
+    /// `cache_aware`: a prefix hit must cover strictly more than this share of the
+    /// input's chars (`DEFAULT_CACHE_THRESHOLD` when unset). Settings are `None`
+    /// until set, so one set where no pool routes by `cache_aware` is refused
+    /// rather than ignored.
+    #[serde(default)]
+    pub cache_threshold: Option<f64>,
     /// `cache_aware`'s spill gate (SMG 1.13's): an owner with more in flight than
     /// the mean plus `min(abs, max(4, 2 * sqrt(mean)))` AND more than `rel * mean`
     /// is skipped for the least loaded.
-    #[serde(default = "default_balance_abs")]
-    pub balance_abs_threshold: u64,
-    #[serde(default = "default_balance_rel")]
-    pub balance_rel_threshold: f64,
+    #[serde(default)]
+    pub balance_abs_threshold: Option<u64>,
+    #[serde(default)]
+    pub balance_rel_threshold: Option<f64>,
     /// SMG's per-tenant limit, in chars.
     #[serde(default = "default_max_tree_size")]
     pub max_tree_size: usize,
@@ -386,6 +380,15 @@ impl Config {
             (
                 Policy::CacheAware,
                 &[
+                    ("cache_threshold", self.cache_threshold.is_some()),
+                    (
+                        "balance_abs_threshold",
+                        self.balance_abs_threshold.is_some(),
+                    ),
+                    (
+                        "balance_rel_threshold",
+                        self.balance_rel_threshold.is_some(),
+                    ),
                     ("worker_queue_limit", self.worker_queue_limit.is_some()),
                     (
                         "saturation_queue_floor",
@@ -466,10 +469,16 @@ impl Config {
     }
 
     fn validate_values(&self) -> Result<(), ConfigError> {
-        if !(0.0..=1.0).contains(&self.cache_threshold) {
+        if self
+            .cache_threshold
+            .is_some_and(|t| !(0.0..=1.0).contains(&t))
+        {
             return Err(err("cache_threshold", "must be between 0 and 1"));
         }
-        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
+        if self
+            .balance_rel_threshold
+            .is_some_and(|r| !(r.is_finite() && r >= 1.0))
+        {
             return Err(err("balance_rel_threshold", "must be a finite number >= 1"));
         }
         if self.max_tree_size == 0 {
@@ -576,9 +585,11 @@ mod tests {
         assert_eq!(Policy::default(), Policy::PredictedTtft);
         assert_eq!(c.prefill_policy, Policy::PredictedTtft);
         assert_eq!(c.target, Target::Cluster);
-        assert_eq!(c.cache_threshold, 0.3);
-        assert_eq!(c.balance_abs_threshold, 64);
-        assert_eq!(c.balance_rel_threshold, 1.5);
+        use crate::policy::Select;
+        let aware = crate::policy::cache_aware::CacheAware::params(&c);
+        assert_eq!(aware.cache_threshold, 0.3);
+        assert_eq!(aware.balance_abs_threshold, 64);
+        assert_eq!(aware.balance_rel_threshold, 1.5);
         assert_eq!(c.max_tree_size, 67_108_864);
         assert!(!c.kv_capacity_bound, "the KV bound is asked for");
         assert_eq!(c.eviction_interval_ms, 120_000);
@@ -605,8 +616,8 @@ mod tests {
 
     #[test]
     fn threshold_ranges() {
-        assert!(with(r#","cache_threshold":0.0"#).is_ok());
-        assert!(with(r#","cache_threshold":1.0"#).is_ok());
+        assert!(aware(r#","cache_threshold":0.0"#).is_ok());
+        assert!(aware(r#","cache_threshold":1.0"#).is_ok());
         assert_eq!(
             field_of(with(r#","cache_threshold":1.01"#)),
             "cache_threshold"
@@ -615,7 +626,20 @@ mod tests {
             field_of(with(r#","cache_threshold":-0.1"#)),
             "cache_threshold"
         );
-        assert!(with(r#","balance_rel_threshold":1.0"#).is_ok());
+        assert!(aware(r#","balance_rel_threshold":1.0"#).is_ok());
+        // `cache_aware`'s settings under another policy (the default's, left out)
+        // are refused, naming what to add: a tuned threshold is never ignored.
+        for field in [
+            "cache_threshold",
+            "balance_abs_threshold",
+            "balance_rel_threshold",
+        ] {
+            let e = with(&format!(r#","{field}":1"#)).unwrap_err();
+            assert_eq!(
+                (e.field.as_str(), e.rule.as_str()),
+                (field, "requires `policy: cache_aware`")
+            );
+        }
         assert_eq!(
             field_of(with(r#","balance_rel_threshold":0.99"#)),
             "balance_rel_threshold"

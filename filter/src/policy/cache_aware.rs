@@ -43,7 +43,9 @@ use super::{
     decide, least_by, least_loaded, least_pressure, unreadable, Ask, Chosen, Engines, EnginesUse,
     Held, Select,
 };
-use crate::config::Config;
+use crate::config::{
+    Config, DEFAULT_BALANCE_ABS_THRESHOLD, DEFAULT_BALANCE_REL_THRESHOLD, DEFAULT_CACHE_THRESHOLD,
+};
 use crate::decision::{Decision, GateAudit, Reason};
 use crate::load::Candidate;
 use crate::rng::{Drawn, Rng};
@@ -63,9 +65,13 @@ impl Select for CacheAware {
 
     fn params(cfg: &Config) -> CacheAwareParams {
         CacheAwareParams {
-            cache_threshold: cfg.cache_threshold,
-            balance_abs_threshold: cfg.balance_abs_threshold,
-            balance_rel_threshold: cfg.balance_rel_threshold,
+            cache_threshold: cfg.cache_threshold.unwrap_or(DEFAULT_CACHE_THRESHOLD),
+            balance_abs_threshold: cfg
+                .balance_abs_threshold
+                .unwrap_or(DEFAULT_BALANCE_ABS_THRESHOLD),
+            balance_rel_threshold: cfg
+                .balance_rel_threshold
+                .unwrap_or(DEFAULT_BALANCE_REL_THRESHOLD),
             worker_queue_limit: cfg.worker_queue_limit,
             saturation_queue_floor: cfg.saturation_queue_floor,
             keep_start: cfg.kv_capacity_bound,
