@@ -14,9 +14,11 @@
 //! is the load tool's [`Summary`] (latencies in virtual ms), so the report is the
 //! demo's.
 //!
-//! At concurrency 1 every decision is a pure function of the workload, the config and
-//! its `rng_seed`, which is what makes a run comparable with `envoy/demo
-//! --concurrency 1` request for request.
+//! At concurrency 1 every decision of a policy that does not read time
+//! (`cache_aware`) is a pure function of the workload, the config and its
+//! `rng_seed`, which is what makes a run comparable with `envoy/demo --concurrency 1`
+//! request for request; `predicted_ttft` learns from the (virtual) times it
+//! measures.
 
 use super::fleet::SimFleet;
 use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
