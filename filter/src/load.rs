@@ -261,22 +261,6 @@ pub struct WorkerCosts {
     pub observed_ms: u64,
 }
 
-impl WorkerCosts {
-    /// These costs if they were learned within `memory_ms` of `now_ms`, else none.
-    /// An engine's speed is what it showed lately: one not measured for that long
-    /// (shunned while it looked slow, as when it was flagged overloaded, or quiet)
-    /// is priced as the fleet is again, takes work, and is measured anew. Kept,
-    /// an engine that once looked slow took no new conversation on a quiet fleet
-    /// for the rest of its life.
-    pub fn fresh(self, now_ms: u64, memory_ms: u64) -> WorkerCosts {
-        if now_ms.saturating_sub(self.observed_ms) <= memory_ms {
-            self
-        } else {
-            WorkerCosts::default()
-        }
-    }
-}
-
 /// What the router counts for one worker besides its in-flight requests
 /// (`predicted_ttft`'s outstanding prefill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -49,7 +49,7 @@ pub struct TtftParams {
 }
 
 /// The moment costs are read or learned at, and how long they are remembered
-/// (`WorkerCosts::fresh`).
+/// (`fresh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recall {
     pub now_ms: u64,
@@ -57,9 +57,18 @@ pub struct Recall {
 }
 
 impl Recall {
-    /// `c` if learned lately, else nothing learned.
+    /// `c` if learned within the memory, else nothing learned. An engine's speed
+    /// is what it showed lately: one not measured for that long (shunned while it
+    /// looked slow, as when it was flagged overloaded, or quiet) is priced as the
+    /// fleet is again, takes work, and is measured anew. Kept, an engine that once
+    /// looked slow took no new conversation on a quiet fleet for the rest of its
+    /// life.
     pub fn fresh(self, c: WorkerCosts) -> WorkerCosts {
-        c.fresh(self.now_ms, self.memory_ms)
+        if self.now_ms.saturating_sub(c.observed_ms) <= self.memory_ms {
+            c
+        } else {
+            WorkerCosts::default()
+        }
     }
 
     /// The mean of the costs among `costs` learned lately (`fleet_mean`).

@@ -94,12 +94,12 @@ pub fn route(
     match &sample {
         None => {
             for c in candidates {
-                ladder.push(scored_candidate(c, seen, slots, (params, input)));
+                ladder.push(scored_candidate(c, seen, slots, ((params, at), input)));
             }
         }
-        Some(at) => at.for_each(|i| {
+        Some(drawn) => drawn.for_each(|i| {
             if let Some(c) = candidates.get(i) {
-                ladder.push(scored_candidate(c, seen, slots, (params, input)));
+                ladder.push(scored_candidate(c, seen, slots, ((params, at), input)));
             }
         }),
     }
@@ -136,8 +136,8 @@ fn held_more(
     })
 }
 
-/// Candidate `c` as the ladder compares it, from the loads, its share of the text
-/// and its conversations (leaves by worker). Inlined into each loop that scores: as
+/// Candidate `c` as the ladder compares it, from the loads, its share of the text,
+/// its conversations (leaves by worker) and its costs as recalled `at` now. Inlined into each loop that scores: as
 /// a closure shared by two loops it was compiled to a call per worker, about 10k
 /// Envoy instructions a request at 256 workers.
 #[inline(always)]
@@ -145,10 +145,10 @@ fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
     slots: &[super::ladder::Slots],
-    (params, input): (&TtftParams, u64),
+    ((params, at), input): ((&TtftParams, Recall), u64),
 ) -> Scored {
     let conversations = leaves.get(c.worker) as u64;
-    let mut t = ttft_candidate(loads, c, (held, conversations), params.cost_memory_ms);
+    let mut t = ttft_candidate(loads, c, (held, conversations), at);
     t.slots = slots.get(c.worker as usize).map_or(1, |s| s.count());
     t.scored(params, input)
 }
@@ -156,13 +156,13 @@ fn scored_candidate(
 /// What `predicted_ttft` knows of one candidate: the router's own work there,
 /// the engine's load beyond this Envoy's (the screen's fresh sample, if any),
 /// its share of the request's prefix (`held`), its conversations and its costs
-/// learned within `memory_ms`.
+/// as recalled `at` now (`Recall::fresh`).
 #[inline]
 fn ttft_candidate(
     loads: &Loads,
     c: &Candidate,
     (held, conversations): (&TenantMatches, u64),
-    memory_ms: u64,
+    at: Recall,
 ) -> TtftCandidate {
     let i = c.worker as usize;
     let others = c.engine.map_or(0, |q| {
@@ -184,11 +184,7 @@ fn ttft_candidate(
         cached_chars: held.depth(c.worker, conversations as usize) as u64,
         continues: held.continues(c.worker),
         conversations,
-        costs: loads
-            .costs
-            .get(i)
-            .map(|k| k.fresh(loads.now_ms, memory_ms))
-            .unwrap_or_default(),
+        costs: loads.costs.get(i).map(|k| at.fresh(*k)).unwrap_or_default(),
         slots: 1,
     }
 }
@@ -231,20 +227,24 @@ mod tests {
             }),
         };
         let held = TenantMatches::default();
-        let w0 = ttft_candidate(&loads, &c(0), (&held, 3), 5000);
+        let at = Recall {
+            now_ms: 1000,
+            memory_ms: 5000,
+        };
+        let w0 = ttft_candidate(&loads, &c(0), (&held, 3), at);
         assert_eq!(
             (w0.worker, w0.inflight, w0.others, w0.conversations),
             (0, 5, 5, 3),
             "10 on the engine: 2 ours, 3 peers'"
         );
-        let w1 = ttft_candidate(&loads, &c(1), (&held, 0), 5000);
+        let w1 = ttft_candidate(&loads, &c(1), (&held, 0), at);
         assert_eq!(w1.others, 0, "never negative");
         let unsampled = Candidate {
             engine: None,
             ..c(0)
         };
         assert_eq!(
-            ttft_candidate(&loads, &unsampled, (&held, 0), 5000).others,
+            ttft_candidate(&loads, &unsampled, (&held, 0), at).others,
             0,
             "no fresh sample: the router's own count stands"
         );
@@ -268,7 +268,11 @@ mod tests {
             engine: None,
         };
         let held = TenantMatches::default();
-        let costs = |w| ttft_candidate(&loads, &c(w), (&held, 0), 5000).costs;
+        let at = Recall {
+            now_ms: loads.now_ms,
+            memory_ms: 5000,
+        };
+        let costs = |w| ttft_candidate(&loads, &c(w), (&held, 0), at).costs;
         assert_eq!(costs(0), learned(4000), "5 s ago: remembered");
         assert_eq!(costs(1), WorkerCosts::default(), "longer ago: forgotten");
     }

@@ -121,7 +121,7 @@ impl WorkHold {
 /// measured.
 ///
 /// A worker's first observation, or its first since its costs were forgotten
-/// (`WorkerCosts::fresh`), moves it from the fleet's mean (of the workers learned
+/// (`Recall::fresh`), moves it from the fleet's mean (of the workers learned
 /// lately; the observation itself while none is), as every later one does from
 /// its own: one noisy first byte taken whole made an engine look a third slower
 /// than its peers, and an engine no cheaper than the others by that much takes
@@ -202,6 +202,14 @@ mod tests {
     /// How long learned costs are remembered in these tests.
     const MEMORY_MS: u64 = 5000;
 
+    /// Learning or reading at `now_ms`, with these tests' memory.
+    fn at(now_ms: u64) -> Recall {
+        Recall {
+            now_ms,
+            memory_ms: MEMORY_MS,
+        }
+    }
+
     struct Fixture {
         store: MemStore,
         ring: OpRing,
@@ -229,7 +237,11 @@ mod tests {
                 .get(0)
         }
         fn costs0(&self) -> WorkerCosts {
-            self.costs.by_worker(&self.store, &self.names)[0]
+            self.learned(0)
+        }
+        /// Worker `w`'s costs as learned.
+        fn learned(&self, w: usize) -> WorkerCosts {
+            self.costs.by_worker(&self.store, &self.names)[w]
         }
         fn take(&self, uncached: u64, ahead: u64, now: u64) -> WorkHold {
             let p = Prediction {
@@ -291,17 +303,12 @@ mod tests {
     #[test]
     fn a_workers_first_observation_moves_it_from_the_fleets_mean() {
         let f = fixture();
-        let learned = |w: usize| f.costs.by_worker(&f.store, &f.names)[w];
-        let at = |now_ms| Recall {
-            now_ms,
-            memory_ms: MEMORY_MS,
-        };
         let tables = (&f.costs, &f.names);
         // Nothing learned anywhere: the first observation is taken whole.
         learn_first_byte(&f.store, tables, "w0", (20, 4000), at(1000));
         learn_end(&f.store, tables, "w0", 30, at(1000));
         assert_eq!(
-            learned(0),
+            f.learned(0),
             WorkerCosts {
                 prefill_us_per_char: Some(5.0),
                 service_ms: Some(30.0),
@@ -312,7 +319,7 @@ mod tests {
         learn_first_byte(&f.store, tables, "w1", (40, 4000), at(2000));
         learn_end(&f.store, tables, "w1", 80, at(2000));
         assert_eq!(
-            learned(1),
+            f.learned(1),
             WorkerCosts {
                 prefill_us_per_char: Some(6.0),
                 service_ms: Some(40.0),
@@ -321,25 +328,20 @@ mod tests {
         );
         // Later observations move each from its own.
         learn_first_byte(&f.store, tables, "w1", (40, 4000), at(3000));
-        assert_eq!(learned(1).prefill_us_per_char, Some(6.8));
-        assert_eq!(learned(0).prefill_us_per_char, Some(5.0), "untouched");
+        assert_eq!(f.learned(1).prefill_us_per_char, Some(6.8));
+        assert_eq!(f.learned(0).prefill_us_per_char, Some(5.0), "untouched");
     }
 
     #[test]
     fn costs_not_learned_within_the_memory_are_forgotten() {
         let f = fixture();
-        let learned = |w: usize| f.costs.by_worker(&f.store, &f.names)[w];
-        let at = |now_ms| Recall {
-            now_ms,
-            memory_ms: MEMORY_MS,
-        };
         let tables = (&f.costs, &f.names);
         // w0 measured slow (50 us a char), w1 fast (5), both at 1 s.
         learn_first_byte(&f.store, tables, "w0", (200, 4000), at(1000));
         learn_first_byte(&f.store, tables, "w1", (20, 4000), at(1000));
-        assert_eq!(at(6000).fresh(learned(0)), learned(0), "5 s on: remembered");
+        assert_eq!(at(6000).fresh(f.learned(0)), f.learned(0), "5 s on: remembered");
         assert_eq!(
-            at(6001).fresh(learned(0)),
+            at(6001).fresh(f.learned(0)),
             WorkerCosts::default(),
             "past the memory: nothing learned"
         );
@@ -355,8 +357,8 @@ mod tests {
             }
         );
         learn_first_byte(&f.store, tables, "w0", (40, 4000), at(7500));
-        assert_eq!(learned(0).prefill_us_per_char, Some(6.0));
-        assert_eq!(learned(0).observed_ms, 7500);
+        assert_eq!(f.learned(0).prefill_us_per_char, Some(6.0));
+        assert_eq!(f.learned(0).observed_ms, 7500);
     }
 
     #[test]
@@ -402,13 +404,9 @@ mod tests {
     #[test]
     fn what_another_vm_measured_teaches_as_a_hold_does() {
         let f = fixture();
-        let at = Recall {
-            now_ms: 100,
-            memory_ms: MEMORY_MS,
-        };
-        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", (20, 4000), at);
+        learn_first_byte(&f.store, (&f.costs, &f.names), "w0", (20, 4000), at(100));
         assert_eq!(f.costs0().prefill_us_per_char, Some(5.0), "20 ms over 4000 chars");
-        learn_end(&f.store, (&f.costs, &f.names), "w0", 30, at);
+        learn_end(&f.store, (&f.costs, &f.names), "w0", 30, at(100));
         assert_eq!(f.costs0().service_ms, Some(30.0));
         assert_eq!(f.w0(), WorkerWork::default(), "nothing booked or released");
     }
