@@ -219,11 +219,14 @@ pub struct Config {
     /// Each worker's share of the trees is bounded by what its engine's KV cache
     /// holds, once the collector states the capacity (`crate::request::kv_bounds`),
     /// and `cache_aware` sends a miss to the holders of its start
-    /// (`crate::policy::cache_aware`). Off by default: it changes SMG's decisions and
-    /// pays where engines' caches differ (see the docs' *What the engines hold*).
-    /// An engine's restart empties its worker's share either way.
+    /// (`crate::policy::cache_aware`). Unset: on where `predicted_ttft` routes
+    /// (`bounds_kv`), whose predictions price what an engine holds, so a tree that
+    /// still claims what the engine evicted keeps a conversation on an engine that
+    /// prefills it all again while another waits idle; off where `cache_aware` does,
+    /// whose decisions are SMG's. An engine's restart empties its worker's share
+    /// either way.
     #[serde(default)]
-    pub kv_capacity_bound: bool,
+    pub kv_capacity_bound: Option<bool>,
     /// `cache_aware` ranks by what the engines' KV caches hold, asked of the
     /// collector before each decision (`crate::kv_match`). Unset: the tree alone.
     #[serde(default)]
@@ -459,6 +462,13 @@ impl Config {
         self.workers.iter().any(|w| w.pool == pool)
     }
 
+    /// Whether the workers of `pool` hold no more of the trees than their engines
+    /// can (`kv_capacity_bound`, unset: where `predicted_ttft` routes).
+    pub fn bounds_kv(&self, pool: Pool) -> bool {
+        self.kv_capacity_bound
+            .unwrap_or(self.policy_of(pool) == Policy::PredictedTtft)
+    }
+
     /// The policy that picks workers of `pool`.
     pub fn policy_of(&self, pool: Pool) -> Policy {
         match pool {
@@ -591,7 +601,8 @@ mod tests {
         assert_eq!(aware.balance_abs_threshold, 64);
         assert_eq!(aware.balance_rel_threshold, 1.5);
         assert_eq!(c.max_tree_size, 67_108_864);
-        assert!(!c.kv_capacity_bound, "the KV bound is asked for");
+        assert_eq!(c.kv_capacity_bound, None, "the KV bound is asked for");
+        assert!(c.bounds_kv(Pool::Regular), "where predicted_ttft routes");
         assert_eq!(c.eviction_interval_ms, 120_000);
         assert_eq!(c.cluster_header, "x-llm-router-cluster");
         assert_eq!(c.endpoint_header, "x-gateway-destination-endpoint");

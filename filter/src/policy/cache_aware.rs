@@ -74,7 +74,7 @@ impl Select for CacheAware {
                 .unwrap_or(DEFAULT_BALANCE_REL_THRESHOLD),
             worker_queue_limit: cfg.worker_queue_limit,
             saturation_queue_floor: cfg.saturation_queue_floor,
-            keep_start: cfg.kv_capacity_bound,
+            keep_start: cfg.kv_capacity_bound == Some(true),
         }
     }
 

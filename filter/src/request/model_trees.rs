@@ -126,7 +126,7 @@ impl ModelTrees {
         for t in self.trees.iter_mut().filter(|t| t.key.0 == pool) {
             let here = t.tree.tenant_chars(worker);
             let share = (here as u128 * max_chars as u128 / held as u128) as usize;
-            t.tree.evict_tenant_to(worker, share);
+            t.tree.trim_tenant_to(worker, share);
         }
     }
 

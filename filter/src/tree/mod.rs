@@ -1082,6 +1082,36 @@ mod tests {
     }
 
     #[test]
+    fn a_trim_takes_the_oldest_leaves_and_only_the_tail_of_the_last() {
+        let mut t = Tree::new();
+        let doc = "d".repeat(40);
+        t.insert(&format!("{doc}-old question"), 1, 1);
+        t.insert("another document", 1, 2);
+        t.insert(&format!("{doc}-old question"), 2, 3);
+        // 53 + 16 chars; keep 50: the older text loses its last 19 chars.
+        t.trim_tenant_to(1, 50);
+        assert_eq!(t.tenant_chars(1), 50);
+        assert_eq!(t.tenant_depth(&format!("{doc}-old question"), 1), 34);
+        assert_eq!(t.tenant_depth("another document", 1), 16, "newer: whole");
+        assert_eq!(t.tenant_leaves(1), 2, "both texts still held in part");
+        assert_eq!(
+            t.tenant_depth(&format!("{doc}-old question"), 2),
+            53,
+            "another tenant keeps the whole text"
+        );
+        check_invariants(&t);
+        // Past the older text: it goes whole, then the newer one's tail.
+        t.trim_tenant_to(1, 10);
+        assert_eq!(t.tenant_chars(1), 10);
+        assert_eq!(t.tenant_depth(&doc, 1), 0);
+        assert_eq!(t.tenant_depth("another document", 1), 10);
+        check_invariants(&t);
+        t.trim_tenant_to(1, 0);
+        assert_eq!(t.tenants(), vec![2]);
+        check_invariants(&t);
+    }
+
+    #[test]
     fn eviction_never_leaves_a_tenant_below_without_above() {
         let mut t = Tree::new();
         t.insert("root-a-leaf1", 1, 5);
@@ -1263,7 +1293,8 @@ mod tests {
                 let tenant = rng.below(4) as TenantId;
                 match rng.below(14) {
                     0 => t.remove_tenant(tenant),
-                    1 => t.evict_tenants_over(rng.below(20)),
+                    1 if rng.below(2) == 0 => t.evict_tenants_over(rng.below(20)),
+                    1 => t.trim_tenant_to(tenant, rng.below(20)),
                     2 => t.evict_to_budget(rng.below(40)),
                     3 => t.remap_tenants(|old| match old {
                         0 => Some(1),

@@ -174,19 +174,25 @@ impl Tree {
         heap
     }
 
-    /// Pops leaves oldest first (ties by tenant, then node) until `done` says stop.
+    /// Pops leaves oldest first (ties by tenant, then node) until `done` says stop;
+    /// with `cut` (a tenant and the chars it may keep), that tenant's last leaf
+    /// loses only its tail past them (`trim_tenant_to`).
     fn evict_oldest(
         &mut self,
         mut heap: BinaryHeap<Reverse<(u64, TenantId, NodeIdx)>>,
         done: impl Fn(&Tree) -> bool,
+        cut: Option<(TenantId, usize)>,
     ) {
         while !done(self) {
-            let Some(Reverse((_, tenant, idx))) = heap.pop() else {
+            let Some(Reverse((_, tenant, mut idx))) = heap.pop() else {
                 break;
             };
             let still_there = self.node(idx).live && self.is_tenant_leaf(idx, tenant);
             if !still_there {
                 continue;
+            }
+            if let Some((_, keep)) = cut.filter(|&(t, _)| t == tenant) {
+                idx = self.cut_tail(idx, self.tenant_chars(tenant).saturating_sub(keep));
             }
             if let Some(parent) = self.evict_leaf(idx, tenant) {
                 let clock = self
@@ -225,18 +231,45 @@ impl Tree {
             .collect();
         over.sort_unstable();
         for tenant in over {
-            self.evict_tenant_to(tenant, max_chars);
+            if self.tenant_chars(tenant) > max_chars {
+                let heap = self.leaves_heap(Some(tenant));
+                self.evict_oldest(heap, |t| t.tenant_chars(tenant) <= max_chars, None);
+            }
         }
     }
 
-    /// Trims `tenant` to at most `max_chars`, its least recently used leaves first
-    /// (what its engine evicted, `crate::request::kv_bounds`).
-    pub fn evict_tenant_to(&mut self, tenant: TenantId, max_chars: usize) {
+    /// Trims `tenant` to `max_chars`, as its engine evicts (`crate::request::kv_bounds`):
+    /// least recently used leaves first, and of the last one only the tail past
+    /// `max_chars`. An engine frees a prompt's blocks tail first and keeps the
+    /// head, which its next request still reads: dropped whole, a 12,000-char
+    /// document the engine mostly held looked cold, and its next question went
+    /// to an engine that prefilled it all again.
+    pub fn trim_tenant_to(&mut self, tenant: TenantId, max_chars: usize) {
         if self.tenant_chars(tenant) <= max_chars {
             return;
         }
         let heap = self.leaves_heap(Some(tenant));
-        self.evict_oldest(heap, |t| t.tenant_chars(tenant) <= max_chars);
+        self.evict_oldest(
+            heap,
+            |t| t.tenant_chars(tenant) <= max_chars,
+            Some((tenant, max_chars)),
+        );
+    }
+
+    /// Cuts `tenant`'s leaf `idx` so that its last `over` chars are a node of their
+    /// own (a leaf no longer than that is left whole); returns the leaf to evict.
+    fn cut_tail(&mut self, idx: NodeIdx, over: usize) -> NodeIdx {
+        let node = self.node(idx);
+        if over == 0 || over >= node.chars {
+            return idx;
+        }
+        let keep_chars = node.chars - over;
+        let Some((keep_bytes, _)) = node.text.char_indices().nth(keep_chars) else {
+            return idx;
+        };
+        // `split` keeps `idx` as the tail, below a new node holding the head.
+        self.split(idx, keep_bytes, keep_chars);
+        idx
     }
 
     /// Trims the whole tree to at most `max_stored` chars in memory, least recently
@@ -247,6 +280,6 @@ impl Tree {
             return;
         }
         let heap = self.leaves_heap(None);
-        self.evict_oldest(heap, |t| t.stored_chars <= max_stored);
+        self.evict_oldest(heap, |t| t.stored_chars <= max_stored, None);
     }
 }

@@ -1,4 +1,5 @@
-//! End-to-end: with `kv_capacity_bound`, what each engine's KV cache can hold bounds
+//! End-to-end: with `kv_capacity_bound` (on by default, where `predicted_ttft`
+//! routes), what each engine's KV cache can hold bounds
 //! its worker's share of the tree, through the real Envoy, collector and engine mocks
 //! (issue 54). The collector
 //! reads the mock's `vllm:cache_config_info` and `vllm:prompt_tokens_total`; the
@@ -32,7 +33,8 @@ fn prompt(i: u64) -> serde_json::Value {
 fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
     let mut spec = FleetSpec {
         workers: 2,
-        plugin_config: json!({"sync_interval_ms": 100, "kv_capacity_bound": true}),
+        // The bound is the default policy's (predicted_ttft): nothing to turn on.
+        plugin_config: json!({"sync_interval_ms": 100}),
         collector_interval_ms: Some(100),
         envoy_concurrency: 2,
         ..FleetSpec::default()
@@ -98,9 +100,10 @@ fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
 
 #[test]
 fn without_the_bound_a_restarted_engines_share_is_dropped_all_the_same() {
+    // The bound is on by default under predicted_ttft: turned off here.
     let f = start(&FleetSpec {
         workers: 2,
-        plugin_config: json!({"sync_interval_ms": 100}),
+        plugin_config: json!({"sync_interval_ms": 100, "kv_capacity_bound": false}),
         collector_interval_ms: Some(100),
         ..FleetSpec::default()
     });
@@ -121,7 +124,7 @@ fn without_the_bound_a_restarted_engines_share_is_dropped_all_the_same() {
                     >= 2
         },
     );
-    assert_eq!(gauge(&f, "w0", "kv_bound_chars"), 0, "no bound asked for");
+    assert_eq!(gauge(&f, "w0", "kv_bound_chars"), 0, "the bound turned off");
     let _again = restart_w0(&f, &[]);
 }
 

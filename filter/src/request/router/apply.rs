@@ -142,8 +142,8 @@ impl Router {
 
     /// Takes a bound the stream carries: an engine that restarted holds nothing
     /// (always: the tree's claims on an empty cache send its conversations to an
-    /// engine that must prefill them all), and with `kv_capacity_bound` the worker
-    /// keeps no more than its engine can.
+    /// engine that must prefill them all), and where the pool is bounded
+    /// (`Config::bounds_kv`) the worker keeps no more than its engine can.
     fn set_kv_bound(&mut self, pool: Pool, worker: TenantId, update: &KvUpdate) {
         let at = worker as usize;
         if self.kv.len() <= at {
@@ -160,10 +160,11 @@ impl Router {
         }
     }
 
-    /// The chars worker `index`'s engine can hold, when the config bounds by it
-    /// and the stream has said.
+    /// The chars worker `index`'s engine can hold, when the config bounds its pool
+    /// by it (`Config::bounds_kv`) and the stream has said.
     pub fn kv_max_chars(&self, index: usize) -> Option<usize> {
-        if !self.cfg.kv_capacity_bound {
+        let pool = self.cfg.workers.get(index)?.pool;
+        if !self.cfg.bounds_kv(pool) {
             return None;
         }
         self.kv.get(index)?.max_chars()
@@ -262,16 +263,27 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_is_off_unless_the_config_turns_it_on_but_a_restart_clears_anyway() {
-        let json = br#"{"workers":[{"name":"a"},{"name":"b"}]}"#;
-        let mut r = Router::new(Config::from_json(json).unwrap());
-        r.apply(0, &insert("a", &"x".repeat(100)));
-        r.apply(1, &insert("b", &"y".repeat(100)));
-        r.apply(2, &bound("a", 10, 0, false));
-        r.apply(3, &bound("b", 10, 0, true));
-        assert_eq!(r.worker_tree_chars(0), 100, "not trimmed");
-        assert_eq!(r.tree_gauges(0).kv_bound_chars, 0);
-        assert_eq!(r.worker_tree_chars(1), 0, "b's engine restarted");
+    fn the_bound_follows_the_pool_policy_unless_set_and_a_restart_clears_anyway() {
+        // Unset: on where predicted_ttft routes (the default), off where
+        // cache_aware does (SMG's decisions); set, as set.
+        for (extra, bounded) in [
+            ("", true),
+            (r#","policy":"cache_aware""#, false),
+            (r#","kv_capacity_bound":false"#, false),
+            (r#","policy":"cache_aware","kv_capacity_bound":true"#, true),
+        ] {
+            let json = format!(r#"{{"workers":[{{"name":"a"}},{{"name":"b"}}]{extra}}}"#);
+            let mut r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+            r.apply(0, &insert("a", &"x".repeat(100)));
+            r.apply(1, &insert("b", &"y".repeat(100)));
+            r.apply(2, &bound("a", 10, 0, false));
+            r.apply(3, &bound("b", 10, 0, true));
+            // Bounded: the text's first 10 chars, what an engine of 10 keeps.
+            let (chars, gauge) = if bounded { (10, 10) } else { (100, 0) };
+            assert_eq!(r.worker_tree_chars(0), chars, "{extra}");
+            assert_eq!(r.tree_gauges(0).kv_bound_chars, gauge, "{extra}");
+            assert_eq!(r.worker_tree_chars(1), 0, "b's engine restarted: {extra}");
+        }
     }
 
     #[test]
