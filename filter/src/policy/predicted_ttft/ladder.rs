@@ -52,9 +52,15 @@
 //!    it avoids (a slow engine holding a prompt runs more requests at once than
 //!    a fast one; a request moved for the count prefills the prompt again, later).
 //!    A hot prefix is kept from herding by the bound on conversations.
-//! 3. **The fleet**: every worker under the cap and near. Balance may cost a new
-//!    conversation a slower first token, but only by what bounded load allows: the
-//!    stay factor is for keeping a cache, not for spreading.
+//! 3. **The fleet**: every worker under the cap and near, but one holding less
+//!    than the longest match among those only while it is predicted no slower
+//!    than the soonest of the workers holding it that are under the cap on
+//!    conversations (below). Balance may cost a new
+//!    conversation a slower first token, but only by what bounded load allows, and
+//!    it never overrides a prefill saving larger than the wait it avoids: a
+//!    conversation whose history its engine evicted (and the tree, bounded by the
+//!    engine's cache, forgot) goes to an engine holding its system prompt unless
+//!    another is sooner. The stay factor is for keeping a cache, not for spreading.
 //!
 //! Two bounds keep the load even (consistent hashing with bounded loads, Envoy's
 //! `hash_balance_factor`):
@@ -350,22 +356,43 @@ impl<'p> Ladder<'p> {
         // them, so the rung is empty exactly when that one is not under it.
         // The holders are those within the stay factor, above the cap on
         // requests or not (module docs): the longest match among them first.
-        let longest_within = self
+        // The fleet rung keeps a near worker holding less than the longest match
+        // among the near ones only while it is predicted no slower than the
+        // soonest of those holding it that may take a conversation: the longest
+        // near match and the fleet's fewest conversations (the near workers under
+        // the cap), then that soonest.
+        let near = |c: &Scored| c.inflight < cap && c.ttft_us <= near_us;
+        let (mut longest_within, mut longest_near, mut fewest) = (0, 0, u64::MAX);
+        for c in &self.scored {
+            if c.ttft_us <= within_us {
+                longest_within = longest_within.max(c.cached_chars);
+            }
+            if near(c) {
+                longest_near = longest_near.max(c.cached_chars);
+                fewest = fewest.min(c.conversations);
+            }
+        }
+        let conversation_cap = conversation_cap(
+            if fewest == u64::MAX { 0 } else { fewest },
+            p.load_factor,
+        );
+        let soonest_holder = self
             .scored
             .iter()
-            .filter(|c| c.ttft_us <= within_us)
-            .map(|c| c.cached_chars)
-            .max()
-            .unwrap_or(0);
+            .filter(|c| {
+                near(c)
+                    && holds(c.cached_chars, longest_near)
+                    && c.conversations < conversation_cap
+            })
+            .fold(f64::INFINITY, |low, c| least(low, c.ttft_us));
         let (mut continuing, mut holding, mut spread) =
             (Least::default(), Least::default(), Least::default());
         for c in &self.scored {
-            let eligible = c.inflight < cap;
             let within = c.ttft_us <= within_us;
             if c.continues && within {
                 continuing.offer(c);
             }
-            if eligible && c.ttft_us <= near_us {
+            if near(c) && (c.ttft_us <= soonest_holder || holds(c.cached_chars, longest_near)) {
                 spread.offer(c);
             }
             if within
@@ -375,10 +402,6 @@ impl<'p> Ladder<'p> {
                 holding.offer(c);
             }
         }
-        // The fleet rung is the near workers under the cap: its fewest
-        // conversations are the fleet's.
-        let fewest = spread.fewest().unwrap_or(0);
-        let conversation_cap = conversation_cap(fewest, p.load_factor);
         let rung = if continuing.fewest().is_some() {
             continuing
         } else if holding.fewest().is_some_and(|f| f < conversation_cap) {
@@ -890,6 +913,31 @@ mod tests {
     }
 
     #[test]
+    fn balance_never_trades_a_held_prompt_for_a_slower_first_token() {
+        // A 6000-char turn whose history the tree forgot: w0 still holds its
+        // 1500-char system prompt, w1 nothing and no conversation. Not a holder
+        // (1500 < 4500 missing), so the fleet decides.
+        let mut w0 = prefilling(0, 1500, 1000);
+        w0.conversations = 1;
+        let w1 = cand(1, 0, 0);
+        // w0 5 us * (1000 + 4500) = 27.5 ms, w1 5 us * 6000 = 30 ms: both near, and
+        // w1 has fewer conversations, but it is slower and holds less: w0.
+        let d = ladder(&P, 6000, &[w0, w1], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        // With more ahead of it w0 is the slower (32.5 ms): the fewest conversations.
+        let mut busy = w0;
+        busy.work.ahead_chars = 2000;
+        let d = ladder(&P, 6000, &[busy, w1], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+        // A holder at the cap on conversations (2 while w1 has none) is no
+        // alternative, so it keeps nobody off w1.
+        let mut full = w0;
+        full.conversations = 2;
+        let d = ladder(&P, 6000, &[full, w1], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
+    }
+
+    #[test]
     fn holders_with_too_many_conversations_replicate_the_prefix() {
         // The prompt is on w0 and w1, with 9 conversations each and 1500 chars of
         // prefill ahead; w2 is idle, holds nothing and has 6 conversations.
@@ -983,7 +1031,23 @@ mod tests {
             .map(|c| c.conversations)
             .min()
             .unwrap_or(0);
+        let longest_near = cands
+            .iter()
+            .filter(|c| eligible(c) && near(c))
+            .map(|c| c.cached_chars)
+            .max()
+            .unwrap_or(0);
         let conversation_cap = ((1.0 + p.load_factor) * fewest as f64).ceil() as u64 + 2;
+        let soonest_holder = cands
+            .iter()
+            .filter(|c| {
+                eligible(c)
+                    && near(c)
+                    && holds(c, longest_near)
+                    && c.conversations < conversation_cap
+            })
+            .map(t)
+            .fold(f64::INFINITY, f64::min);
         let rungs: [&dyn Fn(&TtftCandidate) -> bool; 3] = [
             &|c| c.continues && within(c),
             &|c| {
@@ -992,7 +1056,7 @@ mod tests {
                     && c.cached_chars > input.saturating_sub(c.cached_chars)
                     && c.conversations < conversation_cap
             },
-            &|c| eligible(c) && near(c),
+            &|c| eligible(c) && near(c) && (holds(c, longest_near) || t(c) <= soonest_holder),
         ];
         let group: Vec<&TtftCandidate> = rungs
             .iter()
