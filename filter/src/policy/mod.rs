@@ -56,6 +56,10 @@ pub struct Ask<'a> {
     /// Requests in flight on the pool's candidates in all.
     pub inflight: u64,
     pub loads: &'a Loads,
+    /// Each worker's engine's KV capacity in tokens, by worker index, where the
+    /// pool's trees are bounded by it (`kv_capacity_bound`; 0: not stated; empty:
+    /// not bounded).
+    pub kv_capacities: &'a [u64],
     /// What the engines' caches hold of the prompt (`kv_match`): the collector's
     /// answer and, by worker index, each worker's leading blocks (`None`: not known).
     pub engines: Option<Engines<'a>>,
@@ -291,6 +295,7 @@ mod tests {
                 position: &[],
                 inflight: 0,
                 loads: &loads,
+                kv_capacities: &[],
                 engines: None,
             };
             for &policy in Policy::ALL {

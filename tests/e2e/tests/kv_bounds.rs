@@ -1,5 +1,5 @@
-//! End-to-end: with `kv_capacity_bound` (on by default, where `predicted_ttft`
-//! routes), what each engine's KV cache can hold bounds
+//! End-to-end: with `kv_capacity_bound` (on by default where `predicted_ttft`
+//! routes, set here for `cache_aware`), what each engine's KV cache can hold bounds
 //! its worker's share of the tree, through the real Envoy, collector and engine mocks
 //! (issue 54). The collector
 //! reads the mock's `vllm:cache_config_info` and `vllm:prompt_tokens_total`; the
@@ -10,7 +10,7 @@
 //!
 //! Prints what it saw: `cargo test -p e2e --test kv_bounds -- --nocapture`.
 
-use e2e::support::{engine_on, post, signal, start, wait_for};
+use e2e::support::{engine_on, header, post, signal, start, wait_for};
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_demo::process::Guard;
 use serde_json::json;
@@ -33,8 +33,15 @@ fn prompt(i: u64) -> serde_json::Value {
 fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
     let mut spec = FleetSpec {
         workers: 2,
-        // The bound is the default policy's (predicted_ttft): nothing to turn on.
-        plugin_config: json!({"sync_interval_ms": 100}),
+        // cache_aware, whose misses go to the least loaded, so the small engine
+        // gets its share of the text: the default policy, which bounds too, steers
+        // new conversations away from a cache this small, and the window that
+        // learns its chars per token would not fill.
+        plugin_config: json!({
+            "sync_interval_ms": 100,
+            "policy": "cache_aware",
+            "kv_capacity_bound": true
+        }),
         collector_interval_ms: Some(100),
         envoy_concurrency: 2,
         ..FleetSpec::default()
@@ -144,4 +151,49 @@ fn restart_w0(f: &Fleet, args: &[&str]) -> Guard {
     });
     assert!(gauge(f, "w1", "tree_chars") > 0, "w1 keeps its share");
     again
+}
+
+#[test]
+fn the_default_places_new_conversations_where_a_cache_has_room() {
+    // The default policy bounds the tree by the engines' caches and weighs each
+    // worker's conversations by its engine's room: w0's cache holds 256 tokens,
+    // w1's 65536, so once both capacities are stated, new conversations go to w1.
+    let mut spec = FleetSpec {
+        workers: 2,
+        plugin_config: json!({"sync_interval_ms": 100, "decision_headers": true}),
+        collector_interval_ms: Some(100),
+        ..FleetSpec::default()
+    };
+    spec.engine_args_for.insert(
+        "w0".into(),
+        ["--cache-blocks", "16"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    );
+    let f = start(&spec);
+    let sent = Cell::new(0u64);
+    let send_one = || {
+        let r = post(f.envoy.listener, "/v1/completions", &prompt(sent.get()));
+        assert_eq!(r.status, 200, "{r:?}");
+        sent.set(sent.get() + 1);
+        r
+    };
+    wait_for("both engines' capacities bound their workers", &f, || {
+        send_one();
+        gauge(&f, "w0", "kv_bound_chars") > 0 && gauge(&f, "w1", "kv_bound_chars") > 0
+    });
+    let mut on = [0u32; 2];
+    for _ in 0..40 {
+        match header(&send_one(), "x-llm-router-worker").as_str() {
+            "w0" => on[0] += 1,
+            "w1" => on[1] += 1,
+            other => panic!("routed to {other}"),
+        }
+    }
+    println!(
+        "40 new conversations after the capacities: w0 {}, w1 {}",
+        on[0], on[1]
+    );
+    assert!(on[1] >= 36, "the small cache took {} of 40", on[0]);
 }

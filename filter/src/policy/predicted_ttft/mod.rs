@@ -145,7 +145,7 @@ impl Select for PredictedTtft {
         let r = route::route(
             (ask.tree, text),
             (ask.candidates, ask.flagged, ask.position, ask.inflight),
-            (ask.loads, params),
+            (ask.loads, params, ask.kv_capacities),
             &mut self.scratch,
             rng,
         );

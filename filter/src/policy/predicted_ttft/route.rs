@@ -4,7 +4,10 @@
 //! ladder's pick.
 
 use super::draw;
-use super::ladder::{match_margin, others_load, Ladder, Scored, TtftCandidate};
+use super::ladder::{
+    match_margin, mean_capacity, others_load, weighed_conversations, Ladder, Scored,
+    TtftCandidate,
+};
 use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
 use crate::load::{Candidate, Loads};
@@ -44,7 +47,7 @@ pub struct TtftRouted {
 pub fn route(
     (tree, text): (Option<&Tree>, &str),
     (candidates, flagged, position, inflight): (&[Candidate], &[TenantId], &[Option<u32>], u64),
-    (loads, params): (&Loads, &TtftParams),
+    (loads, params, kv_capacities): (&Loads, &TtftParams, &[u64]),
     scratch: &mut Scratch,
     rng: &mut dyn Rng,
 ) -> TtftRouted {
@@ -91,15 +94,19 @@ pub fn route(
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
     let seen = (loads, held, leaves);
+    let room = (
+        kv_capacities,
+        mean_capacity(candidates.iter().map(|c| c.worker), kv_capacities),
+    );
     match &sample {
         None => {
             for c in candidates {
-                ladder.push(scored_candidate(c, seen, slots, ((params, at), input)));
+                ladder.push(scored_candidate(c, seen, (slots, room), ((params, at), input)));
             }
         }
         Some(drawn) => drawn.for_each(|i| {
             if let Some(c) = candidates.get(i) {
-                ladder.push(scored_candidate(c, seen, slots, ((params, at), input)));
+                ladder.push(scored_candidate(c, seen, (slots, room), ((params, at), input)));
             }
         }),
     }
@@ -137,19 +144,27 @@ fn held_more(
 }
 
 /// Candidate `c` as the ladder compares it, from the loads, its share of the text,
-/// its conversations (leaves by worker) and its costs as recalled `at` now. Inlined into each loop that scores: as
-/// a closure shared by two loops it was compiled to a call per worker, about 10k
-/// Envoy instructions a request at 256 workers.
+/// its conversations (leaves by worker, weighed by its engine's room: the
+/// capacities by worker index and their mean, `weighed_conversations`) and its
+/// costs as recalled `at` now. Inlined into each loop that scores: as a closure
+/// shared by two loops it was compiled to a call per worker, about 10k Envoy
+/// instructions a request at 256 workers.
 #[inline(always)]
 fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
-    slots: &[super::ladder::Slots],
+    (slots, (capacities, mean)): (&[super::ladder::Slots], (&[u64], Option<f64>)),
     ((params, at), input): ((&TtftParams, Recall), u64),
 ) -> Scored {
+    let i = c.worker as usize;
     let conversations = leaves.get(c.worker) as u64;
     let mut t = ttft_candidate(loads, c, (held, conversations), at);
-    t.slots = slots.get(c.worker as usize).map_or(1, |s| s.count());
+    t.conversations = weighed_conversations(
+        conversations,
+        capacities.get(i).copied().unwrap_or(0),
+        mean,
+    );
+    t.slots = slots.get(i).map_or(1, |s| s.count());
     t.scored(params, input)
 }
 

@@ -113,6 +113,9 @@ pub struct Router {
     /// What each worker's engine can hold of the trees, by worker index
     /// (`crate::request::kv_bounds`).
     kv: Vec<KvBound>,
+    /// This decision's `Ask::kv_capacities`, refilled by each (no allocation a
+    /// request).
+    kv_capacities: Vec<u64>,
 }
 
 /// A pool's policy each.
@@ -160,6 +163,7 @@ impl Router {
             screens: Screens::default(),
             walked: None,
             kv: Vec::new(),
+            kv_capacities: Vec::new(),
         }
     }
 
@@ -355,6 +359,15 @@ impl Router {
         let held: Vec<Option<u32>> = answer.map_or_else(Vec::new, |a| {
             self.cfg.workers.iter().map(|w| a.held(&w.name)).collect()
         });
+        // Where the pool's trees are bounded by the engines' caches, each one's
+        // capacity weighs its conversations (`predicted_ttft`).
+        self.kv_capacities.clear();
+        if self.cfg.bounds_kv(pool) {
+            let kv = &self.kv;
+            self.kv_capacities.extend(
+                (0..self.cfg.workers.len()).map(|i| kv.get(i).map_or(0, |b| b.capacity_tokens)),
+            );
+        }
         let Screened {
             candidates,
             flagged,
@@ -375,6 +388,7 @@ impl Router {
             position,
             inflight: *total,
             loads,
+            kv_capacities: &self.kv_capacities,
             engines: answer.map(|answer| Engines {
                 answer,
                 held: &held,
