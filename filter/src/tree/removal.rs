@@ -231,10 +231,7 @@ impl Tree {
             .collect();
         over.sort_unstable();
         for tenant in over {
-            if self.tenant_chars(tenant) > max_chars {
-                let heap = self.leaves_heap(Some(tenant));
-                self.evict_oldest(heap, |t| t.tenant_chars(tenant) <= max_chars, None);
-            }
+            self.evict_tenant_to(tenant, max_chars, false);
         }
     }
 
@@ -245,6 +242,12 @@ impl Tree {
     /// document the engine mostly held looked cold, and its next question went
     /// to an engine that prefilled it all again.
     pub fn trim_tenant_to(&mut self, tenant: TenantId, max_chars: usize) {
+        self.evict_tenant_to(tenant, max_chars, true);
+    }
+
+    /// Evicts `tenant`'s least recently used leaves until it holds at most
+    /// `max_chars`; with `tails`, of the last one only the tail past them.
+    fn evict_tenant_to(&mut self, tenant: TenantId, max_chars: usize, tails: bool) {
         if self.tenant_chars(tenant) <= max_chars {
             return;
         }
@@ -252,7 +255,7 @@ impl Tree {
         self.evict_oldest(
             heap,
             |t| t.tenant_chars(tenant) <= max_chars,
-            Some((tenant, max_chars)),
+            tails.then_some((tenant, max_chars)),
         );
     }
 

@@ -11,6 +11,7 @@
 //! Prints what it saw: `cargo test -p e2e --test kv_bounds -- --nocapture`.
 
 use e2e::support::{engine_on, header, post, signal, start, wait_for};
+use llm_demo::admin::Response;
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_demo::process::Guard;
 use serde_json::json;
@@ -29,39 +30,73 @@ fn prompt(i: u64) -> serde_json::Value {
     json!({"model": "mock", "max_tokens": 2, "prompt": tag.repeat(25)})
 }
 
-#[test]
-fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
+/// w0's engine's cache: 16 blocks of 64 chars (16 tokens each), 256 tokens,
+/// about 1 KiB of text.
+const SMALL_CACHE: [&str; 2] = ["--cache-blocks", "16"];
+
+/// Two workers under `plugin_config` on `envoy_concurrency` Envoy threads, the
+/// collector pushing every 100 ms, w0's engine with `SMALL_CACHE`.
+fn small_w0_fleet(plugin_config: serde_json::Value, envoy_concurrency: u32) -> Fleet {
     let mut spec = FleetSpec {
         workers: 2,
-        // cache_aware, whose misses go to the least loaded, so the small engine
-        // gets its share of the text: the default policy, which bounds too, steers
-        // new conversations away from a cache this small, and the window that
-        // learns its chars per token would not fill.
-        plugin_config: json!({
-            "sync_interval_ms": 100,
-            "policy": "cache_aware",
-            "kv_capacity_bound": true
-        }),
+        plugin_config,
         collector_interval_ms: Some(100),
-        envoy_concurrency: 2,
+        envoy_concurrency,
         ..FleetSpec::default()
     };
-    // 16 blocks of 64 chars (16 tokens each): 256 tokens, about 1 KiB of text.
-    let small = ["--cache-blocks", "16"];
-    spec.engine_args_for
-        .insert("w0".into(), small.iter().map(|s| s.to_string()).collect());
-    let f = start(&spec);
-    let sent = Cell::new(0u64);
-    let send_one = || {
-        let r = post(f.envoy.listener, "/v1/completions", &prompt(sent.get()));
+    spec.engine_args_for.insert(
+        "w0".into(),
+        SMALL_CACHE.iter().map(|s| s.to_string()).collect(),
+    );
+    start(&spec)
+}
+
+/// Distinct prompts posted in turn (`prompt(n)` the `n`th), each answered 200.
+struct Prompts<'f> {
+    fleet: &'f Fleet,
+    sent: Cell<u64>,
+}
+
+impl<'f> Prompts<'f> {
+    fn to(fleet: &'f Fleet) -> Self {
+        Prompts {
+            fleet,
+            sent: Cell::new(0),
+        }
+    }
+
+    fn send(&self) -> Response {
+        let r = post(
+            self.fleet.envoy.listener,
+            "/v1/completions",
+            &prompt(self.sent.get()),
+        );
         assert_eq!(r.status, 200, "{r:?}");
-        sent.set(sent.get() + 1);
-    };
+        self.sent.set(self.sent.get() + 1);
+        r
+    }
+}
+
+#[test]
+fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
+    // cache_aware, whose misses go to the least loaded, so the small engine
+    // gets its share of the text: the default policy, which bounds too, steers
+    // new conversations away from a cache this small, and the window that
+    // learns its chars per token would not fill.
+    let config = json!({
+        "sync_interval_ms": 100,
+        "policy": "cache_aware",
+        "kv_capacity_bound": true
+    });
+    let f = small_w0_fleet(config, 2);
+    let prompts = Prompts::to(&f);
     // Distinct prompts go where the load is least: both engines get far more text
     // than w0's cache holds. Until a window closes, 4 chars a token: w0 may hold
     // 1024 chars of the tree, w1 its 65536 tokens' worth.
     wait_for("w0's share within the bound at 4 chars a token", &f, || {
-        (0..5).for_each(|_| send_one());
+        for _ in 0..5 {
+            prompts.send();
+        }
         gauge(&f, "w0", "kv_bound_chars") == 1024
             && gauge(&f, "w1", "kv_bound_chars") == 65536 * 4
             && gauge(&f, "w0", "tree_chars") <= 1024
@@ -74,7 +109,9 @@ fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
     // A window lasts 20 s and 4096 of the engine's tokens: then chars per token is
     // the engine's own, which the mock counts as a token per 4 chars of prompt.
     wait_for("w0's chars per token learned", &f, || {
-        (0..5).for_each(|_| send_one());
+        for _ in 0..5 {
+            prompts.send();
+        }
         std::thread::sleep(std::time::Duration::from_millis(100));
         gauge(&f, "w0", "chars_per_token_milli") > 0
     });
@@ -90,17 +127,17 @@ fn a_small_engine_cache_bounds_its_workers_share_and_a_restart_empties_it() {
     });
     println!(
         "{} prompts: w0 learned {ratio} chars per 1000 tokens, holds {} of its bound {}; w1 holds {}",
-        sent.get(),
+        prompts.sent.get(),
         gauge(&f, "w0", "tree_chars"),
         gauge(&f, "w0", "kv_bound_chars"),
         gauge(&f, "w1", "tree_chars")
     );
 
     // w0's engine restarts: its cache is empty, and so is its share of the tree.
-    let _again = restart_w0(&f, &small);
+    let _again = restart_w0(&f, &SMALL_CACHE);
     // The restarted engine is routed to again, and its share grows anew.
     wait_for("w0 routed to again", &f, || {
-        send_one();
+        prompts.send();
         gauge(&f, "w0", "tree_chars") > 0
     });
 }
@@ -114,15 +151,13 @@ fn without_the_bound_a_restarted_engines_share_is_dropped_all_the_same() {
         collector_interval_ms: Some(100),
         ..FleetSpec::default()
     });
-    let sent = Cell::new(0u64);
+    let prompts = Prompts::to(&f);
     // Both engines hold text, and their counters anchored a window each.
     wait_for(
         "both workers hold text, their counters anchored",
         &f,
         || {
-            let r = post(f.envoy.listener, "/v1/completions", &prompt(sent.get()));
-            assert_eq!(r.status, 200, "{r:?}");
-            sent.set(sent.get() + 1);
+            prompts.send();
             gauge(&f, "w0", "tree_chars") > 0
                 && gauge(&f, "w1", "tree_chars") > 0
                 && f.envoy
@@ -158,34 +193,18 @@ fn the_default_places_new_conversations_where_a_cache_has_room() {
     // The default policy bounds the tree by the engines' caches and weighs each
     // worker's conversations by its engine's room: w0's cache holds 256 tokens,
     // w1's 65536, so once both capacities are stated, new conversations go to w1.
-    let mut spec = FleetSpec {
-        workers: 2,
-        plugin_config: json!({"sync_interval_ms": 100, "decision_headers": true}),
-        collector_interval_ms: Some(100),
-        ..FleetSpec::default()
-    };
-    spec.engine_args_for.insert(
-        "w0".into(),
-        ["--cache-blocks", "16"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+    let f = small_w0_fleet(
+        json!({"sync_interval_ms": 100, "decision_headers": true}),
+        1,
     );
-    let f = start(&spec);
-    let sent = Cell::new(0u64);
-    let send_one = || {
-        let r = post(f.envoy.listener, "/v1/completions", &prompt(sent.get()));
-        assert_eq!(r.status, 200, "{r:?}");
-        sent.set(sent.get() + 1);
-        r
-    };
+    let prompts = Prompts::to(&f);
     wait_for("both engines' capacities bound their workers", &f, || {
-        send_one();
+        prompts.send();
         gauge(&f, "w0", "kv_bound_chars") > 0 && gauge(&f, "w1", "kv_bound_chars") > 0
     });
     let mut on = [0u32; 2];
     for _ in 0..40 {
-        match header(&send_one(), "x-llm-router-worker").as_str() {
+        match header(&prompts.send(), "x-llm-router-worker").as_str() {
             "w0" => on[0] += 1,
             "w1" => on[1] += 1,
             other => panic!("routed to {other}"),

@@ -152,6 +152,7 @@ impl Router {
         if let Some(bound) = self.kv.get_mut(at) {
             bound.set(update);
         }
+        self.capacities_follow_bounds();
         if update.cleared {
             self.trees.remove_tenant(pool, worker);
         }
@@ -315,11 +316,13 @@ mod tests {
     fn bounds_follow_their_workers_by_name_through_a_new_list() {
         let mut r = router("");
         r.apply(0, &bound("b", 1000, 5, false));
+        assert_eq!(r.kv_capacities, [0, 1000]);
         let json = br#"{"workers":[{"name":"c"},{"name":"b"},{"name":"a"}]}"#;
         r.reconfigure(Config::from_json(json).unwrap());
         assert_eq!(r.kv_bound(1).capacity_tokens, 1000);
         assert_eq!(r.kv_bound(2), KvBound::default());
         assert_eq!(r.kv_bound(0), KvBound::default());
+        assert_eq!(r.kv_capacities, [0, 1000, 0], "the capacities follow");
     }
 
     #[test]

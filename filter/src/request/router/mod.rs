@@ -113,8 +113,9 @@ pub struct Router {
     /// What each worker's engine can hold of the trees, by worker index
     /// (`crate::request::kv_bounds`).
     kv: Vec<KvBound>,
-    /// This decision's `Ask::kv_capacities`, refilled by each (no allocation a
-    /// request).
+    /// Each worker's engine's KV capacity in tokens, by worker index (`kv`'s, 0:
+    /// not stated), rebuilt whenever `kv` changes (`capacities_follow_bounds`), so
+    /// a decision hands it over as it is (`Ask::kv_capacities`).
     kv_capacities: Vec<u64>,
 }
 
@@ -233,7 +234,15 @@ impl Router {
                 }
             }
             self.kv = kv;
+            self.capacities_follow_bounds();
         }
+    }
+
+    /// Rebuilds `kv_capacities` from `kv`, after `kv` changed.
+    fn capacities_follow_bounds(&mut self) {
+        self.kv_capacities.clear();
+        self.kv_capacities
+            .extend(self.kv.iter().map(|b| b.capacity_tokens));
     }
 
     /// Worker `index`'s bound as the stream last set it.
@@ -359,15 +368,6 @@ impl Router {
         let held: Vec<Option<u32>> = answer.map_or_else(Vec::new, |a| {
             self.cfg.workers.iter().map(|w| a.held(&w.name)).collect()
         });
-        // Where the pool's trees are bounded by the engines' caches, each one's
-        // capacity weighs its conversations (`predicted_ttft`).
-        self.kv_capacities.clear();
-        if self.cfg.bounds_kv(pool) {
-            let kv = &self.kv;
-            self.kv_capacities.extend(
-                (0..self.cfg.workers.len()).map(|i| kv.get(i).map_or(0, |b| b.capacity_tokens)),
-            );
-        }
         let Screened {
             candidates,
             flagged,
@@ -388,7 +388,13 @@ impl Router {
             position,
             inflight: *total,
             loads,
-            kv_capacities: &self.kv_capacities,
+            // Where the pool's trees are bounded by the engines' caches, each
+            // one's capacity weighs its conversations (`predicted_ttft`).
+            kv_capacities: if self.cfg.bounds_kv(pool) {
+                &self.kv_capacities
+            } else {
+                &[]
+            },
             engines: answer.map(|answer| Engines {
                 answer,
                 held: &held,
