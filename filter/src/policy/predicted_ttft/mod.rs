@@ -7,7 +7,8 @@
 //! - `draw` and `sample`: which candidates a request scores in a fleet larger than
 //!   `ttft_sample_size`;
 //! - `work_hold`: a request's prefill booked in the in-flight table until its first
-//!   byte, which teaches the worker's costs.
+//!   byte, which teaches the worker's costs;
+//! - `room`: each engine's cache room, which weighs a worker's conversations.
 //!
 //! Its settings are parsed and validated with the rest of the configuration
 //! (`crate::config`, `ttft.rs`); its tables live with the other shared tables
@@ -16,6 +17,7 @@
 
 mod draw;
 mod ladder;
+mod room;
 mod route;
 mod sample;
 pub mod work_hold;

@@ -4,10 +4,8 @@
 //! ladder's pick.
 
 use super::draw;
-use super::ladder::{
-    match_margin, mean_capacity, others_load, weighed_conversations, Ladder, Scored,
-    TtftCandidate,
-};
+use super::ladder::{match_margin, others_load, Ladder, Scored, TtftCandidate};
+use super::room::{mean_capacity, weighed_conversations};
 use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
 use crate::load::{Candidate, Loads};
