@@ -12,8 +12,8 @@
 //! - `cache_aware`: SGLang model gateway's prefix-affinity ladder with the queue
 //!   gate and saturation pin (the algorithm is stated at the top of its file);
 //! - `predicted_ttft`: the least predicted time to first token (work ahead plus
-//!   own uncached prefill) under a bounded-load cap (its folder: the algorithm is
-//!   stated at the top of `ladder.rs`);
+//!   own uncached prefill) under a bounded-load cap (its folder: the model is
+//!   stated at the top of `predict.rs`, the rungs at the top of `ladder.rs`);
 //! - `round_robin`, `random`, `power_of_two`: load spreading without a tree;
 //! - `unreadable` (here): least-load for a body without routing text, which the
 //!   tree policies fall back to.

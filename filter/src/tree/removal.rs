@@ -175,13 +175,13 @@ impl Tree {
     }
 
     /// Pops leaves oldest first (ties by tenant, then node) until `done` says stop;
-    /// with `cut` (a tenant and the chars it may keep), that tenant's last leaf
-    /// loses only its tail past them (`trim_tenant_to`).
+    /// with `keep` (a heap of one tenant's leaves, and the chars that tenant may
+    /// keep), its last leaf loses only its tail past them (`trim_tenant_to`).
     fn evict_oldest(
         &mut self,
         mut heap: BinaryHeap<Reverse<(u64, TenantId, NodeIdx)>>,
         done: impl Fn(&Tree) -> bool,
-        cut: Option<(TenantId, usize)>,
+        keep: Option<usize>,
     ) {
         while !done(self) {
             let Some(Reverse((_, tenant, mut idx))) = heap.pop() else {
@@ -191,7 +191,7 @@ impl Tree {
             if !still_there {
                 continue;
             }
-            if let Some((_, keep)) = cut.filter(|&(t, _)| t == tenant) {
+            if let Some(keep) = keep {
                 idx = self.cut_tail(idx, self.tenant_chars(tenant).saturating_sub(keep));
             }
             if let Some(parent) = self.evict_leaf(idx, tenant) {
@@ -255,7 +255,7 @@ impl Tree {
         self.evict_oldest(
             heap,
             |t| t.tenant_chars(tenant) <= max_chars,
-            tails.then_some((tenant, max_chars)),
+            tails.then_some(max_chars),
         );
     }
 

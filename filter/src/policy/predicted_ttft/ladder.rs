@@ -1,38 +1,7 @@
 //! `predicted_ttft`: send each request to the worker where it would see its first
 //! token soonest, stay with the cache while the cache is worth more than the queue,
-//! and move when it is not.
-//!
-//! For every candidate `w` (after the overload screen), with the request's routing
-//! text of `input` chars:
-//!
-//! ```text
-//! uncached(w)  = input - cached(w)          cached(w): w's own match depth in the tree
-//! ttft_us(w)   = prefill_us_per_char(w) * (wait_chars(w) + uncached(w))
-//!              + service_ms(w) * 1000 * wait_requests(w)
-//! ```
-//!
-//! - the wait (`wait_for_slot`): an engine runs `slots(w)` requests at once. While
-//!   fewer than that are on it (`present`: this Envoy's in flight there plus
-//!   `others`), a new request starts at once and waits for nobody. Past that it is
-//!   `present + 1 - slots` in the queue, and each slot frees after about one
-//!   average request there: its share of `ahead_chars` as prefill, and of the
-//!   requests past their first byte as a service time. On one slot that is every
-//!   request ahead;
-//! - `slots`: once a sample showed requests waiting, the requests it showed
-//!   running; until then the most seen running at once, at least one (`Slots`):
-//!   never more parallelism than seen, so on an engine never sampled (no
-//!   collector) or only seen idle a request waits for every one ahead;
-//! - `ahead_chars`: uncached prefill chars this Envoy sent to `w` whose first byte
-//!   has not come back (booked at the decision, released at the first response
-//!   byte; shared by every thread, so the next request sees this one at once);
-//! - `others`: what a fresh engine sample reports (waiting + running) beyond what
-//!   this Envoy had in flight there when the sample was taken: load from other
-//!   routers. No fresh sample: 0 (fail open, the router's own count stands);
-//! - `prefill_us_per_char`, `service_ms`: learned per worker from observed time to
-//!   first byte (over the wait chars and own chars the prediction put before it)
-//!   and stream duration (moving averages, `learn`); until then the mean of the
-//!   candidates' learned values, the configured priors while none has any
-//!   (`TtftParams::with_fleet_priors`).
+//! and move when it is not. Each candidate's prediction is `super::predict`'s;
+//! here is how the ladder chooses by it.
 //!
 //! Rungs. `best` is the least prediction among the workers under the cap; "within
 //! the stay factor" means predicted at most `stay_factor` times `best`, "near" at
@@ -95,155 +64,14 @@
 //! replicated on as many workers as its traffic needs, each with an even share of
 //! the conversations, which then stay where their history is.
 
+use super::predict::Scored;
 use super::TtftParams;
 use crate::decision::{Decision, GateAudit, Prediction, Reason};
-use crate::load::{WorkerCosts, WorkerWork};
 use crate::policy::decide;
 use crate::rng::Rng;
-use crate::tree::TenantId;
 
 /// Near-ties: predictions within this share of the minimum are equal.
 const NEAR_TIE_SHARE: f64 = 0.02;
-/// Moving-average weight of a new observation.
-pub const LEARN_WEIGHT: f64 = 0.2;
-/// Fewer prefill chars than this say little about the per-char cost (fixed
-/// overheads dominate), so they do not teach it.
-pub const MIN_LEARN_CHARS: u64 = 256;
-/// The filter's clock counts milliseconds: a first byte in the same millisecond took
-/// about half of one, not nothing (a zero cost would make a worker look free).
-pub const MIN_TTFB_US: f64 = 500.0;
-
-/// One candidate as the model sees it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TtftCandidate {
-    pub worker: TenantId,
-    /// This Envoy's requests in flight there (every thread).
-    pub inflight: u64,
-    pub work: WorkerWork,
-    /// Requests the engine reports beyond this Envoy's.
-    pub others: u64,
-    /// Chars of this request's routing text the worker holds.
-    pub cached_chars: u64,
-    /// The request continues a text this worker holds (a conversation's next turn).
-    pub continues: bool,
-    pub conversations: u64,
-    pub costs: WorkerCosts,
-    /// Requests the engine runs at once, as its samples showed (`Slots::count`).
-    pub slots: u64,
-}
-
-impl TtftCandidate {
-    /// Predicted time to first token here, in microseconds.
-    pub fn predict_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
-        let per_char = self
-            .costs
-            .prefill_us_per_char
-            .unwrap_or(p.prefill_us_per_char);
-        let service_us = self.costs.service_ms.unwrap_or(p.service_ms) * 1000.0;
-        let uncached = input_chars.saturating_sub(self.cached_chars) as f64;
-        let (ahead, queued) = self.wait();
-        per_char * (ahead + uncached) + service_us * queued
-    }
-
-    /// The work a new request waits for here: prefill chars and requests past
-    /// their first byte.
-    pub fn wait(&self) -> (f64, f64) {
-        wait_for_slot(
-            self.inflight.saturating_add(self.others),
-            (self.work.prefilling, self.work.ahead_chars),
-            self.slots,
-        )
-    }
-
-    /// The candidate as the ladder compares it, predicted for a request of
-    /// `input_chars`.
-    pub fn scored(&self, p: &TtftParams, input_chars: u64) -> Scored {
-        Scored {
-            worker: self.worker,
-            continues: self.continues,
-            inflight: self.inflight,
-            cached_chars: self.cached_chars,
-            conversations: self.conversations,
-            ahead_chars: self.wait().0.round() as u64,
-            ttft_us: self.predict_us(p, input_chars),
-        }
-    }
-}
-
-/// A candidate as the ladder compares it: its prediction and what the rungs read.
-/// The router scores each candidate as it gathers it, so the ladder reads
-/// these few fields rather than the whole candidate (a fleet of 256 paid for every
-/// byte of every pass).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Scored {
-    pub worker: TenantId,
-    pub continues: bool,
-    pub inflight: u64,
-    pub cached_chars: u64,
-    pub conversations: u64,
-    /// Uncached prefill chars ahead of the request there (`WorkerWork`).
-    pub ahead_chars: u64,
-    /// The prediction (`TtftCandidate::predict_us`).
-    pub ttft_us: f64,
-}
-
-/// A request's wait for a running slot, as prefill chars and requests past their
-/// first byte (the units of the learned costs), on an engine running `slots` at
-/// once with `present` requests on it, `prefilling` of them holding `ahead_chars`
-/// uncached chars: none while a slot is free, else its place in the queue over
-/// the slots, each freeing after about one average request.
-pub fn wait_for_slot(present: u64, (prefilling, ahead_chars): (u64, u64), slots: u64) -> (f64, f64) {
-    let slots = slots.max(1);
-    if present < slots {
-        return (0.0, 0.0);
-    }
-    if slots == 1 {
-        // A queue of one: every request ahead, its prefill and its service, in
-        // whole numbers (the shares below may round an ulp off them, and an ulp
-        // decides exact ties between engines alike).
-        return (ahead_chars as f64, present.saturating_sub(prefilling) as f64);
-    }
-    // The average request on the engine: its share of the prefill chars, and the
-    // share of requests past their first byte, each holding a slot for a service
-    // time.
-    let turns = (present + 1 - slots) as f64 / slots as f64;
-    let mean_chars = ahead_chars as f64 / present as f64;
-    let streaming = present.saturating_sub(prefilling) as f64 / present as f64;
-    (turns * mean_chars, turns * streaming)
-}
-
-/// One engine's running slots as its samples showed them. A sample with requests
-/// waiting shows them all taken: the engine runs exactly as many as were running
-/// then (the most such a sample showed, should the engine's limit move). Until
-/// one does, never more than the most it was seen running at once, and at least
-/// one: a router that assumed more would send a burst to an engine of one slot as
-/// if it ran them all.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Slots {
-    /// The most running while some waited (0: never seen full).
-    full: u64,
-    /// The most running at once.
-    seen: u64,
-}
-
-impl Slots {
-    /// Takes one fresh sample.
-    pub fn observe(&mut self, waiting: u64, running: u64) {
-        self.seen = self.seen.max(running);
-        if waiting > 0 {
-            self.full = self.full.max(running);
-        }
-    }
-
-    /// Requests the engine runs at once, as far as its samples showed.
-    pub fn count(&self) -> u64 {
-        match self.full {
-            0 => self.seen.max(1),
-            full => full,
-        }
-    }
-}
-
 /// Bounded load: the most requests any worker may hold once this one is placed,
 /// `ceil((1 + load_factor) * mean) + 1` with `mean` over `n` workers including it.
 pub fn load_cap(total_inflight: u64, n: usize, load_factor: f64) -> u64 {
@@ -270,12 +98,6 @@ pub fn conversation_cap(fewest: u64, load_factor: f64) -> u64 {
 /// one no longer than it is no match.
 pub fn match_margin(input_chars: u64) -> u64 {
     (input_chars as f64 * NEAR_TIE_SHARE) as u64
-}
-
-/// Engine requests beyond what this Envoy had in flight there when the sample was
-/// taken: other routers' load. Never negative.
-pub fn others_load(engine_waiting_running: u64, own_at_sample: u64) -> u64 {
-    engine_waiting_running.saturating_sub(own_at_sample)
 }
 
 /// The ladder for one request, fed one scored candidate at a time.
@@ -364,20 +186,18 @@ impl<'p> Ladder<'p> {
         // near match and the fleet's fewest conversations (the near workers under
         // the cap), then that soonest.
         let near = |c: &Scored| c.inflight < cap && c.ttft_us <= near_us;
-        let (mut longest_within, mut longest_near, mut fewest) = (0, 0, u64::MAX);
+        let (mut longest_within, mut longest_near, mut fewest) = (0, 0, None::<u64>);
         for c in &self.scored {
             if c.ttft_us <= within_us {
                 longest_within = longest_within.max(c.cached_chars);
             }
             if near(c) {
                 longest_near = longest_near.max(c.cached_chars);
-                fewest = fewest.min(c.conversations);
+                fewest = Some(fewest.map_or(c.conversations, |f| f.min(c.conversations)));
             }
         }
-        let conversation_cap = conversation_cap(
-            if fewest == u64::MAX { 0 } else { fewest },
-            p.load_factor,
-        );
+        // No near worker under the cap: no fleet to balance against.
+        let conversation_cap = conversation_cap(fewest.unwrap_or(0), p.load_factor);
         let soonest_holder = self
             .scored
             .iter()
@@ -492,75 +312,19 @@ fn least(low: f64, t: f64) -> f64 {
     }
 }
 
-/// One moving-average step; the first observation is taken as is.
-fn average(prev: Option<f64>, sample: f64) -> f64 {
-    match prev {
-        Some(p) if p.is_finite() => p + LEARN_WEIGHT * (sample - p),
-        _ => sample,
-    }
-}
-
-/// Learns the prefill cost per char from one observed time to first byte: the
-/// time over the prefill chars the prediction put before it (those ahead plus its
-/// own). Too few chars, or a time that is not a number, teach nothing (`None`).
-pub fn learn_prefill(prev: Option<f64>, ttfb_us: f64, work_chars: u64) -> Option<f64> {
-    if work_chars < MIN_LEARN_CHARS || !ttfb_us.is_finite() || ttfb_us < 0.0 {
-        return None;
-    }
-    Some(average(prev, ttfb_us.max(MIN_TTFB_US) / work_chars as f64))
-}
-
-/// Learns the service time from one observed span between first byte and stream
-/// end (how long the request held the engine after prefill).
-pub fn learn_service(prev: Option<f64>, span_ms: f64) -> Option<f64> {
-    if !span_ms.is_finite() || span_ms < 0.0 {
-        return None;
-    }
-    Some(average(prev, span_ms))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::predict::testing::{cand, prefilling, P};
+    use super::super::predict::{others_load, TtftCandidate};
     use super::*;
     use crate::decision::Label;
+    use crate::load::{WorkerCosts, WorkerWork};
     use crate::rng::SplitMix64;
+    use crate::tree::TenantId;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const P: TtftParams = TtftParams {
-        load_factor: 0.25,
-        prefill_us_per_char: 5.0,
-        service_ms: 20.0,
-        stay_factor: 1.0,
-        sample_size: 0,
-        cost_memory_ms: 5000,
-    };
 
-    fn cand(worker: TenantId, inflight: u64, cached: u64) -> TtftCandidate {
-        TtftCandidate {
-            worker,
-            inflight,
-            work: WorkerWork::default(),
-            others: 0,
-            cached_chars: cached,
-            continues: false,
-            conversations: 0,
-            costs: WorkerCosts::default(),
-            slots: 1,
-        }
-    }
-
-    /// Candidate `worker` holding `cached` chars, with one request in flight whose
-    /// prefill of `ahead_chars` has not come back.
-    fn prefilling(worker: TenantId, cached: u64, ahead_chars: u64) -> TtftCandidate {
-        TtftCandidate {
-            work: WorkerWork {
-                prefilling: 1,
-                ahead_chars,
-            },
-            ..cand(worker, 1, cached)
-        }
-    }
 
     /// The ladder over candidates scored as the router scores them.
     fn ladder(
@@ -587,77 +351,8 @@ mod tests {
         ladder(&P, input, cands, &mut SplitMix64(7)).unwrap()
     }
 
-    #[test]
-    fn a_free_slot_waits_for_nobody_and_a_full_engine_for_its_share_of_the_queue() {
-        // 3 on an engine of 4 slots: a slot is free.
-        assert_eq!(wait_for_slot(3, (3, 3000), 4), (0.0, 0.0));
-        // 4 on 4: first in the queue, one quarter of the way (each slot frees
-        // after about one average request: 1000 chars, none streaming).
-        assert_eq!(wait_for_slot(4, (4, 4000), 4), (250.0, 0.0));
-        // 8 on 2 slots, 4 prefilling 2000 chars, 4 streaming: 7 / 2 turns of the
-        // average request (250 chars of prefill, half a service).
-        assert_eq!(wait_for_slot(8, (4, 2000), 2), (3.5 * 250.0, 3.5 * 0.5));
-        // One slot: every request ahead is waited for, prefill and service.
-        assert_eq!(wait_for_slot(2, (2, 600), 1), (600.0, 0.0));
-        // In whole numbers: 3 x (1001 / 3) is not 1001 in floating point.
-        assert_eq!(wait_for_slot(3, (1, 1001), 1), (1001.0, 2.0));
-        // A slot count of 0 reads as 1; an engine wider than its load never queues.
-        assert_eq!(wait_for_slot(1, (1, 100), 0), (100.0, 0.0));
-        assert_eq!(wait_for_slot(500, (500, 1), u64::MAX), (0.0, 0.0));
-    }
 
-    #[test]
-    fn an_engines_slots_are_the_most_seen_running_until_a_queue_shows_them_all() {
-        let mut s = Slots::default();
-        assert_eq!(s.count(), 1, "never sampled: every request ahead is waited for");
-        s.observe(0, 0);
-        assert_eq!(s.count(), 1, "an idle sample shows no more");
-        s.observe(0, 3);
-        assert_eq!(s.count(), 3);
-        s.observe(0, 2);
-        assert_eq!(s.count(), 3, "fewer running later does not lower it");
-        s.observe(0, 5);
-        assert_eq!(s.count(), 5);
-        // Requests waiting: the engine is full at what runs.
-        let mut full = Slots::default();
-        full.observe(0, 1);
-        full.observe(2, 4);
-        assert_eq!(full.count(), 4);
-        full.observe(0, 6);
-        assert_eq!(full.count(), 4, "a full engine's count stands over idle samples");
-        full.observe(1, 6);
-        assert_eq!(full.count(), 6, "the most a full sample showed");
-        full.observe(3, 2);
-        assert_eq!(full.count(), 6, "a full sample with fewer running does not lower it");
-    }
 
-    #[test]
-    fn the_prediction_is_work_ahead_plus_own_uncached_prefill() {
-        let mut c = cand(0, 3, 1000);
-        c.work = WorkerWork {
-            prefilling: 1,
-            ahead_chars: 400,
-        };
-        c.others = 2;
-        // 5 us * (400 + 4000 - 1000) + 20 ms * (3 - 1 busy + 2 others)
-        assert_eq!(c.predict_us(&P, 4000), 5.0 * 3400.0 + 20_000.0 * 4.0);
-        c.costs = WorkerCosts {
-            prefill_us_per_char: Some(1.0),
-            service_ms: Some(0.0),
-            ..WorkerCosts::default()
-        };
-        assert_eq!(
-            c.predict_us(&P, 4000),
-            3400.0,
-            "learned costs replace priors"
-        );
-        c.cached_chars = 9999;
-        assert_eq!(
-            c.predict_us(&P, 4000),
-            400.0,
-            "cached beyond input: no own prefill"
-        );
-    }
 
     #[test]
     fn stays_with_the_cache_while_it_is_worth_more_than_the_queue() {
@@ -1162,21 +857,4 @@ mod tests {
         assert!(ladder(&P, 10, &[], &mut SplitMix64(1)).is_none());
     }
 
-    #[test]
-    fn learning_is_a_moving_average_with_guards() {
-        assert_eq!(learn_prefill(None, 4000.0, 1000), Some(4.0), "first sample");
-        assert_eq!(learn_prefill(Some(5.0), 5000.0, 1000), Some(5.0));
-        assert_eq!(
-            learn_prefill(Some(5.0), 0.0, 1000),
-            Some(4.1),
-            "0 ms counts as 0.5 ms: 5 + 0.2 * (0.5 - 5)"
-        );
-        assert_eq!(learn_prefill(Some(5.0), 1e6, MIN_LEARN_CHARS - 1), None);
-        assert_eq!(learn_prefill(Some(5.0), f64::NAN, 1000), None);
-        assert_eq!(learn_prefill(Some(5.0), -1.0, 1000), None);
-        assert_eq!(learn_prefill(Some(f64::NAN), 1000.0, 1000), Some(1.0));
-        assert_eq!(learn_service(None, 30.0), Some(30.0));
-        assert_eq!(learn_service(Some(30.0), 80.0), Some(40.0));
-        assert_eq!(learn_service(Some(30.0), f64::INFINITY), None);
-    }
 }

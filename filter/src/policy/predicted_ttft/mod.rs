@@ -1,6 +1,7 @@
 //! `predicted_ttft`: the least predicted time to first token under a bounded-load
-//! cap. The algorithm and its parameters are stated at the top of `ladder.rs`, the
-//! model and its rungs; around it:
+//! cap. The model is stated at the top of `predict.rs` (each candidate's predicted
+//! time to first token, and the costs it learns), the rungs that choose by it at
+//! the top of `ladder.rs`; around them:
 //!
 //! - `route`: one request's decision: its walk of the tree, the candidates it
 //!   scores, the ladder's pick;
@@ -17,12 +18,14 @@
 
 mod draw;
 mod ladder;
+mod predict;
 mod room;
 mod route;
 mod sample;
 pub mod work_hold;
 
-pub use ladder::{learn_prefill, learn_service, Ladder, Scored, TtftCandidate};
+pub use ladder::Ladder;
+pub use predict::{learn_prefill, learn_service, Scored, TtftCandidate};
 pub use work_hold::{learn_end, learn_first_byte, WorkHold};
 
 use super::{unreadable, Ask, Chosen, Held, Select};

@@ -4,7 +4,8 @@
 //! ladder's pick.
 
 use super::draw;
-use super::ladder::{match_margin, others_load, Ladder, Scored, TtftCandidate};
+use super::ladder::{match_margin, Ladder};
+use super::predict::{others_load, Scored, Slots, TtftCandidate};
 use super::room::{mean_capacity, weighed_conversations};
 use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
@@ -21,7 +22,7 @@ pub struct Scratch {
     /// The sample's tally of a short holder list (`super::sample`).
     holders: Vec<u64>,
     /// Each engine's running slots as learned from its samples, by worker index.
-    slots: Vec<super::ladder::Slots>,
+    slots: Vec<Slots>,
 }
 
 /// A decision, and what its record needs.
@@ -151,7 +152,7 @@ fn held_more(
 fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
-    (slots, (capacities, mean)): (&[super::ladder::Slots], (&[u64], Option<f64>)),
+    (slots, (capacities, mean)): (&[Slots], (&[u64], Option<f64>)),
     ((params, at), input): ((&TtftParams, Recall), u64),
 ) -> Scored {
     let i = c.worker as usize;

@@ -14,7 +14,7 @@
 //! The request's in-flight count is the in-flight table's (`glue::bookkeeping::Held`),
 //! released at the stream's end as for every policy.
 
-use super::ladder::{learn_prefill, learn_service};
+use super::predict::{learn_prefill, learn_service};
 use super::Recall;
 use crate::config::WorkerNames;
 use crate::decision::Prediction;
