@@ -318,7 +318,7 @@ mod tests {
     use super::super::predict::{others_load, TtftCandidate};
     use super::*;
     use crate::decision::Label;
-    use crate::load::{WorkerCosts, WorkerWork};
+    use crate::load::WorkerWork;
     use crate::rng::SplitMix64;
     use crate::tree::TenantId;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
