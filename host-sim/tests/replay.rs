@@ -184,7 +184,7 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
     let outcomes: Vec<_> = POLICIES
         .iter()
-        .map(|p| sweep::run(&filter(), &member, 1, &items, p).unwrap())
+        .map(|p| sweep::run(&filter(), (&member, 0), 1, &items, p).unwrap())
         .collect();
     for o in &outcomes {
         assert_eq!(o.errors, 0, "{}", o.policy);
@@ -203,16 +203,27 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
         "round robin uses every engine: {:?}",
         of("round_robin")
     );
-    let again = sweep::run(&filter(), &member, 1, &items, "predicted_ttft").unwrap();
+    let again = sweep::run(&filter(), (&member, 0), 1, &items, "predicted_ttft").unwrap();
     assert_eq!(
         &again,
         of("predicted_ttft"),
         "same member, same policy: same outcome"
     );
+    // Another draw: the same workload and fleet, the requests of an instant in
+    // another order and other near-ties; each draw repeats itself.
+    let draw = |p: &str| sweep::run(&filter(), (&member, 1), 1, &items, p).unwrap();
+    assert_eq!(draw("random"), draw("random"), "a draw repeats");
+    assert_ne!(&draw("random"), of("random"), "another draw, other picks");
     let variant = "predicted_ttft+load_factor=1.5";
-    let tuned = sweep::run(&filter(), &member, 1, &items, variant).unwrap();
+    let tuned = sweep::run(&filter(), (&member, 0), 1, &items, variant).unwrap();
     assert_eq!(tuned.policy, variant, "a variant is reported by its name");
-    let refused = sweep::run(&filter(), &member, 1, &items, "cache_aware+load_factor=1.5");
+    let refused = sweep::run(
+        &filter(),
+        (&member, 0),
+        1,
+        &items,
+        "cache_aware+load_factor=1.5",
+    );
     assert!(
         refused.is_err(),
         "a variant's settings reach the filter, which refuses load_factor without predicted_ttft"
@@ -300,7 +311,7 @@ fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
     let seed = 6; // 24 one-turn conversations: small
     let member = Member::draw(seed);
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
-    let swept = sweep::run(&filter(), &member, 1, &items, "cache_aware").unwrap();
+    let swept = sweep::run(&filter(), (&member, 0), 1, &items, "cache_aware").unwrap();
     let dir = std::env::temp_dir().join(format!("host-sim-family-{}", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
         .args(["replay", "--baseline", "none", "--policy", "cache_aware"])

@@ -39,7 +39,7 @@ const MAX_CHARS_PER_TOKEN_MILLI: u64 = 32_000;
 /// Chars per token, in thousandths, until a window has closed: a BPE tokenizer's
 /// usual rate on English prose (code and other scripts have fewer chars a token, so
 /// the bound errs on the generous side there), so a bound holds from the first
-/// sample that states a capacity.
+/// comparison that reads a capacity, not only once a window has closed.
 pub const PRIOR_CHARS_PER_TOKEN_MILLI: u64 = 4000;
 
 /// Once a worker's share is over its bound, it is trimmed to this fraction (15/16)

@@ -41,14 +41,21 @@ pub(crate) struct SweepArgs {
     /// The filter's .wasm; defaults to the workspace's built filter.
     #[arg(long)]
     wasm: Option<PathBuf>,
-    /// Also write one JSON line per seed (its parameters and every policy's outcome).
+    /// Also write one JSON line per seed and draw (its parameters and every
+    /// policy's outcome).
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Replays of each member, each in another arrival order (`sweep::draw_seed`):
+    /// the first is the sweep's own, judged by the bar; the others show how much
+    /// of a seed's standing is the order its requests happened to arrive in.
+    #[arg(long, default_value_t = 1)]
+    draws: u64,
 }
 
-/// One seed's member and every policy's outcome, in `--policies` order.
+/// One seed's member and every policy's outcome in one draw, in `--policies` order.
 struct SeedRun {
     member: Member,
+    draw: u64,
     outcomes: Vec<Outcome>,
 }
 
@@ -63,38 +70,39 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(host_sim::built_filter_path);
     let filter = host_sim::Filter::load(&wasm)?;
-    let mut members: Vec<Member> = (args.first_seed..args.first_seed + args.seeds)
-        .map(Member::draw)
+    let draws = args.draws.max(1);
+    let mut members: Vec<(Member, u64)> = (args.first_seed..args.first_seed + args.seeds)
+        .flat_map(|seed| (0..draws).map(move |d| (Member::draw(seed), d)))
         .collect();
     // Largest first: characters sent is what a replay's time grows with.
-    members.sort_by_key(|m| std::cmp::Reverse(sent_chars(m)));
+    members.sort_by_key(|(m, _)| std::cmp::Reverse(sent_chars(m)));
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, members.len().max(1));
     eprintln!(
-        "host-sim sweep: {} seeds x {} policies on {jobs} thread(s), {} VM(s)",
-        members.len(),
+        "host-sim sweep: {} seeds x {draws} draw(s) x {} policies on {jobs} thread(s), {} VM(s)",
+        args.seeds,
         policies.len(),
         args.vms
     );
     let next = AtomicUsize::new(0);
-    let runs: Mutex<BTreeMap<u64, SeedRun>> = Mutex::new(BTreeMap::new());
+    let runs: Mutex<BTreeMap<(u64, u64), SeedRun>> = Mutex::new(BTreeMap::new());
     let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| {
                 let failed = || failure.lock().map_or(true, |f| f.is_some());
-                while let Some(member) = members.get(next.fetch_add(1, Ordering::Relaxed)) {
+                while let Some((member, draw)) = members.get(next.fetch_add(1, Ordering::Relaxed)) {
                     if failed() {
                         return;
                     }
-                    match run_seed(&filter, member, args.vms, &policies) {
+                    match run_seed(&filter, (member, *draw), args.vms, &policies) {
                         Ok(run) => {
                             let mut runs = runs.lock().unwrap_or_else(|e| e.into_inner());
-                            runs.insert(member.seed, run);
+                            runs.insert((member.seed, *draw), run);
                             eprintln!(
-                                "host-sim sweep: seed {} done ({} of {})",
+                                "host-sim sweep: seed {} draw {draw} done ({} of {})",
                                 member.seed,
                                 runs.len(),
                                 members.len()
@@ -117,7 +125,15 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
         let text: String = runs.values().map(|r| json_line(r) + "\n").collect();
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
-    print!("{}", report(&runs, &args.default));
+    let first: BTreeMap<u64, &SeedRun> = runs
+        .iter()
+        .filter(|((_, draw), _)| *draw == 0)
+        .map(|((seed, _), run)| (*seed, run))
+        .collect();
+    print!("{}", report(&first, &args.default));
+    if draws > 1 {
+        print!("{}", draws_report(&runs, &args.default, draws));
+    }
     Ok(())
 }
 
@@ -131,7 +147,7 @@ fn sent_chars(m: &Member) -> usize {
 /// Every policy on one member.
 fn run_seed(
     filter: &host_sim::Filter,
-    member: &Member,
+    (member, draw): (&Member, u64),
     vms: usize,
     policies: &[String],
 ) -> Result<SeedRun> {
@@ -139,18 +155,19 @@ fn run_seed(
     let outcomes = policies
         .iter()
         .map(|p| {
-            sweep::run(filter, member, vms, &items, p)
-                .with_context(|| format!("seed {}, policy {p}", member.seed))
+            sweep::run(filter, (member, draw), vms, &items, p)
+                .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(SeedRun {
         member: member.clone(),
+        draw,
         outcomes,
     })
 }
 
 /// The per-seed tables, then the summary.
-fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
+fn report(runs: &BTreeMap<u64, &SeedRun>, default: &str) -> String {
     let bar = ISSUE_53_BAR;
     let mut out = String::new();
     let mut standings = Vec::new();
@@ -251,13 +268,6 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
         bar.near_p99,
         p99_losses.lines().count()
     );
-    let seeds = |v: &[u64]| {
-        if v.is_empty() {
-            "none".to_string()
-        } else {
-            v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
-        }
-    };
     out += &format!(
         "bar (within {} cached and {}x p99 of the best other on >= {:.0}% of seeds, never over {} or {}x): {}\n",
         bar.near_cached,
@@ -276,6 +286,53 @@ fn report(runs: &BTreeMap<u64, SeedRun>, default: &str) -> String {
         seeds(&verdict.broken)
     );
     out
+}
+
+/// Each draw's verdict by the bar, and the seeds that are not near in every draw.
+fn draws_report(runs: &BTreeMap<(u64, u64), SeedRun>, default: &str, draws: u64) -> String {
+    let bar = ISSUE_53_BAR;
+    let mut out = format!("== {default} over {draws} draws (arrival orders) of each seed ==\n");
+    let (mut near, mut judged, mut broken) = (0, 0, 0);
+    let mut not_near_in: BTreeMap<u64, u64> = BTreeMap::new();
+    for draw in 0..draws {
+        let standings: Vec<(u64, Standing)> = runs
+            .iter()
+            .filter(|((_, d), _)| *d == draw)
+            .filter_map(|((seed, _), run)| Some((*seed, Standing::of(default, &run.outcomes)?)))
+            .collect();
+        let v = Verdict::of(&standings, &bar);
+        for seed in &v.not_near {
+            *not_near_in.entry(*seed).or_default() += 1;
+        }
+        out += &format!(
+            "  draw {draw}: near on {} of {}; not near: {}; past the limit: {}\n",
+            v.near,
+            v.seeds,
+            seeds(&v.not_near),
+            seeds(&v.broken)
+        );
+        (near, judged, broken) = (near + v.near, judged + v.seeds, broken + v.broken.len());
+    }
+    let always: Vec<u64> = not_near_in
+        .iter()
+        .filter(|(_, n)| **n == draws)
+        .map(|(seed, _)| *seed)
+        .collect();
+    out += &format!(
+        "  all draws: near on {near} of {judged} ({:.0}%), past the limit on {broken}; not near in every draw: {}\n",
+        100.0 * near as f64 / judged.max(1) as f64,
+        seeds(&always)
+    );
+    out
+}
+
+/// Seeds as a list, `none` when empty.
+fn seeds(v: &[u64]) -> String {
+    if v.is_empty() {
+        "none".to_string()
+    } else {
+        v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+    }
 }
 
 /// The default's standing on one seed, in words.
@@ -307,11 +364,71 @@ fn json_line(run: &SeedRun) -> String {
         })
         .collect();
     json!({
-        "seed": m.seed,
+        "seed": m.seed, "draw": run.draw,
         "sessions": w.sessions, "turns": w.turns, "system_prompts": w.system_prompts,
         "system_prompt_chars": w.system_prompt_chars, "user_chars": w.user_chars,
         "concurrency": m.concurrency, "cache_share": m.cache_share(),
         "engines": engines, "outcomes": outcomes,
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(seed: u64, draw: u64, default_cached: f64) -> ((u64, u64), SeedRun) {
+        let outcome = |policy: &str, cached: f64| Outcome {
+            policy: policy.to_string(),
+            cached,
+            ttft_p50_ms: 10.0,
+            ttft_p99_ms: 20.0,
+            errors: 0,
+            per_engine: Vec::new(),
+        };
+        let outcomes = vec![
+            outcome("predicted_ttft", default_cached),
+            outcome("cache_aware", 0.80),
+        ];
+        let member = Member::draw(seed);
+        (
+            (seed, draw),
+            SeedRun {
+                member,
+                draw,
+                outcomes,
+            },
+        )
+    }
+
+    #[test]
+    fn every_draw_is_judged_and_the_seeds_lost_in_all_of_them_are_named() {
+        // Seed 1 near in draw 0 only; seed 2 behind in both (by 0.01), seed 3
+        // past the limit in draw 1 (0.05 behind).
+        let runs: BTreeMap<(u64, u64), SeedRun> = [
+            run(1, 0, 0.80),
+            run(1, 1, 0.79),
+            run(2, 0, 0.79),
+            run(2, 1, 0.79),
+            run(3, 0, 0.81),
+            run(3, 1, 0.75),
+        ]
+        .into_iter()
+        .collect();
+        let out = draws_report(&runs, "predicted_ttft", 2);
+        assert!(
+            out.contains("draw 0: near on 2 of 3; not near: 2; past the limit: none"),
+            "{out}"
+        );
+        assert!(
+            out.contains("draw 1: near on 0 of 3; not near: 1 2 3; past the limit: 3"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "all draws: near on 2 of 6 (33%), past the limit on 1; not near in every draw: 2"
+            ),
+            "{out}"
+        );
+    }
 }

@@ -105,12 +105,21 @@ pub fn replay_of(member: &Member, vms: usize) -> Replay {
     }
 }
 
+/// The filter's `rng_seed` for draw `draw` of the member seeded `seed`: the seed
+/// itself for draw 0 (the sweep's own draw), another for each further draw. The
+/// seed orders the requests that reach Envoy at the same instant and breaks the
+/// policies' near-ties, so each draw replays the same workload on the same fleet in
+/// another of the orders a real run could see.
+pub fn draw_seed(seed: u64, draw: u64) -> u64 {
+    seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// Runs `items` (the member's workload) through `filter` routing by `variant` (a
 /// policy, or `policy+key=value+...` with settings of its own), the filter's
-/// `rng_seed` the member's seed.
+/// `rng_seed` the member's for draw `draw` (`draw_seed`).
 pub fn run(
     filter: &Filter,
-    member: &Member,
+    (member, draw): (&Member, u64),
     vms: usize,
     items: &[WorkItem],
     variant: &str,
@@ -123,7 +132,7 @@ pub fn run(
         policy,
         Some(&settings),
         false,
-        member.seed,
+        draw_seed(member.seed, draw),
     )?;
     let done = replay_of(member, vms).run(filter, &config, items)?;
     let s = &done.summary;
@@ -238,6 +247,19 @@ mod tests {
             errors: 0,
             per_engine: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_first_draw_is_the_members_own_seed_and_each_other_draw_another() {
+        assert_eq!(
+            draw_seed(12, 0),
+            12,
+            "the sweep's own order, as before draws"
+        );
+        let seeds: std::collections::BTreeSet<u64> = (0..8)
+            .flat_map(|s| (0..4).map(move |d| draw_seed(s, d)))
+            .collect();
+        assert_eq!(seeds.len(), 32, "no two (seed, draw) share an order");
     }
 
     #[test]
