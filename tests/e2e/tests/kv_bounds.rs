@@ -193,8 +193,13 @@ fn the_default_places_new_conversations_where_a_cache_has_room() {
     // The default policy bounds the tree by the engines' caches and weighs each
     // worker's conversations by its engine's room: w0's cache holds 256 tokens,
     // w1's 65536, so once both capacities are stated, new conversations go to w1.
+    // The engines are alike, but on a loaded machine their learned speeds are not:
+    // with the default load factor a new conversation is placed for balance only
+    // among engines predicted within 1.25x of the soonest, and w1, taking most of
+    // the work, was once learned slower than that and took none. The room is what
+    // this test is about, so balance may cost up to 4x here.
     let f = small_w0_fleet(
-        json!({"sync_interval_ms": 100, "decision_headers": true}),
+        json!({"sync_interval_ms": 100, "decision_headers": true, "load_factor": 3}),
         1,
     );
     let prompts = Prompts::to(&f);
