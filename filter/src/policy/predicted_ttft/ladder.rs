@@ -324,8 +324,6 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-
-
     /// The ladder over candidates scored as the router scores them.
     fn ladder(
         p: &TtftParams,
@@ -350,9 +348,6 @@ mod tests {
     fn run(input: u64, cands: &[TtftCandidate]) -> Decision {
         ladder(&P, input, cands, &mut SplitMix64(7)).unwrap()
     }
-
-
-
 
     #[test]
     fn stays_with_the_cache_while_it_is_worth_more_than_the_queue() {
@@ -619,18 +614,18 @@ mod tests {
         let w1 = cand(1, 0, 0);
         // w0 5 us * (1000 + 4500) = 27.5 ms, w1 5 us * 6000 = 30 ms: both near, and
         // w1 has fewer conversations, but it is slower and holds less: w0.
-        let d = ladder(&P, 6000, &[w0, w1], &mut SplitMix64(1)).unwrap();
+        let d = run(6000, &[w0, w1]);
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
         // With more ahead of it w0 is the slower (32.5 ms): the fewest conversations.
         let mut busy = w0;
         busy.work.ahead_chars = 2000;
-        let d = ladder(&P, 6000, &[busy, w1], &mut SplitMix64(1)).unwrap();
+        let d = run(6000, &[busy, w1]);
         assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
         // A holder at the cap on conversations (2 while w1 has none) is no
         // alternative, so it keeps nobody off w1.
         let mut full = w0;
         full.conversations = 2;
-        let d = ladder(&P, 6000, &[full, w1], &mut SplitMix64(1)).unwrap();
+        let d = run(6000, &[full, w1]);
         assert_eq!((d.worker, d.reason), (1, Reason::TtftSpread));
     }
 
