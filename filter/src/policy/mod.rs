@@ -56,13 +56,26 @@ pub struct Ask<'a> {
     /// Requests in flight on the pool's candidates in all.
     pub inflight: u64,
     pub loads: &'a Loads,
-    /// Each worker's engine's KV capacity in tokens, by worker index, where the
-    /// pool's trees are bounded by it (`kv_capacity_bound`; 0: not stated; empty:
-    /// not bounded).
-    pub kv_capacities: &'a [u64],
+    /// The engines' KV caches, where the pool's trees are bounded by them
+    /// (`kv_capacity_bound`; `None`: not bounded).
+    pub kv: Option<KvRoom<'a>>,
     /// What the engines' caches hold of the prompt (`kv_match`): the collector's
     /// answer and, by worker index, each worker's leading blocks (`None`: not known).
     pub engines: Option<Engines<'a>>,
+}
+
+/// What the engines' KV caches can hold and what the pool's trees say they hold,
+/// by worker index: `predicted_ttft` weighs conversations by the one and prices the
+/// evictions a placement causes by both.
+#[derive(Clone, Copy)]
+pub struct KvRoom<'a> {
+    /// Each engine's capacity in tokens (0: not stated).
+    pub capacities: &'a [u64],
+    /// The chars of the pool's trees each worker may hold: its capacity at the
+    /// chars per token learned (0: not stated).
+    pub bound_chars: &'a [u64],
+    /// The chars a worker holds in the pool's trees.
+    pub held_chars: &'a dyn Fn(TenantId) -> u64,
 }
 
 /// The engines' answer for one request, by worker index.
@@ -295,7 +308,7 @@ mod tests {
                 position: &[],
                 inflight: 0,
                 loads: &loads,
-                kv_capacities: &[],
+                kv: None,
                 engines: None,
             };
             for &policy in Policy::ALL {

@@ -1,7 +1,9 @@
 //! `predicted_ttft`: send each request to the worker where it would see its first
 //! token soonest, stay with the cache while the cache is worth more than the queue,
 //! and move when it is not. Each candidate's prediction is `super::predict`'s;
-//! here is how the ladder chooses by it.
+//! here is how the ladder chooses by it. "Predicted" below is the candidate's
+//! cost (`cost_us`): its predicted time to first token, plus the prefill of what
+//! a copy of another worker's prefix would evict from its full cache.
 //!
 //! Rungs. `best` is the least prediction among the workers under the cap; "within
 //! the stay factor" means predicted at most `stay_factor` times `best`, "near" at
@@ -156,7 +158,7 @@ impl<'p> Ladder<'p> {
     pub fn push(&mut self, c: Scored) {
         self.longest = self.longest.max(c.cached_chars);
         if c.inflight < self.cap {
-            self.best = least(self.best, c.ttft_us);
+            self.best = least(self.best, c.cost_us);
             self.longest_eligible = self.longest_eligible.max(c.cached_chars);
         }
         self.scored.push(c);
@@ -185,10 +187,10 @@ impl<'p> Ladder<'p> {
         // soonest of those holding it that may take a conversation: the longest
         // near match and the fleet's fewest conversations (the near workers under
         // the cap), then that soonest.
-        let near = |c: &Scored| c.inflight < cap && c.ttft_us <= near_us;
+        let near = |c: &Scored| c.inflight < cap && c.cost_us <= near_us;
         let (mut longest_within, mut longest_near, mut fewest) = (0, 0, None::<u64>);
         for c in &self.scored {
-            if c.ttft_us <= within_us {
+            if c.cost_us <= within_us {
                 longest_within = longest_within.max(c.cached_chars);
             }
             if near(c) {
@@ -206,15 +208,15 @@ impl<'p> Ladder<'p> {
                     && holds(c.cached_chars, longest_near)
                     && c.conversations < conversation_cap
             })
-            .fold(f64::INFINITY, |low, c| least(low, c.ttft_us));
+            .fold(f64::INFINITY, |low, c| least(low, c.cost_us));
         let (mut continuing, mut holding, mut spread) =
             (Least::default(), Least::default(), Least::default());
         for c in &self.scored {
-            let within = c.ttft_us <= within_us;
+            let within = c.cost_us <= within_us;
             if c.continues && within {
                 continuing.offer(c);
             }
-            if near(c) && (c.ttft_us <= soonest_holder || holds(c.cached_chars, longest_near)) {
+            if near(c) && (c.cost_us <= soonest_holder || holds(c.cached_chars, longest_near)) {
                 spread.offer(c);
             }
             if within
@@ -272,15 +274,15 @@ impl<'a> Least<'a> {
     fn offer(&mut self, c: &'a Scored) {
         let low = match self.top {
             Some((fewest, _)) if c.conversations > fewest => return,
-            Some((fewest, low)) if c.conversations == fewest => least(low, c.ttft_us),
+            Some((fewest, low)) if c.conversations == fewest => least(low, c.cost_us),
             // Fewer conversations than any so far: the ties start again.
             _ => {
                 self.tied.clear();
-                least(f64::INFINITY, c.ttft_us)
+                least(f64::INFINITY, c.cost_us)
             }
         };
         self.top = Some((c.conversations, low));
-        if near_tie(c.ttft_us, low) {
+        if near_tie(c.cost_us, low) {
             self.tied.push(c);
         }
     }
@@ -292,7 +294,7 @@ impl<'a> Least<'a> {
 
     fn pick(mut self, rng: &mut dyn Rng) -> Option<&'a Scored> {
         let (_, low) = self.top?;
-        self.tied.retain(|c| near_tie(c.ttft_us, low));
+        self.tied.retain(|c| near_tie(c.cost_us, low));
         self.tied.get(rng.below(self.tied.len())).copied()
     }
 }
@@ -365,6 +367,30 @@ mod tests {
                 uncached_chars: 100,
                 ahead_chars: 100
             })
+        );
+    }
+
+    #[test]
+    fn a_copy_that_evicts_from_a_full_cache_pays_for_what_it_evicts() {
+        // A document of 8000 chars held by w0, behind 12,000 chars of prefill
+        // queued there; w1 is idle and does not hold it: 5 * 8200 = 41,000 us
+        // there against 5 * (12,000 + 200) = 61,000 us on w0.
+        let owner = prefilling(0, 8000, 12_000);
+        let copy = cand(1, 0, 0);
+        let d = run(8200, &[owner, copy]);
+        assert_eq!(d.worker, 1, "room everywhere: the queue decides");
+        // w1's cache is full: taking the copy evicts 8000 chars of other texts,
+        // which a later request prefills there again (5 * 8000 us more).
+        let full = TtftCandidate {
+            evicts_chars: 8000,
+            ..copy
+        };
+        let d = run(8200, &[owner, full]);
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        assert_eq!(
+            d.predicted.map(|p| p.ttft_us),
+            Some(5 * (12_000 + 200)),
+            "the decision reports the prediction, not the eviction"
         );
     }
 
@@ -700,7 +726,7 @@ mod tests {
         let total = cands.iter().map(|c| c.inflight).sum();
         let cap = load_cap(total, cands.len(), p.load_factor);
         let eligible = |c: &TtftCandidate| c.inflight < cap;
-        let t = |c: &TtftCandidate| c.predict_us(p, input);
+        let t = |c: &TtftCandidate| c.cost_us(p, input);
         let best = cands
             .iter()
             .filter(|c| eligible(c))
@@ -813,6 +839,9 @@ mod tests {
                     };
                     if pick(3) == 0 {
                         c.costs.prefill_us_per_char = Some(1.0 + pick(8) as f64);
+                    }
+                    if pick(4) == 0 {
+                        c.evicts_chars = input.saturating_sub(c.cached_chars) / (1 + pick(2));
                     }
                     c
                 })

@@ -150,7 +150,7 @@ impl Select for PredictedTtft {
         let r = route::route(
             (ask.tree, text),
             (ask.candidates, ask.flagged, ask.position, ask.inflight),
-            (ask.loads, params, ask.kv_capacities),
+            (ask.loads, params, ask.kv),
             &mut self.scratch,
             rng,
         );

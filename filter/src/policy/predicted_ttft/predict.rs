@@ -9,7 +9,10 @@
 //! uncached(w)  = input - cached(w)          cached(w): w's own match depth in the tree
 //! ttft_us(w)   = prefill_us_per_char(w) * (wait_chars(w) + uncached(w))
 //!              + service_ms(w) * 1000 * wait_requests(w)
+//! cost_us(w)   = ttft_us(w) + prefill_us_per_char(w) * evicts(w)
 //! ```
+//!
+//! The ladder ranks by `cost_us`; the decision reports `ttft_us`.
 //!
 //! - the wait (`wait_for_slot`): an engine runs `slots(w)` requests at once. While
 //!   fewer than that are on it (`present`: this Envoy's in flight there plus
@@ -32,7 +35,12 @@
 //!   first byte (over the wait chars and own chars the prediction put before it)
 //!   and stream duration (moving averages, `learn`); until then the mean of the
 //!   candidates' learned values, the configured priors while none has any
-//!   (`TtftParams::with_fleet_priors`).
+//!   (`TtftParams::with_fleet_priors`);
+//! - `evicts(w)`: where the trees are bounded by the engines' caches, the chars of
+//!   other texts a full cache evicts to take this request's uncached part, as far
+//!   as another worker already holds that part (`super::room::avoidable_eviction`).
+//!   What an engine evicts, some later request prefills again; a copy of a prefix
+//!   another engine holds is an eviction the fleet did not need.
 
 use super::TtftParams;
 use crate::load::{WorkerCosts, WorkerWork};
@@ -64,19 +72,32 @@ pub struct TtftCandidate {
     pub costs: WorkerCosts,
     /// Requests the engine runs at once, as its samples showed (`Slots::count`).
     pub slots: u64,
+    /// Chars of other texts this placement would evict from a full cache where
+    /// another worker's copy of the request's prefix would have spared them
+    /// (`super::room::avoidable_eviction`).
+    pub evicts_chars: u64,
 }
 
 impl TtftCandidate {
     /// Predicted time to first token here, in microseconds.
     pub fn predict_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
-        let per_char = self
-            .costs
-            .prefill_us_per_char
-            .unwrap_or(p.prefill_us_per_char);
         let service_us = self.costs.service_ms.unwrap_or(p.service_ms) * 1000.0;
         let uncached = input_chars.saturating_sub(self.cached_chars) as f64;
         let (ahead, queued) = self.wait();
-        per_char * (ahead + uncached) + service_us * queued
+        self.prefill_us_per_char(p) * (ahead + uncached) + service_us * queued
+    }
+
+    /// What placing the request here costs, in microseconds: its predicted time
+    /// to first token, and the prefill of what it needlessly evicts, which some
+    /// later request pays for here.
+    pub fn cost_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
+        self.predict_us(p, input_chars) + self.prefill_us_per_char(p) * self.evicts_chars as f64
+    }
+
+    fn prefill_us_per_char(&self, p: &TtftParams) -> f64 {
+        self.costs
+            .prefill_us_per_char
+            .unwrap_or(p.prefill_us_per_char)
     }
 
     /// The work a new request waits for here: prefill chars and requests past
@@ -100,6 +121,7 @@ impl TtftCandidate {
             conversations: self.conversations,
             ahead_chars: self.wait().0.round() as u64,
             ttft_us: self.predict_us(p, input_chars),
+            cost_us: self.cost_us(p, input_chars),
         }
     }
 }
@@ -119,6 +141,9 @@ pub struct Scored {
     pub ahead_chars: u64,
     /// The prediction (`TtftCandidate::predict_us`).
     pub ttft_us: f64,
+    /// What the ladder ranks by: the prediction and the eviction it causes
+    /// (`TtftCandidate::cost_us`).
+    pub cost_us: f64,
 }
 
 /// A request's wait for a running slot, as prefill chars and requests past their
@@ -235,6 +260,7 @@ pub(super) mod testing {
             conversations: 0,
             costs: WorkerCosts::default(),
             slots: 1,
+            evicts_chars: 0,
         }
     }
 

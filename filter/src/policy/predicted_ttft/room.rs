@@ -1,6 +1,7 @@
-//! How much room each engine's KV cache has for conversations: where the pool's
-//! trees are bounded by the engines' caches, a worker's conversation count (the
-//! ladder's balance, `super::ladder`) is weighed by it.
+//! How much room each engine's KV cache has: where the pool's trees are bounded by
+//! the engines' caches, a worker's conversation count (the ladder's balance,
+//! `super::ladder`) is weighed by it, and a placement that fills a full cache with
+//! a copy of what another engine holds is charged for what it evicts.
 
 use crate::tree::TenantId;
 
@@ -37,6 +38,30 @@ pub fn weighed_conversations(conversations: u64, capacity: u64, mean: Option<f64
     }
 }
 
+/// Chars a placement evicts that another placement would have spared: a worker
+/// holding `held` chars of the trees, bounded at `bound` (0: not known), that
+/// takes `uncached` chars of a request evicts what passes the bound; of those,
+/// only as many as another worker already holds (`held_elsewhere`: the longest
+/// match beyond this worker's) could have been spared. A prefix nobody holds must
+/// be cached somewhere, whatever it evicts there; a copy of one that another
+/// engine holds evicts what the fleet did not need to lose. A cache with room
+/// loses nothing.
+///
+/// Where every cache is too small for the working set (documents of 8k chars,
+/// two engines caching about five each, one 3.8 times slower than the other), the
+/// fast engine took copies of the slow one's documents whenever the slow one's
+/// queue was longer, each evicting one of its own, which the next of its
+/// questions prefilled again: 0.76 of the prompts cached, against 0.90 charged.
+pub fn avoidable_eviction(held: u64, bound: u64, uncached: u64, held_elsewhere: u64) -> u64 {
+    if bound == 0 {
+        return 0;
+    }
+    held.saturating_add(uncached)
+        .saturating_sub(bound)
+        .min(uncached)
+        .min(held_elsewhere)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +91,30 @@ mod tests {
         // Equal caches change nothing.
         let equal = mean_capacity([0, 1].into_iter(), &[4096, 4096]);
         assert_eq!(weighed_conversations(5, 4096, equal), 5);
+    }
+
+    #[test]
+    fn only_a_copy_into_a_full_cache_evicts_what_it_need_not() {
+        // A cache of 10,000 chars holding 9,000, a request of 3,000 uncached
+        // chars there, 2,500 of which another worker holds: 2,000 pass the bound.
+        assert_eq!(avoidable_eviction(9000, 10_000, 3000, 2500), 2000);
+        assert_eq!(
+            avoidable_eviction(9000, 10_000, 3000, 500),
+            500,
+            "only what another worker holds could have been spared"
+        );
+        assert_eq!(
+            avoidable_eviction(9000, 10_000, 3000, 0),
+            0,
+            "a prefix nobody holds is cached somewhere"
+        );
+        assert_eq!(avoidable_eviction(6000, 10_000, 3000, 3000), 0, "room");
+        assert_eq!(
+            avoidable_eviction(10_000, 10_000, 3000, 9000),
+            3000,
+            "a full cache evicts at most what it takes"
+        );
+        assert_eq!(avoidable_eviction(90_000, 0, 3000, 3000), 0, "no bound known");
+        assert_eq!(avoidable_eviction(u64::MAX, 1, 3, 3), 3, "no overflow");
     }
 }

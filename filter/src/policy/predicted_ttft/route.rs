@@ -6,10 +6,11 @@
 use super::draw;
 use super::ladder::{match_margin, Ladder};
 use super::predict::{others_load, Scored, Slots, TtftCandidate};
-use super::room::{mean_capacity, weighed_conversations};
+use super::room::{avoidable_eviction, mean_capacity, weighed_conversations};
 use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
 use crate::load::{Candidate, Loads};
+use crate::policy::KvRoom;
 use crate::rng::Rng;
 use crate::tree::{Leaves, TenantId, TenantMatches, Tree, Walked, NO_LEAVES};
 
@@ -42,11 +43,12 @@ pub struct TtftRouted {
 
 /// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
 /// in all, at `position` by worker index) by `tree`, the model's if it has one
-/// yet, filling `scratch`.
+/// yet, and the engines' caches where the trees are bounded by them (`kv`),
+/// filling `scratch`.
 pub fn route(
     (tree, text): (Option<&Tree>, &str),
     (candidates, flagged, position, inflight): (&[Candidate], &[TenantId], &[Option<u32>], u64),
-    (loads, params, kv_capacities): (&Loads, &TtftParams, &[u64]),
+    (loads, params, kv): (&Loads, &TtftParams, Option<KvRoom>),
     scratch: &mut Scratch,
     rng: &mut dyn Rng,
 ) -> TtftRouted {
@@ -93,10 +95,10 @@ pub fn route(
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
     let seen = (loads, held, leaves);
-    let room = (
-        kv_capacities,
-        mean_capacity(candidates.iter().map(|c| c.worker), kv_capacities),
-    );
+    let room = kv.map(|kv| {
+        let mean = mean_capacity(candidates.iter().map(|c| c.worker), kv.capacities);
+        (kv, mean)
+    });
     match &sample {
         None => {
             for c in candidates {
@@ -143,27 +145,38 @@ fn held_more(
 }
 
 /// Candidate `c` as the ladder compares it, from the loads, its share of the text,
-/// its conversations (leaves by worker, weighed by its engine's room: the
-/// capacities by worker index and their mean, `weighed_conversations`) and its
-/// costs as recalled `at` now. Inlined into each loop that scores: as a closure
+/// its conversations (leaves by worker), its costs as recalled `at` now and, where
+/// the trees are bounded by the engines' caches, its engine's room (`kv` and the
+/// candidates' mean capacity): its conversations weighed by it
+/// (`weighed_conversations`), and what its placement would evict
+/// (`avoidable_eviction`). Inlined into each loop that scores: as a closure
 /// shared by two loops it was compiled to a call per worker, about 10k Envoy
 /// instructions a request at 256 workers.
 #[inline(always)]
 fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
-    (slots, (capacities, mean)): (&[Slots], (&[u64], Option<f64>)),
+    (slots, room): (&[Slots], Option<(KvRoom, Option<f64>)>),
     ((params, at), input): ((&TtftParams, Recall), u64),
 ) -> Scored {
     let i = c.worker as usize;
     let conversations = leaves.get(c.worker) as u64;
     let mut t = ttft_candidate(loads, c, (held, conversations), at);
-    t.conversations = weighed_conversations(
-        conversations,
-        capacities.get(i).copied().unwrap_or(0),
-        mean,
-    );
     t.slots = slots.get(i).map_or(1, |s| s.count());
+    if let Some((kv, mean)) = room {
+        let capacity = kv.capacities.get(i).copied().unwrap_or(0);
+        t.conversations = weighed_conversations(conversations, capacity, mean);
+        let bound = kv.bound_chars.get(i).copied().unwrap_or(0);
+        if bound > 0 {
+            let longest = held.longest() as u64;
+            t.evicts_chars = avoidable_eviction(
+                (kv.held_chars)(c.worker),
+                bound,
+                input.saturating_sub(t.cached_chars),
+                longest.saturating_sub(t.cached_chars),
+            );
+        }
+    }
     t.scored(params, input)
 }
 
@@ -200,13 +213,16 @@ fn ttft_candidate(
         conversations,
         costs: loads.costs.get(i).map(|k| at.fresh(*k)).unwrap_or_default(),
         slots: 1,
+        evicts_chars: 0,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::predict::testing::P;
     use super::*;
-    use crate::load::{EngineSample, LoadTable, Report, WorkerCosts};
+    use crate::load::{EngineSample, LoadTable, Report, WorkerCosts, WorkerWork};
+    use crate::rng::SplitMix64;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -262,6 +278,54 @@ mod tests {
             0,
             "no fresh sample: the router's own count stands"
         );
+    }
+
+    #[test]
+    fn a_copy_into_a_full_cache_is_charged_where_the_trees_are_bounded() {
+        // w0 holds a 2000-char document, behind 3000 chars of prefill; w1 holds
+        // 2000 chars of other texts and is idle. A question about the document
+        // is sooner on w1 (5 * 2100 us against 5 * 3100), unless w1's cache,
+        // bounded at 2500 chars, must evict 1600 of them to copy the document.
+        let doc = "d".repeat(2000);
+        let mut tree = Tree::new();
+        tree.insert(&format!("{doc}first question"), 0, 1);
+        tree.insert(&"o".repeat(2000), 1, 2);
+        let question = format!("{doc}{}", "q".repeat(100));
+        let loads = Loads {
+            work: vec![
+                WorkerWork {
+                    prefilling: 1,
+                    ahead_chars: 3000,
+                },
+                WorkerWork::default(),
+            ]
+            .into(),
+            ..Loads::inflight_only(&[1, 0])
+        };
+        let candidates = [0, 1].map(|worker| Candidate {
+            worker,
+            inflight: loads.fleet_inflight(worker as usize),
+            engine: None,
+        });
+        let held_chars = |w: TenantId| tree.tenant_chars(w) as u64;
+        let decide = |bound_chars: &[u64]| {
+            let kv = KvRoom {
+                capacities: &[1000, 1000],
+                bound_chars,
+                held_chars: &held_chars,
+            };
+            let r = route(
+                (Some(&tree), &question),
+                (&candidates, &[], &[Some(0), Some(1)], 1),
+                (&loads, &P, Some(kv)),
+                &mut Scratch::default(),
+                &mut SplitMix64(1),
+            );
+            r.decision.map(|d| d.worker)
+        };
+        assert_eq!(decide(&[100_000, 100_000]), Some(1), "room: the sooner");
+        assert_eq!(decide(&[100_000, 2500]), Some(0), "w1 full: the holder");
+        assert_eq!(decide(&[100_000, 0]), Some(1), "w1's bound not known");
     }
 
     #[test]

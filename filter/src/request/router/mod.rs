@@ -22,7 +22,7 @@ use crate::config::{Config, Pool, WorkerNames};
 use crate::decision::{Decision, Reason};
 use crate::load::Loads;
 use crate::parse::Parsed;
-use crate::policy::{Ask, Engines, EnginesUse, Selectors};
+use crate::policy::{Ask, Engines, EnginesUse, KvRoom, Selectors};
 use crate::request::candidates::{self, Screened, Screens};
 use crate::request::kv_bounds::{kv_step, KvBound, KvStep, Share};
 use crate::request::model_trees::ModelTrees;
@@ -113,10 +113,12 @@ pub struct Router {
     /// What each worker's engine can hold of the trees, by worker index
     /// (`crate::request::kv_bounds`).
     kv: Vec<KvBound>,
-    /// Each worker's engine's KV capacity in tokens, by worker index (`kv`'s, 0:
-    /// not stated), rebuilt whenever `kv` changes (`capacities_follow_bounds`), so
-    /// a decision hands it over as it is (`Ask::kv_capacities`).
+    /// Each worker's engine's KV capacity in tokens and the chars of the trees it
+    /// may hold, by worker index (`kv`'s, 0: not stated), rebuilt whenever `kv`
+    /// changes (`capacities_follow_bounds`), so a decision hands them over as they
+    /// are (`Ask::kv`).
     kv_capacities: Vec<u64>,
+    kv_bound_chars: Vec<u64>,
 }
 
 /// A pool's policy each.
@@ -165,6 +167,7 @@ impl Router {
             walked: None,
             kv: Vec::new(),
             kv_capacities: Vec::new(),
+            kv_bound_chars: Vec::new(),
         }
     }
 
@@ -238,11 +241,17 @@ impl Router {
         }
     }
 
-    /// Rebuilds `kv_capacities` from `kv`, after `kv` changed.
+    /// Rebuilds `kv_capacities` and `kv_bound_chars` from `kv`, after `kv` changed.
     fn capacities_follow_bounds(&mut self) {
         self.kv_capacities.clear();
         self.kv_capacities
             .extend(self.kv.iter().map(|b| b.capacity_tokens));
+        self.kv_bound_chars.clear();
+        self.kv_bound_chars.extend(
+            self.kv
+                .iter()
+                .map(|b| b.max_chars().map_or(0, |c| c as u64)),
+        );
     }
 
     /// Worker `index`'s bound as the stream last set it.
@@ -380,6 +389,8 @@ impl Router {
             .screen((&self.cfg, self.cfg_version), pool, model, loads);
         let (all_flagged, all_down) = (*all_flagged, *all_down);
         let gate_inert = candidates::gate_inert(candidates, self.cfg.worker_queue_limit);
+        let trees = &self.trees;
+        let held_chars = |w: TenantId| trees.tenant_chars(pool, w) as u64;
         let ask = Ask {
             text,
             tree: self.trees.get(pool, model),
@@ -389,12 +400,13 @@ impl Router {
             inflight: *total,
             loads,
             // Where the pool's trees are bounded by the engines' caches, each
-            // one's capacity weighs its conversations (`predicted_ttft`).
-            kv_capacities: if self.cfg.bounds_kv(pool) {
-                &self.kv_capacities
-            } else {
-                &[]
-            },
+            // one's capacity weighs its conversations and prices what a placement
+            // evicts (`predicted_ttft`).
+            kv: self.cfg.bounds_kv(pool).then_some(KvRoom {
+                capacities: &self.kv_capacities,
+                bound_chars: &self.kv_bound_chars,
+                held_chars: &held_chars,
+            }),
             engines: answer.map(|answer| Engines {
                 answer,
                 held: &held,
