@@ -9,7 +9,9 @@
 //! and written at the decision, the first byte and the end), and `round_robin` for
 //! comparison (no tree, no operations to share), `cache_aware` with `kv_capacity_bound`
 //! on engines a push states hold 65536 tokens (each insert checks the worker's share)
-//! or 4096 (the 64 conversations keep the trims going), and the floor (`benches/floor`: a
+//! or 4096 (the 64 conversations keep the trims going), `predicted_ttft` on the
+//! engines of 4096 tokens (a copy into a full cache charged for what it evicts,
+//! counted only), and the floor (`benches/floor`: a
 //! guest that only buffers and reads the body and sets the routing header), so the
 //! guest CPU the router adds per request is attributable without Envoy.
 //!
@@ -41,12 +43,16 @@ const KV_BOUNDED: &str = "cache_aware+kv_capacity_bound";
 /// each worker gets), so the tree keeps trimming and the conversations miss, as on
 /// engines that evict them before they come back.
 const KV_TIGHT: &str = "cache_aware+kv_capacity_bound+tight";
+/// `predicted_ttft` on those engines of 4096 tokens: it weighs each candidate's
+/// conversations by its engine's capacity and charges a copy into a full cache for
+/// what it evicts.
+const TTFT_TIGHT: &str = "predicted_ttft+kv_capacity_bound+tight";
 
 /// The KV capacity a policy's engines state (`None`: no push).
 fn kv_tokens(policy: &str) -> Option<u64> {
     match policy {
         KV_BOUNDED => Some(65536),
-        KV_TIGHT => Some(4096),
+        KV_TIGHT | TTFT_TIGHT => Some(4096),
         _ => None,
     }
 }
@@ -64,7 +70,7 @@ fn config(policy: &str) -> String {
         .collect();
     let (policy, extra) = match kv_tokens(policy) {
         Some(_) => (
-            "cache_aware",
+            policy.split('+').next().unwrap_or(policy),
             r#","kv_capacity_bound":true,"stats_token":"bench""#,
         ),
         None => (policy, ""),
@@ -285,6 +291,7 @@ fn bench_build(
         ("round_robin", 1, 1),
         ("predicted_ttft", 1, 1),
         ("predicted_ttft", 1, 64),
+        (TTFT_TIGHT, 1, 1),
     ] {
         hostcalls_per_request(&metered, policy, (vms, depth), bodies);
     }
