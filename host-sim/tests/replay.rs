@@ -184,7 +184,7 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
     let outcomes: Vec<_> = POLICIES
         .iter()
-        .map(|p| sweep::run(&filter(), (&member, 0), 1, &items, p).unwrap())
+        .map(|p| sweep::run(&filter(), (&member, 0), (1, false), &items, p).unwrap())
         .collect();
     for o in &outcomes {
         assert_eq!(o.errors, 0, "{}", o.policy);
@@ -203,7 +203,14 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
         "round robin uses every engine: {:?}",
         of("round_robin")
     );
-    let again = sweep::run(&filter(), (&member, 0), 1, &items, "predicted_ttft").unwrap();
+    let again = sweep::run(
+        &filter(),
+        (&member, 0),
+        (1, false),
+        &items,
+        "predicted_ttft",
+    )
+    .unwrap();
     assert_eq!(
         &again,
         of("predicted_ttft"),
@@ -211,16 +218,16 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     );
     // Another draw: the same workload and fleet, the requests of an instant in
     // another order and other near-ties; each draw repeats itself.
-    let draw = |p: &str| sweep::run(&filter(), (&member, 1), 1, &items, p).unwrap();
+    let draw = |p: &str| sweep::run(&filter(), (&member, 1), (1, false), &items, p).unwrap();
     assert_eq!(draw("random"), draw("random"), "a draw repeats");
     assert_ne!(&draw("random"), of("random"), "another draw, other picks");
     let variant = "predicted_ttft+load_factor=1.5";
-    let tuned = sweep::run(&filter(), (&member, 0), 1, &items, variant).unwrap();
+    let tuned = sweep::run(&filter(), (&member, 0), (1, false), &items, variant).unwrap();
     assert_eq!(tuned.policy, variant, "a variant is reported by its name");
     let refused = sweep::run(
         &filter(),
         (&member, 0),
-        1,
+        (1, false),
         &items,
         "cache_aware+load_factor=1.5",
     );
@@ -311,7 +318,7 @@ fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
     let seed = 6; // 24 one-turn conversations: small
     let member = Member::draw(seed);
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
-    let swept = sweep::run(&filter(), (&member, 0), 1, &items, "cache_aware").unwrap();
+    let swept = sweep::run(&filter(), (&member, 0), (1, false), &items, "cache_aware").unwrap();
     let dir = std::env::temp_dir().join(format!("host-sim-family-{}", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
         .args(["replay", "--baseline", "none", "--policy", "cache_aware"])
@@ -381,4 +388,26 @@ fn kv_match_is_answered_from_the_engines_caches_within_the_concurrency() {
         .max()
         .unwrap_or(0);
     assert_eq!(most, concurrency, "requests in flight at once");
+}
+
+/// With `prefix_wait`, requests piled onto the engine that is still prefilling
+/// their prompt wait for it: member 124 (one 6,400-char prompt, 5 in flight, six
+/// engines of 14 slots), whose first requests `cache_aware` sends to one engine,
+/// has them share the prompt's first token time, not come back at once.
+#[test]
+fn piled_requests_wait_for_the_prefill_of_their_prompt_with_prefix_wait() {
+    use host_sim::sweep;
+    use llm_load::family::Member;
+    let member = Member::draw(124);
+    let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
+    let credited = sweep::run(&filter(), (&member, 0), (1, false), &items, "cache_aware").unwrap();
+    let waited = sweep::run(&filter(), (&member, 0), (1, true), &items, "cache_aware").unwrap();
+    assert_eq!(waited.per_engine, credited.per_engine, "the same placement");
+    assert!(
+        waited.ttft_p99_ms > 4.0 * credited.ttft_p99_ms,
+        "the burst's followers waited for the prompt: p99 {} against {}",
+        waited.ttft_p99_ms,
+        credited.ttft_p99_ms
+    );
+    assert_eq!(waited.cached, credited.cached, "and found it cached");
 }

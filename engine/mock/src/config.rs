@@ -73,6 +73,13 @@ pub struct Config {
     #[arg(long = "max-running", default_value_t = 0)]
     pub max_running: usize,
 
+    /// Hold back a request whose cached prefix another request is still
+    /// prefilling until that prefill is done, as SGLang does (vLLM computes it in
+    /// the same forward pass, which takes as long); without it the prefix counts
+    /// as computed from when it was inserted.
+    #[arg(long = "prefix-wait")]
+    pub prefix_wait: bool,
+
     /// Metric naming scheme of `/metrics`.
     #[arg(long = "metrics-style", value_enum, default_value_t = MetricsStyle::Vllm)]
     pub metrics_style: MetricsStyle,

@@ -212,10 +212,15 @@ pub struct KvEvents {
 }
 
 impl KvEvents {
-    /// [`PrefixCache::lookup_and_insert`] on `cache`, publishing what it changed.
+    /// [`PrefixCache::lookup_and_insert`] on `cache`, publishing what it changed;
+    /// with the prompt's full blocks.
     /// The batch is queued while the cache is still locked, so batches go out in
     /// the order the cache changed.
-    pub fn lookup_and_insert(&self, cache: &Mutex<PrefixCache>, prompt: &str) -> CacheLookup {
+    pub fn lookup_and_insert(
+        &self,
+        cache: &Mutex<PrefixCache>,
+        prompt: &str,
+    ) -> (CacheLookup, Vec<cache::BlockHash>) {
         let prepared = prepare(prompt, self.block_tokens, &self.none_hash, self.ids);
         let mut cache = lock(cache);
         let (lookup, changes) = cache.lookup_and_insert_tracked(prompt);
@@ -224,7 +229,7 @@ impl KvEvents {
             // The task only stops when the process does.
             let _ = self.batches.send(batch(events));
         }
-        lookup
+        (lookup, changes.blocks)
     }
 
     /// Empties `cache` and publishes `AllBlocksCleared`.

@@ -6,7 +6,7 @@
 //! tracks the simulated TTFT for both streaming and non-streaming requests. The task stops as
 //! soon as the receiving side is gone (client disconnected), dropping its slot with it.
 
-use crate::cache::{CacheLookup, PrefixCache};
+use crate::cache::{BlockHash, CacheLookup, PrefixCache};
 use crate::config::{Config, Role, MAX_OUTPUT_TOKENS};
 use crate::kv_events::{self, KvEvents};
 use crate::metrics::{self, Registry, Snapshot};
@@ -16,6 +16,7 @@ use crate::prompting::Prompting;
 use crate::slots::Slots;
 use anyhow::Context as _;
 use bytes::Bytes;
+use engine_model::computing::Computing;
 use engine_model::latency::Latency;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -73,6 +74,9 @@ pub struct State {
     decode_ms_per_token: AtomicF64,
     prefill_us_per_token: AtomicF64,
     cache: Mutex<PrefixCache>,
+    /// The cached blocks whose prefill is not done yet, in ms since `epoch`.
+    computing: Mutex<Computing>,
+    epoch: Instant,
     registry: Mutex<Registry>,
     slots: Slots,
     next_id: AtomicU64,
@@ -95,6 +99,8 @@ impl State {
             decode_ms_per_token: AtomicF64::new(cfg.decode_ms_per_token),
             prefill_us_per_token: AtomicF64::new(cfg.prefill_us_per_token),
             cache: Mutex::new(PrefixCache::new(cfg.cache_blocks, cfg.block_chars as usize)),
+            computing: Mutex::new(Computing::default()),
+            epoch: Instant::now(),
             registry: Mutex::new(Registry::default()),
             slots: Slots::new(cfg.max_running),
             next_id: AtomicU64::new(0),
@@ -106,12 +112,33 @@ impl State {
         })
     }
 
-    /// The prefix cache consulted for `prompt`, its changes published if events are on.
-    fn lookup_and_insert(&self, prompt: &str) -> CacheLookup {
+    /// The prefix cache consulted for `prompt`, its changes published if events are
+    /// on; with the prompt's full blocks.
+    fn lookup_and_insert(&self, prompt: &str) -> (CacheLookup, Vec<BlockHash>) {
         match &self.kv_events {
             Some(kv) => kv.lookup_and_insert(&self.cache, prompt),
-            None => lock(&self.cache).lookup_and_insert(prompt),
+            None => lock(&self.cache).lookup_and_insert_blocks(prompt),
         }
+    }
+
+    /// Looks `prompt` up: the lookup, and the ms until its first token. With
+    /// `--prefix-wait`, its uncached blocks are booked as computing until then, and
+    /// it waits for a cached prefix another request is still computing
+    /// (`engine_model::computing`).
+    fn start_prefill(&self, prompt: &str, latency: &Latency) -> (CacheLookup, f64) {
+        if !self.cfg.prefix_wait {
+            let (lookup, _) = self.lookup_and_insert(prompt);
+            return (lookup, latency.prefill_ms(&lookup));
+        }
+        // Held across the lookup: a request that finds these blocks cached must
+        // find them booked too.
+        let mut computing = lock(&self.computing);
+        let now_ms = self.epoch.elapsed().as_secs_f64() * 1000.0;
+        let (lookup, blocks) = self.lookup_and_insert(prompt);
+        let (cached, computed_here) = blocks.split_at(lookup.matched_blocks.min(blocks.len()));
+        let first_token_ms = computing.done_by(now_ms, cached) + latency.prefill_ms(&lookup);
+        computing.start(computed_here, first_token_ms);
+        (lookup, first_token_ms - now_ms)
     }
 
     /// Empties the prefix cache (`AllBlocksCleared` if events are on).
@@ -601,29 +628,28 @@ fn sse(v: &Value) -> Bytes {
 
 async fn generate(state: &State, job: &Job, tx: &mpsc::Sender<Bytes>) {
     let _slot = state.slots.acquire().await;
-    let lookup = match &job.kv {
-        // Decode received the KV: the prompt was computed (and cached) on prefill.
-        Some(t) => CacheLookup {
-            prompt_chars: job.prompt.len(),
-            total_blocks: 0,
-            matched_blocks: 0,
-            prompt_tokens: t.prompt_tokens,
-            cached_tokens: t.cached_tokens,
-        },
-        None => state.lookup_and_insert(&job.prompt),
-    };
-    lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
-
     let latency = Latency {
         ttft_ms: state.ttft_ms.get(),
         prefill_us_per_token: state.prefill_us_per_token.get(),
         decode_ms_per_token: state.decode_ms_per_token.get(),
     };
-    // A decode engine received the KV: it computes no prompt.
-    let prefill_ms = match job.kv {
-        Some(_) => latency.ttft_ms,
-        None => latency.prefill_ms(&lookup),
+    let (lookup, prefill_ms) = match &job.kv {
+        // Decode received the KV: the prompt was computed (and cached) on prefill,
+        // and it computes none.
+        Some(t) => (
+            CacheLookup {
+                prompt_chars: job.prompt.len(),
+                total_blocks: 0,
+                matched_blocks: 0,
+                prompt_tokens: t.prompt_tokens,
+                cached_tokens: t.cached_tokens,
+            },
+            latency.ttft_ms,
+        ),
+        None => state.start_prefill(&job.prompt, &latency),
     };
+    lock(&state.registry).prompt_tokens += lookup.prompt_tokens as u64;
+
     if let Some(d) = sleep_ms(prefill_ms) {
         tokio::time::sleep(d).await;
     }

@@ -369,6 +369,40 @@ fn max_running_queues_the_second_request() {
 }
 
 #[test]
+fn a_prefix_still_being_prefilled_is_waited_for() {
+    // 3200 chars (800 tokens) at 1 ms a token: the first request prefills for
+    // 800 ms. A second one on the same document 200 ms in finds it cached but
+    // not computed, and waits for it as SGLang does.
+    let engine = Engine::start("w-p", &["--prefill-us-per-token", "1000", "--prefix-wait"]);
+    let port = engine.port;
+    let document = "d".repeat(3200);
+    let ask = move |question: &'static str| {
+        let body = json!({"prompt": format!("{document}{question}"), "max_tokens": 1});
+        thread::spawn(move || {
+            let sent = Instant::now();
+            let reply = http(port, "POST", "/v1/completions", Some(&body.to_string()));
+            (reply, sent.elapsed())
+        })
+    };
+    let first = ask("first?");
+    thread::sleep(Duration::from_millis(200));
+    let second = ask("again?");
+    let (reply, _) = first.join().unwrap();
+    assert_eq!(reply.status, 200);
+    let (reply, took) = second.join().unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        800,
+        "the document is reported cached"
+    );
+    assert!(
+        took >= Duration::from_millis(400),
+        "its first token waited for the document's prefill: {took:?}"
+    );
+}
+
+#[test]
 fn admin_latency_and_sglang_metrics() {
     let engine = Engine::start("w-s", &["--metrics-style", "sglang"]);
     let r = engine.request("POST", "/admin/latency", Some(&json!({"ttft_ms": 200})));

@@ -216,10 +216,16 @@ impl PrefixCache {
 
     /// Looks `prompt` up, then caches all of its full blocks; updates the running totals.
     pub fn lookup_and_insert(&mut self, prompt: &str) -> CacheLookup {
+        self.lookup_and_insert_blocks(prompt).0
+    }
+
+    /// [`PrefixCache::lookup_and_insert`], also giving the prompt's full blocks in
+    /// order (the first `matched_blocks` were cached before).
+    pub fn lookup_and_insert_blocks(&mut self, prompt: &str) -> (CacheLookup, Vec<BlockHash>) {
         let blocks = block_hashes(prompt, self.block_chars);
         let matched_blocks = self.matched_prefix(&blocks);
         self.insert(&blocks);
-        self.account(prompt, blocks.len(), matched_blocks)
+        (self.account(prompt, blocks.len(), matched_blocks), blocks)
     }
 
     /// [`PrefixCache::lookup_and_insert`], also telling what it changed in the cache,

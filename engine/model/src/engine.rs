@@ -4,10 +4,13 @@
 //! limit), FIFO like the mock's fair semaphore. A request looks the prefix cache up
 //! when it gets its slot (as the mock does), so with FIFO admission the cache sees
 //! requests in arrival order and the whole schedule of a request is known when it
-//! arrives: [`Engine::serve`] returns when it starts and finishes. The gauges the
-//! collector scrapes (`num_waiting`, `num_running`) are then a function of time.
+//! arrives: [`Engine::serve`] returns when it starts and finishes. With
+//! `prefix_wait`, a cached prefix another request is still computing is waited for
+//! ([`crate::computing`]). The gauges the collector scrapes (`num_waiting`,
+//! `num_running`) are then a function of time.
 
 use crate::cache::{CacheLookup, PrefixCache};
+use crate::computing::Computing;
 use crate::latency::Latency;
 
 /// An engine's shape: the engine mock's flags of the same names.
@@ -23,6 +26,10 @@ pub struct EngineSpec {
     pub output_tokens: u32,
     /// The cost model.
     pub latency: Latency,
+    /// A request that finds its prefix cached while another request is still
+    /// prefilling it waits for that prefill (`--prefix-wait`, [`crate::computing`]);
+    /// without it the prefix counts as computed from when it was inserted.
+    pub prefix_wait: bool,
 }
 
 impl Default for EngineSpec {
@@ -34,6 +41,7 @@ impl Default for EngineSpec {
             max_running: 0,
             output_tokens: 8,
             latency: Latency::default(),
+            prefix_wait: false,
         }
     }
 }
@@ -57,6 +65,8 @@ pub struct Engine {
     cache: PrefixCache,
     /// Requests not finished yet as `(arrived, started, finished)`, oldest first.
     live: Vec<(f64, f64, f64)>,
+    /// The cached blocks whose prefill is not done yet.
+    computing: Computing,
 }
 
 impl Engine {
@@ -66,6 +76,7 @@ impl Engine {
             cache: PrefixCache::new(spec.cache_blocks, spec.block_chars.max(1)),
             spec,
             live: Vec::new(),
+            computing: Computing::default(),
         }
     }
 
@@ -112,8 +123,16 @@ impl Engine {
 
     fn prefill(&mut self, now_ms: f64, prompt: &str, output_tokens: u32) -> Served {
         let started_ms = self.start_at(now_ms);
-        let lookup = self.cache.lookup_and_insert(prompt);
-        let first_token_ms = started_ms + self.spec.latency.prefill_ms(&lookup);
+        if !self.spec.prefix_wait {
+            let lookup = self.cache.lookup_and_insert(prompt);
+            let first_token_ms = started_ms + self.spec.latency.prefill_ms(&lookup);
+            return self.admit(now_ms, started_ms, first_token_ms, output_tokens, lookup);
+        }
+        let (lookup, blocks) = self.cache.lookup_and_insert_blocks(prompt);
+        let (cached, computed_here) = blocks.split_at(lookup.matched_blocks.min(blocks.len()));
+        let prefix_ready_ms = self.computing.done_by(now_ms, cached).max(started_ms);
+        let first_token_ms = prefix_ready_ms + self.spec.latency.prefill_ms(&lookup);
+        self.computing.start(computed_here, first_token_ms);
         self.admit(now_ms, started_ms, first_token_ms, output_tokens, lookup)
     }
 
@@ -238,10 +257,51 @@ mod tests {
         let mut e = Engine::new(spec(0));
         let prompt = "x".repeat(640);
         let first = e.serve(0.0, &prompt);
-        let again = e.serve(0.0, &prompt);
+        let again = e.serve(20.0, &prompt);
         assert_eq!(first.started_ms, 0.0);
         assert_eq!(first.lookup.cached_tokens, 0);
         assert_eq!(again.lookup.cached_tokens, 160, "all 10 blocks are cached");
+        assert_eq!(again.first_token_ms, 30.0, "computed: only the fixed TTFT");
         assert_eq!(e.num_waiting(0.0), 0);
+    }
+
+    #[test]
+    fn a_prefix_still_being_computed_is_waited_for() {
+        let slow_prefill = EngineSpec {
+            latency: Latency {
+                ttft_ms: 0.0,
+                prefill_us_per_token: 1000.0,
+                decode_ms_per_token: 0.0,
+            },
+            ..spec(0)
+        };
+        let document = "d".repeat(640);
+        // Without `prefix_wait`, the prefix counts as computed once inserted.
+        let mut credited = Engine::new(slow_prefill);
+        credited.serve(0.0, &format!("{document}first question"));
+        let second = credited.serve(10.0, &format!("{document}another one"));
+        assert_eq!(second.first_token_ms, 10.0 + 3.0);
+        let mut e = Engine::new(EngineSpec {
+            prefix_wait: true,
+            ..slow_prefill
+        });
+        let first = e.serve(0.0, &format!("{document}first question"));
+        assert_eq!(first.first_token_ms, 164.0, "164 uncached tokens at 1 ms");
+        // Another question about the document 10 ms later, a slot free: the
+        // document is cached, its prefill 154 ms from done.
+        let second = e.serve(10.0, &format!("{document}another one"));
+        assert_eq!(second.started_ms, 10.0);
+        assert_eq!(second.lookup.cached_tokens, 160);
+        assert_eq!(
+            second.first_token_ms,
+            164.0 + 3.0,
+            "the document's, then its own"
+        );
+        // Once it is computed, a third waits for nobody.
+        let third = e.serve(200.0, &format!("{document}and a third"));
+        assert_eq!(third.first_token_ms, 200.0 + 3.0);
+        // A prompt that shares none of it waits for nothing either.
+        let other = e.serve(201.0, &"o".repeat(64));
+        assert_eq!(other.first_token_ms, 201.0 + 16.0);
     }
 }

@@ -5,6 +5,8 @@
 //! hits and the same prefill cost in either:
 //! - [`prompt`]: flattening a request body into the text the cache hashes,
 //! - [`cache`]: the paged prefix cache (chained SHA-256 blocks, LRU),
+//! - [`computing`]: the blocks still being computed, which a request that finds them
+//!   cached waits for,
 //! - [`tokenizer`]: the token ids the mock publishes in its KV cache events, which
 //!   the collector computes too to look a prompt up in them,
 //! - `model_tokenizer` (feature `hf`): a model's own tokenizer and chat template,
@@ -16,6 +18,7 @@
 //!   gauges the collector scrapes.
 
 pub mod cache;
+pub mod computing;
 pub mod engine;
 pub mod latency;
 #[cfg(feature = "hf")]

@@ -73,6 +73,10 @@ pub(crate) struct ReplayArgs {
     /// a fleet whose caches differ). Default: the mock's 4096.
     #[arg(long, value_delimiter = ',')]
     cache_blocks: Vec<usize>,
+    /// Engines hold back a request whose cached prefix another request is still
+    /// prefilling until that prefill is done, like the mock's `--prefix-wait`.
+    #[arg(long)]
+    prefix_wait: bool,
     /// Print each run's hostcalls a request, by name (what a request costs the
     /// host: in Envoy each one is a V8 exit, and one that returns data an
     /// allocation in the guest too).
@@ -141,29 +145,32 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
         },
         ..EngineSpec::default()
     };
-    let sim = member.as_ref().map_or_else(
-        || host_sim::replay::Replay {
-            workers: args.workers,
-            pd,
-            vms: args.vms,
-            concurrency: args.concurrency,
-            engine,
-            engine_specs: match args.cache_blocks.as_slice() {
-                [_, _, ..] => args
-                    .cache_blocks
-                    .iter()
-                    .map(|&cache_blocks| EngineSpec {
-                        cache_blocks,
-                        ..engine
-                    })
-                    .collect(),
-                _ => Vec::new(),
+    let sim = member
+        .as_ref()
+        .map_or_else(
+            || host_sim::replay::Replay {
+                workers: args.workers,
+                pd,
+                vms: args.vms,
+                concurrency: args.concurrency,
+                engine,
+                engine_specs: match args.cache_blocks.as_slice() {
+                    [_, _, ..] => args
+                        .cache_blocks
+                        .iter()
+                        .map(|&cache_blocks| EngineSpec {
+                            cache_blocks,
+                            ..engine
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                },
+                collector_interval_ms: (args.collector_interval_ms > 0)
+                    .then_some(args.collector_interval_ms),
             },
-            collector_interval_ms: (args.collector_interval_ms > 0)
-                .then_some(args.collector_interval_ms),
-        },
-        |m| host_sim::sweep::replay_of(m, args.vms),
-    );
+            |m| host_sim::sweep::replay_of(m, args.vms),
+        )
+        .prefix_wait(args.prefix_wait);
     let engines = member.as_ref().map_or(engines, |m| m.engines.len());
     let run_policy = |policy: &str, no_gate: bool| -> Result<RunResult> {
         let label = if no_gate {

@@ -50,6 +50,12 @@ pub(crate) struct SweepArgs {
     /// of a seed's standing is the order its requests happened to arrive in.
     #[arg(long, default_value_t = 1)]
     draws: u64,
+    /// Engines hold back a request whose cached prefix another request is still
+    /// prefilling until that prefill is done, as SGLang and vLLM serve it (the
+    /// engine mock's `--prefix-wait`); without it the prefix counts as computed
+    /// from when it was inserted.
+    #[arg(long)]
+    prefix_wait: bool,
 }
 
 /// One seed's member and every policy's outcome in one draw, in `--policies` order.
@@ -97,7 +103,12 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
                     if failed() {
                         return;
                     }
-                    match run_seed(&filter, (member, *draw), args.vms, &policies) {
+                    match run_seed(
+                        &filter,
+                        (member, *draw),
+                        (args.vms, args.prefix_wait),
+                        &policies,
+                    ) {
                         Ok(run) => {
                             let mut runs = runs.lock().unwrap_or_else(|e| e.into_inner());
                             runs.insert((member.seed, *draw), run);
@@ -148,14 +159,14 @@ fn sent_chars(m: &Member) -> usize {
 fn run_seed(
     filter: &host_sim::Filter,
     (member, draw): (&Member, u64),
-    vms: usize,
+    fleet: (usize, bool),
     policies: &[String],
 ) -> Result<SeedRun> {
     let items = parse_workload(&to_jsonl(&generate(&member.workload))?)?;
     let outcomes = policies
         .iter()
         .map(|p| {
-            sweep::run(filter, (member, draw), vms, &items, p)
+            sweep::run(filter, (member, draw), fleet, &items, p)
                 .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed))
         })
         .collect::<Result<Vec<_>>>()?;

@@ -70,6 +70,18 @@ pub struct Replay {
     pub collector_interval_ms: Option<u64>,
 }
 
+impl Replay {
+    /// This replay with every engine waiting for a cached prefix another request is
+    /// still prefilling, or not (`EngineSpec::prefix_wait`, `--prefix-wait`).
+    pub fn prefix_wait(mut self, on: bool) -> Replay {
+        self.engine.prefix_wait = on;
+        for spec in &mut self.engine_specs {
+            spec.prefix_wait = on;
+        }
+        self
+    }
+}
+
 /// A finished replay: the summary, and the host and fleet as the run left them (for
 /// metrics, logs, engine caches).
 pub struct ReplayRun {

@@ -116,11 +116,12 @@ pub fn draw_seed(seed: u64, draw: u64) -> u64 {
 
 /// Runs `items` (the member's workload) through `filter` routing by `variant` (a
 /// policy, or `policy+key=value+...` with settings of its own), the filter's
-/// `rng_seed` the member's for draw `draw` (`draw_seed`).
+/// `rng_seed` the member's for draw `draw` (`draw_seed`), on `vms` Envoy threads,
+/// the engines waiting for a prefix still being prefilled with `prefix_wait`.
 pub fn run(
     filter: &Filter,
     (member, draw): (&Member, u64),
-    vms: usize,
+    (vms, prefix_wait): (usize, bool),
     items: &[WorkItem],
     variant: &str,
 ) -> Result<Outcome> {
@@ -134,7 +135,9 @@ pub fn run(
         false,
         draw_seed(member.seed, draw),
     )?;
-    let done = replay_of(member, vms).run(filter, &config, items)?;
+    let done = replay_of(member, vms)
+        .prefix_wait(prefix_wait)
+        .run(filter, &config, items)?;
     let s = &done.summary;
     let (Some(ttft_p50_ms), Some(ttft_p99_ms)) = (s.ttft_p50_ms, s.ttft_p99_ms) else {
         bail!("no request reported a first token ({} errors)", s.errors);
