@@ -91,7 +91,12 @@ impl TtftCandidate {
     /// to first token, and the prefill of what it needlessly evicts, which some
     /// later request pays for here.
     pub fn cost_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
-        self.predict_us(p, input_chars) + self.prefill_us_per_char(p) * self.evicts_chars as f64
+        self.predict_us(p, input_chars) + self.eviction_us(p)
+    }
+
+    /// The prefill of what the placement evicts needlessly (`evicts_chars`).
+    fn eviction_us(&self, p: &TtftParams) -> f64 {
+        self.prefill_us_per_char(p) * self.evicts_chars as f64
     }
 
     fn prefill_us_per_char(&self, p: &TtftParams) -> f64 {
@@ -113,6 +118,8 @@ impl TtftCandidate {
     /// The candidate as the ladder compares it, predicted for a request of
     /// `input_chars`.
     pub fn scored(&self, p: &TtftParams, input_chars: u64) -> Scored {
+        // Predicted once: the cost is the prediction and the eviction.
+        let ttft_us = self.predict_us(p, input_chars);
         Scored {
             worker: self.worker,
             continues: self.continues,
@@ -120,8 +127,8 @@ impl TtftCandidate {
             cached_chars: self.cached_chars,
             conversations: self.conversations,
             ahead_chars: self.wait().0.round() as u64,
-            ttft_us: self.predict_us(p, input_chars),
-            cost_us: self.cost_us(p, input_chars),
+            ttft_us,
+            cost_us: ttft_us + self.eviction_us(p),
         }
     }
 }
