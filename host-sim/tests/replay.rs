@@ -390,7 +390,7 @@ fn kv_match_is_answered_from_the_engines_caches_within_the_concurrency() {
     assert_eq!(most, concurrency, "requests in flight at once");
 }
 
-/// With `prefix_wait`, requests piled onto the engine that is still prefilling
+/// With `prefix_wait` (the engines' default), requests piled onto the engine that is still prefilling
 /// their prompt wait for it: member 124 (one 6,400-char prompt, 5 in flight, six
 /// engines of 14 slots), whose first requests `cache_aware` sends to one engine,
 /// has them share the prompt's first token time, not come back at once.

@@ -73,11 +73,12 @@ pub struct Config {
     #[arg(long = "max-running", default_value_t = 0)]
     pub max_running: usize,
 
-    /// Hold back a request whose cached prefix another request is still
-    /// prefilling until that prefill is done, as SGLang does (vLLM computes it in
-    /// the same forward pass, which takes as long); without it the prefix counts
-    /// as computed from when it was inserted.
-    #[arg(long = "prefix-wait")]
+    /// Serve a request whose cached prefix another request is still prefilling
+    /// as if that prefix were computed. By default it waits for that prefill, as
+    /// SGLang does (vLLM computes it in the same forward pass, which takes as
+    /// long); with this flag the prefix counts as computed from when it was
+    /// inserted, a free first token no engine gives.
+    #[arg(long = "no-prefix-wait", action = clap::ArgAction::SetFalse)]
     pub prefix_wait: bool,
 
     /// Metric naming scheme of `/metrics`.

@@ -121,10 +121,10 @@ impl State {
         }
     }
 
-    /// Looks `prompt` up: the lookup, and the ms until its first token. With
-    /// `--prefix-wait`, its uncached blocks are booked as computing until then, and
-    /// it waits for a cached prefix another request is still computing
-    /// (`engine_model::computing`).
+    /// Looks `prompt` up: the lookup, and the ms until its first token. Its
+    /// uncached blocks are booked as computing until then, and it waits for a
+    /// cached prefix another request is still computing
+    /// (`engine_model::computing`); with `--no-prefix-wait`, neither.
     fn start_prefill(&self, prompt: &str, latency: &Latency) -> (CacheLookup, f64) {
         if !self.cfg.prefix_wait {
             let (lookup, _) = self.lookup_and_insert(prompt);

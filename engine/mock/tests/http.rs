@@ -372,8 +372,8 @@ fn max_running_queues_the_second_request() {
 fn a_prefix_still_being_prefilled_is_waited_for() {
     // 3200 chars (800 tokens) at 1 ms a token: the first request prefills for
     // 800 ms. A second one on the same document 200 ms in finds it cached but
-    // not computed, and waits for it as SGLang does.
-    let engine = Engine::start("w-p", &["--prefill-us-per-token", "1000", "--prefix-wait"]);
+    // not computed, and waits for it as SGLang does (the mock's default).
+    let engine = Engine::start("w-p", &["--prefill-us-per-token", "1000"]);
     let port = engine.port;
     let document = "d".repeat(3200);
     let ask = move |question: &'static str| {

@@ -27,8 +27,9 @@ pub struct EngineSpec {
     /// The cost model.
     pub latency: Latency,
     /// A request that finds its prefix cached while another request is still
-    /// prefilling it waits for that prefill (`--prefix-wait`, [`crate::computing`]);
-    /// without it the prefix counts as computed from when it was inserted.
+    /// prefilling it waits for that prefill, as engines do ([`crate::computing`]);
+    /// off (`--no-prefix-wait`), the prefix counts as computed from when it was
+    /// inserted, a free first token no engine gives.
     pub prefix_wait: bool,
 }
 
@@ -41,7 +42,7 @@ impl Default for EngineSpec {
             max_running: 0,
             output_tokens: 8,
             latency: Latency::default(),
-            prefix_wait: false,
+            prefix_wait: true,
         }
     }
 }
@@ -277,7 +278,10 @@ mod tests {
         };
         let document = "d".repeat(640);
         // Without `prefix_wait`, the prefix counts as computed once inserted.
-        let mut credited = Engine::new(slow_prefill);
+        let mut credited = Engine::new(EngineSpec {
+            prefix_wait: false,
+            ..slow_prefill
+        });
         credited.serve(0.0, &format!("{document}first question"));
         let second = credited.serve(10.0, &format!("{document}another one"));
         assert_eq!(second.first_token_ms, 10.0 + 3.0);

@@ -73,9 +73,10 @@ pub(crate) struct ReplayArgs {
     /// a fleet whose caches differ). Default: the mock's 4096.
     #[arg(long, value_delimiter = ',')]
     cache_blocks: Vec<usize>,
-    /// Engines hold back a request whose cached prefix another request is still
-    /// prefilling until that prefill is done, like the mock's `--prefix-wait`.
-    #[arg(long)]
+    /// Engines serve a request whose cached prefix another request is still
+    /// prefilling as if it were computed, like the mock's `--no-prefix-wait`
+    /// (by default they wait for that prefill, as engines do).
+    #[arg(long = "no-prefix-wait", action = clap::ArgAction::SetFalse)]
     prefix_wait: bool,
     /// Print each run's hostcalls a request, by name (what a request costs the
     /// host: in Envoy each one is a V8 exit, and one that returns data an

@@ -50,11 +50,11 @@ pub(crate) struct SweepArgs {
     /// of a seed's standing is the order its requests happened to arrive in.
     #[arg(long, default_value_t = 1)]
     draws: u64,
-    /// Engines hold back a request whose cached prefix another request is still
-    /// prefilling until that prefill is done, as SGLang and vLLM serve it (the
-    /// engine mock's `--prefix-wait`); without it the prefix counts as computed
-    /// from when it was inserted.
-    #[arg(long)]
+    /// Engines serve a request whose cached prefix another request is still
+    /// prefilling as if it were computed (the engine mock's `--no-prefix-wait`).
+    /// By default they hold it back until that prefill is done, as SGLang and
+    /// vLLM serve it.
+    #[arg(long = "no-prefix-wait", action = clap::ArgAction::SetFalse)]
     prefix_wait: bool,
 }
 

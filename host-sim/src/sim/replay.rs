@@ -72,7 +72,7 @@ pub struct Replay {
 
 impl Replay {
     /// This replay with every engine waiting for a cached prefix another request is
-    /// still prefilling, or not (`EngineSpec::prefix_wait`, `--prefix-wait`).
+    /// still prefilling, or not (`EngineSpec::prefix_wait`, `--no-prefix-wait`).
     pub fn prefix_wait(mut self, on: bool) -> Replay {
         self.engine.prefix_wait = on;
         for spec in &mut self.engine_specs {
