@@ -17,7 +17,12 @@
 //!    what affinity (ring hash on a session id) gets.
 //! 2. **The prefix's holders** (Preble's exploit rule): workers within the stay
 //!    factor holding the longest match any of those has, whose cached part is
-//!    longer than their missing tail, and not past the cap on conversations. The
+//!    longer than their missing tail, predicted within `1 + load_factor` of the
+//!    soonest of them, and not past the cap on conversations. The stay factor
+//!    keeps a cache against a copy; among holders that each keep it, balance
+//!    costs a first token no more than bounded load allows (an engine several
+//!    times slower, holding the same system prompt, took new conversations for
+//!    having fewer, and each of their turns was slow). The
 //!    cap on requests does not apply: it stops a pile-up, a pile-up shows in the
 //!    prediction, and it must not override a prefill saving larger than the wait
 //!    it avoids (a slow engine holding a prompt runs more requests at once than
@@ -200,29 +205,34 @@ impl<'p> Ladder<'p> {
         }
         // No near worker under the cap: no fleet to balance against.
         let conversation_cap = conversation_cap(fewest.unwrap_or(0), p.load_factor);
-        let soonest_holder = self
-            .scored
-            .iter()
-            .filter(|c| {
-                near(c)
-                    && holds(c.cached_chars, longest_near)
-                    && c.conversations < conversation_cap
-            })
-            .fold(f64::INFINITY, |low, c| least(low, c.cost_us));
+        // The prefix's holders (rung 2), before the band around the soonest of
+        // them, and in the same pass that soonest and the fleet rung's soonest
+        // holder.
+        let holder = |c: &Scored| {
+            c.cost_us <= within_us
+                && holds(c.cached_chars, longest_within)
+                && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
+        };
+        let (mut soonest_holder, mut soonest_holding) = (f64::INFINITY, f64::INFINITY);
+        for c in &self.scored {
+            if near(c) && holds(c.cached_chars, longest_near) && c.conversations < conversation_cap {
+                soonest_holder = least(soonest_holder, c.cost_us);
+            }
+            if holder(c) {
+                soonest_holding = least(soonest_holding, c.cost_us);
+            }
+        }
+        let holding_us = soonest_holding * (1.0 + p.load_factor) + soonest_holding * NEAR_TIE_SHARE;
         let (mut continuing, mut holding, mut spread) =
             (Least::default(), Least::default(), Least::default());
         for c in &self.scored {
-            let within = c.cost_us <= within_us;
-            if c.continues && within {
+            if c.continues && c.cost_us <= within_us {
                 continuing.offer(c);
             }
             if near(c) && (c.cost_us <= soonest_holder || holds(c.cached_chars, longest_near)) {
                 spread.offer(c);
             }
-            if within
-                && holds(c.cached_chars, longest_within)
-                && c.cached_chars > input_chars.saturating_sub(c.cached_chars)
-            {
+            if holder(c) && c.cost_us <= holding_us {
                 holding.offer(c);
             }
         }
@@ -576,28 +586,34 @@ mod tests {
     }
 
     #[test]
-    fn a_new_conversation_goes_to_the_holder_with_the_fewest_conversations() {
+    fn a_new_conversation_goes_to_the_holder_with_the_fewest_conversations_near_the_soonest() {
         let p = TtftParams {
             stay_factor: 2.0,
             ..P
         };
-        // Both hold the prompt; w0 is a little faster but has taken on more
-        // conversations: the work still to come decides.
+        // Both hold the prompt; w0 is a little faster (w1 1.2x) but has taken on
+        // more conversations: the work still to come decides.
         let mut w0 = cand(0, 0, 3000);
         w0.conversations = 6;
         let mut w1 = cand(1, 1, 3000);
         w1.conversations = 5;
         w1.work.prefilling = 1;
-        w1.work.ahead_chars = 500;
+        w1.work.ahead_chars = 200;
         let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (1, Reason::TtftCache));
-        // Not when it is predicted beyond stay_factor of the fastest.
+        // Not when it is predicted beyond 1 + load_factor of the soonest holder
+        // (1.5x), though within stay_factor: among holders, balance costs a first
+        // token no more than bounded load allows.
+        w1.work.ahead_chars = 500;
+        let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
+        assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
+        // Nor beyond stay_factor of the fastest.
         w1.work.ahead_chars = 6000;
         let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!((d.worker, d.reason), (0, Reason::TtftCache));
         // Equal conversations: the faster.
         w1.conversations = 6;
-        w1.work.ahead_chars = 500;
+        w1.work.ahead_chars = 200;
         let d = ladder(&p, 4000, &[w0, w1, cand(2, 0, 0)], &mut SplitMix64(1)).unwrap();
         assert_eq!(d.worker, 0);
     }
@@ -766,12 +782,23 @@ mod tests {
             })
             .map(t)
             .fold(f64::INFINITY, f64::min);
+        let holder = |c: &TtftCandidate| {
+            within(c)
+                && holds(c, longest_within)
+                && c.cached_chars > input.saturating_sub(c.cached_chars)
+        };
+        let soonest_holding = cands
+            .iter()
+            .filter(|c| holder(c))
+            .map(t)
+            .fold(f64::INFINITY, f64::min);
         let rungs: [&dyn Fn(&TtftCandidate) -> bool; 3] = [
             &|c| c.continues && within(c),
             &|c| {
-                within(c)
-                    && holds(c, longest_within)
-                    && c.cached_chars > input.saturating_sub(c.cached_chars)
+                holder(c)
+                    && t(c)
+                        <= soonest_holding * (1.0 + p.load_factor)
+                            + soonest_holding * NEAR_TIE_SHARE
                     && c.conversations < conversation_cap
             },
             &|c| eligible(c) && near(c) && (holds(c, longest_near) || t(c) <= soonest_holder),
