@@ -37,14 +37,27 @@ impl Computing {
         }
     }
 
-    /// Blocks still being computed, as of the last [`Computing::done_by`].
-    pub fn len(&self) -> usize {
-        self.done_at.len()
+    /// When the first token of a request comes that starts at `start_ms` (seen at
+    /// `now_ms`) with its prompt's full `blocks`, the first `matched` of them found
+    /// cached, and `prefill_ms` of prefill of its own: after its cached prefix is
+    /// computed, its own blocks booked as computing until then. The engine model and
+    /// the engine mock both schedule a prefill by it.
+    pub fn first_token(
+        &mut self,
+        (now_ms, start_ms): (f64, f64),
+        (blocks, matched): (&[BlockHash], usize),
+        prefill_ms: f64,
+    ) -> f64 {
+        let (cached, computed_here) = blocks.split_at(matched.min(blocks.len()));
+        let first_token_ms = self.done_by(now_ms, cached).max(start_ms) + prefill_ms;
+        self.start(computed_here, first_token_ms);
+        first_token_ms
     }
 
-    /// Whether no block is being computed, as of the last [`Computing::done_by`].
-    pub fn is_empty(&self) -> bool {
-        self.done_at.is_empty()
+    /// Blocks still being computed, as of the last [`Computing::done_by`].
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.done_at.len()
     }
 }
 
@@ -66,6 +79,6 @@ mod tests {
         assert_eq!(c.done_by(60.0, &blocks), 70.0);
         assert_eq!(c.len(), 1, "what was done by 60 ms is forgotten");
         assert_eq!(c.done_by(70.0, &blocks), 70.0, "done at 70: ready at 70");
-        assert!(c.is_empty());
+        assert_eq!(c.len(), 0);
     }
 }

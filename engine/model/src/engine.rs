@@ -130,10 +130,11 @@ impl Engine {
             return self.admit(now_ms, started_ms, first_token_ms, output_tokens, lookup);
         }
         let (lookup, blocks) = self.cache.lookup_and_insert_blocks(prompt);
-        let (cached, computed_here) = blocks.split_at(lookup.matched_blocks.min(blocks.len()));
-        let prefix_ready_ms = self.computing.done_by(now_ms, cached).max(started_ms);
-        let first_token_ms = prefix_ready_ms + self.spec.latency.prefill_ms(&lookup);
-        self.computing.start(computed_here, first_token_ms);
+        let first_token_ms = self.computing.first_token(
+            (now_ms, started_ms),
+            (&blocks, lookup.matched_blocks),
+            self.spec.latency.prefill_ms(&lookup),
+        );
         self.admit(now_ms, started_ms, first_token_ms, output_tokens, lookup)
     }
 

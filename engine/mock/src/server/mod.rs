@@ -138,9 +138,11 @@ impl State {
         let mut computing = lock(&self.computing);
         let now_ms = self.epoch.elapsed().as_secs_f64() * 1000.0;
         let (lookup, blocks) = self.lookup_and_insert(prompt);
-        let (cached, computed_here) = blocks.split_at(lookup.matched_blocks.min(blocks.len()));
-        let first_token_ms = computing.done_by(now_ms, cached) + latency.prefill_ms(&lookup);
-        computing.start(computed_here, first_token_ms);
+        let first_token_ms = computing.first_token(
+            (now_ms, now_ms),
+            (&blocks, lookup.matched_blocks),
+            latency.prefill_ms(&lookup),
+        );
         (lookup, first_token_ms - now_ms)
     }
 
