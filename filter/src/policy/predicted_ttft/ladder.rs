@@ -175,8 +175,8 @@ impl<'p> Ladder<'p> {
     pub fn decide(&self, rng: &mut dyn Rng) -> Option<Decision> {
         let (p, input_chars, cap) = (self.params, self.input_chars, self.cap);
         let (best, longest, longest_eligible) = (self.best, self.longest, self.longest_eligible);
-        let within_us = best * p.stay_factor + best * NEAR_TIE_SHARE;
-        let near_us = best * (1.0 + p.load_factor) + best * NEAR_TIE_SHARE;
+        let within_us = band_us(best, p.stay_factor);
+        let near_us = band_us(best, 1.0 + p.load_factor);
         let margin = match_margin(input_chars);
         let holds = |cached: u64, longest: u64| {
             longest > margin && cached.saturating_add(margin) >= longest
@@ -222,7 +222,7 @@ impl<'p> Ladder<'p> {
                 soonest_holding = least(soonest_holding, c.cost_us);
             }
         }
-        let holding_us = soonest_holding * (1.0 + p.load_factor) + soonest_holding * NEAR_TIE_SHARE;
+        let holding_us = band_us(soonest_holding, 1.0 + p.load_factor);
         let (mut continuing, mut holding, mut spread) =
             (Least::default(), Least::default(), Least::default());
         for c in &self.scored {
@@ -310,7 +310,13 @@ impl<'a> Least<'a> {
 }
 
 fn near_tie(t: f64, low: f64) -> bool {
-    t <= low + low * NEAR_TIE_SHARE
+    t <= band_us(low, 1.0)
+}
+
+/// The most a candidate may cost to count as within `factor` times `low`, the
+/// least: `factor * low` and the near-tie share of it.
+fn band_us(low: f64, factor: f64) -> f64 {
+    low * factor + low * NEAR_TIE_SHARE
 }
 
 /// `f64::min` for a minimum kept from `INFINITY` (a NaN never replaces it): the
@@ -742,7 +748,7 @@ mod tests {
         let total = cands.iter().map(|c| c.inflight).sum();
         let cap = load_cap(total, cands.len(), p.load_factor);
         let eligible = |c: &TtftCandidate| c.inflight < cap;
-        let t = |c: &TtftCandidate| c.cost_us(p, input);
+        let t = |c: &TtftCandidate| c.scored(p, input).cost_us;
         let best = cands
             .iter()
             .filter(|c| eligible(c))

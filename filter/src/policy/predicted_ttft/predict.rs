@@ -87,14 +87,8 @@ impl TtftCandidate {
         self.prefill_us_per_char(p) * (ahead + uncached) + service_us * queued
     }
 
-    /// What placing the request here costs, in microseconds: its predicted time
-    /// to first token, and the prefill of what it needlessly evicts, which some
-    /// later request pays for here.
-    pub fn cost_us(&self, p: &TtftParams, input_chars: u64) -> f64 {
-        self.predict_us(p, input_chars) + self.eviction_us(p)
-    }
-
-    /// The prefill of what the placement evicts needlessly (`evicts_chars`).
+    /// The prefill of what the placement evicts needlessly (`evicts_chars`), which
+    /// some later request pays for here.
     fn eviction_us(&self, p: &TtftParams) -> f64 {
         self.prefill_us_per_char(p) * self.evicts_chars as f64
     }
@@ -116,7 +110,8 @@ impl TtftCandidate {
     }
 
     /// The candidate as the ladder compares it, predicted for a request of
-    /// `input_chars`.
+    /// `input_chars`: what placing the request here costs is its predicted time
+    /// to first token and the prefill of what it needlessly evicts.
     pub fn scored(&self, p: &TtftParams, input_chars: u64) -> Scored {
         // Predicted once: the cost is the prediction and the eviction.
         let ttft_us = self.predict_us(p, input_chars);
@@ -149,7 +144,7 @@ pub struct Scored {
     /// The prediction (`TtftCandidate::predict_us`).
     pub ttft_us: f64,
     /// What the ladder ranks by: the prediction and the eviction it causes
-    /// (`TtftCandidate::cost_us`).
+    /// (`TtftCandidate::scored`).
     pub cost_us: f64,
 }
 
