@@ -411,3 +411,69 @@ fn piled_requests_wait_for_the_prefill_of_their_prompt_with_prefix_wait() {
     );
     assert_eq!(waited.cached, credited.cached, "and found it cached");
 }
+
+/// `sweep --others-from` takes every policy but the default from an earlier run's
+/// `--json-out` and replays the default: a recorded outcome comes back as written
+/// (here altered, so only the file could have given it), the default as its own
+/// replay gives it whatever the file says of it, and a file of another fleet is
+/// refused by the field that differs.
+#[test]
+fn cli_sweep_takes_the_others_from_an_earlier_run_and_replays_the_default() {
+    let dir = std::env::temp_dir().join(format!("host-sim-others-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sweep = |extra: &[&str], out: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
+            .args(["sweep", "--seeds", "1", "--first-seed", "6", "--jobs", "1"])
+            .args(["--policies", "cache_aware,round_robin", "--json-out"])
+            .arg(dir.join(out))
+            .arg("--wasm")
+            .arg(host_sim::require_built_filter())
+            .args(extra)
+            .output()
+            .expect("host-sim runs")
+    };
+    let outcomes = |file: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        line["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| (o["policy"].as_str().unwrap().to_string(), o.clone()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let first = sweep(&[], "first.jsonl");
+    assert_eq!(first.status.code(), Some(0), "{first:?}");
+    let before = outcomes("first.jsonl");
+    let altered = std::fs::read_to_string(dir.join("first.jsonl"))
+        .unwrap()
+        .replace(
+            &format!(r#""cached":{},"#, before["round_robin"]["cached"]),
+            r#""cached":0.0123,"#,
+        )
+        .replace(
+            &format!(r#""cached":{},"#, before["predicted_ttft"]["cached"]),
+            r#""cached":0.0456,"#,
+        );
+    std::fs::write(dir.join("altered.jsonl"), altered).unwrap();
+    let path = dir.join("altered.jsonl").display().to_string();
+    let again = sweep(&["--others-from", &path], "again.jsonl");
+    assert_eq!(again.status.code(), Some(0), "{again:?}");
+    let after = outcomes("again.jsonl");
+    assert_eq!(
+        after["round_robin"]["cached"],
+        json!(0.0123),
+        "from the file"
+    );
+    assert_eq!(after["cache_aware"], before["cache_aware"]);
+    assert_eq!(
+        after["predicted_ttft"], before["predicted_ttft"],
+        "the default replayed, not read"
+    );
+    let four = sweep(&["--others-from", &path, "--vms", "2"], "four.jsonl");
+    assert!(!four.status.success(), "{four:?}");
+    let stderr = String::from_utf8_lossy(&four.stderr);
+    assert!(stderr.contains("`vms` is 1 there but 2"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,15 +3,20 @@
 //! printed, then where the `--default` loses to the best of the others and whether it
 //! clears issue 53's bar.
 //!
+//! With `--others-from`, the other policies' outcomes come from an earlier run's
+//! `--json-out` (`lines`) and only the default is replayed.
+//!
 //! Seeds run on `--jobs` threads, the largest workloads first so no thread is left with
 //! a long one at the end; the report is in seed order whatever finished first.
 
+mod lines;
+
 use anyhow::{Context as _, Result};
 use host_sim::sweep::{self, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES};
+use lines::{Earlier, Fleet};
 use llm_load::family::{Member, KINDS};
 use llm_load::generate::{generate, to_jsonl};
 use llm_load::workload::parse_workload;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,6 +61,13 @@ pub(crate) struct SweepArgs {
     /// vLLM serve it.
     #[arg(long = "no-prefix-wait", action = clap::ArgAction::SetFalse)]
     prefix_wait: bool,
+    /// An earlier sweep's `--json-out` of the same seeds and draws on the same
+    /// fleet (`--vms`, `--no-prefix-wait`): every policy but `--default` that it
+    /// recorded is taken from it instead of replayed, so a change to the default
+    /// (`--wasm`, its settings) is judged against the others in a fifth of the
+    /// time. A line of another member or fleet is refused.
+    #[arg(long)]
+    others_from: Option<PathBuf>,
 }
 
 /// One seed's member and every policy's outcome in one draw, in `--policies` order.
@@ -77,6 +89,11 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
         .unwrap_or_else(host_sim::built_filter_path);
     let filter = host_sim::Filter::load(&wasm)?;
     let draws = args.draws.max(1);
+    let fleet = Fleet {
+        vms: args.vms,
+        prefix_wait: args.prefix_wait,
+    };
+    let earlier = args.others_from.as_deref().map(Earlier::read).transpose()?;
     let mut members: Vec<(Member, u64)> = (args.first_seed..args.first_seed + args.seeds)
         .flat_map(|seed| (0..draws).map(move |d| (Member::draw(seed), d)))
         .collect();
@@ -92,6 +109,13 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
         policies.len(),
         args.vms
     );
+    if let Some(path) = &args.others_from {
+        eprintln!(
+            "host-sim sweep: the policies other than {} that {} recorded are taken from it",
+            args.default,
+            path.display()
+        );
+    }
     let next = AtomicUsize::new(0);
     let runs: Mutex<BTreeMap<(u64, u64), SeedRun>> = Mutex::new(BTreeMap::new());
     let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
@@ -103,12 +127,18 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
                     if failed() {
                         return;
                     }
-                    match run_seed(
-                        &filter,
-                        (member, *draw),
-                        (args.vms, args.prefix_wait),
-                        &policies,
-                    ) {
+                    let recorded = earlier
+                        .as_ref()
+                        .map_or(Ok(&[][..]), |e| e.outcomes(member, *draw, fleet));
+                    let run = recorded.and_then(|recorded| {
+                        run_seed(
+                            &filter,
+                            (member, *draw),
+                            fleet,
+                            (&policies, &args.default, recorded),
+                        )
+                    });
+                    match run {
                         Ok(run) => {
                             let mut runs = runs.lock().unwrap_or_else(|e| e.into_inner());
                             runs.insert((member.seed, *draw), run);
@@ -133,7 +163,10 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
     }
     let runs = runs.into_inner().unwrap_or_else(|e| e.into_inner());
     if let Some(path) = &args.json_out {
-        let text: String = runs.values().map(|r| json_line(r) + "\n").collect();
+        let text: String = runs
+            .values()
+            .map(|r| lines::json_line(r, fleet) + "\n")
+            .collect();
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     let first: BTreeMap<u64, &SeedRun> = runs
@@ -155,19 +188,30 @@ fn sent_chars(m: &Member) -> usize {
     w.sessions * (0..w.turns).map(per_turn).sum::<usize>()
 }
 
-/// Every policy on one member.
+/// Every policy on one member: replayed, or for a policy other than `default`,
+/// taken from what an earlier run `recorded` of it.
 fn run_seed(
     filter: &host_sim::Filter,
     (member, draw): (&Member, u64),
-    fleet: (usize, bool),
-    policies: &[String],
+    fleet: Fleet,
+    (policies, default, recorded): (&[String], &str, &[Outcome]),
 ) -> Result<SeedRun> {
     let items = parse_workload(&to_jsonl(&generate(&member.workload))?)?;
     let outcomes = policies
         .iter()
         .map(|p| {
-            sweep::run(filter, (member, draw), fleet, &items, p)
-                .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed))
+            let earlier = recorded.iter().find(|o| o.policy == *p && p != default);
+            match earlier {
+                Some(o) => Ok(o.clone()),
+                None => sweep::run(
+                    filter,
+                    (member, draw),
+                    (fleet.vms, fleet.prefix_wait),
+                    &items,
+                    p,
+                )
+                .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed)),
+            }
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(SeedRun {
@@ -352,36 +396,6 @@ fn standing_text(s: &Standing) -> String {
         "cached {:+.3} vs {} (best other), TTFT p99 {:.2}x {} (best other)",
         -s.cached_gap, s.best_cached, s.p99_ratio, s.best_p99
     )
-}
-
-/// One seed as a JSON line.
-fn json_line(run: &SeedRun) -> String {
-    let m = &run.member;
-    let w = &m.workload;
-    let outcomes: Vec<_> = run
-        .outcomes
-        .iter()
-        .map(|o| {
-            json!({"policy": o.policy, "cached": o.cached, "ttft_p50_ms": o.ttft_p50_ms,
-                "ttft_p99_ms": o.ttft_p99_ms, "errors": o.errors, "per_engine": o.per_engine})
-        })
-        .collect();
-    let engines: Vec<_> = m
-        .engines
-        .iter()
-        .map(|e| {
-            json!({"max_running": e.max_running, "prefill_us_per_token": e.prefill_us_per_token,
-                "cache_chars": e.cache_chars})
-        })
-        .collect();
-    json!({
-        "seed": m.seed, "draw": run.draw,
-        "sessions": w.sessions, "turns": w.turns, "system_prompts": w.system_prompts,
-        "system_prompt_chars": w.system_prompt_chars, "user_chars": w.user_chars,
-        "concurrency": m.concurrency, "cache_share": m.cache_share(),
-        "engines": engines, "outcomes": outcomes,
-    })
-    .to_string()
 }
 
 #[cfg(test)]

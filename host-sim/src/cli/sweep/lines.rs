@@ -1,0 +1,281 @@
+//! The sweep's JSON lines, one per seed and draw: the member's parameters, the
+//! fleet it ran on and every policy's outcome. `--json-out` writes them;
+//! `--others-from` reads an earlier run's back, so that a change to the default (a
+//! rebuilt `.wasm`, other settings) is judged against the other policies without
+//! replaying them, which is most of a sweep's time. An earlier line is used only
+//! for the same member, draw and fleet: anything else would judge the default
+//! against another workload.
+
+use super::SeedRun;
+use anyhow::{anyhow, bail, Context as _, Result};
+use host_sim::sweep::Outcome;
+use llm_load::family::Member;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// How the fleet ran, as the lines record it: VMs and whether engines wait for a
+/// prefix still being prefilled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fleet {
+    pub vms: usize,
+    pub prefix_wait: bool,
+}
+
+/// One seed and draw as a JSON line.
+pub(super) fn json_line(run: &SeedRun, fleet: Fleet) -> String {
+    let mut line = params(&run.member, run.draw, fleet);
+    let outcomes: Vec<_> = run
+        .outcomes
+        .iter()
+        .map(|o| {
+            json!({"policy": o.policy, "cached": o.cached, "ttft_p50_ms": o.ttft_p50_ms,
+                "ttft_p99_ms": o.ttft_p99_ms, "errors": o.errors, "per_engine": o.per_engine})
+        })
+        .collect();
+    line.insert("outcomes".into(), outcomes.into());
+    Value::Object(line).to_string()
+}
+
+/// Everything a line records but the outcomes: what an earlier outcome must have
+/// been run on to stand beside a new one.
+fn params(member: &Member, draw: u64, fleet: Fleet) -> Map<String, Value> {
+    let w = &member.workload;
+    let engines: Vec<_> = member
+        .engines
+        .iter()
+        .map(|e| {
+            json!({"max_running": e.max_running, "prefill_us_per_token": e.prefill_us_per_token,
+                "cache_chars": e.cache_chars})
+        })
+        .collect();
+    let line = json!({
+        "seed": member.seed, "draw": draw,
+        "sessions": w.sessions, "turns": w.turns, "system_prompts": w.system_prompts,
+        "system_prompt_chars": w.system_prompt_chars, "user_chars": w.user_chars,
+        "concurrency": member.concurrency, "cache_share": member.cache_share(),
+        "engines": engines, "vms": fleet.vms, "prefix_wait": fleet.prefix_wait,
+    });
+    match line {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+/// An earlier sweep's lines (`--others-from`), by seed and draw.
+pub(super) struct Earlier {
+    path: PathBuf,
+    lines: BTreeMap<(u64, u64), Recorded>,
+}
+
+/// One line: what it was run on (`params`) and its outcomes.
+struct Recorded {
+    params: Map<String, Value>,
+    outcomes: Vec<Outcome>,
+}
+
+impl Earlier {
+    /// Reads `--json-out`'s file; a line that is not one names its number.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut lines = BTreeMap::new();
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let (at, recorded) =
+                parse_line(line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+            lines.insert(at, recorded);
+        }
+        Ok(Earlier {
+            path: path.to_path_buf(),
+            lines,
+        })
+    }
+
+    /// The outcomes recorded for `member`'s `draw`, once the line is checked to
+    /// be of the same member on the same fleet.
+    pub fn outcomes(&self, member: &Member, draw: u64, fleet: Fleet) -> Result<&[Outcome]> {
+        let recorded = self.lines.get(&(member.seed, draw)).ok_or_else(|| {
+            anyhow!(
+                "{} has no line for seed {} draw {draw}: sweep those seeds and draws with --json-out first",
+                self.path.display(),
+                member.seed
+            )
+        })?;
+        // Floats compare exactly: serde_json reads them back as written
+        // (`float_roundtrip`).
+        let expected = params(member, draw, fleet);
+        for (field, value) in &expected {
+            let there = recorded.params.get(field);
+            if there != Some(value) {
+                bail!(
+                    "{} seed {} draw {draw}: `{field}` is {} there but {value} in this sweep \
+                     (written by another family, engine model or fleet): sweep again with --json-out",
+                    self.path.display(),
+                    member.seed,
+                    there.map_or("missing".to_string(), Value::to_string)
+                );
+            }
+        }
+        Ok(&recorded.outcomes)
+    }
+}
+
+/// One line, and its seed and draw.
+fn parse_line(line: &str) -> Result<((u64, u64), Recorded)> {
+    let Value::Object(mut map) = serde_json::from_str::<Value>(line)? else {
+        bail!("not a JSON object");
+    };
+    let outcomes = match map.remove("outcomes") {
+        Some(Value::Array(list)) => list.iter().map(outcome).collect::<Result<Vec<_>>>()?,
+        _ => bail!("no `outcomes` list"),
+    };
+    let number = |field: &str| {
+        map.get(field)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| anyhow!("no `{field}` number"))
+    };
+    let at = (number("seed")?, number("draw")?);
+    Ok((
+        at,
+        Recorded {
+            params: map,
+            outcomes,
+        },
+    ))
+}
+
+fn outcome(v: &Value) -> Result<Outcome> {
+    let number = |field: &str| {
+        v.get(field)
+            .and_then(Value::as_f64)
+            .ok_or_else(|| anyhow!("an outcome without a `{field}` number"))
+    };
+    let per_engine = v
+        .get("per_engine")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("an outcome without `per_engine`"))?
+        .iter()
+        .map(|n| {
+            n.as_u64()
+                .ok_or_else(|| anyhow!("`per_engine` holds a non-count"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Outcome {
+        policy: v
+            .get("policy")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("an outcome without a `policy`"))?
+            .to_string(),
+        cached: number("cached")?,
+        ttft_p50_ms: number("ttft_p50_ms")?,
+        ttft_p99_ms: number("ttft_p99_ms")?,
+        errors: v
+            .get("errors")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| anyhow!("an outcome without an `errors` count"))?
+            as usize,
+        per_engine,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLEET: Fleet = Fleet {
+        vms: 1,
+        prefix_wait: true,
+    };
+
+    fn run(seed: u64, draw: u64) -> SeedRun {
+        let outcome = |policy: &str, cached: f64| Outcome {
+            policy: policy.to_string(),
+            cached,
+            ttft_p50_ms: 10.5,
+            ttft_p99_ms: 20.25,
+            errors: 0,
+            per_engine: vec![3, 4],
+        };
+        SeedRun {
+            member: Member::draw(seed),
+            draw,
+            outcomes: vec![outcome("predicted_ttft", 0.5), outcome("cache_aware", 0.75)],
+        }
+    }
+
+    fn earlier(text: &str) -> Result<Earlier> {
+        let path = std::env::temp_dir().join(format!(
+            "host-sim-lines-{}-{}.jsonl",
+            std::process::id(),
+            text.len()
+        ));
+        std::fs::write(&path, text)?;
+        let read = Earlier::read(&path);
+        let _ = std::fs::remove_file(&path);
+        read
+    }
+
+    #[test]
+    fn a_line_reads_back_as_the_outcomes_it_recorded() {
+        let (a, b) = (run(3, 0), run(3, 1));
+        let text = format!("{}\n{}\n", json_line(&a, FLEET), json_line(&b, FLEET));
+        let read = earlier(&text).unwrap();
+        assert_eq!(read.outcomes(&a.member, 0, FLEET).unwrap(), &a.outcomes[..]);
+        assert_eq!(read.outcomes(&b.member, 1, FLEET).unwrap(), &b.outcomes[..]);
+        let missing = read.outcomes(&Member::draw(4), 0, FLEET).unwrap_err();
+        assert!(
+            missing.to_string().contains("no line for seed 4 draw 0"),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn a_line_of_another_member_or_fleet_is_refused_by_the_field_that_differs() {
+        let a = run(5, 0);
+        let read = earlier(&json_line(&a, FLEET)).unwrap();
+        let four = Fleet { vms: 4, ..FLEET };
+        let e = read.outcomes(&a.member, 0, four).unwrap_err().to_string();
+        assert!(e.contains("`vms` is 1 there but 4"), "{e}");
+        let credited = Fleet {
+            prefix_wait: false,
+            ..FLEET
+        };
+        let e = read
+            .outcomes(&a.member, 0, credited)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`prefix_wait` is true there but false"), "{e}");
+        // The same seed from another family (here: more sessions).
+        let mut other = a.member.clone();
+        other.workload.sessions += 1;
+        let e = read.outcomes(&other, 0, FLEET).unwrap_err().to_string();
+        assert!(e.contains("`sessions`"), "{e}");
+        // A line written before the fleet was recorded.
+        let old = json_line(&a, FLEET).replace(r#","prefix_wait":true"#, "");
+        let e = earlier(&old)
+            .unwrap()
+            .outcomes(&a.member, 0, FLEET)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`prefix_wait` is missing there"), "{e}");
+    }
+
+    #[test]
+    fn a_line_that_is_not_one_names_its_number() {
+        let good = json_line(&run(1, 0), FLEET);
+        let e = earlier(&format!("{good}\n{{\"seed\":2}}\n"))
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(e.contains("line 2") && e.contains("outcomes"), "{e}");
+        let e = earlier("not json\n")
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(e.contains("line 1"), "{e}");
+    }
+}
