@@ -207,12 +207,13 @@ mod tests {
         }
     }
 
+    /// `text` read back from a file of its own: tests run in parallel, and a
+    /// name by the text's length could be two tests' at once.
     fn earlier(text: &str) -> Result<Earlier> {
-        let path = std::env::temp_dir().join(format!(
-            "host-sim-lines-{}-{}.jsonl",
-            std::process::id(),
-            text.len()
-        ));
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("host-sim-lines-{}-{n}.jsonl", std::process::id()));
         std::fs::write(&path, text)?;
         let read = Earlier::read(&path);
         let _ = std::fs::remove_file(&path);

@@ -64,8 +64,8 @@ pub(crate) struct SweepArgs {
     /// An earlier sweep's `--json-out` of the same seeds and draws on the same
     /// fleet (`--vms`, `--no-prefix-wait`): every policy but `--default` that it
     /// recorded is taken from it instead of replayed, so a change to the default
-    /// (`--wasm`, its settings) is judged against the others in a fifth of the
-    /// time. A line of another member or fleet is refused.
+    /// (`--wasm`, its settings) is judged against the others in under a third of
+    /// the time. A line of another member or fleet is refused.
     #[arg(long)]
     others_from: Option<PathBuf>,
 }
