@@ -765,7 +765,15 @@ mod tests {
         let e = with(r#","policy":"round_robin","kv_match":{"cluster":"c"}"#).unwrap_err();
         assert_eq!(
             (e.field.as_str(), e.rule.as_str()),
-            ("kv_match", "requires `policy: cache_aware`")
+            (
+                "kv_match",
+                "requires `policy: predicted_ttft` (the default) or `cache_aware`"
+            )
+        );
+        let c = with(r#","kv_match":{"cluster":"c"}"#).unwrap();
+        assert!(
+            c.kv_match.is_some(),
+            "the default policy reads the engines too"
         );
     }
 

@@ -47,10 +47,21 @@ impl Config {
                         "saturation_queue_floor",
                         self.saturation_queue_floor.is_some(),
                     ),
-                    ("kv_match", self.kv_match.is_some()),
                 ],
             ),
         ];
+        // The engines' word feeds the two policies that read a tree.
+        if self.kv_match.is_some()
+            && !self.routes_by(Policy::PredictedTtft)
+            && !self.routes_by(Policy::CacheAware)
+        {
+            let rule = if self.is_pd() {
+                "requires `prefill_policy` or `decode_policy` to be `predicted_ttft` or `cache_aware`"
+            } else {
+                "requires `policy: predicted_ttft` (the default) or `cache_aware`"
+            };
+            return Err(err("kv_match", rule));
+        }
         for (policy, fields) in knobs {
             if self.routes_by(policy) {
                 continue;

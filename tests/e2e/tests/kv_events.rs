@@ -42,14 +42,15 @@ fn all_whole(m: &Value) -> bool {
 }
 
 /// Sends `body` to `path` on `addr` and checks it was answered by `engine` as a
-/// cache hit (`what` names the request in a failure); the response.
+/// cache hit, whatever the policy's reason (`what` names the request in a
+/// failure); the response.
 fn hit_on(addr: SocketAddr, path: &str, body: &Value, engine: &str, what: &str) -> Response {
     let r = post(addr, path, body);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(
         (
             header(&r, "x-engine-worker"),
-            header(&r, "x-llm-router-reason")
+            header(&r, "x-llm-router-decision")
         ),
         (engine.to_string(), "cache_hit".to_string()),
         "{what}"
@@ -194,12 +195,22 @@ fn the_collector_answers_which_engine_holds_a_prompt() {
 /// still routed, by the tree, and the filter counts them unanswered.
 #[test]
 fn the_filter_follows_the_engine_that_holds_a_prompt() {
+    follows_the_engine_that_holds_a_prompt("cache_aware");
+}
+
+/// The same under the default policy, whose predictions price what the engines hold.
+#[test]
+fn the_default_policy_follows_the_engine_that_holds_a_prompt() {
+    follows_the_engine_that_holds_a_prompt("predicted_ttft");
+}
+
+fn follows_the_engine_that_holds_a_prompt(policy: &str) {
     let mut f = start(&FleetSpec {
         workers: 3,
         collector_interval_ms: Some(100),
         kv_events: true,
         // A collector on a loaded machine may take longer than the default 25 ms.
-        plugin_config: json!({"policy": "cache_aware", "kv_match": {"timeout_ms": 2000}}),
+        plugin_config: json!({"policy": policy, "kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     });
     let path = "/v1/chat/completions";
@@ -267,12 +278,22 @@ fn the_filter_follows_the_engine_that_holds_a_prompt() {
 /// went, because the engines' KV events say where its prefix is.
 #[test]
 fn replicas_without_a_bus_agree_through_the_engines() {
+    replicas_agree_through_the_engines("cache_aware");
+}
+
+/// The same under the default policy.
+#[test]
+fn replicas_without_a_bus_agree_through_the_engines_under_the_default_policy() {
+    replicas_agree_through_the_engines("predicted_ttft");
+}
+
+fn replicas_agree_through_the_engines(policy: &str) {
     let spec = FleetSpec {
         workers: 4,
         collector_interval_ms: Some(100),
         kv_events: true,
         // A collector on a loaded machine may take longer than the default 25 ms.
-        plugin_config: json!({"policy": "cache_aware", "kv_match": {"timeout_ms": 2000}}),
+        plugin_config: json!({"policy": policy, "kv_match": {"timeout_ms": 2000}}),
         ..FleetSpec::default()
     };
     let r = llm_demo::replicas::Replicas::start(&spec, 2, false)

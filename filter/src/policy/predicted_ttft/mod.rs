@@ -147,10 +147,15 @@ impl Select for PredictedTtft {
         let Some(text) = ask.text else {
             return Chosen::only(unreadable(ask.candidates, rng));
         };
+        // The engines' word where it covers every candidate: an engine the
+        // collector cannot vouch for would look cold beside the others.
+        let engines = ask
+            .engines
+            .filter(|e| ask.candidates.iter().all(|c| e.held_by(c.worker).is_some()));
         let r = route::route(
             (ask.tree, text),
             (ask.candidates, ask.flagged, ask.position, ask.inflight),
-            (ask.loads, params, ask.kv),
+            (ask.loads, params, ask.kv, engines),
             &mut self.scratch,
             rng,
         );
@@ -162,7 +167,11 @@ impl Select for PredictedTtft {
             }),
             walked: r.walked,
             owner_overloaded: r.owner_filtered,
-            engines: super::EnginesUse::None,
+            engines: match (ask.engines, engines) {
+                (None, _) => super::EnginesUse::None,
+                (Some(_), None) => super::EnginesUse::Partial,
+                (Some(_), Some(_)) => super::EnginesUse::Ranked,
+            },
         }
     }
 }

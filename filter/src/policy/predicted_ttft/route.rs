@@ -10,7 +10,7 @@ use super::room::{avoidable_eviction, mean_capacity, weighed_conversations};
 use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
 use crate::load::{Candidate, Loads};
-use crate::policy::KvRoom;
+use crate::policy::{Engines, KvRoom};
 use crate::rng::Rng;
 use crate::tree::{Leaves, TenantId, TenantMatches, Tree, Walked, NO_LEAVES};
 
@@ -24,6 +24,19 @@ pub struct Scratch {
     holders: Vec<u64>,
     /// Each engine's running slots as learned from its samples, by worker index.
     slots: Vec<Slots>,
+    /// The chars of the text each engine's cache holds, by worker index, where
+    /// the engines' answer (`kv_match`) covers every candidate.
+    engine_chars: Vec<u64>,
+}
+
+/// What the engines' caches hold of the text where their answer covers every
+/// candidate (`kv_match`), as each candidate is priced.
+#[derive(Clone, Copy)]
+struct Stored<'a> {
+    /// Chars of the text by worker index.
+    chars: &'a [u64],
+    /// The most any candidate holds.
+    longest: u64,
 }
 
 /// A decision, and what its record needs.
@@ -43,12 +56,21 @@ pub struct TtftRouted {
 
 /// Decides for `text` among `candidates` (the pool's, holding `inflight` requests
 /// in all, at `position` by worker index) by `tree`, the model's if it has one
-/// yet, and the engines' caches where the trees are bounded by them (`kv`),
-/// filling `scratch`.
+/// yet, the engines' caches where the trees are bounded by them (`kv`), and what
+/// the engines hold of the text where their answer covers every candidate
+/// (`engines`, `kv_match`), filling `scratch`.
+///
+/// The engines' answer replaces the tree's match in each candidate's prediction:
+/// the tree records where text was sent, the engines what they still hold. A tree
+/// that forgot a conversation its engine kept sent it to an engine that prefilled
+/// it again, and taught that engine a prefill cost per char several times too low
+/// (its first byte came at the cached speed, over chars the tree called uncached).
+/// The tree still says which worker a conversation continues on, and a sampled
+/// fleet is drawn by it.
 pub fn route(
     (tree, text): (Option<&Tree>, &str),
     (candidates, flagged, position, inflight): (&[Candidate], &[TenantId], &[Option<u32>], u64),
-    (loads, params, kv): (&Loads, &TtftParams, Option<KvRoom>),
+    (loads, params, kv, engines): (&Loads, &TtftParams, Option<KvRoom>, Option<Engines>),
     scratch: &mut Scratch,
     rng: &mut dyn Rng,
 ) -> TtftRouted {
@@ -91,10 +113,22 @@ pub fn route(
             s.observe(q.waiting, q.running);
         }
     }
+    let stored = engines.map(|e| {
+        let longest = stored_chars(
+            e,
+            (candidates, loads),
+            (held, leaves, input_chars),
+            &mut scratch.engine_chars,
+        );
+        Stored {
+            chars: scratch.engine_chars.as_slice(),
+            longest,
+        }
+    });
     let slots = &scratch.slots;
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
-    let seen = (loads, held, leaves);
+    let seen = (loads, held, leaves, stored);
     let room = kv.map(|kv| {
         let mean = mean_capacity(candidates.iter().map(|c| c.worker), kv.capacities);
         (kv, mean)
@@ -113,9 +147,10 @@ pub fn route(
     }
     let decision = ladder.decide(rng);
     scratch.scored = ladder.into_list();
-    let held_chars = decision
-        .as_ref()
-        .map_or(0, |d| held.depth(d.worker, leaves.get(d.worker)));
+    let held_chars = decision.as_ref().map_or(0, |d| match stored {
+        Some(_) => d.matched_chars,
+        None => held.depth(d.worker, leaves.get(d.worker)),
+    });
     let missed = decision
         .as_ref()
         .is_some_and(|d| d.label() == Label::CacheMiss);
@@ -126,6 +161,41 @@ pub fn route(
         walked: tree.map(|_| held.walked),
         owner_filtered: missed && held_more(held, leaves, flagged, (held_chars, input)),
     }
+}
+
+/// What each candidate's engine holds of the text (`input_chars`), by the engines'
+/// answer, into `out` by worker index; the most any holds. An engine stores what
+/// it computed: while a worker has a prefill in flight and its tree (`held`,
+/// `leaves`) holds more of the text than its engine has stored, the tree's count
+/// stands, as the next request finds that prefill done there.
+fn stored_chars(
+    engines: Engines,
+    (candidates, loads): (&[Candidate], &Loads),
+    (held, leaves, input_chars): (&TenantMatches, &Leaves, usize),
+    out: &mut Vec<u64>,
+) -> u64 {
+    out.clear();
+    let mut longest = 0;
+    for c in candidates {
+        let i = c.worker as usize;
+        if out.len() <= i {
+            out.resize(i + 1, 0);
+        }
+        let stored = engines
+            .answer
+            .chars_of(engines.held_by(c.worker).unwrap_or(0), input_chars) as u64;
+        let sent = held.depth(c.worker, leaves.get(c.worker)) as u64;
+        let chars = if sent > stored && loads.work.get(i).prefilling > 0 {
+            sent
+        } else {
+            stored
+        };
+        if let Some(slot) = out.get_mut(i) {
+            *slot = chars;
+        }
+        longest = longest.max(chars);
+    }
+    longest
 }
 
 /// Whether one of `flagged` holds more of a text of `input` chars than the
@@ -144,8 +214,8 @@ fn held_more(
     })
 }
 
-/// Candidate `c` as the ladder compares it, from the loads, its share of the text,
-/// its conversations (leaves by worker), its costs as recalled `at` now and, where
+/// Candidate `c` as the ladder compares it, from the loads, its share of the text
+/// (the engines' word where they gave it, `stored`), its conversations (leaves by worker), its costs as recalled `at` now and, where
 /// the trees are bounded by the engines' caches, its engine's room (`kv` and the
 /// candidates' mean capacity): its conversations weighed by it
 /// (`weighed_conversations`), and what its placement would evict
@@ -155,20 +225,23 @@ fn held_more(
 #[inline(always)]
 fn scored_candidate(
     c: &Candidate,
-    (loads, held, leaves): (&Loads, &TenantMatches, &Leaves),
+    (loads, held, leaves, stored): (&Loads, &TenantMatches, &Leaves, Option<Stored>),
     (slots, room): (&[Slots], Option<(KvRoom, Option<f64>)>),
     ((params, at), input): ((&TtftParams, Recall), u64),
 ) -> Scored {
     let i = c.worker as usize;
     let conversations = leaves.get(c.worker) as u64;
     let mut t = ttft_candidate(loads, c, (held, conversations), at);
+    if let Some(stored) = stored {
+        t.cached_chars = stored.chars.get(i).copied().unwrap_or(0);
+    }
     t.slots = slots.get(i).map_or(1, |s| s.count());
     if let Some((kv, mean)) = room {
         let capacity = kv.capacities.get(i).copied().unwrap_or(0);
         t.conversations = weighed_conversations(conversations, capacity, mean);
         let bound = kv.bound_chars.get(i).copied().unwrap_or(0);
         if bound > 0 {
-            let longest = held.longest() as u64;
+            let longest = stored.map_or(held.longest() as u64, |stored| stored.longest);
             t.evicts_chars = avoidable_eviction(
                 (kv.held_chars)(c.worker),
                 bound,
@@ -222,6 +295,7 @@ mod tests {
     use super::super::predict::testing::P;
     use super::*;
     use crate::load::{EngineSample, LoadTable, Report, WorkerCosts, WorkerWork};
+    use crate::decision::Reason;
     use crate::rng::SplitMix64;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -317,7 +391,7 @@ mod tests {
             let r = route(
                 (Some(&tree), &question),
                 (&candidates, &[], &[Some(0), Some(1)], 1),
-                (&loads, &P, Some(kv)),
+                (&loads, &P, Some(kv), None),
                 &mut Scratch::default(),
                 &mut SplitMix64(1),
             );
@@ -326,6 +400,65 @@ mod tests {
         assert_eq!(decide(&[100_000, 100_000]), Some(1), "room: the sooner");
         assert_eq!(decide(&[100_000, 2500]), Some(0), "w1 full: the holder");
         assert_eq!(decide(&[100_000, 0]), Some(1), "w1's bound not known");
+    }
+
+    #[test]
+    fn the_engines_word_prices_each_candidate_but_what_is_still_being_prefilled() {
+        // The tree sent a 2000-char document to w0; the engines' answer says
+        // neither engine holds a block of the question about it (100 chars a block).
+        let doc = "d".repeat(2000);
+        let mut tree = Tree::new();
+        tree.insert(&format!("{doc}first question"), 0, 1);
+        let question = format!("{doc}{}", "q".repeat(100));
+        let answer = crate::kv_match::EngineHeld {
+            tokens: 21,
+            block_tokens: 1,
+            engines: vec![("w0".into(), Some(0)), ("w1".into(), Some(0))],
+        };
+        let decide = |work: WorkerWork, held: [Option<u32>; 2]| {
+            let loads = Loads {
+                work: vec![work, WorkerWork::default()].into(),
+                ..Loads::inflight_only(&[work.prefilling, 0])
+            };
+            let candidates = [0, 1].map(|worker| Candidate {
+                worker,
+                inflight: loads.fleet_inflight(worker as usize),
+                engine: None,
+            });
+            let engines = Engines {
+                answer: &answer,
+                held: &held,
+            };
+            let r = route(
+                (Some(&tree), &question),
+                (&candidates, &[], &[Some(0), Some(1)], work.prefilling),
+                (&loads, &P, None, Some(engines)),
+                &mut Scratch::default(),
+                &mut SplitMix64(1),
+            );
+            r.decision.map(|d| (d.worker, d.reason, d.matched_chars))
+        };
+        // Nothing in flight on w0: the engine evicted what the tree recorded.
+        let idle = WorkerWork::default();
+        assert_eq!(
+            decide(idle, [Some(0), Some(0)]).map(|(_, reason, held)| (reason, held)),
+            Some((Reason::TtftCold, 0))
+        );
+        // w0 is still prefilling what it was sent (500 chars to go): the engine
+        // has not stored it yet, and the request would find it there.
+        let prefilling = WorkerWork {
+            prefilling: 1,
+            ahead_chars: 500,
+        };
+        assert_eq!(
+            decide(prefilling, [Some(0), Some(0)]),
+            Some((0, Reason::TtftCache, 2000))
+        );
+        // The engines hold more than the tree knows of: their word.
+        assert_eq!(
+            decide(idle, [Some(0), Some(21)]),
+            Some((1, Reason::TtftCache, 2100))
+        );
     }
 
     #[test]

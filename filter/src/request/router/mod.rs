@@ -1446,6 +1446,42 @@ mod tests {
     }
 
     #[test]
+    fn predicted_ttft_prices_what_the_engines_hold_over_what_the_tree_recorded() {
+        let mut r = router(r#","policy":"predicted_ttft""#, 3);
+        let mut rng = SplitMix64(2);
+        let conv = chat(&["a system prompt", "the first question"]);
+        let recorded = go(&mut r, &conv, &[0; 3], &mut rng).unwrap().worker;
+        let holder = (recorded + 1) % 3;
+        let chars = crate::tree::char_len(&conv_text(&conv));
+        // The engine the tree names evicted the conversation, another holds all
+        // four blocks of it: the holder is predicted sooner.
+        let held = held_by(|w| Some(if w == holder { 4 } else { 0 }));
+        let routed = route_held(&mut r, &conv, &held, &[0; 3], &mut rng);
+        assert_eq!(
+            (routed.decision.worker, routed.decision.reason),
+            (holder, Reason::TtftCache)
+        );
+        assert_eq!(routed.engines, EnginesUse::Ranked);
+        assert_eq!(routed.decision.matched_chars, chars);
+        assert_eq!(routed.record.map(|rec| rec.held_chars), Some(chars as u64));
+        // The engines bear the tree out: its worker.
+        let held = held_by(|w| Some(if w == recorded { 4 } else { 0 }));
+        let routed = route_held(&mut r, &conv, &held, &[0; 3], &mut rng);
+        assert_eq!(routed.decision.worker, recorded);
+        // An answer that leaves a candidate out: the tree's record stands.
+        let held = held_by(|w| {
+            if w == recorded {
+                None
+            } else {
+                Some(u32::from(w == holder) * 4)
+            }
+        });
+        let routed = route_held(&mut r, &conv, &held, &[0; 3], &mut rng);
+        assert_eq!(routed.decision.worker, recorded);
+        assert_eq!(routed.engines, EnginesUse::Partial);
+    }
+
+    #[test]
     fn an_imbalanced_fleet_goes_least_loaded_whatever_the_engines_hold() {
         let mut r = router("", 2);
         let conv = chat(&["a system prompt", "the first question"]);
