@@ -692,6 +692,22 @@ mod tests {
         let e = pd(port, r#","worker_queue_limit":4"#).unwrap_err();
         assert_eq!(e.field, "worker_queue_limit");
         assert!(e.rule.contains("prefill_policy"), "{e}");
+        // The engines' word needs a pool that reads a tree: the default prefill
+        // pool does.
+        let kv = r#","kv_match":{"cluster":"c"}"#;
+        assert!(pd(port, kv).is_ok());
+        let e = pd(
+            port,
+            &format!(r#","prefill_policy":"random","decode_policy":"round_robin"{kv}"#),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.rule.as_str()),
+            (
+                "kv_match",
+                "requires `prefill_policy` or `decode_policy` to be `predicted_ttft` or `cache_aware`"
+            )
+        );
     }
 
     #[test]
