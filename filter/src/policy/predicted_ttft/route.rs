@@ -63,8 +63,9 @@ pub struct TtftRouted {
 /// The engines' answer replaces the tree's match in each candidate's prediction:
 /// the tree records where text was sent, the engines what they still hold. A tree
 /// that forgot a conversation its engine kept sent it to an engine that prefilled
-/// it again, and taught that engine a prefill cost per char several times too low
-/// (its first byte came at the cached speed, over chars the tree called uncached).
+/// it again, and taught the engine that kept it a prefill cost per char too low
+/// (its first byte came at the cached speed, over chars the tree called uncached:
+/// about half the true cost on the sweep's member 7).
 /// The tree still says which worker a conversation continues on, and a sampled
 /// fleet is drawn by it.
 pub fn route(
@@ -215,7 +216,8 @@ fn held_more(
 }
 
 /// Candidate `c` as the ladder compares it, from the loads, its share of the text
-/// (the engines' word where they gave it, `stored`), its conversations (leaves by worker), its costs as recalled `at` now and, where
+/// (the engines' word where they gave it, `stored`), its conversations (leaves by
+/// worker), its costs as recalled `at` now and, where
 /// the trees are bounded by the engines' caches, its engine's room (`kv` and the
 /// candidates' mean capacity): its conversations weighed by it
 /// (`weighed_conversations`), and what its placement would evict
