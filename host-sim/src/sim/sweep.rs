@@ -197,6 +197,18 @@ impl Standing {
     }
 }
 
+/// The policies among `outcomes` that are near the best of the others, each judged
+/// as the default would be. None where the highest cached ratio and the lowest p99
+/// belong to different policies and no policy comes within the bar of both: a seed
+/// no policy that ran can meet the bar on.
+pub fn near_policies<'a>(outcomes: &'a [Outcome], bar: &Bar) -> Vec<&'a str> {
+    outcomes
+        .iter()
+        .filter(|o| Standing::of(&o.policy, outcomes).is_some_and(|s| s.near(bar)))
+        .map(|o| o.policy.as_str())
+        .collect()
+}
+
 /// The bar's verdict over a sweep.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
@@ -285,6 +297,22 @@ mod tests {
             None,
             "no others"
         );
+    }
+
+    #[test]
+    fn a_seed_where_one_policy_caches_best_and_another_has_the_lowest_tail_has_nobody_near() {
+        let bar = ISSUE_53_BAR;
+        let trade = [
+            outcome("cache_aware", 0.90, 200.0),
+            outcome("round_robin", 0.70, 100.0),
+        ];
+        assert!(near_policies(&trade, &bar).is_empty());
+        let dominated = [
+            outcome("cache_aware", 0.90, 200.0),
+            outcome("predicted_ttft", 0.897, 104.0),
+            outcome("round_robin", 0.70, 100.0),
+        ];
+        assert_eq!(near_policies(&dominated, &bar), ["predicted_ttft"]);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 mod lines;
 
 use anyhow::{Context as _, Result};
-use host_sim::sweep::{self, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES};
+use host_sim::sweep::{self, near_policies, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES};
 use lines::{Earlier, Fleet};
 use llm_load::family::{Member, KINDS};
 use llm_load::generate::{generate, to_jsonl};
@@ -291,6 +291,26 @@ fn report(runs: &BTreeMap<u64, &SeedRun>, default: &str) -> String {
     };
     out += &format!("best cached ratio, seeds: {}\n", counts(&best_cached));
     out += &format!("best TTFT p99, seeds:     {}\n", counts(&best_p99));
+    let mut near_as_default: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut nobody = Vec::new();
+    for (seed, run) in runs {
+        let near = near_policies(&run.outcomes, &bar);
+        if near.is_empty() {
+            nobody.push(*seed);
+        }
+        for p in near {
+            *near_as_default.entry(p).or_default() += 1;
+        }
+    }
+    out += &format!(
+        "near the best of the others, seeds (each judged as the default): {}\n",
+        counts(&near_as_default)
+    );
+    out += &format!(
+        "  no policy near on {} seeds: {}\n",
+        nobody.len(),
+        seeds(&nobody)
+    );
     out += &format!("{default} near the best other, by kind (a seed is of several):\n");
     for kind in KINDS {
         let of_kind: Vec<&(u64, Standing)> = standings
@@ -424,6 +444,24 @@ mod tests {
                 outcomes,
             },
         )
+    }
+
+    #[test]
+    fn the_summary_counts_each_policy_near_as_the_default_and_the_seeds_nobody_is() {
+        // Seed 1: alike, both near. Seed 2: the default 0.01 behind, cache_aware
+        // near. Seed 3: the default caches more at twice the tail: nobody near.
+        let (_, one) = run(1, 0, 0.80);
+        let (_, two) = run(2, 0, 0.79);
+        let (_, mut three) = run(3, 0, 0.90);
+        three.outcomes[0].ttft_p99_ms = 40.0;
+        let runs: BTreeMap<u64, &SeedRun> = [(1, &one), (2, &two), (3, &three)].into();
+        let out = report(&runs, "predicted_ttft");
+        assert!(
+            out.contains(
+                "near the best of the others, seeds (each judged as the default): cache_aware 2, predicted_ttft 1\n  no policy near on 1 seeds: 3\n"
+            ),
+            "{out}"
+        );
     }
 
     #[test]
