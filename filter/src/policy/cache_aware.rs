@@ -83,11 +83,7 @@ impl Select for CacheAware {
             return Chosen::only(unreadable(ask.candidates, rng));
         };
         let tree = ask.tree;
-        // The engines' word where it covers every candidate: one engine the
-        // collector cannot vouch for would be a miss that is not one.
-        let engines = ask
-            .engines
-            .filter(|e| ask.candidates.iter().all(|c| e.held_by(c.worker).is_some()));
+        let engines = ask.engines_for_all();
         let candidates = ask.candidates;
         let threshold = params.cache_threshold;
         // Drawn only where the engines answered or the bound keeps starts: the tree

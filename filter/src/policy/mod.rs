@@ -64,6 +64,19 @@ pub struct Ask<'a> {
     pub engines: Option<Engines<'a>>,
 }
 
+impl<'a> Ask<'a> {
+    /// The engines' answer where it covers every candidate (each one's index
+    /// whole): an engine the collector cannot vouch for would read as holding
+    /// nothing beside the others, a miss that is not one.
+    pub fn engines_for_all(&self) -> Option<Engines<'a>> {
+        self.engines.filter(|e| {
+            self.candidates
+                .iter()
+                .all(|c| e.held_by(c.worker).is_some())
+        })
+    }
+}
+
 /// What the engines' KV caches can hold and what the pool's trees say they hold,
 /// by worker index: `predicted_ttft` weighs conversations by the one and prices the
 /// evictions a placement causes by both.

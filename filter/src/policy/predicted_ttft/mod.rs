@@ -147,11 +147,7 @@ impl Select for PredictedTtft {
         let Some(text) = ask.text else {
             return Chosen::only(unreadable(ask.candidates, rng));
         };
-        // The engines' word where it covers every candidate: an engine the
-        // collector cannot vouch for would look cold beside the others.
-        let engines = ask
-            .engines
-            .filter(|e| ask.candidates.iter().all(|c| e.held_by(c.worker).is_some()));
+        let engines = ask.engines_for_all();
         let r = route::route(
             (ask.tree, text),
             (ask.candidates, ask.flagged, ask.position, ask.inflight),

@@ -148,10 +148,8 @@ pub fn route(
     }
     let decision = ladder.decide(rng);
     scratch.scored = ladder.into_list();
-    let held_chars = decision.as_ref().map_or(0, |d| match stored {
-        Some(_) => d.matched_chars,
-        None => held.depth(d.worker, leaves.get(d.worker)),
-    });
+    // What the winner was priced as holding: the engines' word or the tree's.
+    let held_chars = decision.as_ref().map_or(0, |d| d.matched_chars);
     let missed = decision
         .as_ref()
         .is_some_and(|d| d.label() == Label::CacheMiss);
