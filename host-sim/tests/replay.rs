@@ -8,6 +8,7 @@ mod support;
 
 use engine_model::engine::EngineSpec;
 use host_sim::replay::Replay;
+use host_sim::sweep::{Decode, Fleet};
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
 use llm_load::workload::{parse_workload, WorkItem};
 use serde_json::json;
@@ -36,6 +37,19 @@ fn replay(vms: usize, concurrency: usize) -> Replay {
         collector_interval_ms: Some(200),
     }
 }
+
+/// One VM, engines that count a prefix still being prefilled as computed.
+const CREDITED: Fleet = Fleet {
+    vms: 1,
+    prefix_wait: false,
+    decode: Decode::INSTANT,
+};
+
+/// One VM, engines that hold a request back until its prefix is prefilled.
+const WAITED: Fleet = Fleet {
+    prefix_wait: true,
+    ..CREDITED
+};
 
 fn decisions(run: &host_sim::replay::ReplayRun, label: &str) -> u64 {
     run.host
@@ -184,7 +198,7 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
     let outcomes: Vec<_> = POLICIES
         .iter()
-        .map(|p| sweep::run(&filter(), (&member, 0), (1, false), &items, p).unwrap())
+        .map(|p| sweep::run(&filter(), (&member, 0), CREDITED, &items, p).unwrap())
         .collect();
     for o in &outcomes {
         assert_eq!(o.errors, 0, "{}", o.policy);
@@ -203,14 +217,7 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
         "round robin uses every engine: {:?}",
         of("round_robin")
     );
-    let again = sweep::run(
-        &filter(),
-        (&member, 0),
-        (1, false),
-        &items,
-        "predicted_ttft",
-    )
-    .unwrap();
+    let again = sweep::run(&filter(), (&member, 0), CREDITED, &items, "predicted_ttft").unwrap();
     assert_eq!(
         &again,
         of("predicted_ttft"),
@@ -218,16 +225,16 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     );
     // Another draw: the same workload and fleet, the requests of an instant in
     // another order and other near-ties; each draw repeats itself.
-    let draw = |p: &str| sweep::run(&filter(), (&member, 1), (1, false), &items, p).unwrap();
+    let draw = |p: &str| sweep::run(&filter(), (&member, 1), CREDITED, &items, p).unwrap();
     assert_eq!(draw("random"), draw("random"), "a draw repeats");
     assert_ne!(&draw("random"), of("random"), "another draw, other picks");
     let variant = "predicted_ttft+load_factor=1.5";
-    let tuned = sweep::run(&filter(), (&member, 0), (1, false), &items, variant).unwrap();
+    let tuned = sweep::run(&filter(), (&member, 0), CREDITED, &items, variant).unwrap();
     assert_eq!(tuned.policy, variant, "a variant is reported by its name");
     let refused = sweep::run(
         &filter(),
         (&member, 0),
-        (1, false),
+        CREDITED,
         &items,
         "cache_aware+load_factor=1.5",
     );
@@ -318,7 +325,7 @@ fn cli_replay_of_a_family_member_is_the_sweeps_run_of_it() {
     let seed = 6; // 24 one-turn conversations: small
     let member = Member::draw(seed);
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
-    let swept = sweep::run(&filter(), (&member, 0), (1, false), &items, "cache_aware").unwrap();
+    let swept = sweep::run(&filter(), (&member, 0), CREDITED, &items, "cache_aware").unwrap();
     let dir = std::env::temp_dir().join(format!("host-sim-family-{}", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_host-sim"))
         .args(["replay", "--baseline", "none", "--policy", "cache_aware"])
@@ -400,8 +407,8 @@ fn piled_requests_wait_for_the_prefill_of_their_prompt_with_prefix_wait() {
     use llm_load::family::Member;
     let member = Member::draw(124);
     let items = parse_workload(&to_jsonl(&generate(&member.workload)).unwrap()).unwrap();
-    let credited = sweep::run(&filter(), (&member, 0), (1, false), &items, "cache_aware").unwrap();
-    let waited = sweep::run(&filter(), (&member, 0), (1, true), &items, "cache_aware").unwrap();
+    let credited = sweep::run(&filter(), (&member, 0), CREDITED, &items, "cache_aware").unwrap();
+    let waited = sweep::run(&filter(), (&member, 0), WAITED, &items, "cache_aware").unwrap();
     assert_eq!(waited.per_engine, credited.per_engine, "the same placement");
     assert!(
         waited.ttft_p99_ms > 4.0 * credited.ttft_p99_ms,
@@ -476,4 +483,42 @@ fn cli_sweep_takes_the_others_from_an_earlier_run_and_replays_the_default() {
     let stderr = String::from_utf8_lossy(&four.stderr);
     assert!(stderr.contains("`vms` is 1 there but 2"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Engines that decode stream their answers: the first bytes reach the filter at
+/// the first token and the rest at the last, so `predicted_ttft` learns the prefill
+/// from the first byte and the decode as the service after it. Were the whole
+/// answer to come at its end, every decode would be learned as prefill and each
+/// prediction would be near the whole request's time.
+#[test]
+fn a_streamed_answer_reaches_the_filter_at_its_first_token() {
+    let cfg = GenerateConfig {
+        stream_fraction: 1.0,
+        ..GenerateConfig::default()
+    };
+    let items = parse_workload(&to_jsonl(&generate(&cfg)).unwrap()).unwrap();
+    let sim = replay(1, 2).decode(Decode {
+        ms_per_token: 50.0,
+        output_tokens: 8,
+    });
+    let run = sim
+        .run(&filter(), &json!({"policy": "predicted_ttft"}), &items)
+        .unwrap();
+    assert_eq!(run.summary.errors, 0, "{:?}", run.summary.error_reasons);
+    // Past the first requests, once each engine has taught its costs.
+    let later = &run.records[run.records.len() / 2..];
+    for r in later {
+        let (Some(predicted), Some(ttft)) = (r.predicted_ttft_ms, r.ttft_ms) else {
+            panic!("a streamed decision reports both: {r:?}");
+        };
+        assert!(
+            r.latency_ms > ttft + 300.0,
+            "the answer decodes after its first token: {r:?}"
+        );
+        assert!(
+            predicted < ttft + 100.0,
+            "predicted {predicted} ms for a first token in {ttft} ms (the answer took {} ms)",
+            r.latency_ms
+        );
+    }
 }

@@ -5,6 +5,7 @@
 //! to slowness.
 
 use clap::{Parser, ValueEnum};
+use engine_model::engine::EngineSpec;
 
 /// Which engine's metric names `/metrics` should imitate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -66,7 +67,7 @@ pub struct Config {
     pub decode_ms_per_token: f64,
 
     /// Output tokens per request unless the request sets max_tokens (capped at 64).
-    #[arg(long = "output-tokens", default_value_t = 8)]
+    #[arg(long = "output-tokens", default_value_t = EngineSpec::DEFAULT_OUTPUT_TOKENS)]
     pub output_tokens: u32,
 
     /// Maximum concurrently running requests; 0 means unlimited. Extra requests wait FIFO.

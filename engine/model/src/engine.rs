@@ -33,6 +33,11 @@ pub struct EngineSpec {
     pub prefix_wait: bool,
 }
 
+impl EngineSpec {
+    /// Tokens an answer has unless told otherwise (`--output-tokens`).
+    pub const DEFAULT_OUTPUT_TOKENS: u32 = 8;
+}
+
 impl Default for EngineSpec {
     /// The engine mock's defaults.
     fn default() -> Self {
@@ -40,7 +45,7 @@ impl Default for EngineSpec {
             cache_blocks: 4096,
             block_chars: 64,
             max_running: 0,
-            output_tokens: 8,
+            output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
             latency: Latency::default(),
             prefix_wait: true,
         }

@@ -3,6 +3,7 @@
 
 use super::read_config;
 use anyhow::{Context as _, Result};
+use engine_model::engine::EngineSpec;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -24,8 +25,9 @@ pub(crate) struct ReplayArgs {
     /// Replay member SEED of the policy sweep's workload family (`host-sim sweep`)
     /// on its own fleet, as the sweep does: its workload, its engines (slots,
     /// prefill speeds, cache sizes), its concurrency and seed. The engine and fleet
-    /// flags below are then the member's; `--records-dir` shows where each request
-    /// went, which the sweep's summary does not.
+    /// flags below are then the member's, but for how the engines decode (as the
+    /// sweep's); `--records-dir` shows where each request went, which the sweep's
+    /// summary does not.
     #[arg(long, value_name = "SEED", conflicts_with_all = ["workers", "concurrency", "seed", "max_running", "prefill_us_per_token", "pd"])]
     family: Option<u64>,
     /// Engines in the simulated fleet.
@@ -58,9 +60,13 @@ pub(crate) struct ReplayArgs {
     /// Engine fixed time to first token.
     #[arg(long, default_value_t = 0.0)]
     ttft_ms: f64,
-    /// Engine time per output token after the first.
+    /// Engine time per output token after the first (a `--family` member's engines
+    /// too: the family's answer at their first token).
     #[arg(long, default_value_t = 0.0)]
     decode_ms_per_token: f64,
+    /// Tokens in each answer (the engine mock's `--output-tokens`).
+    #[arg(long, default_value_t = EngineSpec::DEFAULT_OUTPUT_TOKENS)]
+    output_tokens: u32,
     /// Write every request's record (workload line, worker, decision label,
     /// latencies, tokens) to `DIR/<run>.jsonl`, as the demo does in `.demo/`.
     #[arg(long)]
@@ -89,8 +95,8 @@ pub(crate) struct ReplayArgs {
 /// returns how many requests failed (the exit code says whether any did, as the
 /// demo's and `llm-load`'s do).
 pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
-    use engine_model::engine::EngineSpec;
     use engine_model::latency::Latency;
+    use host_sim::sweep::Decode;
     use llm_load::run::{self, PdCounts, RunResult};
     let extra: Option<Value> = match &args.config {
         Some(c) => Some(serde_json::from_slice(&read_config(c)?).context("--config is not JSON")?),
@@ -171,7 +177,11 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             },
             |m| host_sim::sweep::replay_of(m, args.vms),
         )
-        .prefix_wait(args.prefix_wait);
+        .prefix_wait(args.prefix_wait)
+        .decode(Decode {
+            ms_per_token: args.decode_ms_per_token,
+            output_tokens: args.output_tokens,
+        });
     let engines = member.as_ref().map_or(engines, |m| m.engines.len());
     let run_policy = |policy: &str, no_gate: bool| -> Result<RunResult> {
         let label = if no_gate {

@@ -21,6 +21,7 @@
 //! measures.
 
 use super::fleet::SimFleet;
+use super::sweep::Decode;
 use crate::{FailurePolicy, Filter, Host, RequestSpec, StreamHandle, StreamOutcome};
 use anyhow::{bail, Context as _, Result};
 use engine_model::engine::{Engine, EngineSpec};
@@ -80,6 +81,15 @@ impl Replay {
         }
         self
     }
+
+    /// This replay with every engine decoding as `decode` says.
+    pub fn decode(mut self, decode: Decode) -> Replay {
+        for spec in std::iter::once(&mut self.engine).chain(&mut self.engine_specs) {
+            spec.latency.decode_ms_per_token = decode.ms_per_token;
+            spec.output_tokens = decode.output_tokens;
+        }
+        self
+    }
 }
 
 /// A finished replay: the summary, and the host and fleet as the run left them (for
@@ -97,11 +107,31 @@ struct InFlight {
     item: usize,
     handle: StreamHandle,
     dispatched_ms: f64,
+    /// A streamed answer's first token, while it has not reached the filter: the
+    /// response headers and first bytes come then, the rest at `done_ms`, as an
+    /// engine streams (a filter that took the whole answer's time for its first
+    /// byte would learn decode time as prefill).
+    first_ms: Option<f64>,
+    /// The response headers went to the filter (at the first token).
+    started: bool,
     done_ms: f64,
     status: u32,
     body: Vec<u8>,
     record: Record,
 }
+
+impl InFlight {
+    /// When the filter next hears from the engine.
+    fn next_ms(&self) -> f64 {
+        self.first_ms.unwrap_or(self.done_ms)
+    }
+}
+
+/// The engine's response headers.
+const RESPONSE_HEADERS: [(&str, &str); 1] = [("content-type", "application/json")];
+
+/// Bytes of a streamed answer that reach the filter at its first token.
+const FIRST_BYTES: usize = 1;
 
 /// An HTTP call the filter made, being served by an engine.
 struct Call {
@@ -345,9 +375,9 @@ impl Replay {
             calls.schedule(&host, &mut fleet, now);
             let next_stream = in_flight
                 .iter()
+                .map(InFlight::next_ms)
                 .enumerate()
-                .min_by(|a, b| a.1.done_ms.total_cmp(&b.1.done_ms))
-                .map(|(k, f)| (k, f.done_ms));
+                .min_by(|a, b| a.1.total_cmp(&b.1));
             let next_call = calls.next();
             let event = match (next_stream, next_call) {
                 (Some(s), Some(c)) if c.1 < s.1 => Event::Call(c.0, c.1),
@@ -381,6 +411,11 @@ impl Replay {
             now = now.max(at);
             move_clock(&mut host, start_ms, now)?;
             match event {
+                Event::Stream(k, _) if in_flight.get(k).is_some_and(|f| f.first_ms.is_some()) => {
+                    if let Some(flight) = in_flight.get_mut(k) {
+                        first_token(&mut host, flight)?;
+                    }
+                }
                 Event::Stream(k, _) => {
                     let flight = in_flight.swap_remove(k);
                     let i = flight.item;
@@ -485,10 +520,13 @@ impl Replay {
             record.ttfb_ms = Some(first_ms - sent);
             record.ttft_ms = record.ttfb_ms;
         }
+        let streamed = item.stream && answer.status == 200 && first_ms < done_ms;
         Ok(Routed::Engine(InFlight {
             item: i,
             handle: out.handle,
             dispatched_ms: sent,
+            first_ms: streamed.then_some(first_ms),
+            started: false,
             done_ms,
             status: answer.status,
             body: answer.body,
@@ -515,10 +553,17 @@ impl Replay {
             record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
             return Ok(record);
         }
-        let headers = [("content-type", "application/json")];
-        let resp = host
-            .vm(handle.vm)
-            .respond(handle, status, &headers, &body)?;
+        let resp = match flight.first_ms {
+            // Headers and the first bytes went at the first token.
+            None if flight.started => host.vm(handle.vm).respond_body(
+                handle,
+                body.get(FIRST_BYTES..).unwrap_or_default(),
+                true,
+            )?,
+            _ => host
+                .vm(handle.vm)
+                .respond(handle, status, &RESPONSE_HEADERS, &body)?,
+        };
         host.vm(handle.vm).finish(handle)?;
         record.status = u16::try_from(status).ok();
         record.read_decision(|h| resp.header(h));
@@ -545,6 +590,17 @@ impl Replay {
         }
         Ok(record)
     }
+}
+
+/// A streamed answer's response headers and first bytes, at its first token.
+fn first_token(host: &mut Host, flight: &mut InFlight) -> Result<()> {
+    flight.first_ms = None;
+    flight.started = true;
+    let first = flight.body.get(..FIRST_BYTES).unwrap_or(&flight.body);
+    let mut vm = host.vm(flight.handle.vm);
+    vm.respond_headers(flight.handle, flight.status, &RESPONSE_HEADERS)?;
+    vm.respond_body(flight.handle, first, false)?;
+    Ok(())
 }
 
 /// When the next pending HTTP call times out (ms since the replay started).

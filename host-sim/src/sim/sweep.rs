@@ -60,6 +60,45 @@ pub const ISSUE_53_BAR: Bar = Bar {
     worst_p99: 1.3,
 };
 
+/// How long the engines take past the first token: `output_tokens` each answer,
+/// `ms_per_token` apart. The family's members decode instantly (an answer ends at
+/// its first token), so a running slot is held for the prefill alone; engines that
+/// decode hold it for most of a request's life, as real ones do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decode {
+    pub ms_per_token: f64,
+    pub output_tokens: u32,
+}
+
+impl Decode {
+    /// The family's engines: an answer ends at its first token.
+    pub const INSTANT: Decode = Decode {
+        ms_per_token: 0.0,
+        output_tokens: EngineSpec::DEFAULT_OUTPUT_TOKENS,
+    };
+}
+
+/// The fleet a member runs on beyond its engines' shapes: Envoy worker threads
+/// (`vms`), whether an engine holds back a request whose cached prefix another is
+/// still prefilling (`prefix_wait`, as SGLang and vLLM do), and how they decode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fleet {
+    pub vms: usize,
+    pub prefix_wait: bool,
+    pub decode: Decode,
+}
+
+impl Default for Fleet {
+    /// The sweep's: one VM, prefix wait, instant decode.
+    fn default() -> Self {
+        Fleet {
+            vms: 1,
+            prefix_wait: true,
+            decode: Decode::INSTANT,
+        }
+    }
+}
+
 /// One policy's run on one member.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -116,12 +155,11 @@ pub fn draw_seed(seed: u64, draw: u64) -> u64 {
 
 /// Runs `items` (the member's workload) through `filter` routing by `variant` (a
 /// policy, or `policy+key=value+...` with settings of its own), the filter's
-/// `rng_seed` the member's for draw `draw` (`draw_seed`), on `vms` Envoy threads,
-/// the engines waiting for a prefix still being prefilled with `prefix_wait`.
+/// `rng_seed` the member's for draw `draw` (`draw_seed`), on `fleet`.
 pub fn run(
     filter: &Filter,
     (member, draw): (&Member, u64),
-    (vms, prefix_wait): (usize, bool),
+    fleet: Fleet,
     items: &[WorkItem],
     variant: &str,
 ) -> Result<Outcome> {
@@ -135,8 +173,9 @@ pub fn run(
         false,
         draw_seed(member.seed, draw),
     )?;
-    let done = replay_of(member, vms)
-        .prefix_wait(prefix_wait)
+    let done = replay_of(member, fleet.vms)
+        .prefix_wait(fleet.prefix_wait)
+        .decode(fleet.decode)
         .run(filter, &config, items)?;
     let s = &done.summary;
     let (Some(ttft_p50_ms), Some(ttft_p99_ms)) = (s.ttft_p50_ms, s.ttft_p99_ms) else {

@@ -8,19 +8,11 @@
 
 use super::SeedRun;
 use anyhow::{anyhow, bail, Context as _, Result};
-use host_sim::sweep::Outcome;
+use host_sim::sweep::{Decode, Fleet, Outcome};
 use llm_load::family::Member;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// How the fleet ran, as the lines record it: VMs and whether engines wait for a
-/// prefix still being prefilled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Fleet {
-    pub vms: usize,
-    pub prefix_wait: bool,
-}
 
 /// One seed and draw as a JSON line.
 pub(super) fn json_line(run: &SeedRun, fleet: Fleet) -> String {
@@ -56,11 +48,24 @@ fn params(member: &Member, draw: u64, fleet: Fleet) -> Map<String, Value> {
         "concurrency": member.concurrency, "cache_share": member.cache_share(),
         "engines": engines, "vms": fleet.vms, "prefix_wait": fleet.prefix_wait,
     });
-    match line {
-        Value::Object(map) => map,
-        _ => Map::new(),
+    let Value::Object(mut map) = line else {
+        return Map::new();
+    };
+    // Engines that decode are recorded as such; lines of the family's instant
+    // engines stay as they were written before engines could decode.
+    if fleet.decode != Decode::INSTANT {
+        map.insert(
+            "decode_ms_per_token".into(),
+            fleet.decode.ms_per_token.into(),
+        );
+        map.insert("output_tokens".into(), fleet.decode.output_tokens.into());
     }
+    map
 }
+
+/// Fields a line has only for some fleets: absent from one side, they must be
+/// absent from the other.
+const FLEET_ONLY_FIELDS: [&str; 2] = ["decode_ms_per_token", "output_tokens"];
 
 /// An earlier sweep's lines (`--others-from`), by seed and draw.
 pub(super) struct Earlier {
@@ -108,15 +113,18 @@ impl Earlier {
         // Floats compare exactly: serde_json reads them back as written
         // (`float_roundtrip`).
         let expected = params(member, draw, fleet);
-        for (field, value) in &expected {
-            let there = recorded.params.get(field);
-            if there != Some(value) {
+        let fields = expected.keys().map(String::as_str).chain(FLEET_ONLY_FIELDS);
+        for field in fields {
+            let (there, here) = (recorded.params.get(field), expected.get(field));
+            if there != here {
+                let shown = |v: Option<&Value>| v.map_or("missing".to_string(), Value::to_string);
                 bail!(
-                    "{} seed {} draw {draw}: `{field}` is {} there but {value} in this sweep \
+                    "{} seed {} draw {draw}: `{field}` is {} there but {} in this sweep \
                      (written by another family, engine model or fleet): sweep again with --json-out",
                     self.path.display(),
                     member.seed,
-                    there.map_or("missing".to_string(), Value::to_string)
+                    shown(there),
+                    shown(here)
                 );
             }
         }
@@ -189,6 +197,7 @@ mod tests {
     const FLEET: Fleet = Fleet {
         vms: 1,
         prefix_wait: true,
+        decode: Decode::INSTANT,
     };
 
     fn run(seed: u64, draw: u64) -> SeedRun {
@@ -250,6 +259,47 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("`prefix_wait` is true there but false"), "{e}");
+        // Engines that decode, against a line of instant ones and back.
+        let decoding = Fleet {
+            decode: Decode {
+                ms_per_token: 20.0,
+                output_tokens: 64,
+            },
+            ..FLEET
+        };
+        let e = read
+            .outcomes(&a.member, 0, decoding)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`decode_ms_per_token` is missing there but 20.0"),
+            "{e}"
+        );
+        let decoded = earlier(&json_line(&a, decoding)).unwrap();
+        assert_eq!(
+            decoded.outcomes(&a.member, 0, decoding).unwrap(),
+            &a.outcomes[..]
+        );
+        let e = decoded
+            .outcomes(&a.member, 0, FLEET)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`decode_ms_per_token` is 20.0 there but missing"),
+            "{e}"
+        );
+        let longer = Fleet {
+            decode: Decode {
+                output_tokens: 128,
+                ..decoding.decode
+            },
+            ..FLEET
+        };
+        let e = decoded
+            .outcomes(&a.member, 0, longer)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`output_tokens` is 64 there but 128"), "{e}");
         // The same seed from another family (here: more sessions).
         let mut other = a.member.clone();
         other.workload.sessions += 1;

@@ -12,8 +12,11 @@
 mod lines;
 
 use anyhow::{Context as _, Result};
-use host_sim::sweep::{self, near_policies, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES};
-use lines::{Earlier, Fleet};
+use engine_model::engine::EngineSpec;
+use host_sim::sweep::{
+    self, near_policies, Decode, Fleet, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES,
+};
+use lines::Earlier;
 use llm_load::family::{Member, KINDS};
 use llm_load::generate::{generate, to_jsonl};
 use llm_load::workload::parse_workload;
@@ -61,8 +64,17 @@ pub(crate) struct SweepArgs {
     /// vLLM serve it.
     #[arg(long = "no-prefix-wait", action = clap::ArgAction::SetFalse)]
     prefix_wait: bool,
+    /// Engines decode: each answer's tokens after the first come this many
+    /// milliseconds apart (the engine mock's `--decode-ms-per-token`). The family's
+    /// engines answer at their first token (0), so a running slot is held for the
+    /// prefill alone; real engines hold it for most of a request's life.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
+    decode_ms_per_token: f64,
+    /// Tokens in each answer (the engine mock's `--output-tokens`).
+    #[arg(long, default_value_t = EngineSpec::DEFAULT_OUTPUT_TOKENS)]
+    output_tokens: u32,
     /// An earlier sweep's `--json-out` of the same seeds and draws on the same
-    /// fleet (`--vms`, `--no-prefix-wait`): every policy but `--default` that it
+    /// fleet (`--vms`, `--no-prefix-wait`, decode): every policy but `--default` that it
     /// recorded is taken from it instead of replayed, so a change to the default
     /// (`--wasm`, its settings) is judged against the others in under a third of
     /// the time. A line of another member or fleet is refused.
@@ -92,6 +104,10 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
     let fleet = Fleet {
         vms: args.vms,
         prefix_wait: args.prefix_wait,
+        decode: Decode {
+            ms_per_token: args.decode_ms_per_token,
+            output_tokens: args.output_tokens,
+        },
     };
     let earlier = args.others_from.as_deref().map(Earlier::read).transpose()?;
     let mut members: Vec<(Member, u64)> = (args.first_seed..args.first_seed + args.seeds)
@@ -203,14 +219,8 @@ fn run_seed(
             let earlier = recorded.iter().find(|o| o.policy == *p && p != default);
             match earlier {
                 Some(o) => Ok(o.clone()),
-                None => sweep::run(
-                    filter,
-                    (member, draw),
-                    (fleet.vms, fleet.prefix_wait),
-                    &items,
-                    p,
-                )
-                .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed)),
+                None => sweep::run(filter, (member, draw), fleet, &items, p)
+                    .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed)),
             }
         })
         .collect::<Result<Vec<_>>>()?;
@@ -418,9 +428,27 @@ fn standing_text(s: &Standing) -> String {
     )
 }
 
+/// A duration that cannot go back: zero or more, and a number.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of milliseconds, 0 or more")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decode_time_is_a_number_of_milliseconds_not_below_zero() {
+        assert_eq!(non_negative("20"), Ok(20.0));
+        assert_eq!(non_negative("0"), Ok(0.0));
+        for bad in ["-1", "NaN", "inf", "fast"] {
+            let e = non_negative(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("0 or more"), "{e}");
+        }
+    }
 
     fn run(seed: u64, draw: u64, default_cached: f64) -> ((u64, u64), SeedRun) {
         let outcome = |policy: &str, cached: f64| Outcome {
