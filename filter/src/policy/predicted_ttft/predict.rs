@@ -18,13 +18,20 @@
 //!   fewer than that are on it (`present`: this Envoy's in flight there plus
 //!   `others`), a new request starts at once and waits for nobody. Past that it is
 //!   `present + 1 - slots` in the queue, and each slot frees after about one
-//!   average request there: its share of `ahead_chars` as prefill, and of the
-//!   requests past their first byte as a service time. On one slot that is every
-//!   request ahead;
-//! - `slots`: once a sample showed requests waiting, the requests it showed
-//!   running; until then the most seen running at once, at least one (`Slots`):
-//!   never more parallelism than seen, so on an engine never sampled (no
-//!   collector) or only seen idle a request waits for every one ahead;
+//!   average request there: its share of `ahead_chars` as prefill and, where the
+//!   engine is known to be full at `slots`, a service time (a whole one for each
+//!   request still prefilling: it holds its slot while it decodes). On one slot
+//!   that is every request ahead;
+//! - `slots` (`Slots::limit`): once a sample showed requests waiting, the requests
+//!   it showed running: a limit. Until then the most seen running at once, at
+//!   least one: a floor, so prefill beyond it is waited for (a burst on engines of
+//!   one slot spreads), but no service is: a request past what an engine was seen
+//!   running is not known to wait for another's decode, and routers that assumed
+//!   so kept every engine at the concurrency it happened to have been sent. An
+//!   engine not yet seen full in a pool where another was is taken to have that
+//!   one's limit (a pool's engines are alike), if it was not seen running more.
+//!   An engine never sampled (no collector) is taken as one slot: every request
+//!   ahead is waited for, its prefill and, past its first byte, its service;
 //! - `ahead_chars`: uncached prefill chars this Envoy sent to `w` whose first byte
 //!   has not come back (booked at the decision, released at the first response
 //!   byte; shared by every thread, so the next request sees this one at once);
@@ -71,7 +78,7 @@ pub struct TtftCandidate {
     pub conversations: u64,
     pub costs: WorkerCosts,
     /// Requests the engine runs at once, as its samples showed (`Slots::count`).
-    pub slots: u64,
+    pub slots: SlotLimit,
     /// Chars of other texts this placement would evict from a full cache where
     /// another worker's copy of the request's prefix would have spared them
     /// (`super::room::avoidable_eviction`).
@@ -148,29 +155,77 @@ pub struct Scored {
     pub cost_us: f64,
 }
 
-/// A request's wait for a running slot, as prefill chars and requests past their
-/// first byte (the units of the learned costs), on an engine running `slots` at
-/// once with `present` requests on it, `prefilling` of them holding `ahead_chars`
-/// uncached chars: none while a slot is free, else its place in the queue over
-/// the slots, each freeing after about one average request.
-pub fn wait_for_slot(present: u64, (prefilling, ahead_chars): (u64, u64), slots: u64) -> (f64, f64) {
-    let slots = slots.max(1);
-    if present < slots {
+/// A request's wait for a running slot, as prefill chars and service times (the
+/// units of the learned costs), on an engine running `slots` at once with
+/// `present` requests on it, `prefilling` of them holding `ahead_chars` uncached
+/// chars: none while a slot is free, else its place in the queue over the slots,
+/// each freeing after about one average request. How much service is waited for
+/// depends on what is known of the slots (`SlotsSeen`).
+pub fn wait_for_slot(
+    present: u64,
+    (prefilling, ahead_chars): (u64, u64),
+    slots: SlotLimit,
+) -> (f64, f64) {
+    let count = slots.count.max(1);
+    if present < count {
         return (0.0, 0.0);
     }
-    if slots == 1 {
+    let streaming = present.saturating_sub(prefilling);
+    if count == 1 {
         // A queue of one: every request ahead, its prefill and its service, in
         // whole numbers (the shares below may round an ulp off them, and an ulp
         // decides exact ties between engines alike).
-        return (ahead_chars as f64, present.saturating_sub(prefilling) as f64);
+        let services = match slots.seen {
+            SlotsSeen::Never => streaming,
+            SlotsSeen::Running => 0,
+            SlotsSeen::Full => present,
+        };
+        return (ahead_chars as f64, services as f64);
     }
-    // The average request on the engine: its share of the prefill chars, and the
-    // share of requests past their first byte, each holding a slot for a service
-    // time.
-    let turns = (present + 1 - slots) as f64 / slots as f64;
+    // The average request on the engine: its share of the prefill chars.
+    let turns = (present + 1 - count) as f64 / count as f64;
     let mean_chars = ahead_chars as f64 / present as f64;
-    let streaming = present.saturating_sub(prefilling) as f64 / present as f64;
-    (turns * mean_chars, turns * streaming)
+    let share = |n: u64| n as f64 / present as f64;
+    let services = match slots.seen {
+        SlotsSeen::Never => turns * share(streaming),
+        SlotsSeen::Running => 0.0,
+        // A request still prefilling holds its slot for a whole service after
+        // its first byte, so where they hold the slots the first in the queue
+        // waits a whole round; one past its first byte frees its slot partway,
+        // about the average share.
+        SlotsSeen::Full => share(prefilling.min(present)) * turns.ceil() + share(streaming) * turns,
+    };
+    (turns * mean_chars, services)
+}
+
+/// What the samples showed of an engine's slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotsSeen {
+    /// No sample came (no collector): taken as one slot, the service of the
+    /// requests past their first byte waited for.
+    Never,
+    /// Requests running, never any waiting: the most seen running is a floor, and
+    /// a request past it is not known to wait for another's service.
+    Running,
+    /// Requests waiting, this engine's or another of the pool's: full at the
+    /// count, each request there holding its slot for a service.
+    Full,
+}
+
+/// What a candidate's wait knows of its engine's running slots (`Slots::limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotLimit {
+    /// Requests the engine runs at once, as far as known (at least one).
+    pub count: u64,
+    pub seen: SlotsSeen,
+}
+
+impl SlotLimit {
+    /// An engine never sampled: one slot.
+    pub const UNSAMPLED: SlotLimit = SlotLimit {
+        count: 1,
+        seen: SlotsSeen::Never,
+    };
 }
 
 /// One engine's running slots as its samples showed them. A sample with requests
@@ -185,22 +240,42 @@ pub struct Slots {
     full: u64,
     /// The most running at once.
     seen: u64,
+    /// Whether any sample came.
+    sampled: bool,
 }
 
 impl Slots {
     /// Takes one fresh sample.
     pub fn observe(&mut self, waiting: u64, running: u64) {
+        self.sampled = true;
         self.seen = self.seen.max(running);
         if waiting > 0 {
             self.full = self.full.max(running);
         }
     }
 
-    /// Requests the engine runs at once, as far as its samples showed.
-    pub fn count(&self) -> u64 {
-        match self.full {
-            0 => self.seen.max(1),
-            full => full,
+    /// Where a sample showed the engine full.
+    pub fn full(&self) -> Option<u64> {
+        (self.full > 0).then_some(self.full)
+    }
+
+    /// What a request's wait knows of the engine's slots, given the least that
+    /// another engine of the pool was seen full at (`pool_full`).
+    pub fn limit(&self, pool_full: Option<u64>) -> SlotLimit {
+        match (self.full(), self.sampled, pool_full) {
+            (Some(full), _, _) => SlotLimit {
+                count: full,
+                seen: SlotsSeen::Full,
+            },
+            (None, false, _) => SlotLimit::UNSAMPLED,
+            (None, true, Some(pool)) => SlotLimit {
+                count: pool.max(self.seen).max(1),
+                seen: SlotsSeen::Full,
+            },
+            (None, true, None) => SlotLimit {
+                count: self.seen.max(1),
+                seen: SlotsSeen::Running,
+            },
         }
     }
 }
@@ -261,7 +336,7 @@ pub(super) mod testing {
             continues: false,
             conversations: 0,
             costs: WorkerCosts::default(),
-            slots: 1,
+            slots: SlotLimit::UNSAMPLED,
             evicts_chars: 0,
         }
     }
@@ -286,48 +361,95 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// Full at `count`.
+    const fn limit(count: u64) -> SlotLimit {
+        SlotLimit {
+            count,
+            seen: SlotsSeen::Full,
+        }
+    }
+
+    /// Seen running `count` at most, never full.
+    const fn floor(count: u64) -> SlotLimit {
+        SlotLimit {
+            count,
+            seen: SlotsSeen::Running,
+        }
+    }
+
     #[test]
     fn a_free_slot_waits_for_nobody_and_a_full_engine_for_its_share_of_the_queue() {
         // 3 on an engine of 4 slots: a slot is free.
-        assert_eq!(wait_for_slot(3, (3, 3000), 4), (0.0, 0.0));
-        // 4 on 4: first in the queue, one quarter of the way (each slot frees
-        // after about one average request: 1000 chars, none streaming).
-        assert_eq!(wait_for_slot(4, (4, 4000), 4), (250.0, 0.0));
+        assert_eq!(wait_for_slot(3, (3, 3000), limit(4)), (0.0, 0.0));
+        // 4 on 4, all prefilling: first in the queue, one quarter of the way
+        // through the prefill ahead (each slot frees after about one average
+        // request: 1000 chars), and a whole service: each of them holds its slot
+        // for one after its first byte.
+        assert_eq!(wait_for_slot(4, (4, 4000), limit(4)), (250.0, 1.0));
         // 8 on 2 slots, 4 prefilling 2000 chars, 4 streaming: 7 / 2 turns of the
-        // average request (250 chars of prefill, half a service).
-        assert_eq!(wait_for_slot(8, (4, 2000), 2), (3.5 * 250.0, 3.5 * 0.5));
+        // average request (250 chars of prefill); of the service, half the
+        // requests hold a slot for whole ones (4 rounds), half for the rest of
+        // theirs (3.5 turns).
+        assert_eq!(
+            wait_for_slot(8, (4, 2000), limit(2)),
+            (3.5 * 250.0, 0.5 * 4.0 + 0.5 * 3.5)
+        );
         // One slot: every request ahead is waited for, prefill and service.
-        assert_eq!(wait_for_slot(2, (2, 600), 1), (600.0, 0.0));
+        assert_eq!(wait_for_slot(2, (2, 600), limit(1)), (600.0, 2.0));
         // In whole numbers: 3 x (1001 / 3) is not 1001 in floating point.
-        assert_eq!(wait_for_slot(3, (1, 1001), 1), (1001.0, 2.0));
+        assert_eq!(wait_for_slot(3, (1, 1001), limit(1)), (1001.0, 3.0));
         // A slot count of 0 reads as 1; an engine wider than its load never queues.
-        assert_eq!(wait_for_slot(1, (1, 100), 0), (100.0, 0.0));
-        assert_eq!(wait_for_slot(500, (500, 1), u64::MAX), (0.0, 0.0));
+        assert_eq!(wait_for_slot(1, (1, 100), limit(0)), (100.0, 1.0));
+        assert_eq!(wait_for_slot(500, (500, 1), limit(u64::MAX)), (0.0, 0.0));
+        // Never sampled: one slot, the service of those past their first byte.
+        let never = SlotLimit::UNSAMPLED;
+        assert_eq!(wait_for_slot(2, (2, 600), never), (600.0, 0.0));
+        assert_eq!(wait_for_slot(3, (1, 1001), never), (1001.0, 2.0));
+        let never_two = SlotLimit { count: 2, ..never };
+        assert_eq!(wait_for_slot(8, (4, 2000), never_two), (3.5 * 250.0, 3.5 * 0.5));
+    }
+
+    #[test]
+    fn an_engine_never_seen_full_is_waited_for_its_prefill_but_not_its_service() {
+        // Seen running 4 at most: the prefill ahead as on an engine full at 4,
+        // but no service, whatever is prefilling or streaming.
+        assert_eq!(wait_for_slot(4, (4, 4000), floor(4)), (250.0, 0.0));
+        assert_eq!(wait_for_slot(8, (4, 2000), floor(2)), (3.5 * 250.0, 0.0));
+        assert_eq!(wait_for_slot(3, (1, 1001), floor(1)), (1001.0, 0.0));
+        assert_eq!(wait_for_slot(3, (3, 3000), floor(4)), (0.0, 0.0));
     }
 
     #[test]
     fn an_engines_slots_are_the_most_seen_running_until_a_queue_shows_them_all() {
         let mut s = Slots::default();
-        assert_eq!(s.count(), 1, "never sampled: every request ahead is waited for");
+        assert_eq!(s.limit(None), SlotLimit::UNSAMPLED, "never sampled");
+        assert_eq!(s.limit(Some(8)), SlotLimit::UNSAMPLED, "whatever the pool's");
         s.observe(0, 0);
-        assert_eq!(s.count(), 1, "an idle sample shows no more");
+        assert_eq!(s.limit(None), floor(1), "an idle sample shows one at least");
         s.observe(0, 3);
-        assert_eq!(s.count(), 3);
+        assert_eq!(s.limit(None), floor(3));
         s.observe(0, 2);
-        assert_eq!(s.count(), 3, "fewer running later does not lower it");
+        assert_eq!(s.limit(None), floor(3), "fewer running later does not lower it");
         s.observe(0, 5);
-        assert_eq!(s.count(), 5);
-        // Requests waiting: the engine is full at what runs.
+        assert_eq!(s.limit(None), floor(5));
+        assert_eq!(s.full(), None);
+        // Another engine of the pool was seen full: its limit, unless this one
+        // was seen running more.
+        assert_eq!(s.limit(Some(8)), limit(8));
+        assert_eq!(s.limit(Some(2)), limit(5));
+        // Requests waiting: the engine is full at what runs, whatever the pool's.
         let mut full = Slots::default();
         full.observe(0, 1);
         full.observe(2, 4);
-        assert_eq!(full.count(), 4);
+        assert_eq!(full.limit(None), limit(4));
+        assert_eq!(full.limit(Some(8)), limit(4));
+        assert_eq!(full.full(), Some(4));
         full.observe(0, 6);
-        assert_eq!(full.count(), 4, "a full engine's count stands over idle samples");
+        assert_eq!(full.limit(None), limit(4), "a full engine's count stands over idle samples");
         full.observe(1, 6);
-        assert_eq!(full.count(), 6, "the most a full sample showed");
+        assert_eq!(full.limit(None), limit(6), "the most a full sample showed");
         full.observe(3, 2);
-        assert_eq!(full.count(), 6, "a full sample with fewer running does not lower it");
+        assert_eq!(full.limit(None), limit(6), "a full sample with fewer running does not lower it");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use super::draw;
 use super::ladder::{match_margin, Ladder};
-use super::predict::{others_load, Scored, Slots, TtftCandidate};
+use super::predict::{others_load, Scored, SlotLimit, Slots, TtftCandidate};
 use super::room::{avoidable_eviction, mean_capacity, weighed_conversations};
 use super::{Recall, TtftParams};
 use crate::decision::{Decision, Label};
@@ -126,7 +126,14 @@ pub fn route(
             longest,
         }
     });
-    let slots = &scratch.slots;
+    let slots = PoolSlots {
+        by_worker: &scratch.slots,
+        // The pool's engines are alike: the least any was seen full at.
+        pool_full: candidates
+            .iter()
+            .filter_map(|c| scratch.slots.get(c.worker as usize)?.full())
+            .min(),
+    };
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
     let seen = (loads, held, leaves, stored);
@@ -159,6 +166,23 @@ pub fn route(
         input_chars,
         walked: tree.map(|_| held.walked),
         owner_filtered: missed && held_more(held, leaves, flagged, (held_chars, input)),
+    }
+}
+
+/// The running slots each engine's samples showed, by worker index, and the least
+/// any engine of the pool was seen full at.
+#[derive(Clone, Copy)]
+struct PoolSlots<'a> {
+    by_worker: &'a [Slots],
+    pool_full: Option<u64>,
+}
+
+impl PoolSlots<'_> {
+    /// What a request's wait knows of worker `i`'s slots (`Slots::limit`).
+    fn limit(&self, i: usize) -> SlotLimit {
+        self.by_worker
+            .get(i)
+            .map_or(SlotLimit::UNSAMPLED, |s| s.limit(self.pool_full))
     }
 }
 
@@ -226,7 +250,7 @@ fn held_more(
 fn scored_candidate(
     c: &Candidate,
     (loads, held, leaves, stored): (&Loads, &TenantMatches, &Leaves, Option<Stored>),
-    (slots, room): (&[Slots], Option<(KvRoom, Option<f64>)>),
+    (slots, room): (PoolSlots, Option<(KvRoom, Option<f64>)>),
     ((params, at), input): ((&TtftParams, Recall), u64),
 ) -> Scored {
     let i = c.worker as usize;
@@ -235,7 +259,7 @@ fn scored_candidate(
     if let Some(stored) = stored {
         t.cached_chars = stored.chars.get(i).copied().unwrap_or(0);
     }
-    t.slots = slots.get(i).map_or(1, |s| s.count());
+    t.slots = slots.limit(i);
     if let Some((kv, mean)) = room {
         let capacity = kv.capacities.get(i).copied().unwrap_or(0);
         t.conversations = weighed_conversations(conversations, capacity, mean);
@@ -285,7 +309,7 @@ fn ttft_candidate(
         continues: held.continues(c.worker),
         conversations,
         costs: loads.costs.get(i).map(|k| at.fresh(*k)).unwrap_or_default(),
-        slots: 1,
+        slots: SlotLimit::UNSAMPLED,
         evicts_chars: 0,
     }
 }
@@ -294,11 +318,20 @@ fn ttft_candidate(
 mod tests {
     use super::super::predict::testing::P;
     use super::*;
-    use crate::load::{EngineSample, LoadTable, Report, WorkerCosts, WorkerWork};
+    use crate::load::{EngineQueue, EngineSample, LoadTable, Report, WorkerCosts, WorkerWork};
     use crate::decision::Reason;
     use crate::rng::SplitMix64;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// A tree that sent a 2000-char document with a first question to w0, and a
+    /// second question about it (100 chars).
+    fn document_on_w0() -> (Tree, String) {
+        let doc = "d".repeat(2000);
+        let mut tree = Tree::new();
+        tree.insert(&format!("{doc}first question"), 0, 1);
+        (tree, format!("{doc}{}", "q".repeat(100)))
+    }
 
     #[test]
     fn ttft_others_exclude_what_this_envoy_and_its_peers_have_in_flight() {
@@ -360,11 +393,8 @@ mod tests {
         // 2000 chars of other texts and is idle. A question about the document
         // is sooner on w1 (5 * 2100 us against 5 * 3100), unless w1's cache,
         // bounded at 2500 chars, must evict 1600 of them to copy the document.
-        let doc = "d".repeat(2000);
-        let mut tree = Tree::new();
-        tree.insert(&format!("{doc}first question"), 0, 1);
+        let (mut tree, question) = document_on_w0();
         tree.insert(&"o".repeat(2000), 1, 2);
-        let question = format!("{doc}{}", "q".repeat(100));
         let loads = Loads {
             work: vec![
                 WorkerWork {
@@ -406,10 +436,7 @@ mod tests {
     fn the_engines_word_prices_each_candidate_but_what_is_still_being_prefilled() {
         // The tree sent a 2000-char document to w0; the engines' answer says
         // neither engine holds a block of the question about it (100 chars a block).
-        let doc = "d".repeat(2000);
-        let mut tree = Tree::new();
-        tree.insert(&format!("{doc}first question"), 0, 1);
-        let question = format!("{doc}{}", "q".repeat(100));
+        let (tree, question) = document_on_w0();
         let answer = crate::kv_match::EngineHeld {
             tokens: 21,
             block_tokens: 1,
@@ -459,6 +486,54 @@ mod tests {
             decide(idle, [Some(0), Some(21)]),
             Some((1, Reason::TtftCache, 2100))
         );
+    }
+
+    #[test]
+    fn a_decode_is_waited_for_only_on_an_engine_the_pool_was_seen_full_at() {
+        // w0 holds a 2000-char document and runs the two requests it was sent,
+        // both still prefilling (200 chars to go); its samples never showed a
+        // request waiting. w1 and w2 are idle. The next question about the
+        // document finds w0's slots all taken as far as it was seen running.
+        let (tree, question) = document_on_w0();
+        let loads = Loads {
+            work: vec![
+                WorkerWork {
+                    prefilling: 2,
+                    ahead_chars: 200,
+                },
+                WorkerWork::default(),
+                WorkerWork::default(),
+            ]
+            .into(),
+            own_at_sample: vec![2, 0, 0].into(),
+            ..Loads::inflight_only(&[2, 0, 0])
+        };
+        let decide = |w2_waiting: u64| {
+            let queues = [(0, 2), (0, 0), (w2_waiting, 2)];
+            let candidates = [0, 1, 2].map(|worker| Candidate {
+                worker,
+                inflight: loads.fleet_inflight(worker as usize),
+                engine: queues
+                    .get(worker as usize)
+                    .map(|&(waiting, running)| EngineQueue { waiting, running }),
+            });
+            let r = route(
+                (Some(&tree), &question),
+                (&candidates, &[], &[Some(0), Some(1), Some(2)], 2),
+                (&loads, &P, None, None),
+                &mut Scratch::default(),
+                &mut SplitMix64(1),
+            );
+            r.decision.map(|d| (d.worker, d.reason))
+        };
+        // Nobody was seen full: w0 is not known to hold the request back for the
+        // decodes of the two ahead, only for their prefill. It keeps the document.
+        assert_eq!(decide(0), Some((0, Reason::TtftCache)));
+        // w2, an engine of the same pool, showed a request waiting behind the two
+        // it ran: w0 is taken to be full at two too, and each request ahead will
+        // hold its slot for a service after its first byte. An idle engine is
+        // sooner.
+        assert_eq!(decide(1), Some((1, Reason::TtftSpread)));
     }
 
     #[test]
