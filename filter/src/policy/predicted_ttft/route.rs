@@ -105,13 +105,20 @@ pub fn route(
             .filter_map(|c| loads.costs.get(c.worker as usize).map(|k| at.fresh(*k))),
     );
     let params = &fleet;
+    // The pool's engines are alike: the least any was seen full at.
+    let mut pool_full = None::<u64>;
     for c in candidates {
         let i = c.worker as usize;
         if scratch.slots.len() <= i {
             scratch.slots.resize(i + 1, Default::default());
         }
-        if let (Some(q), Some(s)) = (c.engine, scratch.slots.get_mut(i)) {
-            s.observe(q.waiting, q.running);
+        if let Some(s) = scratch.slots.get_mut(i) {
+            if let Some(q) = c.engine {
+                s.observe(q.waiting, q.running);
+            }
+            if let Some(full) = s.full() {
+                pool_full = Some(pool_full.map_or(full, |p| p.min(full)));
+            }
         }
     }
     let stored = engines.map(|e| {
@@ -128,11 +135,7 @@ pub fn route(
     });
     let slots = PoolSlots {
         by_worker: &scratch.slots,
-        // The pool's engines are alike: the least any was seen full at.
-        pool_full: candidates
-            .iter()
-            .filter_map(|c| scratch.slots.get(c.worker as usize)?.full())
-            .min(),
+        pool_full,
     };
     let list = std::mem::take(&mut scratch.scored);
     let mut ladder = Ladder::new(params, input, (inflight, candidates.len()), list);
