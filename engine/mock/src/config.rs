@@ -6,6 +6,7 @@
 
 use clap::{Parser, ValueEnum};
 use engine_model::engine::EngineSpec;
+use engine_model::latency::non_negative;
 
 /// Which engine's metric names `/metrics` should imitate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -157,15 +158,6 @@ the digest's last 8 bytes. Both metrics styles publish these vLLM-format events.
 
 /// Upper bound on output tokens per request: keeps responses small and tests quick.
 pub const MAX_OUTPUT_TOKENS: u32 = 64;
-
-fn non_negative(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err("must be a finite number >= 0".to_string())
-    }
-}
 
 #[cfg(test)]
 mod tests {

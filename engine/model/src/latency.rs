@@ -27,6 +27,15 @@ impl Default for Latency {
     }
 }
 
+/// A latency flag's value (`--decode-ms-per-token` and its kin, of the engine mock
+/// and of the simulator that models it): a finite number, 0 or more.
+pub fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a finite number, 0 or more")),
+    }
+}
+
 impl Latency {
     /// Time from getting a slot to the first token.
     pub fn prefill_ms(&self, lookup: &CacheLookup) -> f64 {
@@ -41,6 +50,16 @@ impl Latency {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_latency_flag_is_a_finite_number_not_below_zero() {
+        assert_eq!(non_negative("20"), Ok(20.0));
+        assert_eq!(non_negative("0"), Ok(0.0));
+        for bad in ["-1", "NaN", "inf", "fast"] {
+            let e = non_negative(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("0 or more"), "{e}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -4,6 +4,7 @@
 use super::read_config;
 use anyhow::{Context as _, Result};
 use engine_model::engine::EngineSpec;
+use engine_model::latency::non_negative;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -55,14 +56,14 @@ pub(crate) struct ReplayArgs {
     #[arg(long, default_value_t = 200)]
     collector_interval_ms: u64,
     /// Engine prefill cost per uncached prompt token (the demo's default).
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = 100.0, value_parser = non_negative)]
     prefill_us_per_token: f64,
     /// Engine fixed time to first token.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
     ttft_ms: f64,
     /// Engine time per output token after the first (a `--family` member's engines
     /// too: the family's answer at their first token).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
     decode_ms_per_token: f64,
     /// Tokens in each answer (the engine mock's `--output-tokens`).
     #[arg(long, default_value_t = EngineSpec::DEFAULT_OUTPUT_TOKENS)]

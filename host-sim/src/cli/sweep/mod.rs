@@ -13,6 +13,7 @@ mod lines;
 
 use anyhow::{Context as _, Result};
 use engine_model::engine::EngineSpec;
+use engine_model::latency::non_negative;
 use host_sim::sweep::{
     self, near_policies, Decode, Fleet, Outcome, Standing, Verdict, ISSUE_53_BAR, POLICIES,
 };
@@ -428,27 +429,9 @@ fn standing_text(s: &Standing) -> String {
     )
 }
 
-/// A duration that cannot go back: zero or more, and a number.
-fn non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("`{s}` is not a number of milliseconds, 0 or more")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_decode_time_is_a_number_of_milliseconds_not_below_zero() {
-        assert_eq!(non_negative("20"), Ok(20.0));
-        assert_eq!(non_negative("0"), Ok(0.0));
-        for bad in ["-1", "NaN", "inf", "fast"] {
-            let e = non_negative(bad).unwrap_err();
-            assert!(e.contains(bad) && e.contains("0 or more"), "{e}");
-        }
-    }
 
     fn run(seed: u64, draw: u64, default_cached: f64) -> ((u64, u64), SeedRun) {
         let outcome = |policy: &str, cached: f64| Outcome {
