@@ -107,23 +107,34 @@ struct InFlight {
     item: usize,
     handle: StreamHandle,
     dispatched_ms: f64,
-    /// A streamed answer's first token, while it has not reached the filter: the
-    /// response headers and first bytes come then, the rest at `done_ms`, as an
-    /// engine streams (a filter that took the whole answer's time for its first
-    /// byte would learn decode time as prefill).
-    first_ms: Option<f64>,
-    /// The response headers went to the filter (at the first token).
-    started: bool,
+    delivery: Delivery,
     done_ms: f64,
     status: u32,
     body: Vec<u8>,
     record: Record,
 }
 
+/// How an engine's answer reaches the filter. A streamed one comes as an engine
+/// streams: the response headers and first bytes at the first token, the rest at
+/// the end (a filter that took the whole answer's time for its first byte would
+/// learn decode time as prefill).
+#[derive(Clone, Copy, PartialEq)]
+enum Delivery {
+    /// All at once, at the end (not streamed, or nothing after the first token).
+    Whole,
+    /// Streamed, its first token due at this time.
+    FirstAt(f64),
+    /// Streamed, its first bytes delivered: the rest at the end.
+    Rest,
+}
+
 impl InFlight {
     /// When the filter next hears from the engine.
     fn next_ms(&self) -> f64 {
-        self.first_ms.unwrap_or(self.done_ms)
+        match self.delivery {
+            Delivery::FirstAt(ms) => ms,
+            Delivery::Whole | Delivery::Rest => self.done_ms,
+        }
     }
 }
 
@@ -411,17 +422,17 @@ impl Replay {
             now = now.max(at);
             move_clock(&mut host, start_ms, now)?;
             match event {
-                Event::Stream(k, _) if in_flight.get(k).is_some_and(|f| f.first_ms.is_some()) => {
-                    if let Some(flight) = in_flight.get_mut(k) {
+                Event::Stream(k, _) => match in_flight.get_mut(k) {
+                    Some(flight) if matches!(flight.delivery, Delivery::FirstAt(_)) => {
                         first_token(&mut host, flight)?;
                     }
-                }
-                Event::Stream(k, _) => {
-                    let flight = in_flight.swap_remove(k);
-                    let i = flight.item;
-                    records[i] = Some(self.complete(&mut host, flight)?);
-                    order.complete(i);
-                }
+                    _ => {
+                        let flight = in_flight.swap_remove(k);
+                        let i = flight.item;
+                        records[i] = Some(self.complete(&mut host, flight)?);
+                        order.complete(i);
+                    }
+                },
                 Event::Call(k, _) => calls.answer(&mut host, k)?,
                 Event::Timeout(_) => {}
             }
@@ -525,8 +536,11 @@ impl Replay {
             item: i,
             handle: out.handle,
             dispatched_ms: sent,
-            first_ms: streamed.then_some(first_ms),
-            started: false,
+            delivery: if streamed {
+                Delivery::FirstAt(first_ms)
+            } else {
+                Delivery::Whole
+            },
             done_ms,
             status: answer.status,
             body: answer.body,
@@ -553,16 +567,17 @@ impl Replay {
             record.error = Some(format!("HTTP {}: {}", reply.status, snippet(&reply.body)));
             return Ok(record);
         }
-        let resp = match flight.first_ms {
+        let resp = match flight.delivery {
             // Headers and the first bytes went at the first token.
-            None if flight.started => host.vm(handle.vm).respond_body(
+            Delivery::Rest => host.vm(handle.vm).respond_body(
                 handle,
                 body.get(FIRST_BYTES..).unwrap_or_default(),
                 true,
             )?,
-            _ => host
-                .vm(handle.vm)
-                .respond(handle, status, &RESPONSE_HEADERS, &body)?,
+            Delivery::Whole | Delivery::FirstAt(_) => {
+                host.vm(handle.vm)
+                    .respond(handle, status, &RESPONSE_HEADERS, &body)?
+            }
         };
         host.vm(handle.vm).finish(handle)?;
         record.status = u16::try_from(status).ok();
@@ -594,8 +609,7 @@ impl Replay {
 
 /// A streamed answer's response headers and first bytes, at its first token.
 fn first_token(host: &mut Host, flight: &mut InFlight) -> Result<()> {
-    flight.first_ms = None;
-    flight.started = true;
+    flight.delivery = Delivery::Rest;
     let first = flight.body.get(..FIRST_BYTES).unwrap_or(&flight.body);
     let mut vm = host.vm(flight.handle.vm);
     vm.respond_headers(flight.handle, flight.status, &RESPONSE_HEADERS)?;
