@@ -146,10 +146,11 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
             .first()
             .copied()
             .unwrap_or(EngineSpec::default().cache_blocks),
+        // How the engines decode is `Replay::decode`'s, for a family member too.
         latency: Latency {
             ttft_ms: args.ttft_ms,
             prefill_us_per_token: args.prefill_us_per_token,
-            decode_ms_per_token: args.decode_ms_per_token,
+            ..Latency::default()
         },
         ..EngineSpec::default()
     };

@@ -88,17 +88,6 @@ pub struct Fleet {
     pub decode: Decode,
 }
 
-impl Default for Fleet {
-    /// The sweep's: one VM, prefix wait, instant decode.
-    fn default() -> Self {
-        Fleet {
-            vms: 1,
-            prefix_wait: true,
-            decode: Decode::INSTANT,
-        }
-    }
-}
-
 /// One policy's run on one member.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {

@@ -77,7 +77,8 @@ pub struct TtftCandidate {
     pub continues: bool,
     pub conversations: u64,
     pub costs: WorkerCosts,
-    /// Requests the engine runs at once, as its samples showed (`Slots::count`).
+    /// Requests the engine runs at once, as far as its samples showed, and whether
+    /// it is known to be full there (`Slots::limit`).
     pub slots: SlotLimit,
     /// Chars of other texts this placement would evict from a full cache where
     /// another worker's copy of the request's prefix would have spared them

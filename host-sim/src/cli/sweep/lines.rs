@@ -243,21 +243,23 @@ mod tests {
         );
     }
 
+    /// Why `read` refuses the line of `member`'s draw 0 for `fleet`.
+    fn refused(read: &Earlier, member: &Member, fleet: Fleet) -> String {
+        read.outcomes(member, 0, fleet).unwrap_err().to_string()
+    }
+
     #[test]
     fn a_line_of_another_member_or_fleet_is_refused_by_the_field_that_differs() {
         let a = run(5, 0);
         let read = earlier(&json_line(&a, FLEET)).unwrap();
         let four = Fleet { vms: 4, ..FLEET };
-        let e = read.outcomes(&a.member, 0, four).unwrap_err().to_string();
+        let e = refused(&read, &a.member, four);
         assert!(e.contains("`vms` is 1 there but 4"), "{e}");
         let credited = Fleet {
             prefix_wait: false,
             ..FLEET
         };
-        let e = read
-            .outcomes(&a.member, 0, credited)
-            .unwrap_err()
-            .to_string();
+        let e = refused(&read, &a.member, credited);
         assert!(e.contains("`prefix_wait` is true there but false"), "{e}");
         // Engines that decode, against a line of instant ones and back.
         let decoding = Fleet {
@@ -267,10 +269,7 @@ mod tests {
             },
             ..FLEET
         };
-        let e = read
-            .outcomes(&a.member, 0, decoding)
-            .unwrap_err()
-            .to_string();
+        let e = refused(&read, &a.member, decoding);
         assert!(
             e.contains("`decode_ms_per_token` is missing there but 20.0"),
             "{e}"
@@ -280,10 +279,7 @@ mod tests {
             decoded.outcomes(&a.member, 0, decoding).unwrap(),
             &a.outcomes[..]
         );
-        let e = decoded
-            .outcomes(&a.member, 0, FLEET)
-            .unwrap_err()
-            .to_string();
+        let e = refused(&decoded, &a.member, FLEET);
         assert!(
             e.contains("`decode_ms_per_token` is 20.0 there but missing"),
             "{e}"
@@ -295,23 +291,16 @@ mod tests {
             },
             ..FLEET
         };
-        let e = decoded
-            .outcomes(&a.member, 0, longer)
-            .unwrap_err()
-            .to_string();
+        let e = refused(&decoded, &a.member, longer);
         assert!(e.contains("`output_tokens` is 64 there but 128"), "{e}");
         // The same seed from another family (here: more sessions).
         let mut other = a.member.clone();
         other.workload.sessions += 1;
-        let e = read.outcomes(&other, 0, FLEET).unwrap_err().to_string();
+        let e = refused(&read, &other, FLEET);
         assert!(e.contains("`sessions`"), "{e}");
         // A line written before the fleet was recorded.
         let old = json_line(&a, FLEET).replace(r#","prefix_wait":true"#, "");
-        let e = earlier(&old)
-            .unwrap()
-            .outcomes(&a.member, 0, FLEET)
-            .unwrap_err()
-            .to_string();
+        let e = refused(&earlier(&old).unwrap(), &a.member, FLEET);
         assert!(e.contains("`prefix_wait` is missing there"), "{e}");
     }
 
