@@ -35,6 +35,7 @@ fn replay(vms: usize, concurrency: usize) -> Replay {
         engine: EngineSpec::default(),
         engine_specs: Vec::new(),
         collector_interval_ms: Some(200),
+        arrival_seed: None,
     }
 }
 
@@ -228,6 +229,24 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     let draw = |p: &str| sweep::run(&filter(), (&member, 1), CREDITED, &items, p).unwrap();
     assert_eq!(draw("random"), draw("random"), "a draw repeats");
     assert_ne!(&draw("random"), of("random"), "another draw, other picks");
+    // Another tie-break stream: the same arrivals (round robin, which draws
+    // nothing, routes as it did), the policy's own draws another.
+    let stream = |p: &str, t: u64| {
+        sweep::run_in_stream(&filter(), (&member, 0, t), CREDITED, &items, p).unwrap()
+    };
+    assert_eq!(
+        &stream("round_robin", 1),
+        of("round_robin"),
+        "same arrivals"
+    );
+    let random: Vec<_> = (0..3).map(|t| stream("random", t)).collect();
+    assert_eq!(&random[0], of("random"), "stream 0 is the run's own");
+    assert_ne!(random[1], random[0], "another stream, other picks");
+    let medians = sweep::run_streams(&filter(), (&member, 0, 3), CREDITED, &items, "random");
+    assert_eq!(
+        medians.unwrap(),
+        host_sim::sweep::Outcome::median(&random).unwrap()
+    );
     let variant = "predicted_ttft+load_factor=1.5";
     let tuned = sweep::run(&filter(), (&member, 0), CREDITED, &items, variant).unwrap();
     assert_eq!(tuned.policy, variant, "a variant is reported by its name");

@@ -163,6 +163,7 @@ pub(crate) fn replay(args: ReplayArgs) -> Result<usize> {
                 vms: args.vms,
                 concurrency: args.concurrency,
                 engine,
+                arrival_seed: None,
                 engine_specs: match args.cache_blocks.as_slice() {
                     [_, _, ..] => args
                         .cache_blocks

@@ -4,7 +4,7 @@
 //! ([`llm_load::scheduler::Dispatch`]: sessions in turn order, earliest line first)
 //! with at most `concurrency` in flight, round robin over the VMs (Envoy's worker
 //! threads); those sent at the same instant (a run's first `concurrency`) reach the
-//! filter in an order drawn from the config's `rng_seed`, as concurrent connections
+//! filter in an order drawn from `arrival_seed` (by default the config's `rng_seed`), as concurrent connections
 //! reach Envoy in no fixed order; each routed request is served by the engine the filter chose, which
 //! answers when its cost model says; the filter sees the response and the end of the
 //! stream at that time. HTTP calls the filter makes to an engine's cluster (a prefill
@@ -69,6 +69,10 @@ pub struct Replay {
     pub engine_specs: Vec<EngineSpec>,
     /// Push the fleet's gauges this often (virtual ms); `None`: no collector.
     pub collector_interval_ms: Option<u64>,
+    /// The seed of the order in which requests sent at the same instant reach the
+    /// filter; `None`: the config's `rng_seed`, so one seed stands for a run. Set
+    /// apart, the filter's own draws (its near-ties) change while its arrivals stay.
+    pub arrival_seed: Option<u64>,
 }
 
 impl Replay {
@@ -352,7 +356,10 @@ impl Replay {
         // Requests sent at the same instant (a run's first `concurrency`, say) reach
         // Envoy in no fixed order: the load tool's tasks race, and so do Envoy's
         // connections. They reach the filter in an order drawn from the run's seed.
-        let mut arrivals = SplitMix64(config["rng_seed"].as_u64().unwrap_or(0) ^ ARRIVAL_STREAM);
+        let arrival_seed = self
+            .arrival_seed
+            .unwrap_or_else(|| config["rng_seed"].as_u64().unwrap_or(0));
+        let mut arrivals = SplitMix64(arrival_seed ^ ARRIVAL_STREAM);
         let mut batch = Vec::new();
         loop {
             // A request the filter holds (asking the collector, say) is in flight

@@ -105,6 +105,37 @@ pub struct Outcome {
     pub per_engine: Vec<u64>,
 }
 
+impl Outcome {
+    /// One policy's runs on one member as one outcome: each measure's median (of
+    /// an even count, the mean of the middle two), the most errors of any run and
+    /// the first run's requests per engine. `None` without runs.
+    pub fn median(runs: &[Outcome]) -> Option<Outcome> {
+        let first = runs.first()?;
+        let median = |measure: fn(&Outcome) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(measure).collect();
+            v.sort_by(f64::total_cmp);
+            let mid = v.len() / 2;
+            match (
+                v.len() % 2,
+                v.get(mid),
+                mid.checked_sub(1).and_then(|m| v.get(m)),
+            ) {
+                (1, Some(m), _) => *m,
+                (_, Some(hi), Some(lo)) => (hi + lo) / 2.0,
+                _ => f64::NAN,
+            }
+        };
+        Some(Outcome {
+            policy: first.policy.clone(),
+            cached: median(|o| o.cached),
+            ttft_p50_ms: median(|o| o.ttft_p50_ms),
+            ttft_p99_ms: median(|o| o.ttft_p99_ms),
+            errors: runs.iter().map(|o| o.errors).max().unwrap_or(0),
+            per_engine: first.per_engine.clone(),
+        })
+    }
+}
+
 /// The engine mock's shape of one of the member's engines.
 pub fn engine_spec(shape: &EngineShape) -> EngineSpec {
     let default = EngineSpec::default();
@@ -130,6 +161,7 @@ pub fn replay_of(member: &Member, vms: usize) -> Replay {
         engine: specs.first().copied().unwrap_or_default(),
         engine_specs: specs,
         collector_interval_ms: Some(COLLECTOR_INTERVAL_MS),
+        arrival_seed: None,
     }
 }
 
@@ -142,6 +174,14 @@ pub fn draw_seed(seed: u64, draw: u64) -> u64 {
     seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// The filter's `rng_seed` in tie-break stream `stream` of a run whose requests
+/// arrive in the order drawn from `arrival_seed`: that seed itself in stream 0 (a
+/// run of one seed, as `draw_seed` gives), another in each further stream. The
+/// arrivals stay; only the policy's own draws (its near-ties) change.
+pub fn tie_break_seed(arrival_seed: u64, stream: u64) -> u64 {
+    arrival_seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
 /// Runs `items` (the member's workload) through `filter` routing by `variant` (a
 /// policy, or `policy+key=value+...` with settings of its own), the filter's
 /// `rng_seed` the member's for draw `draw` (`draw_seed`), on `fleet`.
@@ -152,20 +192,52 @@ pub fn run(
     items: &[WorkItem],
     variant: &str,
 ) -> Result<Outcome> {
+    run_in_stream(filter, (member, draw, 0), fleet, items, variant)
+}
+
+/// `run` in each of `streams` tie-break streams (`tie_break_seed`; at least one),
+/// the arrivals of draw `draw` in all: each measure's median (`Outcome::median`).
+/// One run's p99 is a handful of requests, and which engine wins a near-tie moves
+/// it: the same policy in another stream is 1.05x off its own p99, or 0.005 off its
+/// own cached ratio, on about a fifth of the family's members (`host-sim sweep
+/// --tie-breaks`).
+pub fn run_streams(
+    filter: &Filter,
+    (member, draw, streams): (&Member, u64, u64),
+    fleet: Fleet,
+    items: &[WorkItem],
+    variant: &str,
+) -> Result<Outcome> {
+    let runs = (0..streams.max(1))
+        .map(|stream| run_in_stream(filter, (member, draw, stream), fleet, items, variant))
+        .collect::<Result<Vec<_>>>()?;
+    Outcome::median(&runs).ok_or_else(|| anyhow::anyhow!("no run of {variant}"))
+}
+
+/// `run` with the filter's draws from tie-break stream `stream`.
+pub fn run_in_stream(
+    filter: &Filter,
+    (member, draw, stream): (&Member, u64, u64),
+    fleet: Fleet,
+    items: &[WorkItem],
+    variant: &str,
+) -> Result<Outcome> {
     let (policy, settings) = llm_load::run::policy_variant(variant)?;
     let settings = serde_json::Value::Object(settings);
+    let arrival_seed = draw_seed(member.seed, draw);
     let config = llm_load::run::plugin_config(
         "policy",
         policy,
         policy,
         Some(&settings),
         false,
-        draw_seed(member.seed, draw),
+        tie_break_seed(arrival_seed, stream),
     )?;
-    let done = replay_of(member, fleet.vms)
+    let mut replay = replay_of(member, fleet.vms)
         .prefix_wait(fleet.prefix_wait)
-        .decode(fleet.decode)
-        .run(filter, &config, items)?;
+        .decode(fleet.decode);
+    replay.arrival_seed = Some(arrival_seed);
+    let done = replay.run(filter, &config, items)?;
     let s = &done.summary;
     let (Some(ttft_p50_ms), Some(ttft_p99_ms)) = (s.ttft_p50_ms, s.ttft_p99_ms) else {
         bail!("no request reported a first token ({} errors)", s.errors);
@@ -303,6 +375,35 @@ mod tests {
             .flat_map(|s| (0..4).map(move |d| draw_seed(s, d)))
             .collect();
         assert_eq!(seeds.len(), 32, "no two (seed, draw) share an order");
+    }
+
+    #[test]
+    fn the_first_stream_is_the_draws_own_seed_and_each_other_stream_another() {
+        assert_eq!(tie_break_seed(draw_seed(12, 1), 0), draw_seed(12, 1));
+        let seeds: std::collections::BTreeSet<u64> = (0..8)
+            .flat_map(|s| (0..4).flat_map(move |d| (0..4).map(move |t| (s, d, t))))
+            .map(|(s, d, t)| tie_break_seed(draw_seed(s, d), t))
+            .collect();
+        assert_eq!(seeds.len(), 128, "no two (seed, draw, stream) share draws");
+    }
+
+    #[test]
+    fn runs_are_summed_up_by_each_measures_median() {
+        let mut runs = vec![
+            outcome("p", 0.80, 30.0),
+            outcome("p", 0.70, 10.0),
+            outcome("p", 0.90, 20.0),
+        ];
+        runs[0].per_engine = vec![2, 1];
+        runs[1].errors = 3;
+        let m = Outcome::median(&runs).unwrap();
+        assert_eq!((m.cached, m.ttft_p99_ms, m.ttft_p50_ms), (0.80, 20.0, 10.0));
+        assert_eq!(m.errors, 3, "the most errors of any run");
+        assert_eq!(m.per_engine, [2, 1], "the first run's engines");
+        let even = Outcome::median(&runs[1..]).unwrap();
+        assert!((even.cached - 0.80).abs() < 1e-12, "{even:?}");
+        assert_eq!(even.ttft_p99_ms, 15.0, "the middle two's mean");
+        assert_eq!(Outcome::median(&[]), None);
     }
 
     #[test]

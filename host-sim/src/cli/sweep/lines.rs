@@ -14,9 +14,9 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// One seed and draw as a JSON line.
-pub(super) fn json_line(run: &SeedRun, fleet: Fleet) -> String {
-    let mut line = params(&run.member, run.draw, fleet);
+/// One seed and draw as a JSON line, its outcomes the medians of `tie_breaks` runs.
+pub(super) fn json_line(run: &SeedRun, (fleet, tie_breaks): (Fleet, u64)) -> String {
+    let mut line = params(&run.member, run.draw, (fleet, tie_breaks));
     let outcomes: Vec<_> = run
         .outcomes
         .iter()
@@ -30,8 +30,8 @@ pub(super) fn json_line(run: &SeedRun, fleet: Fleet) -> String {
 }
 
 /// Everything a line records but the outcomes: what an earlier outcome must have
-/// been run on to stand beside a new one.
-fn params(member: &Member, draw: u64, fleet: Fleet) -> Map<String, Value> {
+/// been run on, and how many runs it is the median of, to stand beside a new one.
+fn params(member: &Member, draw: u64, (fleet, tie_breaks): (Fleet, u64)) -> Map<String, Value> {
     let w = &member.workload;
     let engines: Vec<_> = member
         .engines
@@ -60,12 +60,16 @@ fn params(member: &Member, draw: u64, fleet: Fleet) -> Map<String, Value> {
         );
         map.insert("output_tokens".into(), fleet.decode.output_tokens.into());
     }
+    // Medians of several runs likewise; a line of one run has none.
+    if tie_breaks > 1 {
+        map.insert("tie_breaks".into(), tie_breaks.into());
+    }
     map
 }
 
-/// Fields a line has only for some fleets: absent from one side, they must be
+/// Fields a line has only for some sweeps: absent from one side, they must be
 /// absent from the other.
-const FLEET_ONLY_FIELDS: [&str; 2] = ["decode_ms_per_token", "output_tokens"];
+const OPTIONAL_FIELDS: [&str; 3] = ["decode_ms_per_token", "output_tokens", "tie_breaks"];
 
 /// An earlier sweep's lines (`--others-from`), by seed and draw.
 pub(super) struct Earlier {
@@ -101,8 +105,8 @@ impl Earlier {
     }
 
     /// The outcomes recorded for `member`'s `draw`, once the line is checked to
-    /// be of the same member on the same fleet.
-    pub fn outcomes(&self, member: &Member, draw: u64, fleet: Fleet) -> Result<&[Outcome]> {
+    /// be of the same member on the same fleet, the medians of as many runs.
+    pub fn outcomes(&self, member: &Member, draw: u64, sweep: (Fleet, u64)) -> Result<&[Outcome]> {
         let recorded = self.lines.get(&(member.seed, draw)).ok_or_else(|| {
             anyhow!(
                 "{} has no line for seed {} draw {draw}: sweep those seeds and draws with --json-out first",
@@ -112,8 +116,8 @@ impl Earlier {
         })?;
         // Floats compare exactly: serde_json reads them back as written
         // (`float_roundtrip`).
-        let expected = params(member, draw, fleet);
-        let fields = expected.keys().map(String::as_str).chain(FLEET_ONLY_FIELDS);
+        let expected = params(member, draw, sweep);
+        let fields = expected.keys().map(String::as_str).chain(OPTIONAL_FIELDS);
         for field in fields {
             let (there, here) = (recorded.params.get(field), expected.get(field));
             if there != here {
@@ -199,6 +203,8 @@ mod tests {
         prefix_wait: true,
         decode: Decode::INSTANT,
     };
+    /// One run of each policy on `FLEET`.
+    const ONE: (Fleet, u64) = (FLEET, 1);
 
     fn run(seed: u64, draw: u64) -> SeedRun {
         let outcome = |policy: &str, cached: f64| Outcome {
@@ -232,26 +238,29 @@ mod tests {
     #[test]
     fn a_line_reads_back_as_the_outcomes_it_recorded() {
         let (a, b) = (run(3, 0), run(3, 1));
-        let text = format!("{}\n{}\n", json_line(&a, FLEET), json_line(&b, FLEET));
+        let text = format!("{}\n{}\n", json_line(&a, ONE), json_line(&b, ONE));
         let read = earlier(&text).unwrap();
-        assert_eq!(read.outcomes(&a.member, 0, FLEET).unwrap(), &a.outcomes[..]);
-        assert_eq!(read.outcomes(&b.member, 1, FLEET).unwrap(), &b.outcomes[..]);
-        let missing = read.outcomes(&Member::draw(4), 0, FLEET).unwrap_err();
+        assert_eq!(read.outcomes(&a.member, 0, ONE).unwrap(), &a.outcomes[..]);
+        assert_eq!(read.outcomes(&b.member, 1, ONE).unwrap(), &b.outcomes[..]);
+        let missing = read.outcomes(&Member::draw(4), 0, ONE).unwrap_err();
         assert!(
             missing.to_string().contains("no line for seed 4 draw 0"),
             "{missing}"
         );
     }
 
-    /// Why `read` refuses the line of `member`'s draw 0 for `fleet`.
+    /// Why `read` refuses the line of `member`'s draw 0 for a sweep of one run on
+    /// `fleet`.
     fn refused(read: &Earlier, member: &Member, fleet: Fleet) -> String {
-        read.outcomes(member, 0, fleet).unwrap_err().to_string()
+        read.outcomes(member, 0, (fleet, 1))
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
     fn a_line_of_another_member_or_fleet_is_refused_by_the_field_that_differs() {
         let a = run(5, 0);
-        let read = earlier(&json_line(&a, FLEET)).unwrap();
+        let read = earlier(&json_line(&a, ONE)).unwrap();
         let four = Fleet { vms: 4, ..FLEET };
         let e = refused(&read, &a.member, four);
         assert!(e.contains("`vms` is 1 there but 4"), "{e}");
@@ -274,9 +283,9 @@ mod tests {
             e.contains("`decode_ms_per_token` is missing there but 20.0"),
             "{e}"
         );
-        let decoded = earlier(&json_line(&a, decoding)).unwrap();
+        let decoded = earlier(&json_line(&a, (decoding, 1))).unwrap();
         assert_eq!(
-            decoded.outcomes(&a.member, 0, decoding).unwrap(),
+            decoded.outcomes(&a.member, 0, (decoding, 1)).unwrap(),
             &a.outcomes[..]
         );
         let e = refused(&decoded, &a.member, FLEET);
@@ -293,20 +302,33 @@ mod tests {
         };
         let e = refused(&decoded, &a.member, longer);
         assert!(e.contains("`output_tokens` is 64 there but 128"), "{e}");
+        // Medians of three runs, against a line of one and back.
+        let e = read
+            .outcomes(&a.member, 0, (FLEET, 3))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`tie_breaks` is missing there but 3"), "{e}");
+        let medians = earlier(&json_line(&a, (FLEET, 3))).unwrap();
+        assert_eq!(
+            medians.outcomes(&a.member, 0, (FLEET, 3)).unwrap(),
+            &a.outcomes[..]
+        );
+        let e = refused(&medians, &a.member, FLEET);
+        assert!(e.contains("`tie_breaks` is 3 there but missing"), "{e}");
         // The same seed from another family (here: more sessions).
         let mut other = a.member.clone();
         other.workload.sessions += 1;
         let e = refused(&read, &other, FLEET);
         assert!(e.contains("`sessions`"), "{e}");
         // A line written before the fleet was recorded.
-        let old = json_line(&a, FLEET).replace(r#","prefix_wait":true"#, "");
+        let old = json_line(&a, ONE).replace(r#","prefix_wait":true"#, "");
         let e = refused(&earlier(&old).unwrap(), &a.member, FLEET);
         assert!(e.contains("`prefix_wait` is missing there"), "{e}");
     }
 
     #[test]
     fn a_line_that_is_not_one_names_its_number() {
-        let good = json_line(&run(1, 0), FLEET);
+        let good = json_line(&run(1, 0), ONE);
         let e = earlier(&format!("{good}\n{{\"seed\":2}}\n"))
             .err()
             .map(|e| format!("{e:#}"))

@@ -74,8 +74,15 @@ pub(crate) struct SweepArgs {
     /// Tokens in each answer (the engine mock's `--output-tokens`).
     #[arg(long, default_value_t = EngineSpec::DEFAULT_OUTPUT_TOKENS)]
     output_tokens: u32,
+    /// Replays of each policy on each member and draw, each with the filter's own
+    /// draws (its near-ties) from another stream on the same arrivals
+    /// (`sweep::tie_break_seed`): every measure is then their median. One run's
+    /// p99 is a handful of requests, and which engine wins a near-tie moves it by
+    /// more than the bar's tolerance.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    tie_breaks: u64,
     /// An earlier sweep's `--json-out` of the same seeds and draws on the same
-    /// fleet (`--vms`, `--no-prefix-wait`, decode): every policy but `--default` that it
+    /// fleet (`--vms`, `--no-prefix-wait`, decode, `--tie-breaks`): every policy but `--default` that it
     /// recorded is taken from it instead of replayed, so a change to the default
     /// (`--wasm`, its settings) is judged against the others in under a third of
     /// the time. A line of another member or fleet is refused.
@@ -110,6 +117,7 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
             output_tokens: args.output_tokens,
         },
     };
+    let tie_breaks = args.tie_breaks;
     let earlier = args.others_from.as_deref().map(Earlier::read).transpose()?;
     let mut members: Vec<(Member, u64)> = (args.first_seed..args.first_seed + args.seeds)
         .flat_map(|seed| (0..draws).map(move |d| (Member::draw(seed), d)))
@@ -121,7 +129,7 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, members.len().max(1));
     eprintln!(
-        "host-sim sweep: {} seeds x {draws} draw(s) x {} policies on {jobs} thread(s), {} VM(s)",
+        "host-sim sweep: {} seeds x {draws} draw(s) x {} policies x {tie_breaks} tie-break stream(s) on {jobs} thread(s), {} VM(s)",
         args.seeds,
         policies.len(),
         args.vms
@@ -144,13 +152,13 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
                     if failed() {
                         return;
                     }
-                    let recorded = earlier
-                        .as_ref()
-                        .map_or(Ok(&[][..]), |e| e.outcomes(member, *draw, fleet));
+                    let recorded = earlier.as_ref().map_or(Ok(&[][..]), |e| {
+                        e.outcomes(member, *draw, (fleet, tie_breaks))
+                    });
                     let run = recorded.and_then(|recorded| {
                         run_seed(
                             &filter,
-                            (member, *draw),
+                            (member, *draw, tie_breaks),
                             fleet,
                             (&policies, &args.default, recorded),
                         )
@@ -182,7 +190,7 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
     if let Some(path) = &args.json_out {
         let text: String = runs
             .values()
-            .map(|r| lines::json_line(r, fleet) + "\n")
+            .map(|r| lines::json_line(r, (fleet, tie_breaks)) + "\n")
             .collect();
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -191,6 +199,11 @@ pub(crate) fn sweep(args: SweepArgs) -> Result<()> {
         .filter(|((_, draw), _)| *draw == 0)
         .map(|((seed, _), run)| (*seed, run))
         .collect();
+    if tie_breaks > 1 {
+        println!(
+            "each policy's cached ratio and TTFT are the medians of {tie_breaks} runs (tie-break streams) of each member and draw"
+        );
+    }
     print!("{}", report(&first, &args.default));
     if draws > 1 {
         print!("{}", draws_report(&runs, &args.default, draws));
@@ -205,11 +218,11 @@ fn sent_chars(m: &Member) -> usize {
     w.sessions * (0..w.turns).map(per_turn).sum::<usize>()
 }
 
-/// Every policy on one member: replayed, or for a policy other than `default`,
-/// taken from what an earlier run `recorded` of it.
+/// Every policy on one member: replayed (`tie_breaks` times, its medians), or for a
+/// policy other than `default`, taken from what an earlier run `recorded` of it.
 fn run_seed(
     filter: &host_sim::Filter,
-    (member, draw): (&Member, u64),
+    (member, draw, tie_breaks): (&Member, u64, u64),
     fleet: Fleet,
     (policies, default, recorded): (&[String], &str, &[Outcome]),
 ) -> Result<SeedRun> {
@@ -220,7 +233,7 @@ fn run_seed(
             let earlier = recorded.iter().find(|o| o.policy == *p && p != default);
             match earlier {
                 Some(o) => Ok(o.clone()),
-                None => sweep::run(filter, (member, draw), fleet, &items, p)
+                None => sweep::run_streams(filter, (member, draw, tie_breaks), fleet, &items, p)
                     .with_context(|| format!("seed {} draw {draw}, policy {p}", member.seed)),
             }
         })
