@@ -111,17 +111,11 @@ impl Outcome {
     /// the first run's requests per engine. `None` without runs.
     pub fn median(runs: &[Outcome]) -> Option<Outcome> {
         let first = runs.first()?;
+        // The middle two of an even count, the middle one twice of an odd one.
         let median = |measure: fn(&Outcome) -> f64| {
-            let mut v: Vec<f64> = runs.iter().map(measure).collect();
-            v.sort_by(f64::total_cmp);
-            let mid = v.len() / 2;
-            match (
-                v.len() % 2,
-                v.get(mid),
-                mid.checked_sub(1).and_then(|m| v.get(m)),
-            ) {
-                (1, Some(m), _) => *m,
-                (_, Some(hi), Some(lo)) => (hi + lo) / 2.0,
+            let v = llm_load::stats::sorted(runs.iter().map(measure).collect());
+            match (v.get((v.len() - 1) / 2), v.get(v.len() / 2)) {
+                (Some(lo), Some(hi)) => (lo + hi) / 2.0,
                 _ => f64::NAN,
             }
         };
