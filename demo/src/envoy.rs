@@ -18,6 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::admin;
+use crate::paths;
 use crate::process::{spawn, Guard};
 
 /// The environment variable the shipped example configs take the push token from
@@ -37,8 +38,23 @@ pub enum Target {
     Endpoint,
     /// No router: Envoy's own `RING_HASH` load balancer over one cluster of every
     /// engine, hashing the load tool's session header (what an Envoy user would
-    /// configure instead of this filter). The filter only answers the collector.
-    RingHash,
+    /// configure instead of this filter). The filter answers the collector, and sits
+    /// in the request path only as `in_path` says.
+    RingHash { in_path: InPath },
+}
+
+/// What Envoy's request path holds when its ring hash routes: nothing (what a user
+/// of ring hash runs), or a Wasm filter whose routing header the ring-hash route
+/// ignores, so that a run prices what a filter in the path costs apart from where
+/// it sends requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InPath {
+    Nothing,
+    /// This filter, as the main run configures it, deciding every request.
+    Filter,
+    /// `llm-floor`, the buffer-only guest (`benches/floor`): what any filter that
+    /// reads the body pays.
+    Floor,
 }
 
 impl Target {
@@ -46,7 +62,7 @@ impl Target {
         match self {
             Target::Cluster => "cluster",
             Target::Endpoint => "endpoint",
-            Target::RingHash => "ring_hash",
+            Target::RingHash { .. } => "ring_hash",
         }
     }
 }
@@ -92,8 +108,8 @@ pub fn plugin_config(spec: &EnvoySpec) -> Value {
     let mut cfg = spec.plugin_config.clone();
     if let Value::Object(map) = &mut cfg {
         let target = match spec.target {
-            // The filter only serves the collector's pushes there.
-            Target::RingHash => Target::Cluster,
+            // Ring hash routes there: a routing header the filter sets goes unread.
+            Target::RingHash { .. } => Target::Cluster,
             t => t,
         };
         map.entry("target")
@@ -172,12 +188,9 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     let router_filter = json!({"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
     }});
-    let listener = |name: &str, route: Value, with_filter: bool| {
-        let filters = if with_filter {
-            vec![wasm_filter.clone(), router_filter.clone()]
-        } else {
-            vec![router_filter.clone()]
-        };
+    // Each listener's HTTP filters end with Envoy's router.
+    let listener = |name: &str, route: Value, wasm: Option<&Value>| {
+        let filters: Vec<&Value> = wasm.into_iter().chain([&router_filter]).collect();
         json!({
             "name": name,
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
@@ -218,7 +231,7 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
             }}]});
             (json!({"cluster": "engines", "timeout": "0s"}), vec![c])
         }
-        Target::RingHash => {
+        Target::RingHash { .. } => {
             let addrs: Vec<SocketAddr> = spec.upstreams.iter().map(|u| u.addr).collect();
             let mut c = static_cluster("engines", &addrs);
             c["lb_policy"] = json!("RING_HASH");
@@ -238,10 +251,27 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     if let Some(ms) = spec.route_idle_timeout_ms {
         route["idle_timeout"] = json!(format!("{}.{:03}s", ms / 1000, ms % 1000));
     }
+    let in_path = match spec.target {
+        Target::RingHash {
+            in_path: InPath::Nothing,
+        } => None,
+        Target::RingHash {
+            in_path: InPath::Floor,
+        } => {
+            // A VM of its own: the router's, which the stats listener's filter runs
+            // in, keeps taking the collector's pushes.
+            let mut floor = wasm_filter.clone();
+            let vm = &mut floor["typed_config"]["config"]["vm_config"];
+            vm["vm_id"] = json!("llm_floor");
+            vm["code"]["local"]["filename"] = json!(paths::floor_wasm_path()?.to_string_lossy());
+            Some(floor)
+        }
+        _ => Some(wasm_filter.clone()),
+    };
     let mut llm = listener(
         "llm",
         json!({"match": {"prefix": "/"}, "route": route}),
-        spec.target != Target::RingHash,
+        in_path.as_ref(),
     );
     // The listener's limit, as in envoy/*.yaml: a route's request_body_buffer_limit
     // is not applied before Envoy 1.37 when a filter stops at the headers.
@@ -250,7 +280,7 @@ pub fn bootstrap(spec: &EnvoySpec) -> Result<Value> {
     let stats = listener(
         "llm_stats",
         json!({"match": {"prefix": "/"}, "direct_response": {"status": 404}}),
-        true,
+        Some(&wasm_filter),
     );
     Ok(json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},

@@ -27,7 +27,7 @@ mod discovery_run;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use llm_demo::admin;
-use llm_demo::envoy::Target;
+use llm_demo::envoy::{InPath, Target};
 use llm_demo::fleet::{Fleet, FleetSpec};
 use llm_demo::{engine_args, family, side_by_side, smg};
 use llm_load::cli::Replay;
@@ -68,8 +68,12 @@ struct Args {
     /// (with settings of its own, `policy+key=value+...`, e.g.
     /// `cache_aware+kv_capacity_bound=false`), `no_gate` (this run's config without `worker_queue_limit`/`saturation_queue_floor`),
     /// `ring_hash` (no filter in the request path: Envoy's `RING_HASH` on
-    /// `x-session-id`), `smg` (SGLang's model gateway 1.13.0 from PyPI, `cache_aware`,
-    /// in front of the same engines), or `none`. E.g. `--baseline ring_hash,smg`.
+    /// `x-session-id`), `ring_hash+filter` (ring hash routes, with this run's filter
+    /// deciding in the path, its choice ignored: what the filter costs apart from
+    /// where it routes), `ring_hash+floor` (the same with `llm-floor`, the guest that
+    /// only buffers the body, in the path), `smg` (SGLang's model gateway 1.13.0 from
+    /// PyPI, `cache_aware`, in front of the same engines), or `none`. E.g.
+    /// `--baseline ring_hash,smg`.
     /// Default: `no_gate` when the filter config sets the gate, else `round_robin`.
     #[arg(long, value_delimiter = ',')]
     baseline: Vec<String>,
@@ -342,6 +346,11 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
 /// The baseline that is no policy of the filter: Envoy's `RING_HASH` on the load
 /// tool's session header.
 const RING_HASH: &str = "ring_hash";
+/// Ring hash with the filter in the request path, deciding as the main run's does,
+/// its choice ignored: what the filter costs, apart from where it routes.
+const RING_HASH_FILTER: &str = "ring_hash+filter";
+/// Ring hash with the buffer-only floor guest in the request path.
+const RING_HASH_FLOOR: &str = "ring_hash+floor";
 /// The baseline that is another router: SGLang's model gateway.
 const SMG: &str = "smg";
 
@@ -350,8 +359,8 @@ const SMG: &str = "smg";
 enum Router {
     /// The filter with `policy`; `no_gate`: without the queue gate's knobs.
     Filter { policy: String, no_gate: bool },
-    /// Envoy's own session hashing, the filter out of the request path.
-    RingHash,
+    /// Envoy's own session hashing, with what `InPath` names in the request path.
+    RingHash(InPath),
     /// SMG in front of the engines, Envoy and the filter idle beside it.
     Smg,
 }
@@ -360,7 +369,9 @@ impl Router {
     /// The router `name` names, `no_gate` being the main policy without its gate.
     fn named(name: &str, main_policy: &str) -> Router {
         match name {
-            RING_HASH => Router::RingHash,
+            RING_HASH => Router::RingHash(InPath::Nothing),
+            RING_HASH_FILTER => Router::RingHash(InPath::Filter),
+            RING_HASH_FLOOR => Router::RingHash(InPath::Floor),
             SMG => Router::Smg,
             "no_gate" => Router::Filter {
                 policy: main_policy.into(),
@@ -381,7 +392,9 @@ impl Router {
                 no_gate: true,
             } => format!("{policy}+no_gate"),
             Router::Filter { policy, .. } => policy.clone(),
-            Router::RingHash => RING_HASH.into(),
+            Router::RingHash(InPath::Nothing) => RING_HASH.into(),
+            Router::RingHash(InPath::Filter) => RING_HASH_FILTER.into(),
+            Router::RingHash(InPath::Floor) => RING_HASH_FLOOR.into(),
             Router::Smg => format!("{SMG}-{}", smg::SMG_VERSION),
         }
     }
@@ -427,14 +440,15 @@ fn run_policy(
     rt: &tokio::runtime::Runtime,
 ) -> Result<RunResult> {
     let label = router.label();
-    let target = match args.target.as_str() {
-        _ if *router == Router::RingHash => Target::RingHash,
-        "cluster" => Target::Cluster,
-        "endpoint" => Target::Endpoint,
-        other => bail!("--target must be cluster or endpoint, got {other}"),
+    let target = match (router, args.target.as_str()) {
+        (Router::RingHash(in_path), _) => Target::RingHash { in_path: *in_path },
+        (_, "cluster") => Target::Cluster,
+        (_, "endpoint") => Target::Endpoint,
+        (_, other) => bail!("--target must be cluster or endpoint, got {other}"),
     };
-    // Without the filter in the request path it only takes the collector's pushes:
-    // any valid config does, so it keeps the main run's.
+    // Where the filter routes no request it only takes the collector's pushes (any
+    // valid config does, so it keeps the main run's); in ring hash's request path it
+    // decides as the main run does.
     let (filter_policy, no_gate) = match (router, main_router(args)) {
         (Router::Filter { policy, no_gate }, _) => (policy.as_str(), *no_gate),
         (_, Router::Filter { .. }) => (args.policy(), false),
@@ -889,7 +903,11 @@ mod tests {
         let args = parse(&["--baseline", "ring_hash,smg,round_robin"]);
         assert_eq!(
             baselines(&args).unwrap(),
-            [Router::RingHash, Router::Smg, filter("round_robin", false)]
+            [
+                Router::RingHash(InPath::Nothing),
+                Router::Smg,
+                filter("round_robin", false)
+            ]
         );
         let args = parse(&["--baseline", "smg", "--baseline", "no_gate"]);
         assert_eq!(
@@ -1006,7 +1024,9 @@ mod tests {
         let labels: Vec<String> = [
             filter("cache_aware", false),
             filter("cache_aware", true),
-            Router::RingHash,
+            Router::RingHash(InPath::Nothing),
+            Router::RingHash(InPath::Filter),
+            Router::RingHash(InPath::Floor),
             Router::Smg,
         ]
         .iter()
@@ -1018,7 +1038,22 @@ mod tests {
                 "cache_aware",
                 "cache_aware+no_gate",
                 "ring_hash",
+                "ring_hash+filter",
+                "ring_hash+floor",
                 "smg-1.13.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn ring_hash_runs_with_the_filter_or_the_floor_in_its_path_when_named_so() {
+        let args = parse(&["--baseline", "ring_hash+filter,ring_hash+floor,ring_hash"]);
+        assert_eq!(
+            baselines(&args).unwrap(),
+            [
+                Router::RingHash(InPath::Filter),
+                Router::RingHash(InPath::Floor),
+                Router::RingHash(InPath::Nothing)
             ]
         );
     }

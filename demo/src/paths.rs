@@ -12,13 +12,28 @@ pub fn workspace_root() -> PathBuf {
 /// The filter as `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`
 /// leaves it; `LLM_ROUTER_WASM` overrides.
 pub fn wasm_path() -> Result<PathBuf> {
-    let path = match std::env::var_os("LLM_ROUTER_WASM") {
+    built_guest("llm-router", "LLM_ROUTER_WASM")
+}
+
+/// The buffer-only floor guest (`benches/floor`), built the same way as the filter;
+/// `LLM_FLOOR_WASM` overrides.
+pub fn floor_wasm_path() -> Result<PathBuf> {
+    built_guest("llm-floor", "LLM_FLOOR_WASM")
+}
+
+/// Where `cargo build -p <package> --target wasm32-wasip1 --profile wasm` leaves the
+/// package's guest, unless the environment variable `var` names another.
+fn built_guest(package: &str, var: &str) -> Result<PathBuf> {
+    let path = match std::env::var_os(var) {
         Some(p) => PathBuf::from(p),
-        None => workspace_root().join("target/wasm32-wasip1/wasm/llm_router.wasm"),
+        None => workspace_root().join(format!(
+            "target/wasm32-wasip1/wasm/{}.wasm",
+            package.replace('-', "_")
+        )),
     };
     if !path.is_file() {
         bail!(
-            "filter not built at {}: run `cargo build -p llm-router --target wasm32-wasip1 --profile wasm`",
+            "{package} not built at {}: run `cargo build -p {package} --target wasm32-wasip1 --profile wasm`",
             path.display()
         );
     }

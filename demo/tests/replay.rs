@@ -5,18 +5,7 @@
 //! Needs the filter, host-sim, the engine mock, the collector and Envoy (`tests/run`
 //! builds them).
 
-/// The last stdout line of a command, as JSON.
-fn last_json(mut cmd: std::process::Command) -> serde_json::Value {
-    let out = cmd.output().expect("the command runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {line}"))
-}
+mod common;
 
 /// `host-sim replay` on the demo's default workload at concurrency 1 routes every
 /// request where `envoy/demo --concurrency 1` does: same per-worker counts, decisions
@@ -54,7 +43,7 @@ fn demo_and_replay(flags: &[&str], extra: &[&str]) -> serde_json::Value {
         .args(["--concurrency", "1", "--baseline", "none", "--dir"])
         .arg(&dir.0)
         .args(flags);
-    let envoy = last_json(demo);
+    let envoy = common::run(demo).2;
     let host_sim = llm_demo::paths::bin_path("host-sim").expect("cargo build -p host-sim");
     let mut replay = std::process::Command::new(host_sim);
     replay
@@ -71,7 +60,7 @@ fn demo_and_replay(flags: &[&str], extra: &[&str]) -> serde_json::Value {
         .arg(llm_demo::paths::wasm_path().expect("the filter is built"))
         .args(POLICY)
         .args(flags);
-    let sim = last_json(replay);
+    let sim = common::run(replay).2;
     let keys = [
         "requests",
         "errors",

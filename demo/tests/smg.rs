@@ -6,23 +6,19 @@
 //! engine mock and the collector (`envoy/demo` builds them); `SMG_BIN` names an
 //! installed `smg` instead.
 
+mod common;
+
 use serde_json::Value;
 
 #[test]
 #[ignore = "installs smg from PyPI on first use; run with --ignored"]
 fn smg_routes_the_same_workload_beside_ring_hash_and_is_stopped_after() {
     let dir = llm_demo::fleet::TempDir::new("llm-demo-smg").expect("temp dir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llm-demo"))
-        .args(["--workers", "2", "--sessions", "5", "--turns", "3"])
+    let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_llm-demo"));
+    demo.args(["--workers", "2", "--sessions", "5", "--turns", "3"])
         .args(["--baseline", "ring_hash,smg", "--dir"])
-        .arg(&dir.0)
-        .output()
-        .expect("llm-demo runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "llm-demo failed: {stdout}\n{stderr}");
-    let line: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .expect("the last line is JSON");
+        .arg(&dir.0);
+    let (stdout, stderr, line) = common::run(demo);
     let policies: Vec<&str> = line["baselines"]
         .as_array()
         .expect("every baseline under `baselines`")
@@ -58,11 +54,8 @@ fn smg_routes_the_same_workload_beside_ring_hash_and_is_stopped_after() {
         .iter()
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    assert_eq!(
-        routers,
-        ["cache_aware", "ring_hash", "smg-1.13.0"],
-        "{stdout}"
-    );
+    let main = line["policy"].as_str().expect("the main run's router");
+    assert_eq!(routers, [main, "ring_hash", "smg-1.13.0"], "{stdout}");
     // SMG's address, from the progress line of its run, no longer answers.
     let smg_url = stderr
         .lines()

@@ -121,25 +121,18 @@ fn is_floor(variant: &str) -> bool {
 }
 
 /// A variant's policy and `.wasm`: `policy` runs the built filter (or, for
-/// `floor`, the floor guest beside it, with its settings as well:
+/// `floor`, the built floor guest, with its settings as well:
 /// `floor+floor_hostcalls=true`); `policy@path` runs the filter at `path`, so two
 /// builds can be compared side by side in one run.
 fn policy_and_wasm(variant: &str) -> Result<(&str, PathBuf)> {
     if let Some((policy, path)) = variant.split_once('@') {
         return Ok((policy, PathBuf::from(path)));
     }
-    let router = paths::wasm_path()?;
-    if !is_floor(variant) {
-        return Ok((variant, router));
+    if is_floor(variant) {
+        Ok((variant, paths::floor_wasm_path()?))
+    } else {
+        Ok((variant, paths::wasm_path()?))
     }
-    let floor = router.with_file_name("llm_floor.wasm");
-    if !floor.is_file() {
-        bail!(
-            "{} missing: cargo build -p llm-floor --target wasm32-wasip1 --profile wasm",
-            floor.display()
-        );
-    }
-    Ok((variant, floor))
 }
 
 /// Chat bodies of about `bytes` bytes: conversation `session`'s first turn, one of 8
