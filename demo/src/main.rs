@@ -69,8 +69,9 @@ struct Args {
     /// `cache_aware+kv_capacity_bound=false`), `no_gate` (this run's config without `worker_queue_limit`/`saturation_queue_floor`),
     /// `ring_hash` (no filter in the request path: Envoy's `RING_HASH` on
     /// `x-session-id`), `ring_hash+filter` (ring hash routes, with this run's filter
-    /// deciding in the path, its choice ignored: what the filter costs apart from
-    /// where it routes), `ring_hash+floor` (the same with `llm-floor`, the guest that
+    /// deciding in the path, its choice of worker ignored but its own answers (a
+    /// queue gate's 429s) kept: what the filter costs apart from where it routes),
+    /// `ring_hash+floor` (the same with `llm-floor`, the guest that
     /// only buffers the body, in the path), `smg` (SGLang's model gateway 1.13.0 from
     /// PyPI, `cache_aware`, in front of the same engines), or `none`. E.g.
     /// `--baseline ring_hash,smg`.
