@@ -6,29 +6,27 @@
 
 mod common;
 
+use llm_load::workload::load_workload;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 /// Each conversation's engines in a run: its records' serving engine by the
 /// conversation of the workload line each answers.
 fn engines_by_conversation(dir: &Path, label: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let workload = std::fs::read_to_string(dir.join("workload.jsonl")).expect("the workload");
-    let sessions: Vec<String> = workload
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).expect("a workload line");
-            v["session"].as_str().expect("a session").to_string()
-        })
+    let items = load_workload(&dir.join("workload.jsonl")).expect("the workload");
+    let sessions: HashMap<u64, String> = items
+        .into_iter()
+        .map(|it| (it.line as u64, it.session.expect("a session")))
         .collect();
     let records =
         std::fs::read_to_string(dir.join(format!("{label}.jsonl"))).expect("the run's records");
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in records.lines() {
         let r: Value = serde_json::from_str(line).expect("a record");
-        let at = r["line"].as_u64().expect("its workload line") as usize;
+        let at = r["line"].as_u64().expect("its workload line");
         let worker = r["worker"].as_str().expect("the serving engine");
-        out.entry(sessions[at - 1].clone())
+        out.entry(sessions[&at].clone())
             .or_default()
             .insert(worker.to_string());
     }
