@@ -8,7 +8,7 @@ mod support;
 
 use engine_model::engine::EngineSpec;
 use host_sim::replay::Replay;
-use host_sim::sweep::{Decode, Fleet};
+use host_sim::sweep::{Decode, Fleet, Outcome};
 use llm_load::generate::{generate, to_jsonl, GenerateConfig};
 use llm_load::workload::{parse_workload, WorkItem};
 use serde_json::json;
@@ -242,11 +242,20 @@ fn a_family_member_runs_under_every_policy_and_repeats() {
     let random: Vec<_> = (0..3).map(|t| stream("random", t)).collect();
     assert_eq!(&random[0], of("random"), "stream 0 is the run's own");
     assert_ne!(random[1], random[0], "another stream, other picks");
-    let medians = sweep::run_streams(&filter(), (&member, 0, 3), CREDITED, &items, "random");
-    assert_eq!(
-        medians.unwrap(),
-        host_sim::sweep::Outcome::median(&random).unwrap()
+    // A copy with its own seed: its near-ties from other streams than the
+    // policy's, and still one stream from the next.
+    let copy: Vec<_> = (0..2)
+        .map(|t| stream("random+rng_seed=987654321", t))
+        .collect();
+    let measures = |o: &Outcome| (o.cached, o.ttft_p99_ms, o.per_engine.clone());
+    assert_ne!(
+        measures(&copy[0]),
+        measures(&random[0]),
+        "the copy draws otherwise"
     );
+    assert_ne!(copy[0], copy[1], "each stream of the copy its own");
+    let medians = sweep::run_streams(&filter(), (&member, 0, 3), CREDITED, &items, "random");
+    assert_eq!(medians.unwrap(), Outcome::median(&random).unwrap());
     let variant = "predicted_ttft+load_factor=1.5";
     let tuned = sweep::run(&filter(), (&member, 0), CREDITED, &items, variant).unwrap();
     assert_eq!(tuned.policy, variant, "a variant is reported by its name");

@@ -38,7 +38,9 @@ pub(crate) struct SweepArgs {
     default: String,
     /// The policies to run (comma-separated; the default is added when missing). A
     /// policy may carry plugin settings of its own, `policy+key=value+...` (a value
-    /// read as JSON, else as a string), and so may `--default`.
+    /// read as JSON, else as a string), and so may `--default`. `rng_seed` salts
+    /// the variant's tie-break streams: `cache_aware+rng_seed=7` is a copy of
+    /// `cache_aware` that draws its near-ties otherwise.
     #[arg(long, value_delimiter = ',', default_values_t = POLICIES.map(String::from))]
     policies: Vec<String>,
     /// VMs (Envoy worker threads).
