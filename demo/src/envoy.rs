@@ -57,6 +57,11 @@ pub enum InPath {
     Floor,
 }
 
+impl InPath {
+    /// Every request path ring hash can run with.
+    pub const ALL: [InPath; 3] = [InPath::Nothing, InPath::Filter, InPath::Floor];
+}
+
 impl Target {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -344,14 +344,20 @@ fn workload(args: &Args) -> Result<Vec<WorkItem>> {
     load_workload(&path)
 }
 
-/// The baseline that is no policy of the filter: Envoy's `RING_HASH` on the load
-/// tool's session header.
-const RING_HASH: &str = "ring_hash";
-/// Ring hash with the filter in the request path, deciding as the main run's does,
-/// its choice ignored: what the filter costs, apart from where it routes.
-const RING_HASH_FILTER: &str = "ring_hash+filter";
-/// Ring hash with the buffer-only floor guest in the request path.
-const RING_HASH_FLOOR: &str = "ring_hash+floor";
+/// The baselines that are no policy of the filter: Envoy's `RING_HASH` on the load
+/// tool's session header, with nothing in the request path, with the filter there
+/// (deciding as the main run's does, its choice ignored: what the filter costs
+/// apart from where it routes), or with the buffer-only floor guest there. The one
+/// mapping between the names and what is in the path: a baseline's name is looked
+/// up through it, and a run's label is it.
+fn ring_hash_name(in_path: InPath) -> &'static str {
+    match in_path {
+        InPath::Nothing => "ring_hash",
+        InPath::Filter => "ring_hash+filter",
+        InPath::Floor => "ring_hash+floor",
+    }
+}
+
 /// The baseline that is another router: SGLang's model gateway.
 const SMG: &str = "smg";
 
@@ -369,10 +375,10 @@ enum Router {
 impl Router {
     /// The router `name` names, `no_gate` being the main policy without its gate.
     fn named(name: &str, main_policy: &str) -> Router {
+        if let Some(in_path) = InPath::ALL.into_iter().find(|p| ring_hash_name(*p) == name) {
+            return Router::RingHash(in_path);
+        }
         match name {
-            RING_HASH => Router::RingHash(InPath::Nothing),
-            RING_HASH_FILTER => Router::RingHash(InPath::Filter),
-            RING_HASH_FLOOR => Router::RingHash(InPath::Floor),
             SMG => Router::Smg,
             "no_gate" => Router::Filter {
                 policy: main_policy.into(),
@@ -393,9 +399,7 @@ impl Router {
                 no_gate: true,
             } => format!("{policy}+no_gate"),
             Router::Filter { policy, .. } => policy.clone(),
-            Router::RingHash(InPath::Nothing) => RING_HASH.into(),
-            Router::RingHash(InPath::Filter) => RING_HASH_FILTER.into(),
-            Router::RingHash(InPath::Floor) => RING_HASH_FLOOR.into(),
+            Router::RingHash(in_path) => ring_hash_name(*in_path).into(),
             Router::Smg => format!("{SMG}-{}", smg::SMG_VERSION),
         }
     }
